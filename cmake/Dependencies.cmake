@@ -1,0 +1,18 @@
+# Third-party libraries, all from Debian packages (scripts/install-deps.sh).
+find_package(fmt REQUIRED)
+find_package(yaml-cpp REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(dnnl REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(ZLIB REQUIRED)
+
+set(DTRAIN_HAS_MPI OFF)
+if(NOT DTRAIN_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS CXX)
+  if(MPI_CXX_FOUND)
+    set(DTRAIN_HAS_MPI ON)
+  elseif(DTRAIN_MPI STREQUAL "ON")
+    message(FATAL_ERROR "DTRAIN_MPI=ON but MPI was not found (apt-get install libopenmpi-dev)")
+  endif()
+endif()
+message(STATUS "dtrain: MPI backend ${DTRAIN_HAS_MPI}")

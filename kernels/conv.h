@@ -1,0 +1,37 @@
+// 2-D convolution (cross-correlation, as every framework defines it): forward,
+// backward-data and backward-filter, with stride, padding, dilation and groups.
+// Layout NCHW for activations and KCRS ([K, C/groups, R, S]) for filters. No
+// bias here (use bias_add). CPU: oneDNN; any reorder buffers come from the workspace.
+#pragma once
+
+#include "kernels/common.h"
+
+namespace dtrain::kernels {
+
+struct Conv2dArgs {
+  int64_t n = 1, c = 1, h = 1, w = 1;  // input  [N, C, H, W]
+  int64_t k = 1, r = 1, s = 1;         // filter [K, C/groups, R, S]
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+
+  int64_t out_h() const { return (h + 2 * pad_h - dilation_h * (r - 1) - 1) / stride_h + 1; }
+  int64_t out_w() const { return (w + 2 * pad_w - dilation_w * (s - 1) - 1) / stride_w + 1; }
+  double flops() const;  // forward multiply-adds x 2
+};
+
+// Bytes of workspace each direction needs (the max over the three is safe).
+size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype);
+
+// x [N, C, H, W], w [K, C/g, R, S] -> y [N, K, OH, OW]
+void conv2d_forward(const Conv2dArgs& args, const Tensor& x, const Tensor& w, Tensor& y,
+                    Workspace ws);
+// dy [N, K, OH, OW], w -> dx [N, C, H, W] (overwritten)
+void conv2d_backward_data(const Conv2dArgs& args, const Tensor& dy, const Tensor& w, Tensor& dx,
+                          Workspace ws);
+// x, dy -> dw [K, C/g, R, S] (overwritten)
+void conv2d_backward_filter(const Conv2dArgs& args, const Tensor& x, const Tensor& dy, Tensor& dw,
+                            Workspace ws);
+
+}  // namespace dtrain::kernels

@@ -1,0 +1,28 @@
+// GEMM: C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b in [0, batch),
+// row-major, strided batches. A and B share one dtype (f32, bf16 or f16); C is
+// f32 or the same dtype as A. Products accumulate in f32. CPU: oneDNN matmul.
+#pragma once
+
+#include "kernels/common.h"
+
+namespace dtrain::kernels {
+
+enum class Trans : uint8_t { no, yes };
+
+struct GemmArgs {
+  Trans trans_a = Trans::no;
+  Trans trans_b = Trans::no;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1;
+  float alpha = 1.0f;
+  float beta = 0.0f;  // 0: C is written without being read
+  // Batch strides in elements; -1 means dense (m*k, k*n, m*n). 0 broadcasts.
+  int64_t stride_a = -1, stride_b = -1, stride_c = -1;
+};
+
+// a: [batch, m, k] ([batch, k, m] if trans_a)
+// b: [batch, k, n] ([batch, n, k] if trans_b)
+// c: [batch, m, n]
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c);
+
+}  // namespace dtrain::kernels

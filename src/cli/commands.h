@@ -1,0 +1,27 @@
+// The subcommand table: each subcommand lives in its own cmd_<name>.cpp and
+// registers itself on the CLI11 app through one add_<name>() function listed in main.cpp.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace dtrain::cli {
+
+// Exit codes (documented in README.md).
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitInternal = 1,   // a dtrain bug (an internal check failed)
+  kExitBadInput = 2,   // bad config, bad command line, bad input file
+  kExitRuntime = 3,    // the job could not run (e.g. no CUDA device)
+};
+
+// A subcommand stores its action here; main() runs the one that was selected.
+using Action = std::function<int()>;
+
+int run_version();  // prints `dtrain <version>` (also for `dtrain --version`)
+void add_version(CLI::App& app, Action& action);
+void add_info(CLI::App& app, Action& action);
+void add_validate(CLI::App& app, Action& action);
+
+}  // namespace dtrain::cli

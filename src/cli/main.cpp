@@ -1,0 +1,38 @@
+// dtrain's entry point: parses the command line and dispatches to one subcommand.
+// Maps errors to the documented exit codes; no work happens here.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  using namespace dtrain::cli;
+  CLI::App app{"dtrain: train deep models from a YAML job file", "dtrain"};
+  app.require_subcommand(0, 1);
+  Action action;
+  add_version(app, action);
+  add_info(app, action);
+  add_validate(app, action);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "print the version and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitBadInput;
+  }
+  try {
+    if (show_version) return run_version();
+    if (!action) {
+      std::fputs(app.help().c_str(), stdout);
+      return kExitBadInput;
+    }
+    return action();
+  } catch (const dtrain::Error& e) {
+    std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    return kExitBadInput;
+  } catch (const dtrain::InternalError& e) {
+    std::fprintf(stderr, "dtrain: %s\n", e.what());
+    return kExitInternal;
+  }
+}

@@ -1,0 +1,107 @@
+// Host allocation and the size-class cache.
+#include "core/allocator.h"
+
+#include <bit>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace dtrain {
+
+void* HostAllocator::allocate(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (p == nullptr) {
+    throw Error(fmt::format("out of host memory allocating {} bytes ({} bytes in use)", bytes,
+                            stats().current),
+                "reduce the batch size or model size");
+  }
+  std::lock_guard lock(mu_);
+  stats_.current += bytes;
+  stats_.reserved = stats_.current;
+  stats_.peak = std::max(stats_.peak, stats_.current);
+  ++stats_.allocations;
+  return p;
+}
+
+void HostAllocator::deallocate(void* ptr, size_t bytes) {
+  std::free(ptr);
+  std::lock_guard lock(mu_);
+  DTRAIN_CHECK(stats_.current >= bytes, "freeing {} bytes with {} in use", bytes, stats_.current);
+  stats_.current -= bytes;
+  stats_.reserved = stats_.current;
+}
+
+MemoryStats HostAllocator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+size_t CachingAllocator::size_class(size_t bytes) {
+  if (bytes == 0) bytes = 1;
+  constexpr size_t kSmall = size_t{1} << 20;
+  if (bytes <= kSmall) return (bytes + 511) / 512 * 512;
+  const size_t pow = std::bit_floor(bytes);  // 2^k <= bytes
+  const size_t step = pow / 4;
+  return (bytes + step - 1) / step * step;
+}
+
+CachingAllocator::~CachingAllocator() { release_cached(); }
+
+void* CachingAllocator::allocate(size_t bytes) {
+  const size_t cls = size_class(bytes);
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.allocations;
+    auto it = free_.find(cls);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      ++stats_.cache_hits;
+      stats_.current += cls;
+      stats_.peak = std::max(stats_.peak, stats_.current);
+      return p;
+    }
+  }
+  void* p = upstream_.allocate(cls);
+  std::lock_guard lock(mu_);
+  stats_.reserved += cls;
+  stats_.current += cls;
+  stats_.peak = std::max(stats_.peak, stats_.current);
+  return p;
+}
+
+void CachingAllocator::deallocate(void* ptr, size_t bytes) {
+  const size_t cls = size_class(bytes);
+  std::lock_guard lock(mu_);
+  DTRAIN_CHECK(stats_.current >= cls, "freeing {} bytes with {} in use", cls, stats_.current);
+  stats_.current -= cls;
+  free_[cls].push_back(ptr);
+}
+
+MemoryStats CachingAllocator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::release_cached() {
+  std::lock_guard lock(mu_);
+  for (auto& [cls, blocks] : free_) {
+    for (void* p : blocks) upstream_.deallocate(p, cls);
+    stats_.reserved -= cls * blocks.size();
+  }
+  free_.clear();
+}
+
+void CachingAllocator::reset_peak() {
+  std::lock_guard lock(mu_);
+  stats_.peak = stats_.current;
+}
+
+CachingAllocator& host_allocator() {
+  static HostAllocator upstream;
+  static CachingAllocator cache(upstream);
+  return cache;
+}
+
+}  // namespace dtrain

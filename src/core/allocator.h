@@ -1,0 +1,72 @@
+// Memory allocators. Allocator is the interface every device's memory goes
+// through; HostAllocator is plain aligned host memory; CachingAllocator keeps
+// freed blocks in size classes for reuse and reports current / peak / reserved.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/device.h"
+
+namespace dtrain {
+
+struct MemoryStats {
+  size_t current = 0;   // bytes handed out and not yet returned (size-class rounded)
+  size_t peak = 0;      // high-water mark of current
+  size_t reserved = 0;  // bytes held from the upstream allocator (in use + cached)
+  size_t allocations = 0;
+  size_t cache_hits = 0;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t bytes) = 0;  // never returns null; throws on out-of-memory
+  virtual void deallocate(void* ptr, size_t bytes) = 0;
+  virtual Device device() const = 0;
+  virtual MemoryStats stats() const = 0;
+};
+
+// 64-byte aligned host memory straight from the C library.
+class HostAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  Device device() const override { return Device::cpu(); }
+  MemoryStats stats() const override;
+
+ private:
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+};
+
+// Caches freed blocks by size class. Requests round up to a class: multiples
+// of 512 B below 1 MiB, then four classes per power of two (1, 1.25, 1.5, 1.75 x 2^k),
+// so reuse is frequent and waste is at most 25%. Thread-safe.
+class CachingAllocator final : public Allocator {
+ public:
+  explicit CachingAllocator(Allocator& upstream) : upstream_(upstream) {}
+  ~CachingAllocator() override;
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) override;
+  Device device() const override { return upstream_.device(); }
+  MemoryStats stats() const override;
+  void release_cached();  // returns every cached block to the upstream allocator
+  void reset_peak();
+
+  static size_t size_class(size_t bytes);
+
+ private:
+  Allocator& upstream_;
+  mutable std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;  // size class -> cached blocks
+  MemoryStats stats_;
+};
+
+// The process-wide host allocator: a CachingAllocator over HostAllocator.
+CachingAllocator& host_allocator();
+
+}  // namespace dtrain

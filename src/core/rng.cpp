@@ -1,0 +1,62 @@
+// Philox-4x32-10 with the constants of Random123.
+#include "core/rng.h"
+
+#include <cmath>
+
+namespace dtrain {
+
+namespace {
+constexpr uint32_t kM0 = 0xD2511F53u;
+constexpr uint32_t kM1 = 0xCD9E8D57u;
+constexpr uint32_t kW0 = 0x9E3779B9u;  // golden ratio
+constexpr uint32_t kW1 = 0xBB67AE85u;  // sqrt(3) - 1
+
+inline void mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  const uint64_t p = static_cast<uint64_t>(a) * b;
+  hi = static_cast<uint32_t>(p >> 32);
+  lo = static_cast<uint32_t>(p);
+}
+
+inline PhiloxCounter round(PhiloxCounter c, PhiloxKey k) {
+  uint32_t hi0, lo0, hi1, lo1;
+  mulhilo(kM0, c[0], hi0, lo0);
+  mulhilo(kM1, c[2], hi1, lo1);
+  return {hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0};
+}
+}  // namespace
+
+PhiloxCounter philox4x32_10(PhiloxCounter counter, PhiloxKey key) {
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      key[0] += kW0;
+      key[1] += kW1;
+    }
+    counter = round(counter, key);
+  }
+  return counter;
+}
+
+PhiloxCounter Philox::block(uint64_t block) const {
+  const PhiloxCounter ctr = {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                             static_cast<uint32_t>(stream_), static_cast<uint32_t>(stream_ >> 32)};
+  const PhiloxKey key = {static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32)};
+  return philox4x32_10(ctr, key);
+}
+
+uint32_t Philox::u32(uint64_t i) const { return block(i / 4)[i % 4]; }
+
+float Philox::uniform(uint64_t i) const { return u32_to_uniform(u32(i)); }
+
+float Philox::normal(uint64_t i) const {
+  // Box-Muller; u1 in (0, 1] so the log is finite.
+  const float u1 = 1.0f - uniform(2 * i);
+  const float u2 = uniform(2 * i + 1);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853071795864769f * u2);
+}
+
+uint64_t rng_stream_id(uint32_t purpose, uint32_t rank, uint64_t index) {
+  return (static_cast<uint64_t>(purpose & 0xffu) << 56) |
+         (static_cast<uint64_t>(rank & 0xffffu) << 40) | (index & ((uint64_t{1} << 40) - 1));
+}
+
+}  // namespace dtrain

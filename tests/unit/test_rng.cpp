@@ -1,0 +1,65 @@
+// Philox-4x32-10 against the known-answer vectors published with Random123
+// (kat_vectors), and the stream/counter properties dtrain relies on.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <set>
+
+#include "core/rng.h"
+
+using namespace dtrain;
+
+TEST_CASE("philox4x32-10 known-answer vectors") {
+  CHECK(philox4x32_10({0, 0, 0, 0}, {0, 0}) ==
+        PhiloxCounter{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u});
+  CHECK(philox4x32_10({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu},
+                      {0xffffffffu, 0xffffffffu}) ==
+        PhiloxCounter{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu});
+  CHECK(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
+                      {0xa4093822u, 0x299f31d0u}) ==
+        PhiloxCounter{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u});
+}
+
+TEST_CASE("philox draws are a pure function of (seed, stream, counter)") {
+  const Philox a(42, 7), b(42, 7), other_stream(42, 8), other_seed(43, 7);
+  for (uint64_t i : {0ull, 1ull, 5ull, 1000003ull}) {
+    CHECK(a.u32(i) == b.u32(i));
+    CHECK(a.u32(i) == a.block(i / 4)[i % 4]);
+  }
+  int same_stream = 0, same_seed = 0;
+  for (uint64_t i = 0; i < 256; ++i) {
+    same_stream += a.u32(i) == other_stream.u32(i);
+    same_seed += a.u32(i) == other_seed.u32(i);
+  }
+  CHECK(same_stream < 2);
+  CHECK(same_seed < 2);
+}
+
+TEST_CASE("uniform and normal draws have the right moments") {
+  const Philox rng(1, 2);
+  const int n = 200000;
+  double sum = 0, sq = 0, nsum = 0, nsq = 0;
+  for (int i = 0; i < n; ++i) {
+    const double u = rng.uniform(i);
+    REQUIRE(u >= 0.0);
+    REQUIRE(u < 1.0);
+    sum += u;
+    sq += u * u;
+    const double z = rng.normal(i);
+    REQUIRE(std::isfinite(z));
+    nsum += z;
+    nsq += z * z;
+  }
+  CHECK(std::abs(sum / n - 0.5) < 0.005);
+  CHECK(std::abs(sq / n - 1.0 / 3) < 0.005);
+  CHECK(std::abs(nsum / n) < 0.01);
+  CHECK(std::abs(nsq / n - 1.0) < 0.02);
+}
+
+TEST_CASE("stream ids keep purpose, rank and index apart") {
+  std::set<uint64_t> ids;
+  for (uint32_t p = 0; p < 4; ++p)
+    for (uint32_t r = 0; r < 4; ++r)
+      for (uint64_t i = 0; i < 4; ++i) ids.insert(rng_stream_id(p, r, i));
+  CHECK(ids.size() == 64);
+}

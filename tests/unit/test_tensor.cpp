@@ -1,0 +1,71 @@
+// Shapes, devices, tensors and views, and the caching allocator's statistics.
+#include <doctest/doctest.h>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+
+using namespace dtrain;
+
+TEST_CASE("shape numel, indexing and printing") {
+  Shape s{2, 3, 4};
+  CHECK(s.rank() == 3);
+  CHECK(s.numel() == 24);
+  CHECK(s[-1] == 4);
+  CHECK(s.str() == "[2, 3, 4]");
+  CHECK(Shape{}.numel() == 1);
+  CHECK_THROWS_AS(s[3], InternalError);
+}
+
+TEST_CASE("device parse") {
+  CHECK(Device::parse("cpu") == Device::cpu());
+  CHECK(Device::parse("cuda") == Device::cuda(0));
+  CHECK(Device::parse("cuda:3") == Device::cuda(3));
+  CHECK(Device::parse("cuda:3").str() == "cuda:3");
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:1x", "CPU", ""}) {
+    CHECK_THROWS_WITH_AS(Device::parse(bad), doctest::Contains("unknown device"), Error);
+  }
+}
+
+TEST_CASE("tensor views share storage and are bounds-checked") {
+  Tensor t = Tensor::empty({4, 6}, DType::f32);
+  for (int i = 0; i < 24; ++i) t.data<float>()[i] = static_cast<float>(i);
+  Tensor row2 = t.view(12, {6});
+  CHECK(row2.data<float>()[0] == 12.0f);
+  row2.data<float>()[1] = -1.0f;
+  CHECK(t.data<float>()[13] == -1.0f);
+  CHECK(t.reshape({24}).numel() == 24);
+  CHECK_THROWS_AS(t.view(20, {6}), InternalError);
+  CHECK_THROWS_AS(t.reshape({5, 5}), InternalError);
+  CHECK_THROWS_AS(t.data<double>(), InternalError);
+  CHECK(t.str() == "f32[4, 6] cpu");
+  Tensor cuda_view = Tensor::wrap(nullptr, {2}, DType::f32, Device::cuda(1));
+  CHECK(cuda_view.device() == Device::cuda(1));
+  CHECK_THROWS_AS(cuda_view.data<float>(), InternalError);  // no hidden device access
+}
+
+TEST_CASE("caching allocator: size classes, reuse and statistics") {
+  CHECK(CachingAllocator::size_class(1) == 512);
+  CHECK(CachingAllocator::size_class(513) == 1024);
+  CHECK(CachingAllocator::size_class((1 << 20) + 1) == (1 << 20) + (1 << 18));
+  CHECK(CachingAllocator::size_class(3 << 20) == 3 << 20);
+
+  HostAllocator host;
+  CachingAllocator cache(host);
+  void* a = cache.allocate(1000);  // class 1024
+  void* b = cache.allocate(5000);  // class 5120
+  CHECK(cache.stats().current == 1024 + 5120);
+  CHECK(cache.stats().reserved == 1024 + 5120);
+  cache.deallocate(a, 1000);
+  CHECK(cache.stats().current == 5120);
+  CHECK(cache.stats().reserved == 1024 + 5120);  // cached, not returned
+  void* c = cache.allocate(900);  // same class: reused
+  CHECK(c == a);
+  CHECK(cache.stats().cache_hits == 1);
+  CHECK(cache.stats().peak == 1024 + 5120);
+  cache.deallocate(b, 5000);
+  cache.deallocate(c, 900);
+  CHECK(cache.stats().current == 0);
+  cache.release_cached();
+  CHECK(cache.stats().reserved == 0);
+  CHECK(host.stats().current == 0);
+}
