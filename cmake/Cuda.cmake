@@ -20,7 +20,7 @@ if(NOT DTRAIN_CUDA STREQUAL "OFF")
   endif()
 endif()
 if(DTRAIN_HAS_CUDA)
-  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD 17)  # CMake 3.25 knows no CUDA20 dialect for nvcc 13; the .cu files need only C++17
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   # cuDNN and NCCL live beside the toolkit on these machines, or in pip wheels on the GPU machine.
   find_library(DTRAIN_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ENV CUDNN_LIB_DIR)

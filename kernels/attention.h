@@ -11,10 +11,10 @@ namespace dtrain::kernels {
 enum class Causal : uint8_t { no, yes };
 
 struct AttentionArgs {
-  int64_t b = 1, h = 1;  // batch, heads
+  int64_t b = 1, h = 1;           // batch, heads
   int64_t tq = 1, tk = 1, d = 1;  // query tokens, key tokens, head dim
-  float scale = 0.0f;  // 0 means 1/sqrt(d)
-  Causal causal = Causal::no;  // causal: query i sees keys j <= i + (tk - tq)
+  float scale = 0.0f;             // 0 means 1/sqrt(d)
+  Causal causal = Causal::no;     // causal: query i sees keys j <= i + (tk - tq)
 };
 
 size_t attention_workspace_bytes(const AttentionArgs& args, DType dtype);
@@ -22,9 +22,8 @@ size_t attention_workspace_bytes(const AttentionArgs& args, DType dtype);
 // q [B, H, Tq, D], k/v [B, H, Tk, D] -> out [B, H, Tq, D], lse f32 [B, H, Tq]
 // key_mask: u8 [B, Tk], 1 = attend, 0 = padding; may be undefined (no mask).
 // A query row that can see no key gets out = 0 and lse = -inf.
-void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor& k,
-                       const Tensor& v, const Tensor& key_mask, Tensor& out, Tensor& lse,
-                       Workspace ws);
+void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& key_mask, Tensor& out, Tensor& lse, Workspace ws);
 // -> dq, dk, dv (overwritten), same shapes as q, k, v
 void attention_backward(const AttentionArgs& args, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& key_mask, const Tensor& out,

@@ -23,13 +23,14 @@ void require_dtype(std::string_view op, std::string_view arg, const Tensor& t,
     if (t.dtype() == d) return;
   }
   std::string names;
-  for (DType d : allowed) names += std::string(names.empty() ? "" : ", ") + std::string(dtype_name(d));
+  for (DType d : allowed)
+    names += std::string(names.empty() ? "" : ", ") + std::string(dtype_name(d));
   DTRAIN_CHECK(false, "{}: {} is {}, expected one of {}", op, arg, dtype_name(t.dtype()), names);
 }
 
 void require_numel(std::string_view op, std::string_view arg, const Tensor& t, int64_t numel) {
-  DTRAIN_CHECK(t.defined() && t.numel() == numel, "{}: {} has {} elements ({}), expected {}", op, arg,
-               t.defined() ? t.numel() : 0, t.defined() ? t.str() : "undefined", numel);
+  DTRAIN_CHECK(t.defined() && t.numel() == numel, "{}: {} has {} elements ({}), expected {}", op,
+               arg, t.defined() ? t.numel() : 0, t.defined() ? t.str() : "undefined", numel);
 }
 
 }  // namespace dtrain::kernels

@@ -23,6 +23,12 @@ struct GemmArgs {
 // a: [batch, m, k] ([batch, k, m] if trans_a)
 // b: [batch, k, n] ([batch, n, k] if trans_b)
 // c: [batch, m, n]
-void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c);
+// With strides, a/b/c hold at least (batch-1)*stride + one matrix (stride 0: one
+// matrix, broadcast; C may not be broadcast).
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws);
+
+// Workspace bytes gemm() needs: oneDNN's scratchpad, plus f32 copies of f16
+// operands (oneDNN 2.6 has no f16 CPU matmul, so f16 is computed in f32).
+size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype);
 
 }  // namespace dtrain::kernels

@@ -25,8 +25,8 @@ struct Pool2dArgs {
 void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tensor& y,
                     Tensor& argmax);
 // dy [N, C, OH, OW] -> dx [N, C, H, W] (overwritten)
-void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy,
-                     const Tensor& argmax, Tensor& dx);
+void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, const Tensor& argmax,
+                     Tensor& dx);
 
 // x [N, C, HW] -> y [N, C]
 void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, Tensor& y);

@@ -14,7 +14,7 @@ void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor&
 
 struct CrossEntropyArgs {
   int64_t rows = 1, classes = 1;
-  int64_t ignore_index = -100;  // rows whose target equals this contribute nothing
+  int64_t ignore_index = -100;   // rows whose target equals this contribute nothing
   float label_smoothing = 0.0f;  // target distribution (1-eps) one-hot + eps/classes
 };
 

@@ -11,9 +11,9 @@ namespace dtrain::cli {
 // Exit codes (documented in README.md).
 enum ExitCode : int {
   kExitOk = 0,
-  kExitInternal = 1,   // a dtrain bug (an internal check failed)
-  kExitBadInput = 2,   // bad config, bad command line, bad input file
-  kExitRuntime = 3,    // the job could not run (e.g. no CUDA device)
+  kExitInternal = 1,  // a dtrain bug (an internal check failed)
+  kExitBadInput = 2,  // bad config, bad command line, bad input file
+  kExitRuntime = 3,   // the job could not run (e.g. no CUDA device)
 };
 
 // A subcommand stores its action here; main() runs the one that was selected.

@@ -28,13 +28,14 @@ class InternalError : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
-[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* cond,
+                               const std::string& msg);
 
 }  // namespace dtrain
 
-#define DTRAIN_CHECK(cond, ...)                                                               \
-  do {                                                                                        \
-    if (!(cond)) [[unlikely]] {                                                               \
-      ::dtrain::check_failed(__FILE__, __LINE__, #cond, ::fmt::format("" __VA_ARGS__));       \
-    }                                                                                         \
+#define DTRAIN_CHECK(cond, ...)                                                         \
+  do {                                                                                  \
+    if (!(cond)) [[unlikely]] {                                                         \
+      ::dtrain::check_failed(__FILE__, __LINE__, #cond, ::fmt::format("" __VA_ARGS__)); \
+    }                                                                                   \
   } while (0)

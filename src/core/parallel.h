@@ -22,7 +22,8 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, Fn&& fn) {
   grain = std::max<int64_t>(grain, 1);
   const int64_t chunks = (end - begin + grain - 1) / grain;
   if (chunks == 1 || omp_in_parallel() || omp_get_max_threads() == 1) {
-    for (int64_t c = 0; c < chunks; ++c) fn(begin + c * grain, std::min(end, begin + (c + 1) * grain));
+    for (int64_t c = 0; c < chunks; ++c)
+      fn(begin + c * grain, std::min(end, begin + (c + 1) * grain));
     return;
   }
 #pragma omp parallel for schedule(static)

@@ -35,7 +35,8 @@ void Shape::push_back(int64_t d) {
 
 std::string Shape::str() const {
   std::string s = "[";
-  for (int i = 0; i < rank_; ++i) s += (i ? ", " : "") + std::to_string(dims_[static_cast<size_t>(i)]);
+  for (int i = 0; i < rank_; ++i)
+    s += (i ? ", " : "") + std::to_string(dims_[static_cast<size_t>(i)]);
   return s + "]";
 }
 

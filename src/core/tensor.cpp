@@ -24,8 +24,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Allocator* alloc) {
 
 Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) {
   Tensor t;
-  t.storage_ =
-      std::make_shared<Storage>(data, static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
+  t.storage_ = std::make_shared<Storage>(
+      data, static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;

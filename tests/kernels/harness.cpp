@@ -35,14 +35,20 @@ Values generate(const ArgSpec& a, uint64_t seed, uint64_t stream) {
   for (int64_t i = 0; i < n; ++i) {
     const double u = rng.uniform(static_cast<uint64_t>(i));
     switch (a.init) {
-      case Init::uniform: v[i] = a.lo + u * (a.hi - a.lo); break;
-      case Init::integers: v[i] = std::floor(a.lo + u * (a.hi - a.lo)); break;
+      case Init::uniform:
+        v[i] = a.lo + u * (a.hi - a.lo);
+        break;
+      case Init::integers:
+        v[i] = std::floor(a.lo + u * (a.hi - a.lo));
+        break;
       case Init::explicit_values:
         DTRAIN_CHECK(a.values.size() == static_cast<size_t>(n), "{}: {} values for {} elements",
                      a.name, a.values.size(), n);
         v[i] = a.values[static_cast<size_t>(i)];
         break;
-      case Init::zeros: v[i] = 0.0; break;
+      case Init::zeros:
+        v[i] = 0.0;
+        break;
     }
   }
   return v;
@@ -157,13 +163,27 @@ Values to_values(const Tensor& t) {
   Values v(static_cast<size_t>(t.numel()));
   const int64_t n = t.numel();
   switch (t.dtype()) {
-    case DType::f32: for (int64_t i = 0; i < n; ++i) v[i] = t.data<float>()[i]; break;
-    case DType::f64: for (int64_t i = 0; i < n; ++i) v[i] = t.data<double>()[i]; break;
-    case DType::f16: for (int64_t i = 0; i < n; ++i) v[i] = to_f32(t.data<f16>()[i]); break;
-    case DType::bf16: for (int64_t i = 0; i < n; ++i) v[i] = to_f32(t.data<bf16>()[i]); break;
-    case DType::i32: for (int64_t i = 0; i < n; ++i) v[i] = t.data<int32_t>()[i]; break;
-    case DType::i64: for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(t.data<int64_t>()[i]); break;
-    case DType::u8: for (int64_t i = 0; i < n; ++i) v[i] = t.data<uint8_t>()[i]; break;
+    case DType::f32:
+      for (int64_t i = 0; i < n; ++i) v[i] = t.data<float>()[i];
+      break;
+    case DType::f64:
+      for (int64_t i = 0; i < n; ++i) v[i] = t.data<double>()[i];
+      break;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i) v[i] = to_f32(t.data<f16>()[i]);
+      break;
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i) v[i] = to_f32(t.data<bf16>()[i]);
+      break;
+    case DType::i32:
+      for (int64_t i = 0; i < n; ++i) v[i] = t.data<int32_t>()[i];
+      break;
+    case DType::i64:
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(t.data<int64_t>()[i]);
+      break;
+    case DType::u8:
+      for (int64_t i = 0; i < n; ++i) v[i] = t.data<uint8_t>()[i];
+      break;
   }
   return v;
 }
@@ -174,13 +194,27 @@ Tensor from_values(const Values& v, const Shape& shape, DType dtype) {
   Tensor t = Tensor::empty(shape, dtype);
   const int64_t n = shape.numel();
   switch (dtype) {
-    case DType::f32: for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(v[i]); break;
-    case DType::f64: for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = v[i]; break;
-    case DType::f16: for (int64_t i = 0; i < n; ++i) t.data<f16>()[i] = to_f16(static_cast<float>(v[i])); break;
-    case DType::bf16: for (int64_t i = 0; i < n; ++i) t.data<bf16>()[i] = to_bf16(static_cast<float>(v[i])); break;
-    case DType::i32: for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(v[i]); break;
-    case DType::i64: for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = static_cast<int64_t>(v[i]); break;
-    case DType::u8: for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(v[i]); break;
+    case DType::f32:
+      for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(v[i]);
+      break;
+    case DType::f64:
+      for (int64_t i = 0; i < n; ++i) t.data<double>()[i] = v[i];
+      break;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i) t.data<f16>()[i] = to_f16(static_cast<float>(v[i]));
+      break;
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i) t.data<bf16>()[i] = to_bf16(static_cast<float>(v[i]));
+      break;
+    case DType::i32:
+      for (int64_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int32_t>(v[i]);
+      break;
+    case DType::i64:
+      for (int64_t i = 0; i < n; ++i) t.data<int64_t>()[i] = static_cast<int64_t>(v[i]);
+      break;
+    case DType::u8:
+      for (int64_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(v[i]);
+      break;
   }
   return t;
 }

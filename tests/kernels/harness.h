@@ -18,8 +18,8 @@ namespace dtrain::test {
 using Values = std::vector<double>;  // a tensor's elements in fp64, row-major
 
 enum class Init : uint8_t {
-  uniform,   // uniform in [lo, hi)
-  integers,  // integers uniform in [lo, hi) (ids, labels)
+  uniform,          // uniform in [lo, hi)
+  integers,         // integers uniform in [lo, hi) (ids, labels)
   explicit_values,  // `values`, as given (special values: inf, nan, ties, ...)
   zeros,
 };
@@ -30,7 +30,7 @@ struct ArgSpec {
   DType dtype = DType::f32;
   Init init = Init::uniform;
   double lo = -1.0, hi = 1.0;
-  Values values;              // for Init::explicit_values
+  Values values;               // for Init::explicit_values
   bool differentiable = true;  // inputs: checked in grad mode; outputs: part of the loss
 };
 
@@ -42,7 +42,8 @@ struct Tolerance {
 struct KernelCase {
   std::string name;  // "<family>/<variant>/<dtype>/<shape>", family = text before the first '/'
   std::vector<ArgSpec> inputs;
-  std::vector<ArgSpec> outputs;  // forward outputs, including saved tensors (mark those non-differentiable)
+  std::vector<ArgSpec>
+      outputs;  // forward outputs, including saved tensors (mark those non-differentiable)
   size_t workspace_bytes = 0;
 
   // The kernel under test. Inputs are already in their dtype; outputs are
@@ -61,11 +62,11 @@ struct KernelCase {
                      kernels::Workspace ws)>
       backward;
 
-  Tolerance check_tol;               // forward vs reference
-  Tolerance grad_tol{1e-3, 1e-3};    // backward vs finite differences
-  int grad_samples = 48;             // elements per input checked by finite differences (all if fewer)
-  double fd_step = 1e-6;             // central difference step (relative to max(1, |x|))
-  uint64_t seed = 1;                 // input generation seed
+  Tolerance check_tol;             // forward vs reference
+  Tolerance grad_tol{1e-3, 1e-3};  // backward vs finite differences
+  int grad_samples = 48;  // elements per input checked by finite differences (all if fewer)
+  double fd_step = 1e-6;  // central difference step (relative to max(1, |x|))
+  uint64_t seed = 1;      // input generation seed
 };
 
 // One function per family, each in tests/kernels/cases_<family>.cpp.
@@ -82,6 +83,7 @@ std::vector<KernelCase> cases_dropout();
 std::vector<KernelCase> cases_elementwise();
 std::vector<KernelCase> cases_cast();
 std::vector<KernelCase> cases_reduce();
+std::vector<KernelCase> cases_layout();
 
 std::vector<KernelCase> all_cases();  // the explicit registry, in the order above
 
@@ -94,8 +96,8 @@ CaseResult run_check(const KernelCase& c);
 CaseResult run_grad(const KernelCase& c);
 
 // Helpers for writing cases.
-std::string shape_tag(const Shape& s);  // "3x5x7"
-Values to_values(const Tensor& t);      // any dtype -> fp64
+std::string shape_tag(const Shape& s);                                 // "3x5x7"
+Values to_values(const Tensor& t);                                     // any dtype -> fp64
 Tensor from_values(const Values& v, const Shape& shape, DType dtype);  // rounds to dtype
 
 }  // namespace dtrain::test

@@ -22,10 +22,14 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (arg == "--mode") mode = next();
-    else if (arg == "--family") family = next();
-    else if (arg == "--filter") filter = next();
-    else if (arg == "--list") list = true;
+    if (arg == "--mode")
+      mode = next();
+    else if (arg == "--family")
+      family = next();
+    else if (arg == "--filter")
+      filter = next();
+    else if (arg == "--list")
+      list = true;
     else {
       std::fprintf(stderr, "test_kernels: unknown argument %s\n", arg.c_str());
       return 2;

@@ -93,13 +93,14 @@ TEST_CASE("f16: overflow, underflow and special values") {
   CHECK(f32_to_f16_bits(1e30f) == 0x7c00);
   CHECK(f32_to_f16_bits(-1e30f) == 0xfc00);
   CHECK(f32_to_f16_bits(INFINITY) == 0x7c00);
-  CHECK(f32_to_f16_bits(std::ldexp(1.0f, -25)) == 0x0000);            // half of the smallest: tie to 0
+  CHECK(f32_to_f16_bits(std::ldexp(1.0f, -25)) == 0x0000);  // half of the smallest: tie to 0
   CHECK(f32_to_f16_bits(std::nextafter(std::ldexp(1.0f, -25), 1.0f)) == 0x0001);
-  CHECK(f32_to_f16_bits(std::ldexp(3.0f, -25)) == 0x0002);            // 1.5 ulp: tie to even (2)
+  CHECK(f32_to_f16_bits(std::ldexp(3.0f, -25)) == 0x0002);  // 1.5 ulp: tie to even (2)
   CHECK(f32_to_f16_bits(1e-30f) == 0x0000);
   CHECK(f32_to_f16_bits(-1e-30f) == 0x8000);
   CHECK(f32_to_f16_bits(-0.0f) == 0x8000);
-  CHECK((f32_to_f16_bits(bits_to_float(0x7f800001u)) & 0x7fff) > 0x7c00);  // signalling NaN stays NaN
+  CHECK((f32_to_f16_bits(bits_to_float(0x7f800001u)) & 0x7fff) >
+        0x7c00);  // signalling NaN stays NaN
 }
 
 TEST_CASE("bf16: every bit pattern decodes exactly and round-trips") {

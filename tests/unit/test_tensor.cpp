@@ -58,7 +58,7 @@ TEST_CASE("caching allocator: size classes, reuse and statistics") {
   cache.deallocate(a, 1000);
   CHECK(cache.stats().current == 5120);
   CHECK(cache.stats().reserved == 1024 + 5120);  // cached, not returned
-  void* c = cache.allocate(900);  // same class: reused
+  void* c = cache.allocate(900);                 // same class: reused
   CHECK(c == a);
   CHECK(cache.stats().cache_hits == 1);
   CHECK(cache.stats().peak == 1024 + 5120);

@@ -1,0 +1,154 @@
+// CPU 2-D convolution through oneDNN (direct algorithm). The primitives are
+// created with format_tag::any, so oneDNN picks its blocked layouts (nChw16c,
+// OIhw16i16o...), ~2x faster than plain NCHW on 3x3 layers here; arguments are
+// reordered from/to the caller's NCHW/KCRS through workspace buffers. f16
+// (absent from oneDNN 2.6 on CPU) computes in f32 via those same reorders.
+#include "kernels/conv.h"
+
+#include "kernels/cpu/dense_dnnl.h"
+
+namespace dtrain::kernels {
+
+double Conv2dArgs::flops() const {
+  return 2.0 * static_cast<double>(n) * k * out_h() * out_w() * (c / groups) * r * s;
+}
+
+namespace {
+
+using namespace dnnl_util;
+using tag = dnnl::memory::format_tag;
+
+struct ConvPlan {
+  Pass fwd, bwd_data, bwd_filter;
+};
+
+std::string describe(const Conv2dArgs& a, DType t) {
+  return fmt::format("[x {}x{}x{}x{} w {}x{}x{}x{} stride {},{} pad {},{} dil {},{} groups {} {}]",
+                     a.n, a.c, a.h, a.w, a.k, a.c / a.groups, a.r, a.s, a.stride_h, a.stride_w,
+                     a.pad_h, a.pad_w, a.dilation_h, a.dilation_w, a.groups, dtype_name(t));
+}
+
+struct ConvDescs {
+  md x_user, w_user, y_user;  // the caller's NCHW / KCRS, its dtype
+  md x_any, w_any, y_any;     // any layout, compute dtype
+  dnnl::memory::dims stride, dil, pad_l, pad_r;
+};
+
+ConvDescs make_descs(const Conv2dArgs& a, DType t) {
+  const dt user = to_dnnl(t), comp = t == DType::f16 ? dt::f32 : user;
+  const dnnl::memory::dims x{a.n, a.c, a.h, a.w}, y{a.n, a.k, a.out_h(), a.out_w()};
+  const dnnl::memory::dims w =
+      a.groups == 1 ? dnnl::memory::dims{a.k, a.c, a.r, a.s}
+                    : dnnl::memory::dims{a.groups, a.k / a.groups, a.c / a.groups, a.r, a.s};
+  const tag wtag = a.groups == 1 ? tag::oihw : tag::goihw;
+  // Right padding so oneDNN's output size equals ours exactly (may be below pad_l).
+  const int64_t pr_h = (a.out_h() - 1) * a.stride_h + (a.r - 1) * a.dilation_h + 1 - a.h - a.pad_h;
+  const int64_t pr_w = (a.out_w() - 1) * a.stride_w + (a.s - 1) * a.dilation_w + 1 - a.w - a.pad_w;
+  return ConvDescs{md(x, user, tag::nchw),   md(w, user, wtag),
+                   md(y, user, tag::nchw),   md(x, comp, tag::any),
+                   md(w, comp, tag::any),    md(y, comp, tag::any),
+                   {a.stride_h, a.stride_w}, {a.dilation_h - 1, a.dilation_w - 1},
+                   {a.pad_h, a.pad_w},       {pr_h, pr_w}};
+}
+
+ConvPlan make_plan(const Conv2dArgs& a, DType t) {
+  const ConvDescs d = make_descs(a, t);
+  const dnnl::primitive_attr attr = user_scratchpad_attr();
+  const auto alg = dnnl::algorithm::convolution_direct;
+  using fwd_t = dnnl::convolution_forward;
+  using bwd_d_t = dnnl::convolution_backward_data;
+  using bwd_w_t = dnnl::convolution_backward_weights;
+  fwd_t::primitive_desc fpd(fwd_t::desc(dnnl::prop_kind::forward_training, alg, d.x_any, d.w_any,
+                                        d.y_any, d.stride, d.dil, d.pad_l, d.pad_r),
+                            attr, cpu_engine());
+  bwd_d_t::primitive_desc dpd(
+      bwd_d_t::desc(alg, d.x_any, d.w_any, d.y_any, d.stride, d.dil, d.pad_l, d.pad_r), attr,
+      cpu_engine(), fpd);
+  bwd_w_t::primitive_desc wpd(
+      bwd_w_t::desc(alg, d.x_any, d.w_any, d.y_any, d.stride, d.dil, d.pad_l, d.pad_r), attr,
+      cpu_engine(), fpd);
+  ConvPlan p;
+  p.fwd = make_pass(fwd_t(fpd), fpd.scratchpad_desc(),
+                    {{DNNL_ARG_SRC, ArgDir::in, d.x_user, fpd.src_desc()},
+                     {DNNL_ARG_WEIGHTS, ArgDir::in, d.w_user, fpd.weights_desc()},
+                     {DNNL_ARG_DST, ArgDir::out, d.y_user, fpd.dst_desc()}});
+  p.bwd_data = make_pass(bwd_d_t(dpd), dpd.scratchpad_desc(),
+                         {{DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, dpd.diff_dst_desc()},
+                          {DNNL_ARG_WEIGHTS, ArgDir::in, d.w_user, dpd.weights_desc()},
+                          {DNNL_ARG_DIFF_SRC, ArgDir::out, d.x_user, dpd.diff_src_desc()}});
+  p.bwd_filter =
+      make_pass(bwd_w_t(wpd), wpd.scratchpad_desc(),
+                {{DNNL_ARG_SRC, ArgDir::in, d.x_user, wpd.src_desc()},
+                 {DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, wpd.diff_dst_desc()},
+                 {DNNL_ARG_DIFF_WEIGHTS, ArgDir::out, d.w_user, wpd.diff_weights_desc()}});
+  return p;
+}
+
+void check_args(const Conv2dArgs& a, DType t) {
+  DTRAIN_CHECK(a.n > 0 && a.c > 0 && a.h > 0 && a.w > 0 && a.k > 0 && a.r > 0 && a.s > 0,
+               "conv2d: empty size {}", describe(a, t));
+  DTRAIN_CHECK(a.groups > 0 && a.c % a.groups == 0 && a.k % a.groups == 0,
+               "conv2d: groups {} must divide C {} and K {}", a.groups, a.c, a.k);
+  DTRAIN_CHECK(a.stride_h > 0 && a.stride_w > 0 && a.dilation_h > 0 && a.dilation_w > 0 &&
+                   a.pad_h >= 0 && a.pad_w >= 0,
+               "conv2d: bad stride/dilation/padding {}", describe(a, t));
+  DTRAIN_CHECK(a.out_h() > 0 && a.out_w() > 0, "conv2d: empty output {}", describe(a, t));
+}
+
+const ConvPlan& plan_for(const Conv2dArgs& a, DType t) {
+  static Cache<ConvPlan> cache;
+  check_args(a, t);
+  const std::string key = describe(a, t);
+  return guarded("conv2d", key, [&]() -> const ConvPlan& {
+    return cache.get(key, [&] { return make_plan(a, t); });
+  });
+}
+
+// Shared entry checks: x-like [N,C,H,W], w [K,C/g,R,S], y-like [N,K,OH,OW].
+void check_tensors(std::string_view op, const Conv2dArgs& a, const Tensor& x, const Tensor& w,
+                   const Tensor& y) {
+  require_cpu(op, {&x, &w, &y});
+  require_dtype(op, "x", x, {DType::f32, DType::bf16, DType::f16});
+  require_dtype(op, "w", w, {x.dtype()});
+  require_dtype(op, "y", y, {x.dtype()});
+  require_numel(op, "x", x, a.n * a.c * a.h * a.w);
+  require_numel(op, "w", w, a.k * (a.c / a.groups) * a.r * a.s);
+  require_numel(op, "y", y, a.n * a.k * a.out_h() * a.out_w());
+}
+
+}  // namespace
+
+size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype) {
+  const ConvPlan& p = plan_for(args, dtype);
+  return std::max(
+      {p.fwd.workspace_bytes, p.bwd_data.workspace_bytes, p.bwd_filter.workspace_bytes});
+}
+
+void conv2d_forward(const Conv2dArgs& args, const Tensor& x, const Tensor& w, Tensor& y,
+                    Workspace ws) {
+  check_tensors("conv2d_forward", args, x, w, y);
+  const ConvPlan& p = plan_for(args, x.dtype());
+  guarded("conv2d_forward", describe(args, x.dtype()), [&] {
+    run_pass(p.fwd, {x.raw(), w.raw(), y.raw()}, ws);
+  });
+}
+
+void conv2d_backward_data(const Conv2dArgs& args, const Tensor& dy, const Tensor& w, Tensor& dx,
+                          Workspace ws) {
+  check_tensors("conv2d_backward_data", args, dx, w, dy);
+  const ConvPlan& p = plan_for(args, dy.dtype());
+  guarded("conv2d_backward_data", describe(args, dy.dtype()), [&] {
+    run_pass(p.bwd_data, {dy.raw(), w.raw(), dx.raw()}, ws);
+  });
+}
+
+void conv2d_backward_filter(const Conv2dArgs& args, const Tensor& x, const Tensor& dy, Tensor& dw,
+                            Workspace ws) {
+  check_tensors("conv2d_backward_filter", args, x, dw, dy);
+  const ConvPlan& p = plan_for(args, x.dtype());
+  guarded("conv2d_backward_filter", describe(args, x.dtype()), [&] {
+    run_pass(p.bwd_filter, {x.raw(), dy.raw(), dw.raw()}, ws);
+  });
+}
+
+}  // namespace dtrain::kernels

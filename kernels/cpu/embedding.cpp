@@ -1,0 +1,96 @@
+// CPU embedding: forward copies table rows by id (any dtype, rows as bytes);
+// backward adds dout rows into dtable without atomics: the table rows are split
+// among tasks, each task scans all ids in order and accumulates only the rows it
+// owns, so every row sums its contributions in id order (thread-independent).
+// Ids are validated (Error naming position and id) before any work.
+#include <algorithm>
+#include <cstring>
+
+#include "core/parallel.h"
+#include "kernels/cpu/vec_util.h"
+#include "kernels/embedding.h"
+
+namespace dtrain::kernels {
+
+namespace {
+
+template <typename Id>
+void check_ids(const Id* ids, int64_t n, int64_t vocab) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] >= 0 && ids[i] < vocab) continue;
+    throw Error(fmt::format("embedding: id {} at position {} is outside [0, {})",
+                            static_cast<int64_t>(ids[i]), i, vocab),
+                "token ids must be below the vocabulary size; check the tokenizer and vocab_size");
+  }
+}
+
+// Calls fn(ids pointer) for i32 or i64 ids.
+template <typename Fn>
+void with_ids(const Tensor& ids, Fn&& fn) {
+  if (ids.dtype() == DType::i32) {
+    fn(ids.data<int32_t>());
+  } else {
+    fn(ids.data<int64_t>());
+  }
+}
+
+template <typename T, typename Id>
+void scatter_add(const Id* ids, int64_t n, int64_t vocab, int64_t dim, const T* dout, T* dtable) {
+  const int64_t tasks = std::max(1, num_threads());
+  const int64_t rows_per_task = (vocab + tasks - 1) / tasks;
+  parallel_for(0, vocab, rows_per_task, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = ids[i];
+      if (row < lo || row >= hi) continue;
+      const T* src = dout + i * dim;
+      T* dst = dtable + row * dim;
+      for (int64_t k = 0; k < dim; ++k) cpu::store(dst, k, cpu::load(dst, k) + cpu::load(src, k));
+    }
+  });
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  require_cpu("embedding_forward", {&ids, &table, &out});
+  require_dtype("embedding_forward", "ids", ids, {DType::i32, DType::i64});
+  DTRAIN_CHECK(table.rank() == 2, "embedding_forward: table {} is not [vocab, dim]", table.str());
+  DTRAIN_CHECK(out.dtype() == table.dtype(), "embedding_forward: out {} vs table {}", out.str(),
+               table.str());
+  const int64_t n = ids.numel(), vocab = table.dim(0), dim = table.dim(1);
+  require_numel("embedding_forward", "out", out, n * dim);
+  const size_t row_bytes = static_cast<size_t>(dim) * dtype_size(table.dtype());
+  const auto* src = static_cast<const char*>(table.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  with_ids(ids, [&](const auto* id) {
+    check_ids(id, n, vocab);
+    parallel_for(0, n, std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1)),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t i = lo; i < hi; ++i) {
+                     std::memcpy(dst + i * row_bytes, src + id[i] * row_bytes, row_bytes);
+                   }
+                 });
+  });
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  require_cpu("embedding_backward", {&ids, &dout, &dtable});
+  require_dtype("embedding_backward", "ids", ids, {DType::i32, DType::i64});
+  require_dtype("embedding_backward", "dtable", dtable, {DType::f32, DType::f16, DType::bf16});
+  DTRAIN_CHECK(dtable.rank() == 2, "embedding_backward: dtable {} is not [vocab, dim]",
+               dtable.str());
+  DTRAIN_CHECK(dout.dtype() == dtable.dtype(), "embedding_backward: dout {} vs dtable {}",
+               dout.str(), dtable.str());
+  const int64_t n = ids.numel(), vocab = dtable.dim(0), dim = dtable.dim(1);
+  require_numel("embedding_backward", "dout", dout, n * dim);
+  with_ids(ids, [&](const auto* id) {
+    check_ids(id, n, vocab);
+    cpu::dispatch_float(dtable.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      scatter_add(id, n, vocab, dim, static_cast<const T*>(dout.raw()),
+                  static_cast<T*>(dtable.raw()));
+    });
+  });
+}
+
+}  // namespace dtrain::kernels

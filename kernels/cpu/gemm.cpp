@@ -1,0 +1,130 @@
+// CPU GEMM through oneDNN matmul: transposes and batch strides (0 = broadcast)
+// become strided memory descriptors, alpha an output scale, beta a sum
+// post-op. bf16 runs natively (f32 accumulation); f16, which oneDNN 2.6 lacks
+// on CPU, is widened to dense f32 copies in the workspace and rounded back.
+// Does not handle k == 0 through oneDNN (C = beta * C is done here).
+#include "kernels/gemm.h"
+
+#include "kernels/cpu/dense_dnnl.h"
+#include "kernels/cpu/dense_util.h"
+
+namespace dtrain::kernels {
+namespace {
+
+using namespace dnnl_util;
+constexpr std::string_view kOp = "gemm";
+
+struct GemmPlan {
+  Pass pass;
+};
+
+std::string describe(const GemmArgs& g, DType ab, DType c) {
+  return fmt::format("[batch {} m {} n {} k {} trans {}{} alpha {} beta {} strides {},{},{} {}/{}]",
+                     g.batch, g.m, g.n, g.k, g.trans_a == Trans::yes ? 'T' : 'N',
+                     g.trans_b == Trans::yes ? 'T' : 'N', g.alpha, g.beta, g.stride_a, g.stride_b,
+                     g.stride_c, dtype_name(ab), dtype_name(c));
+}
+
+// A [batch, rows, cols] operand as stored by the caller, viewed as the logical
+// [batch', rows', cols'] matrix oneDNN multiplies (transposed by strides).
+md user_md(int64_t batch, int64_t stride, int64_t rows, int64_t cols, Trans t, dt type) {
+  const int64_t b = (stride == 0) ? 1 : batch;
+  const int64_t bs = (stride <= 0 || b == 1) ? rows * cols : stride;
+  if (t == Trans::no) return md({b, rows, cols}, type, dnnl::memory::dims{bs, cols, 1});
+  return md({b, rows, cols}, type, dnnl::memory::dims{bs, 1, rows});
+}
+
+// The primitive's view: the same dims, dense f32 when the caller's type is f16.
+md prim_md(const md& user) {
+  if (user.data_type() != dt::f16) return user;
+  return md(user.dims(), dt::f32, dnnl::memory::format_tag::abc);
+}
+
+GemmPlan make_plan(const GemmArgs& g, DType ab, DType c) {
+  const dt tab = to_dnnl(ab), tc = to_dnnl(c);
+  const md a_user = user_md(g.batch, g.stride_a, g.m, g.k, g.trans_a, tab);
+  const md b_user = user_md(g.batch, g.stride_b, g.k, g.n, g.trans_b, tab);
+  const md c_user = user_md(g.batch, g.stride_c, g.m, g.n, Trans::no, tc);
+  const md a_prim = prim_md(a_user), b_prim = prim_md(b_user), c_prim = prim_md(c_user);
+  dnnl::primitive_attr attr = user_scratchpad_attr();
+  if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
+  if (g.beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(g.beta);
+    attr.set_post_ops(po);
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_prim, b_prim, c_prim), attr, cpu_engine());
+  const ArgDir c_dir = g.beta != 0.0f ? ArgDir::inout : ArgDir::out;
+  return GemmPlan{make_pass(dnnl::matmul(pd), pd.scratchpad_desc(),
+                            {{DNNL_ARG_SRC, ArgDir::in, a_user, a_prim},
+                             {DNNL_ARG_WEIGHTS, ArgDir::in, b_user, b_prim},
+                             {DNNL_ARG_DST, c_dir, c_user, c_prim}})};
+}
+
+const GemmPlan& plan_for(const GemmArgs& g, DType ab, DType c) {
+  static Cache<GemmPlan> cache;
+  const std::string key = describe(g, ab, c);
+  return guarded(kOp, key, [&]() -> const GemmPlan& {
+    return cache.get(key, [&] { return make_plan(g, ab, c); });
+  });
+}
+
+int64_t span(int64_t batch, int64_t stride, int64_t matrix) {
+  if (stride < 0) return batch * matrix;
+  return (batch - 1) * stride + matrix;
+}
+
+// k == 0: the product is empty, so C = beta * C.
+template <typename T>
+void scale_c(const GemmArgs& g, T* c) {
+  const int64_t stride = g.stride_c < 0 ? g.m * g.n : g.stride_c;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    T* cb = c + b * stride;
+    for (int64_t i = 0; i < g.m * g.n; ++i) {
+      dense::store(cb[i], g.beta == 0.0f ? 0.0f : g.beta * dense::load(cb[i]));
+    }
+  }
+}
+
+void check_args(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c) {
+  require_cpu(kOp, {&a, &b, &c});
+  require_dtype(kOp, "a", a, {DType::f32, DType::f16, DType::bf16});
+  require_dtype(kOp, "b", b, {a.dtype()});
+  require_dtype(kOp, "c", c, {DType::f32, a.dtype()});
+  DTRAIN_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0, "gemm: negative size {}",
+               describe(g, a.dtype(), c.dtype()));
+  DTRAIN_CHECK(g.stride_c != 0 || g.batch <= 1, "gemm: C cannot be broadcast (stride_c 0)");
+  const struct {
+    const char* name;
+    const Tensor& t;
+    int64_t need;
+  } operands[] = {{"a", a, span(g.batch, g.stride_a, g.m * g.k)},
+                  {"b", b, span(g.batch, g.stride_b, g.k * g.n)},
+                  {"c", c, span(g.batch, g.stride_c, g.m * g.n)}};
+  for (const auto& o : operands) {
+    DTRAIN_CHECK(o.t.numel() >= o.need, "gemm: {} has {} elements, {} needs {}", o.name,
+                 o.t.numel(), describe(g, a.dtype(), c.dtype()), o.need);
+  }
+}
+
+}  // namespace
+
+size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype) {
+  if (args.m == 0 || args.n == 0 || args.k == 0 || args.batch == 0) return 0;
+  return plan_for(args, ab_dtype, c_dtype).pass.workspace_bytes;
+}
+
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws) {
+  check_args(args, a, b, c);
+  if (args.m == 0 || args.n == 0 || args.batch == 0) return;
+  if (args.k == 0) {
+    dense::dispatch_float(c.dtype(), [&](auto tag) { scale_c(args, c.data<decltype(tag)>()); });
+    return;
+  }
+  const GemmPlan& plan = plan_for(args, a.dtype(), c.dtype());
+  guarded(kOp, describe(args, a.dtype(), c.dtype()), [&] {
+    run_pass(plan.pass, {a.raw(), b.raw(), c.raw()}, ws);
+  });
+}
+
+}  // namespace dtrain::kernels

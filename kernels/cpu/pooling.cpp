@@ -1,0 +1,213 @@
+// CPU max / average pooling over NCHW planes and global average pooling. One
+// thread per (n, c) plane. Backward is a gather (each input element sums the
+// windows that contain it, in (oh, ow) order), so it needs no scratch, writes
+// each dx once and rounds half outputs once. Computes in f32; no workspace.
+#include "kernels/pooling.h"
+
+#include <cmath>
+
+#include "core/parallel.h"
+#include "kernels/cpu/dense_util.h"
+
+namespace dtrain::kernels {
+namespace {
+
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+struct Window {
+  int64_t h0, h1, w0, w1;  // in-bounds rows [h0, h1), cols [w0, w1)
+};
+
+Window window(const Pool2dArgs& a, int64_t oh, int64_t ow) {
+  const int64_t hs = oh * a.stride_h - a.pad_h, ws = ow * a.stride_w - a.pad_w;
+  return {std::max<int64_t>(hs, 0), std::min(hs + a.kernel_h, a.h), std::max<int64_t>(ws, 0),
+          std::min(ws + a.kernel_w, a.w)};
+}
+
+float inv_divisor(const Pool2dArgs& a, const Window& win) {
+  const int64_t count = a.pad_count == PadCount::include ? a.kernel_h * a.kernel_w
+                                                         : (win.h1 - win.h0) * (win.w1 - win.w0);
+  return 1.0f / static_cast<float>(count);
+}
+
+// Outputs whose window covers input index i along one axis: [lo, hi).
+void covering(int64_t i, int64_t pad, int64_t kernel, int64_t stride, int64_t out, int64_t& lo,
+              int64_t& hi) {
+  lo = std::max<int64_t>(0, floor_div(i + pad - kernel, stride) + 1);
+  hi = std::min(out, floor_div(i + pad, stride) + 1);
+}
+
+template <typename T>
+void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t* argmax) {
+  const int64_t oh_n = a.out_h(), ow_n = a.out_w();
+  for (int64_t oh = 0; oh < oh_n; ++oh) {
+    for (int64_t ow = 0; ow < ow_n; ++ow) {
+      const Window win = window(a, oh, ow);
+      const int64_t o = oh * ow_n + ow;
+      if (kind == PoolKind::avg) {
+        float sum = 0.0f;
+        for (int64_t ih = win.h0; ih < win.h1; ++ih)
+          for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += dense::load(x[ih * a.w + iw]);
+        dense::store(y[o], sum * inv_divisor(a, win));
+        continue;
+      }
+      float best = -INFINITY;
+      int64_t best_i = win.h0 * a.w + win.w0;
+      for (int64_t ih = win.h0; ih < win.h1 && !std::isnan(best); ++ih) {
+        for (int64_t iw = win.w0; iw < win.w1; ++iw) {
+          const float v = dense::load(x[ih * a.w + iw]);
+          if (v > best || std::isnan(v)) {  // first maximum wins; NaN propagates
+            best = v;
+            best_i = ih * a.w + iw;
+            if (std::isnan(v)) break;
+          }
+        }
+      }
+      dense::store(y[o], best);
+      argmax[o] = static_cast<int32_t>(best_i);
+    }
+  }
+}
+
+template <typename T>
+void backward_plane(PoolKind kind, const Pool2dArgs& a, const T* dy, const int32_t* argmax, T* dx) {
+  const int64_t oh_n = a.out_h(), ow_n = a.out_w();
+  for (int64_t ih = 0; ih < a.h; ++ih) {
+    int64_t oh0, oh1;
+    covering(ih, a.pad_h, a.kernel_h, a.stride_h, oh_n, oh0, oh1);
+    for (int64_t iw = 0; iw < a.w; ++iw) {
+      int64_t ow0, ow1;
+      covering(iw, a.pad_w, a.kernel_w, a.stride_w, ow_n, ow0, ow1);
+      const int32_t self = static_cast<int32_t>(ih * a.w + iw);
+      float acc = 0.0f;
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        for (int64_t ow = ow0; ow < ow1; ++ow) {
+          const int64_t o = oh * ow_n + ow;
+          if (kind == PoolKind::max) {
+            if (argmax[o] == self) acc += dense::load(dy[o]);
+          } else {
+            acc += dense::load(dy[o]) * inv_divisor(a, window(a, oh, ow));
+          }
+        }
+      }
+      dense::store(dx[self], acc);
+    }
+  }
+}
+
+void check_pool(std::string_view op, const Pool2dArgs& a) {
+  DTRAIN_CHECK(a.n > 0 && a.c > 0 && a.h > 0 && a.w > 0 && a.kernel_h > 0 && a.kernel_w > 0 &&
+                   a.stride_h > 0 && a.stride_w > 0,
+               "{}: bad shape n {} c {} h {} w {} kernel {}x{} stride {},{}", op, a.n, a.c, a.h,
+               a.w, a.kernel_h, a.kernel_w, a.stride_h, a.stride_w);
+  // Every window then holds at least one input element (PyTorch's rule too).
+  DTRAIN_CHECK(
+      a.pad_h >= 0 && a.pad_w >= 0 && 2 * a.pad_h <= a.kernel_h && 2 * a.pad_w <= a.kernel_w,
+      "{}: padding {},{} must be at most half the kernel {}x{}", op, a.pad_h, a.pad_w, a.kernel_h,
+      a.kernel_w);
+  DTRAIN_CHECK(a.out_h() > 0 && a.out_w() > 0, "{}: empty output", op);
+}
+
+}  // namespace
+
+void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tensor& y,
+                    Tensor& argmax) {
+  constexpr std::string_view op = "pool2d_forward";
+  require_cpu(op, {&x, &y, &argmax});
+  check_pool(op, args);
+  require_dtype(op, "x", x, {DType::f32, DType::f16, DType::bf16});
+  require_dtype(op, "y", y, {x.dtype()});
+  const int64_t planes = args.n * args.c, in = args.h * args.w, out = args.out_h() * args.out_w();
+  require_numel(op, "x", x, planes * in);
+  require_numel(op, "y", y, planes * out);
+  int32_t* am = nullptr;
+  if (kind == PoolKind::max) {
+    require_dtype(op, "argmax", argmax, {DType::i32});
+    require_numel(op, "argmax", argmax, planes * out);
+    am = argmax.data<int32_t>();
+  }
+  dense::dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.data<T>();
+    T* yp = y.data<T>();
+    parallel_for(0, planes, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        forward_plane(kind, args, xp + p * in, yp + p * out, am ? am + p * out : nullptr);
+      }
+    });
+  });
+}
+
+void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, const Tensor& argmax,
+                     Tensor& dx) {
+  constexpr std::string_view op = "pool2d_backward";
+  require_cpu(op, {&dy, &argmax, &dx});
+  check_pool(op, args);
+  require_dtype(op, "dy", dy, {DType::f32, DType::f16, DType::bf16});
+  require_dtype(op, "dx", dx, {dy.dtype()});
+  const int64_t planes = args.n * args.c, in = args.h * args.w, out = args.out_h() * args.out_w();
+  require_numel(op, "dy", dy, planes * out);
+  require_numel(op, "dx", dx, planes * in);
+  const int32_t* am = nullptr;
+  if (kind == PoolKind::max) {
+    require_dtype(op, "argmax", argmax, {DType::i32});
+    require_numel(op, "argmax", argmax, planes * out);
+    am = argmax.data<int32_t>();
+  }
+  dense::dispatch_float(dy.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = dy.data<T>();
+    T* d = dx.data<T>();
+    parallel_for(0, planes, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        backward_plane(kind, args, g + p * out, am ? am + p * out : nullptr, d + p * in);
+      }
+    });
+  });
+}
+
+void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, Tensor& y) {
+  constexpr std::string_view op = "global_avg_pool_forward";
+  require_cpu(op, {&x, &y});
+  DTRAIN_CHECK(n > 0 && c > 0 && hw > 0, "{}: empty shape {}x{}x{}", op, n, c, hw);
+  require_dtype(op, "x", x, {DType::f32, DType::f16, DType::bf16});
+  require_dtype(op, "y", y, {x.dtype()});
+  require_numel(op, "x", x, n * c * hw);
+  require_numel(op, "y", y, n * c);
+  dense::dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* xp = x.data<T>();
+    T* yp = y.data<T>();
+    parallel_for(0, n * c, 16, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < hw; ++i) sum += dense::load(xp[p * hw + i]);
+        dense::store(yp[p], sum / static_cast<float>(hw));
+      }
+    });
+  });
+}
+
+void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy, Tensor& dx) {
+  constexpr std::string_view op = "global_avg_pool_backward";
+  require_cpu(op, {&dy, &dx});
+  DTRAIN_CHECK(n > 0 && c > 0 && hw > 0, "{}: empty shape {}x{}x{}", op, n, c, hw);
+  require_dtype(op, "dy", dy, {DType::f32, DType::f16, DType::bf16});
+  require_dtype(op, "dx", dx, {dy.dtype()});
+  require_numel(op, "dy", dy, n * c);
+  require_numel(op, "dx", dx, n * c * hw);
+  dense::dispatch_float(dy.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = dy.data<T>();
+    T* d = dx.data<T>();
+    parallel_for(0, n * c, 16, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        T v;
+        dense::store(v, dense::load(g[p]) / static_cast<float>(hw));
+        for (int64_t i = 0; i < hw; ++i) d[p * hw + i] = v;
+      }
+    });
+  });
+}
+
+}  // namespace dtrain::kernels

@@ -1,0 +1,201 @@
+// CPU softmax over the last dim and fused softmax + cross-entropy, f32 maths
+// on f32/f16/bf16 storage. Stability: every exp is of (x - row max) <= 0, and
+// log p_j = x_j - lse with lse = max + log sum exp(x - max). Rows run in
+// parallel; the loss is a mean of per-row losses summed in double over a fixed
+// number of row groups, so it does not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+
+#include "core/parallel.h"
+#include "kernels/cpu/vec_util.h"
+#include "kernels/softmax.h"
+
+namespace dtrain::kernels {
+
+namespace {
+
+using cpu::load;
+
+constexpr int64_t kRowGroups = 256;  // loss partial sums (stack array, fixed count)
+
+int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 14) / cols); }
+
+// lse = max + log sum_j exp(x_j - max) of one row.
+template <typename T>
+float row_lse(const T* x, int64_t cols) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, load(x, j));
+  if (std::isinf(mx)) return mx;  // all -inf (or a +inf): nothing finite to normalise
+  float s = 0.0f;
+  for (int64_t j = 0; j < cols; ++j) s += std::exp(load(x, j) - mx);
+  return mx + std::log(s);
+}
+
+template <typename T>
+void softmax_rows(int64_t rows, int64_t cols, const T* x, T* y) {
+  parallel_for(0, rows, rows_per_task(cols), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* xr = x + r * cols;
+      const float lse = row_lse(xr, cols);
+      for (int64_t j = 0; j < cols; ++j) cpu::store(y + r * cols, j, std::exp(load(xr, j) - lse));
+    }
+  });
+}
+
+template <typename T>
+void softmax_grad_rows(int64_t rows, int64_t cols, const T* y, const T* dy, T* dx) {
+  parallel_for(0, rows, rows_per_task(cols), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* yr = y + r * cols;
+      const T* dr = dy + r * cols;
+      float dot = 0.0f;
+      for (int64_t j = 0; j < cols; ++j) dot += load(dr, j) * load(yr, j);
+      for (int64_t j = 0; j < cols; ++j) {
+        cpu::store(dx + r * cols, j, load(yr, j) * (load(dr, j) - dot));
+      }
+    }
+  });
+}
+
+void check_targets(const CrossEntropyArgs& a, const Tensor& targets) {
+  const int32_t* t = targets.data<int32_t>();
+  for (int64_t r = 0; r < a.rows; ++r) {
+    if (t[r] == a.ignore_index || (t[r] >= 0 && t[r] < a.classes)) continue;
+    throw Error(
+        fmt::format("cross-entropy: target {} at row {} is outside [0, {})", t[r], r, a.classes),
+        fmt::format("labels must be class indices below {} or the ignore index {}", a.classes,
+                    a.ignore_index));
+  }
+}
+
+// Row loss = -sum_j q_j log p_j with q = (1 - eps) onehot(t) + eps / C:
+//          = lse - (1 - eps) x_t - (eps / C) sum_j x_j.
+template <typename T>
+double row_loss(const CrossEntropyArgs& a, const T* x, int32_t t, float lse) {
+  double loss = lse - (1.0 - a.label_smoothing) * load(x, t);
+  if (a.label_smoothing != 0.0f) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < a.classes; ++j) s += load(x, j);
+    loss -= static_cast<double>(a.label_smoothing) / a.classes * s;
+  }
+  return loss;
+}
+
+template <typename T>
+void xent_forward(const CrossEntropyArgs& a, const T* x, const int32_t* t, float* loss,
+                  float* lse) {
+  double partial[kRowGroups];
+  const int64_t group = (a.rows + kRowGroups - 1) / kRowGroups;
+  const int64_t groups = a.rows == 0 ? 0 : (a.rows + group - 1) / group;
+  parallel_for(0, groups, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t g = lo; g < hi; ++g) {
+      partial[g] = 0.0;
+      for (int64_t r = g * group; r < std::min(a.rows, (g + 1) * group); ++r) {
+        const T* xr = x + r * a.classes;
+        lse[r] = row_lse(xr, a.classes);
+        if (t[r] != a.ignore_index) partial[g] += row_loss(a, xr, t[r], lse[r]);
+      }
+    }
+  });
+  double total = 0.0;
+  for (int64_t g = 0; g < groups; ++g) total += partial[g];
+  int64_t counted = 0;
+  for (int64_t r = 0; r < a.rows; ++r) counted += t[r] != a.ignore_index;
+  loss[0] = counted == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(counted));
+}
+
+// dlogits_j = dloss / count * (p_j - q_j); ignored rows get 0.
+template <typename T>
+void xent_backward(const CrossEntropyArgs& a, const T* x, const int32_t* t, const float* lse,
+                   float dloss, T* dx) {
+  int64_t counted = 0;
+  for (int64_t r = 0; r < a.rows; ++r) counted += t[r] != a.ignore_index;
+  const float g = counted == 0 ? 0.0f : dloss / static_cast<float>(counted);
+  const float off = a.label_smoothing / static_cast<float>(a.classes);
+  const float on = 1.0f - a.label_smoothing + off;
+  parallel_for(0, a.rows, rows_per_task(a.classes), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const T* xr = x + r * a.classes;
+      T* dr = dx + r * a.classes;
+      const bool ignored = t[r] == a.ignore_index;
+      for (int64_t j = 0; j < a.classes; ++j) {
+        const float q = j == t[r] ? on : off;
+        cpu::store(dr, j, ignored ? 0.0f : g * (std::exp(load(xr, j) - lse[r]) - q));
+      }
+    }
+  });
+}
+
+void check_xent(std::string_view op, const CrossEntropyArgs& a, const Tensor& logits,
+                const Tensor& targets, const Tensor& lse) {
+  require_dtype(op, "logits", logits, {DType::f32, DType::f16, DType::bf16});
+  require_dtype(op, "targets", targets, {DType::i32});
+  require_dtype(op, "lse", lse, {DType::f32});
+  DTRAIN_CHECK(a.rows >= 0 && a.classes >= 1, "{}: {} rows, {} classes", op, a.rows, a.classes);
+  require_numel(op, "logits", logits, a.rows * a.classes);
+  require_numel(op, "targets", targets, a.rows);
+  require_numel(op, "lse", lse, a.rows);
+}
+
+}  // namespace
+
+void softmax_forward(int64_t rows, int64_t cols, const Tensor& x, Tensor& y) {
+  require_cpu("softmax_forward", {&x, &y});
+  require_dtype("softmax_forward", "x", x, {DType::f32, DType::f16, DType::bf16});
+  DTRAIN_CHECK(y.dtype() == x.dtype(), "softmax_forward: y is {}, x is {}", dtype_name(y.dtype()),
+               dtype_name(x.dtype()));
+  require_numel("softmax_forward", "x", x, rows * cols);
+  require_numel("softmax_forward", "y", y, rows * cols);
+  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softmax_rows(rows, cols, static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()));
+  });
+}
+
+void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  require_cpu("softmax_backward", {&y, &dy, &dx});
+  require_dtype("softmax_backward", "y", y, {DType::f32, DType::f16, DType::bf16});
+  DTRAIN_CHECK(dy.dtype() == y.dtype() && dx.dtype() == y.dtype(),
+               "softmax_backward: y {}, dy {}, dx {} differ", dtype_name(y.dtype()),
+               dtype_name(dy.dtype()), dtype_name(dx.dtype()));
+  require_numel("softmax_backward", "y", y, rows * cols);
+  require_numel("softmax_backward", "dy", dy, rows * cols);
+  require_numel("softmax_backward", "dx", dx, rows * cols);
+  cpu::dispatch_float(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    softmax_grad_rows(rows, cols, static_cast<const T*>(y.raw()), static_cast<const T*>(dy.raw()),
+                      static_cast<T*>(dx.raw()));
+  });
+}
+
+void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& logits,
+                                   const Tensor& targets, Tensor& loss, Tensor& lse) {
+  require_cpu("softmax_cross_entropy_forward", {&logits, &targets, &loss, &lse});
+  check_xent("softmax_cross_entropy_forward", args, logits, targets, lse);
+  require_dtype("softmax_cross_entropy_forward", "loss", loss, {DType::f32});
+  require_numel("softmax_cross_entropy_forward", "loss", loss, 1);
+  check_targets(args, targets);
+  cpu::dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    xent_forward(args, static_cast<const T*>(logits.raw()), targets.data<int32_t>(),
+                 loss.data<float>(), lse.data<float>());
+  });
+}
+
+void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
+                                    const Tensor& targets, const Tensor& lse, float dloss,
+                                    Tensor& dlogits) {
+  require_cpu("softmax_cross_entropy_backward", {&logits, &targets, &lse, &dlogits});
+  check_xent("softmax_cross_entropy_backward", args, logits, targets, lse);
+  DTRAIN_CHECK(dlogits.dtype() == logits.dtype(), "softmax_cross_entropy_backward: dlogits is {}",
+               dtype_name(dlogits.dtype()));
+  require_numel("softmax_cross_entropy_backward", "dlogits", dlogits, args.rows * args.classes);
+  check_targets(args, targets);
+  cpu::dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    xent_backward(args, static_cast<const T*>(logits.raw()), targets.data<int32_t>(),
+                  lse.data<float>(), dloss, static_cast<T*>(dlogits.raw()));
+  });
+}
+
+}  // namespace dtrain::kernels

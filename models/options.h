@@ -1,0 +1,101 @@
+// Typed options of the model library: the architecture name and its shape
+// hyper-parameters, plus the table of built-in architectures with their presets.
+// Keys an architecture does not use stay unset. No graph building here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace dtrain {
+
+enum class ModelFamily : uint8_t { cnn, vit, bert, gpt };
+
+struct ModelOptions {
+  std::string arch;
+  std::optional<int> num_classes;  // cnn, vit; bert: unset means masked-LM pretraining
+  std::optional<int> image_size;   // cnn, vit
+  std::optional<int> in_channels;  // cnn, vit
+  std::optional<int> patch_size;   // vit
+  std::optional<int> seq_len;      // bert, gpt (and the token count of a vit is derived)
+  std::optional<int> vocab_size;   // bert, gpt
+  std::optional<int> layers;       // transformer blocks
+  std::optional<int> hidden;       // model width
+  std::optional<int> heads;        // attention heads; hidden % heads == 0
+  std::optional<int> ffn;          // MLP width
+  std::optional<double> dropout;   // transformers
+};
+
+struct ArchPreset {
+  std::string_view name;
+  ModelFamily family;
+  int layers;  // transformer blocks (0 for CNNs: depth is in the name)
+  int hidden;
+  int heads;
+};
+
+inline constexpr ArchPreset kArchPresets[] = {
+    {"resnet18", ModelFamily::cnn, 0, 0, 0},         {"resnet34", ModelFamily::cnn, 0, 0, 0},
+    {"resnet50", ModelFamily::cnn, 0, 0, 0},         {"resnet101", ModelFamily::cnn, 0, 0, 0},
+    {"resnet152", ModelFamily::cnn, 0, 0, 0},        {"bert-tiny", ModelFamily::bert, 2, 128, 2},
+    {"bert-mini", ModelFamily::bert, 4, 256, 4},     {"bert-base", ModelFamily::bert, 12, 768, 12},
+    {"bert-large", ModelFamily::bert, 24, 1024, 16}, {"vit-tiny", ModelFamily::vit, 12, 192, 3},
+    {"vit-small", ModelFamily::vit, 12, 384, 6},     {"vit-base", ModelFamily::vit, 12, 768, 12},
+    {"vit-large", ModelFamily::vit, 24, 1024, 16},   {"gpt2", ModelFamily::gpt, 12, 768, 12},
+    {"gpt2-medium", ModelFamily::gpt, 24, 1024, 16}, {"gpt2-large", ModelFamily::gpt, 36, 1280, 20},
+    {"gpt2-xl", ModelFamily::gpt, 48, 1600, 25},
+};
+
+inline const ArchPreset* find_arch(std::string_view name) {
+  for (const auto& a : kArchPresets)
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+inline std::string_view to_string(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::cnn:
+      return "CNN";
+    case ModelFamily::vit:
+      return "vision transformer";
+    case ModelFamily::bert:
+      return "BERT encoder";
+    case ModelFamily::gpt:
+      return "GPT decoder";
+  }
+  return "?";
+}
+
+inline bool is_language_model(ModelFamily f) {
+  return f == ModelFamily::bert || f == ModelFamily::gpt;
+}
+
+// The defaults of an architecture: every key it uses is set, every other key unset.
+inline ModelOptions preset_options(const ArchPreset& a) {
+  ModelOptions m;
+  m.arch = std::string(a.name);
+  if (!is_language_model(a.family)) {
+    m.num_classes = 1000;
+    m.image_size = 224;
+    m.in_channels = 3;
+  }
+  if (a.family == ModelFamily::cnn) return m;
+  m.layers = a.layers;
+  m.hidden = a.hidden;
+  m.heads = a.heads;
+  m.ffn = 4 * a.hidden;
+  m.dropout = a.family == ModelFamily::vit ? 0.0 : 0.1;
+  if (a.family == ModelFamily::vit) m.patch_size = 16;
+  if (a.family == ModelFamily::bert) {
+    m.seq_len = 128;
+    m.vocab_size = 30522;
+  }
+  if (a.family == ModelFamily::gpt) {
+    m.seq_len = 1024;
+    m.vocab_size = 50257;
+  }
+  return m;
+}
+
+}  // namespace dtrain

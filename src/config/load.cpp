@@ -1,0 +1,105 @@
+// Loading a job: read the file (limits first), parse YAML, apply --set overrides to
+// the document, read it against the schema, fill derived defaults, validate.
+// Each step throws dtrain::Error naming the file position or the --set.
+#include <fmt/ranges.h>
+
+#include "config/parse.h"
+#include "core/error.h"
+
+namespace dtrain::config {
+namespace {
+
+void check_root(const ConfigNode& root, std::string_view filename) {
+  if (root.kind == ConfigNode::Kind::null) {
+    throw Error(
+        fmt::format("{}: the job file is empty (nothing but blank lines or comments)", filename),
+        "a job needs at least model: {arch: ...} and train: {steps: ...}; "
+        "see configs/example-resnet.yaml");
+  }
+  if (root.kind != ConfigNode::Kind::map) {
+    throw Error(fmt::format("{}: expected a mapping at the top level, got {}", root.loc.str(),
+                            kind_name(root.kind)),
+                "a job file is a set of sections: run:, model:, data:, optimizer:, train:, ...");
+  }
+}
+
+ConfigNode* descend(ConfigNode& node, std::string_view key, const SourceLoc& loc,
+                    std::string_view spec, std::string_view prefix) {
+  if (node.kind != ConfigNode::Kind::map) {
+    throw Error(fmt::format("--set {}: {} holds a value, not a section, so it has no key \"{}\"",
+                            spec, prefix, key));
+  }
+  if (Entry* e = node.find(key)) {
+    if (e->value.kind == ConfigNode::Kind::null)
+      e->value.kind = ConfigNode::Kind::map;  // `key:` alone
+    return &e->value;
+  }
+  node.entries.push_back(
+      Entry{std::string(key), loc, ConfigNode{ConfigNode::Kind::map, {}, false, loc, {}, {}}});
+  return &node.entries.back().value;
+}
+
+}  // namespace
+
+void apply_override(ConfigNode& root, std::string_view spec) {
+  const size_t eq = spec.find('=');
+  if (eq == std::string_view::npos) {
+    throw Error(fmt::format("--set {}: expected key.path=value", spec),
+                "e.g. --set optimizer.lr=0.01 or --set parallel={data: 2, tensor: 2}");
+  }
+  const std::string_view path = spec.substr(0, eq);
+  std::vector<std::string_view> keys;
+  for (size_t start = 0;;) {
+    const size_t dot = path.find('.', start);
+    keys.push_back(path.substr(start, dot == std::string_view::npos ? dot : dot - start));
+    if (keys.back().empty() || keys.back().find_first_of(" \t") != std::string_view::npos) {
+      throw Error(fmt::format("--set {}: \"{}\" is not a key path", spec, path),
+                  "key paths are dot-separated names, e.g. optimizer.schedule.name");
+    }
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  const std::string origin = fmt::format("--set {}", spec);
+  const SourceLoc loc{origin};
+  ConfigNode value = parse_yaml(spec.substr(eq + 1), origin, false);
+  ConfigNode* node = &root;
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    const std::string prefix = fmt::format("{}", fmt::join(keys.begin(), keys.begin() + i, "."));
+    node = descend(*node, keys[i], loc, spec, prefix);
+  }
+  if (node->kind != ConfigNode::Kind::map) {
+    throw Error(fmt::format("--set {}: {} holds a value, not a section", spec,
+                            fmt::join(keys.begin(), keys.end() - 1, ".")));
+  }
+  if (Entry* e = node->find(keys.back())) {
+    e->key_loc = loc;
+    e->value = std::move(value);
+  } else {
+    node->entries.push_back(Entry{std::string(keys.back()), loc, std::move(value)});
+  }
+}
+
+Job load_job_text(std::string_view text, std::string_view filename,
+                  const std::vector<std::string>& overrides, const ValidateContext& ctx) {
+  if (text.size() > kMaxFileBytes) {
+    throw Error(fmt::format("{}: {} bytes, more than the {} allowed for a job file", filename,
+                            text.size(), kMaxFileBytes));
+  }
+  ConfigNode root = parse_yaml(text, filename);
+  check_root(root, filename);
+  for (const auto& o : overrides) apply_override(root, o);
+  Job job;
+  SourceMap where;
+  where[""] = SourceLoc{std::string(filename)};
+  parse_job(root, job, where);
+  resolve_job(job, where, ctx);
+  validate_job(job, ctx, &where);
+  return job;
+}
+
+Job load_job_file(const std::string& path, const std::vector<std::string>& overrides,
+                  const ValidateContext& ctx) {
+  return load_job_text(read_job_file(path), path, overrides, ctx);
+}
+
+}  // namespace dtrain::config

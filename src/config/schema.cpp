@@ -1,0 +1,181 @@
+// The job schema: every key with its type and range, in the order `dtrain validate`
+// prints them. Defaults are the option structs' member initialisers; derived
+// defaults (data-parallel size, model presets, ...) are filled in by resolve.cpp.
+#include <limits>
+
+#include "config/fields.h"
+#include "core/error.h"
+
+namespace dtrain::config {
+namespace {
+
+#define AT(member) \
+  [](Job & j) -> auto& { return j.member; }
+
+constexpr IntRange kPositive{1};
+constexpr IntRange kNonNegative{0};
+constexpr RealRange kPositiveReal{};
+constexpr RealRange kNonNegativeReal{0, std::numeric_limits<double>::infinity(), false, true};
+constexpr RealRange kFraction{0, 1, false, true};      // [0, 1)
+constexpr RealRange kOpenFraction{0, 1, true, false};  // (0, 1]
+
+Field betas_field() {
+  auto read = [](const ConfigNode& n, const std::string& path) {
+    if (n.kind != ConfigNode::Kind::list || n.items.size() != 2) {
+      fail(
+          n.loc, path,
+          fmt::format("expected a list of two numbers in [0, 1), got {}",
+                      n.kind == ConfigNode::Kind::list ? fmt::format("a list of {}", n.items.size())
+                                                       : describe(n)),
+          "e.g. betas: [0.9, 0.999]");
+    }
+    std::array<double, 2> b{};
+    for (size_t i = 0; i < 2; ++i)
+      b[i] = read_real(n.items[i], fmt::format("{}[{}]", path, i), kFraction);
+    return b;
+  };
+  auto print = [](const std::array<double, 2>& b) {
+    return fmt::format("[{}, {}]", format_real(b[0]), format_real(b[1]));
+  };
+  return leaf("betas", AT(optimizer.betas), read, print);
+}
+
+Field device_field() {
+  auto read = [](const ConfigNode& n, const std::string& path) {
+    const std::string s = read_string(n, path);
+    try {
+      return Device::parse(s);
+    } catch (const Error& e) {
+      fail(n.loc, path, e.message(), e.hint());
+    }
+  };
+  return leaf("device", AT(device), read, [](const Device& d) { return d.str(); });
+}
+
+Field run_section() {
+  return section("run", {text("name", AT(run.name)), text("output_dir", AT(run.output_dir)),
+                         integer("seed", AT(run.seed), kNonNegative)});
+}
+
+Field model_section() {
+  return section(
+      "model",
+      {required(text("arch", AT(model.arch))),
+       integer("num_classes", AT(model.num_classes), kPositive),
+       integer("image_size", AT(model.image_size), kPositive),
+       integer("in_channels", AT(model.in_channels), kPositive),
+       integer("patch_size", AT(model.patch_size), kPositive),
+       integer("seq_len", AT(model.seq_len), kPositive),
+       integer("vocab_size", AT(model.vocab_size), kPositive),
+       integer("layers", AT(model.layers), kPositive),
+       integer("hidden", AT(model.hidden), kPositive), integer("heads", AT(model.heads), kPositive),
+       integer("ffn", AT(model.ffn), kPositive), real("dropout", AT(model.dropout), kFraction)});
+}
+
+Field data_section() {
+  return section("data",
+                 {enumeration("dataset", AT(data.dataset)), text("path", AT(data.path)),
+                  integer("global_batch", AT(data.global_batch), kPositive),
+                  integer("micro_batch", AT(data.micro_batch), kPositive),
+                  integer("workers", AT(data.workers), IntRange{0, 256}),
+                  boolean("shuffle", AT(data.shuffle)), boolean("drop_last", AT(data.drop_last))});
+}
+
+Field optimizer_section() {
+  Field schedule = section(
+      "schedule", {enumeration("name", AT(optimizer.schedule.name)),
+                   integer("warmup_steps", AT(optimizer.schedule.warmup_steps), kNonNegative),
+                   integer("step_size", AT(optimizer.schedule.step_size), kPositive),
+                   real("gamma", AT(optimizer.schedule.gamma), kOpenFraction),
+                   real("min_lr", AT(optimizer.schedule.min_lr), kNonNegativeReal)});
+  return section(
+      "optimizer",
+      {enumeration("name", AT(optimizer.name)), real("lr", AT(optimizer.lr), kPositiveReal),
+       real("momentum", AT(optimizer.momentum), kFraction),
+       boolean("nesterov", AT(optimizer.nesterov)), betas_field(),
+       real("eps", AT(optimizer.eps), kPositiveReal),
+       real("weight_decay", AT(optimizer.weight_decay), kNonNegativeReal),
+       real("clip_grad_norm", AT(optimizer.clip_grad_norm), kPositiveReal), std::move(schedule)});
+}
+
+Field train_section() {
+  Field checkpoint = section("checkpoint", {integer("every", AT(train.checkpoint.every), kPositive),
+                                            integer("keep", AT(train.checkpoint.keep), kPositive),
+                                            text("dir", AT(train.checkpoint.dir))});
+  return section("train", {integer("steps", AT(train.steps), kPositive),
+                           integer("epochs", AT(train.epochs), kPositive),
+                           integer("eval_every", AT(train.eval_every), kPositive),
+                           integer("log_every", AT(train.log_every), kPositive),
+                           std::move(checkpoint), text("resume", AT(train.resume))});
+}
+
+Field precision_section() {
+  Field scale = section(
+      "loss_scale",
+      {enumeration("mode", AT(precision.loss_scale.mode)),
+       real("init", AT(precision.loss_scale.init), kPositiveReal),
+       integer("growth_interval", AT(precision.loss_scale.growth_interval), kPositive),
+       real("growth_factor", AT(precision.loss_scale.growth_factor),
+            RealRange{1, std::numeric_limits<double>::infinity(), true, true}),
+       real("backoff_factor", AT(precision.loss_scale.backoff_factor), RealRange{0, 1, true, true}),
+       real("min", AT(precision.loss_scale.min), kPositiveReal),
+       real("max", AT(precision.loss_scale.max), kPositiveReal)});
+  return section("precision",
+                 {enumeration("dtype", AT(precision.dtype)),
+                  boolean("master_weights", AT(precision.master_weights)), std::move(scale)});
+}
+
+Field parallel_section() {
+  return section("parallel", {integer("data", AT(parallel.data), kPositive),
+                              integer("tensor", AT(parallel.tensor), kPositive),
+                              integer("pipeline", AT(parallel.pipeline), kPositive),
+                              enumeration("schedule", AT(parallel.schedule)),
+                              integer("micro_batches", AT(parallel.micro_batches), kPositive),
+                              integer("zero_stage", AT(parallel.zero_stage), IntRange{0, 3})});
+}
+
+Field comm_section() {
+  return section("comm", {enumeration("backend", AT(comm.backend)),
+                          enumeration("allreduce", AT(comm.allreduce)),
+                          real("bucket_mb", AT(comm.bucket_mb), RealRange{0, 4096, true, false}),
+                          boolean("overlap", AT(comm.overlap)),
+                          integer("ranks_per_node", AT(comm.ranks_per_node), kPositive)});
+}
+
+Field compress_section() {
+  return section("compress", {enumeration("method", AT(compress.method)),
+                              real("ratio", AT(compress.ratio), kOpenFraction),
+                              integer("rank", AT(compress.rank), kPositive),
+                              boolean("error_feedback", AT(compress.error_feedback)),
+                              integer("warmup_steps", AT(compress.warmup_steps), kNonNegative)});
+}
+
+Field memory_section() {
+  Field offload = section("offload", {boolean("optimizer", AT(memory.offload.optimizer)),
+                                      boolean("params", AT(memory.offload.params))});
+  return section("memory", {enumeration("checkpointing", AT(memory.checkpointing)),
+                            integer("every_k", AT(memory.every_k), kPositive), std::move(offload),
+                            boolean("pool", AT(memory.pool))});
+}
+
+Field logging_section() {
+  Field profile = section("profile", {integer("start", AT(logging.profile.start), kNonNegative),
+                                      integer("steps", AT(logging.profile.steps), kNonNegative)});
+  return section("logging",
+                 {boolean("console", AT(logging.console)), boolean("jsonl", AT(logging.jsonl)),
+                  boolean("tensorboard", AT(logging.tensorboard)), std::move(profile)});
+}
+
+#undef AT
+
+}  // namespace
+
+const Field& job_schema() {
+  static const Field root =
+      section("", {run_section(), model_section(), data_section(), optimizer_section(),
+                   train_section(), precision_section(), parallel_section(), comm_section(),
+                   compress_section(), memory_section(), device_field(), logging_section()});
+  return root;
+}
+
+}  // namespace dtrain::config

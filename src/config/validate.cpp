@@ -1,0 +1,303 @@
+// Checks that need more than one key: run length, batch geometry, the process
+// grid against the world size, model shapes against tensor/pipeline parallelism,
+// precision, ZeRO, compression, offload and device combinations. Messages point at
+// the key that decides (via the SourceMap when there is one). No defaults filled here.
+#include "config/fields.h"
+#include "config/parse.h"
+#include "core/error.h"
+
+namespace dtrain::config {
+namespace {
+
+class Checker {
+ public:
+  Checker(const Job& job, const ValidateContext& ctx, const SourceMap* where)
+      : job(job), ctx(ctx), where(where) {}
+
+  [[noreturn]] void error(std::string_view path, const std::string& msg,
+                          std::string hint = {}) const {
+    fail(locate(where, path), path, msg, std::move(hint));
+  }
+  void warn(std::string_view path, const std::string& msg) const {
+    if (ctx.warnings == nullptr) return;
+    std::string loc = locate(where, path).str();
+    ctx.warnings->push_back(fmt::format("{}{}{}: {}", loc, loc.empty() ? "" : ": ", path, msg));
+  }
+  bool given(std::string_view path) const { return where != nullptr && where->contains(path); }
+
+  const Job& job;
+  const ValidateContext& ctx;
+  const SourceMap* where;
+};
+
+void check_train(const Checker& c) {
+  const TrainOptions& t = c.job.train;
+  if (t.steps && t.epochs) {
+    c.error("train.epochs",
+            fmt::format("set either train.steps or train.epochs, not both (steps: {}, epochs: {})",
+                        *t.steps, *t.epochs),
+            "steps counts optimizer steps; epochs counts passes over the data");
+  }
+  if (!t.steps && !t.epochs) {
+    c.error("train", "set how long to train: train.steps or train.epochs",
+            "e.g. train: {steps: 1000}");
+  }
+  const auto& s = c.job.optimizer.schedule;
+  if (t.steps && s.warmup_steps > *t.steps) {
+    c.error(
+        "optimizer.schedule.warmup_steps",
+        fmt::format("{} warm-up steps is more than train.steps ({})", s.warmup_steps, *t.steps));
+  }
+  if (c.job.logging.profile.steps > 0 && t.steps && c.job.logging.profile.start >= *t.steps) {
+    c.warn("logging.profile.start", fmt::format("starts at step {}, after the last step ({})",
+                                                c.job.logging.profile.start, *t.steps));
+  }
+}
+
+void check_optimizer(const Checker& c) {
+  const OptimizerOptions& o = c.job.optimizer;
+  if (o.nesterov && o.name != OptimizerName::sgd) {
+    c.error("optimizer.nesterov",
+            fmt::format("Nesterov momentum is an sgd option, not {}", to_string(o.name)));
+  }
+  if (o.nesterov && o.momentum == 0) {
+    c.error("optimizer.nesterov", "Nesterov momentum needs optimizer.momentum > 0");
+  }
+  const bool decays =
+      o.schedule.name == ScheduleName::cosine || o.schedule.name == ScheduleName::linear;
+  if (decays && o.schedule.min_lr >= o.lr) {
+    c.error("optimizer.schedule.min_lr",
+            fmt::format("{} is not below optimizer.lr ({}); the schedule would not decay",
+                        format_real(o.schedule.min_lr), format_real(o.lr)));
+  }
+}
+
+void check_precision(const Checker& c) {
+  const PrecisionOptions& p = c.job.precision;
+  const LossScaleOptions& s = p.loss_scale;
+  if (p.dtype == PrecisionDType::fp16 && !p.master_weights) {
+    c.error(
+        "precision.master_weights", "fp16 training needs fp32 master weights",
+        "fp16 cannot represent small updates (lr x grad); set master_weights: true or use bf16");
+  }
+  if (p.dtype == PrecisionDType::fp32 && s.mode != LossScaleMode::none) {
+    c.error("precision.loss_scale.mode",
+            fmt::format("{} loss scaling needs dtype fp16 or bf16, but dtype is fp32",
+                        to_string(s.mode)),
+            "leave loss_scale.mode out (or none) for fp32");
+  }
+  if (p.dtype == PrecisionDType::fp16 && s.mode == LossScaleMode::none) {
+    c.warn("precision.loss_scale.mode",
+           "fp16 without loss scaling: small gradients underflow to zero");
+  }
+  if (s.min > s.max) {
+    c.error("precision.loss_scale.min",
+            fmt::format("{} is above loss_scale.max ({})", format_real(s.min), format_real(s.max)));
+  }
+  if (s.mode != LossScaleMode::none && (s.init < s.min || s.init > s.max)) {
+    c.error("precision.loss_scale.init",
+            fmt::format("{} is outside [loss_scale.min, loss_scale.max] = [{}, {}]",
+                        format_real(s.init), format_real(s.min), format_real(s.max)));
+  }
+}
+
+void check_grid(const Checker& c) {
+  const ParallelOptions& p = c.job.parallel;
+  const int64_t product = int64_t{p.tensor} * p.pipeline * p.data;
+  if (product != c.ctx.world_size) {
+    c.error(c.given("parallel.data") ? "parallel.data" : "parallel",
+            fmt::format("tensor ({}) x pipeline ({}) x data ({}) = {}, but the world size is {}",
+                        p.tensor, p.pipeline, p.data, product, c.ctx.world_size),
+            "the product must equal the number of ranks (mpirun -np / srun -n, or --world); "
+            "leave parallel.data out to derive it");
+  }
+  if (p.zero_stage > 0 && p.data == 1) {
+    c.warn("parallel.zero_stage",
+           fmt::format("ZeRO-{} with one data-parallel rank shards nothing", p.zero_stage));
+  }
+  if (p.zero_stage >= 2 && p.pipeline > 1) {
+    c.error("parallel.zero_stage",
+            fmt::format("ZeRO-{} does not combine with pipeline parallelism", p.zero_stage),
+            "pipeline stages accumulate gradients over micro-batches; use zero_stage 0 or 1");
+  }
+  if (p.pipeline > 1 && p.micro_batches < p.pipeline) {
+    c.warn("parallel.micro_batches",
+           fmt::format("{} micro-batches for {} pipeline stages leaves stages idle",
+                       p.micro_batches, p.pipeline));
+  }
+}
+
+void check_batches(const Checker& c) {
+  const DataOptions& d = c.job.data;
+  const ParallelOptions& p = c.job.parallel;
+  const int64_t per_step = d.micro_batch * p.data;
+  if (!c.given("data.micro_batch") && !c.given("parallel.micro_batches") &&
+      d.global_batch % p.data != 0) {
+    c.error("data.global_batch",
+            fmt::format("{} is not divisible by the {} data-parallel ranks (parallel.data)",
+                        d.global_batch, p.data),
+            "every data-parallel rank takes an equal share of the global batch");
+  }
+  if (c.given("parallel.micro_batches") && !c.given("data.micro_batch") &&
+      d.global_batch % (int64_t{p.data} * p.micro_batches) != 0) {
+    c.error("data.global_batch",
+            fmt::format("{} is not divisible by parallel.data ({}) x parallel.micro_batches ({})",
+                        d.global_batch, p.data, p.micro_batches));
+  }
+  if (d.global_batch % per_step != 0) {
+    c.error("data.global_batch",
+            fmt::format("{} is not divisible by data.micro_batch ({}) x parallel.data ({}) = {}",
+                        d.global_batch, d.micro_batch, p.data, per_step),
+            "global_batch = micro_batch x data-parallel ranks x accumulation micro-batches");
+  }
+  if (d.global_batch / per_step != p.micro_batches) {
+    c.error("parallel.micro_batches",
+            fmt::format("{} does not match data.global_batch / (data.micro_batch x parallel.data) "
+                        "= {} / {} = {}",
+                        p.micro_batches, d.global_batch, per_step, d.global_batch / per_step),
+            "set only one of data.micro_batch and parallel.micro_batches");
+  }
+}
+
+void check_transformer(const Checker& c) {
+  const ModelOptions& m = c.job.model;
+  const ParallelOptions& p = c.job.parallel;
+  if (!m.heads || !m.hidden) return;
+  if (*m.hidden % *m.heads != 0) {
+    c.error("model.hidden",
+            fmt::format("{} is not divisible by model.heads ({})", *m.hidden, *m.heads),
+            "each attention head gets hidden / heads dimensions");
+  }
+  if (*m.heads % p.tensor != 0) {
+    c.error(
+        "model.heads",
+        fmt::format("{} heads cannot be split over parallel.tensor = {} ranks", *m.heads, p.tensor),
+        "tensor parallelism gives each rank heads / tensor whole heads");
+  }
+  if (m.ffn && *m.ffn % p.tensor != 0) {
+    c.error("model.ffn",
+            fmt::format("{} is not divisible by parallel.tensor ({})", *m.ffn, p.tensor));
+  }
+  if (m.layers && *m.layers < p.pipeline) {
+    c.error("parallel.pipeline",
+            fmt::format("{} pipeline stages for {} layers; every stage needs a layer", p.pipeline,
+                        *m.layers));
+  }
+  if (m.patch_size && m.image_size && *m.image_size % *m.patch_size != 0) {
+    c.error("model.image_size", fmt::format("{} is not divisible by model.patch_size ({})",
+                                            *m.image_size, *m.patch_size));
+  }
+}
+
+void check_model(const Checker& c) {
+  const ArchPreset* arch = find_arch(c.job.model.arch);
+  if (arch == nullptr)
+    c.error("model.arch", fmt::format("unknown architecture \"{}\"", c.job.model.arch));
+  if (arch->family == ModelFamily::cnn && c.job.parallel.tensor > 1) {
+    c.error(
+        "parallel.tensor",
+        fmt::format("tensor parallelism splits attention heads and MLPs; {} is a CNN", arch->name),
+        "use data or pipeline parallelism for CNNs");
+  }
+  check_transformer(c);
+}
+
+void check_data(const Checker& c) {
+  const DataOptions& d = c.job.data;
+  const ModelOptions& m = c.job.model;
+  const ArchPreset* arch = find_arch(m.arch);
+  if (d.dataset != DatasetName::synthetic && !d.path) {
+    c.error("data.path", fmt::format("dataset {} needs data.path", to_string(d.dataset)),
+            "point it at the directory holding the dataset files");
+  }
+  const bool language = is_language_model(arch->family);
+  if (d.dataset == DatasetName::tokens && !language) {
+    c.error("data.dataset", fmt::format("token shards feed language models, but {} is a {}", m.arch,
+                                        to_string(arch->family)));
+  }
+  const auto shape = dataset_shape(d.dataset);
+  if (shape && language) {
+    c.error("data.dataset", fmt::format("{} holds images, but {} is a {}", to_string(d.dataset),
+                                        m.arch, to_string(arch->family)));
+  }
+  if (!shape) return;
+  if (m.in_channels && *m.in_channels != shape->channels) {
+    c.error("model.in_channels", fmt::format("{}, but {} images have {} channel(s)", *m.in_channels,
+                                             to_string(d.dataset), shape->channels));
+  }
+  if (m.image_size && *m.image_size != shape->image_size) {
+    c.error("model.image_size",
+            fmt::format("{}, but {} images are {}x{}", *m.image_size, to_string(d.dataset),
+                        shape->image_size, shape->image_size));
+  }
+  if (m.num_classes && *m.num_classes < shape->classes) {
+    c.error("model.num_classes", fmt::format("{}, but {} has {} classes", *m.num_classes,
+                                             to_string(d.dataset), shape->classes));
+  }
+}
+
+void check_comm(const Checker& c) {
+  const CommOptions& comm = c.job.comm;
+  if (comm.backend == CommBackend::nccl && c.job.device.is_cpu()) {
+    c.error("comm.backend", "nccl moves device buffers, but device is cpu",
+            "use backend auto or mpi on cpu");
+  }
+  if (comm.ranks_per_node && c.ctx.world_size % *comm.ranks_per_node != 0) {
+    c.error("comm.ranks_per_node", fmt::format("{} does not divide the world size {}",
+                                               *comm.ranks_per_node, c.ctx.world_size));
+  }
+}
+
+void check_compress(const Checker& c) {
+  const CompressOptions& k = c.job.compress;
+  if (k.method == CompressMethod::none) return;
+  const std::string method(to_string(k.method));
+  if (c.job.parallel.zero_stage >= 2) {
+    c.error("compress.method",
+            fmt::format("{} compresses an all-reduce; ZeRO-{} reduce-scatters gradients", method,
+                        c.job.parallel.zero_stage),
+            "use zero_stage 0 or 1 with compression");
+  }
+  const AllreduceAlgo algo = c.job.comm.allreduce;
+  if (algo == AllreduceAlgo::native || algo == AllreduceAlgo::hierarchical) {
+    c.error("comm.allreduce",
+            fmt::format("{} compression runs over the ring all-reduce, not {}", method,
+                        to_string(algo)),
+            "use allreduce: ring or auto");
+  }
+  if (c.job.parallel.data == 1)
+    c.warn("compress.method", "compression with one data-parallel rank does nothing");
+}
+
+void check_memory(const Checker& c) {
+  const MemoryOptions& mem = c.job.memory;
+  if (mem.offload.params && c.job.parallel.zero_stage != 3) {
+    c.error("memory.offload.params",
+            fmt::format("parameter offload needs parallel.zero_stage 3, got {}",
+                        c.job.parallel.zero_stage));
+  }
+  if (mem.offload.optimizer && c.job.parallel.zero_stage == 0) {
+    c.error("memory.offload.optimizer", "optimizer offload needs parallel.zero_stage 1, 2 or 3",
+            "offload moves the ZeRO-sharded optimizer state to host memory");
+  }
+}
+
+}  // namespace
+
+void validate_job(const Job& job, const ValidateContext& ctx, const SourceMap* where) {
+  if (ctx.world_size < 1)
+    throw Error(fmt::format("world size {} must be at least 1", ctx.world_size));
+  const Checker c(job, ctx, where);
+  check_train(c);
+  check_optimizer(c);
+  check_precision(c);
+  check_model(c);
+  check_grid(c);
+  check_batches(c);
+  check_data(c);
+  check_comm(c);
+  check_compress(c);
+  check_memory(c);
+}
+
+}  // namespace dtrain::config

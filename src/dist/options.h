@@ -1,0 +1,90 @@
+// Typed options of the distribution module: the process grid (data x tensor x
+// pipeline), ZeRO stage and the communicator. Plain data with defaults; src/config
+// fills and checks them against the world size. No communication happens here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+namespace dtrain {
+
+enum class PipelineSchedule : uint8_t { gpipe, one_f_one_b };
+inline constexpr std::pair<PipelineSchedule, std::string_view> kPipelineScheduleNames[] = {
+    {PipelineSchedule::gpipe, "gpipe"}, {PipelineSchedule::one_f_one_b, "1f1b"}};
+inline std::string_view to_string(PipelineSchedule v) {
+  for (const auto& [e, s] : kPipelineScheduleNames)
+    if (e == v) return s;
+  return "?";
+}
+inline bool from_string(std::string_view text, PipelineSchedule& out) {
+  for (const auto& [e, s] : kPipelineScheduleNames)
+    if (s == text) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+inline const auto& enum_names(PipelineSchedule) { return kPipelineScheduleNames; }
+
+enum class CommBackend : uint8_t { auto_, mpi, nccl };
+inline constexpr std::pair<CommBackend, std::string_view> kCommBackendNames[] = {
+    {CommBackend::auto_, "auto"}, {CommBackend::mpi, "mpi"}, {CommBackend::nccl, "nccl"}};
+inline std::string_view to_string(CommBackend v) {
+  for (const auto& [e, s] : kCommBackendNames)
+    if (e == v) return s;
+  return "?";
+}
+inline bool from_string(std::string_view text, CommBackend& out) {
+  for (const auto& [e, s] : kCommBackendNames)
+    if (s == text) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+inline const auto& enum_names(CommBackend) { return kCommBackendNames; }
+
+enum class AllreduceAlgo : uint8_t { auto_, native, ring, hierarchical };
+inline constexpr std::pair<AllreduceAlgo, std::string_view> kAllreduceAlgoNames[] = {
+    {AllreduceAlgo::auto_, "auto"},
+    {AllreduceAlgo::native, "native"},
+    {AllreduceAlgo::ring, "ring"},
+    {AllreduceAlgo::hierarchical, "hierarchical"}};
+inline std::string_view to_string(AllreduceAlgo v) {
+  for (const auto& [e, s] : kAllreduceAlgoNames)
+    if (e == v) return s;
+  return "?";
+}
+inline bool from_string(std::string_view text, AllreduceAlgo& out) {
+  for (const auto& [e, s] : kAllreduceAlgoNames)
+    if (s == text) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+inline const auto& enum_names(AllreduceAlgo) { return kAllreduceAlgoNames; }
+
+// world size = pipeline x data x tensor (tensor innermost, so it stays inside a node).
+// When the job leaves data out it is world / (tensor x pipeline); when it leaves
+// micro_batches out it is global_batch / (micro_batch x data).
+struct ParallelOptions {
+  int data = 1;
+  int tensor = 1;
+  int pipeline = 1;
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int micro_batches = 1;  // micro-batches per optimizer step on each data-parallel rank
+  int zero_stage = 0;     // 1: optimizer state, 2: + gradients, 3: + parameters sharded
+};
+
+struct CommOptions {
+  CommBackend backend = CommBackend::auto_;
+  AllreduceAlgo allreduce = AllreduceAlgo::auto_;
+  double bucket_mb = 25.0;
+  bool overlap = true;                // all-reduce buckets while backward runs
+  std::optional<int> ranks_per_node;  // unset: detected from the launcher
+};
+
+}  // namespace dtrain

@@ -1,0 +1,138 @@
+// Forward and backward over the static graph, in node order and reverse.
+#include "graph/executor.h"
+
+#include <cstring>
+
+#include "kernels/elementwise.h"
+
+namespace dtrain::graph {
+
+namespace {
+
+Tensor alloc(const TensorSpec& s) { return Tensor::empty(s.shape, s.dtype); }
+
+std::vector<Tensor> views(const FlatStore& store, const std::vector<int>& ids) {
+  std::vector<Tensor> v;
+  for (int i : ids) v.push_back(store.view(i));
+  return v;
+}
+
+}  // namespace
+
+Executor::Executor(const Graph& graph)
+    : graph_(graph),
+      params_(graph.param_layout()),
+      grads_(graph.param_layout()),
+      buffers_(graph.buffer_layout()),
+      values_(static_cast<size_t>(graph.num_values())),
+      saved_(graph.nodes().size()) {
+  params_.allocate();
+  grads_.allocate();
+  buffers_.allocate();
+  const size_t ws = graph.max_workspace_bytes();
+  if (ws > 0) workspace_ = Tensor::empty({static_cast<int64_t>(ws)}, DType::u8);
+}
+
+void Executor::initialize(uint64_t seed) {
+  seed_ = seed;
+  params_.initialize(seed);
+  buffers_.initialize(seed);
+}
+
+void Executor::set_input(ValueId v, Tensor t) {
+  const Value& val = graph_.value(v);
+  if (val.producer != -1) throw Error(fmt::format("\"{}\" is not a graph input", val.name));
+  if (!(t.shape() == val.spec.shape) || t.dtype() != val.spec.dtype) {
+    throw Error(fmt::format("graph input \"{}\" expects {}{}, got {}", val.name,
+                            dtype_name(val.spec.dtype), val.spec.shape.str(), t.str()));
+  }
+  values_[static_cast<size_t>(v)] = std::move(t);
+}
+
+const Tensor& Executor::value(ValueId v) const {
+  const Tensor& t = values_.at(static_cast<size_t>(v));
+  DTRAIN_CHECK(t.defined(), "value {} not computed", graph_.value(v).name);
+  return t;
+}
+
+void Executor::forward(Mode mode, uint64_t step) {
+  mode_ = mode;
+  step_ = step;
+  const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
+                              workspace_.defined() ? workspace_.nbytes() : 0};
+  for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+    const Node& n = graph_.nodes()[i];
+    if (hooks.pre_op) hooks.pre_op(static_cast<int>(i), Phase::forward);
+    std::vector<Tensor> in, out, saved;
+    for (ValueId v : n.inputs) in.push_back(value(v));
+    for (ValueId v : n.outputs) out.push_back(alloc(graph_.value(v).spec));
+    for (const TensorSpec& s : n.info.saved) saved.push_back(alloc(s));
+    std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
+    OpContext ctx{mode, seed_, step, static_cast<uint32_t>(i), in, out, p, b, saved, ws,
+                  {},   {},    {}};
+    n.op->forward(ctx);
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      values_[static_cast<size_t>(n.outputs[o])] = out[o];
+    saved_[i] = std::move(saved);
+  }
+}
+
+void Executor::backward(ValueId loss) {
+  const Value& lv = graph_.value(loss);
+  DTRAIN_CHECK(lv.spec.shape.numel() == 1 && lv.spec.dtype == DType::f32,
+               "backward from {} {}: the loss must be one f32", lv.name, lv.spec.shape.str());
+  std::vector<Tensor> vgrad(values_.size());
+  Tensor seed = alloc(lv.spec);
+  seed.data<float>()[0] = 1.0f;
+  vgrad[static_cast<size_t>(loss)] = seed;
+  for (int i = static_cast<int>(graph_.nodes().size()) - 1; i >= 0; --i) backward_node(i, vgrad);
+}
+
+void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
+  const Node& n = graph_.nodes()[static_cast<size_t>(index)];
+  std::vector<Tensor> gp = views(grads_, n.params);
+  bool reached = false;
+  for (ValueId v : n.outputs) reached = reached || vgrad[static_cast<size_t>(v)].defined();
+  if (!reached) {  // the loss does not depend on this node: its gradients are zero
+    for (Tensor& g : gp) kernels::fill(g, 0.0f);
+  } else {
+    if (hooks.pre_op) hooks.pre_op(index, Phase::backward);
+    std::vector<Tensor> in, out, dout, din, fresh;
+    for (ValueId v : n.inputs) in.push_back(value(v));
+    for (ValueId v : n.outputs) {
+      out.push_back(value(v));
+      Tensor& g = vgrad[static_cast<size_t>(v)];
+      if (!g.defined()) {  // an output the loss ignores
+        g = alloc(graph_.value(v).spec);
+        kernels::fill(g, 0.0f);
+      }
+      dout.push_back(g);
+    }
+    for (ValueId v : n.inputs) {
+      const bool need = graph_.value(v).requires_grad;
+      // A value used twice (a residual) gets its gradient contributions summed.
+      din.push_back(need ? alloc(graph_.value(v).spec) : Tensor());
+    }
+    std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
+    const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
+                                workspace_.defined() ? workspace_.nbytes() : 0};
+    OpContext ctx{mode_, seed_, step_, static_cast<uint32_t>(index),       in,
+                  out,   p,     b,     saved_[static_cast<size_t>(index)], ws,
+                  dout,  din,   gp};
+    n.op->backward(ctx);
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      if (!din[k].defined()) continue;
+      Tensor& acc = vgrad[static_cast<size_t>(n.inputs[k])];
+      if (acc.defined()) {
+        kernels::axpy(1.0f, din[k], acc);
+      } else {
+        acc = din[k];
+      }
+    }
+  }
+  if (hooks.grad_ready) {
+    for (int p : n.params) hooks.grad_ready(p);
+  }
+}
+
+}  // namespace dtrain::graph

@@ -1,0 +1,52 @@
+// Runs a graph: forward over a batch, then backward from the scalar loss.
+// Hooks let distribution attach from outside: pre_op fires before every op
+// (ZeRO-3 gather, pipeline receive) and grad_ready fires for each parameter
+// the moment its gradient is final (DDP buckets, ZeRO reduce-scatter).
+// Activations are plain allocations from the caching pool for now; the memory
+// planner (one arena from static lifetimes) replaces that without changing this API.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace dtrain::graph {
+
+enum class Phase : uint8_t { forward, backward };
+
+struct Hooks {
+  std::function<void(int node, Phase phase)> pre_op;
+  std::function<void(int param)> grad_ready;  // index into params()
+};
+
+class Executor {
+ public:
+  explicit Executor(const Graph& graph);
+
+  FlatStore& params() { return params_; }
+  FlatStore& grads() { return grads_; }
+  FlatStore& buffers() { return buffers_; }
+  void initialize(uint64_t seed);  // parameters and buffers, deterministically from the seed
+
+  void set_input(ValueId v, Tensor t);  // shape and dtype must match the graph input
+  void forward(Mode mode, uint64_t step = 0);
+  const Tensor& value(ValueId v) const;
+  // Backward from scalar `loss` (d loss = 1). Overwrites every parameter gradient.
+  void backward(ValueId loss);
+
+  Hooks hooks;
+
+ private:
+  void backward_node(int index, std::vector<Tensor>& vgrad);
+
+  const Graph& graph_;
+  FlatStore params_, grads_, buffers_;
+  std::vector<Tensor> values_;
+  std::vector<std::vector<Tensor>> saved_;
+  Tensor workspace_;
+  Mode mode_ = Mode::train;
+  uint64_t seed_ = 0, step_ = 0;
+};
+
+}  // namespace dtrain::graph

@@ -1,0 +1,82 @@
+// Graph construction: shape inference through Op::infer and parameter naming.
+#include "graph/graph.h"
+
+#include <unordered_set>
+
+namespace dtrain::graph {
+
+ValueId Graph::input(const std::string& name, const Shape& shape, DType dtype) {
+  values_.push_back({name, {shape, dtype}, -1, false});
+  return static_cast<ValueId>(values_.size() - 1);
+}
+
+const Value& Graph::value(ValueId v) const {
+  DTRAIN_CHECK(v >= 0 && v < num_values(), "value id {} of {}", v, num_values());
+  return values_[static_cast<size_t>(v)];
+}
+
+std::vector<ValueId> Graph::add(const std::string& name, std::unique_ptr<Op> op,
+                                const std::vector<ValueId>& inputs) {
+  for (const Node& n : nodes_) {
+    if (n.name == name) throw Error(fmt::format("graph: two nodes are named \"{}\"", name));
+  }
+  std::vector<TensorSpec> specs;
+  bool any_grad = false;
+  for (ValueId v : inputs) {
+    specs.push_back(value(v).spec);
+    any_grad = any_grad || value(v).requires_grad;
+  }
+  Node node;
+  try {
+    node.info = op->infer(specs);
+  } catch (const Error& e) {
+    throw Error(fmt::format("graph node \"{}\": {}", name, e.message()), e.hint());
+  }
+  node.name = name;
+  node.inputs = inputs;
+  for (const ParamSpec& p : node.info.params) {
+    node.params.push_back(static_cast<int>(params_.size()));
+    params_.push_back({name + "." + p.name, p, static_cast<int>(nodes_.size()), 0});
+  }
+  for (const ParamSpec& b : node.info.buffers) {
+    node.buffers.push_back(static_cast<int>(buffers_.size()));
+    buffers_.push_back({name + "." + b.name, b, static_cast<int>(nodes_.size()), 0});
+  }
+  const bool grad = any_grad || !node.info.params.empty();
+  for (size_t i = 0; i < node.info.outputs.size(); ++i) {
+    const TensorSpec& s = node.info.outputs[i];
+    const std::string vname = node.info.outputs.size() == 1 ? name : fmt::format("{}:{}", name, i);
+    values_.push_back({vname, s, static_cast<int>(nodes_.size()), grad && is_floating(s.dtype)});
+    node.outputs.push_back(static_cast<ValueId>(values_.size() - 1));
+  }
+  node.op = std::move(op);
+  nodes_.push_back(std::move(node));
+  return nodes_.back().outputs;
+}
+
+ValueId Graph::add1(const std::string& name, std::unique_ptr<Op> op,
+                    const std::vector<ValueId>& inputs) {
+  std::vector<ValueId> out = add(name, std::move(op), inputs);
+  DTRAIN_CHECK(out.size() == 1, "node {} has {} outputs", name, out.size());
+  return out[0];
+}
+
+int64_t Graph::num_params() const {
+  int64_t n = 0;
+  for (const FlatEntry& e : params_) n += e.spec.shape.numel();
+  return n;
+}
+
+double Graph::forward_flops() const {
+  double f = 0;
+  for (const Node& n : nodes_) f += n.info.flops;
+  return f;
+}
+
+size_t Graph::max_workspace_bytes() const {
+  size_t w = 0;
+  for (const Node& n : nodes_) w = std::max(w, n.info.workspace_bytes);
+  return w;
+}
+
+}  // namespace dtrain::graph

@@ -1,0 +1,59 @@
+// A static graph of ops. Built once by a model builder; shapes are inferred
+// as nodes are added, so every shape error surfaces at build time, naming the
+// node. The graph owns its ops and the layout of parameters and buffers.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/op.h"
+#include "graph/params.h"
+
+namespace dtrain::graph {
+
+using ValueId = int32_t;
+
+struct Value {
+  std::string name;
+  TensorSpec spec;
+  int producer = -1;  // node index, -1 for graph inputs
+  bool requires_grad = false;
+};
+
+struct Node {
+  std::string name;
+  std::unique_ptr<Op> op;
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  OpInfo info;
+  std::vector<int> params;   // indices into the graph's parameter store layout
+  std::vector<int> buffers;  // indices into the buffer layout
+};
+
+class Graph {
+ public:
+  ValueId input(const std::string& name, const Shape& shape, DType dtype);
+  // Adds a node; returns its output values. Throws Error naming the node on a
+  // shape mismatch or a duplicate name.
+  std::vector<ValueId> add(const std::string& name, std::unique_ptr<Op> op,
+                           const std::vector<ValueId>& inputs);
+  ValueId add1(const std::string& name, std::unique_ptr<Op> op, const std::vector<ValueId>& inputs);
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Value& value(ValueId v) const;
+  int num_values() const { return static_cast<int>(values_.size()); }
+  const std::vector<FlatEntry>& param_layout() const { return params_; }
+  const std::vector<FlatEntry>& buffer_layout() const { return buffers_; }
+  int64_t num_params() const;
+  double forward_flops() const;  // for the whole batch the graph was built for
+  size_t max_workspace_bytes() const;
+
+ private:
+  std::vector<Value> values_;
+  std::vector<Node> nodes_;
+  std::vector<FlatEntry> params_;
+  std::vector<FlatEntry> buffers_;
+};
+
+}  // namespace dtrain::graph

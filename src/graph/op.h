@@ -1,0 +1,101 @@
+// The op contract. An op (a layer) declares, through infer(), everything the
+// executor, the memory planner and `dtrain estimate` need — output shapes,
+// parameters (name, shape, init), saved tensors, workspace bytes, FLOPs —
+// without allocating anything. forward() and backward() check their
+// arguments, then call the op's implementation, which lives in one file per
+// op family with backward right under forward (src/graph/ops/*.cpp).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/common.h"
+
+namespace dtrain::graph {
+
+struct TensorSpec {
+  Shape shape;
+  DType dtype = DType::f32;
+  bool operator==(const TensorSpec&) const = default;
+};
+
+enum class InitKind : uint8_t {
+  zeros,
+  ones,
+  normal,           // N(0, scale^2)
+  uniform,          // U(-scale, scale)
+  kaiming_normal,   // N(0, 2 / fan_in): ReLU networks
+  kaiming_uniform,  // U(-b, b), b = sqrt(1 / fan_in): PyTorch's Linear/Conv default
+};
+
+// Which parameters take weight decay etc. is decided by group, never by index.
+enum class ParamGroup : uint8_t { weight, bias, norm, embedding };
+
+struct ParamSpec {
+  std::string name;  // local to the op; the graph prefixes the op name ("block1.conv.weight")
+  Shape shape;
+  InitKind init = InitKind::zeros;
+  double scale = 0.0;  // for normal / uniform
+  int64_t fan_in = 1;  // for kaiming_*
+  ParamGroup group = ParamGroup::weight;
+  DType dtype = DType::f32;
+};
+
+// What backward needs kept from forward, beyond the op's parameters.
+enum class Keep : uint8_t { nothing, inputs, outputs, inputs_and_outputs };
+
+struct OpInfo {
+  std::vector<TensorSpec> outputs;
+  std::vector<ParamSpec> params;
+  std::vector<ParamSpec> buffers;  // non-trainable state kept across steps (BN running stats)
+  std::vector<TensorSpec> saved;   // extra tensors forward writes for backward (stats, masks, lse)
+  Keep keep = Keep::inputs;
+  size_t workspace_bytes = 0;  // max of forward and backward
+  double flops = 0.0;          // forward FLOPs for the whole batch
+};
+
+enum class Mode : uint8_t { train, eval };
+
+// Everything one op call sees. Spans are in the op's declared order.
+struct OpContext {
+  Mode mode = Mode::train;
+  uint64_t seed = 0;  // run seed, for ops that draw random numbers
+  uint64_t step = 0;  // training step, so each step draws fresh numbers
+  uint32_t op_index = 0;
+  std::span<const Tensor> inputs;
+  std::span<Tensor> outputs;
+  std::span<Tensor> params;
+  std::span<Tensor> buffers;
+  std::span<Tensor> saved;
+  kernels::Workspace workspace;
+  // Backward only. grad_inputs[i] is undefined when input i needs no
+  // gradient (labels, graph inputs); otherwise it is fully overwritten.
+  std::span<const Tensor> grad_outputs;
+  std::span<Tensor> grad_inputs;
+  std::span<Tensor> grad_params;  // overwritten, same order as params
+};
+
+class Op {
+ public:
+  virtual ~Op() = default;
+  virtual std::string_view kind() const = 0;
+
+  // Checks the input specs (throws Error naming the op and shapes on misuse).
+  OpInfo infer(std::span<const TensorSpec> inputs) const;
+  void forward(OpContext& ctx) const;
+  void backward(OpContext& ctx) const;
+
+ protected:
+  virtual OpInfo do_infer(std::span<const TensorSpec> inputs) const = 0;
+  virtual void do_forward(OpContext& ctx) const = 0;
+  virtual void do_backward(OpContext& ctx) const = 0;
+  virtual int num_inputs() const { return 1; }
+};
+
+// Throws an Error "op <kind>: <message>" (a graph-construction error the user can fix).
+[[noreturn]] void op_error(std::string_view kind, const std::string& message);
+
+}  // namespace dtrain::graph

@@ -1,0 +1,104 @@
+// Multi-head self-attention core: splits a fused qkv projection into heads,
+// runs the memory-efficient attention kernel and merges the heads back. The
+// projections themselves are ordinary linear ops around this one.
+#include "kernels/attention.h"
+#include "graph/ops.h"
+#include "kernels/layout.h"
+
+namespace dtrain::graph {
+namespace {
+
+constexpr int kSplit[5] = {2, 0, 3, 1, 4};  // [B, T, 3, H, D] -> [3, B, H, T, D]
+constexpr int kMerge[4] = {0, 2, 1, 3};     // [B, H, T, D] <-> [B, T, H, D]
+
+class SelfAttention final : public Op {
+ public:
+  SelfAttention(int64_t heads, kernels::Causal causal) : heads_(heads), causal_(causal) {}
+  std::string_view kind() const override { return "self_attention"; }
+
+ protected:
+  struct Dims {
+    int64_t b, t, c, d;
+  };
+  Dims dims(const Shape& qkv) const { return {qkv[0], qkv[1], qkv[2] / 3, qkv[2] / 3 / heads_}; }
+  kernels::AttentionArgs args(const Dims& s) const {
+    return {s.b, heads_, s.t, s.t, s.d, 0.0f, causal_};
+  }
+  size_t head_bytes(const Dims& s, DType dt) const {
+    return static_cast<size_t>(s.b * s.t * s.c) * dtype_size(dt);
+  }
+
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    const Shape& x = in[0].shape;
+    if (x.rank() != 3 || x[2] % 3 != 0 || (x[2] / 3) % heads_ != 0) {
+      op_error(kind(), fmt::format("input {} must be [B, T, 3C] with C divisible by {} heads",
+                                   x.str(), heads_));
+    }
+    const Dims s = dims(x);
+    OpInfo info;
+    info.outputs = {{{s.b, s.t, s.c}, in[0].dtype}};
+    info.saved = {{{s.b, heads_, s.t, s.d}, in[0].dtype}, {{s.b, heads_, s.t}, DType::f32}};
+    const size_t hb = head_bytes(s, in[0].dtype);
+    // q, k, v, dq, dk, dv and dout in head layout, plus the kernel's own tiles.
+    info.workspace_bytes = 7 * (hb + 64) + kernels::attention_workspace_bytes(args(s), in[0].dtype);
+    info.flops = 4.0 * static_cast<double>(s.b * s.t * s.t * s.c);
+    return info;
+  }
+
+  // Carves the [3, B, H, T, D] split of `qkv` out of the workspace.
+  Tensor split(const Tensor& qkv, const Dims& s, kernels::Workspace ws, size_t& off) const {
+    auto* p = ws.take<std::byte>(off, 3 * head_bytes(s, qkv.dtype()));
+    Tensor heads = Tensor::wrap(p, {3, s.b, heads_, s.t, s.d}, qkv.dtype());
+    kernels::permute(qkv.reshape({s.b, s.t, 3, heads_, s.d}), kSplit, heads);
+    return heads;
+  }
+
+  void do_forward(OpContext& ctx) const override {
+    const Dims s = dims(ctx.inputs[0].shape());
+    size_t off = 0;
+    Tensor qkv = split(ctx.inputs[0], s, ctx.workspace, off);
+    const int64_t n = s.b * s.t * s.c;
+    const Shape hs{s.b, heads_, s.t, s.d};
+    kernels::Workspace rest{static_cast<char*>(ctx.workspace.data) + off,
+                            ctx.workspace.bytes - off};
+    kernels::attention_forward(args(s), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
+                               Tensor(), ctx.saved[0], ctx.saved[1], rest);
+    Tensor y = ctx.outputs[0].reshape({s.b, s.t, heads_, s.d});
+    kernels::permute(ctx.saved[0], kMerge, y);
+  }
+
+  void do_backward(OpContext& ctx) const override {
+    const Dims s = dims(ctx.inputs[0].shape());
+    const DType dt = ctx.inputs[0].dtype();
+    size_t off = 0;
+    Tensor qkv = split(ctx.inputs[0], s, ctx.workspace, off);
+    const int64_t n = s.b * s.t * s.c;
+    const Shape hs{s.b, heads_, s.t, s.d};
+    Tensor grads = Tensor::wrap(ctx.workspace.take<std::byte>(off, 3 * head_bytes(s, dt)),
+                                {3, s.b, heads_, s.t, s.d}, dt);
+    Tensor dout = Tensor::wrap(ctx.workspace.take<std::byte>(off, head_bytes(s, dt)), hs, dt);
+    kernels::permute(ctx.grad_outputs[0].reshape({s.b, s.t, heads_, s.d}), kMerge, dout);
+    kernels::Workspace rest{static_cast<char*>(ctx.workspace.data) + off,
+                            ctx.workspace.bytes - off};
+    Tensor dq = grads.view(0, hs), dk = grads.view(n, hs), dv = grads.view(2 * n, hs);
+    kernels::attention_backward(args(s), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
+                                Tensor(), ctx.saved[0], ctx.saved[1], dout, dq, dk, dv, rest);
+    if (!ctx.grad_inputs[0].defined()) return;
+    constexpr int kUnsplit[5] = {1, 3, 0, 2, 4};  // [3, B, H, T, D] -> [B, T, 3, H, D]
+    Tensor dx = ctx.grad_inputs[0].reshape({s.b, s.t, 3, heads_, s.d});
+    kernels::permute(grads, kUnsplit, dx);
+  }
+
+ private:
+  int64_t heads_;
+  kernels::Causal causal_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal) {
+  if (heads <= 0) op_error("self_attention", fmt::format("heads must be positive, got {}", heads));
+  return std::make_unique<SelfAttention>(heads, causal);
+}
+
+}  // namespace dtrain::graph

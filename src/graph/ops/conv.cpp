@@ -1,0 +1,85 @@
+// 2-D convolution layer (NCHW), optional bias; oneDNN on the CPU.
+#include "kernels/conv.h"
+#include "graph/ops.h"
+#include "kernels/elementwise.h"
+
+namespace dtrain::graph {
+namespace {
+
+class Conv2d final : public Op {
+ public:
+  Conv2d(int64_t c, int64_t k, int64_t r, int64_t stride, int64_t pad, int64_t dil, int64_t groups,
+         Bias bias)
+      : c_(c), k_(k), r_(r), stride_(stride), pad_(pad), dil_(dil), groups_(groups), bias_(bias) {}
+  std::string_view kind() const override { return "conv2d"; }
+
+ protected:
+  kernels::Conv2dArgs args(const Shape& x) const {
+    return {x[0], c_, x[2], x[3], k_, r_, r_, stride_, stride_, pad_, pad_, dil_, dil_, groups_};
+  }
+
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    const Shape& x = in[0].shape;
+    if (x.rank() != 4 || x[1] != c_) {
+      op_error(kind(), fmt::format("input {} must be [N, {}, H, W]", x.str(), c_));
+    }
+    const kernels::Conv2dArgs a = args(x);
+    if (a.out_h() <= 0 || a.out_w() <= 0) {
+      op_error(kind(), fmt::format("input {} is smaller than the {}x{} kernel", x.str(), r_, r_));
+    }
+    OpInfo info;
+    info.outputs = {{{x[0], k_, a.out_h(), a.out_w()}, in[0].dtype}};
+    const int64_t fan_in = c_ / groups_ * r_ * r_;
+    info.params.push_back(
+        {"weight", {k_, c_ / groups_, r_, r_}, InitKind::kaiming_normal, 0, fan_in});
+    if (bias_ == Bias::yes) {
+      info.params.push_back({"bias", {k_}, InitKind::kaiming_uniform, 0, fan_in, ParamGroup::bias});
+    }
+    info.workspace_bytes = kernels::conv2d_workspace_bytes(a, in[0].dtype);
+    info.flops = a.flops();
+    return info;
+  }
+
+  void do_forward(OpContext& ctx) const override {
+    const kernels::Conv2dArgs a = args(ctx.inputs[0].shape());
+    kernels::conv2d_forward(a, ctx.inputs[0], ctx.params[0], ctx.outputs[0], ctx.workspace);
+    if (bias_ == Bias::yes) {
+      kernels::bias_add({a.n, k_, a.out_h() * a.out_w()}, ctx.outputs[0], ctx.params[1],
+                        ctx.outputs[0]);
+    }
+  }
+
+  void do_backward(OpContext& ctx) const override {
+    const kernels::Conv2dArgs a = args(ctx.inputs[0].shape());
+    const Tensor& dy = ctx.grad_outputs[0];
+    if (ctx.grad_inputs[0].defined()) {
+      kernels::conv2d_backward_data(a, dy, ctx.params[0], ctx.grad_inputs[0], ctx.workspace);
+    }
+    kernels::conv2d_backward_filter(a, ctx.inputs[0], dy, ctx.grad_params[0], ctx.workspace);
+    if (bias_ == Bias::yes) {
+      kernels::bias_add_backward({a.n, k_, a.out_h() * a.out_w()}, dy, ctx.grad_params[1]);
+    }
+  }
+
+ private:
+  int64_t c_, k_, r_, stride_, pad_, dil_, groups_;
+  Bias bias_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel,
+                           int64_t stride, int64_t pad, int64_t dilation, int64_t groups,
+                           Bias bias) {
+  if (in_channels <= 0 || out_channels <= 0 || kernel <= 0 || stride <= 0 || pad < 0 ||
+      dilation <= 0 || groups <= 0 || in_channels % groups || out_channels % groups) {
+    op_error("conv2d",
+             fmt::format("bad geometry: {} -> {} channels, kernel {}, stride {}, pad {}, "
+                         "dilation {}, groups {}",
+                         in_channels, out_channels, kernel, stride, pad, dilation, groups));
+  }
+  return std::make_unique<Conv2d>(in_channels, out_channels, kernel, stride, pad, dilation, groups,
+                                  bias);
+}
+
+}  // namespace dtrain::graph

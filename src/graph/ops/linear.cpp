@@ -1,0 +1,84 @@
+// Linear (fully connected) layer: y = x W^T + b over the last dim of x.
+#include "graph/ops.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+
+namespace dtrain::graph {
+namespace {
+
+class Linear final : public Op {
+ public:
+  Linear(int64_t in, int64_t out, Bias bias) : in_(in), out_(out), bias_(bias) {}
+  std::string_view kind() const override { return "linear"; }
+
+ protected:
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    const Shape& x = in[0].shape;
+    if (x.rank() < 1 || x[-1] != in_) {
+      op_error(kind(), fmt::format("input {} must end in {} features", x.str(), in_));
+    }
+    Shape y = x;
+    y[-1] = out_;
+    OpInfo info;
+    info.outputs = {{y, in[0].dtype}};
+    info.params.push_back({"weight", {out_, in_}, InitKind::kaiming_uniform, 0, in_});
+    if (bias_ == Bias::yes) {
+      info.params.push_back({"bias", {out_}, InitKind::kaiming_uniform, 0, in_, ParamGroup::bias});
+    }
+    info.flops = 2.0 * static_cast<double>(x.numel()) * static_cast<double>(out_);
+    const int64_t rows = x.numel() / in_;
+    const DType dt = in[0].dtype;
+    for (const kernels::GemmArgs& g : {fwd(rows), bwd_data(rows), bwd_weight(rows)}) {
+      info.workspace_bytes =
+          std::max(info.workspace_bytes, kernels::gemm_workspace_bytes(g, dt, dt));
+    }
+    return info;
+  }
+
+  // y [rows, out] = x [rows, in] . W^T
+  kernels::GemmArgs fwd(int64_t rows) const {
+    return {kernels::Trans::no, kernels::Trans::yes, rows, out_, in_};
+  }
+  // dx [rows, in] = dy [rows, out] . W [out, in]
+  kernels::GemmArgs bwd_data(int64_t rows) const {
+    return {kernels::Trans::no, kernels::Trans::no, rows, in_, out_};
+  }
+  // dW [out, in] = dy^T [out, rows] . x [rows, in]
+  kernels::GemmArgs bwd_weight(int64_t rows) const {
+    return {kernels::Trans::yes, kernels::Trans::no, out_, in_, rows};
+  }
+
+  void do_forward(OpContext& ctx) const override {
+    const int64_t rows = ctx.inputs[0].numel() / in_;
+    kernels::gemm(fwd(rows), ctx.inputs[0], ctx.params[0], ctx.outputs[0], ctx.workspace);
+    if (bias_ == Bias::yes) {
+      kernels::bias_add({rows, out_, 1}, ctx.outputs[0], ctx.params[1], ctx.outputs[0]);
+    }
+  }
+
+  void do_backward(OpContext& ctx) const override {
+    const int64_t rows = ctx.inputs[0].numel() / in_;
+    const Tensor& dy = ctx.grad_outputs[0];
+    if (ctx.grad_inputs[0].defined()) {
+      kernels::gemm(bwd_data(rows), dy, ctx.params[0], ctx.grad_inputs[0], ctx.workspace);
+    }
+    kernels::gemm(bwd_weight(rows), dy, ctx.inputs[0], ctx.grad_params[0], ctx.workspace);
+    if (bias_ == Bias::yes) kernels::bias_add_backward({rows, out_, 1}, dy, ctx.grad_params[1]);
+  }
+
+ private:
+  int64_t in_, out_;
+  Bias bias_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias) {
+  if (in_features <= 0 || out_features <= 0) {
+    op_error("linear",
+             fmt::format("features must be positive, got {} -> {}", in_features, out_features));
+  }
+  return std::make_unique<Linear>(in_features, out_features, bias);
+}
+
+}  // namespace dtrain::graph

@@ -1,0 +1,62 @@
+// Softmax cross-entropy loss over class logits, with ignore-index and label
+// smoothing; the mean over non-ignored rows is the graph's scalar loss.
+#include "graph/ops.h"
+#include "kernels/softmax.h"
+
+namespace dtrain::graph {
+namespace {
+
+class SoftmaxCrossEntropy final : public Op {
+ public:
+  SoftmaxCrossEntropy(int64_t ignore, float smoothing) : ignore_(ignore), smoothing_(smoothing) {}
+  std::string_view kind() const override { return "softmax_cross_entropy"; }
+
+ protected:
+  int num_inputs() const override { return 2; }
+  kernels::CrossEntropyArgs args(const Shape& logits) const {
+    return {logits.numel() / logits[-1], logits[-1], ignore_, smoothing_};
+  }
+  // logits [..., K] and labels [...] (the same leading dims)
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    const Shape& x = in[0].shape;
+    const Shape& y = in[1].shape;
+    bool ok = x.rank() >= 2 && y.rank() == x.rank() - 1 && in[1].dtype == DType::i32;
+    for (int i = 0; ok && i < y.rank(); ++i) ok = x[i] == y[i];
+    if (!ok) {
+      op_error(kind(), fmt::format("needs logits [..., K] and i32 labels [...], got {} and {} {}",
+                                   x.str(), dtype_name(in[1].dtype), y.str()));
+    }
+    OpInfo info;
+    info.outputs = {{{1}, DType::f32}};
+    info.saved = {{{x.numel() / x[-1]}, DType::f32}};  // row log-sum-exp
+    info.flops = 4.0 * static_cast<double>(x.numel());
+    return info;
+  }
+  void do_forward(OpContext& ctx) const override {
+    kernels::softmax_cross_entropy_forward(args(ctx.inputs[0].shape()), ctx.inputs[0],
+                                           ctx.inputs[1], ctx.outputs[0], ctx.saved[0]);
+  }
+  void do_backward(OpContext& ctx) const override {
+    if (!ctx.grad_inputs[0].defined()) return;
+    // The loss gradient is a host scalar on the CPU backend.
+    const float dloss = ctx.grad_outputs[0].data<float>()[0];
+    kernels::softmax_cross_entropy_backward(args(ctx.inputs[0].shape()), ctx.inputs[0],
+                                            ctx.inputs[1], ctx.saved[0], dloss, ctx.grad_inputs[0]);
+  }
+
+ private:
+  int64_t ignore_;
+  float smoothing_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> softmax_cross_entropy(int64_t ignore_index, float label_smoothing) {
+  if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f)) {
+    op_error("softmax_cross_entropy",
+             fmt::format("label_smoothing must be in [0, 1), got {}", label_smoothing));
+  }
+  return std::make_unique<SoftmaxCrossEntropy>(ignore_index, label_smoothing);
+}
+
+}  // namespace dtrain::graph

@@ -1,0 +1,128 @@
+// Flat buffers and deterministic initialisation. Each tensor's numbers come
+// from Philox keyed by (seed, hash of its name), so adding a layer elsewhere
+// never changes how an existing one is initialised.
+#include "graph/params.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/rng.h"
+
+namespace dtrain::graph {
+
+namespace {
+
+constexpr uint32_t kInitPurpose = 1;
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+
+int64_t align_elems(int64_t n, DType dt) {
+  const int64_t per = std::max<int64_t>(1, 64 / static_cast<int64_t>(dtype_size(dt)));
+  return (n + per - 1) / per * per;
+}
+
+// Value i of entry `e`, before the cast to its dtype.
+float init_value(const ParamSpec& s, const Philox& rng, uint64_t i) {
+  switch (s.init) {
+    case InitKind::zeros:
+      return 0.0f;
+    case InitKind::ones:
+      return 1.0f;
+    case InitKind::normal:
+      return static_cast<float>(s.scale) * rng.normal(i);
+    case InitKind::uniform:
+      return static_cast<float>(s.scale) * (2.0f * rng.uniform(i) - 1.0f);
+    case InitKind::kaiming_normal:
+      return std::sqrt(2.0f / static_cast<float>(s.fan_in)) * rng.normal(i);
+    case InitKind::kaiming_uniform:
+      return (2.0f * rng.uniform(i) - 1.0f) / std::sqrt(static_cast<float>(s.fan_in));
+  }
+  return 0.0f;
+}
+
+}  // namespace
+
+FlatStore::FlatStore(std::vector<FlatEntry> entries) : entries_(std::move(entries)) {
+  for (FlatEntry& e : entries_) {
+    auto it = std::find_if(sizes_.begin(), sizes_.end(),
+                           [&](const auto& p) { return p.first == e.spec.dtype; });
+    if (it == sizes_.end()) it = sizes_.insert(sizes_.end(), {e.spec.dtype, 0});
+    e.offset = it->second;
+    it->second += align_elems(e.spec.shape.numel(), e.spec.dtype);
+  }
+}
+
+void FlatStore::allocate() {
+  buffers_.clear();
+  for (const auto& [dt, n] : sizes_) {
+    Tensor t = Tensor::empty({n}, dt);
+    std::memset(t.raw(), 0, t.nbytes());
+    buffers_.emplace_back(dt, std::move(t));
+  }
+}
+
+void FlatStore::initialize(uint64_t seed) {
+  for (int i = 0; i < size(); ++i) {
+    const FlatEntry& e = entries_[static_cast<size_t>(i)];
+    const Philox rng(seed, rng_stream_id(kInitPurpose, 0, fnv1a(e.name)));
+    Tensor v = view(i);
+    const int64_t n = v.numel();
+    for (int64_t j = 0; j < n; ++j) {
+      const float x = init_value(e.spec, rng, static_cast<uint64_t>(j));
+      switch (v.dtype()) {
+        case DType::f32:
+          v.data<float>()[j] = x;
+          break;
+        case DType::f16:
+          v.data<f16>()[j] = to_f16(x);
+          break;
+        case DType::bf16:
+          v.data<bf16>()[j] = to_bf16(x);
+          break;
+        default:
+          DTRAIN_CHECK(false, "{}: cannot initialise {}", e.name, dtype_name(v.dtype()));
+      }
+    }
+  }
+}
+
+Tensor FlatStore::flat(DType dtype) const {
+  for (const auto& [dt, t] : buffers_) {
+    if (dt == dtype) return t;
+  }
+  return Tensor();
+}
+
+Tensor FlatStore::view(int index) const {
+  DTRAIN_CHECK(index >= 0 && index < size(), "flat entry {} of {}", index, size());
+  const FlatEntry& e = entries_[static_cast<size_t>(index)];
+  const Tensor buf = flat(e.spec.dtype);
+  DTRAIN_CHECK(buf.defined(), "flat store not allocated");
+  return buf.view(e.offset, e.spec.shape);
+}
+
+int FlatStore::find(std::string_view name) const {
+  for (int i = 0; i < size(); ++i) {
+    if (entries_[static_cast<size_t>(i)].name == name) return i;
+  }
+  return -1;
+}
+
+Tensor FlatStore::view(std::string_view name) const {
+  const int i = find(name);
+  if (i < 0) throw Error(fmt::format("no parameter or buffer named \"{}\"", name));
+  return view(i);
+}
+
+int64_t FlatStore::numel() const {
+  int64_t n = 0;
+  for (const FlatEntry& e : entries_) n += e.spec.shape.numel();
+  return n;
+}
+
+}  // namespace dtrain::graph

@@ -1,0 +1,42 @@
+// Flat storage for parameters, gradients and buffers: one contiguous buffer
+// per dtype, each tensor a named view at a fixed, 64-byte-aligned offset. DDP
+// buckets, ZeRO shards, grad-norm and checkpoint I/O become loops over ranges.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "graph/op.h"
+
+namespace dtrain::graph {
+
+struct FlatEntry {
+  std::string name;    // "layer1.0.conv1.weight"
+  ParamSpec spec;      // shape, dtype, group, init
+  int node = -1;       // the graph node that owns it
+  int64_t offset = 0;  // elements into the flat buffer of spec.dtype
+};
+
+class FlatStore {
+ public:
+  FlatStore() = default;
+  explicit FlatStore(std::vector<FlatEntry> entries);  // assigns offsets; allocates nothing
+
+  void allocate();                 // one buffer per dtype, zero-filled
+  void initialize(uint64_t seed);  // each entry from its InitKind, keyed by (seed, name)
+  const std::vector<FlatEntry>& entries() const { return entries_; }
+  int size() const { return static_cast<int>(entries_.size()); }
+  Tensor view(int index) const;
+  Tensor view(std::string_view name) const;  // throws Error naming the missing tensor
+  int find(std::string_view name) const;     // -1 when absent
+  Tensor flat(DType dtype) const;            // the whole buffer (undefined if none)
+  int64_t numel() const;                     // sum of entry sizes (without alignment padding)
+
+ private:
+  std::vector<FlatEntry> entries_;
+  std::vector<std::pair<DType, int64_t>> sizes_;  // elements per dtype buffer
+  std::vector<std::pair<DType, Tensor>> buffers_;
+};
+
+}  // namespace dtrain::graph

@@ -1,0 +1,69 @@
+// Typed options of the precision module: compute dtype, fp32 master weights and
+// the loss scaler. Plain data with defaults; src/config fills and checks them.
+// The scaler itself (halve on inf/nan, grow after clean steps) lives elsewhere.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+namespace dtrain {
+
+enum class PrecisionDType : uint8_t { fp32, fp16, bf16 };
+inline constexpr std::pair<PrecisionDType, std::string_view> kPrecisionDTypeNames[] = {
+    {PrecisionDType::fp32, "fp32"}, {PrecisionDType::fp16, "fp16"}, {PrecisionDType::bf16, "bf16"}};
+inline std::string_view to_string(PrecisionDType v) {
+  for (const auto& [e, s] : kPrecisionDTypeNames)
+    if (e == v) return s;
+  return "?";
+}
+inline bool from_string(std::string_view text, PrecisionDType& out) {
+  for (const auto& [e, s] : kPrecisionDTypeNames)
+    if (s == text) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+inline const auto& enum_names(PrecisionDType) { return kPrecisionDTypeNames; }
+
+enum class LossScaleMode : uint8_t { dynamic, static_, none };
+inline constexpr std::pair<LossScaleMode, std::string_view> kLossScaleModeNames[] = {
+    {LossScaleMode::dynamic, "dynamic"},
+    {LossScaleMode::static_, "static"},
+    {LossScaleMode::none, "none"}};
+inline std::string_view to_string(LossScaleMode v) {
+  for (const auto& [e, s] : kLossScaleModeNames)
+    if (e == v) return s;
+  return "?";
+}
+inline bool from_string(std::string_view text, LossScaleMode& out) {
+  for (const auto& [e, s] : kLossScaleModeNames)
+    if (s == text) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+inline const auto& enum_names(LossScaleMode) { return kLossScaleModeNames; }
+
+// Dynamic: start at init, halve (x backoff_factor) and skip the step on inf/nan,
+// grow (x growth_factor) after growth_interval clean steps, kept within [min, max].
+// Static: always init. When the job leaves mode out: dynamic for fp16, none otherwise.
+struct LossScaleOptions {
+  LossScaleMode mode = LossScaleMode::none;
+  double init = 32768.0;  // 2^15
+  int64_t growth_interval = 2000;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  double min = 1.0;
+  double max = 16777216.0;  // 2^24
+};
+
+struct PrecisionOptions {
+  PrecisionDType dtype = PrecisionDType::fp32;
+  bool master_weights = true;  // fp32 master weights and optimizer state for half dtypes
+  LossScaleOptions loss_scale;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,105 @@
+// The whole job: every module's typed options in one aggregate, plus the run,
+// train, memory and logging options that the runtime itself consumes. Plain data
+// with defaults; src/config is the only place that turns YAML into a Job.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "compress/options.h"
+#include "core/device.h"
+#include "data/options.h"
+#include "dist/options.h"
+#include "models/options.h"
+#include "optim/options.h"
+#include "precision/options.h"
+
+namespace dtrain {
+
+struct RunOptions {
+  std::string name = "dtrain";
+  std::string output_dir = "runs";
+  int64_t seed = 0;
+};
+
+struct CheckpointOptions {
+  std::optional<int64_t> every;  // unset: only at the end and on SIGTERM / SIGUSR1
+  int keep = 3;                  // newest checkpoints kept on disk
+  std::string dir;               // when the job leaves it out: <output_dir>/checkpoints
+};
+
+// Exactly one of steps and epochs is set (an epoch is one pass over the dataset).
+struct TrainOptions {
+  std::optional<int64_t> steps;
+  std::optional<int64_t> epochs;
+  std::optional<int64_t> eval_every;  // unset: no evaluation
+  int64_t log_every = 10;
+  CheckpointOptions checkpoint;
+  std::optional<std::string> resume;  // checkpoint file or directory to resume from
+};
+
+enum class ActivationCheckpointing : uint8_t { none, block, every_k, sqrt };
+inline constexpr std::pair<ActivationCheckpointing, std::string_view>
+    kActivationCheckpointingNames[] = {{ActivationCheckpointing::none, "none"},
+                                       {ActivationCheckpointing::block, "block"},
+                                       {ActivationCheckpointing::every_k, "every_k"},
+                                       {ActivationCheckpointing::sqrt, "sqrt"}};
+inline std::string_view to_string(ActivationCheckpointing v) {
+  for (const auto& [e, s] : kActivationCheckpointingNames)
+    if (e == v) return s;
+  return "?";
+}
+inline bool from_string(std::string_view text, ActivationCheckpointing& out) {
+  for (const auto& [e, s] : kActivationCheckpointingNames)
+    if (s == text) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+inline const auto& enum_names(ActivationCheckpointing) { return kActivationCheckpointingNames; }
+
+struct OffloadOptions {
+  bool optimizer = false;  // optimizer state lives in host memory
+  bool params = false;     // fp32 parameters live in host memory (needs ZeRO-3)
+};
+
+struct MemoryOptions {
+  ActivationCheckpointing checkpointing = ActivationCheckpointing::none;
+  int every_k = 2;  // used by every_k: one checkpointed segment per k blocks
+  OffloadOptions offload;
+  bool pool = true;  // caching allocator with size classes for non-arena allocations
+};
+
+// Where the logs go; how often is train.log_every.
+struct ProfileOptions {
+  int64_t start = 0;  // first profiled step
+  int64_t steps = 0;  // 0: no profile
+};
+
+struct LoggingOptions {
+  bool console = true;       // progress line on stderr
+  bool jsonl = true;         // <output_dir>/metrics.jsonl, one JSON line per log step
+  bool tensorboard = false;  // <output_dir>/tb event files
+  ProfileOptions profile;    // Chrome trace of steps [start, start + steps)
+};
+
+struct Job {
+  RunOptions run;
+  ModelOptions model;
+  DataOptions data;
+  OptimizerOptions optimizer;
+  TrainOptions train;
+  PrecisionOptions precision;
+  ParallelOptions parallel;
+  CommOptions comm;
+  CompressOptions compress;
+  MemoryOptions memory;
+  Device device = Device::cpu();
+  LoggingOptions logging;
+};
+
+}  // namespace dtrain

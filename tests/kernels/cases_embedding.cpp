@@ -1,0 +1,122 @@
+// Kernel-table cases for kernels/embedding.h: i32 and i64 ids, ids at 0 and
+// vocab-1, repeated ids, f32/f16/bf16 tables; grad mode (f32) for the table;
+// the scatter-add kernel checked directly on half types; out-of-range ids
+// (negative and == vocab) must raise an Error naming the position and the id.
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+
+#include "pointwise_case_util.h"
+#include "ref/embedding.h"
+
+namespace dtrain::test {
+
+namespace {
+
+using kernels::Workspace;
+
+ArgSpec ids_spec(DType id_type, int64_t n, int64_t vocab, const Values& explicit_ids) {
+  ArgSpec ids{"ids", Shape{n}, id_type, Init::integers, 0.0, static_cast<double>(vocab)};
+  ids.differentiable = false;
+  if (!explicit_ids.empty()) {
+    ids.init = Init::explicit_values;
+    ids.values = explicit_ids;
+  }
+  return ids;
+}
+
+std::string tag(const char* variant, DType dt, DType id_type, int64_t n, int64_t vocab,
+                int64_t dim) {
+  return "embedding/" + std::string(variant) + "_" + dname(id_type) + "/" + dname(dt) + "/" +
+         std::to_string(n) + "x" + std::to_string(vocab) + "x" + std::to_string(dim);
+}
+
+KernelCase forward_case(const char* variant, DType dt, DType id_type, int64_t n, int64_t vocab,
+                        int64_t dim, const Values& explicit_ids = {}) {
+  KernelCase c;
+  c.name = tag(variant, dt, id_type, n, vocab, dim);
+  c.inputs = {ids_spec(id_type, n, vocab, explicit_ids), {"table", Shape{vocab, dim}, dt}};
+  c.outputs = {{"out", Shape{n, dim}, dt}};
+  c.forward = [](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
+    kernels::embedding_forward(in[0], in[1], out[0]);
+  };
+  c.reference = [=](const std::vector<Values>& in, std::vector<Values>& out) {
+    ref::embedding(n, dim, in[0].data(), in[1].data(), out[0].data());
+  };
+  if (dt == DType::f32) {
+    c.backward = [](const std::vector<Tensor>& in, const std::vector<Tensor>&,
+                    const std::vector<Tensor>& dout, std::vector<Tensor>& din, Workspace) {
+      kernels::fill(din[1], 0.0f);
+      kernels::embedding_backward(in[0], dout[0], din[1]);
+    };
+  }
+  c.check_tol = {0.0, 0.0};  // a gather is exact
+  return c;
+}
+
+// dtable = scatter-add of dout rows (zeroed first), many repeated ids.
+KernelCase backward_case(DType dt, DType id_type, int64_t n, int64_t vocab, int64_t dim) {
+  KernelCase c;
+  c.name = tag("backward", dt, id_type, n, vocab, dim);
+  c.inputs = {ids_spec(id_type, n, vocab, {}), {"dout", Shape{n, dim}, dt}};
+  c.outputs = {{"dtable", Shape{vocab, dim}, dt}};
+  c.forward = [](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
+    kernels::fill(out[0], 0.0f);
+    kernels::embedding_backward(in[0], in[1], out[0]);
+  };
+  c.reference = [=](const std::vector<Values>& in, std::vector<Values>& out) {
+    ref::embedding_backward(n, vocab, dim, in[0].data(), in[1].data(), out[0].data());
+  };
+  // Half tables round after every add: error grows with the repeats of an id.
+  c.check_tol = dt == DType::f32   ? Tolerance{1e-6, 1e-6}
+                : dt == DType::f16 ? Tolerance{1e-2, 1e-2}
+                                   : Tolerance{6e-2, 6e-2};
+  return c;
+}
+
+// ids[2] is out of range: forward and backward must each throw an Error that
+// names position 2 and the id. Output 1 = both did.
+KernelCase bad_id_case(DType id_type, double bad) {
+  KernelCase c;
+  c.name = "embedding/bad_id_" + dname(id_type) + "/f32/" + (bad < 0 ? "negative" : "vocab");
+  c.inputs = {ids_spec(id_type, 4, 5, {0, 4, bad, 1}), {"table", Shape{5, 3}}};
+  c.outputs = {{"threw", Shape{1}}};
+  const std::string id_text = std::to_string(static_cast<int64_t>(bad));
+  c.forward = [=](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
+    auto named = [&](auto&& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        const std::string m = e.what();
+        return m.find("position 2") != std::string::npos && m.find(id_text) != std::string::npos;
+      }
+      return false;
+    };
+    Tensor o = Tensor::empty(Shape{4, 3}, DType::f32), d = Tensor::empty(Shape{5, 3}, DType::f32);
+    const bool fwd = named([&] { kernels::embedding_forward(in[0], in[1], o); });
+    const bool bwd = named([&] { kernels::embedding_backward(in[0], o, d); });
+    out[0].data<float>()[0] = fwd && bwd ? 1.0f : 0.0f;
+  };
+  c.reference = [](const std::vector<Values>&, std::vector<Values>& out) { out[0][0] = 1.0; };
+  return c;
+}
+
+}  // namespace
+
+std::vector<KernelCase> cases_embedding() {
+  std::vector<KernelCase> cases;
+  for (DType id_type : {DType::i32, DType::i64}) {
+    for (DType dt : kFloatTypes) {
+      cases.push_back(forward_case("random", dt, id_type, 17, 11, 7));
+      cases.push_back(forward_case("edges", dt, id_type, 6, 9, 33, {0, 8, 3, 0, 8, 8}));
+      cases.push_back(backward_case(dt, id_type, 65, 7, 33));
+    }
+    cases.push_back(forward_case("single", DType::f32, id_type, 1, 1, 1));
+    cases.push_back(forward_case("wide", DType::f32, id_type, 33, 1000, 130));
+    cases.push_back(backward_case(DType::f32, id_type, 130, 1000, 17));
+    cases.push_back(bad_id_case(id_type, -1));
+    cases.push_back(bad_id_case(id_type, 5));
+  }
+  return cases;
+}
+
+}  // namespace dtrain::test

@@ -1,0 +1,16 @@
+// Reference activations in fp64 (the spec for kernels/activation.h):
+// relu, gelu with the tanh approximation, gelu with erf; and their derivatives.
+#pragma once
+
+#include <cstdint>
+
+#include "ref/common.h"
+
+namespace dtrain::ref {
+
+enum class Activation : uint8_t { relu, gelu_tanh, gelu_erf };
+
+double activation(Activation act, double x);
+double activation_derivative(Activation act, double x);
+
+}  // namespace dtrain::ref
