@@ -1,8 +1,9 @@
-// `dtrain info`: the CPU, oneDNN, and CUDA devices (or why there are none).
+// `dtrain info`: the CPU, oneDNN, MPI, and CUDA devices (or why there are none).
 #include <cstdio>
 #include <string>
 
 #include "cli/commands.h"
+#include "dist/mpi_info.h"
 #include "kernels/device_info.h"
 
 #include <fmt/format.h>
@@ -27,6 +28,12 @@ int run_info() {
   std::printf("  isa: %s\n", isa.empty() ? "(none of the tracked extensions)" : isa.c_str());
   const kernels::OneDnnInfo dnn = kernels::query_onednn();
   std::printf("onednn: %d.%d.%d (%s)\n", dnn.major, dnn.minor, dnn.patch, dnn.cpu_runtime.c_str());
+  const dist::MpiInfo mpi = dist::query_mpi();
+  if (mpi.built) {
+    std::printf("mpi: %s (MPI %d.%d)\n", mpi.library.c_str(), mpi.version, mpi.subversion);
+  } else {
+    std::printf("mpi: none (%s)\n", mpi.library.c_str());
+  }
   const kernels::CudaInfo cuda = kernels::query_cuda();
   if (cuda.built) {
     std::printf("cuda: runtime %s, driver %s, cudnn %s, nccl %s\n",
@@ -49,7 +56,7 @@ int run_info() {
 }  // namespace
 
 void add_info(CLI::App& app, Action& action) {
-  auto* cmd = app.add_subcommand("info", "print the CPU, oneDNN and CUDA devices");
+  auto* cmd = app.add_subcommand("info", "print the CPU, oneDNN, MPI and CUDA devices");
   cmd->callback([&action] { action = run_info; });
 }
 
