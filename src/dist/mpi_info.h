@@ -7,8 +7,8 @@
 namespace dtrain::dist {
 
 struct MpiInfo {
-  bool built = false;   // built with DTRAIN_MPI
-  std::string library;  // MPI_Get_library_version's first line, or why there is none
+  bool built = false;               // built with DTRAIN_MPI
+  std::string library;              // MPI_Get_library_version's first line, or why there is none
   int version = 0, subversion = 0;  // the MPI standard version the library implements
 };
 
