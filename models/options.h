@@ -7,24 +7,48 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace dtrain {
 
 enum class ModelFamily : uint8_t { cnn, vit, bert, gpt };
 
+// A ResNet's first layers: standard = 7x7/2 conv + 3x3/2 max-pool (ImageNet,
+// /4 before layer1); small = one 3x3/1 conv, no pool (28-32 px inputs: MNIST, CIFAR).
+enum class ResNetStem : uint8_t { standard, small };
+inline constexpr std::pair<ResNetStem, std::string_view> kResNetStemNames[] = {
+    {ResNetStem::standard, "standard"}, {ResNetStem::small, "small"}};
+inline std::string_view to_string(ResNetStem v) {
+  for (const auto& [e, s] : kResNetStemNames)
+    if (e == v) return s;
+  return "?";
+}
+inline bool from_string(std::string_view text, ResNetStem& out) {
+  for (const auto& [e, s] : kResNetStemNames)
+    if (s == text) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+inline const auto& enum_names(ResNetStem) { return kResNetStemNames; }
+
 struct ModelOptions {
   std::string arch;
-  std::optional<int> num_classes;  // cnn, vit; bert: unset means masked-LM pretraining
-  std::optional<int> image_size;   // cnn, vit
-  std::optional<int> in_channels;  // cnn, vit
-  std::optional<int> patch_size;   // vit
-  std::optional<int> seq_len;      // bert, gpt (and the token count of a vit is derived)
-  std::optional<int> vocab_size;   // bert, gpt
-  std::optional<int> layers;       // transformer blocks
-  std::optional<int> hidden;       // model width
-  std::optional<int> heads;        // attention heads; hidden % heads == 0
-  std::optional<int> ffn;          // MLP width
-  std::optional<double> dropout;   // transformers
+  std::optional<int> num_classes;          // cnn, vit; bert: unset means masked-LM pretraining
+  std::optional<int> image_size;           // cnn, vit
+  std::optional<int> in_channels;          // cnn, vit
+  std::optional<ResNetStem> stem;          // cnn
+  std::optional<double> width;             // cnn: multiplier on every channel width (rounded, >= 1)
+  std::optional<bool> zero_init_residual;  // cnn: last BN gamma of each block starts at 0
+  std::optional<int> patch_size;           // vit
+  std::optional<int> seq_len;              // bert, gpt (and the token count of a vit is derived)
+  std::optional<int> vocab_size;           // bert, gpt
+  std::optional<int> layers;               // transformer blocks
+  std::optional<int> hidden;               // model width
+  std::optional<int> heads;                // attention heads; hidden % heads == 0
+  std::optional<int> ffn;                  // MLP width
+  std::optional<double> dropout;           // transformers
 };
 
 struct ArchPreset {
@@ -80,7 +104,12 @@ inline ModelOptions preset_options(const ArchPreset& a) {
     m.image_size = 224;
     m.in_channels = 3;
   }
-  if (a.family == ModelFamily::cnn) return m;
+  if (a.family == ModelFamily::cnn) {
+    m.stem = ResNetStem::standard;
+    m.width = 1.0;
+    m.zero_init_residual = true;
+    return m;
+  }
   m.layers = a.layers;
   m.hidden = a.hidden;
   m.heads = a.heads;

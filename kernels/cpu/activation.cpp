@@ -9,14 +9,14 @@
 
 #include "core/parallel.h"
 #include "kernels/activation.h"
-#include "kernels/cpu/vec_util.h"
+#include "kernels/cpu/float_io.h"
 
 namespace dtrain::kernels {
 
 namespace {
 
-using cpu::as_f32;
-using cpu::kBlock;
+using cpu_io::as_f32;
+using cpu_io::kBlock;
 
 constexpr int64_t kGrain = int64_t{1} << 14;
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -59,7 +59,7 @@ void blocks(int64_t n, T* out, Fn fn) {
     for (int64_t i = lo; i < hi; i += kBlock) {
       const int64_t m = std::min(kBlock, hi - i);
       fn(i, m, res);
-      cpu::store_block(res, out + i, m);
+      cpu_io::store_n(res, out + i, m);
     }
   });
 }
@@ -95,7 +95,7 @@ void activation_forward(Activation act, const Tensor& x, Tensor& y) {
   DTRAIN_CHECK(y.dtype() == x.dtype(), "activation_forward: y is {}, x is {}",
                dtype_name(y.dtype()), dtype_name(x.dtype()));
   require_numel("activation_forward", "y", y, x.numel());
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_typed(act, static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()), x.numel());
   });
@@ -109,7 +109,7 @@ void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tens
                dtype_name(dy.dtype()), dtype_name(dx.dtype()));
   require_numel("activation_backward", "dy", dy, x.numel());
   require_numel("activation_backward", "dx", dx, x.numel());
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     backward_typed(act, static_cast<const T*>(x.raw()), static_cast<const T*>(dy.raw()),
                    static_cast<T*>(dx.raw()), x.numel());

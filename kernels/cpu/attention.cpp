@@ -10,7 +10,7 @@
 
 #include <cmath>
 
-#include "kernels/cpu/dense_util.h"
+#include "kernels/cpu/float_io.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -75,7 +75,7 @@ struct Problem {
 // rows x D of src -> dst, f32 (row-major).
 template <typename T>
 void load_rows(const T* src, int64_t rows, int64_t d, float* dst) {
-  dense::load_row(src, dst, rows * d);
+  cpu_io::load_n(src, dst, rows * d);
 }
 
 // rows x D of src -> dst_t [D, kBk] transposed, columns >= rows zeroed.
@@ -83,7 +83,7 @@ template <typename T>
 void load_rows_t(const T* src, int64_t rows, int64_t d, float* dst_t) {
   for (int64_t dd = 0; dd < d; ++dd) {
     float* col = dst_t + dd * kBk;
-    for (int64_t j = 0; j < kBk; ++j) col[j] = j < rows ? dense::load(src[j * d + dd]) : 0.0f;
+    for (int64_t j = 0; j < kBk; ++j) col[j] = j < rows ? cpu_io::load(src, j * d + dd) : 0.0f;
   }
 }
 
@@ -149,7 +149,7 @@ void forward_tile(const Problem<T>& pb, int64_t bh, int64_t i0, Scratch sc, T* o
     float* ai = acc + i * d;
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     for (int64_t dd = 0; dd < d; ++dd) ai[dd] *= inv;
-    dense::store_row(ai, out + pb.q_row(bh, i0 + i), d);
+    cpu_io::store_n(ai, out + pb.q_row(bh, i0 + i), d);
     lse[bh * a.tq + i0 + i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : -INFINITY;
   }
 }
@@ -169,7 +169,7 @@ QueryTile load_query_tile(const Problem<T>& pb, int64_t bh, int64_t i0, const fl
   load_rows(pb.dout + pb.q_row(bh, i0), nq, d, t.dout);
   float orow[1024];  // O, one row at a time (D <= 1024 is checked)
   for (int64_t i = 0; i < nq; ++i) {
-    dense::load_row(pb.o + pb.q_row(bh, i0 + i), orow, d);
+    cpu_io::load_n(pb.o + pb.q_row(bh, i0 + i), orow, d);
     float s = 0.0f;
     for (int64_t dd = 0; dd < d; ++dd) s += t.dout[i * d + dd] * orow[dd];
     t.di[i] = s;
@@ -222,8 +222,8 @@ void backward_key_tile(const Problem<T>& pb, int64_t bh, int64_t j0, const float
     }
   }
   for (int64_t i = 0; i < nk * d; ++i) dkt[i] *= pb.scale;
-  dense::store_row(dkt, dk + pb.k_row(bh, j0), nk * d);
-  dense::store_row(dvt, dv + pb.k_row(bh, j0), nk * d);
+  cpu_io::store_n(dkt, dk + pb.k_row(bh, j0), nk * d);
+  cpu_io::store_n(dvt, dv + pb.k_row(bh, j0), nk * d);
 }
 
 // dQ for queries [i0, i0 + nq) of (b, h): sums over every key tile.
@@ -247,7 +247,7 @@ void backward_query_tile(const Problem<T>& pb, int64_t bh, int64_t i0, const flo
     }
   }
   for (int64_t i = 0; i < qt.nq * d; ++i) dqt[i] *= pb.scale;
-  dense::store_row(dqt, dq + pb.q_row(bh, i0), qt.nq * d);
+  cpu_io::store_n(dqt, dq + pb.q_row(bh, i0), qt.nq * d);
 }
 
 // Runs task(t, scratch) for t in [0, tasks) on as many threads as have a slot.
@@ -307,7 +307,7 @@ void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor&
   require_numel(op, "out", out, q.numel());
   require_dtype(op, "lse", lse, {DType::f32});
   require_numel(op, "lse", lse, args.b * args.h * args.tq);
-  dense::dispatch_float(q.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const Problem<T> pb = problem<T>(args, q, k, v, key_mask, nullptr, nullptr);
     const int64_t nqt = tiles(args.tq, kBq);
@@ -334,7 +334,7 @@ void attention_backward(const AttentionArgs& args, const Tensor& q, const Tensor
   }
   require_dtype(op, "lse", lse, {DType::f32});
   require_numel(op, "lse", lse, args.b * args.h * args.tq);
-  dense::dispatch_float(q.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const Problem<T> pb = problem<T>(args, q, k, v, key_mask, out.data<T>(), dout.data<T>());
     const float* l = lse.data<float>();

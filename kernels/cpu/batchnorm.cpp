@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
-#include "kernels/cpu/dense_util.h"
+#include "kernels/cpu/float_io.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -23,7 +23,7 @@ void for_chunks(const T* row, int64_t n, Fn&& fn) {
     if constexpr (std::is_same_v<T, float>) {
       fn(row + o, len, o);
     } else {
-      dense::load_row(row + o, buf, len);
+      cpu_io::load_n(row + o, buf, len);
       fn(static_cast<const float*>(buf), len, o);
     }
   }
@@ -43,7 +43,7 @@ void affine_row(const T* x, T* y, int64_t n, float scale, float shift) {
     float out[kChunk];
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) out[i] = xc[i] * scale + shift;
-    dense::store_row(out, y + o, len);
+    cpu_io::store_n(out, y + o, len);
   });
 }
 
@@ -122,7 +122,7 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
         const int64_t row = (n * a.c + c) * a.hw;
         for_chunks(dy + row, a.hw, [&](const float* g, int64_t len, int64_t o) {
           float xc[kChunk];
-          dense::load_row(x + row + o, xc, len);
+          cpu_io::load_n(x + row + o, xc, len);
           float s0 = 0.0f, s1 = 0.0f;
 #pragma omp simd reduction(+ : s0, s1)
           for (int64_t i = 0; i < len; ++i) {
@@ -141,12 +141,12 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
         const int64_t row = (n * a.c + c) * a.hw;
         for_chunks(dy + row, a.hw, [&](const float* g, int64_t len, int64_t o) {
           float xc[kChunk], out[kChunk];
-          dense::load_row(x + row + o, xc, len);
+          cpu_io::load_n(x + row + o, xc, len);
 #pragma omp simd
           for (int64_t i = 0; i < len; ++i) {
             out[i] = k * (g[i] - mean_dy - (xc[i] - mu) * is * mean_dy_xhat);
           }
-          dense::store_row(out, dx + row + o, len);
+          cpu_io::store_n(out, dx + row + o, len);
         });
       }
     }
@@ -176,7 +176,7 @@ void batch_norm_forward_train(const BatchNormArgs& args, const Tensor& x, const 
   require_cpu(op, {&x, &gamma, &beta, &y, &running_mean, &running_var, &save_mean, &save_invstd});
   check_common(op, args, x, y,
                {&gamma, &beta, &running_mean, &running_var, &save_mean, &save_invstd});
-  dense::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_train(args, x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
                   running_mean.data<float>(), running_var.data<float>(), save_mean.data<float>(),
@@ -190,7 +190,7 @@ void batch_norm_forward_infer(const BatchNormArgs& args, const Tensor& x, const 
   constexpr std::string_view op = "batch_norm_forward_infer";
   require_cpu(op, {&x, &gamma, &beta, &running_mean, &running_var, &y});
   check_common(op, args, x, y, {&gamma, &beta, &running_mean, &running_var});
-  dense::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_infer(args, x.data<T>(), gamma.data<float>(), beta.data<float>(),
                   running_mean.data<float>(), running_var.data<float>(), y.data<T>());
@@ -205,7 +205,7 @@ void batch_norm_backward(const BatchNormArgs& args, const Tensor& x, const Tenso
   check_common(op, args, x, dx, {&gamma, &save_mean, &save_invstd, &dgamma, &dbeta});
   require_dtype(op, "dy", dy, {x.dtype()});
   require_numel(op, "dy", dy, args.n * args.c * args.hw);
-  dense::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     backward(args, x.data<T>(), dy.data<T>(), gamma.data<float>(), save_mean.data<float>(),
              save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(), dbeta.data<float>());

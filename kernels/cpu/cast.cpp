@@ -9,14 +9,14 @@
 #include <cmath>
 
 #include "core/parallel.h"
-#include "kernels/cpu/vec_util.h"
+#include "kernels/cpu/float_io.h"
 #include "kernels/elementwise.h"
 
 namespace dtrain::kernels {
 
 namespace {
 
-using cpu::kBlock;
+using cpu_io::kBlock;
 
 constexpr int64_t kGrain = int64_t{1} << 15;
 
@@ -53,14 +53,14 @@ float source_f32(S s, bool to_half) {
   } else if constexpr (std::is_same_v<S, uint8_t>) {
     return static_cast<float>(s);
   } else {
-    return cpu::load(&s, 0);
+    return cpu_io::load(&s, 0);
   }
 }
 
 template <typename S>
 double source_f64(S s) {
   if constexpr (std::is_same_v<S, f16> || std::is_same_v<S, bf16>) {
-    return cpu::load(&s, 0);
+    return cpu_io::load(&s, 0);
   } else {
     return static_cast<double>(s);
   }
@@ -75,11 +75,11 @@ void cast_range(const S* src, D* dst, int64_t lo, int64_t hi) {
     float buf[kBlock];  // f32 / half to f32 / half: vectorised block conversion
     for (int64_t i = lo; i < hi; i += kBlock) {
       const int64_t m = std::min(kBlock, hi - i);
-      cpu::store_block(cpu::as_f32(src + i, buf, m), dst + i, m);
+      cpu_io::store_n(cpu_io::as_f32(src + i, buf, m), dst + i, m);
     }
   } else {
     constexpr bool to_half = !std::is_same_v<D, float>;
-    for (int64_t i = lo; i < hi; ++i) cpu::store(dst, i, source_f32(src[i], to_half));
+    for (int64_t i = lo; i < hi; ++i) cpu_io::store(dst, i, source_f32(src[i], to_half));
   }
 }
 
@@ -99,7 +99,7 @@ void dispatch_any(DType t, Fn&& fn) {
       fn(uint8_t{});
       return;
     default:
-      cpu::dispatch_float(t, fn);
+      cpu_io::dispatch_float(t, fn);
   }
 }
 

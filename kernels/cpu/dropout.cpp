@@ -7,14 +7,14 @@
 
 #include "core/parallel.h"
 #include "core/rng.h"
-#include "kernels/cpu/vec_util.h"
+#include "kernels/cpu/float_io.h"
 #include "kernels/dropout.h"
 
 namespace dtrain::kernels {
 
 namespace {
 
-using cpu::kBlock;
+using cpu_io::kBlock;
 
 constexpr int64_t kGrain = int64_t{1} << 14;
 
@@ -39,9 +39,9 @@ void apply_mask(const T* in, const uint8_t* mask, float scale, T* out, int64_t l
   float buf[kBlock], res[kBlock];
   for (int64_t i = lo; i < hi; i += kBlock) {
     const int64_t m = std::min(kBlock, hi - i);
-    const float* v = cpu::as_f32(in + i, buf, m);
+    const float* v = cpu_io::as_f32(in + i, buf, m);
     for (int64_t k = 0; k < m; ++k) res[k] = mask[i + k] ? v[k] * scale : 0.0f;
-    cpu::store_block(res, out + i, m);
+    cpu_io::store_n(res, out + i, m);
   }
 }
 
@@ -62,7 +62,7 @@ void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor
   check_args("dropout_forward", args, x, mask, y);
   const float scale = 1.0f / (1.0f - args.p);
   uint8_t* m = mask.data<uint8_t>();
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x.raw());
     T* yp = static_cast<T*>(y.raw());
@@ -78,7 +78,7 @@ void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& m
   check_args("dropout_backward", args, dy, mask, dx);
   const float scale = 1.0f / (1.0f - args.p);
   const uint8_t* m = mask.data<uint8_t>();
-  cpu::dispatch_float(dy.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* d = static_cast<const T*>(dy.raw());
     T* out = static_cast<T*>(dx.raw());

@@ -6,16 +6,16 @@
 #include <algorithm>
 
 #include "core/parallel.h"
-#include "kernels/cpu/vec_util.h"
+#include "kernels/cpu/float_io.h"
 #include "kernels/elementwise.h"
 
 namespace dtrain::kernels {
 
 namespace {
 
-using cpu::as_f32;
-using cpu::kBlock;
-using cpu::store_block;
+using cpu_io::as_f32;
+using cpu_io::kBlock;
+using cpu_io::store_n;
 
 constexpr int64_t kGrain = int64_t{1} << 15;  // elements per parallel chunk
 
@@ -29,7 +29,7 @@ void map(const T* a, const T* b, T* out, int64_t n, Op op) {
       const float* x = as_f32(a + i, ba, m);
       const float* y = b ? as_f32(b + i, bb, m) : x;
       for (int64_t k = 0; k < m; ++k) bo[k] = op(x[k], y[k]);
-      store_block(bo, out + i, m);
+      store_n(bo, out + i, m);
     }
   });
 }
@@ -45,7 +45,7 @@ void check_same(std::string_view op, const Tensor& a, const Tensor& b, const Ten
 
 template <typename Op>
 void binary(DType dt, const Tensor& a, const Tensor& b, Tensor& out, Op op) {
-  cpu::dispatch_float(dt, [&](auto tag) {
+  cpu_io::dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
     map(static_cast<const T*>(a.raw()), static_cast<const T*>(b.raw()), static_cast<T*>(out.raw()),
         a.numel(), op);
@@ -64,7 +64,7 @@ void bias_rows(const BiasArgs& g, const T* x, const T* bias, T* y) {
       for (int64_t o = lo; o < hi; ++o) {
         const float* xr = as_f32(x + o * g.channels + c0, bx, m);
         for (int64_t k = 0; k < m; ++k) by[k] = xr[k] + b[k];
-        store_block(by, y + o * g.channels + c0, m);
+        store_n(by, y + o * g.channels + c0, m);
       }
     }
   });
@@ -78,12 +78,12 @@ void bias_planes(const BiasArgs& g, const T* x, const T* bias, T* y) {
   parallel_for(0, planes, planes_per_chunk, [&](int64_t lo, int64_t hi) {
     float bx[kBlock], by[kBlock];
     for (int64_t p = lo; p < hi; ++p) {
-      const float b = cpu::load(bias, p % g.channels);
+      const float b = cpu_io::load(bias, p % g.channels);
       for (int64_t i = 0; i < g.inner; i += kBlock) {
         const int64_t m = std::min(kBlock, g.inner - i);
         const float* xr = as_f32(x + p * g.inner + i, bx, m);
         for (int64_t k = 0; k < m; ++k) by[k] = xr[k] + b;
-        store_block(by, y + p * g.inner + i, m);
+        store_n(by, y + p * g.inner + i, m);
       }
     }
   });
@@ -127,7 +127,7 @@ void mul(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void scale(float alpha, const Tensor& x, Tensor& out) {
   check_same("scale", x, x, out);
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     map(static_cast<const T*>(x.raw()), static_cast<const T*>(nullptr), static_cast<T*>(out.raw()),
         x.numel(), [alpha](float v, float) { return alpha * v; });
@@ -142,10 +142,10 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
 void fill(Tensor& x, float value) {
   require_cpu("fill", {&x});
   require_dtype("fill", "x", x, {DType::f32, DType::f16, DType::bf16});
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v;
-    cpu::store(&v, 0, value);
+    cpu_io::store(&v, 0, value);
     T* p = static_cast<T*>(x.raw());
     parallel_for(0, x.numel(), kGrain,
                  [&](int64_t lo, int64_t hi) { std::fill(p + lo, p + hi, v); });
@@ -160,7 +160,7 @@ void bias_add(const BiasArgs& args, const Tensor& x, const Tensor& bias, Tensor&
   DTRAIN_CHECK(args.outer >= 0 && args.channels >= 1 && args.inner >= 1, "bias_add: bad shape");
   require_numel("bias_add", "x", x, args.outer * args.channels * args.inner);
   require_numel("bias_add", "bias", bias, args.channels);
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x.raw());
     const T* bp = static_cast<const T*>(bias.raw());
@@ -177,7 +177,7 @@ void bias_add_backward(const BiasArgs& args, const Tensor& dy, Tensor& dbias) {
   DTRAIN_CHECK(args.outer >= 0 && args.channels >= 1 && args.inner >= 1, "bias_add: bad shape");
   require_numel("bias_add_backward", "dy", dy, args.outer * args.channels * args.inner);
   require_numel("bias_add_backward", "dbias", dbias, args.channels);
-  cpu::dispatch_float(dy.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* d = static_cast<const T*>(dy.raw());
     T* db = static_cast<T*>(dbias.raw());
@@ -189,7 +189,7 @@ void bias_add_backward(const BiasArgs& args, const Tensor& dy, Tensor& dbias) {
       for (int64_t t = lo; t < hi; ++t) {
         const int64_t m = std::min(width, args.channels - t * width);
         bias_grad_chunk(args, d, t * width, m, acc);
-        store_block(acc, db + t * width, m);
+        store_n(acc, db + t * width, m);
       }
     });
   });

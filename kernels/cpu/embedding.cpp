@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "core/parallel.h"
-#include "kernels/cpu/vec_util.h"
+#include "kernels/cpu/float_io.h"
 #include "kernels/embedding.h"
 
 namespace dtrain::kernels {
@@ -44,7 +44,8 @@ void scatter_add(const Id* ids, int64_t n, int64_t vocab, int64_t dim, const T* 
       if (row < lo || row >= hi) continue;
       const T* src = dout + i * dim;
       T* dst = dtable + row * dim;
-      for (int64_t k = 0; k < dim; ++k) cpu::store(dst, k, cpu::load(dst, k) + cpu::load(src, k));
+      for (int64_t k = 0; k < dim; ++k)
+        cpu_io::store(dst, k, cpu_io::load(dst, k) + cpu_io::load(src, k));
     }
   });
 }
@@ -85,7 +86,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   require_numel("embedding_backward", "dout", dout, n * dim);
   with_ids(ids, [&](const auto* id) {
     check_ids(id, n, vocab);
-    cpu::dispatch_float(dtable.dtype(), [&](auto tag) {
+    cpu_io::dispatch_float(dtable.dtype(), [&](auto tag) {
       using T = decltype(tag);
       scatter_add(id, n, vocab, dim, static_cast<const T*>(dout.raw()),
                   static_cast<T*>(dtable.raw()));

@@ -6,7 +6,7 @@
 #include "kernels/gemm.h"
 
 #include "kernels/cpu/dense_dnnl.h"
-#include "kernels/cpu/dense_util.h"
+#include "kernels/cpu/float_io.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -81,7 +81,7 @@ void scale_c(const GemmArgs& g, T* c) {
   for (int64_t b = 0; b < g.batch; ++b) {
     T* cb = c + b * stride;
     for (int64_t i = 0; i < g.m * g.n; ++i) {
-      dense::store(cb[i], g.beta == 0.0f ? 0.0f : g.beta * dense::load(cb[i]));
+      cpu_io::store(cb, i, g.beta == 0.0f ? 0.0f : g.beta * cpu_io::load(cb, i));
     }
   }
 }
@@ -118,7 +118,7 @@ void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Wor
   check_args(args, a, b, c);
   if (args.m == 0 || args.n == 0 || args.batch == 0) return;
   if (args.k == 0) {
-    dense::dispatch_float(c.dtype(), [&](auto tag) { scale_c(args, c.data<decltype(tag)>()); });
+    cpu_io::dispatch_float(c.dtype(), [&](auto tag) { scale_c(args, c.data<decltype(tag)>()); });
     return;
   }
   const GemmPlan& plan = plan_for(args, a.dtype(), c.dtype());

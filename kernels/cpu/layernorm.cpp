@@ -9,16 +9,16 @@
 #include <cmath>
 
 #include "core/parallel.h"
-#include "kernels/cpu/vec_util.h"
+#include "kernels/cpu/float_io.h"
 #include "kernels/layernorm.h"
 
 namespace dtrain::kernels {
 
 namespace {
 
-using cpu::as_f32;
-using cpu::kBlock;
-using cpu::load;
+using cpu_io::as_f32;
+using cpu_io::kBlock;
+using cpu_io::load;
 
 int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 13) / cols); }
 
@@ -36,7 +36,7 @@ void forward_rows(const LayerNormArgs& a, const T* x, const T* gamma, const T* b
       for (int64_t j = 0; j < n; ++j) ss += (load(xr, j) - m) * (load(xr, j) - m);
       const float rs = 1.0f / std::sqrt(ss / static_cast<float>(n) + a.eps);
       for (int64_t j = 0; j < n; ++j) {
-        cpu::store(y + r * n, j, (load(xr, j) - m) * rs * load(gamma, j) + load(beta, j));
+        cpu_io::store(y + r * n, j, (load(xr, j) - m) * rs * load(gamma, j) + load(beta, j));
       }
       mean[r] = m;
       rstd[r] = rs;
@@ -62,7 +62,7 @@ void dx_rows(const LayerNormArgs& a, const T* x, const T* dy, const T* gamma, co
       for (int64_t j = 0; j < n; ++j) {
         const float xhat = (load(xr, j) - mean[r]) * rstd[r];
         const float g = load(dr, j) * load(gamma, j);
-        cpu::store(dx + r * n, j, rstd[r] * (g - mg - xhat * mgx));
+        cpu_io::store(dx + r * n, j, rstd[r] * (g - mg - xhat * mgx));
       }
     }
   });
@@ -86,8 +86,8 @@ void param_grads(const LayerNormArgs& a, const T* x, const T* dy, const float* m
           ab[k] += dv[k];
         }
       }
-      cpu::store_block(ag, dgamma + c0, m);
-      cpu::store_block(ab, dbeta + c0, m);
+      cpu_io::store_n(ag, dgamma + c0, m);
+      cpu_io::store_n(ab, dbeta + c0, m);
     }
   });
 }
@@ -118,7 +118,7 @@ void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor
                         const Tensor& beta, Tensor& y, Tensor& save_mean, Tensor& save_rstd) {
   require_cpu("layer_norm_forward", {&x, &gamma, &beta, &y, &save_mean, &save_rstd});
   check_args("layer_norm_forward", args, x, {&x, &y}, {&gamma, &beta}, {&save_mean, &save_rstd});
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_rows(args, static_cast<const T*>(x.raw()), static_cast<const T*>(gamma.raw()),
                  static_cast<const T*>(beta.raw()), static_cast<T*>(y.raw()),
@@ -133,7 +133,7 @@ void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tenso
               {&x, &dy, &gamma, &save_mean, &save_rstd, &dx, &dgamma, &dbeta});
   check_args("layer_norm_backward", args, x, {&x, &dy, &dx}, {&gamma, &dgamma, &dbeta},
              {&save_mean, &save_rstd});
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x.raw());
     const T* dyp = static_cast<const T*>(dy.raw());

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
-#include "kernels/cpu/dense_util.h"
+#include "kernels/cpu/float_io.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -47,15 +47,15 @@ void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t
       if (kind == PoolKind::avg) {
         float sum = 0.0f;
         for (int64_t ih = win.h0; ih < win.h1; ++ih)
-          for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += dense::load(x[ih * a.w + iw]);
-        dense::store(y[o], sum * inv_divisor(a, win));
+          for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += cpu_io::load(x, ih * a.w + iw);
+        cpu_io::store(y, o, sum * inv_divisor(a, win));
         continue;
       }
       float best = -INFINITY;
       int64_t best_i = win.h0 * a.w + win.w0;
       for (int64_t ih = win.h0; ih < win.h1 && !std::isnan(best); ++ih) {
         for (int64_t iw = win.w0; iw < win.w1; ++iw) {
-          const float v = dense::load(x[ih * a.w + iw]);
+          const float v = cpu_io::load(x, ih * a.w + iw);
           if (v > best || std::isnan(v)) {  // first maximum wins; NaN propagates
             best = v;
             best_i = ih * a.w + iw;
@@ -63,7 +63,7 @@ void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t
           }
         }
       }
-      dense::store(y[o], best);
+      cpu_io::store(y, o, best);
       argmax[o] = static_cast<int32_t>(best_i);
     }
   }
@@ -84,13 +84,13 @@ void backward_plane(PoolKind kind, const Pool2dArgs& a, const T* dy, const int32
         for (int64_t ow = ow0; ow < ow1; ++ow) {
           const int64_t o = oh * ow_n + ow;
           if (kind == PoolKind::max) {
-            if (argmax[o] == self) acc += dense::load(dy[o]);
+            if (argmax[o] == self) acc += cpu_io::load(dy, o);
           } else {
-            acc += dense::load(dy[o]) * inv_divisor(a, window(a, oh, ow));
+            acc += cpu_io::load(dy, o) * inv_divisor(a, window(a, oh, ow));
           }
         }
       }
-      dense::store(dx[self], acc);
+      cpu_io::store(dx, self, acc);
     }
   }
 }
@@ -126,7 +126,7 @@ void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tens
     require_numel(op, "argmax", argmax, planes * out);
     am = argmax.data<int32_t>();
   }
-  dense::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
@@ -154,7 +154,7 @@ void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, co
     require_numel(op, "argmax", argmax, planes * out);
     am = argmax.data<int32_t>();
   }
-  dense::dispatch_float(dy.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.data<T>();
     T* d = dx.data<T>();
@@ -174,15 +174,15 @@ void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, 
   require_dtype(op, "y", y, {x.dtype()});
   require_numel(op, "x", x, n * c * hw);
   require_numel(op, "y", y, n * c);
-  dense::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
     parallel_for(0, n * c, 16, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         float sum = 0.0f;
-        for (int64_t i = 0; i < hw; ++i) sum += dense::load(xp[p * hw + i]);
-        dense::store(yp[p], sum / static_cast<float>(hw));
+        for (int64_t i = 0; i < hw; ++i) sum += cpu_io::load(xp, p * hw + i);
+        cpu_io::store(yp, p, sum / static_cast<float>(hw));
       }
     });
   });
@@ -196,14 +196,14 @@ void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy
   require_dtype(op, "dx", dx, {dy.dtype()});
   require_numel(op, "dy", dy, n * c);
   require_numel(op, "dx", dx, n * c * hw);
-  dense::dispatch_float(dy.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.data<T>();
     T* d = dx.data<T>();
     parallel_for(0, n * c, 16, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
         T v;
-        dense::store(v, dense::load(g[p]) / static_cast<float>(hw));
+        cpu_io::store(&v, 0, cpu_io::load(g, p) / static_cast<float>(hw));
         for (int64_t i = 0; i < hw; ++i) d[p * hw + i] = v;
       }
     });

@@ -8,14 +8,14 @@
 #include <limits>
 
 #include "core/parallel.h"
-#include "kernels/cpu/vec_util.h"
+#include "kernels/cpu/float_io.h"
 #include "kernels/reduce.h"
 
 namespace dtrain::kernels {
 
 namespace {
 
-using cpu::kBlock;
+using cpu_io::kBlock;
 
 constexpr int64_t kReduceBlock = 4096;
 constexpr int kLanes = 8;
@@ -29,7 +29,7 @@ void load_f64(const T* x, int64_t n, double* buf) {
     std::copy_n(x, n, buf);
   } else {
     float f[kBlock];
-    const float* v = cpu::as_f32(x, f, n);
+    const float* v = cpu_io::as_f32(x, f, n);
     for (int64_t i = 0; i < n; ++i) buf[i] = v[i];
   }
 }
@@ -109,7 +109,7 @@ double finish(Reduction op, const double* partials, int64_t blocks, int64_t nume
 template <typename Fn>
 void dispatch_reduce(DType t, Fn&& fn) {
   if (t == DType::f64) return fn(double{});
-  cpu::dispatch_float(t, fn);
+  cpu_io::dispatch_float(t, fn);
 }
 
 }  // namespace

@@ -7,14 +7,14 @@
 #include <cmath>
 
 #include "core/parallel.h"
-#include "kernels/cpu/vec_util.h"
+#include "kernels/cpu/float_io.h"
 #include "kernels/softmax.h"
 
 namespace dtrain::kernels {
 
 namespace {
 
-using cpu::load;
+using cpu_io::load;
 
 constexpr int64_t kRowGroups = 256;  // loss partial sums (stack array, fixed count)
 
@@ -37,7 +37,8 @@ void softmax_rows(int64_t rows, int64_t cols, const T* x, T* y) {
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * cols;
       const float lse = row_lse(xr, cols);
-      for (int64_t j = 0; j < cols; ++j) cpu::store(y + r * cols, j, std::exp(load(xr, j) - lse));
+      for (int64_t j = 0; j < cols; ++j)
+        cpu_io::store(y + r * cols, j, std::exp(load(xr, j) - lse));
     }
   });
 }
@@ -51,7 +52,7 @@ void softmax_grad_rows(int64_t rows, int64_t cols, const T* y, const T* dy, T* d
       float dot = 0.0f;
       for (int64_t j = 0; j < cols; ++j) dot += load(dr, j) * load(yr, j);
       for (int64_t j = 0; j < cols; ++j) {
-        cpu::store(dx + r * cols, j, load(yr, j) * (load(dr, j) - dot));
+        cpu_io::store(dx + r * cols, j, load(yr, j) * (load(dr, j) - dot));
       }
     }
   });
@@ -120,7 +121,7 @@ void xent_backward(const CrossEntropyArgs& a, const T* x, const int32_t* t, cons
       const bool ignored = t[r] == a.ignore_index;
       for (int64_t j = 0; j < a.classes; ++j) {
         const float q = j == t[r] ? on : off;
-        cpu::store(dr, j, ignored ? 0.0f : g * (std::exp(load(xr, j) - lse[r]) - q));
+        cpu_io::store(dr, j, ignored ? 0.0f : g * (std::exp(load(xr, j) - lse[r]) - q));
       }
     }
   });
@@ -146,7 +147,7 @@ void softmax_forward(int64_t rows, int64_t cols, const Tensor& x, Tensor& y) {
                dtype_name(x.dtype()));
   require_numel("softmax_forward", "x", x, rows * cols);
   require_numel("softmax_forward", "y", y, rows * cols);
-  cpu::dispatch_float(x.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     softmax_rows(rows, cols, static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()));
   });
@@ -161,7 +162,7 @@ void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor&
   require_numel("softmax_backward", "y", y, rows * cols);
   require_numel("softmax_backward", "dy", dy, rows * cols);
   require_numel("softmax_backward", "dx", dx, rows * cols);
-  cpu::dispatch_float(y.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(y.dtype(), [&](auto tag) {
     using T = decltype(tag);
     softmax_grad_rows(rows, cols, static_cast<const T*>(y.raw()), static_cast<const T*>(dy.raw()),
                       static_cast<T*>(dx.raw()));
@@ -175,7 +176,7 @@ void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& l
   require_dtype("softmax_cross_entropy_forward", "loss", loss, {DType::f32});
   require_numel("softmax_cross_entropy_forward", "loss", loss, 1);
   check_targets(args, targets);
-  cpu::dispatch_float(logits.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     xent_forward(args, static_cast<const T*>(logits.raw()), targets.data<int32_t>(),
                  loss.data<float>(), lse.data<float>());
@@ -191,7 +192,7 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& 
                dtype_name(dlogits.dtype()));
   require_numel("softmax_cross_entropy_backward", "dlogits", dlogits, args.rows * args.classes);
   check_targets(args, targets);
-  cpu::dispatch_float(logits.dtype(), [&](auto tag) {
+  cpu_io::dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     xent_backward(args, static_cast<const T*>(logits.raw()), targets.data<int32_t>(),
                   lse.data<float>(), dloss, static_cast<T*>(dlogits.raw()));

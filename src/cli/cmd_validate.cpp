@@ -1,6 +1,8 @@
 // `dtrain validate JOB.yaml [--set key.path=value ...] [--world N]`: loads and checks
-// a job file exactly as `dtrain train` would and prints the resolved job as YAML.
-// Allocates nothing and starts no communication; warnings go to stderr.
+// a job file exactly as `dtrain train` would and prints the resolved job as YAML,
+// then, for an architecture with a graph builder, a one-line model summary as a
+// YAML comment (so the output still loads). Builds the graph at batch 1 for that
+// but allocates no parameters and starts no communication; warnings go to stderr.
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -10,6 +12,7 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "models/registry.h"
 
 namespace dtrain::cli {
 namespace {
@@ -36,6 +39,28 @@ int world_from_env() {
   return 1;
 }
 
+// 25557032 -> "25,557,032"
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+// "# model: resnet50, 25,557,032 parameters, 8.28 GFLOPs forward per sample"; empty
+// for an architecture without a graph builder yet.
+std::string model_summary_line(const ModelOptions& model) {
+  if (models::find_model(model.arch) == nullptr) return {};
+  const models::ModelSummary s = models::summarize(model);
+  const double f = s.forward_flops_per_sample;
+  const std::string flops =
+      f >= 1e9 ? fmt::format("{:.2f} GFLOPs", f / 1e9) : fmt::format("{:.2f} MFLOPs", f / 1e6);
+  return fmt::format("# model: {}, {} parameters, {} forward per sample\n", model.arch,
+                     with_commas(s.params), flops);
+}
+
 int run_validate(const ValidateArgs& args) {
   std::vector<std::string> warnings;
   config::ValidateContext ctx;
@@ -43,7 +68,9 @@ int run_validate(const ValidateArgs& args) {
   ctx.warnings = &warnings;
   const Job job = config::load_job_file(args.job, args.overrides, ctx);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  const std::string summary = model_summary_line(job.model);
   std::fputs(config::dump_job_yaml(job).c_str(), stdout);
+  std::fputs(summary.c_str(), stdout);
   return kExitOk;
 }
 

@@ -1,7 +1,8 @@
 // Derived defaults: values the job may leave out because they follow from other
 // keys (model presets and the dataset's image shape, the loss-scale mode from the
 // dtype, the data-parallel size from the world size, micro-batching from the
-// batch sizes, the checkpoint directory from run.output_dir). Checks stay in validate.cpp.
+// batch sizes, the checkpoint directory from run.output_dir, the dataset's packaged
+// path and augmentation defaults). Checks stay in validate.cpp.
 #include <fmt/ranges.h>
 
 #include "config/fields.h"
@@ -42,6 +43,9 @@ void resolve_model(Job& job, const SourceMap& where) {
   take_preset(m.num_classes, p.num_classes, "num_classes", *arch, where);
   take_preset(m.image_size, p.image_size, "image_size", *arch, where);
   take_preset(m.in_channels, p.in_channels, "in_channels", *arch, where);
+  take_preset(m.stem, p.stem, "stem", *arch, where);
+  take_preset(m.width, p.width, "width", *arch, where);
+  take_preset(m.zero_init_residual, p.zero_init_residual, "zero_init_residual", *arch, where);
   take_preset(m.patch_size, p.patch_size, "patch_size", *arch, where);
   take_preset(m.seq_len, p.seq_len, "seq_len", *arch, where);
   take_preset(m.vocab_size, p.vocab_size, "vocab_size", *arch, where);
@@ -65,6 +69,15 @@ void resolve_data_parallel(Job& job, const SourceMap& where, int world) {
          "divides it");
   }
   par.data = static_cast<int>(world / model_ranks);
+}
+
+void resolve_dataset(DataOptions& d) {
+  if (!d.path) {
+    if (auto dir = default_dataset_path(d.dataset)) d.path = std::string(*dir);
+  }
+  const AugmentOptions defaults = default_augment(d.dataset);
+  if (!d.augment.crop_padding) d.augment.crop_padding = defaults.crop_padding;
+  if (!d.augment.flip) d.augment.flip = defaults.flip;
 }
 
 void resolve_batches(Job& job, const SourceMap& where) {
@@ -103,6 +116,7 @@ void resolve_job(Job& job, const SourceMap& where, const ValidateContext& ctx) {
   }
   resolve_data_parallel(job, where, ctx.world_size);
   resolve_batches(job, where);
+  resolve_dataset(job.data);
   if (!where.contains("train.checkpoint.dir")) {
     job.train.checkpoint.dir = job.run.output_dir + "/checkpoints";
   }

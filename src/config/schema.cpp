@@ -52,6 +52,19 @@ Field device_field() {
   return leaf("device", AT(device), read, [](const Device& d) { return d.str(); });
 }
 
+// model.stem: an enum that, like every model key, stays null for the archs
+// that do not use it (enumeration() takes only non-optional members).
+Field stem_field() {
+  std::vector<std::string> choices;
+  for (const auto& [e, name] : enum_names(ResNetStem{})) choices.emplace_back(name);
+  auto read = [choices](const ConfigNode& n, const std::string& path) {
+    ResNetStem stem{};
+    from_string(read_word(n, path, choices), stem);
+    return stem;
+  };
+  return leaf("stem", AT(model.stem), read, [](ResNetStem s) { return std::string(to_string(s)); });
+}
+
 Field run_section() {
   return section("run", {text("name", AT(run.name)), text("output_dir", AT(run.output_dir)),
                          integer("seed", AT(run.seed), kNonNegative)});
@@ -63,7 +76,9 @@ Field model_section() {
       {required(text("arch", AT(model.arch))),
        integer("num_classes", AT(model.num_classes), kPositive),
        integer("image_size", AT(model.image_size), kPositive),
-       integer("in_channels", AT(model.in_channels), kPositive),
+       integer("in_channels", AT(model.in_channels), kPositive), stem_field(),
+       real("width", AT(model.width), RealRange{0, 64, true, false}),
+       boolean("zero_init_residual", AT(model.zero_init_residual)),
        integer("patch_size", AT(model.patch_size), kPositive),
        integer("seq_len", AT(model.seq_len), kPositive),
        integer("vocab_size", AT(model.vocab_size), kPositive),
@@ -73,12 +88,16 @@ Field model_section() {
 }
 
 Field data_section() {
-  return section("data",
-                 {enumeration("dataset", AT(data.dataset)), text("path", AT(data.path)),
-                  integer("global_batch", AT(data.global_batch), kPositive),
-                  integer("micro_batch", AT(data.micro_batch), kPositive),
-                  integer("workers", AT(data.workers), IntRange{0, 256}),
-                  boolean("shuffle", AT(data.shuffle)), boolean("drop_last", AT(data.drop_last))});
+  Field augment =
+      section("augment", {integer("crop_padding", AT(data.augment.crop_padding), IntRange{0, 64}),
+                          boolean("flip", AT(data.augment.flip))});
+  return section("data", {enumeration("dataset", AT(data.dataset)), text("path", AT(data.path)),
+                          integer("global_batch", AT(data.global_batch), kPositive),
+                          integer("micro_batch", AT(data.micro_batch), kPositive),
+                          integer("workers", AT(data.workers), IntRange{0, 256}),
+                          integer("prefetch", AT(data.prefetch), IntRange{1, 64}),
+                          boolean("shuffle", AT(data.shuffle)),
+                          boolean("drop_last", AT(data.drop_last)), std::move(augment)});
 }
 
 Field optimizer_section() {
@@ -95,6 +114,7 @@ Field optimizer_section() {
        boolean("nesterov", AT(optimizer.nesterov)), betas_field(),
        real("eps", AT(optimizer.eps), kPositiveReal),
        real("weight_decay", AT(optimizer.weight_decay), kNonNegativeReal),
+       enumeration("no_decay", AT(optimizer.no_decay)),
        real("clip_grad_norm", AT(optimizer.clip_grad_norm), kPositiveReal), std::move(schedule)});
 }
 

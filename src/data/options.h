@@ -1,6 +1,7 @@
-// Typed options of the data module: which dataset, where, and the batch geometry.
-// Plain data with defaults; src/config fills and checks them (including the
-// batch divisibility rules). No file access here.
+// Typed options of the data module: which dataset, where, the batch geometry,
+// prefetching and augmentation. Plain data with defaults; src/config fills and
+// checks them (including the batch divisibility rules and the per-dataset
+// defaults below). No file access here.
 #pragma once
 
 #include <cstdint>
@@ -51,15 +52,48 @@ inline std::optional<DatasetShape> dataset_shape(DatasetName d) {
   }
 }
 
+// Where Debian's packages put a dataset; only Fashion-MNIST is packaged
+// (dataset-fashion-mnist). src/config fills data.path from this when absent.
+inline std::optional<std::string_view> default_dataset_path(DatasetName d) {
+  if (d == DatasetName::fashion_mnist) return "/usr/share/datasets/fashion-mnist";
+  return std::nullopt;
+}
+
+// Training-split augmentation: random crop after zero padding by `crop_padding`
+// pixels on each side, then a horizontal flip with probability 1/2. Unset
+// values take the dataset's default (default_augment); the test split never augments.
+struct AugmentOptions {
+  std::optional<int> crop_padding;
+  std::optional<bool> flip;
+};
+// CIFAR: the usual pad 4 + flip. Fashion-MNIST: pad 2 + flip (garments are
+// roughly mirror-symmetric). MNIST: pad 2, no flip (a mirrored digit is another
+// glyph). Synthetic: none, so throughput runs measure the bare pipeline.
+inline AugmentOptions default_augment(DatasetName d) {
+  switch (d) {
+    case DatasetName::cifar10:
+    case DatasetName::cifar100:
+      return {4, true};
+    case DatasetName::fashion_mnist:
+      return {2, true};
+    case DatasetName::mnist:
+      return {2, false};
+    default:
+      return {0, false};
+  }
+}
+
 // global_batch = micro_batch x data-parallel ranks x accumulation micro-steps.
 struct DataOptions {
   DatasetName dataset = DatasetName::synthetic;
-  std::optional<std::string> path;  // required for every dataset but synthetic
+  std::optional<std::string> path;  // a directory; required but for synthetic and packaged sets
   int64_t global_batch = 32;
   int64_t micro_batch = 32;  // per rank; when absent from the job: global_batch / data ranks
-  int workers = 2;
+  int workers = 2;           // loader threads; 0 loads in the training thread
+  int prefetch = 4;          // batches each loader keeps ready ahead of the consumer
   bool shuffle = true;
-  bool drop_last = true;
+  bool drop_last = true;  // false: the last batch wraps around to the epoch's start
+  AugmentOptions augment;
 };
 
 }  // namespace dtrain

@@ -50,8 +50,34 @@ inline bool from_string(std::string_view text, ScheduleName& out) {
 }
 inline const auto& enum_names(ScheduleName) { return kScheduleNames; }
 
-// lr(t) = warmup ramp for t < warmup_steps, then: constant; step: lr * gamma^(t / step_size);
-// cosine / linear: decay from lr to min_lr over the remaining steps.
+// Which parameter groups weight decay leaves out. The runtime maps each FlatStore
+// entry's group to a DecayMode (optim/segments.h): weights always decay; biases and
+// norm scales/shifts decay only under `none`; embeddings decay except under
+// `norm_bias_embedding`. The default is the BERT / GPT-2 recipe.
+enum class NoDecayGroups : uint8_t { none, norm_and_bias, norm_bias_embedding };
+inline constexpr std::pair<NoDecayGroups, std::string_view> kNoDecayGroupsNames[] = {
+    {NoDecayGroups::none, "none"},
+    {NoDecayGroups::norm_and_bias, "norm_and_bias"},
+    {NoDecayGroups::norm_bias_embedding, "norm_bias_embedding"}};
+inline std::string_view to_string(NoDecayGroups v) {
+  for (const auto& [e, s] : kNoDecayGroupsNames)
+    if (e == v) return s;
+  return "?";
+}
+inline bool from_string(std::string_view text, NoDecayGroups& out) {
+  for (const auto& [e, s] : kNoDecayGroupsNames)
+    if (s == text) {
+      out = e;
+      return true;
+    }
+  return false;
+}
+inline const auto& enum_names(NoDecayGroups) { return kNoDecayGroupsNames; }
+
+// lr(t) = lr * (t + 1) / warmup_steps for t < warmup_steps, then: constant: lr;
+// step: lr * gamma^floor(t / step_size) (t counted from 0, warm-up included);
+// cosine / linear: from lr to min_lr as p = (t - warmup) / (total - warmup) goes 0 -> 1
+// (min_lr is reached at t = total, one past the last step). See optim/schedule.h.
 struct ScheduleOptions {
   ScheduleName name = ScheduleName::constant;
   int64_t warmup_steps = 0;
@@ -68,6 +94,7 @@ struct OptimizerOptions {
   std::array<double, 2> betas = {0.9, 0.999};  // adamw, lamb
   double eps = 1e-8;
   double weight_decay = 0.01;
+  NoDecayGroups no_decay = NoDecayGroups::norm_and_bias;
   std::optional<double> clip_grad_norm;  // unset: no clipping
   ScheduleOptions schedule;
 };

@@ -9,8 +9,16 @@ namespace {
 class Conv2d final : public Op {
  public:
   Conv2d(int64_t c, int64_t k, int64_t r, int64_t stride, int64_t pad, int64_t dil, int64_t groups,
-         Bias bias)
-      : c_(c), k_(k), r_(r), stride_(stride), pad_(pad), dil_(dil), groups_(groups), bias_(bias) {}
+         Bias bias, KaimingFan fan)
+      : c_(c),
+        k_(k),
+        r_(r),
+        stride_(stride),
+        pad_(pad),
+        dil_(dil),
+        groups_(groups),
+        bias_(bias),
+        fan_(fan) {}
   std::string_view kind() const override { return "conv2d"; }
 
  protected:
@@ -30,8 +38,9 @@ class Conv2d final : public Op {
     OpInfo info;
     info.outputs = {{{x[0], k_, a.out_h(), a.out_w()}, in[0].dtype}};
     const int64_t fan_in = c_ / groups_ * r_ * r_;
+    const int64_t weight_fan = fan_ == KaimingFan::in ? fan_in : k_ * r_ * r_;
     info.params.push_back(
-        {"weight", {k_, c_ / groups_, r_, r_}, InitKind::kaiming_normal, 0, fan_in});
+        {"weight", {k_, c_ / groups_, r_, r_}, InitKind::kaiming_normal, 0, weight_fan});
     if (bias_ == Bias::yes) {
       info.params.push_back({"bias", {k_}, InitKind::kaiming_uniform, 0, fan_in, ParamGroup::bias});
     }
@@ -64,13 +73,14 @@ class Conv2d final : public Op {
  private:
   int64_t c_, k_, r_, stride_, pad_, dil_, groups_;
   Bias bias_;
+  KaimingFan fan_;
 };
 
 }  // namespace
 
 std::unique_ptr<Op> conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel,
-                           int64_t stride, int64_t pad, int64_t dilation, int64_t groups,
-                           Bias bias) {
+                           int64_t stride, int64_t pad, int64_t dilation, int64_t groups, Bias bias,
+                           KaimingFan fan) {
   if (in_channels <= 0 || out_channels <= 0 || kernel <= 0 || stride <= 0 || pad < 0 ||
       dilation <= 0 || groups <= 0 || in_channels % groups || out_channels % groups) {
     op_error("conv2d",
@@ -79,7 +89,7 @@ std::unique_ptr<Op> conv2d(int64_t in_channels, int64_t out_channels, int64_t ke
                          in_channels, out_channels, kernel, stride, pad, dilation, groups));
   }
   return std::make_unique<Conv2d>(in_channels, out_channels, kernel, stride, pad, dilation, groups,
-                                  bias);
+                                  bias, fan);
 }
 
 }  // namespace dtrain::graph

@@ -9,7 +9,8 @@ namespace {
 
 class BatchNorm2d final : public Op {
  public:
-  BatchNorm2d(int64_t c, float eps, float momentum) : c_(c), eps_(eps), momentum_(momentum) {}
+  BatchNorm2d(int64_t c, float eps, float momentum, InitKind gamma_init)
+      : c_(c), eps_(eps), momentum_(momentum), gamma_init_(gamma_init) {}
   std::string_view kind() const override { return "batch_norm2d"; }
 
  protected:
@@ -24,7 +25,7 @@ class BatchNorm2d final : public Op {
     }
     OpInfo info;
     info.outputs = {in[0]};
-    info.params = {{"weight", {c_}, InitKind::ones, 0, 1, ParamGroup::norm},
+    info.params = {{"weight", {c_}, gamma_init_, 0, 1, ParamGroup::norm},
                    {"bias", {c_}, InitKind::zeros, 0, 1, ParamGroup::norm}};
     info.buffers = {{"running_mean", {c_}, InitKind::zeros}, {"running_var", {c_}, InitKind::ones}};
     info.saved = {{{c_}, DType::f32}, {{c_}, DType::f32}};  // batch mean, 1/sqrt(var + eps)
@@ -60,6 +61,7 @@ class BatchNorm2d final : public Op {
  private:
   int64_t c_;
   float eps_, momentum_;
+  InitKind gamma_init_;
 };
 
 class LayerNorm final : public Op {
@@ -108,12 +110,15 @@ class LayerNorm final : public Op {
 
 }  // namespace
 
-std::unique_ptr<Op> batch_norm2d(int64_t channels, float eps, float momentum) {
+std::unique_ptr<Op> batch_norm2d(int64_t channels, float eps, float momentum, InitKind gamma_init) {
   if (channels <= 0 || !(eps > 0) || !(momentum >= 0 && momentum <= 1)) {
     op_error("batch_norm2d",
              fmt::format("channels {} eps {} momentum {}", channels, eps, momentum));
   }
-  return std::make_unique<BatchNorm2d>(channels, eps, momentum);
+  if (gamma_init != InitKind::ones && gamma_init != InitKind::zeros) {
+    op_error("batch_norm2d", "gamma can only be initialised to ones or zeros");
+  }
+  return std::make_unique<BatchNorm2d>(channels, eps, momentum, gamma_init);
 }
 
 std::unique_ptr<Op> layer_norm(int64_t channels, float eps) {

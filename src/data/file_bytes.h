@@ -1,0 +1,29 @@
+// Whole-file reads for dataset files: plain or gzip, told apart by the gzip magic
+// (1f 8b), never by the file name. Errors are dtrain::Error naming the file and,
+// for a corrupt stream, the compressed byte offset. No parsing of the contents here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dtrain {
+
+enum class Compression : uint8_t { none, gzip };
+
+struct FileBytes {
+  std::string path;
+  Compression compression = Compression::none;
+  std::vector<uint8_t> bytes;  // decompressed contents
+  // "byte 16 of /d/x.gz (decompressed)": where a parse error points.
+  std::string where(uint64_t offset) const;
+};
+
+// Reads `path` completely; `hint` is shown when the file does not exist.
+FileBytes read_file_bytes(const std::string& path, const std::string& missing_hint);
+
+// The first existing of `dir/name` and `dir/name.gz`; throws Error listing both.
+std::string find_data_file(const std::string& dir, const std::string& name,
+                           const std::string& missing_hint);
+
+}  // namespace dtrain

@@ -1,0 +1,283 @@
+// The checkpoint file format (little-endian):
+//   0   "DTRAINCK"          magic, 8 bytes
+//   8   u32 version, u32 header bytes H, u32 CRC-32C of the header, u32 0
+//   24  header: JSON {"meta": {...}, "tensors": [{name, dtype, shape, offset, bytes, crc32c}]}
+//   ... blobs, each at a 64-byte-aligned offset
+//   end "DTRAINEND\0\0\0\0\0\0\0" (16 bytes) so a truncated file is recognised
+#include "runtime/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include "core/checksum.h"
+
+namespace dtrain::runtime {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
+constexpr char kTrailer[16] = {'D', 'T', 'R', 'A', 'I', 'N', 'E', 'N', 'D'};
+constexpr size_t kPrefix = 24;
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+[[noreturn]] void io_error(const fs::path& file, const std::string& what) {
+  throw Error(fmt::format("{}: {}: {}", file.string(), what, std::strerror(errno)),
+              "check the disk space and permissions of the checkpoint directory");
+}
+
+// Writes all of [data, data + n) or throws.
+void write_all(int fd, const fs::path& file, const void* data, size_t n) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) io_error(file, "write failed");
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) io_error(dir, "cannot open directory to fsync it");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) io_error(dir, "fsync of the directory failed");
+}
+
+std::string build_header(const nlohmann::json& meta, const std::vector<NamedTensor>& tensors,
+                         std::vector<size_t>& offsets) {
+  // Offsets depend on the header length, which depends on the offsets' digits:
+  // iterate until the layout is stable (two rounds in practice).
+  size_t header_guess = 0;
+  for (int round = 0; round < 8; ++round) {
+    nlohmann::json list = nlohmann::json::array();
+    size_t at = align64(kPrefix + header_guess);
+    offsets.clear();
+    for (const NamedTensor& t : tensors) {
+      offsets.push_back(at);
+      list.push_back(
+          {{"name", t.name},
+           {"dtype", std::string(dtype_name(t.tensor.dtype()))},
+           {"shape", std::vector<int64_t>(t.tensor.shape().begin(), t.tensor.shape().end())},
+           {"offset", at},
+           {"bytes", t.tensor.nbytes()},
+           {"crc32c", crc32c(t.tensor.raw(), t.tensor.nbytes())}});
+      at = align64(at + t.tensor.nbytes());
+    }
+    const std::string text = nlohmann::json{{"meta", meta}, {"tensors", list}}.dump(1);
+    if (text.size() == header_guess) return text;
+    header_guess = text.size();
+  }
+  DTRAIN_CHECK(false, "checkpoint header layout did not converge");
+}
+
+}  // namespace
+
+void write_checkpoint(const fs::path& file, const nlohmann::json& meta,
+                      const std::vector<NamedTensor>& tensors) {
+  for (const NamedTensor& t : tensors) {
+    DTRAIN_CHECK(t.tensor.device().is_cpu(), "checkpoint tensor {} is on {}", t.name,
+                 t.tensor.device().str());
+  }
+  std::vector<size_t> offsets;
+  const std::string header = build_header(meta, tensors, offsets);
+  const fs::path dir = file.parent_path();
+  if (!dir.empty()) fs::create_directories(dir);
+  const fs::path tmp = fs::path(file.string() + fmt::format(".tmp{}", ::getpid()));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) io_error(tmp, "cannot create");
+  try {
+    uint32_t fixed[4] = {kCheckpointVersion, static_cast<uint32_t>(header.size()),
+                         crc32c(header.data(), header.size()), 0};
+    write_all(fd, tmp, kMagic, 8);
+    write_all(fd, tmp, fixed, sizeof(fixed));
+    write_all(fd, tmp, header.data(), header.size());
+    size_t at = kPrefix + header.size();
+    static constexpr char kZeros[64] = {};
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      write_all(fd, tmp, kZeros, offsets[i] - at);
+      write_all(fd, tmp, tensors[i].tensor.raw(), tensors[i].tensor.nbytes());
+      at = offsets[i] + tensors[i].tensor.nbytes();
+    }
+    write_all(fd, tmp, kTrailer, sizeof(kTrailer));
+    if (::fsync(fd) != 0) io_error(tmp, "fsync failed");
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) io_error(tmp, "close failed");
+  if (::rename(tmp.c_str(), file.c_str()) != 0) io_error(file, "rename into place failed");
+  fsync_dir(dir);
+}
+
+namespace {
+
+[[noreturn]] void bad(const fs::path& file, size_t offset, const std::string& what) {
+  throw Error(fmt::format("{}: offset {}: {}", file.string(), offset, what),
+              "this file is not a complete dtrain checkpoint; resume from an older one "
+              "(they are kept beside it) or start without --resume");
+}
+
+struct Raw {
+  std::string bytes;
+  const char* at(size_t off) const { return bytes.data() + off; }
+};
+
+Raw slurp(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    throw Error(fmt::format("{}: cannot open checkpoint: {}", file.string(), std::strerror(errno)),
+                "check the path given to --resume");
+  }
+  Raw r;
+  r.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
+}
+
+nlohmann::json parse_header(const fs::path& file, const Raw& raw) {
+  const size_t size = raw.bytes.size();
+  if (size < kPrefix + sizeof(kTrailer) || std::memcmp(raw.at(0), kMagic, 8) != 0) {
+    bad(file, 0, "not a dtrain checkpoint (bad magic or too short)");
+  }
+  uint32_t fixed[4];
+  std::memcpy(fixed, raw.at(8), sizeof(fixed));
+  if (fixed[3] != 0) bad(file, 20, "reserved header field is not zero");
+  if (fixed[0] != kCheckpointVersion) {
+    bad(file, 8,
+        fmt::format("format version {}, this dtrain reads version {}", fixed[0],
+                    kCheckpointVersion));
+  }
+  if (std::memcmp(raw.at(size - sizeof(kTrailer)), kTrailer, sizeof(kTrailer)) != 0) {
+    bad(file, size, "the end marker is missing: the file is truncated");
+  }
+  if (kPrefix + fixed[1] > size - sizeof(kTrailer)) bad(file, 12, "header longer than the file");
+  if (crc32c(raw.at(kPrefix), fixed[1]) != fixed[2]) bad(file, kPrefix, "header checksum mismatch");
+  try {
+    return nlohmann::json::parse(raw.at(kPrefix), raw.at(kPrefix) + fixed[1]);
+  } catch (const nlohmann::json::exception& e) {
+    bad(file, kPrefix, std::string("unreadable header: ") + e.what());
+  }
+}
+
+NamedTensor read_blob(const fs::path& file, const Raw& raw, const nlohmann::json& e) {
+  try {
+    const std::string name = e.at("name").get<std::string>();
+    const DType dt = parse_dtype(e.at("dtype").get<std::string>());
+    const auto dims = e.at("shape").get<std::vector<int64_t>>();
+    const size_t offset = e.at("offset").get<size_t>(), bytes = e.at("bytes").get<size_t>();
+    Shape shape;
+    for (int64_t d : dims) {
+      if (d < 0 || dims.size() > Shape::kMaxDims) bad(file, offset, name + ": bad shape");
+      shape.push_back(d);
+    }
+    if (static_cast<size_t>(shape.numel()) * dtype_size(dt) != bytes ||
+        offset + bytes > raw.bytes.size() - sizeof(kTrailer) || offset < kPrefix) {
+      bad(file, offset,
+          fmt::format("tensor \"{}\": {} bytes at this offset do not fit the file", name, bytes));
+    }
+    if (crc32c(raw.at(offset), bytes) != e.at("crc32c").get<uint32_t>()) {
+      bad(file, offset,
+          fmt::format("tensor \"{}\": checksum mismatch (the data is corrupted)", name));
+    }
+    Tensor t = Tensor::empty(shape, dt);
+    std::memcpy(t.raw(), raw.at(offset), bytes);
+    return {name, t};
+  } catch (const nlohmann::json::exception& ex) {
+    bad(file, kPrefix, std::string("malformed tensor entry: ") + ex.what());
+  } catch (const Error& ex) {
+    if (ex.message().find(file.string()) == 0) throw;
+    bad(file, kPrefix, ex.message());
+  }
+}
+
+size_t raw_header_bytes(const Raw& raw) {
+  uint32_t bytes;
+  std::memcpy(&bytes, raw.at(12), 4);
+  return bytes;
+}
+
+// Bytes outside the header and the blobs are alignment padding and must be
+// zero, so that no byte of the file escapes a check.
+void check_padding(const fs::path& file, const Raw& raw,
+                   std::vector<std::pair<size_t, size_t>> used) {
+  std::sort(used.begin(), used.end());
+  for (size_t i = 0; i + 1 < used.size(); ++i) {
+    if (used[i + 1].first < used[i].second) bad(file, used[i + 1].first, "overlapping blobs");
+    for (size_t at = used[i].second; at < used[i + 1].first; ++at) {
+      if (raw.bytes[at] != 0) bad(file, at, "non-zero padding (the file is corrupted)");
+    }
+  }
+}
+
+}  // namespace
+
+Checkpoint read_checkpoint(const fs::path& file) {
+  const Raw raw = slurp(file);
+  const nlohmann::json header = parse_header(file, raw);
+  if (!header.contains("meta") || !header.contains("tensors") || !header["tensors"].is_array()) {
+    bad(file, kPrefix, "header lacks \"meta\" or \"tensors\"");
+  }
+  Checkpoint ck;
+  ck.file = file;
+  ck.meta = header["meta"];
+  std::vector<std::pair<size_t, size_t>> used = {{0, kPrefix + raw_header_bytes(raw)}};
+  for (const nlohmann::json& e : header["tensors"]) {
+    ck.tensors.push_back(read_blob(file, raw, e));
+    used.emplace_back(e["offset"].get<size_t>(),
+                      e["offset"].get<size_t>() + e["bytes"].get<size_t>());
+  }
+  used.emplace_back(raw.bytes.size() - sizeof(kTrailer), raw.bytes.size());
+  check_padding(file, raw, used);
+  return ck;
+}
+
+const Tensor& Checkpoint::get(std::string_view name) const {
+  for (const NamedTensor& t : tensors) {
+    if (t.name == name) return t.tensor;
+  }
+  throw Error(fmt::format("{}: checkpoint has no tensor \"{}\"", file.string(), name),
+              "was it written for a different model? check model.arch and its options");
+}
+
+fs::path checkpoint_path(const fs::path& dir, int64_t step) {
+  return dir / fmt::format("step-{:08d}.dtckpt", step);
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  static const std::regex kName(R"(step-(\d+)\.dtckpt)");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, m, kName)) found.emplace_back(std::stoll(m[1]), entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [step, p] : found) out.push_back(p);
+  return out;
+}
+
+void prune_checkpoints(const fs::path& dir, int keep) {
+  std::vector<fs::path> all = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < all.size(); ++i) {
+    fs::remove(all[i]);
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().string().find(".dtckpt.tmp") != std::string::npos) fs::remove(entry.path());
+  }
+}
+
+}  // namespace dtrain::runtime

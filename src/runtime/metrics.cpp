@@ -1,0 +1,68 @@
+// JSON-lines metrics and the console progress line.
+#include "runtime/metrics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace dtrain::runtime {
+
+MetricsLog::MetricsLog(const std::filesystem::path& file, bool append) : file_(file) {
+  f_ = std::fopen(file.c_str(), append ? "a" : "w");
+  if (f_ == nullptr) {
+    throw Error(
+        fmt::format("{}: cannot open the metrics file: {}", file.string(), std::strerror(errno)),
+        "check run.output_dir");
+  }
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_ != nullptr) std::fclose(f_);
+}
+
+void MetricsLog::write(const nlohmann::json& line) {
+  const std::string text = line.dump() + "\n";
+  if (std::fwrite(text.data(), 1, text.size(), f_) != text.size() || std::fflush(f_) != 0) {
+    throw Error(fmt::format("{}: write failed: {}", file_.string(), std::strerror(errno)),
+                "check the disk space of run.output_dir");
+  }
+}
+
+Progress::Progress(std::FILE* out) : out_(out), tty_(isatty(fileno(out)) != 0) {}
+
+void Progress::update(const std::string& line) {
+  if (tty_) {
+    std::fprintf(out_, "\r\033[K%s", line.c_str());
+    pending_ = true;
+  } else {
+    std::fprintf(out_, "%s\n", line.c_str());
+  }
+  std::fflush(out_);
+}
+
+void Progress::print(const std::string& line) {
+  if (pending_) std::fputc('\n', out_);
+  pending_ = false;
+  std::fprintf(out_, "%s\n", line.c_str());
+  std::fflush(out_);
+}
+
+void Progress::finish() {
+  if (pending_) std::fputc('\n', out_);
+  pending_ = false;
+  std::fflush(out_);
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
+  if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,48 @@
+// The model registry: every built arch is a known preset, unknown and
+// not-yet-built archs fail naming the arch, and the summary reads the graph.
+#include <doctest/doctest.h>
+
+#include "models/registry.h"
+
+using namespace dtrain;
+using namespace dtrain::models;
+
+TEST_CASE("every registered model is a known architecture and builds") {
+  CHECK(built_models().size() == 5);
+  for (const ModelEntry& e : built_models()) {
+    CAPTURE(e.arch);
+    REQUIRE(find_arch(e.arch) != nullptr);
+    CHECK(find_model(e.arch) == &e);
+  }
+  CHECK(find_model("bert-base") == nullptr);
+}
+
+TEST_CASE("unknown or not-yet-built archs are user errors listing the built ones") {
+  ModelOptions o;
+  o.arch = "bert-base";
+  CHECK_THROWS_WITH_AS(build_model(o, 1),
+                       doctest::Contains("model \"bert-base\": no graph builder"), Error);
+  try {
+    build_model(o, 1);
+  } catch (const Error& e) {
+    CHECK(e.hint().find("resnet18, resnet34, resnet50, resnet101, resnet152") != std::string::npos);
+  }
+  o.arch = "resnet51";
+  CHECK_THROWS_WITH_AS(build_model(o, 1), doctest::Contains("\"resnet51\": unknown architecture"),
+                       Error);
+  o.arch = "resnet18";
+  CHECK_THROWS_WITH_AS(build_model(o, 0), doctest::Contains("batch must be at least 1"), Error);
+}
+
+TEST_CASE("summarize counts parameters and per-sample FLOPs of the batch-1 graph") {
+  ModelOptions o = preset_options(*find_arch("resnet18"));
+  o.stem = ResNetStem::small;
+  o.width = 0.25;
+  o.image_size = 28;
+  o.in_channels = 1;
+  o.num_classes = 10;
+  const ModelSummary s = summarize(o);
+  const ModelGraph two = build_model(o, 2);
+  CHECK(s.params == two.graph.num_params());
+  CHECK(s.forward_flops_per_sample == doctest::Approx(two.graph.forward_flops() / 2));
+}

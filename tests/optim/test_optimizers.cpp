@@ -1,0 +1,165 @@
+// SGD, AdamW and LAMB against the fp64 references of reference.h over several steps
+// on a padded multi-segment layout, plus hand-computed single steps and the LAMB
+// trust-ratio corner cases. Determinism and state round trips are test_state.cpp.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "optim/optimizer.h"
+#include "reference.h"
+#include "util.h"
+
+using namespace dtrain;
+using namespace dtrain::optim;
+using namespace dtrain::optim::test;
+
+namespace {
+
+using RefStep = void (*)(RefState&, const std::vector<float>&, const std::vector<ParamSegment>&,
+                         const OptimizerOptions&, double);
+
+// Runs `steps` steps of both implementations with fresh gradients and a changing lr;
+// returns the largest |f32 - fp64| / (1 + |fp64|) over segment elements (about 1e-7
+// today), and checks that padding kept its value.
+double max_rel_error(const OptimizerOptions& o, RefStep ref, int steps) {
+  const auto segs = layout();
+  std::vector<float> p = pattern(kTotal, 1);
+  RefState r = ref_init(p);
+  auto opt = make_optimizer(o, segs, kTotal);
+  Tensor pt = as_tensor(p);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<float> g = pattern(kTotal, 100 + s);
+    const double lr = 0.05 * (1.0 + 0.1 * s);
+    opt->step(pt, as_tensor(g), lr);
+    ref(r, g, segs, o, lr);
+  }
+  double worst = 0;
+  for (const auto& seg : segs)
+    for (int64_t i = seg.offset; i < seg.offset + seg.size; ++i)
+      worst = std::max(worst, std::abs(p[i] - r.p[i]) / (1.0 + std::abs(r.p[i])));
+  const std::vector<float> p0 = pattern(kTotal, 1);
+  CHECK(p[310] == p0[310]);  // padding between w and b
+  CHECK(p[9399] == p0[9399]);
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("sgd matches the fp64 reference: plain, momentum, nesterov") {
+  OptimizerOptions o = options_for(OptimizerName::sgd);
+  o.momentum = 0.0;
+  CHECK(max_rel_error(o, ref_sgd, 5) < 1e-6);
+  o.momentum = 0.9;
+  CHECK(max_rel_error(o, ref_sgd, 5) < 1e-6);
+  o.nesterov = true;
+  CHECK(max_rel_error(o, ref_sgd, 5) < 1e-6);
+}
+
+TEST_CASE("adamw matches the fp64 reference") {
+  OptimizerOptions o = options_for(OptimizerName::adamw);
+  CHECK(max_rel_error(o, ref_adamw, 6) < 1e-6);
+  o.weight_decay = 0.0;
+  CHECK(max_rel_error(o, ref_adamw, 6) < 1e-6);
+}
+
+TEST_CASE("lamb matches the fp64 reference") {
+  OptimizerOptions o = options_for(OptimizerName::lamb);
+  CHECK(max_rel_error(o, ref_lamb, 6) < 1e-6);
+}
+
+namespace {
+
+// Two elements: [0] in a decay segment, [1] in a no_decay segment; two steps with
+// the given gradients; returns the parameters after each step.
+std::vector<std::pair<float, float>> two_steps(const OptimizerOptions& o, std::array<float, 2> g1,
+                                               std::array<float, 2> g2) {
+  std::vector<ParamSegment> segs = {{"w", 0, 1, DecayMode::decay},
+                                    {"b", 1, 1, DecayMode::no_decay}};
+  auto opt = make_optimizer(o, segs, 2);
+  std::vector<float> p = {1.0f, 1.0f};
+  Tensor pt = as_tensor(p);
+  std::vector<std::pair<float, float>> out;
+  for (auto g : {g1, g2}) {
+    std::vector<float> gv(g.begin(), g.end());
+    opt->step(pt, as_tensor(gv), 0.1);
+    out.emplace_back(p[0], p[1]);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sgd nesterov by hand: lr 0.1, mu 0.9, wd 0.1") {
+  OptimizerOptions o = options_for(OptimizerName::sgd);
+  o.nesterov = true;
+  const auto p = two_steps(o, {0.5f, 0.5f}, {0.5f, 0.5f});
+  // step 1: d = 0.5 + 0.1 * 1 = 0.6, b = d, d' = 0.6 + 0.9 * 0.6 = 1.14, p = 1 - 0.114.
+  CHECK(p[0].first == doctest::Approx(0.886).epsilon(1e-6));
+  // no_decay: d = 0.5, d' = 0.95, p = 0.905.
+  CHECK(p[0].second == doctest::Approx(0.905).epsilon(1e-6));
+  // step 2: d = 0.5 + 0.0886, b = 0.9 * 0.6 + 0.5886 = 1.1286, d' = 0.5886 + 0.9 * 1.1286.
+  CHECK(p[1].first == doctest::Approx(0.886 - 0.1 * 1.60434).epsilon(1e-6));
+  // no_decay: b = 0.9 * 0.5 + 0.5 = 0.95, d' = 0.5 + 0.855 = 1.355, p = 0.905 - 0.1355.
+  CHECK(p[1].second == doctest::Approx(0.7695).epsilon(1e-6));
+}
+
+TEST_CASE("adamw by hand: lr 0.1, wd 0.1, betas (0.9, 0.999), eps 1e-8") {
+  OptimizerOptions o = options_for(OptimizerName::adamw);
+  o.betas = {0.9, 0.999};
+  const auto p = two_steps(o, {0.5f, -0.5f}, {0.25f, -0.5f});
+  // step 1: m^ = g, v^ = g^2, so the step is lr * sign(g); decay first: 1 * (1 - 0.01).
+  CHECK(p[0].first == doctest::Approx(0.890000002).epsilon(1e-6));
+  CHECK(p[0].second == doctest::Approx(1.1).epsilon(1e-6));
+  // step 2 (python, fp64): m = 0.07, v = 3.1225e-4, bc1 = 0.19, bc2 = 1.999e-3.
+  CHECK(p[1].first == doctest::Approx(0.7878820404574624).epsilon(1e-6));
+  CHECK(p[1].second == doctest::Approx(1.2).epsilon(1e-6));
+}
+
+TEST_CASE("lamb trust ratio: ||p|| / ||u||, and 1 for a zero-norm p or u") {
+  OptimizerOptions o = options_for(OptimizerName::lamb);
+  o.weight_decay = 0.0;
+  std::vector<ParamSegment> segs = {{"a", 0, 2, DecayMode::decay},
+                                    {"zero_p", 2, 2, DecayMode::decay},
+                                    {"zero_g", 4, 2, DecayMode::decay}};
+  auto opt = make_optimizer(o, segs, 6);
+  std::vector<float> p = {3, 4, 0, 0, 1, 2};
+  std::vector<float> g = {1, 1, 1, -1, 0, 0};
+  Tensor pt = as_tensor(p);
+  opt->step(pt, as_tensor(g), 0.1);
+  // a: u = g / (|g| + eps) ~ [1, 1], ||u|| = sqrt 2, ratio = 5 / sqrt 2.
+  const double step_a = 0.1 * 5.0 / std::sqrt(2.0);
+  CHECK(p[0] == doctest::Approx(3.0 - step_a).epsilon(1e-6));
+  CHECK(p[1] == doctest::Approx(4.0 - step_a).epsilon(1e-6));
+  // zero_p: ||p|| = 0, ratio 1, so p = -lr * sign(g).
+  CHECK(p[2] == doctest::Approx(-0.1).epsilon(1e-6));
+  CHECK(p[3] == doctest::Approx(0.1).epsilon(1e-6));
+  // zero_g with wd 0: u = 0, ratio 1, p unchanged.
+  CHECK(p[4] == 1.0f);
+  CHECK(p[5] == 2.0f);
+}
+
+TEST_CASE("lamb with weight decay: u = wd p alone gives ratio 1 / wd, so p -= lr p") {
+  OptimizerOptions o = options_for(OptimizerName::lamb);
+  o.weight_decay = 0.5;
+  auto opt = make_optimizer(o, {{"w", 0, 2, DecayMode::decay}}, 2);
+  std::vector<float> p = {3, 4};
+  std::vector<float> g = {0, 0};
+  Tensor pt = as_tensor(p);
+  opt->step(pt, as_tensor(g), 0.1);
+  CHECK(p[0] == doctest::Approx(2.7).epsilon(1e-6));
+  CHECK(p[1] == doctest::Approx(3.6).epsilon(1e-6));
+}
+
+TEST_CASE("make_optimizer rejects options a job file could not have produced") {
+  OptimizerOptions o = options_for(OptimizerName::adamw);
+  o.betas = {0.9, 1.0};
+  CHECK_THROWS_WITH_AS(make_optimizer(o, layout(), kTotal),
+                       doctest::Contains("optimizer.betas is 1"), Error);
+  o = options_for(OptimizerName::adamw);
+  o.nesterov = true;
+  CHECK_THROWS_AS(make_optimizer(o, layout(), kTotal), Error);
+  CHECK_THROWS_AS(
+      make_optimizer(options_for(OptimizerName::sgd),
+                     {{"w", 0, 10, DecayMode::decay}, {"v", 5, 10, DecayMode::decay}}, 20),
+      InternalError);
+}

@@ -1,0 +1,171 @@
+// Determinism (1 vs 2 OpenMP threads, run vs rerun), the checkpoint round trip of the
+// optimizer state, and ZeRO-style shards stepping the same bits as the whole buffer.
+#include <doctest/doctest.h>
+#include <omp.h>
+
+#include <cstring>
+
+#include "optim/optimizer.h"
+#include "reference.h"
+#include "util.h"
+
+using namespace dtrain;
+using namespace dtrain::optim;
+using namespace dtrain::optim::test;
+
+namespace {
+
+constexpr OptimizerName kAll[] = {OptimizerName::sgd, OptimizerName::adamw, OptimizerName::lamb};
+
+struct Run {
+  std::vector<float> params;
+  std::vector<std::vector<float>> state;
+  int64_t step = 0;
+};
+
+std::vector<float> copy_of(const Tensor& t) {
+  const float* d = t.data<float>();
+  return std::vector<float>(d, d + t.numel());
+}
+
+Run snapshot(const Optimizer& opt, const std::vector<float>& params) {
+  Run r{params, {}, opt.state().step};
+  for (const auto& [name, t] : opt.state().buffers) r.state.push_back(copy_of(t));
+  return r;
+}
+
+// Steps [first, last) of a fixed gradient sequence on `opt`.
+void steps(Optimizer& opt, std::vector<float>& p, int first, int last) {
+  Tensor pt = as_tensor(p);
+  for (int s = first; s < last; ++s) {
+    std::vector<float> g = pattern(kTotal, 200 + s);
+    opt.step(pt, as_tensor(g), 0.01 * (s + 1));
+  }
+}
+
+Run run(OptimizerName name, int threads, int n_steps) {
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  auto opt = make_optimizer(options_for(name), layout(), kTotal);
+  std::vector<float> p = pattern(kTotal, 7);
+  steps(*opt, p, 0, n_steps);
+  omp_set_num_threads(saved);
+  return snapshot(*opt, p);
+}
+
+bool same(const Run& a, const Run& b) {
+  if (a.step != b.step || a.state.size() != b.state.size()) return false;
+  if (!same_bits(a.params.data(), b.params.data(), kTotal)) return false;
+  for (size_t i = 0; i < a.state.size(); ++i)
+    if (!same_bits(a.state[i].data(), b.state[i].data(), kTotal)) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("every optimizer gives the same bits on 1 and 2 threads, and on a rerun") {
+  for (OptimizerName name : kAll) {
+    CAPTURE(to_string(name));
+    const Run one = run(name, 1, 4);
+    CHECK(same(one, run(name, 2, 4)));
+    CHECK(same(run(name, 2, 4), run(name, 2, 4)));
+    CHECK_FALSE(same(one, run(name, 1, 3)));  // the comparison can fail
+  }
+}
+
+TEST_CASE("state round trip: resume on a fresh optimizer == uninterrupted run") {
+  for (OptimizerName name : kAll) {
+    CAPTURE(to_string(name));
+    const OptimizerOptions o = options_for(name);
+    auto whole = make_optimizer(o, layout(), kTotal);
+    std::vector<float> pw = pattern(kTotal, 7);
+    steps(*whole, pw, 0, 6);
+
+    auto first = make_optimizer(o, layout(), kTotal);
+    std::vector<float> pr = pattern(kTotal, 7);
+    steps(*first, pr, 0, 3);
+    const Run saved = snapshot(*first, pr);
+    first.reset();
+
+    OptimizerState restored{saved.step, {}};
+    std::vector<std::vector<float>> storage = saved.state;
+    auto names = make_optimizer(o, layout(), kTotal)->state().buffers;
+    for (size_t i = 0; i < storage.size(); ++i)
+      restored.buffers.emplace_back(names[i].first, as_tensor(storage[i]));
+    auto resumed = make_optimizer(o, layout(), kTotal);
+    resumed->load_state(restored);
+    CHECK(resumed->step_count() == 3);
+    steps(*resumed, pr, 3, 6);
+    CHECK(same(snapshot(*whole, pw), snapshot(*resumed, pr)));
+  }
+}
+
+TEST_CASE("state names: momentum for sgd, exp_avg / exp_avg_sq for adamw and lamb") {
+  auto sgd = make_optimizer(options_for(OptimizerName::sgd), layout(), kTotal);
+  REQUIRE(sgd->state().buffers.size() == 1);
+  CHECK(sgd->state().buffers[0].first == "momentum");
+  OptimizerOptions plain = options_for(OptimizerName::sgd);
+  plain.momentum = 0;
+  CHECK(make_optimizer(plain, layout(), kTotal)->state().buffers.empty());
+  auto adamw = make_optimizer(options_for(OptimizerName::adamw), layout(), kTotal);
+  REQUIRE(adamw->state().buffers.size() == 2);
+  CHECK(adamw->state().buffers[0].first == "exp_avg");
+  CHECK(adamw->state().buffers[1].first == "exp_avg_sq");
+  CHECK(adamw->state().buffers[1].second.numel() == kTotal);
+}
+
+TEST_CASE("loading another optimizer's state is a user error naming both") {
+  auto sgd = make_optimizer(options_for(OptimizerName::sgd), layout(), kTotal);
+  auto adamw = make_optimizer(options_for(OptimizerName::adamw), layout(), kTotal);
+  CHECK_THROWS_WITH_AS(adamw->load_state(sgd->state()),
+                       doctest::Contains("holds buffers [momentum] at step 0; this adamw "
+                                         "optimizer needs [exp_avg, exp_avg_sq]"),
+                       Error);
+  auto small = make_optimizer(options_for(OptimizerName::sgd), {{"w", 0, 10}}, 10);
+  CHECK_THROWS_WITH_AS(small->load_state(sgd->state()),
+                       doctest::Contains("momentum is f32[9400] cpu; this model needs f32 [10]"),
+                       Error);
+}
+
+namespace {
+
+// Steps the shards [0, cut) and [cut, kTotal) with separate optimizers over views.
+std::vector<float> sharded(OptimizerName name, int64_t cut, int n_steps) {
+  const OptimizerOptions o = options_for(name);
+  const SegmentSplit split = segment_split(name);
+  auto lo = make_optimizer(o, shard_segments(layout(), 0, cut, split), cut);
+  auto hi = make_optimizer(o, shard_segments(layout(), cut, kTotal, split), kTotal - cut);
+  std::vector<float> p = pattern(kTotal, 7);
+  Tensor pt = as_tensor(p);
+  for (int s = 0; s < n_steps; ++s) {
+    std::vector<float> g = pattern(kTotal, 200 + s);
+    Tensor gt = as_tensor(g);
+    Tensor p_lo = pt.view(0, Shape{cut}), p_hi = pt.view(cut, Shape{kTotal - cut});
+    lo->step(p_lo, gt.view(0, Shape{cut}), 0.01 * (s + 1));
+    hi->step(p_hi, gt.view(cut, Shape{kTotal - cut}), 0.01 * (s + 1));
+  }
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("shards step the same bits as the whole buffer") {
+  const Run adamw = run(OptimizerName::adamw, 1, 4);
+  CHECK(same_bits(sharded(OptimizerName::adamw, 5000, 4).data(), adamw.params.data(), kTotal));
+  const Run sgd = run(OptimizerName::sgd, 1, 4);
+  CHECK(same_bits(sharded(OptimizerName::sgd, 150, 4).data(), sgd.params.data(), kTotal));
+  const Run lamb = run(OptimizerName::lamb, 1, 4);
+  CHECK(same_bits(sharded(OptimizerName::lamb, 352, 4).data(), lamb.params.data(), kTotal));
+}
+
+TEST_CASE("shard_segments rebases and clips, and lamb refuses a cut segment") {
+  const auto s = shard_segments(layout(), 200, 400, SegmentSplit::allowed);
+  REQUIRE(s.size() == 3);
+  CHECK((s[0].offset == 0 && s[0].size == 100 && s[0].name == "w"));
+  CHECK((s[1].offset == 120 && s[1].size == 17 && s[1].decay == DecayMode::no_decay));
+  CHECK((s[2].offset == 152 && s[2].size == 48));
+  CHECK(shard_segments(layout(), 300, 320, SegmentSplit::allowed).empty());
+  CHECK(segment_split(OptimizerName::lamb) == SegmentSplit::forbidden);
+  CHECK_THROWS_WITH_AS(shard_segments(layout(), 0, 5000, SegmentSplit::forbidden),
+                       doctest::Contains("cuts segment big"), InternalError);
+}

@@ -1,0 +1,134 @@
+// Checkpoint files: round trip, atomic replacement, retention, and rejection
+// of every kind of damage (truncation, flipped bits, wrong magic or version)
+// with an error that names the file and the offset.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/checkpoint.h"
+
+using namespace dtrain;
+using namespace dtrain::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d =
+      fs::temp_directory_path() / ("dtrain-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<NamedTensor> sample_tensors() {
+  Tensor w = Tensor::empty({3, 5}, DType::f32);
+  for (int i = 0; i < 15; ++i) w.data<float>()[i] = 0.5f * static_cast<float>(i) - 2.0f;
+  Tensor h = Tensor::empty({7}, DType::bf16);
+  for (int i = 0; i < 7; ++i) h.data<bf16>()[i] = to_bf16(static_cast<float>(i));
+  Tensor ids = Tensor::empty({4}, DType::i64);
+  for (int i = 0; i < 4; ++i) ids.data<int64_t>()[i] = int64_t{1} << (10 * i);
+  return {{"model.fc.weight", w}, {"optim.exp_avg", h}, {"data.permutation", ids}};
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const fs::path& p, const std::string& s) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
+}
+
+std::string error_of(const fs::path& p) {
+  try {
+    read_checkpoint(p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint round trip keeps names, dtypes, shapes, bits and metadata") {
+  const fs::path dir = fresh_dir("roundtrip");
+  const nlohmann::json meta = {{"step", 100}, {"rng", {{"seed", 7}}}, {"config_hash", "abc"}};
+  const auto tensors = sample_tensors();
+  const fs::path file = checkpoint_path(dir, 100);
+  write_checkpoint(file, meta, tensors);
+  CHECK(file.filename() == "step-00000100.dtckpt");
+  const Checkpoint ck = read_checkpoint(file);
+  CHECK(ck.meta == meta);
+  REQUIRE(ck.tensors.size() == tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    CHECK(ck.tensors[i].name == tensors[i].name);
+    CHECK(ck.tensors[i].tensor.dtype() == tensors[i].tensor.dtype());
+    CHECK(ck.tensors[i].tensor.shape() == tensors[i].tensor.shape());
+    CHECK(std::memcmp(ck.tensors[i].tensor.raw(), tensors[i].tensor.raw(),
+                      tensors[i].tensor.nbytes()) == 0);
+  }
+  CHECK_THROWS_WITH_AS(ck.get("model.conv.weight"), doctest::Contains("no tensor"), Error);
+  for (const auto& e : fs::directory_iterator(dir)) {  // no temporary left behind
+    CHECK(e.path().extension() == ".dtckpt");
+  }
+}
+
+TEST_CASE("every truncation and every flipped byte is rejected, naming file and offset") {
+  const fs::path dir = fresh_dir("damage");
+  const fs::path good = checkpoint_path(dir, 1);
+  write_checkpoint(good, {{"step", 1}}, sample_tensors());
+  const std::string bytes = read_file(good);
+  const fs::path bad = dir / "bad.dtckpt";
+  for (size_t len = 0; len < bytes.size(); len += 13) {
+    write_file(bad, bytes.substr(0, len));
+    const std::string err = error_of(bad);
+    INFO("truncated to ", len);
+    CHECK(err.find(bad.string() + ": offset ") == 0);
+  }
+  int rejected = 0, tried = 0;
+  for (size_t at = 0; at < bytes.size(); at += 7) {
+    std::string damaged = bytes;
+    damaged[at] = static_cast<char>(damaged[at] ^ 0x20);
+    write_file(bad, damaged);
+    ++tried;
+    rejected += !error_of(bad).empty();
+  }
+  CHECK(rejected == tried);  // checksums cover header and blobs; padding must be zero
+  std::string wrong_version = bytes;
+  wrong_version[8] = 9;
+  write_file(bad, wrong_version);
+  CHECK(error_of(bad).find("format version 9") != std::string::npos);
+  write_file(bad, "DTRAINCK but not really a checkpoint at all, no trailer either");
+  CHECK(error_of(bad).find("offset") != std::string::npos);
+  CHECK(error_of(dir / "missing.dtckpt").find("cannot open checkpoint") != std::string::npos);
+}
+
+TEST_CASE("a blob with a flipped bit fails its own checksum, by name") {
+  const fs::path dir = fresh_dir("blob");
+  const fs::path file = checkpoint_path(dir, 3);
+  write_checkpoint(file, {{"step", 3}}, sample_tensors());
+  const Checkpoint ck = read_checkpoint(file);
+  std::string bytes = read_file(file);
+  const size_t last = bytes.size() - 16 - 1;  // the final byte of the last blob
+  bytes[last] = static_cast<char>(bytes[last] ^ 1);
+  write_file(file, bytes);
+  CHECK(error_of(file).find("tensor \"data.permutation\": checksum mismatch") != std::string::npos);
+}
+
+TEST_CASE("retention keeps the newest K; rewriting a step replaces it atomically") {
+  const fs::path dir = fresh_dir("keep");
+  for (int step : {10, 30, 20, 40, 50})
+    write_checkpoint(checkpoint_path(dir, step), {{"step", step}}, {});
+  write_file(dir / "step-00000060.dtckpt.tmp123", "half-written");
+  prune_checkpoints(dir, 2);
+  const auto left = list_checkpoints(dir);
+  REQUIRE(left.size() == 2);
+  CHECK(left[0].filename() == "step-00000040.dtckpt");
+  CHECK(left[1].filename() == "step-00000050.dtckpt");
+  CHECK(!fs::exists(dir / "step-00000060.dtckpt.tmp123"));
+  write_checkpoint(checkpoint_path(dir, 50), {{"step", 50}, {"again", true}}, {});
+  CHECK(read_checkpoint(checkpoint_path(dir, 50)).meta["again"] == true);
+}
