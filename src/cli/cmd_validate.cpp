@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/launcher.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "models/registry.h"
@@ -22,22 +23,6 @@ struct ValidateArgs {
   std::vector<std::string> overrides;
   int world = 0;  // 0: from the launcher's environment
 };
-
-// The rank count a launcher advertises (Open MPI, MPICH/PMI, SLURM), else 1.
-int world_from_env() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    char* end = nullptr;
-    const long n = std::strtol(value, &end, 10);
-    if (*end != '\0' || n < 1 || n > 1 << 24) {
-      throw Error(fmt::format("{}={} is not a positive rank count", name, value),
-                  "unset it, or pass --world N");
-    }
-    return static_cast<int>(n);
-  }
-  return 1;
-}
 
 // 25557032 -> "25,557,032"
 std::string with_commas(int64_t n) {

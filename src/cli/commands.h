@@ -11,9 +11,10 @@ namespace dtrain::cli {
 // Exit codes (documented in README.md).
 enum ExitCode : int {
   kExitOk = 0,
-  kExitInternal = 1,  // a dtrain bug (an internal check failed)
-  kExitBadInput = 2,  // bad config, bad command line, bad input file
-  kExitRuntime = 3,   // the job could not run (e.g. no CUDA device)
+  kExitInternal = 1,     // a dtrain bug (an internal check failed)
+  kExitBadInput = 2,     // bad config, bad command line, bad input file
+  kExitRuntime = 3,      // the job could not run (no CUDA device, the loss diverged, ...)
+  kExitInterrupted = 4,  // stopped by SIGINT / SIGTERM / SIGUSR1 after saving a checkpoint
 };
 
 // A subcommand stores its action here; main() runs the one that was selected.
@@ -23,5 +24,6 @@ int run_version();  // prints `dtrain <version>` (also for `dtrain --version`)
 void add_version(CLI::App& app, Action& action);
 void add_info(CLI::App& app, Action& action);
 void add_validate(CLI::App& app, Action& action);
+void add_train(CLI::App& app, Action& action);
 
 }  // namespace dtrain::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   add_version(app, action);
   add_info(app, action);
   add_validate(app, action);
+  add_train(app, action);
   bool show_version = false;
   app.add_flag("--version", show_version, "print the version and exit");
   try {
@@ -28,6 +29,9 @@ int main(int argc, char** argv) {
       return kExitBadInput;
     }
     return action();
+  } catch (const dtrain::RunError& e) {
+    std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    return kExitRuntime;
   } catch (const dtrain::Error& e) {
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());
     return kExitBadInput;

@@ -91,13 +91,16 @@ Field data_section() {
   Field augment =
       section("augment", {integer("crop_padding", AT(data.augment.crop_padding), IntRange{0, 64}),
                           boolean("flip", AT(data.augment.flip))});
-  return section("data", {enumeration("dataset", AT(data.dataset)), text("path", AT(data.path)),
-                          integer("global_batch", AT(data.global_batch), kPositive),
-                          integer("micro_batch", AT(data.micro_batch), kPositive),
-                          integer("workers", AT(data.workers), IntRange{0, 256}),
-                          integer("prefetch", AT(data.prefetch), IntRange{1, 64}),
-                          boolean("shuffle", AT(data.shuffle)),
-                          boolean("drop_last", AT(data.drop_last)), std::move(augment)});
+  Field limit = section("limit", {integer("train", AT(data.limit.train), kPositive),
+                                  integer("test", AT(data.limit.test), kPositive)});
+  return section("data",
+                 {enumeration("dataset", AT(data.dataset)), text("path", AT(data.path)),
+                  integer("global_batch", AT(data.global_batch), kPositive),
+                  integer("micro_batch", AT(data.micro_batch), kPositive),
+                  integer("workers", AT(data.workers), IntRange{0, 256}),
+                  integer("prefetch", AT(data.prefetch), IntRange{1, 64}),
+                  boolean("shuffle", AT(data.shuffle)), boolean("drop_last", AT(data.drop_last)),
+                  std::move(augment), std::move(limit)});
 }
 
 Field optimizer_section() {

@@ -22,6 +22,13 @@ class Error : public std::runtime_error {
   std::string hint_;
 };
 
+// A job that was valid but could not run here (no CUDA device, the loss
+// diverged): exit code 3 rather than 2.
+class RunError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Raised by DTRAIN_CHECK: an internal invariant failed (a dtrain bug).
 class InternalError : public std::logic_error {
  public:

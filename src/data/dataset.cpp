@@ -142,4 +142,26 @@ std::shared_ptr<const Dataset> open_dataset(const DataOptions& options, Split sp
   return open_files(d, *dir, split);
 }
 
+namespace {
+
+class FirstSamples final : public Dataset {
+ public:
+  FirstSamples(std::shared_ptr<const Dataset> base, int64_t n) : base_(std::move(base)), n_(n) {}
+  int64_t size() const override { return n_; }
+  ImageGeometry geometry() const override { return base_->geometry(); }
+  void read(int64_t i, float* out) const override { base_->read(i, out); }
+  int32_t label(int64_t i) const override { return base_->label(i); }
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  int64_t n_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Dataset> first_samples(std::shared_ptr<const Dataset> base, int64_t n) {
+  if (n >= base->size()) return base;
+  return std::make_shared<FirstSamples>(std::move(base), n);
+}
+
 }  // namespace dtrain

@@ -97,6 +97,9 @@ struct SyntheticSpec {
   uint64_t seed = 0;
 };
 
+// The first `n` samples of `base` (data.limit); `base` itself when n >= its size.
+std::shared_ptr<const Dataset> first_samples(std::shared_ptr<const Dataset> base, int64_t n);
+
 // Loads the split named by `options` (files under options.path, or synthetic).
 std::shared_ptr<const Dataset> open_dataset(const DataOptions& options, Split split,
                                             const SyntheticSpec& synthetic = {});

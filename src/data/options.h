@@ -62,6 +62,12 @@ inline std::optional<std::string_view> default_dataset_path(DatasetName d) {
 // Training-split augmentation: random crop after zero padding by `crop_padding`
 // pixels on each side, then a horizontal flip with probability 1/2. Unset
 // values take the dataset's default (default_augment); the test split never augments.
+// Use only the first N samples of a split (quick experiments, tests); unset: all.
+struct LimitOptions {
+  std::optional<int64_t> train;
+  std::optional<int64_t> test;
+};
+
 struct AugmentOptions {
   std::optional<int> crop_padding;
   std::optional<bool> flip;
@@ -94,6 +100,7 @@ struct DataOptions {
   bool shuffle = true;
   bool drop_last = true;  // false: the last batch wraps around to the epoch's start
   AugmentOptions augment;
+  LimitOptions limit;
 };
 
 }  // namespace dtrain

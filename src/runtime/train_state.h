@@ -1,0 +1,40 @@
+// What a checkpoint holds and how it maps onto the live training state:
+// parameters and buffers (flat, per dtype), optimizer buffers and step, the
+// data position and the step counter (the RNG is counter-based, keyed by
+// (seed, step), so seed and step are its whole state). Loading checks the
+// model layout before anything is copied.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "data/sampler.h"
+#include "graph/executor.h"
+#include "optim/optimizer.h"
+
+namespace dtrain::runtime {
+
+struct TrainCounters {
+  int64_t step = 0;       // optimizer steps done
+  DataPosition position;  // where the training data continues
+  uint64_t seed = 0;
+  std::string arch;
+  std::string config_hash;  // FNV-1a of the resolved job; a mismatch on resume is reported
+};
+
+void save_train_state(const std::filesystem::path& file, graph::Executor& ex,
+                      const optim::Optimizer& opt, const TrainCounters& counters);
+
+// Verifies the file and that it matches this model and optimizer, then copies
+// everything in. Throws Error (naming the file and the mismatch) before touching
+// any state when it does not fit.
+TrainCounters load_train_state(const std::filesystem::path& file, graph::Executor& ex,
+                               optim::Optimizer& opt);
+
+// "latest" -> the newest checkpoint in `checkpoint_dir` (empty when there is none
+// yet: a requeued job that never saved starts afresh); a directory -> its newest
+// (an error when empty); a file -> itself.
+std::filesystem::path resolve_resume(const std::string& resume,
+                                     const std::filesystem::path& checkpoint_dir);
+
+}  // namespace dtrain::runtime

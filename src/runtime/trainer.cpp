@@ -1,0 +1,387 @@
+// The single-process training loop. One optimizer step = parallel.micro_batches
+// forward/backward passes over micro-batches (gradients averaged), optional
+// global-norm clipping, then the fused optimizer update at lr_at(step).
+#include "runtime/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "core/allocator.h"
+#include "data/loader.h"
+#include "kernels/elementwise.h"
+#include "models/registry.h"
+#include "optim/clip.h"
+#include "optim/schedule.h"
+#include "runtime/checkpoint.h"
+#include "runtime/metrics.h"
+#include "runtime/signals.h"
+#include "runtime/train_state.h"
+
+namespace dtrain::runtime {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+[[noreturn]] void unsupported(const std::string& key, const std::string& value) {
+  throw Error(fmt::format("{}: {} is not supported by `dtrain train` yet", key, value),
+              "this build trains fp32 models on one CPU process; leave the key at its default");
+}
+
+// Everything the job file can switch on that this trainer cannot honour fails
+// here, before any work, rather than being silently ignored.
+void require_supported(const Job& job, int world) {
+  if (job.device.is_cuda()) unsupported("device", job.device.str());
+  if (world != 1) unsupported("world size", std::to_string(world) + " processes");
+  if (job.precision.dtype != PrecisionDType::fp32) {
+    unsupported("precision.dtype", std::string(to_string(job.precision.dtype)));
+  }
+  const ParallelOptions& p = job.parallel;
+  if (p.tensor != 1 || p.pipeline != 1 || p.data != 1) {
+    unsupported("parallel",
+                fmt::format("data {} x tensor {} x pipeline {}", p.data, p.tensor, p.pipeline));
+  }
+  if (p.zero_stage != 0) unsupported("parallel.zero_stage", std::to_string(p.zero_stage));
+  if (job.compress.method != CompressMethod::none) {
+    unsupported("compress.method", std::string(to_string(job.compress.method)));
+  }
+  if (job.memory.checkpointing != ActivationCheckpointing::none) {
+    unsupported("memory.checkpointing", std::string(to_string(job.memory.checkpointing)));
+  }
+  if (job.memory.offload.optimizer || job.memory.offload.params)
+    unsupported("memory.offload", "on");
+  if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
+  if (job.logging.profile.steps != 0) unsupported("logging.profile.steps", "non-zero");
+  if (!find_arch(job.model.arch) || find_arch(job.model.arch)->family != ModelFamily::cnn) {
+    unsupported("model.arch", job.model.arch + " (only the ResNet family trains so far)");
+  }
+}
+
+std::string fnv1a_hex(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+std::vector<optim::ParamSegment> segments_of(const graph::FlatStore& params, NoDecayGroups rule) {
+  std::vector<optim::ParamSegment> segs;
+  for (const graph::FlatEntry& e : params.entries()) {
+    DTRAIN_CHECK(e.spec.dtype == DType::f32, "{} is {}: fp32 training only", e.name,
+                 dtype_name(e.spec.dtype));
+    const graph::ParamGroup g = e.spec.group;
+    bool no_decay = false;
+    if (rule != NoDecayGroups::none) {
+      no_decay = g == graph::ParamGroup::norm || g == graph::ParamGroup::bias ||
+                 (rule == NoDecayGroups::norm_bias_embedding && g == graph::ParamGroup::embedding);
+    }
+    segs.push_back({e.name, e.offset, e.spec.shape.numel(),
+                    no_decay ? optim::DecayMode::no_decay : optim::DecayMode::decay});
+  }
+  return segs;
+}
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+  int64_t samples = 0;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const TrainRequest& r);
+  int run();
+
+ private:
+  void open_run_dir();
+  void resume_if_asked();
+  double train_step();
+  EvalResult evaluate();
+  void log_window(double loss, double seconds, double wait);
+  void log_eval(const EvalResult& r);
+  void save_checkpoint();
+  void set_batch(const Batch& b, Tensor& labels_copy, bool mask_padding);
+
+  const TrainRequest& req_;
+  const Job& job_;
+  models::ModelGraph model_;
+  std::unique_ptr<graph::Executor> ex_;
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::shared_ptr<const Dataset> train_set_, test_set_;
+  std::unique_ptr<Loader> train_;
+  Tensor grad_acc_, labels_;
+  TrainCounters counters_;
+  int64_t total_steps_ = 0;
+  int micro_batches_ = 1;
+  fs::path out_dir_, ckpt_dir_;
+  bool resumed_ = false;
+  std::unique_ptr<MetricsLog> metrics_;
+  Progress progress_{stderr};
+  EvalResult last_eval_;
+  bool have_eval_ = false;
+};
+
+Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
+  require_supported(job_, r.world_size);
+  micro_batches_ = job_.parallel.micro_batches;
+  const int64_t batch = job_.data.micro_batch;
+  model_ = models::build_model(job_.model, batch);
+  ex_ = std::make_unique<graph::Executor>(model_.graph);
+  counters_.seed = static_cast<uint64_t>(job_.run.seed);
+  counters_.arch = job_.model.arch;
+  counters_.config_hash = fnv1a_hex(r.resolved_yaml);
+  ex_->initialize(counters_.seed);
+  const Tensor flat = ex_->params().flat(DType::f32);
+  opt_ = optim::make_optimizer(job_.optimizer, segments_of(ex_->params(), job_.optimizer.no_decay),
+                               flat.numel());
+  if (micro_batches_ > 1) grad_acc_ = Tensor::empty(flat.shape(), DType::f32);
+  labels_ = Tensor::empty({batch}, DType::i32);
+
+  SyntheticSpec synth;
+  synth.geometry = {job_.model.in_channels.value_or(3), job_.model.image_size.value_or(32),
+                    job_.model.image_size.value_or(32), job_.model.num_classes.value_or(10)};
+  synth.seed = counters_.seed;
+  train_set_ = open_dataset(job_.data, Split::train, synth);
+  test_set_ = open_dataset(job_.data, Split::test, synth);
+  if (job_.data.limit.train) train_set_ = first_samples(train_set_, *job_.data.limit.train);
+  if (job_.data.limit.test) test_set_ = first_samples(test_set_, *job_.data.limit.test);
+  open_run_dir();
+  resume_if_asked();
+  train_ = std::make_unique<Loader>(
+      train_set_,
+      make_loader_config(job_.data, Split::train, counters_.seed, 0, 1, counters_.position));
+  const int64_t per_epoch = train_->batches_per_epoch() / micro_batches_;
+  if (per_epoch <= 0) {
+    throw Error(fmt::format("data.global_batch: {} samples per step, but the training set has {}",
+                            job_.data.global_batch, train_set_->size()),
+                "lower data.global_batch or data.micro_batch");
+  }
+  total_steps_ = job_.train.steps ? *job_.train.steps : *job_.train.epochs * per_epoch;
+}
+
+void Trainer::open_run_dir() {
+  out_dir_ = job_.run.output_dir;
+  ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
+                                                : fs::path(job_.train.checkpoint.dir);
+  std::error_code ec;
+  fs::create_directories(out_dir_, ec);
+  if (ec) {
+    throw Error(
+        fmt::format("run.output_dir: cannot create {}: {}", out_dir_.string(), ec.message()),
+        "choose a writable directory");
+  }
+  std::ofstream(out_dir_ / "job.yaml") << req_.resolved_yaml;
+}
+
+void Trainer::resume_if_asked() {
+  if (req_.resume) {
+    const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
+    if (!file.empty()) {
+      const std::string hash = counters_.config_hash;
+      counters_ = load_train_state(file, *ex_, *opt_);
+      if (counters_.config_hash != hash) {
+        progress_.print(
+            fmt::format("note: {} was written by a different job file (the model "
+                        "matches, so training continues with this job's settings)",
+                        file.string()));
+        counters_.config_hash = hash;
+      }
+      progress_.print(fmt::format("resumed from {} at step {}", file.string(), counters_.step));
+      resumed_ = true;
+    } else {
+      progress_.print("no checkpoint yet; starting from step 0");
+    }
+  }
+  if (job_.logging.jsonl)
+    metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", resumed_);
+}
+
+void Trainer::set_batch(const Batch& b, Tensor& labels_copy, bool mask_padding) {
+  std::memcpy(labels_copy.raw(), b.labels.raw(), b.labels.nbytes());
+  if (mask_padding) {  // wrap-around padding counts for nothing (cross-entropy's ignore index)
+    for (int64_t i = b.valid; i < labels_copy.numel(); ++i) labels_copy.data<int32_t>()[i] = -100;
+  }
+  ex_->set_input(model_.input, b.images);
+  ex_->set_input(model_.labels, labels_copy);
+}
+
+// One optimizer step; returns the mean loss of its micro-batches.
+double Trainer::train_step() {
+  Tensor grads = ex_->grads().flat(DType::f32);
+  double loss = 0;
+  for (int m = 0; m < micro_batches_; ++m) {
+    const Batch& b = train_->next();
+    set_batch(b, labels_, false);
+    ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step));
+    ex_->backward(model_.loss);
+    loss += ex_->value(model_.loss).data<float>()[0];
+    counters_.position = b.next;
+    if (micro_batches_ == 1) break;
+    if (m == 0) {
+      kernels::scale(1.0f / static_cast<float>(micro_batches_), grads, grad_acc_);
+    } else {
+      kernels::axpy(1.0f / static_cast<float>(micro_batches_), grads, grad_acc_);
+    }
+  }
+  Tensor& g = micro_batches_ > 1 ? grad_acc_ : grads;
+  loss /= micro_batches_;
+  if (!std::isfinite(loss)) {
+    throw RunError(fmt::format("the loss is {} at step {}", loss, counters_.step),
+                   "lower optimizer.lr, add optimizer.clip_grad_norm, or resume from an earlier "
+                   "checkpoint");
+  }
+  if (job_.optimizer.clip_grad_norm) optim::clip_grad_norm(g, *job_.optimizer.clip_grad_norm);
+  const double lr =
+      optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, counters_.step, total_steps_);
+  Tensor params = ex_->params().flat(DType::f32);
+  opt_->step(params, g, lr);
+  ++counters_.step;
+  return loss;
+}
+
+EvalResult Trainer::evaluate() {
+  LoaderConfig cfg = make_loader_config(job_.data, Split::test, counters_.seed);
+  Loader test(test_set_, cfg);
+  Tensor labels = Tensor::empty({job_.data.micro_batch}, DType::i32);
+  EvalResult r;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t k = 0; k < test.batches_per_epoch(); ++k) {
+    const Batch& b = test.next();
+    set_batch(b, labels, true);
+    ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
+    loss_sum += ex_->value(model_.loss).data<float>()[0] * static_cast<double>(b.valid);
+    const Tensor& logits = ex_->value(model_.logits);
+    const int64_t classes = logits.dim(1);
+    for (int64_t i = 0; i < b.valid; ++i) {
+      const float* row = logits.data<float>() + i * classes;
+      const int64_t best = std::max_element(row, row + classes) - row;
+      correct += best == b.labels.data<int32_t>()[i];
+    }
+    r.samples += b.valid;
+  }
+  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.samples, 1));
+  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(r.samples, 1));
+  return r;
+}
+
+void Trainer::log_window(double loss, double seconds, double wait) {
+  const double samples = static_cast<double>(job_.data.micro_batch * micro_batches_);
+  const double lr =
+      optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, counters_.step - 1, total_steps_);
+  if (metrics_) {
+    metrics_->write({{"step", counters_.step},
+                     {"epoch", counters_.position.epoch},
+                     {"loss", loss},
+                     {"lr", lr},
+                     {"samples_per_s", samples / seconds},
+                     {"step_time_s", seconds},
+                     {"data_wait_s", wait},
+                     {"peak_host_bytes", host_allocator().stats().peak}});
+  }
+  if (job_.logging.console) {
+    const double eta = seconds * static_cast<double>(total_steps_ - counters_.step);
+    progress_.update(
+        fmt::format("step {}/{}  epoch {}  loss {:.4f}  lr {:.4g}  {:.0f} samples/s  "
+                    "ETA {}",
+                    counters_.step, total_steps_, counters_.position.epoch, loss, lr,
+                    samples / seconds, format_duration(eta)));
+  }
+}
+
+void Trainer::log_eval(const EvalResult& r) {
+  last_eval_ = r;
+  have_eval_ = true;
+  if (metrics_) {
+    metrics_->write({{"step", counters_.step},
+                     {"eval", true},
+                     {"test_loss", r.loss},
+                     {"test_accuracy", r.accuracy},
+                     {"test_samples", r.samples}});
+  }
+  if (job_.logging.console) {
+    progress_.print(fmt::format("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
+                                counters_.step, r.loss, 100 * r.accuracy, r.samples));
+  }
+}
+
+void Trainer::save_checkpoint() {
+  const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
+  save_train_state(file, *ex_, *opt_, counters_);
+  prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+}
+
+int Trainer::run() {
+  StopSignals signals;
+  const Clock::time_point start = Clock::now();
+  const int64_t first = counters_.step;
+  const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);
+  double window_loss = 0, window_wait = train_->wait_seconds();
+  int64_t window_steps = 0;
+  Clock::time_point window_start = Clock::now();
+  double last_loss = NAN;
+  while (counters_.step < total_steps_) {
+    last_loss = train_step();
+    window_loss += last_loss;
+    ++window_steps;
+    const int64_t s = counters_.step;
+    if (s % log_every == 0 || s == total_steps_) {
+      const double secs = seconds_since(window_start) / static_cast<double>(window_steps);
+      log_window(window_loss / static_cast<double>(window_steps), secs,
+                 (train_->wait_seconds() - window_wait) / static_cast<double>(window_steps));
+      window_loss = 0;
+      window_steps = 0;
+      window_wait = train_->wait_seconds();
+      window_start = Clock::now();
+    }
+    const auto& ck = job_.train.checkpoint;
+    if (job_.train.eval_every && s % *job_.train.eval_every == 0 && s != total_steps_) {
+      log_eval(evaluate());
+    }
+    if (ck.every && s % *ck.every == 0 && s != total_steps_) save_checkpoint();
+    if (signals.requested()) {
+      save_checkpoint();
+      progress_.print(
+          fmt::format("signal {} received: checkpoint saved at step {} in {}; resume "
+                      "with --resume latest",
+                      signals.signal(), s, ckpt_dir_.string()));
+      return kExitInterrupted;
+    }
+  }
+  log_eval(evaluate());
+  save_checkpoint();
+  const double secs = seconds_since(start);
+  const nlohmann::json summary = {{"summary", true},
+                                  {"steps", counters_.step},
+                                  {"steps_this_run", counters_.step - first},
+                                  {"train_seconds", secs},
+                                  {"final_loss", last_loss},
+                                  {"test_loss", last_eval_.loss},
+                                  {"test_accuracy", last_eval_.accuracy},
+                                  {"parameters", model_.graph.num_params()},
+                                  {"peak_host_bytes", host_allocator().stats().peak}};
+  if (metrics_) metrics_->write(summary);
+  std::ofstream(out_dir_ / "summary.json") << summary.dump(2) << "\n";
+  progress_.print(fmt::format("done: {} steps in {}, test accuracy {:.2f}%, output in {}",
+                              counters_.step, format_duration(secs), 100 * last_eval_.accuracy,
+                              out_dir_.string()));
+  return 0;
+}
+
+}  // namespace
+
+int train(const TrainRequest& request) {
+  Trainer trainer(request);
+  return trainer.run();
+}
+
+}  // namespace dtrain::runtime
