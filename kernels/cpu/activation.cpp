@@ -83,6 +83,10 @@ void backward_typed(Activation act, const T* x, const T* dy, T* dx, int64_t n) {
     float bx[kBlock], bd[kBlock];
     const float* xv = as_f32(x + i, bx, m);
     const float* dv = as_f32(dy + i, bd, m);
+    if (act == Activation::relu) {  // a select, vectorised; 0 for x <= 0 (and NaN x)
+      for (int64_t k = 0; k < m; ++k) res[k] = xv[k] > 0.0f ? dv[k] : 0.0f;
+      return;
+    }
     for (int64_t k = 0; k < m; ++k) res[k] = dv[k] * derivative(act, xv[k]);
   });
 }

@@ -130,6 +130,11 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
       }
     }
   }
+  // Every consumer of this node's outputs ran backward before it, so their
+  // gradients and this node's saved tensors are dead: give the memory back now
+  // (the peak is then the activations plus a frontier of gradients, not both sets).
+  for (ValueId v : n.outputs) vgrad[static_cast<size_t>(v)] = Tensor();
+  saved_[static_cast<size_t>(index)].clear();
   if (hooks.grad_ready) {
     for (int p : n.params) hooks.grad_ready(p);
   }

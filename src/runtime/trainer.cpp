@@ -154,7 +154,9 @@ Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
   test_set_ = open_dataset(job_.data, Split::test, synth);
   if (job_.data.limit.train) train_set_ = first_samples(train_set_, *job_.data.limit.train);
   if (job_.data.limit.test) test_set_ = first_samples(test_set_, *job_.data.limit.test);
-  open_run_dir();
+  out_dir_ = job_.run.output_dir;
+  ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
+                                                : fs::path(job_.train.checkpoint.dir);
   resume_if_asked();
   train_ = std::make_unique<Loader>(
       train_set_,
@@ -166,12 +168,10 @@ Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
                 "lower data.global_batch or data.micro_batch");
   }
   total_steps_ = job_.train.steps ? *job_.train.steps : *job_.train.epochs * per_epoch;
+  open_run_dir();  // last: input refused above leaves the run directory untouched
 }
 
 void Trainer::open_run_dir() {
-  out_dir_ = job_.run.output_dir;
-  ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
-                                                : fs::path(job_.train.checkpoint.dir);
   std::error_code ec;
   fs::create_directories(out_dir_, ec);
   if (ec) {
@@ -180,6 +180,8 @@ void Trainer::open_run_dir() {
         "choose a writable directory");
   }
   std::ofstream(out_dir_ / "job.yaml") << req_.resolved_yaml;
+  if (job_.logging.jsonl)
+    metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", resumed_);
 }
 
 void Trainer::resume_if_asked() {
@@ -201,8 +203,6 @@ void Trainer::resume_if_asked() {
       progress_.print("no checkpoint yet; starting from step 0");
     }
   }
-  if (job_.logging.jsonl)
-    metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", resumed_);
 }
 
 void Trainer::set_batch(const Batch& b, Tensor& labels_copy, bool mask_padding) {

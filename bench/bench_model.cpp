@@ -1,0 +1,268 @@
+// bench_model: where one training step of a built-in model spends its time.
+// Times every graph node's forward and backward through the executor's pre_op
+// hook (an interval runs from one node's hook to the next, so it includes the
+// executor's own work for that node: allocation, views, residual-gradient sums),
+// the optimizer step, and each convolution's three oneDNN calls on their own.
+// Prints JSON. Usage: bench_model [--arch resnet50] [--batch 32] [--image 224]
+// [--classes 1000] [--steps 3] [--warmup 2]. Not a test; nothing is asserted.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "graph/executor.h"
+#include "kernels/conv.h"
+#include "kernels/elementwise.h"
+#include "models/registry.h"
+#include "optim/optimizer.h"
+
+namespace {
+
+using namespace dtrain;
+using Clock = std::chrono::steady_clock;
+using graph::Phase;
+
+struct Args {
+  std::string arch = "resnet50";
+  int64_t batch = 32, image = 224, classes = 1000;
+  int steps = 3, warmup = 2;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--arch")
+      a.arch = v;
+    else if (k == "--batch")
+      a.batch = std::atoll(v.c_str());
+    else if (k == "--image")
+      a.image = std::atoll(v.c_str());
+    else if (k == "--classes")
+      a.classes = std::atoll(v.c_str());
+    else if (k == "--steps")
+      a.steps = std::atoi(v.c_str());
+    else if (k == "--warmup")
+      a.warmup = std::atoi(v.c_str());
+    else
+      throw Error("bench_model: unknown option " + k, "see the usage line in bench_model.cpp");
+  }
+  return a;
+}
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Per-node seconds summed over the measured steps, filled from pre_op intervals.
+class NodeTimer {
+ public:
+  explicit NodeTimer(size_t nodes) : fwd_(nodes, 0.0), bwd_(nodes, 0.0) {}
+  void attach(graph::Executor& ex) {
+    ex.hooks.pre_op = [this](int node, Phase phase) {
+      close();
+      node_ = node;
+      phase_ = phase;
+      start_ = Clock::now();
+    };
+  }
+  void close() {  // ends the open interval (at the next hook, or after forward/backward)
+    if (node_ < 0) return;
+    std::vector<double>& v = phase_ == Phase::forward ? fwd_ : bwd_;
+    if (recording_) v[static_cast<size_t>(node_)] += since(start_);
+    node_ = -1;
+  }
+  void record(bool on) { recording_ = on; }
+  const std::vector<double>& fwd() const { return fwd_; }
+  const std::vector<double>& bwd() const { return bwd_; }
+
+ private:
+  std::vector<double> fwd_, bwd_;
+  int node_ = -1;
+  Phase phase_ = Phase::forward;
+  Clock::time_point start_;
+  bool recording_ = false;
+};
+
+std::vector<optim::ParamSegment> segments(const graph::FlatStore& params) {
+  std::vector<optim::ParamSegment> s;
+  for (const graph::FlatEntry& e : params.entries())
+    s.push_back({e.name, e.offset, e.spec.shape.numel(), optim::DecayMode::decay});
+  return s;
+}
+
+void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const Args& a) {
+  Tensor x = Tensor::empty({a.batch, 3, a.image, a.image}, DType::f32);
+  Tensor y = Tensor::empty({a.batch}, DType::i32);
+  uint32_t state = 12345;  // a fixed LCG: the values only need to be ordinary, not random
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    x.data<float>()[i] = static_cast<float>(state >> 8) / 16777216.0f;
+  }
+  for (int64_t i = 0; i < a.batch; ++i) y.data<int32_t>()[i] = static_cast<int32_t>(i % a.classes);
+  ex.set_input(m.input, x);
+  ex.set_input(m.labels, y);
+}
+
+struct StepTimes {
+  double forward = 0, backward = 0, optimizer = 0;
+};
+
+StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer& timer,
+                    const Args& a) {
+  OptimizerOptions o;
+  o.name = OptimizerName::sgd;
+  o.momentum = 0.9;
+  o.weight_decay = 0.0;
+  Tensor params = ex.params().flat(DType::f32), grads = ex.grads().flat(DType::f32);
+  auto opt = optim::make_optimizer(o, segments(ex.params()), params.numel());
+  StepTimes t;
+  for (int s = 0; s < a.warmup + a.steps; ++s) {
+    const bool rec = s >= a.warmup;
+    timer.record(rec);
+    auto t0 = Clock::now();
+    ex.forward(graph::Mode::train, static_cast<uint64_t>(s));
+    timer.close();
+    const double f = since(t0);
+    t0 = Clock::now();
+    ex.backward(m.loss);
+    timer.close();
+    const double b = since(t0);
+    t0 = Clock::now();
+    opt->step(params, grads, 0.1);
+    if (rec) t = {t.forward + f, t.backward + b, t.optimizer + since(t0)};
+  }
+  return {t.forward / a.steps, t.backward / a.steps, t.optimizer / a.steps};
+}
+
+// A conv node's geometry from its shapes: weight [K, C/g, R, R], pad R/2 (every
+// ResNet conv), stride from the spatial ratio. False when that does not fit.
+bool conv_args(const graph::Graph& g, const graph::Node& n, const graph::FlatStore& params,
+               kernels::Conv2dArgs& a) {
+  const Shape& x = g.value(n.inputs[0]).spec.shape;
+  const Shape& y = g.value(n.outputs[0]).spec.shape;
+  const Shape& w = params.view(n.params[0]).shape();
+  const int64_t stride = std::max<int64_t>(1, x[2] / y[2]);
+  a = {x[0], x[1], x[2], x[3], w[0], w[2], w[3], stride, stride, w[2] / 2, w[3] / 2, 1, 1, 1};
+  return w[1] == x[1] && a.out_h() == y[2] && a.out_w() == y[3];
+}
+
+Tensor zeros(const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  kernels::fill(t, 0.0f);
+  return t;
+}
+
+// Best of two calls of fn, in seconds.
+template <typename Fn>
+double best_of_two(Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < 2; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, since(t0));
+  }
+  return best;
+}
+
+// Every conv's fwd / bwd-data / bwd-filter alone, summed over the model's convs.
+nlohmann::json isolated_convs(const graph::Graph& g, const graph::FlatStore& params) {
+  double fwd = 0, bwd_data = 0, bwd_filter = 0, flops = 0;
+  int convs = 0, skipped = 0;
+  for (const graph::Node& n : g.nodes()) {
+    kernels::Conv2dArgs a;
+    if (n.op->kind() != "conv2d") continue;
+    if (!conv_args(g, n, params, a)) {
+      ++skipped;
+      continue;
+    }
+    // Zeros: the kernels' speed does not depend on the values.
+    Tensor x = zeros({a.n, a.c, a.h, a.w}), dx = zeros({a.n, a.c, a.h, a.w});
+    Tensor w = zeros({a.k, a.c, a.r, a.s}), dw = zeros({a.k, a.c, a.r, a.s});
+    Tensor y = zeros({a.n, a.k, a.out_h(), a.out_w()}),
+           dy = zeros({a.n, a.k, a.out_h(), a.out_w()});
+    Tensor wsb = Tensor::empty(
+        {static_cast<int64_t>(kernels::conv2d_workspace_bytes(a, DType::f32))}, DType::u8);
+    const kernels::Workspace ws{wsb.raw(), wsb.nbytes()};
+    fwd += best_of_two([&] { kernels::conv2d_forward(a, x, w, y, ws); });
+    bwd_data += best_of_two([&] { kernels::conv2d_backward_data(a, dy, w, dx, ws); });
+    bwd_filter += best_of_two([&] { kernels::conv2d_backward_filter(a, x, dy, dw, ws); });
+    flops += a.flops();
+    ++convs;
+  }
+  return {{"convs", convs},
+          {"skipped", skipped},
+          {"fwd_s", fwd},
+          {"bwd_data_s", bwd_data},
+          {"bwd_filter_s", bwd_filter},
+          {"fwd_gflops", flops / 1e9},
+          {"fwd_gflop_per_s", flops / fwd / 1e9},
+          {"bwd_gflop_per_s", 2 * flops / (bwd_data + bwd_filter) / 1e9}};
+}
+
+nlohmann::json by_kind(const graph::Graph& g, const NodeTimer& t, int steps, double step_s) {
+  std::map<std::string, std::pair<double, double>> kinds;  // kind -> (fwd, bwd) per step
+  std::vector<std::pair<double, std::string>> nodes;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    auto& k = kinds[std::string(g.nodes()[i].op->kind())];
+    k.first += t.fwd()[i] / steps;
+    k.second += t.bwd()[i] / steps;
+    nodes.push_back({(t.fwd()[i] + t.bwd()[i]) / steps, g.nodes()[i].name});
+  }
+  nlohmann::json out = nlohmann::json::object(), top = nlohmann::json::array();
+  for (const auto& [kind, fb] : kinds) {
+    out[kind] = {{"fwd_s", fb.first},
+                 {"bwd_s", fb.second},
+                 {"share_of_step", (fb.first + fb.second) / step_s}};
+  }
+  std::sort(nodes.rbegin(), nodes.rend());
+  for (size_t i = 0; i < std::min<size_t>(10, nodes.size()); ++i)
+    top.push_back({{"node", nodes[i].second}, {"fwd_plus_bwd_s", nodes[i].first}});
+  return {{"by_kind", out}, {"slowest_nodes", top}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    ModelOptions mo;
+    mo.arch = a.arch;
+    mo.num_classes = static_cast<int>(a.classes);
+    mo.image_size = static_cast<int>(a.image);
+    mo.in_channels = 3;
+    const models::ModelGraph m = models::build_model(mo, a.batch);
+    graph::Executor ex(m.graph);
+    ex.initialize(42);
+    fill_inputs(ex, m, a);
+    NodeTimer timer(m.graph.nodes().size());
+    timer.attach(ex);
+    const StepTimes st = run_steps(ex, m, timer, a);
+    const double step = st.forward + st.backward + st.optimizer;
+    nlohmann::json out = {{"arch", a.arch},
+                          {"batch", a.batch},
+                          {"image", a.image},
+                          {"threads", omp_get_max_threads()},
+                          {"steps", a.steps},
+                          {"params", m.graph.num_params()},
+                          {"forward_gflops", m.graph.forward_flops() / 1e9},
+                          {"step_s", step},
+                          {"forward_s", st.forward},
+                          {"backward_s", st.backward},
+                          {"optimizer_s", st.optimizer}};
+    out["nodes"] = by_kind(m.graph, timer, a.steps, step);
+    out["isolated_convs"] = isolated_convs(m.graph, ex.params());
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_model: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+# PyTorch peer of `dtrain train configs/resnet50-synthetic.yaml`: times one fp32
+# eager ResNet-50 v1.5 training step (zero_grad, forward, cross-entropy, backward,
+# SGD momentum 0.9) on a fixed random 32x3x224x224 batch and prints one JSON line
+# with every step time and the median after the warm-up. Not a test; run it with
+# Debian's /usr/bin/python3 (python3-torch), OMP_NUM_THREADS set by the caller.
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+RESNET50_PARAMS = 25_557_032  # torchvision resnet50(), and dtrain's resnet50 at 1000 classes
+
+
+class Bottleneck(nn.Module):
+    """1x1 -> 3x3 (stride here: v1.5) -> 1x1 to 4 x planes, + shortcut, ReLU."""
+
+    def __init__(self, cin, planes, stride):
+        super().__init__()
+        out = 4 * planes
+        self.conv1 = nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or cin != out:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, out, 1, stride, bias=False), nn.BatchNorm2d(out)
+            )
+
+    def forward(self, x):
+        h = self.relu(self.bn1(self.conv1(x)))
+        h = self.relu(self.bn2(self.conv2(h)))
+        h = self.bn3(self.conv3(h))
+        return self.relu(h + (x if self.downsample is None else self.downsample(x)))
+
+
+def resnet50_by_hand(classes):
+    """The torchvision layout (stem, layers of 3/4/6/3 bottlenecks, avgpool, fc)."""
+    layers, cin = [], 64
+    for i, blocks in enumerate((3, 4, 6, 3)):
+        planes = 64 << i
+        for b in range(blocks):
+            layers.append(Bottleneck(cin, planes, 2 if (b == 0 and i > 0) else 1))
+            cin = 4 * planes
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+        nn.MaxPool2d(3, 2, 1), *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(cin, classes),
+    )
+
+
+def build_model(source):
+    if source == "torchvision":
+        import torchvision
+
+        return torchvision.models.resnet50(weights=None), torchvision.__version__
+    return resnet50_by_hand(1000), None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=7, help="timed steps including warm-up")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", choices=["torchvision", "by-hand"], default="torchvision")
+    args = ap.parse_args()
+    if args.steps < args.warmup + 5:
+        sys.exit("--steps must leave at least 5 timed steps after --warmup")
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    torch.manual_seed(0)
+    model, tv_version = build_model(args.model)
+    params = sum(p.numel() for p in model.parameters())
+    assert params == RESNET50_PARAMS, f"ResNet-50 has {params} parameters, want {RESNET50_PARAMS}"
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    x = torch.rand(args.batch, 3, 224, 224)
+    y = torch.randint(0, 1000, (args.batch,))
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        assert torch.isfinite(loss), "non-finite loss"
+    timed = times[args.warmup:]
+    print(json.dumps({
+        "median_step_s": statistics.median(timed),
+        "step_times_s": times,
+        "warmup": args.warmup,
+        "params": params,
+        "model": args.model,
+        "torch": torch.__version__,
+        "torchvision": tv_version,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "mkldnn": torch.backends.mkldnn.is_available(),
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "parallel_info": torch.__config__.parallel_info(),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# CPU peer benchmark: median fp32 ResNet-50 training-step time (batch 32, 224 px,
+# SGD momentum 0.9) of dtrain (configs/resnet50-synthetic.yaml) against eager
+# PyTorch (bench/peers/torch_resnet50_step.py), interleaved dtrain, torch, dtrain,
+# torch, ... so that load from other jobs on a shared machine hits both alike.
+# Writes JSON to $1 (default bench-cpu-peers.json): per-round medians, per-round
+# ratio dtrain/torch, and their medians. Speed is reported, never asserted.
+#
+# PyTorch is a benchmark peer, not a dtrain dependency: when /usr/bin/python3 cannot
+# import torch, this script installs Debian's python3-torch and python3-torchvision
+# with apt-get (root needed). scripts/install-deps.sh does not install them.
+#
+# Environment: DTRAIN (binary; default build/src/cli/dtrain), ROUNDS (2),
+# STEPS (steps per run, 2 of them warm-up; default 7), THREADS (2), KEEP_RUNS=1
+# keeps the dtrain run directories.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${1:-bench-cpu-peers.json}"
+DTRAIN="${DTRAIN:-$ROOT/build/src/cli/dtrain}"
+ROUNDS="${ROUNDS:-2}"
+STEPS="${STEPS:-7}"
+THREADS="${THREADS:-2}"
+WARMUP=2
+PY=/usr/bin/python3
+CONFIG="$ROOT/configs/resnet50-synthetic.yaml"
+HELPER="$ROOT/bench/peers/torch_resnet50_step.py"
+
+die() { echo "bench-cpu-peers: $*" >&2; exit 1; }
+
+[[ -x "$DTRAIN" ]] || die "no dtrain binary at $DTRAIN (build it, or set DTRAIN=path)"
+((STEPS >= WARMUP + 5)) || die "STEPS=$STEPS must leave at least 5 timed steps after $WARMUP warm-up"
+((ROUNDS >= 2)) || die "ROUNDS=$ROUNDS: interleaving needs at least 2 rounds"
+
+ensure_torch() {
+  "$PY" -c 'import torch, torchvision' 2>/dev/null && return
+  echo "bench-cpu-peers: installing python3-torch python3-torchvision (apt-get)" >&2
+  [[ $(id -u) == 0 ]] || die "PyTorch is missing and installing it needs root: apt-get install python3-torch python3-torchvision"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch python3-torchvision >/dev/null
+}
+ensure_torch
+
+# One thread pool per process, THREADS wide (PLATFORM.md: a BLAS pool spinning
+# beside the OpenMP pool made a PyTorch step 7x slower here). OpenBLAS and MKL
+# get one thread each so that only OpenMP runs in parallel; OPENBLAS_CORETYPE
+# is the machine's setting and stays as it is.
+export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/bench-cpu-peers.XXXXXX")"
+cleanup() { [[ "${KEEP_RUNS:-0}" == 1 ]] || rm -rf "$WORK"; }
+trap cleanup EXIT
+
+# dtrain: the per-step step_time_s lines of metrics.jsonl (log_every=1).
+run_dtrain() {
+  local dir="$WORK/dtrain-r$1"
+  "$DTRAIN" train "$CONFIG" --set "train.steps=$STEPS" --set train.log_every=1 \
+    --set "run.output_dir=$dir" >"$WORK/dtrain-r$1.log" 2>&1 ||
+    die "dtrain run $1 failed; see $WORK/dtrain-r$1.log (KEEP_RUNS=1 keeps it)"
+  "$PY" -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r for r in rows if "step_time_s" in r]
+print(json.dumps({"step_times_s": [r["step_time_s"] for r in steps],
+                  "data_wait_s": [r.get("data_wait_s") for r in steps],
+                  "peak_host_bytes": steps[-1].get("peak_host_bytes")}))' "$dir/metrics.jsonl"
+}
+
+run_torch() {
+  "$PY" "$HELPER" --steps "$STEPS" --warmup "$WARMUP" --threads "$THREADS" 2>"$WORK/torch-r$1.log" ||
+    die "PyTorch run $1 failed: $(tail -3 "$WORK/torch-r$1.log")"
+}
+
+LOAD_BEFORE="$(cut -d' ' -f1-3 /proc/loadavg)"
+: >"$WORK/rounds.jsonl"
+for ((r = 1; r <= ROUNDS; r++)); do
+  echo "bench-cpu-peers: round $r/$ROUNDS: dtrain" >&2
+  d="$(run_dtrain "$r")"
+  echo "bench-cpu-peers: round $r/$ROUNDS: torch" >&2
+  t="$(run_torch "$r")"
+  echo "{\"round\": $r, \"loadavg\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"dtrain\": $d, \"torch\": $t}" >>"$WORK/rounds.jsonl"
+done
+LOAD_AFTER="$(cut -d' ' -f1-3 /proc/loadavg)"
+
+# Summary: each round's medians (warm-up skipped) and ratio; overall = medians of those.
+"$PY" - "$WORK/rounds.jsonl" "$OUT" "$WARMUP" <<EOF
+import json, os, platform, statistics, subprocess, sys
+rounds_file, out, warmup = sys.argv[1], sys.argv[2], int(sys.argv[3])
+med = statistics.median
+rounds = []
+for line in open(rounds_file):
+    r = json.loads(line)
+    d = med(r["dtrain"]["step_times_s"][warmup:])
+    t = med(r["torch"]["step_times_s"][warmup:])
+    rounds.append({"round": r["round"], "loadavg_after": r["loadavg"],
+                   "dtrain_median_s": d, "torch_median_s": t, "ratio_dtrain_over_torch": d / t,
+                   "dtrain_step_times_s": r["dtrain"]["step_times_s"],
+                   "dtrain_data_wait_s": r["dtrain"]["data_wait_s"],
+                   "dtrain_peak_host_bytes": r["dtrain"]["peak_host_bytes"],
+                   "torch_step_times_s": r["torch"]["step_times_s"]})
+torch_info = json.loads(open(rounds_file).readline())["torch"]
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+ratio = med([r["ratio_dtrain_over_torch"] for r in rounds])
+summary = {
+    "benchmark": "resnet50 fp32 train step, batch 32x3x224x224, SGD momentum 0.9",
+    "dtrain_median_s": med([r["dtrain_median_s"] for r in rounds]),
+    "torch_median_s": med([r["torch_median_s"] for r in rounds]),
+    "ratio_dtrain_over_torch": ratio,
+    "goal_ratio": 0.5,
+    "goal_met": ratio <= 0.5,
+    "method": "per round: median step time after %d warm-up steps; ratio from the same round; "
+              "overall values are medians over rounds" % warmup,
+    "machine": {"threads_available": os.cpu_count(), "threads_used": int("$THREADS"),
+                "cpu": sh("lscpu | sed -n 's/^Model name: *//p'"),
+                "kernel": platform.release(),
+                "loadavg_before": "$LOAD_BEFORE", "loadavg_after": "$LOAD_AFTER"},
+    "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                           "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")},
+    "versions": {"dtrain": sh("'$DTRAIN' --version"),
+                 "onednn": sh("dpkg-query -W -f='\${Version}' libdnnl-dev 2>/dev/null"),
+                 "torch": torch_info["torch"], "torchvision": torch_info["torchvision"],
+                 "torch_model": torch_info["model"], "torch_mkldnn": torch_info["mkldnn"],
+                 "python": platform.python_version()},
+    "rounds": rounds,
+}
+json.dump(summary, open(out, "w"), indent=2)
+print("dtrain %.3f s  torch %.3f s  ratio %.2f (goal <= 0.5)  -> %s"
+      % (summary["dtrain_median_s"], summary["torch_median_s"], ratio, out))
+EOF

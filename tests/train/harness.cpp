@@ -1,0 +1,210 @@
+// The trainer tests' process, file and checkpoint helpers (harness.h). The
+// child is started with posix_spawn so that the tests can signal it by pid;
+// its output goes to a file rather than a pipe so nothing can block on a full pipe.
+#include "harness.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <bit>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "runtime/checkpoint.h"
+
+extern char** environ;
+
+namespace dtrain::train_test {
+
+TempDir::TempDir(const std::string& name) {
+  path_ =
+      fs::temp_directory_path() / ("dtrain-train-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(path_);
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  if (std::getenv("DTRAIN_KEEP_TEST_DIRS") == nullptr) {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+}
+
+std::string RunResult::describe() const {
+  return "dtrain exited with " + std::to_string(rc) + "; its output:\n" + log;
+}
+
+pid_t spawn_dtrain(const std::vector<std::string>& args, const fs::path& log_file) {
+  std::vector<std::string> argv_s = {DTRAIN_EXE, "train"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  // Spinning OpenMP threads on a busy machine slow every parallel region many
+  // times over; passive waiting changes no result. An explicit setting wins.
+  ::setenv("OMP_WAIT_POLICY", "passive", 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, DTRAIN_EXE, &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) throw std::runtime_error(std::string("posix_spawn ") + DTRAIN_EXE + " failed");
+  return pid;
+}
+
+namespace {
+
+int decode_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+bool still_running(pid_t pid) {
+  siginfo_t info{};
+  // WNOWAIT: look without reaping, so wait_dtrain still gets the status.
+  return waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+         info.si_pid == 0;
+}
+
+RunResult wait_dtrain(pid_t pid, const fs::path& log_file, int timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return {decode_status(status), read_bytes(log_file)};
+}
+
+RunResult run_dtrain(const std::vector<std::string>& args, const fs::path& log_file,
+                     int timeout_s) {
+  return wait_dtrain(spawn_dtrain(args, log_file), log_file, timeout_s);
+}
+
+fs::path write_job(const fs::path& dir, const std::string& run) {
+  const fs::path job = dir / (run + ".yaml");
+  std::ofstream(job) << "run: {output_dir: " << (dir / run).string() << ", seed: 1}\n"
+                     << "model: {arch: resnet18, stem: small, width: 0.125}\n"
+                     << "data: {dataset: fashion-mnist, global_batch: 32, workers: 1,\n"
+                     << "       limit: {train: 200, test: 64}}\n"
+                     << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                     << "train: {steps: 8, log_every: 1}\n"
+                     << "logging: {console: false}\n";
+  return job;
+}
+
+std::vector<StepLoss> read_losses(const fs::path& metrics_jsonl) {
+  std::ifstream in(metrics_jsonl);
+  std::vector<StepLoss> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss"))
+      out.push_back({j.at("step").get<int64_t>(), j.at("loss").get<double>()});
+  }
+  return out;
+}
+
+size_t count_lines(const fs::path& file) {
+  std::ifstream in(file);
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+std::string read_bytes(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const fs::path& file, const std::string& bytes) {
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_bytes(e.path());
+  }
+  return out;
+}
+
+std::string changed_files(const std::map<std::string, std::string>& before,
+                          const std::map<std::string, std::string>& after) {
+  std::string out;
+  for (const auto& [name, bytes] : before) {
+    const auto it = after.find(name);
+    if (it == after.end()) out += name + " removed; ";
+    if (it != after.end() && it->second != bytes) out += name + " changed; ";
+  }
+  for (const auto& [name, bytes] : after) {
+    if (!before.contains(name)) out += name + " added; ";
+  }
+  return out;
+}
+
+fs::path newest_checkpoint(const fs::path& ckpt_dir) {
+  const auto all = runtime::list_checkpoints(ckpt_dir);
+  return all.empty() ? fs::path() : all.back();
+}
+
+int64_t checkpoint_step(const fs::path& file) {
+  if (file.empty()) return -1;
+  return runtime::read_checkpoint(file).meta.at("step").get<int64_t>();
+}
+
+std::string compare_checkpoints(const fs::path& a, const fs::path& b) {
+  const runtime::Checkpoint ca = runtime::read_checkpoint(a), cb = runtime::read_checkpoint(b);
+  for (const char* key : {"step", "data_position", "seed", "optimizer", "params", "buffers"}) {
+    if (ca.meta.value(key, nlohmann::json()) != cb.meta.value(key, nlohmann::json())) {
+      return std::string("meta.") + key + " differs";
+    }
+  }
+  if (ca.tensors.size() != cb.tensors.size()) return "different tensor counts";
+  for (size_t i = 0; i < ca.tensors.size(); ++i) {
+    const runtime::NamedTensor &x = ca.tensors[i], &y = cb.tensors[i];
+    if (x.name != y.name || x.tensor.str() != y.tensor.str()) {
+      return x.name + " (" + x.tensor.str() + ") vs " + y.name + " (" + y.tensor.str() + ")";
+    }
+    if (std::memcmp(x.tensor.raw(), y.tensor.raw(), x.tensor.nbytes()) != 0) {
+      return "tensor " + x.name + " differs";
+    }
+  }
+  return "";
+}
+
+std::string first_difference(const std::vector<StepLoss>& a, const std::vector<StepLoss>& b) {
+  std::ostringstream s;
+  s.precision(17);
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (a[i].step != b[i].step ||
+        std::bit_cast<uint64_t>(a[i].loss) != std::bit_cast<uint64_t>(b[i].loss)) {
+      s << "line " << i << ": step " << a[i].step << " loss " << a[i].loss << " vs step "
+        << b[i].step << " loss " << b[i].loss;
+      return s.str();
+    }
+  }
+  if (a.size() != b.size()) s << a.size() << " vs " << b.size() << " train lines";
+  return s.str();
+}
+
+}  // namespace dtrain::train_test

@@ -1,0 +1,83 @@
+// Test harness for the trainer's end-to-end tests: runs the real `dtrain train`
+// binary in a child process (per-test temporary directory, stdout+stderr
+// captured to a log), reads metrics.jsonl and compares checkpoints tensor by
+// tensor. It does not link the trainer itself: every test goes through the CLI.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtrain::train_test {
+
+namespace fs = std::filesystem;
+
+// A fresh, empty directory under the system temp dir, removed on destruction
+// unless DTRAIN_KEEP_TEST_DIRS is set (for looking at a failure afterwards).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+struct RunResult {
+  int rc = -1;      // exit status; 128 + N when killed by signal N
+  std::string log;  // stdout and stderr, interleaved
+  std::string describe() const;
+};
+
+// `dtrain train <args...>`, waiting for it to end (and killing it after
+// `timeout_s`, which then fails with rc 128 + SIGKILL).
+RunResult run_dtrain(const std::vector<std::string>& args, const fs::path& log_file,
+                     int timeout_s = 300);
+
+// The same, but returns at once; finish with wait_dtrain.
+pid_t spawn_dtrain(const std::vector<std::string>& args, const fs::path& log_file);
+RunResult wait_dtrain(pid_t pid, const fs::path& log_file, int timeout_s = 300);
+bool still_running(pid_t pid);  // reaps nothing; false once it has exited
+
+// The quick job of the trainer's tests (tiny ResNet-18 on a Fashion-MNIST
+// slice) written to <dir>/job.yaml with run.output_dir <dir>/<run>. Extra
+// settings go through `--set` so each test states what it varies.
+fs::path write_job(const fs::path& dir, const std::string& run = "run");
+
+// One train line of metrics.jsonl.
+struct StepLoss {
+  int64_t step = 0;
+  double loss = 0;
+  bool operator==(const StepLoss&) const = default;
+};
+std::vector<StepLoss> read_losses(const fs::path& metrics_jsonl);
+size_t count_lines(const fs::path& file);
+
+std::string read_bytes(const fs::path& file);
+void write_bytes(const fs::path& file, const std::string& bytes);
+
+// Every regular file under `dir` (relative path -> contents).
+std::map<std::string, std::string> snapshot(const fs::path& dir);
+// "job.yaml changed, checkpoints/x added" — empty when the snapshots are equal.
+std::string changed_files(const std::map<std::string, std::string>& before,
+                          const std::map<std::string, std::string>& after);
+
+// The newest step-*.dtckpt in `ckpt_dir` ("" when none) and its step (-1 when none).
+fs::path newest_checkpoint(const fs::path& ckpt_dir);
+int64_t checkpoint_step(const fs::path& file);
+
+// Empty when both checkpoints hold the same tensors (names, dtypes, shapes,
+// bytes) and the same step and data position; else what differs.
+std::string compare_checkpoints(const fs::path& a, const fs::path& b);
+
+// "step 3: 2.31 vs 2.30" for the first difference, "" when the lists match bit for bit.
+std::string first_difference(const std::vector<StepLoss>& a, const std::vector<StepLoss>& b);
+
+}  // namespace dtrain::train_test
