@@ -99,7 +99,7 @@ struct EvalResult {
 class Trainer {
  public:
   explicit Trainer(const TrainRequest& r);
-  int run();
+  int run(const StopSignals& signals);
 
  private:
   void open_run_dir();
@@ -320,8 +320,7 @@ void Trainer::save_checkpoint() {
   prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
 }
 
-int Trainer::run() {
-  StopSignals signals;
+int Trainer::run(const StopSignals& signals) {
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;
   const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);
@@ -380,8 +379,10 @@ int Trainer::run() {
 }  // namespace
 
 int train(const TrainRequest& request) {
+  // Installed before start-up, so a signal while data loads is also a graceful stop.
+  StopSignals signals;
   Trainer trainer(request);
-  return trainer.run();
+  return trainer.run(signals);
 }
 
 }  // namespace dtrain::runtime

@@ -1,4 +1,4 @@
-// Graceful stop: SIGTERM or SIGINT in the middle of a run must end it with
+// Graceful stop: SIGTERM, SIGINT or SIGUSR1 in the middle of a run must end it with
 // exit code 4 after a checkpoint at the step it reached, and `--resume latest`
 // must then finish the run with the losses an uninterrupted run logs, bit for
 // bit. The signal lands wherever the run happens to be, so the assertions hold
@@ -81,4 +81,8 @@ TEST_CASE("SIGTERM stops with a checkpoint and resume matches an uninterrupted r
 
 TEST_CASE("SIGINT stops with a checkpoint and resume matches an uninterrupted run") {
   check_stop_and_resume(SIGINT, "int");
+}
+
+TEST_CASE("SIGUSR1 (SLURM's early warning) stops with a checkpoint and resume matches") {
+  check_stop_and_resume(SIGUSR1, "usr1");
 }
