@@ -9,6 +9,8 @@
 #include <string_view>
 #include <utility>
 
+#include "core/enum_names.h"
+
 namespace dtrain {
 
 enum class ModelFamily : uint8_t { cnn, vit, bert, gpt };
@@ -18,18 +20,9 @@ enum class ModelFamily : uint8_t { cnn, vit, bert, gpt };
 enum class ResNetStem : uint8_t { standard, small };
 inline constexpr std::pair<ResNetStem, std::string_view> kResNetStemNames[] = {
     {ResNetStem::standard, "standard"}, {ResNetStem::small, "small"}};
-inline std::string_view to_string(ResNetStem v) {
-  for (const auto& [e, s] : kResNetStemNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(ResNetStem v) { return enum_name(kResNetStemNames, v); }
 inline bool from_string(std::string_view text, ResNetStem& out) {
-  for (const auto& [e, s] : kResNetStemNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kResNetStemNames, text, out);
 }
 inline const auto& enum_names(ResNetStem) { return kResNetStemNames; }
 

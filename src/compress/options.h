@@ -7,6 +7,8 @@
 #include <string_view>
 #include <utility>
 
+#include "core/enum_names.h"
+
 namespace dtrain {
 
 enum class CompressMethod : uint8_t { none, topk, onebit, powersgd };
@@ -15,18 +17,9 @@ inline constexpr std::pair<CompressMethod, std::string_view> kCompressMethodName
     {CompressMethod::topk, "topk"},
     {CompressMethod::onebit, "onebit"},
     {CompressMethod::powersgd, "powersgd"}};
-inline std::string_view to_string(CompressMethod v) {
-  for (const auto& [e, s] : kCompressMethodNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(CompressMethod v) { return enum_name(kCompressMethodNames, v); }
 inline bool from_string(std::string_view text, CompressMethod& out) {
-  for (const auto& [e, s] : kCompressMethodNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kCompressMethodNames, text, out);
 }
 inline const auto& enum_names(CompressMethod) { return kCompressMethodNames; }
 

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <utility>
 
+#include "core/enum_names.h"
+
 namespace dtrain {
 
 enum class DatasetName : uint8_t { synthetic, fashion_mnist, mnist, cifar10, cifar100, tokens };
@@ -17,18 +19,9 @@ inline constexpr std::pair<DatasetName, std::string_view> kDatasetNames[] = {
     {DatasetName::synthetic, "synthetic"}, {DatasetName::fashion_mnist, "fashion-mnist"},
     {DatasetName::mnist, "mnist"},         {DatasetName::cifar10, "cifar10"},
     {DatasetName::cifar100, "cifar100"},   {DatasetName::tokens, "tokens"}};
-inline std::string_view to_string(DatasetName v) {
-  for (const auto& [e, s] : kDatasetNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(DatasetName v) { return enum_name(kDatasetNames, v); }
 inline bool from_string(std::string_view text, DatasetName& out) {
-  for (const auto& [e, s] : kDatasetNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kDatasetNames, text, out);
 }
 inline const auto& enum_names(DatasetName) { return kDatasetNames; }
 

@@ -8,41 +8,27 @@
 #include <string_view>
 #include <utility>
 
+#include "core/enum_names.h"
+
 namespace dtrain {
 
 enum class PipelineSchedule : uint8_t { gpipe, one_f_one_b };
 inline constexpr std::pair<PipelineSchedule, std::string_view> kPipelineScheduleNames[] = {
     {PipelineSchedule::gpipe, "gpipe"}, {PipelineSchedule::one_f_one_b, "1f1b"}};
 inline std::string_view to_string(PipelineSchedule v) {
-  for (const auto& [e, s] : kPipelineScheduleNames)
-    if (e == v) return s;
-  return "?";
+  return enum_name(kPipelineScheduleNames, v);
 }
 inline bool from_string(std::string_view text, PipelineSchedule& out) {
-  for (const auto& [e, s] : kPipelineScheduleNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kPipelineScheduleNames, text, out);
 }
 inline const auto& enum_names(PipelineSchedule) { return kPipelineScheduleNames; }
 
 enum class CommBackend : uint8_t { auto_, mpi, nccl };
 inline constexpr std::pair<CommBackend, std::string_view> kCommBackendNames[] = {
     {CommBackend::auto_, "auto"}, {CommBackend::mpi, "mpi"}, {CommBackend::nccl, "nccl"}};
-inline std::string_view to_string(CommBackend v) {
-  for (const auto& [e, s] : kCommBackendNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(CommBackend v) { return enum_name(kCommBackendNames, v); }
 inline bool from_string(std::string_view text, CommBackend& out) {
-  for (const auto& [e, s] : kCommBackendNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kCommBackendNames, text, out);
 }
 inline const auto& enum_names(CommBackend) { return kCommBackendNames; }
 
@@ -52,18 +38,9 @@ inline constexpr std::pair<AllreduceAlgo, std::string_view> kAllreduceAlgoNames[
     {AllreduceAlgo::native, "native"},
     {AllreduceAlgo::ring, "ring"},
     {AllreduceAlgo::hierarchical, "hierarchical"}};
-inline std::string_view to_string(AllreduceAlgo v) {
-  for (const auto& [e, s] : kAllreduceAlgoNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(AllreduceAlgo v) { return enum_name(kAllreduceAlgoNames, v); }
 inline bool from_string(std::string_view text, AllreduceAlgo& out) {
-  for (const auto& [e, s] : kAllreduceAlgoNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kAllreduceAlgoNames, text, out);
 }
 inline const auto& enum_names(AllreduceAlgo) { return kAllreduceAlgoNames; }
 

@@ -9,23 +9,16 @@
 #include <string_view>
 #include <utility>
 
+#include "core/enum_names.h"
+
 namespace dtrain {
 
 enum class OptimizerName : uint8_t { sgd, adamw, lamb };
 inline constexpr std::pair<OptimizerName, std::string_view> kOptimizerNames[] = {
     {OptimizerName::sgd, "sgd"}, {OptimizerName::adamw, "adamw"}, {OptimizerName::lamb, "lamb"}};
-inline std::string_view to_string(OptimizerName v) {
-  for (const auto& [e, s] : kOptimizerNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(OptimizerName v) { return enum_name(kOptimizerNames, v); }
 inline bool from_string(std::string_view text, OptimizerName& out) {
-  for (const auto& [e, s] : kOptimizerNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kOptimizerNames, text, out);
 }
 inline const auto& enum_names(OptimizerName) { return kOptimizerNames; }
 
@@ -35,18 +28,9 @@ inline constexpr std::pair<ScheduleName, std::string_view> kScheduleNames[] = {
     {ScheduleName::step, "step"},
     {ScheduleName::cosine, "cosine"},
     {ScheduleName::linear, "linear"}};
-inline std::string_view to_string(ScheduleName v) {
-  for (const auto& [e, s] : kScheduleNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(ScheduleName v) { return enum_name(kScheduleNames, v); }
 inline bool from_string(std::string_view text, ScheduleName& out) {
-  for (const auto& [e, s] : kScheduleNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kScheduleNames, text, out);
 }
 inline const auto& enum_names(ScheduleName) { return kScheduleNames; }
 
@@ -59,18 +43,9 @@ inline constexpr std::pair<NoDecayGroups, std::string_view> kNoDecayGroupsNames[
     {NoDecayGroups::none, "none"},
     {NoDecayGroups::norm_and_bias, "norm_and_bias"},
     {NoDecayGroups::norm_bias_embedding, "norm_bias_embedding"}};
-inline std::string_view to_string(NoDecayGroups v) {
-  for (const auto& [e, s] : kNoDecayGroupsNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(NoDecayGroups v) { return enum_name(kNoDecayGroupsNames, v); }
 inline bool from_string(std::string_view text, NoDecayGroups& out) {
-  for (const auto& [e, s] : kNoDecayGroupsNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kNoDecayGroupsNames, text, out);
 }
 inline const auto& enum_names(NoDecayGroups) { return kNoDecayGroupsNames; }
 

@@ -7,23 +7,16 @@
 #include <string_view>
 #include <utility>
 
+#include "core/enum_names.h"
+
 namespace dtrain {
 
 enum class PrecisionDType : uint8_t { fp32, fp16, bf16 };
 inline constexpr std::pair<PrecisionDType, std::string_view> kPrecisionDTypeNames[] = {
     {PrecisionDType::fp32, "fp32"}, {PrecisionDType::fp16, "fp16"}, {PrecisionDType::bf16, "bf16"}};
-inline std::string_view to_string(PrecisionDType v) {
-  for (const auto& [e, s] : kPrecisionDTypeNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(PrecisionDType v) { return enum_name(kPrecisionDTypeNames, v); }
 inline bool from_string(std::string_view text, PrecisionDType& out) {
-  for (const auto& [e, s] : kPrecisionDTypeNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kPrecisionDTypeNames, text, out);
 }
 inline const auto& enum_names(PrecisionDType) { return kPrecisionDTypeNames; }
 
@@ -32,18 +25,9 @@ inline constexpr std::pair<LossScaleMode, std::string_view> kLossScaleModeNames[
     {LossScaleMode::dynamic, "dynamic"},
     {LossScaleMode::static_, "static"},
     {LossScaleMode::none, "none"}};
-inline std::string_view to_string(LossScaleMode v) {
-  for (const auto& [e, s] : kLossScaleModeNames)
-    if (e == v) return s;
-  return "?";
-}
+inline std::string_view to_string(LossScaleMode v) { return enum_name(kLossScaleModeNames, v); }
 inline bool from_string(std::string_view text, LossScaleMode& out) {
-  for (const auto& [e, s] : kLossScaleModeNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kLossScaleModeNames, text, out);
 }
 inline const auto& enum_names(LossScaleMode) { return kLossScaleModeNames; }
 

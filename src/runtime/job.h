@@ -11,6 +11,7 @@
 
 #include "compress/options.h"
 #include "core/device.h"
+#include "core/enum_names.h"
 #include "data/options.h"
 #include "dist/options.h"
 #include "models/options.h"
@@ -48,17 +49,10 @@ inline constexpr std::pair<ActivationCheckpointing, std::string_view>
                                        {ActivationCheckpointing::every_k, "every_k"},
                                        {ActivationCheckpointing::sqrt, "sqrt"}};
 inline std::string_view to_string(ActivationCheckpointing v) {
-  for (const auto& [e, s] : kActivationCheckpointingNames)
-    if (e == v) return s;
-  return "?";
+  return enum_name(kActivationCheckpointingNames, v);
 }
 inline bool from_string(std::string_view text, ActivationCheckpointing& out) {
-  for (const auto& [e, s] : kActivationCheckpointingNames)
-    if (s == text) {
-      out = e;
-      return true;
-    }
-  return false;
+  return enum_parse(kActivationCheckpointingNames, text, out);
 }
 inline const auto& enum_names(ActivationCheckpointing) { return kActivationCheckpointingNames; }
 
