@@ -1,32 +1,52 @@
 #!/usr/bin/env bash
-# CPU peer benchmark: median fp32 ResNet-50 training-step time (batch 32, 224 px,
-# SGD momentum 0.9) of dtrain (configs/resnet50-synthetic.yaml) against eager
-# PyTorch (bench/peers/torch_resnet50_step.py), interleaved dtrain, torch, dtrain,
-# torch, ... so that load from other jobs on a shared machine hits both alike.
-# Writes JSON to $1 (default bench-cpu-peers.json): per-round medians, per-round
-# ratio dtrain/torch, and their medians. Speed is reported, never asserted.
+# CPU peer benchmark: median fp32 training-step time of dtrain against eager
+# PyTorch on the same model, data shape, optimizer and threads, interleaved
+# dtrain, torch, dtrain, torch, ... so that load from other jobs on a shared
+# machine hits both alike. MODEL picks the pair:
+#   resnet50  configs/resnet50-synthetic.yaml  vs bench/peers/torch_resnet50_step.py
+#             (batch 32 x 3 x 224 x 224, SGD momentum 0.9; goal ratio 0.5)
+#   bert-base configs/bert-base-synthetic.yaml vs bench/peers/torch_transformer_step.py
+#             (masked LM, batch 8 x 128 tokens, AdamW; goal ratio 0.6)
+#   gpt2      configs/gpt2-124m-synthetic.yaml vs bench/peers/torch_transformer_step.py
+#             (batch 4 x 64 tokens, AdamW; goal ratio 0.6)
+# Writes JSON to $1 (default bench-cpu-peers-$MODEL.json): per-round medians,
+# per-round ratio dtrain/torch, and their medians. Speed is reported, never asserted.
 #
 # PyTorch is a benchmark peer, not a dtrain dependency: when /usr/bin/python3 cannot
 # import torch, this script installs Debian's python3-torch and python3-torchvision
 # with apt-get (root needed). scripts/install-deps.sh does not install them.
 #
-# Environment: DTRAIN (binary; default build/src/cli/dtrain), ROUNDS (2),
+# Environment: MODEL (resnet50), DTRAIN (binary; default build/src/cli/dtrain), ROUNDS (2),
 # STEPS (steps per run, 2 of them warm-up; default 7), THREADS (2), KEEP_RUNS=1
 # keeps the dtrain run directories.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT="${1:-bench-cpu-peers.json}"
+MODEL="${MODEL:-resnet50}"
+OUT="${1:-bench-cpu-peers-$MODEL.json}"
 DTRAIN="${DTRAIN:-$ROOT/build/src/cli/dtrain}"
 ROUNDS="${ROUNDS:-2}"
 STEPS="${STEPS:-7}"
 THREADS="${THREADS:-2}"
 WARMUP=2
 PY=/usr/bin/python3
-CONFIG="$ROOT/configs/resnet50-synthetic.yaml"
-HELPER="$ROOT/bench/peers/torch_resnet50_step.py"
-
 die() { echo "bench-cpu-peers: $*" >&2; exit 1; }
+
+case "$MODEL" in
+  resnet50)
+    CONFIG="$ROOT/configs/resnet50-synthetic.yaml" GOAL=0.5
+    TORCH=("$ROOT/bench/peers/torch_resnet50_step.py")
+    WHAT="resnet50 fp32 train step, batch 32x3x224x224, SGD momentum 0.9" ;;
+  bert-base)
+    CONFIG="$ROOT/configs/bert-base-synthetic.yaml" GOAL=0.6
+    TORCH=("$ROOT/bench/peers/torch_transformer_step.py" --model bert-base)
+    WHAT="bert-base masked-LM fp32 train step, batch 8 x 128 tokens, AdamW" ;;
+  gpt2)
+    CONFIG="$ROOT/configs/gpt2-124m-synthetic.yaml" GOAL=0.6
+    TORCH=("$ROOT/bench/peers/torch_transformer_step.py" --model gpt2)
+    WHAT="gpt2 124M fp32 train step, batch 4 x 64 tokens, AdamW" ;;
+  *) die "MODEL=$MODEL: expected resnet50, bert-base or gpt2" ;;
+esac
 
 [[ -x "$DTRAIN" ]] || die "no dtrain binary at $DTRAIN (build it, or set DTRAIN=path)"
 ((STEPS >= WARMUP + 5)) || die "STEPS=$STEPS must leave at least 5 timed steps after $WARMUP warm-up"
@@ -67,7 +87,7 @@ print(json.dumps({"step_times_s": [r["step_time_s"] for r in steps],
 }
 
 run_torch() {
-  "$PY" "$HELPER" --steps "$STEPS" --warmup "$WARMUP" --threads "$THREADS" 2>"$WORK/torch-r$1.log" ||
+  "$PY" "${TORCH[@]}" --steps "$STEPS" --warmup "$WARMUP" --threads "$THREADS" 2>"$WORK/torch-r$1.log" ||
     die "PyTorch run $1 failed: $(tail -3 "$WORK/torch-r$1.log")"
 }
 
@@ -106,12 +126,12 @@ def sh(cmd):
         return None
 ratio = med([r["ratio_dtrain_over_torch"] for r in rounds])
 summary = {
-    "benchmark": "resnet50 fp32 train step, batch 32x3x224x224, SGD momentum 0.9",
+    "benchmark": "$WHAT",
     "dtrain_median_s": med([r["dtrain_median_s"] for r in rounds]),
     "torch_median_s": med([r["torch_median_s"] for r in rounds]),
     "ratio_dtrain_over_torch": ratio,
-    "goal_ratio": 0.5,
-    "goal_met": ratio <= 0.5,
+    "goal_ratio": $GOAL,
+    "goal_met": ratio <= $GOAL,
     "method": "per round: median step time after %d warm-up steps; ratio from the same round; "
               "overall values are medians over rounds" % warmup,
     "machine": {"threads_available": os.cpu_count(), "threads_used": int("$THREADS"),
@@ -128,6 +148,6 @@ summary = {
     "rounds": rounds,
 }
 json.dump(summary, open(out, "w"), indent=2)
-print("dtrain %.3f s  torch %.3f s  ratio %.2f (goal <= 0.5)  -> %s"
-      % (summary["dtrain_median_s"], summary["torch_median_s"], ratio, out))
+print("%s: dtrain %.3f s  torch %.3f s  ratio %.2f (goal <= %s)  -> %s"
+      % ("$MODEL", summary["dtrain_median_s"], summary["torch_median_s"], ratio, "$GOAL", out))
 EOF

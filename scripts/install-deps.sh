@@ -11,6 +11,7 @@ PKGS=(
   libdnnl-dev ocl-icd-opencl-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist
+  fortunes  # ~2.6 MB of English text: the corpus for `dtrain data tokenize`
 )
 
 missing=()

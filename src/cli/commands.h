@@ -25,5 +25,6 @@ void add_version(CLI::App& app, Action& action);
 void add_info(CLI::App& app, Action& action);
 void add_validate(CLI::App& app, Action& action);
 void add_train(CLI::App& app, Action& action);
+void add_data(CLI::App& app, Action& action);  // data tokenize
 
 }  // namespace dtrain::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   add_info(app, action);
   add_validate(app, action);
   add_train(app, action);
+  add_data(app, action);
   bool show_version = false;
   app.add_flag("--version", show_version, "print the version and exit");
   try {

@@ -100,7 +100,8 @@ Field data_section() {
                   integer("workers", AT(data.workers), IntRange{0, 256}),
                   integer("prefetch", AT(data.prefetch), IntRange{1, 64}),
                   boolean("shuffle", AT(data.shuffle)), boolean("drop_last", AT(data.drop_last)),
-                  std::move(augment), std::move(limit)});
+                  std::move(augment), std::move(limit),
+                  real("mlm_probability", AT(data.mlm_probability), RealRange{0, 1, true, true})});
 }
 
 Field optimizer_section() {

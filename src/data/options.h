@@ -94,6 +94,9 @@ struct DataOptions {
   bool drop_last = true;  // false: the last batch wraps around to the epoch's start
   AugmentOptions augment;
   LimitOptions limit;
+  // Masked-LM (BERT) on token shards: the share of positions predicted per window
+  // (then 80% [MASK], 10% a random token, 10% kept; see data/text_loader.h).
+  double mlm_probability = 0.15;
 };
 
 }  // namespace dtrain

@@ -7,8 +7,11 @@
 
 namespace dtrain::data_rng {
 
-inline constexpr uint32_t kShuffle = 0x10;    // stream index: epoch
-inline constexpr uint32_t kAugment = 0x11;    // stream index: epoch; block: sample index
-inline constexpr uint32_t kSynthetic = 0x12;  // rank field: split; stream index: sample index
+inline constexpr uint32_t kShuffle = 0x10;     // stream index: epoch
+inline constexpr uint32_t kAugment = 0x11;     // stream index: epoch; block: sample index
+inline constexpr uint32_t kSynthetic = 0x12;   // rank field: split; stream index: sample index
+inline constexpr uint32_t kTextOffset = 0x13;  // stream index: epoch (first token of window 0)
+inline constexpr uint32_t kMask = 0x14;      // stream index: window; block: epoch << 32 | position
+inline constexpr uint32_t kDocSplit = 0x15;  // stream index: document (train / validation)
 
 }  // namespace dtrain::data_rng

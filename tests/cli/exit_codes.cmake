@@ -1,6 +1,6 @@
 # Usage errors exit 2 (not 1, not a crash), and subcommands that do not work
 # yet (estimate, bench) are absent rather than placeholders.
-foreach(args "frobnicate" "train;no-such-job.yaml" "train" "estimate;job.yaml" "bench" "validate" "--no-such-flag")
+foreach(args "frobnicate" "train;no-such-job.yaml" "train" "estimate;job.yaml" "bench" "validate" "--no-such-flag" "data" "data;tokenize")
   execute_process(COMMAND ${DTRAIN} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 2)
     message(FATAL_ERROR "dtrain ${args}: exit ${rc}, expected 2\n${out}${err}")

@@ -1,0 +1,133 @@
+// `dtrain data tokenize --input PATH... --out DIR (--vocab-size N | --vocab-json F
+// --merges-txt F) [--val-fraction F] [--seed S]`: reads a text corpus, trains a
+// byte-level BPE tokenizer on its training documents (or loads GPT-2's), and
+// writes DIR/tokenizer.json, DIR/train.bin and DIR/val.bin (the data.path of a
+// `dataset: tokens` job). The rules for inputs and documents are in data/text_corpus.h.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/text_corpus.h"
+#include "data/token_shards.h"
+#include "data/tokenizer.h"
+
+namespace dtrain::cli {
+namespace {
+
+struct TokenizeArgs {
+  std::vector<std::string> inputs;
+  std::string out;
+  int64_t vocab_size = 0;
+  double val_fraction = 0.01;
+  std::string vocab_json;
+  std::string merges_txt;
+  uint64_t seed = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Tokenizer make_tokenizer(const TokenizeArgs& args, const TextCorpus& corpus,
+                         const std::vector<DocSplit>& split) {
+  if (!args.vocab_json.empty()) return Tokenizer::load_gpt2(args.vocab_json, args.merges_txt);
+  std::vector<std::string_view> docs;
+  for (size_t i = 0; i < split.size(); ++i)
+    if (split[i] == DocSplit::train) docs.push_back(corpus.document(i));
+  return Tokenizer::train(docs, args.vocab_size);
+}
+
+void check_args(const TokenizeArgs& args) {
+  const bool gpt2 = !args.vocab_json.empty() || !args.merges_txt.empty();
+  if (gpt2 && (args.vocab_json.empty() || args.merges_txt.empty()))
+    throw Error("--vocab-json and --merges-txt go together",
+                "pass both of GPT-2's files, or neither and --vocab-size N to train a tokenizer");
+  if (gpt2 && args.vocab_size != 0)
+    throw Error("--vocab-size trains a new tokenizer; it cannot be combined with --vocab-json",
+                "drop --vocab-size to use GPT-2's vocabulary as it is");
+  if (!gpt2 && args.vocab_size == 0)
+    throw Error(
+        "dtrain data tokenize needs --vocab-size N (or GPT-2's --vocab-json and "
+        "--merges-txt)",
+        "e.g. --vocab-size 8192");
+  if (!gpt2 && args.vocab_size < kMinVocab)
+    throw Error(fmt::format("--vocab-size {} is below {} (256 byte tokens and {} specials)",
+                            args.vocab_size, kMinVocab, kNumSpecials),
+                "typical sizes are 4096 to 65536");
+  std::error_code ec;
+  if (std::filesystem::exists(args.out, ec) && !std::filesystem::is_directory(args.out, ec))
+    throw Error(fmt::format("--out {}: exists and is not a directory", args.out),
+                "pass a directory (it is created when missing)");
+}
+
+int run_tokenize(const TokenizeArgs& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  check_args(args);
+  const TextCorpus corpus = read_text_corpus(args.inputs);
+  const std::vector<DocSplit> split =
+      split_documents(corpus.documents(), args.seed, args.val_fraction);
+  const auto t_tok = std::chrono::steady_clock::now();
+  const Tokenizer tok = make_tokenizer(args, corpus, split);
+  const double tok_s = seconds_since(t_tok);
+  const std::vector<TokenId> train = encode_documents(tok, corpus, split, DocSplit::train);
+  const std::vector<TokenId> val = encode_documents(tok, corpus, split, DocSplit::validation);
+  const std::filesystem::path dir(args.out);
+  tok.save((dir / "tokenizer.json").string());
+  write_token_shard((dir / "train.bin").string(), train, tok.vocab_size());
+  write_token_shard((dir / "val.bin").string(), val, tok.vocab_size());
+
+  const int64_t val_docs = std::count(split.begin(), split.end(), DocSplit::validation);
+  const auto tokens = static_cast<double>(train.size() + val.size());
+  std::printf("input: %zu files (%zu skipped), %lld documents (%lld train, %lld val), %lld bytes\n",
+              corpus.files.size(), corpus.skipped.size(),
+              static_cast<long long>(corpus.documents()),
+              static_cast<long long>(corpus.documents() - val_docs),
+              static_cast<long long>(val_docs), static_cast<long long>(corpus.bytes()));
+  const std::string short_of =
+      args.vocab_size > tok.vocab_size()
+          ? fmt::format(" (of {} asked: no pair occurs twice any more)", args.vocab_size)
+          : "";
+  std::printf("tokenizer: %s, vocab %lld%s (%zu merges), %.2f s\n",
+              args.vocab_json.empty() ? "trained" : "GPT-2 files",
+              static_cast<long long>(tok.vocab_size()), short_of.c_str(), tok.spec().merges.size(),
+              tok_s);
+  std::printf("tokens: %zu train, %zu val (%s); %.2f bytes/token\n", train.size(), val.size(),
+              tok.vocab_size() <= 65536 ? "u16" : "u32",
+              tokens > 0 ? static_cast<double>(corpus.bytes()) / tokens : 0.0);
+  std::printf("wrote %s/{tokenizer.json,train.bin,val.bin} in %.2f s\n", args.out.c_str(),
+              seconds_since(t0));
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_data(CLI::App& app, Action& action) {
+  CLI::App* data = app.add_subcommand("data", "prepare training data (tokenize text)");
+  data->require_subcommand(1);
+  auto args = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = data->add_subcommand(
+      "tokenize", "train a byte-level BPE tokenizer and write token shards for language models");
+  cmd->add_option("--input", args->inputs, "text files or directories (repeatable)")
+      ->required()
+      ->expected(1, -1);
+  cmd->add_option("--out", args->out, "output directory (tokenizer.json, train.bin, val.bin)")
+      ->required();
+  cmd->add_option("--vocab-size", args->vocab_size,
+                  fmt::format("tokens in the trained vocabulary (>= {})", kMinVocab))
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--val-fraction", args->val_fraction,
+                  "share of documents held out for validation (default 0.01)")
+      ->check(CLI::Range(0.0, 0.99));
+  cmd->add_option("--vocab-json", args->vocab_json, "GPT-2 vocab.json (instead of training)");
+  cmd->add_option("--merges-txt", args->merges_txt, "GPT-2 merges.txt (with --vocab-json)");
+  cmd->add_option("--seed", args->seed, "seed of the train/validation split (default 0)");
+  cmd->callback([args, &action] { action = [args] { return run_tokenize(*args); }; });
+}
+
+}  // namespace dtrain::cli

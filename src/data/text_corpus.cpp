@@ -1,0 +1,160 @@
+// Input discovery, the file rules, fortune records and the document split for
+// `dtrain data tokenize` (rules in text_corpus.h).
+#include "data/text_corpus.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/file_bytes.h"
+#include "data/rng_streams.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kInputHint = "pass text files, or directories holding them, to --input";
+
+bool skipped_name(const fs::path& p) {
+  const std::string name = p.filename().string();
+  return name.empty() || name[0] == '.' || p.extension() == ".dat" || p.extension() == ".u8";
+}
+
+// Regular files under `dir`, sorted, without the skipped names.
+std::vector<fs::path> files_under(const std::string& dir, std::vector<std::string>& skipped) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  auto it = fs::recursive_directory_iterator(dir, ec);
+  if (ec) throw Error(fmt::format("{}: cannot list: {}", dir, ec.message()), kInputHint);
+  for (const fs::directory_entry& e : it) {
+    if (!e.is_regular_file(ec)) continue;
+    if (skipped_name(e.path())) {
+      skipped.push_back(e.path().string());
+      continue;
+    }
+    out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool is_separator(std::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  return line == "%";
+}
+
+bool blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+  });
+}
+
+// Appends the documents of one file's text to the corpus.
+void add_documents(TextCorpus& corpus, std::string_view text) {
+  std::vector<std::string_view> records;
+  size_t start = 0;
+  bool fortune = false;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    end = end == std::string_view::npos ? text.size() : end + 1;
+    std::string_view line = text.substr(at, end - at);
+    if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+    if (is_separator(line)) {
+      fortune = true;
+      records.push_back(text.substr(start, at - start));
+      start = end;
+    }
+    at = end;
+  }
+  records.push_back(text.substr(start));
+  if (!fortune) records = {text};
+  for (std::string_view r : records) {
+    if (blank(r)) continue;
+    corpus.spans.emplace_back(corpus.text.size(), r.size());
+    corpus.text += r;
+  }
+}
+
+}  // namespace
+
+TextCorpus read_text_corpus(const std::vector<std::string>& inputs) {
+  if (inputs.empty()) throw Error("no input files", kInputHint);
+  TextCorpus corpus;
+  std::set<std::string> seen;
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(input, ec);
+    if (!fs::exists(st))
+      throw Error(fmt::format("{}: no such file or directory", input), kInputHint);
+    const bool dir = fs::is_directory(st);
+    std::vector<fs::path> files =
+        dir ? files_under(input, corpus.skipped) : std::vector<fs::path>{fs::path(input)};
+    for (const fs::path& file : files) {
+      const std::string canonical = fs::weakly_canonical(file, ec).string();
+      if (!seen.insert(ec ? file.string() : canonical).second) continue;
+      const FileBytes f = read_file_bytes(file.string(), kInputHint);
+      const auto nul = std::find(f.bytes.begin(), f.bytes.end(), uint8_t{0});
+      if (nul != f.bytes.end()) {
+        if (dir) {
+          corpus.skipped.push_back(file.string());
+          continue;
+        }
+        throw Error(fmt::format("{}: holds a NUL byte, so it is binary, not text",
+                                f.where(static_cast<uint64_t>(nul - f.bytes.begin()))),
+                    kInputHint);
+      }
+      corpus.files.push_back(file.string());
+      add_documents(
+          corpus, std::string_view(reinterpret_cast<const char*>(f.bytes.data()), f.bytes.size()));
+    }
+  }
+  if (corpus.spans.empty())
+    throw Error(fmt::format("no text in {} ({} files read, {} skipped)", fmt::join(inputs, ", "),
+                            corpus.files.size(), corpus.skipped.size()),
+                kInputHint);
+  return corpus;
+}
+
+std::vector<DocSplit> split_documents(int64_t documents, uint64_t seed, double fraction) {
+  DTRAIN_CHECK(documents >= 0 && fraction >= 0 && fraction < 1, "{} documents, fraction {}",
+               documents, fraction);
+  const auto threshold = static_cast<uint64_t>(std::llround(fraction * 0x1p32));
+  std::vector<DocSplit> out(static_cast<size_t>(documents), DocSplit::train);
+  std::vector<uint32_t> draw(out.size());
+  int64_t val = 0;
+  for (int64_t i = 0; i < documents; ++i) {
+    draw[i] = Philox(seed, rng_stream_id(data_rng::kDocSplit, 0, static_cast<uint64_t>(i))).u32(0);
+    if (draw[i] < threshold) {
+      out[i] = DocSplit::validation;
+      ++val;
+    }
+  }
+  if (fraction <= 0 || documents < 2) return out;
+  if (val == 0)
+    out[std::min_element(draw.begin(), draw.end()) - draw.begin()] = DocSplit::validation;
+  if (val == documents)
+    out[std::max_element(draw.begin(), draw.end()) - draw.begin()] = DocSplit::train;
+  return out;
+}
+
+std::vector<TokenId> encode_documents(const Tokenizer& tokenizer, const TextCorpus& corpus,
+                                      const std::vector<DocSplit>& split, DocSplit side) {
+  DTRAIN_CHECK(split.size() == corpus.spans.size());
+  std::vector<TokenId> out;
+  const TokenId eot = tokenizer.special(Special::endoftext);
+  for (size_t i = 0; i < split.size(); ++i) {
+    if (split[i] != side) continue;
+    out.push_back(eot);
+    tokenizer.encode_append(corpus.document(i), out);
+  }
+  return out;
+}
+
+}  // namespace dtrain

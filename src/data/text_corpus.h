@@ -1,0 +1,48 @@
+// Plain-text corpora for `dtrain data tokenize`: which files of the inputs are
+// read, how they split into documents, and the deterministic train/validation
+// split. Produces bytes and document boundaries only; tokenizing is tokenizer.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace dtrain {
+
+// Inputs are files or directories (searched recursively, in path order). In a
+// directory, hidden names, *.dat (strfile indexes of fortune files) and *.u8
+// (fortune's UTF-8 aliases, symlinks to the same text) are skipped, and so is any
+// file holding a NUL byte (binary); a file named directly must be text. The same
+// file reached twice (symlinks) is read once. Files may be gzip-compressed.
+// Documents: a file with a line that is exactly "%" is a fortune file whose
+// records (the text between such lines) are documents; any other file is one
+// document. Documents of only whitespace are dropped.
+struct TextCorpus {
+  std::vector<std::string> files;                // read, in order
+  std::vector<std::string> skipped;              // directory entries passed over
+  std::string text;                              // every document's bytes, back to back
+  std::vector<std::pair<size_t, size_t>> spans;  // (offset, length) of each document in text
+  std::string_view document(size_t i) const {
+    return std::string_view(text).substr(spans[i].first, spans[i].second);
+  }
+  int64_t documents() const { return static_cast<int64_t>(spans.size()); }
+  int64_t bytes() const { return static_cast<int64_t>(text.size()); }
+};
+TextCorpus read_text_corpus(const std::vector<std::string>& inputs);
+
+// Document i goes to validation when the first word of Philox(seed, (doc_split, i))
+// is below fraction * 2^32. With 0 < fraction and at least two documents, each
+// side keeps at least one (the lowest draw moves to validation, the highest to train).
+enum class DocSplit : uint8_t { train, validation };
+std::vector<DocSplit> split_documents(int64_t documents, uint64_t seed, double fraction);
+
+// The documents of one side as one token stream: <|endoftext|> before each
+// document (GPT-2's convention, as in llm.c), then its tokens.
+std::vector<TokenId> encode_documents(const Tokenizer& tokenizer, const TextCorpus& corpus,
+                                      const std::vector<DocSplit>& split, DocSplit side);
+
+}  // namespace dtrain

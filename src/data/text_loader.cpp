@@ -1,0 +1,182 @@
+// Window geometry, the per-epoch offset, causal rows, masked rows, and loading of
+// a tokenized directory. Masking draws one Philox block per (window, position):
+// stream (mask, window), block (epoch << 32 | position); words: select, action,
+// replacement id. The fallback position of an unselected window uses block
+// (epoch << 32 | 0xffffffff).
+#include "data/text_loader.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/rng_streams.h"
+
+namespace dtrain {
+namespace {
+
+int64_t window_tokens(const TextBatchConfig& c) {
+  return c.task == LmTask::causal ? c.seq_len + 1 : c.seq_len;
+}
+
+// W windows at stride T need (W-1)*T + window tokens; causal windows overlap by one.
+int64_t count_windows(const TokenShard& shard, const TextBatchConfig& c) {
+  DTRAIN_CHECK(c.seq_len > 0 && c.batch > 0 && c.world > 0, "T {} B {} world {}", c.seq_len,
+               c.batch, c.world);
+  const auto n = static_cast<int64_t>(shard.tokens.size());
+  const int64_t need = window_tokens(c);
+  if (n < need)
+    throw Error(fmt::format("{}: {} tokens, fewer than one window of {} (sequence length {}{})",
+                            shard.path, n, need, c.seq_len,
+                            c.task == LmTask::causal ? " + 1 for the shifted labels" : ""),
+                "lower model.seq_len, or tokenize more text");
+  const int64_t w = c.task == LmTask::causal ? (n - 1) / c.seq_len : n / c.seq_len;
+  const int64_t global = c.batch * c.world;
+  if (c.order == TextOrder::shuffled && w < global)
+    throw Error(
+        fmt::format("{}: {} tokens make {} windows of {}, fewer than one global batch of {} "
+                    "({} per rank x {} ranks)",
+                    shard.path, n, w, c.seq_len, global, c.batch, c.world),
+        "lower data.global_batch or model.seq_len, or tokenize more text");
+  return w;
+}
+
+SamplerConfig sampler_config(int64_t windows, const TextBatchConfig& c) {
+  SamplerConfig s;
+  s.dataset_size = windows;
+  s.batch = c.batch;
+  s.rank = c.rank;
+  s.world = c.world;
+  s.seed = c.seed;
+  const bool train = c.order == TextOrder::shuffled;
+  s.shuffle = train ? Shuffle::on : Shuffle::off;
+  s.tail = train ? Tail::drop : Tail::pad;
+  return s;
+}
+
+// Multiply-shift of a 32-bit draw onto [0, n).
+int64_t below(uint32_t u, int64_t n) {
+  return static_cast<int64_t>((uint64_t{u} * static_cast<uint64_t>(n)) >> 32);
+}
+
+}  // namespace
+
+TextBatches::TextBatches(std::shared_ptr<const TokenShard> shard, TextBatchConfig config,
+                         DataPosition start)
+    : shard_(std::move(shard)),
+      config_(config),
+      windows_(count_windows(*shard_, config_)),
+      slack_(static_cast<int64_t>(shard_->tokens.size()) -
+             ((windows_ - 1) * config_.seq_len + window_tokens(config_))),
+      sampler_(sampler_config(windows_, config_), start),
+      rows_(static_cast<size_t>(config_.batch)) {
+  if (config_.task == LmTask::masked) {
+    const MaskingConfig& m = config_.masking;
+    DTRAIN_CHECK(
+        m.first_special > 0 && m.mask_id >= m.first_special && m.mask_id < shard_->vocab_size,
+        "mask id {} first special {} vocab {}", m.mask_id, m.first_special, shard_->vocab_size);
+    DTRAIN_CHECK(m.probability > 0 && m.probability < 1, "mask probability {}", m.probability);
+  }
+}
+
+int64_t TextBatches::window_start(int64_t epoch, int64_t window) const {
+  int64_t offset = 0;
+  if (config_.order == TextOrder::shuffled && slack_ > 0) {
+    const Philox rng(config_.seed,
+                     rng_stream_id(data_rng::kTextOffset, 0, static_cast<uint64_t>(epoch)));
+    offset = below(rng.u32(0), slack_ + 1);
+  }
+  return offset + window * config_.seq_len;
+}
+
+void TextBatches::fill_masked(int64_t epoch, int64_t window, const TokenId* tokens, int32_t* input,
+                              int32_t* labels) const {
+  const MaskingConfig& m = config_.masking;
+  const bool eval = config_.order == TextOrder::sequential;
+  const Philox rng(eval ? kEvalMaskSeed : config_.seed,
+                   rng_stream_id(data_rng::kMask, 0, static_cast<uint64_t>(window)));
+  const uint64_t epoch_bits = static_cast<uint64_t>(eval ? 0 : epoch) << 32;
+  const auto threshold = static_cast<uint64_t>(std::llround(m.probability * 0x1p32));
+  const int64_t t_len = config_.seq_len;
+  // Selected position p becomes [MASK] / a random ordinary id / itself by word 1.
+  auto apply = [&](int64_t p, const PhiloxCounter& w) {
+    labels[p] = tokens[p];
+    const float action = u32_to_uniform(w[1]);
+    if (action < 0.8f) {
+      input[p] = m.mask_id;
+    } else if (action < 0.9f) {
+      input[p] = static_cast<int32_t>(below(w[2], m.first_special));
+    }
+  };
+  int64_t selected = 0, ordinary = 0;
+  for (int64_t p = 0; p < t_len; ++p) {
+    input[p] = tokens[p];
+    labels[p] = kIgnoreLabel;
+    if (tokens[p] >= m.first_special) continue;
+    ++ordinary;
+    const PhiloxCounter w = rng.block(epoch_bits | static_cast<uint64_t>(p));
+    if (w[0] < threshold) {
+      apply(p, w);
+      ++selected;
+    }
+  }
+  if (selected > 0 || ordinary == 0) return;
+  const PhiloxCounter w = rng.block(epoch_bits | 0xffffffffull);
+  int64_t k = below(w[0], ordinary);
+  for (int64_t p = 0; p < t_len; ++p) {
+    if (tokens[p] < m.first_special && k-- == 0) {
+      apply(p, w);
+      return;
+    }
+  }
+}
+
+BatchInfo TextBatches::next(int32_t* input, int32_t* labels, int64_t* window_ids) {
+  const BatchInfo info = sampler_.next(rows_.data());
+  const int64_t t_len = config_.seq_len;
+  const TokenId* tokens = shard_->tokens.data();
+  for (int64_t b = 0; b < config_.batch; ++b) {
+    const int64_t window = rows_[static_cast<size_t>(b)];
+    if (window_ids != nullptr) window_ids[b] = window;
+    const TokenId* w = tokens + window_start(info.epoch, window);
+    int32_t* in = input + b * t_len;
+    int32_t* lab = labels + b * t_len;
+    if (config_.task == LmTask::causal) {
+      std::copy(w, w + t_len, in);
+      std::copy(w + 1, w + t_len + 1, lab);
+    } else {
+      fill_masked(info.epoch, window, w, in, lab);
+    }
+    if (b >= info.valid) std::fill(lab, lab + t_len, kIgnoreLabel);
+  }
+  return info;
+}
+
+TokenBatch TextBatches::next() {
+  TokenBatch out;
+  out.input = Tensor::empty({config_.batch, config_.seq_len}, DType::i32);
+  out.labels = Tensor::empty({config_.batch, config_.seq_len}, DType::i32);
+  out.info = next(out.input.data<int32_t>(), out.labels.data<int32_t>());
+  return out;
+}
+
+TextData open_text_data(const std::string& dir) {
+  const std::filesystem::path d(dir);
+  TextData data;
+  data.tokenizer =
+      std::make_shared<const Tokenizer>(Tokenizer::load((d / "tokenizer.json").string()));
+  data.train = std::make_shared<const TokenShard>(read_token_shard((d / "train.bin").string()));
+  data.val = std::make_shared<const TokenShard>(read_token_shard((d / "val.bin").string()));
+  for (const auto& shard : {data.train, data.val}) {
+    if (shard->vocab_size != data.tokenizer->vocab_size())
+      throw Error(fmt::format("{}: vocab size {}, but {}/tokenizer.json has {}", shard->path,
+                              shard->vocab_size, dir, data.tokenizer->vocab_size()),
+                  "the shards and the tokenizer come from different runs; run `dtrain data "
+                  "tokenize` again into an empty directory");
+  }
+  return data;
+}
+
+}  // namespace dtrain

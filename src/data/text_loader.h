@@ -1,0 +1,99 @@
+// Language-model batches from a token shard: causal-LM (GPT: labels are the inputs
+// shifted by one) and masked-LM (BERT: 15% of positions predicted). Windows are
+// cut at stride T; the image Sampler orders them per epoch and shards them by
+// rank, so a batch is a pure function of (seed, epoch, batch index, rank, world)
+// and DataPosition is the checkpointed position. Tokenizing lives in tokenizer.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "data/sampler.h"
+#include "data/token_shards.h"
+#include "data/tokenizer.h"
+
+namespace dtrain {
+
+enum class LmTask : uint8_t { causal, masked };
+// shuffled (training): per-epoch window order and start offset from the seed, the
+// last partial global batch dropped. sequential (evaluation): windows in file
+// order from token 0, the last batch padded by wrapping around with its padding
+// rows' labels all kIgnoreLabel, masks from kEvalMaskSeed, the same every epoch.
+enum class TextOrder : uint8_t { shuffled, sequential };
+
+inline constexpr int32_t kIgnoreLabel = -100;                     // cross-entropy's ignore_index
+inline constexpr uint64_t kEvalMaskSeed = 0x6576616c6d61736bull;  // "evalmask"
+
+// Masked-LM: each ordinary position (id < first_special) of a window is selected
+// independently with `probability`; a selected one becomes mask_id (80%), a
+// uniform ordinary id (10%) or stays (10%), and its label is the original id;
+// all other labels are kIgnoreLabel. A window with no selected position gets one
+// (a uniform ordinary position), so every window has a defined loss. Special
+// tokens (<|endoftext|> between documents) are never selected.
+struct MaskingConfig {
+  double probability = 0.15;
+  TokenId mask_id = -1;
+  TokenId first_special = -1;  // Tokenizer::first_special()
+};
+
+struct TextBatchConfig {
+  LmTask task = LmTask::causal;
+  int64_t seq_len = 0;  // T
+  int64_t batch = 1;    // B, per rank
+  int rank = 0;
+  int world = 1;
+  uint64_t seed = 0;
+  TextOrder order = TextOrder::shuffled;
+  MaskingConfig masking;  // LmTask::masked only
+};
+
+struct TokenBatch {
+  Tensor input;   // i32 [B, T]
+  Tensor labels;  // i32 [B, T]
+  BatchInfo info;
+};
+
+// Windows: causal ones hold T+1 tokens (inputs [s, s+T), labels [s+1, s+T+1)),
+// masked ones T; window k of an epoch starts at offset + k*T. There are
+// W = (n-1)/T causal (n/T masked) windows in n tokens; the offset is uniform in
+// [0, slack] (slack: the tokens left over by the W windows), drawn per epoch from
+// Philox(seed, (text_offset, epoch)), so each epoch sees slightly shifted windows.
+class TextBatches {
+ public:
+  TextBatches(std::shared_ptr<const TokenShard> shard, TextBatchConfig config,
+              DataPosition start = {});
+
+  // This rank's next batch into input and labels, i32 [B, T] row-major each;
+  // window_ids (B, optional) receives the window index of each row.
+  BatchInfo next(int32_t* input, int32_t* labels, int64_t* window_ids = nullptr);
+  TokenBatch next();
+  DataPosition position() const { return sampler_.position(); }
+  int64_t windows() const { return windows_; }
+  int64_t batches_per_epoch() const { return sampler_.batches_per_epoch(); }
+  // The first token of window `window` in epoch `epoch`.
+  int64_t window_start(int64_t epoch, int64_t window) const;
+
+ private:
+  void fill_masked(int64_t epoch, int64_t window, const TokenId* tokens, int32_t* input,
+                   int32_t* labels) const;
+
+  std::shared_ptr<const TokenShard> shard_;
+  TextBatchConfig config_;
+  int64_t windows_ = 0;
+  int64_t slack_ = 0;
+  Sampler sampler_;
+  std::vector<int64_t> rows_;
+};
+
+// What `dtrain data tokenize` writes into one directory (data.path).
+struct TextData {
+  std::shared_ptr<const Tokenizer> tokenizer;  // dir/tokenizer.json
+  std::shared_ptr<const TokenShard> train;     // dir/train.bin
+  std::shared_ptr<const TokenShard> val;       // dir/val.bin
+};
+// Loads and cross-checks the three files (the shards' vocab size is the tokenizer's).
+TextData open_text_data(const std::string& dir);
+
+}  // namespace dtrain

@@ -1,0 +1,150 @@
+// Token shards: write/read round trips in both widths, and every way a shard can
+// be wrong ends in an Error naming the file and the byte offset. Also the text
+// corpus rules (fortune records, skipped files) and the document split.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "core/checksum.h"
+#include "core/error.h"
+#include "data/text_corpus.h"
+#include "data/token_shards.h"
+#include "data_files.h"
+
+using namespace dtrain;
+using namespace dtrain::test;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+void put_le32(Bytes& b, size_t at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b[at + static_cast<size_t>(i)] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+// Rewrites the header checksum after an edit of the payload.
+void fix_crc(Bytes& b) {
+  put_le32(b, 28, crc32c(b.data() + kTokenShardHeader, b.size() - kTokenShardHeader));
+}
+
+}  // namespace
+
+TEST_CASE("token shard: round trip, u16 and u32, and the header layout") {
+  TempDir dir("shard");
+  const std::vector<TokenId> small = {0, 1, 65535, 300, 7};
+  write_token_shard(dir.file("a.bin"), small, 65536);
+  const Bytes a = read_all(dir.file("a.bin"));
+  CHECK(a.size() == kTokenShardHeader + 2 * small.size());
+  CHECK(std::memcmp(a.data(), "DTTOKENS", 8) == 0);
+  CHECK(a[8] == 1);   // version
+  CHECK(a[12] == 2);  // u16
+  CHECK(a[16] == 5);  // count
+  CHECK(a[26] == 1);  // vocab 65536 = 0x10000
+  CHECK(a[34] == 1);  // second token, low byte first
+  TokenShard s = read_token_shard(dir.file("a.bin"));
+  CHECK(s.tokens == small);
+  CHECK(s.vocab_size == 65536);
+
+  const std::vector<TokenId> big = {70000, 0, 100276};
+  write_token_shard(dir.file("b.bin"), big, 100277);
+  CHECK(read_all(dir.file("b.bin")).size() == kTokenShardHeader + 4 * big.size());
+  CHECK(read_token_shard(dir.file("b.bin")).tokens == big);
+
+  write_token_shard(dir.file("empty.bin"), {}, 300);
+  CHECK(read_token_shard(dir.file("empty.bin")).tokens.empty());
+  // The writer leaves no temporary file behind.
+  for (const auto& e : std::filesystem::directory_iterator(dir.str()))
+    CHECK(e.path().string().find(".tmp") == std::string::npos);
+}
+
+TEST_CASE("bad token shards name the file, the byte offset and what to do") {
+  TempDir dir("shard-bad");
+  write_token_shard(dir.file("good.bin"), {1, 2, 3, 4}, 300);
+  const Bytes good = read_all(dir.file("good.bin"));
+  const std::string path = dir.file("bad.bin");
+  auto read_bad = [&](const std::function<void(Bytes&)>& edit) {
+    Bytes b = good;
+    edit(b);
+    write_plain(path, b);
+    return error_of([&] { read_token_shard(path); });
+  };
+  std::string e = read_bad([](Bytes& b) { b[0] = 'X'; });
+  CHECK(has(e, path + ": byte 0: wrong magic"));
+  CHECK(has(e, "hint: the shard is damaged"));
+  CHECK(has(read_bad([](Bytes& b) { b[8] = 9; }),
+            "byte 8: format version 9 is not supported (this dtrain reads version 1)"));
+  CHECK(has(read_bad([](Bytes& b) { b[12] = 3; }), "byte 12: bytes per token 3"));
+  CHECK(has(read_bad([](Bytes& b) { b.resize(b.size() - 1); }),
+            "byte 16: the header says 4 tokens (8 bytes) but 7 payload bytes follow (truncated"));
+  CHECK(has(read_bad([](Bytes& b) { b.resize(20); }),
+            "byte 20: file ends inside the 32-byte header"));
+  CHECK(has(read_bad([](Bytes& b) {
+              b.push_back(0);
+              b.push_back(0);
+            }),
+            "the header says 4 tokens (8 bytes) but 10 payload bytes follow"));
+  CHECK(has(read_bad([](Bytes& b) { b[33] ^= 1; }), "byte 28: payload checksum"));
+  e = read_bad([](Bytes& b) {
+    b[36] = 0x2c;  // token 2 becomes 300 + ... = 0x012c = 300, the vocab size
+    b[37] = 0x01;
+    fix_crc(b);
+  });
+  CHECK(has(e, path + ": byte 36: token 300 (number 2) is not below the vocab size 300"));
+  CHECK(has(read_bad([](Bytes& b) { put_le32(b, 24, 70000); }), "byte 24: vocab size 70000"));
+  CHECK(has(error_of([&] { read_token_shard(dir.file("none.bin")); }), "file not found"));
+}
+
+TEST_CASE("text corpus: fortune records, skipped files, whole-file documents") {
+  TempDir dir("corpus");
+  std::filesystem::create_directories(dir.file("sub"));
+  write_plain(dir.file("sub/quotes"),
+              Bytes{'o', 'n',  'e', '\n', '%', '\n', 't', 'w', 'o', '\n', 'x', '\n',
+                    '%', '\n', ' ', '\n', '%', '\n', 't', 'h', 'r', 'e',  'e', '\n'});
+  write_plain(dir.file("sub/quotes.dat"), Bytes{2, 0, 0, 0, 1});  // a strfile index
+  write_plain(dir.file("sub/quotes.u8"), Bytes{'d', 'u', 'p'});
+  write_plain(dir.file("blob"), Bytes{'a', 0, 'b'});  // binary: skipped
+  write_plain(dir.file("plain.txt"), Bytes{'5', '0', '%', '\n', 'o', 'k'});
+  const TextCorpus c = read_text_corpus({dir.str()});
+  CHECK(c.files.size() == 2);
+  CHECK(c.skipped.size() == 3);
+  REQUIRE(c.documents() == 4);
+  CHECK(c.document(0) == "50%\nok");  // plain.txt sorts before sub/
+  CHECK(c.document(1) == "one\n");
+  CHECK(c.document(2) == "two\nx\n");
+  CHECK(c.document(3) == "three\n");  // the blank record between is dropped
+
+  std::string e = error_of([&] { read_text_corpus({dir.file("missing")}); });
+  CHECK(has(e, dir.file("missing") + ": no such file or directory"));
+  e = error_of([&] { read_text_corpus({dir.file("blob")}); });
+  CHECK(has(e, dir.file("blob") + ": byte 1: holds a NUL byte"));
+  TempDir empty("corpus-empty");
+  CHECK(has(error_of([&] { read_text_corpus({empty.str()}); }), "no text in"));
+}
+
+TEST_CASE("document split: deterministic, near the fraction, both sides non-empty") {
+  const auto a = split_documents(10000, 3, 0.05);
+  CHECK(a == split_documents(10000, 3, 0.05));
+  CHECK(a != split_documents(10000, 4, 0.05));
+  const auto val = std::count(a.begin(), a.end(), DocSplit::validation);
+  CHECK(val > 400);
+  CHECK(val < 600);
+  const auto two = split_documents(2, 0, 0.01);
+  CHECK(std::count(two.begin(), two.end(), DocSplit::validation) == 1);
+  const auto none = split_documents(50, 0, 0.0);
+  CHECK(std::count(none.begin(), none.end(), DocSplit::validation) == 0);
+  const auto most = split_documents(3, 0, 0.99);
+  CHECK(std::count(most.begin(), most.end(), DocSplit::train) >= 1);
+}
