@@ -1,5 +1,5 @@
-// Pointwise activations, forward and backward: ReLU and GELU (tanh
-// approximation and exact erf form). Backward takes the forward input x.
+// Pointwise activations, forward and backward: ReLU, GELU (tanh
+// approximation and exact erf form) and tanh. Backward takes the forward input x.
 // x, y, dy, dx share one dtype (f32, f16, bf16); maths in f32.
 #pragma once
 
@@ -7,7 +7,7 @@
 
 namespace dtrain::kernels {
 
-enum class Activation : uint8_t { relu, gelu_tanh, gelu_erf };
+enum class Activation : uint8_t { relu, gelu_tanh, gelu_erf, tanh };
 
 void activation_forward(Activation act, const Tensor& x, Tensor& y);
 void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);

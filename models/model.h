@@ -7,11 +7,17 @@
 
 namespace dtrain::models {
 
+// Shapes: image classifiers (ResNet, ViT) and BERT with num_classes take
+// input [N, C, H, W] f32 / ids i32 [B, T], labels i32 [N], logits f32 [N, K].
+// Language models (BERT masked-LM, GPT-2) take ids i32 [B, T] and labels i32
+// [B, T] (BERT: the original token at masked positions, -100 elsewhere; GPT-2:
+// the next token), logits f32 [B, T, V]; the loss is the mean over the labelled
+// tokens. A graph without a loss (BERT's pooler-only variant) has labels = loss = -1.
 struct ModelGraph {
   graph::Graph graph;
-  graph::ValueId input = -1;   // images f32 [N, C, H, W] (token ids i32 [B, T] for language models)
-  graph::ValueId labels = -1;  // class ids i32 [N]
-  graph::ValueId logits = -1;  // f32 [N, K]
+  graph::ValueId input = -1;   // images f32 [N, C, H, W], or token ids i32 [B, T]
+  graph::ValueId labels = -1;  // class ids i32 [N], or token ids i32 [B, T]
+  graph::ValueId logits = -1;  // f32 [N, K], or [B, T, V]
   graph::ValueId loss = -1;    // mean softmax cross-entropy, f32 [1]
 };
 

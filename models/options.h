@@ -36,12 +36,15 @@ struct ModelOptions {
   std::optional<bool> zero_init_residual;  // cnn: last BN gamma of each block starts at 0
   std::optional<int> patch_size;           // vit
   std::optional<int> seq_len;              // bert, gpt (and the token count of a vit is derived)
-  std::optional<int> vocab_size;           // bert, gpt
-  std::optional<int> layers;               // transformer blocks
-  std::optional<int> hidden;               // model width
-  std::optional<int> heads;                // attention heads; hidden % heads == 0
-  std::optional<int> ffn;                  // MLP width
-  std::optional<double> dropout;           // transformers
+  // bert, gpt: rows of the learned position table, fixed by the architecture (BERT
+  // 512, GPT-2 1024) so a shorter seq_len keeps the checkpoint shape; seq_len <= it.
+  std::optional<int> max_positions;
+  std::optional<int> vocab_size;  // bert, gpt
+  std::optional<int> layers;      // transformer blocks
+  std::optional<int> hidden;      // model width
+  std::optional<int> heads;       // attention heads; hidden % heads == 0
+  std::optional<int> ffn;         // MLP width
+  std::optional<double> dropout;  // transformers
 };
 
 struct ArchPreset {
@@ -53,14 +56,24 @@ struct ArchPreset {
 };
 
 inline constexpr ArchPreset kArchPresets[] = {
-    {"resnet18", ModelFamily::cnn, 0, 0, 0},         {"resnet34", ModelFamily::cnn, 0, 0, 0},
-    {"resnet50", ModelFamily::cnn, 0, 0, 0},         {"resnet101", ModelFamily::cnn, 0, 0, 0},
-    {"resnet152", ModelFamily::cnn, 0, 0, 0},        {"bert-tiny", ModelFamily::bert, 2, 128, 2},
-    {"bert-mini", ModelFamily::bert, 4, 256, 4},     {"bert-base", ModelFamily::bert, 12, 768, 12},
-    {"bert-large", ModelFamily::bert, 24, 1024, 16}, {"vit-tiny", ModelFamily::vit, 12, 192, 3},
-    {"vit-small", ModelFamily::vit, 12, 384, 6},     {"vit-base", ModelFamily::vit, 12, 768, 12},
-    {"vit-large", ModelFamily::vit, 24, 1024, 16},   {"gpt2", ModelFamily::gpt, 12, 768, 12},
-    {"gpt2-medium", ModelFamily::gpt, 24, 1024, 16}, {"gpt2-large", ModelFamily::gpt, 36, 1280, 20},
+    {"resnet18", ModelFamily::cnn, 0, 0, 0},
+    {"resnet34", ModelFamily::cnn, 0, 0, 0},
+    {"resnet50", ModelFamily::cnn, 0, 0, 0},
+    {"resnet101", ModelFamily::cnn, 0, 0, 0},
+    {"resnet152", ModelFamily::cnn, 0, 0, 0},
+    {"bert-tiny", ModelFamily::bert, 2, 128, 2},
+    {"bert-mini", ModelFamily::bert, 4, 256, 4},
+    {"bert-small", ModelFamily::bert, 4, 512, 8},
+    {"bert-base", ModelFamily::bert, 12, 768, 12},
+    {"bert-large", ModelFamily::bert, 24, 1024, 16},
+    {"vit-tiny", ModelFamily::vit, 12, 192, 3},
+    {"vit-small", ModelFamily::vit, 12, 384, 6},
+    {"vit-base", ModelFamily::vit, 12, 768, 12},
+    {"vit-large", ModelFamily::vit, 24, 1024, 16},
+    {"gpt2-tiny", ModelFamily::gpt, 4, 256, 4},
+    {"gpt2", ModelFamily::gpt, 12, 768, 12},
+    {"gpt2-medium", ModelFamily::gpt, 24, 1024, 16},
+    {"gpt2-large", ModelFamily::gpt, 36, 1280, 20},
     {"gpt2-xl", ModelFamily::gpt, 48, 1600, 25},
 };
 
@@ -111,10 +124,12 @@ inline ModelOptions preset_options(const ArchPreset& a) {
   if (a.family == ModelFamily::vit) m.patch_size = 16;
   if (a.family == ModelFamily::bert) {
     m.seq_len = 128;
+    m.max_positions = 512;
     m.vocab_size = 30522;
   }
   if (a.family == ModelFamily::gpt) {
     m.seq_len = 1024;
+    m.max_positions = 1024;
     m.vocab_size = 50257;
   }
   return m;

@@ -8,7 +8,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/bert.h"
+#include "models/gpt2.h"
 #include "models/resnet.h"
+#include "models/vit.h"
 
 namespace dtrain::models {
 namespace {
@@ -18,10 +21,28 @@ ModelGraph resnet(const ModelOptions& options, int64_t batch) {
   return build_resnet(depth, options, batch);
 }
 
+ModelGraph bert(const ModelOptions& options, int64_t batch) { return build_bert(options, batch); }
+
 constexpr ModelEntry kModels[] = {
-    {"resnet18", resnet<kResNet18>},   {"resnet34", resnet<kResNet34>},
-    {"resnet50", resnet<kResNet50>},   {"resnet101", resnet<kResNet101>},
+    {"resnet18", resnet<kResNet18>},
+    {"resnet34", resnet<kResNet34>},
+    {"resnet50", resnet<kResNet50>},
+    {"resnet101", resnet<kResNet101>},
     {"resnet152", resnet<kResNet152>},
+    {"bert-tiny", bert},
+    {"bert-mini", bert},
+    {"bert-small", bert},
+    {"bert-base", bert},
+    {"bert-large", bert},
+    {"vit-tiny", build_vit},
+    {"vit-small", build_vit},
+    {"vit-base", build_vit},
+    {"vit-large", build_vit},
+    {"gpt2-tiny", build_gpt2},
+    {"gpt2", build_gpt2},
+    {"gpt2-medium", build_gpt2},
+    {"gpt2-large", build_gpt2},
+    {"gpt2-xl", build_gpt2},
 };
 
 std::string built_names() {

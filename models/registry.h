@@ -23,7 +23,7 @@ struct ModelEntry {
 std::span<const ModelEntry> built_models();
 const ModelEntry* find_model(std::string_view arch);  // nullptr when there is no builder yet
 
-// input [batch, ...], labels i32 [batch], loss = softmax cross-entropy. Throws
+// The shapes of models/model.h (labels [batch] or [batch, T]), loss = softmax cross-entropy. Throws
 // Error naming the arch (and listing the built ones) when there is no builder.
 ModelGraph build_model(const ModelOptions& options, int64_t batch);
 

@@ -3,6 +3,7 @@
 //   gelu_tanh(x) = x/2 (1 + tanh(u)), u = k (x + c x^3), k = sqrt(2/pi), c = 0.044715
 //                  d/dx = (1 + t)/2 + x/2 (1 - t^2) k (1 + 3 c x^2), t = tanh(u)
 //   gelu_erf(x)  = x/2 (1 + erf(x / sqrt 2))       d/dx = Phi(x) + x phi(x)
+//   tanh(x)                                        d/dx = 1 - tanh(x)^2
 // Fixed chunks in parallel; no reductions, so results are thread-independent.
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,8 @@ float forward_one(Activation act, float x) {
       return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x)));
     case Activation::gelu_erf:
       return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2));
+    case Activation::tanh:
+      return std::tanh(x);
   }
   return 0.0f;
 }
@@ -47,6 +50,10 @@ float derivative(Activation act, float x) {
     }
     case Activation::gelu_erf:
       return 0.5f * (1.0f + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5f * x * x);
+    case Activation::tanh: {
+      const float t = std::tanh(x);
+      return 1.0f - t * t;
+    }
   }
   return 0.0f;
 }

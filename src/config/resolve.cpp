@@ -48,6 +48,7 @@ void resolve_model(Job& job, const SourceMap& where) {
   take_preset(m.zero_init_residual, p.zero_init_residual, "zero_init_residual", *arch, where);
   take_preset(m.patch_size, p.patch_size, "patch_size", *arch, where);
   take_preset(m.seq_len, p.seq_len, "seq_len", *arch, where);
+  take_preset(m.max_positions, p.max_positions, "max_positions", *arch, where);
   take_preset(m.vocab_size, p.vocab_size, "vocab_size", *arch, where);
   take_preset(m.layers, p.layers, "layers", *arch, where);
   take_preset(m.hidden, p.hidden, "hidden", *arch, where);

@@ -81,6 +81,7 @@ Field model_section() {
        boolean("zero_init_residual", AT(model.zero_init_residual)),
        integer("patch_size", AT(model.patch_size), kPositive),
        integer("seq_len", AT(model.seq_len), kPositive),
+       integer("max_positions", AT(model.max_positions), kPositive),
        integer("vocab_size", AT(model.vocab_size), kPositive),
        integer("layers", AT(model.layers), kPositive),
        integer("hidden", AT(model.hidden), kPositive), integer("heads", AT(model.heads), kPositive),

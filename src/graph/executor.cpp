@@ -26,6 +26,18 @@ Executor::Executor(const Graph& graph)
       buffers_(graph.buffer_layout()),
       values_(static_cast<size_t>(graph.num_values())),
       saved_(graph.nodes().size()) {
+  first_user_.assign(static_cast<size_t>(params_.size()), -1);
+  last_user_.assign(static_cast<size_t>(params_.size()), -1);
+  for (int i = static_cast<int>(graph.nodes().size()) - 1; i >= 0; --i) {
+    const Node& n = graph.nodes()[static_cast<size_t>(i)];
+    for (size_t k = 0; k < n.params.size(); ++k) {
+      const auto p = static_cast<size_t>(n.params[k]);
+      for (size_t j = 0; j < k; ++j)
+        DTRAIN_CHECK(n.params[j] != n.params[k], "node {} uses param {} twice", n.name, p);
+      if (first_user_[p] < 0) first_user_[p] = i;
+      last_user_[p] = i;
+    }
+  }
   params_.allocate();
   grads_.allocate();
   buffers_.allocate();
@@ -88,14 +100,31 @@ void Executor::backward(ValueId loss) {
   for (int i = static_cast<int>(graph_.nodes().size()) - 1; i >= 0; --i) backward_node(i, vgrad);
 }
 
+std::vector<Tensor> Executor::grad_targets(const Node& n, int index) const {
+  std::vector<Tensor> gp;
+  for (int p : n.params) {
+    if (first_user_[static_cast<size_t>(p)] == index) {
+      gp.push_back(grads_.view(p));
+    } else {
+      gp.push_back(alloc({grads_.entries()[static_cast<size_t>(p)].spec.shape,
+                          grads_.entries()[static_cast<size_t>(p)].spec.dtype}));
+    }
+  }
+  return gp;
+}
+
 void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   const Node& n = graph_.nodes()[static_cast<size_t>(index)];
-  std::vector<Tensor> gp = views(grads_, n.params);
   bool reached = false;
   for (ValueId v : n.outputs) reached = reached || vgrad[static_cast<size_t>(v)].defined();
-  if (!reached) {  // the loss does not depend on this node: its gradients are zero
-    for (Tensor& g : gp) kernels::fill(g, 0.0f);
+  if (!reached) {  // the loss does not depend on this node: its contributions are zero
+    for (int p : n.params) {
+      if (first_user_[static_cast<size_t>(p)] != index) continue;
+      Tensor g = grads_.view(p);
+      kernels::fill(g, 0.0f);
+    }
   } else {
+    std::vector<Tensor> gp = grad_targets(n, index);
     if (hooks.pre_op) hooks.pre_op(index, Phase::backward);
     std::vector<Tensor> in, out, dout, din, fresh;
     for (ValueId v : n.inputs) in.push_back(value(v));
@@ -120,6 +149,11 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
                   out,   p,     b,     saved_[static_cast<size_t>(index)], ws,
                   dout,  din,   gp};
     n.op->backward(ctx);
+    for (size_t k = 0; k < n.params.size(); ++k) {
+      if (first_user_[static_cast<size_t>(n.params[k])] == index) continue;
+      Tensor total = grads_.view(n.params[k]);
+      kernels::axpy(1.0f, gp[k], total);
+    }
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (!din[k].defined()) continue;
       Tensor& acc = vgrad[static_cast<size_t>(n.inputs[k])];
@@ -136,7 +170,8 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   for (ValueId v : n.outputs) vgrad[static_cast<size_t>(v)] = Tensor();
   saved_[static_cast<size_t>(index)].clear();
   if (hooks.grad_ready) {
-    for (int p : n.params) hooks.grad_ready(p);
+    for (int p : n.params)
+      if (last_user_[static_cast<size_t>(p)] == index) hooks.grad_ready(p);
   }
 }
 

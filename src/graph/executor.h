@@ -1,7 +1,10 @@
 // Runs a graph: forward over a batch, then backward from the scalar loss.
 // Hooks let distribution attach from outside: pre_op fires before every op
 // (ZeRO-3 gather, pipeline receive) and grad_ready fires for each parameter
-// the moment its gradient is final (DDP buckets, ZeRO reduce-scatter).
+// the moment its gradient is final (DDP buckets, ZeRO reduce-scatter). A tied
+// parameter (several nodes use it) gets the sum of its users' gradients: the
+// first user in backward order overwrites, later ones add theirs through a
+// temporary; grad_ready fires once, after the last contribution.
 // Activations are plain allocations from the caching pool for now; the memory
 // planner (one arena from static lifetimes) replaces that without changing this API.
 #pragma once
@@ -39,11 +42,16 @@ class Executor {
 
  private:
   void backward_node(int index, std::vector<Tensor>& vgrad);
+  // The gradient tensors node `index` writes: the param's own view for its first
+  // user in backward order, a fresh temporary (added in afterwards) for later users.
+  std::vector<Tensor> grad_targets(const Node& n, int index) const;
 
   const Graph& graph_;
   FlatStore params_, grads_, buffers_;
   std::vector<Tensor> values_;
   std::vector<std::vector<Tensor>> saved_;
+  // Per param: the highest and lowest node index using it (= first and last in backward).
+  std::vector<int> first_user_, last_user_;
   Tensor workspace_;
   Mode mode_ = Mode::train;
   uint64_t seed_ = 0, step_ = 0;

@@ -15,8 +15,42 @@ const Value& Graph::value(ValueId v) const {
   return values_[static_cast<size_t>(v)];
 }
 
+namespace {
+
+const Tie* find_tie(const std::vector<Tie>& ties, int local) {
+  for (const Tie& t : ties)
+    if (t.local == local) return &t;
+  return nullptr;
+}
+
+}  // namespace
+
+void Graph::check_ties(const std::string& name, const OpInfo& info,
+                       const std::vector<Tie>& ties) const {
+  for (const Tie& t : ties) {
+    if (t.local < 0 || t.local >= static_cast<int>(info.params.size())) {
+      throw Error(fmt::format("graph node \"{}\": tie of parameter {}, but the op has {}", name,
+                              t.local, info.params.size()));
+    }
+    if (t.param < 0 || t.param >= static_cast<int>(params_.size())) {
+      throw Error(fmt::format("graph node \"{}\": tie to parameter {}, but the graph has {}", name,
+                              t.param, params_.size()));
+    }
+    const ParamSpec& mine = info.params[static_cast<size_t>(t.local)];
+    const FlatEntry& theirs = params_[static_cast<size_t>(t.param)];
+    if (!(mine.shape == theirs.spec.shape) || mine.dtype != theirs.spec.dtype) {
+      throw Error(fmt::format(
+          "graph node \"{}\": parameter {} {}{} cannot be tied to \"{}\" of node \"{}\", "
+          "which is {}{}",
+          name, mine.name, dtype_name(mine.dtype), mine.shape.str(), theirs.name,
+          nodes_[static_cast<size_t>(theirs.node)].name, dtype_name(theirs.spec.dtype),
+          theirs.spec.shape.str()));
+    }
+  }
+}
+
 std::vector<ValueId> Graph::add(const std::string& name, std::unique_ptr<Op> op,
-                                const std::vector<ValueId>& inputs) {
+                                const std::vector<ValueId>& inputs, const std::vector<Tie>& ties) {
   for (const Node& n : nodes_) {
     if (n.name == name) throw Error(fmt::format("graph: two nodes are named \"{}\"", name));
   }
@@ -32,9 +66,15 @@ std::vector<ValueId> Graph::add(const std::string& name, std::unique_ptr<Op> op,
   } catch (const Error& e) {
     throw Error(fmt::format("graph node \"{}\": {}", name, e.message()), e.hint());
   }
+  check_ties(name, node.info, ties);
   node.name = name;
   node.inputs = inputs;
-  for (const ParamSpec& p : node.info.params) {
+  for (size_t i = 0; i < node.info.params.size(); ++i) {
+    if (const Tie* t = find_tie(ties, static_cast<int>(i))) {
+      node.params.push_back(t->param);
+      continue;
+    }
+    const ParamSpec& p = node.info.params[i];
     node.params.push_back(static_cast<int>(params_.size()));
     params_.push_back({name + "." + p.name, p, static_cast<int>(nodes_.size()), 0});
   }
@@ -55,10 +95,16 @@ std::vector<ValueId> Graph::add(const std::string& name, std::unique_ptr<Op> op,
 }
 
 ValueId Graph::add1(const std::string& name, std::unique_ptr<Op> op,
-                    const std::vector<ValueId>& inputs) {
-  std::vector<ValueId> out = add(name, std::move(op), inputs);
+                    const std::vector<ValueId>& inputs, const std::vector<Tie>& ties) {
+  std::vector<ValueId> out = add(name, std::move(op), inputs, ties);
   DTRAIN_CHECK(out.size() == 1, "node {} has {} outputs", name, out.size());
   return out[0];
+}
+
+int Graph::param_index(const std::string& name) const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].name == name) return static_cast<int>(i);
+  throw Error(fmt::format("graph: no parameter named \"{}\"", name));
 }
 
 int64_t Graph::num_params() const {

@@ -1,6 +1,9 @@
 // A static graph of ops. Built once by a model builder; shapes are inferred
 // as nodes are added, so every shape error surfaces at build time, naming the
 // node. The graph owns its ops and the layout of parameters and buffers.
+// Weight tying: a node may reuse a parameter of an earlier node instead of
+// declaring its own (an LM head tied to the token embedding); the parameter is
+// stored and counted once and the executor sums the gradients of its users.
 #pragma once
 
 #include <memory>
@@ -21,13 +24,19 @@ struct Value {
   bool requires_grad = false;
 };
 
+// Node param `local` (index into the op's OpInfo::params) reuses graph param `param`.
+struct Tie {
+  int local = 0;
+  int param = 0;
+};
+
 struct Node {
   std::string name;
   std::unique_ptr<Op> op;
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   OpInfo info;
-  std::vector<int> params;   // indices into the graph's parameter store layout
+  std::vector<int> params;   // indices into the graph's parameter store layout (tied ones shared)
   std::vector<int> buffers;  // indices into the buffer layout
 };
 
@@ -36,20 +45,25 @@ class Graph {
   ValueId input(const std::string& name, const Shape& shape, DType dtype);
   // Adds a node; returns its output values. Throws Error naming the node on a
   // shape mismatch or a duplicate name.
+  // A tied param must match the existing one in shape and dtype (Error naming both nodes).
   std::vector<ValueId> add(const std::string& name, std::unique_ptr<Op> op,
-                           const std::vector<ValueId>& inputs);
-  ValueId add1(const std::string& name, std::unique_ptr<Op> op, const std::vector<ValueId>& inputs);
+                           const std::vector<ValueId>& inputs, const std::vector<Tie>& ties = {});
+  ValueId add1(const std::string& name, std::unique_ptr<Op> op, const std::vector<ValueId>& inputs,
+               const std::vector<Tie>& ties = {});
 
   const std::vector<Node>& nodes() const { return nodes_; }
   const Value& value(ValueId v) const;
   int num_values() const { return static_cast<int>(values_.size()); }
   const std::vector<FlatEntry>& param_layout() const { return params_; }
   const std::vector<FlatEntry>& buffer_layout() const { return buffers_; }
-  int64_t num_params() const;
-  double forward_flops() const;  // for the whole batch the graph was built for
+  int param_index(const std::string& name) const;  // throws Error naming a missing parameter
+  int64_t num_params() const;                      // a tied parameter counts once
+  double forward_flops() const;                    // for the whole batch the graph was built for
   size_t max_workspace_bytes() const;
 
  private:
+  void check_ties(const std::string& name, const OpInfo& info, const std::vector<Tie>& ties) const;
+
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<FlatEntry> params_;

@@ -1,5 +1,6 @@
 // The built-in op (layer) library. Each factory returns a fresh op; shapes in
-// the comments use the legend N batch, C channels, H/W spatial, T tokens, K classes.
+// the comments use the legend N/B batch, C channels, H/W spatial, T tokens,
+// K classes, V vocabulary, P positions (or patch size, where it says so).
 #pragma once
 
 #include <memory>
@@ -16,8 +17,15 @@ enum class Bias : uint8_t { no, yes };
 // default), out = K*R*R (torchvision's ResNet init, mode="fan_out").
 enum class KaimingFan : uint8_t { in, out };
 
+// Weight init N(0, std^2) with zero bias: the BERT / GPT-2 / ViT recipe (PyTorch's
+// kaiming-uniform default otherwise).
+struct NormalInit {
+  double std = 0.02;
+};
+
 // x [..., in] -> [..., out]; weight [out, in], bias [out]
 std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias);
+std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias, NormalInit init);
 // x [N, C, H, W] -> [N, K, OH, OW]; weight [K, C/groups, R, R]
 std::unique_ptr<Op> conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel,
                            int64_t stride, int64_t pad, int64_t dilation = 1, int64_t groups = 1,
@@ -38,8 +46,40 @@ std::unique_ptr<Op> global_avg_pool();
 std::unique_ptr<Op> flatten();
 // a, b (same shape) -> a + b
 std::unique_ptr<Op> add();
-// qkv [B, T, 3C] (q, k, v each [B, T, H, D], C = H * D) -> [B, T, C]
-std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal);
+// Whether self_attention takes a second input, the key-padding mask u8 [B, T]
+// (1 = attend, 0 = padding).
+enum class KeyMask : uint8_t { none, input };
+// qkv [B, T, 3C] (q, k, v each [B, T, H, D], C = H * D) (, key mask u8 [B, T]) -> [B, T, C].
+// Memory: the kernel tiles the keys with an online softmax and saves only the
+// attention output and the row log-sum-exp f32 [B, H, T]; no B*H*T*T tensor
+// exists in forward or backward (backward recomputes probabilities per tile).
+// No dropout on the attention probabilities (dropout follows the projection).
+std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal,
+                                   KeyMask mask = KeyMask::none);
+// Whether token_embedding takes a second input, token-type ids i32 [B, T];
+// without it every token is type 0 (the parameter still exists, as in BERT).
+enum class TypeIds : uint8_t { none, input };
+struct EmbeddingDims {
+  int64_t vocab = 1;      // V
+  int64_t positions = 1;  // P, at least T
+  int64_t types = 0;      // token types; 0: no token-type table
+  int64_t channels = 1;   // C
+  double init_std = 0.02;
+};
+// ids i32 [B, T] (, type ids i32 [B, T]) -> word[id] + position[t] (+ token_type[type]) [B, T, C].
+// Params word_embeddings.weight [V, C], position_embeddings.weight [P, C],
+// token_type_embeddings.weight [types, C]; all N(0, init_std^2). An id outside
+// the table is an Error naming the id and its position.
+std::unique_ptr<Op> token_embedding(const EmbeddingDims& dims, TypeIds type_ids = TypeIds::none);
+// images [N, C, H, W] -> patches [N, (H/P)*(W/P), C*P*P], patches row-major over
+// the image, each flattened in (c, py, px) order: followed by linear(C*P*P, hidden)
+// this is Conv2d(kernel = stride = P) with the conv weight [hidden, C, P, P] reshaped.
+std::unique_ptr<Op> patchify(int64_t patch);
+// x [N, T, C] -> [N, T + 1, C]: a learned class token prepended, then learned
+// positions added. Params class_token [C] (zeros), position_embeddings [T + 1, C].
+std::unique_ptr<Op> class_token_positions(int64_t tokens, int64_t channels, double init_std = 0.02);
+// x [B, T, C] -> x[:, index] [B, C] (BERT's pooler, ViT's class head)
+std::unique_ptr<Op> select_token(int64_t index);
 // logits [..., K], labels i32 [...] -> mean loss f32 [1]
 std::unique_ptr<Op> softmax_cross_entropy(int64_t ignore_index = -100,
                                           float label_smoothing = 0.0f);

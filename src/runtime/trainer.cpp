@@ -11,12 +11,12 @@
 #include <memory>
 
 #include "core/allocator.h"
-#include "data/loader.h"
 #include "kernels/elementwise.h"
 #include "models/registry.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
 #include "runtime/checkpoint.h"
+#include "runtime/data_feed.h"
 #include "runtime/metrics.h"
 #include "runtime/signals.h"
 #include "runtime/train_state.h"
@@ -62,8 +62,8 @@ void require_supported(const Job& job, int world) {
     unsupported("memory.offload", "on");
   if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
   if (job.logging.profile.steps != 0) unsupported("logging.profile.steps", "non-zero");
-  if (!find_arch(job.model.arch) || find_arch(job.model.arch)->family != ModelFamily::cnn) {
-    unsupported("model.arch", job.model.arch + " (only the ResNet family trains so far)");
+  if (!models::find_model(job.model.arch)) {
+    unsupported("model.arch", job.model.arch + " (no graph builder for it yet)");
   }
 }
 
@@ -109,16 +109,17 @@ class Trainer {
   void log_window(double loss, double seconds, double wait);
   void log_eval(const EvalResult& r);
   void save_checkpoint();
-  void set_batch(const Batch& b, Tensor& labels_copy, bool mask_padding);
+  void set_batch(const FeedBatch& b);
 
   const TrainRequest& req_;
   const Job& job_;
   models::ModelGraph model_;
   std::unique_ptr<graph::Executor> ex_;
   std::unique_ptr<optim::Optimizer> opt_;
-  std::shared_ptr<const Dataset> train_set_, test_set_;
-  std::unique_ptr<Loader> train_;
-  Tensor grad_acc_, labels_;
+  std::unique_ptr<DataSource> source_;
+  std::unique_ptr<DataFeed> train_;
+  Tensor grad_acc_;
+  bool language_model_ = false;
   TrainCounters counters_;
   int64_t total_steps_ = 0;
   int micro_batches_ = 1;
@@ -144,27 +145,17 @@ Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
   opt_ = optim::make_optimizer(job_.optimizer, segments_of(ex_->params(), job_.optimizer.no_decay),
                                flat.numel());
   if (micro_batches_ > 1) grad_acc_ = Tensor::empty(flat.shape(), DType::f32);
-  labels_ = Tensor::empty({batch}, DType::i32);
-
-  SyntheticSpec synth;
-  synth.geometry = {job_.model.in_channels.value_or(3), job_.model.image_size.value_or(32),
-                    job_.model.image_size.value_or(32), job_.model.num_classes.value_or(10)};
-  synth.seed = counters_.seed;
-  train_set_ = open_dataset(job_.data, Split::train, synth);
-  test_set_ = open_dataset(job_.data, Split::test, synth);
-  if (job_.data.limit.train) train_set_ = first_samples(train_set_, *job_.data.limit.train);
-  if (job_.data.limit.test) test_set_ = first_samples(test_set_, *job_.data.limit.test);
+  language_model_ = is_language_model(find_arch(job_.model.arch)->family);
+  source_ = DataSource::open(job_, counters_.seed);
   out_dir_ = job_.run.output_dir;
   ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
                                                 : fs::path(job_.train.checkpoint.dir);
   resume_if_asked();
-  train_ = std::make_unique<Loader>(
-      train_set_,
-      make_loader_config(job_.data, Split::train, counters_.seed, 0, 1, counters_.position));
+  train_ = source_->feed(FeedSplit::train, counters_.position);
   const int64_t per_epoch = train_->batches_per_epoch() / micro_batches_;
   if (per_epoch <= 0) {
     throw Error(fmt::format("data.global_batch: {} samples per step, but the training set has {}",
-                            job_.data.global_batch, train_set_->size()),
+                            job_.data.global_batch, train_->describe()),
                 "lower data.global_batch or data.micro_batch");
   }
   total_steps_ = job_.train.steps ? *job_.train.steps : *job_.train.epochs * per_epoch;
@@ -205,13 +196,9 @@ void Trainer::resume_if_asked() {
   }
 }
 
-void Trainer::set_batch(const Batch& b, Tensor& labels_copy, bool mask_padding) {
-  std::memcpy(labels_copy.raw(), b.labels.raw(), b.labels.nbytes());
-  if (mask_padding) {  // wrap-around padding counts for nothing (cross-entropy's ignore index)
-    for (int64_t i = b.valid; i < labels_copy.numel(); ++i) labels_copy.data<int32_t>()[i] = -100;
-  }
-  ex_->set_input(model_.input, b.images);
-  ex_->set_input(model_.labels, labels_copy);
+void Trainer::set_batch(const FeedBatch& b) {
+  ex_->set_input(model_.input, b.input);
+  ex_->set_input(model_.labels, b.labels);
 }
 
 // One optimizer step; returns the mean loss of its micro-batches.
@@ -219,8 +206,8 @@ double Trainer::train_step() {
   Tensor grads = ex_->grads().flat(DType::f32);
   double loss = 0;
   for (int m = 0; m < micro_batches_; ++m) {
-    const Batch& b = train_->next();
-    set_batch(b, labels_, false);
+    const FeedBatch& b = train_->next();
+    set_batch(b);
     ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step));
     ex_->backward(model_.loss);
     loss += ex_->value(model_.loss).data<float>()[0];
@@ -248,26 +235,31 @@ double Trainer::train_step() {
   return loss;
 }
 
+// Mean loss and top-1 accuracy over every predicted label of the test split:
+// images (one label per sample) and tokens (every label of a causal-LM window,
+// the masked positions of a masked-LM one) alike; -100 labels count for nothing.
 EvalResult Trainer::evaluate() {
-  LoaderConfig cfg = make_loader_config(job_.data, Split::test, counters_.seed);
-  Loader test(test_set_, cfg);
-  Tensor labels = Tensor::empty({job_.data.micro_batch}, DType::i32);
+  std::unique_ptr<DataFeed> test = source_->feed(FeedSplit::eval, {});
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t k = 0; k < test.batches_per_epoch(); ++k) {
-    const Batch& b = test.next();
-    set_batch(b, labels, true);
+  for (int64_t k = 0; k < test->batches_per_epoch(); ++k) {
+    const FeedBatch& b = test->next();
+    set_batch(b);
     ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
-    loss_sum += ex_->value(model_.loss).data<float>()[0] * static_cast<double>(b.valid);
     const Tensor& logits = ex_->value(model_.logits);
-    const int64_t classes = logits.dim(1);
-    for (int64_t i = 0; i < b.valid; ++i) {
+    const int64_t rows = b.labels.numel(), classes = logits.numel() / rows;
+    const int32_t* labels = b.labels.data<int32_t>();
+    int64_t counted = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      if (labels[i] < 0) continue;
       const float* row = logits.data<float>() + i * classes;
-      const int64_t best = std::max_element(row, row + classes) - row;
-      correct += best == b.labels.data<int32_t>()[i];
+      correct += std::max_element(row, row + classes) - row == labels[i];
+      ++counted;
     }
-    r.samples += b.valid;
+    // The graph's loss is the mean over the counted labels of this batch.
+    if (counted > 0) loss_sum += ex_->value(model_.loss).data<float>()[0] * counted;
+    r.samples += counted;
   }
   r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.samples, 1));
   r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(r.samples, 1));
@@ -279,14 +271,17 @@ void Trainer::log_window(double loss, double seconds, double wait) {
   const double lr =
       optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, counters_.step - 1, total_steps_);
   if (metrics_) {
-    metrics_->write({{"step", counters_.step},
-                     {"epoch", counters_.position.epoch},
-                     {"loss", loss},
-                     {"lr", lr},
-                     {"samples_per_s", samples / seconds},
-                     {"step_time_s", seconds},
-                     {"data_wait_s", wait},
-                     {"peak_host_bytes", host_allocator().stats().peak}});
+    nlohmann::json line = {{"step", counters_.step},
+                           {"epoch", counters_.position.epoch},
+                           {"loss", loss},
+                           {"lr", lr},
+                           {"samples_per_s", samples / seconds},
+                           {"step_time_s", seconds},
+                           {"data_wait_s", wait},
+                           {"peak_host_bytes", host_allocator().stats().peak}};
+    if (language_model_)
+      line["tokens_per_s"] = samples * static_cast<double>(*job_.model.seq_len) / seconds;
+    metrics_->write(line);
   }
   if (job_.logging.console) {
     const double eta = seconds * static_cast<double>(total_steps_ - counters_.step);
@@ -302,15 +297,26 @@ void Trainer::log_eval(const EvalResult& r) {
   last_eval_ = r;
   have_eval_ = true;
   if (metrics_) {
-    metrics_->write({{"step", counters_.step},
-                     {"eval", true},
-                     {"test_loss", r.loss},
-                     {"test_accuracy", r.accuracy},
-                     {"test_samples", r.samples}});
+    nlohmann::json line = {{"step", counters_.step},
+                           {"eval", true},
+                           {"test_loss", r.loss},
+                           {"test_accuracy", r.accuracy}};
+    if (language_model_) {  // accuracy over the predicted tokens (the masked ones for BERT)
+      line["test_tokens"] = r.samples;
+      line["test_perplexity"] = std::exp(r.loss);
+    } else {
+      line["test_samples"] = r.samples;
+    }
+    metrics_->write(line);
   }
   if (job_.logging.console) {
-    progress_.print(fmt::format("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
-                                counters_.step, r.loss, 100 * r.accuracy, r.samples));
+    progress_.print(
+        language_model_
+            ? fmt::format("eval at step {}: test loss {:.4f} (perplexity {:.1f}), token accuracy "
+                          "{:.2f}% ({} tokens)",
+                          counters_.step, r.loss, std::exp(r.loss), 100 * r.accuracy, r.samples)
+            : fmt::format("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
+                          counters_.step, r.loss, 100 * r.accuracy, r.samples));
   }
 }
 
@@ -370,8 +376,9 @@ int Trainer::run(const StopSignals& signals) {
                                   {"peak_host_bytes", host_allocator().stats().peak}};
   if (metrics_) metrics_->write(summary);
   std::ofstream(out_dir_ / "summary.json") << summary.dump(2) << "\n";
-  progress_.print(fmt::format("done: {} steps in {}, test accuracy {:.2f}%, output in {}",
-                              counters_.step, format_duration(secs), 100 * last_eval_.accuracy,
+  progress_.print(fmt::format("done: {} steps in {}, test {}accuracy {:.2f}%, output in {}",
+                              counters_.step, format_duration(secs),
+                              language_model_ ? "token " : "", 100 * last_eval_.accuracy,
                               out_dir_.string()));
   return 0;
 }

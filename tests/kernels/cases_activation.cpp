@@ -1,4 +1,4 @@
-// Kernel-table cases for kernels/activation.h: relu, gelu_tanh, gelu_erf on
+// Kernel-table cases for kernels/activation.h: relu, gelu_tanh, gelu_erf, tanh on
 // f32/f16/bf16, odd sizes; grad mode (f32) for the backward, and check-mode
 // cases of the backward kernel itself on half types against ref derivatives.
 #include "kernels/activation.h"
@@ -18,7 +18,8 @@ struct Act {
 
 constexpr Act kActs[] = {{kernels::Activation::relu, ref::Activation::relu, "relu"},
                          {kernels::Activation::gelu_tanh, ref::Activation::gelu_tanh, "gelu_tanh"},
-                         {kernels::Activation::gelu_erf, ref::Activation::gelu_erf, "gelu_erf"}};
+                         {kernels::Activation::gelu_erf, ref::Activation::gelu_erf, "gelu_erf"},
+                         {kernels::Activation::tanh, ref::Activation::tanh, "tanh"}};
 
 KernelCase forward_case(const Act& a, DType dt, const Shape& shape) {
   KernelCase c;

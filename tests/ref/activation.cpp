@@ -21,6 +21,8 @@ double activation(Activation act, double x) {
       return 0.5 * x * (1 + std::tanh(kK * (x + kC * x * x * x)));
     case Activation::gelu_erf:
       return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case Activation::tanh:
+      return std::tanh(x);
   }
   return 0.0;
 }
@@ -36,6 +38,8 @@ double activation_derivative(Activation act, double x) {
     case Activation::gelu_erf:
       return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) +
              x * std::exp(-x * x / 2) / std::sqrt(2 * kPi);
+    case Activation::tanh:
+      return 1 - std::tanh(x) * std::tanh(x);
   }
   return 0.0;
 }

@@ -1,6 +1,8 @@
 // Multi-head self-attention core: splits a fused qkv projection into heads,
 // runs the memory-efficient attention kernel and merges the heads back. The
-// projections themselves are ordinary linear ops around this one.
+// projections themselves are ordinary linear ops around this one. An optional
+// second input is the key-padding mask u8 [B, T]. Memory: only the output in
+// head layout and the row log-sum-exp are saved (no [T, T] scores anywhere).
 #include "kernels/attention.h"
 #include "graph/ops.h"
 #include "kernels/layout.h"
@@ -13,7 +15,8 @@ constexpr int kMerge[4] = {0, 2, 1, 3};     // [B, H, T, D] <-> [B, T, H, D]
 
 class SelfAttention final : public Op {
  public:
-  SelfAttention(int64_t heads, kernels::Causal causal) : heads_(heads), causal_(causal) {}
+  SelfAttention(int64_t heads, kernels::Causal causal, KeyMask mask)
+      : heads_(heads), causal_(causal), mask_(mask) {}
   std::string_view kind() const override { return "self_attention"; }
 
  protected:
@@ -28,11 +31,21 @@ class SelfAttention final : public Op {
     return static_cast<size_t>(s.b * s.t * s.c) * dtype_size(dt);
   }
 
+  int num_inputs() const override { return mask_ == KeyMask::input ? 2 : 1; }
+  Tensor key_mask(const OpContext& ctx) const {
+    return mask_ == KeyMask::input ? ctx.inputs[1] : Tensor();
+  }
+
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
     const Shape& x = in[0].shape;
     if (x.rank() != 3 || x[2] % 3 != 0 || (x[2] / 3) % heads_ != 0) {
       op_error(kind(), fmt::format("input {} must be [B, T, 3C] with C divisible by {} heads",
                                    x.str(), heads_));
+    }
+    if (mask_ == KeyMask::input &&
+        (!(in[1].shape == Shape{x[0], x[1]}) || in[1].dtype != DType::u8)) {
+      op_error(kind(), fmt::format("key mask must be u8 [{}, {}], got {} {}", x[0], x[1],
+                                   dtype_name(in[1].dtype), in[1].shape.str()));
     }
     const Dims s = dims(x);
     OpInfo info;
@@ -62,7 +75,7 @@ class SelfAttention final : public Op {
     kernels::Workspace rest{static_cast<char*>(ctx.workspace.data) + off,
                             ctx.workspace.bytes - off};
     kernels::attention_forward(args(s), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
-                               Tensor(), ctx.saved[0], ctx.saved[1], rest);
+                               key_mask(ctx), ctx.saved[0], ctx.saved[1], rest);
     Tensor y = ctx.outputs[0].reshape({s.b, s.t, heads_, s.d});
     kernels::permute(ctx.saved[0], kMerge, y);
   }
@@ -82,7 +95,7 @@ class SelfAttention final : public Op {
                             ctx.workspace.bytes - off};
     Tensor dq = grads.view(0, hs), dk = grads.view(n, hs), dv = grads.view(2 * n, hs);
     kernels::attention_backward(args(s), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
-                                Tensor(), ctx.saved[0], ctx.saved[1], dout, dq, dk, dv, rest);
+                                key_mask(ctx), ctx.saved[0], ctx.saved[1], dout, dq, dk, dv, rest);
     if (!ctx.grad_inputs[0].defined()) return;
     constexpr int kUnsplit[5] = {1, 3, 0, 2, 4};  // [3, B, H, T, D] -> [B, T, 3, H, D]
     Tensor dx = ctx.grad_inputs[0].reshape({s.b, s.t, 3, heads_, s.d});
@@ -92,13 +105,14 @@ class SelfAttention final : public Op {
  private:
   int64_t heads_;
   kernels::Causal causal_;
+  KeyMask mask_;
 };
 
 }  // namespace
 
-std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal) {
+std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal, KeyMask mask) {
   if (heads <= 0) op_error("self_attention", fmt::format("heads must be positive, got {}", heads));
-  return std::make_unique<SelfAttention>(heads, causal);
+  return std::make_unique<SelfAttention>(heads, causal, mask);
 }
 
 }  // namespace dtrain::graph

@@ -1,4 +1,6 @@
 // Linear (fully connected) layer: y = x W^T + b over the last dim of x.
+#include <optional>
+
 #include "graph/ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -8,7 +10,8 @@ namespace {
 
 class Linear final : public Op {
  public:
-  Linear(int64_t in, int64_t out, Bias bias) : in_(in), out_(out), bias_(bias) {}
+  Linear(int64_t in, int64_t out, Bias bias, std::optional<NormalInit> init)
+      : in_(in), out_(out), bias_(bias), init_(init) {}
   std::string_view kind() const override { return "linear"; }
 
  protected:
@@ -21,9 +24,14 @@ class Linear final : public Op {
     y[-1] = out_;
     OpInfo info;
     info.outputs = {{y, in[0].dtype}};
-    info.params.push_back({"weight", {out_, in_}, InitKind::kaiming_uniform, 0, in_});
+    if (init_) {
+      info.params.push_back({"weight", {out_, in_}, InitKind::normal, init_->std, in_});
+    } else {
+      info.params.push_back({"weight", {out_, in_}, InitKind::kaiming_uniform, 0, in_});
+    }
     if (bias_ == Bias::yes) {
-      info.params.push_back({"bias", {out_}, InitKind::kaiming_uniform, 0, in_, ParamGroup::bias});
+      const InitKind b = init_ ? InitKind::zeros : InitKind::kaiming_uniform;
+      info.params.push_back({"bias", {out_}, b, 0, in_, ParamGroup::bias});
     }
     info.flops = 2.0 * static_cast<double>(x.numel()) * static_cast<double>(out_);
     const int64_t rows = x.numel() / in_;
@@ -69,16 +77,32 @@ class Linear final : public Op {
  private:
   int64_t in_, out_;
   Bias bias_;
+  std::optional<NormalInit> init_;
 };
 
 }  // namespace
 
-std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias) {
-  if (in_features <= 0 || out_features <= 0) {
-    op_error("linear",
-             fmt::format("features must be positive, got {} -> {}", in_features, out_features));
+namespace {
+
+std::unique_ptr<Op> make_linear(int64_t in, int64_t out, Bias bias,
+                                std::optional<NormalInit> init) {
+  if (in <= 0 || out <= 0) {
+    op_error("linear", fmt::format("features must be positive, got {} -> {}", in, out));
   }
-  return std::make_unique<Linear>(in_features, out_features, bias);
+  if (init && !(init->std > 0)) {
+    op_error("linear", fmt::format("init std must be positive, got {}", init->std));
+  }
+  return std::make_unique<Linear>(in, out, bias, init);
+}
+
+}  // namespace
+
+std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias) {
+  return make_linear(in_features, out_features, bias, std::nullopt);
+}
+
+std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias, NormalInit init) {
+  return make_linear(in_features, out_features, bias, init);
 }
 
 }  // namespace dtrain::graph

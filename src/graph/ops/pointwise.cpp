@@ -18,6 +18,8 @@ class ActivationOp final : public Op {
         return "gelu_tanh";
       case kernels::Activation::gelu_erf:
         return "gelu";
+      case kernels::Activation::tanh:
+        return "tanh";
     }
     return "activation";
   }

@@ -1,0 +1,21 @@
+// GPT-2 (Radford et al. 2019) as a graph builder, laid out as Hugging Face's
+// GPT2LMHeadModel: token + position embeddings -> dropout, pre-LN blocks with
+// causal attention and a GELU(tanh) MLP, final LN, LM head tied to the token
+// embedding (no bias). Dropout after the embeddings and each residual branch;
+// none on the attention probabilities. The position table has max_positions rows.
+#pragma once
+
+#include <cstdint>
+
+#include "models/model.h"
+#include "models/options.h"
+
+namespace dtrain::models {
+
+// input ids i32 [B, T], labels i32 [B, T] (the next token of each position; -100
+// ignored) -> logits [B, T, V], mean cross-entropy over the labelled tokens.
+// Init: N(0, 0.02^2), the residual projections (attn.c_proj, mlp.c_proj)
+// N(0, (0.02 / sqrt(2 * layers))^2), biases 0, LN gamma 1.
+ModelGraph build_gpt2(const ModelOptions& options, int64_t batch);
+
+}  // namespace dtrain::models

@@ -1,0 +1,103 @@
+// Token-layout ops of vision and language transformers: patchify (images to a
+// sequence of flattened patches, a pure permutation) and select_token (one
+// token of each sequence, e.g. BERT's [CLS] for the pooler). No arithmetic.
+#include "graph/ops.h"
+#include "kernels/elementwise.h"
+#include "kernels/layout.h"
+
+namespace dtrain::graph {
+namespace {
+
+// [N, C, Hp, P, Wp, P] <-> [N, Hp, Wp, C, P, P]
+constexpr int kToPatches[6] = {0, 2, 4, 1, 3, 5};
+constexpr int kFromPatches[6] = {0, 3, 1, 4, 2, 5};
+
+class Patchify final : public Op {
+ public:
+  explicit Patchify(int64_t patch) : p_(patch) {}
+  std::string_view kind() const override { return "patchify"; }
+
+ protected:
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    const Shape& x = in[0].shape;
+    if (x.rank() != 4) op_error(kind(), fmt::format("input {} must be [N, C, H, W]", x.str()));
+    if (x[2] % p_ != 0 || x[3] % p_ != 0) {
+      op_error(kind(),
+               fmt::format("patch size {} does not divide the {}x{} image", p_, x[2], x[3]));
+    }
+    OpInfo info;
+    info.outputs = {{{x[0], (x[2] / p_) * (x[3] / p_), x[1] * p_ * p_}, in[0].dtype}};
+    info.keep = Keep::nothing;
+    return info;
+  }
+  Shape image6(const Shape& x) const { return {x[0], x[1], x[2] / p_, p_, x[3] / p_, p_}; }
+  Shape patches6(const Shape& x) const { return {x[0], x[2] / p_, x[3] / p_, x[1], p_, p_}; }
+
+  void do_forward(OpContext& ctx) const override {
+    const Shape& x = ctx.inputs[0].shape();
+    Tensor y = ctx.outputs[0].reshape(patches6(x));
+    kernels::permute(ctx.inputs[0].reshape(image6(x)), kToPatches, y);
+  }
+  void do_backward(OpContext& ctx) const override {
+    if (!ctx.grad_inputs[0].defined()) return;
+    const Shape& x = ctx.inputs[0].shape();
+    Tensor dx = ctx.grad_inputs[0].reshape(image6(x));
+    kernels::permute(ctx.grad_outputs[0].reshape(patches6(x)), kFromPatches, dx);
+  }
+
+ private:
+  int64_t p_;
+};
+
+class SelectToken final : public Op {
+ public:
+  explicit SelectToken(int64_t index) : index_(index) {}
+  std::string_view kind() const override { return "select_token"; }
+
+ protected:
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    const Shape& x = in[0].shape;
+    if (x.rank() != 3 || index_ >= x[1]) {
+      op_error(kind(), fmt::format("input {} must be [B, T, C] with T > {}", x.str(), index_));
+    }
+    OpInfo info;
+    info.outputs = {{{x[0], x[2]}, in[0].dtype}};
+    info.keep = Keep::nothing;
+    return info;
+  }
+  void do_forward(OpContext& ctx) const override {
+    const Tensor& x = ctx.inputs[0];
+    const int64_t b = x.dim(0), t = x.dim(1), c = x.dim(2);
+    for (int64_t i = 0; i < b; ++i) {
+      Tensor y = ctx.outputs[0].view(i * c, {c});
+      kernels::scale(1.0f, x.view((i * t + index_) * c, {c}), y);
+    }
+  }
+  void do_backward(OpContext& ctx) const override {
+    if (!ctx.grad_inputs[0].defined()) return;
+    Tensor& dx = ctx.grad_inputs[0];
+    const int64_t b = dx.dim(0), t = dx.dim(1), c = dx.dim(2);
+    kernels::fill(dx, 0.0f);
+    for (int64_t i = 0; i < b; ++i) {
+      Tensor row = dx.view((i * t + index_) * c, {c});
+      kernels::scale(1.0f, ctx.grad_outputs[0].view(i * c, {c}), row);
+    }
+  }
+
+ private:
+  int64_t index_;
+};
+
+}  // namespace
+
+std::unique_ptr<Op> patchify(int64_t patch) {
+  if (patch <= 0) op_error("patchify", fmt::format("patch size must be positive, got {}", patch));
+  return std::make_unique<Patchify>(patch);
+}
+
+std::unique_ptr<Op> select_token(int64_t index) {
+  if (index < 0) op_error("select_token", fmt::format("index must be >= 0, got {}", index));
+  return std::make_unique<SelectToken>(index);
+}
+
+}  // namespace dtrain::graph

@@ -1,0 +1,48 @@
+// What the trainer reads its batches from, whatever the model family: images and
+// class labels (ResNet, ViT) through the prefetching Loader, or token windows
+// (GPT: causal LM, BERT: masked LM) through TextBatches over the shards that
+// `dtrain data tokenize` wrote, or over synthetic tokens for throughput runs.
+// A batch is (input, labels) for the graph; labels equal to -100 count for nothing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "data/sampler.h"
+#include "runtime/job.h"
+
+namespace dtrain::runtime {
+
+struct FeedBatch {
+  Tensor input;       // f32 [B, C, H, W] images, or i32 [B, T] token ids
+  Tensor labels;      // i32 [B] classes, or i32 [B, T] (-100: not predicted)
+  DataPosition next;  // the position to checkpoint to resume after this batch
+  int64_t epoch = 0;
+};
+
+class DataFeed {
+ public:
+  virtual ~DataFeed() = default;
+  // The next batch; valid until the next call. For evaluation feeds, padding rows
+  // of the last batch have every label at -100.
+  virtual const FeedBatch& next() = 0;
+  virtual int64_t batches_per_epoch() const = 0;
+  virtual double wait_seconds() const = 0;   // time next() spent waiting for data
+  virtual std::string describe() const = 0;  // "15043 samples in .../train.bin", for errors
+};
+
+enum class FeedSplit : uint8_t { train, eval };
+
+// The training feed starts at `start`; the evaluation feed always at the
+// beginning, in order. Throws Error naming the key or file for unusable data
+// (a tokenizer whose vocabulary the model cannot hold, a missing directory, ...).
+class DataSource {
+ public:
+  static std::unique_ptr<DataSource> open(const Job& job, uint64_t seed);
+  virtual ~DataSource() = default;
+  virtual std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const = 0;
+};
+
+}  // namespace dtrain::runtime
