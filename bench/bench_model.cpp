@@ -4,7 +4,9 @@
 // executor's own work for that node: allocation, views, residual-gradient sums),
 // the optimizer step, and each convolution's three oneDNN calls on their own.
 // Prints JSON. Usage: bench_model [--arch resnet50] [--batch 32] [--image 224]
-// [--classes 1000] [--steps 3] [--warmup 2]. Not a test; nothing is asserted.
+// [--classes 1000] [--seq T] [--steps 3] [--warmup 2]. Language models (bert-*,
+// gpt2*) take their preset sizes, T tokens (--seq) and random ids; BERT predicts
+// about 15% of them. Not a test; nothing is asserted.
 #include <omp.h>
 
 #include <algorithm>
@@ -31,7 +33,7 @@ using graph::Phase;
 
 struct Args {
   std::string arch = "resnet50";
-  int64_t batch = 32, image = 224, classes = 1000;
+  int64_t batch = 32, image = 224, classes = 1000, seq = 0;
   int steps = 3, warmup = 2;
 };
 
@@ -47,6 +49,8 @@ Args parse(int argc, char** argv) {
       a.image = std::atoll(v.c_str());
     else if (k == "--classes")
       a.classes = std::atoll(v.c_str());
+    else if (k == "--seq")
+      a.seq = std::atoll(v.c_str());
     else if (k == "--steps")
       a.steps = std::atoi(v.c_str());
     else if (k == "--warmup")
@@ -98,15 +102,28 @@ std::vector<optim::ParamSegment> segments(const graph::FlatStore& params) {
   return s;
 }
 
-void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const Args& a) {
-  Tensor x = Tensor::empty({a.batch, 3, a.image, a.image}, DType::f32);
-  Tensor y = Tensor::empty({a.batch}, DType::i32);
-  uint32_t state = 12345;  // a fixed LCG: the values only need to be ordinary, not random
+// Images uniform in [0, 1) or token ids uniform below the vocabulary, from a
+// fixed LCG (the values only need to be ordinary, not random); labels by shape.
+void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const ModelOptions& mo) {
+  const graph::TensorSpec& in = m.graph.value(m.input).spec;
+  const graph::TensorSpec& lab = m.graph.value(m.labels).spec;
+  Tensor x = Tensor::empty(in.shape, in.dtype), y = Tensor::empty(lab.shape, DType::i32);
+  uint32_t state = 12345;
+  auto next = [&state] { return (state = state * 1664525u + 1013904223u) >> 8; };
+  const uint32_t vocab = static_cast<uint32_t>(mo.vocab_size.value_or(1000));
   for (int64_t i = 0; i < x.numel(); ++i) {
-    state = state * 1664525u + 1013904223u;
-    x.data<float>()[i] = static_cast<float>(state >> 8) / 16777216.0f;
+    if (in.dtype == DType::i32) {
+      x.data<int32_t>()[i] = static_cast<int32_t>(next() % vocab);
+    } else {
+      x.data<float>()[i] = static_cast<float>(next()) / 16777216.0f;
+    }
   }
-  for (int64_t i = 0; i < a.batch; ++i) y.data<int32_t>()[i] = static_cast<int32_t>(i % a.classes);
+  const bool masked = find_arch(mo.arch)->family == ModelFamily::bert;
+  const uint32_t classes = static_cast<uint32_t>(mo.num_classes.value_or(static_cast<int>(vocab)));
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    const int32_t label = static_cast<int32_t>(next() % classes);
+    y.data<int32_t>()[i] = masked && next() % 100 >= 15 ? -100 : label;
+  }
   ex.set_input(m.input, x);
   ex.set_input(m.labels, y);
 }
@@ -233,15 +250,20 @@ nlohmann::json by_kind(const graph::Graph& g, const NodeTimer& t, int steps, dou
 int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
-    ModelOptions mo;
-    mo.arch = a.arch;
-    mo.num_classes = static_cast<int>(a.classes);
-    mo.image_size = static_cast<int>(a.image);
-    mo.in_channels = 3;
+    const ArchPreset* arch = find_arch(a.arch);
+    if (!arch) throw Error("bench_model: unknown --arch " + a.arch, "see models/options.h");
+    ModelOptions mo = preset_options(*arch);
+    if (!is_language_model(arch->family)) {
+      mo.num_classes = static_cast<int>(a.classes);
+      mo.image_size = static_cast<int>(a.image);
+      mo.in_channels = 3;
+    } else if (a.seq > 0) {
+      mo.seq_len = static_cast<int>(a.seq);
+    }
     const models::ModelGraph m = models::build_model(mo, a.batch);
     graph::Executor ex(m.graph);
     ex.initialize(42);
-    fill_inputs(ex, m, a);
+    fill_inputs(ex, m, mo);
     NodeTimer timer(m.graph.nodes().size());
     timer.attach(ex);
     const StepTimes st = run_steps(ex, m, timer, a);
@@ -249,6 +271,7 @@ int main(int argc, char** argv) {
     nlohmann::json out = {{"arch", a.arch},
                           {"batch", a.batch},
                           {"image", a.image},
+                          {"seq", mo.seq_len.value_or(0)},
                           {"threads", omp_get_max_threads()},
                           {"steps", a.steps},
                           {"params", m.graph.num_params()},

@@ -2,6 +2,7 @@
 // initialisation, and build-time errors that name the node.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "graph/executor.h"
@@ -121,4 +122,41 @@ TEST_CASE("build-time errors name the node and the shapes") {
   Executor ex(g);
   CHECK_THROWS_WITH_AS(ex.set_input(x, Tensor::empty({2, 4}, DType::f32)),
                        doctest::Contains("graph input \"x\" expects f32[2, 5]"), Error);
+}
+
+TEST_CASE("dropout: the identity in eval mode, inverted dropout in train mode") {
+  Graph g;
+  const ValueId x = g.input("x", {64, 32}, DType::f32);
+  const ValueId labels = g.input("labels", {64}, DType::i32);
+  const ValueId h = g.add1("fc", linear(32, 32, Bias::no), {x});
+  const ValueId d = g.add1("drop", dropout(0.25f), {h});
+  const ValueId loss = g.add1("loss", softmax_cross_entropy(), {d, labels});
+  Executor ex(g);
+  ex.initialize(1);
+  Tensor xt = Tensor::empty({64, 32}, DType::f32), lt = Tensor::empty({64}, DType::i32);
+  for (int64_t i = 0; i < xt.numel(); ++i) xt.data<float>()[i] = 0.01f * static_cast<float>(i % 97);
+  for (int64_t i = 0; i < 64; ++i) lt.data<int32_t>()[i] = static_cast<int32_t>(i % 32);
+  ex.set_input(x, xt);
+  ex.set_input(labels, lt);
+  ex.forward(Mode::eval);
+  const int64_t n = xt.numel();
+  for (int64_t i = 0; i < n; ++i)
+    REQUIRE(ex.value(d).data<float>()[i] == ex.value(h).data<float>()[i]);
+  ex.forward(Mode::train, 7);
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = ex.value(h).data<float>()[i], b = ex.value(d).data<float>()[i];
+    if (b == 0.0f && a != 0.0f) {
+      ++zeros;
+    } else {
+      REQUIRE(b == doctest::Approx(a / 0.75f));
+    }
+  }
+  CHECK(zeros > n / 5);  // about a quarter dropped
+  CHECK(zeros < n / 3);
+  ex.backward(loss);  // runs on the train-mode mask
+  double gsum = 0;
+  const Tensor gw = ex.grads().view("fc.weight");
+  for (int64_t i = 0; i < gw.numel(); ++i) gsum += std::abs(gw.data<float>()[i]);
+  CHECK(gsum > 0);
 }

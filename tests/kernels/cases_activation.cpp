@@ -21,10 +21,13 @@ constexpr Act kActs[] = {{kernels::Activation::relu, ref::Activation::relu, "rel
                          {kernels::Activation::gelu_erf, ref::Activation::gelu_erf, "gelu_erf"},
                          {kernels::Activation::tanh, ref::Activation::tanh, "tanh"}};
 
-KernelCase forward_case(const Act& a, DType dt, const Shape& shape) {
+// range: inputs uniform in [-range, range]; the wide rows reach the saturated
+// tails (and the clamps of the vectorised exp the GELUs use).
+KernelCase forward_case(const Act& a, DType dt, const Shape& shape, double range = 4.0) {
   KernelCase c;
-  c.name = "activation/" + std::string(a.name) + "/" + dname(dt) + "/" + shape_tag(shape);
-  c.inputs = {{"x", shape, dt, Init::uniform, -4.0, 4.0}};
+  c.name = "activation/" + std::string(a.name) + "/" + dname(dt) + "/" + shape_tag(shape) +
+           (range == 4.0 ? "" : fmt::format("/x{:g}", range));
+  c.inputs = {{"x", shape, dt, Init::uniform, -range, range}};
   c.outputs = {{"y", shape, dt}};
   c.forward = [a](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace) {
     kernels::activation_forward(a.kernel, in[0], out[0]);
@@ -44,10 +47,11 @@ KernelCase forward_case(const Act& a, DType dt, const Shape& shape) {
 }
 
 // dx = dy * act'(x), checked directly (covers half storage of the backward).
-KernelCase backward_case(const Act& a, DType dt, const Shape& shape) {
+KernelCase backward_case(const Act& a, DType dt, const Shape& shape, double range = 4.0) {
   KernelCase c;
-  c.name = "activation/" + std::string(a.name) + "_backward/" + dname(dt) + "/" + shape_tag(shape);
-  c.inputs = {{"x", shape, dt, Init::uniform, -4.0, 4.0}, {"dy", shape, dt}};
+  c.name = "activation/" + std::string(a.name) + "_backward/" + dname(dt) + "/" +
+           shape_tag(shape) + (range == 4.0 ? "" : fmt::format("/x{:g}", range));
+  c.inputs = {{"x", shape, dt, Init::uniform, -range, range}, {"dy", shape, dt}};
   c.outputs = {{"dx", shape, dt}};
   c.forward = [a](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace) {
     kernels::activation_backward(a.kernel, in[0], in[1], out[0]);
@@ -72,6 +76,8 @@ std::vector<KernelCase> cases_activation() {
       }
       cases.push_back(backward_case(a, dt, Shape{17, 33}));
     }
+    cases.push_back(forward_case(a, DType::f32, Shape{4096}, 120.0));
+    cases.push_back(backward_case(a, DType::f32, Shape{4096}, 120.0));
   }
   return cases;
 }

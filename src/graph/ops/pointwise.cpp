@@ -63,15 +63,14 @@ class Dropout final : public Op {
     return info;
   }
   void do_forward(OpContext& ctx) const override {
-    if (ctx.mode == Mode::eval || p_ == 0.0f) {
+    if (ctx.mode == Mode::eval || p_ == 0.0f) {  // the identity; backward ignores the mask
       kernels::scale(1.0f, ctx.inputs[0], ctx.outputs[0]);
-      kernels::fill(ctx.saved[0], 1.0f);
       return;
     }
     kernels::dropout_forward(args(ctx), ctx.inputs[0], ctx.outputs[0], ctx.saved[0]);
   }
   void do_backward(OpContext& ctx) const override {
-    if (p_ == 0.0f) {
+    if (ctx.mode == Mode::eval || p_ == 0.0f) {
       kernels::scale(1.0f, ctx.grad_outputs[0], ctx.grad_inputs[0]);
       return;
     }
