@@ -49,8 +49,8 @@ KernelCase forward_case(const Act& a, DType dt, const Shape& shape, double range
 // dx = dy * act'(x), checked directly (covers half storage of the backward).
 KernelCase backward_case(const Act& a, DType dt, const Shape& shape, double range = 4.0) {
   KernelCase c;
-  c.name = "activation/" + std::string(a.name) + "_backward/" + dname(dt) + "/" +
-           shape_tag(shape) + (range == 4.0 ? "" : fmt::format("/x{:g}", range));
+  c.name = "activation/" + std::string(a.name) + "_backward/" + dname(dt) + "/" + shape_tag(shape) +
+           (range == 4.0 ? "" : fmt::format("/x{:g}", range));
   c.inputs = {{"x", shape, dt, Init::uniform, -range, range}, {"dy", shape, dt}};
   c.outputs = {{"dx", shape, dt}};
   c.forward = [a](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace) {

@@ -43,8 +43,11 @@ std::string RunResult::describe() const {
   return "dtrain exited with " + std::to_string(rc) + "; its output:\n" + log;
 }
 
-pid_t spawn_dtrain(const std::vector<std::string>& args, const fs::path& log_file) {
-  std::vector<std::string> argv_s = {DTRAIN_EXE, "train"};
+namespace {
+
+// `dtrain <args...>`: the subcommand is args[0].
+pid_t spawn_command(const std::vector<std::string>& args, const fs::path& log_file) {
+  std::vector<std::string> argv_s = {DTRAIN_EXE};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_s) argv.push_back(a.data());
@@ -63,8 +66,6 @@ pid_t spawn_dtrain(const std::vector<std::string>& args, const fs::path& log_fil
   return pid;
 }
 
-namespace {
-
 int decode_status(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -72,6 +73,12 @@ int decode_status(int status) {
 }
 
 }  // namespace
+
+pid_t spawn_dtrain(const std::vector<std::string>& args, const fs::path& log_file) {
+  std::vector<std::string> train_args = {"train"};
+  train_args.insert(train_args.end(), args.begin(), args.end());
+  return spawn_command(train_args, log_file);
+}
 
 bool still_running(pid_t pid) {
   siginfo_t info{};
@@ -98,6 +105,11 @@ RunResult wait_dtrain(pid_t pid, const fs::path& log_file, int timeout_s) {
 RunResult run_dtrain(const std::vector<std::string>& args, const fs::path& log_file,
                      int timeout_s) {
   return wait_dtrain(spawn_dtrain(args, log_file), log_file, timeout_s);
+}
+
+RunResult run_dtrain_command(const std::vector<std::string>& args, const fs::path& log_file,
+                             int timeout_s) {
+  return wait_dtrain(spawn_command(args, log_file), log_file, timeout_s);
 }
 
 fs::path write_job(const fs::path& dir, const std::string& run) {

@@ -1,7 +1,8 @@
 // Test harness for the trainer's end-to-end tests: runs the real `dtrain train`
-// binary in a child process (per-test temporary directory, stdout+stderr
-// captured to a log), reads metrics.jsonl and compares checkpoints tensor by
-// tensor. It does not link the trainer itself: every test goes through the CLI.
+// binary (or another subcommand, e.g. `dtrain data tokenize`) in a child process
+// (per-test temporary directory, stdout+stderr captured to a log), reads
+// metrics.jsonl and compares checkpoints tensor by tensor. It does not link the
+// trainer itself: every test goes through the CLI.
 #pragma once
 
 #include <sys/types.h>
@@ -45,6 +46,10 @@ RunResult run_dtrain(const std::vector<std::string>& args, const fs::path& log_f
 pid_t spawn_dtrain(const std::vector<std::string>& args, const fs::path& log_file);
 RunResult wait_dtrain(pid_t pid, const fs::path& log_file, int timeout_s = 300);
 bool still_running(pid_t pid);  // reaps nothing; false once it has exited
+
+// `dtrain <args...>` for any other subcommand (e.g. {"data", "tokenize", ...}).
+RunResult run_dtrain_command(const std::vector<std::string>& args, const fs::path& log_file,
+                             int timeout_s = 300);
 
 // The quick job of the trainer's tests (tiny ResNet-18 on a Fashion-MNIST
 // slice) written to <dir>/job.yaml with run.output_dir <dir>/<run>. Extra
