@@ -112,14 +112,17 @@ std::shared_ptr<const TokenShard> synthetic_tokens(int64_t vocab, int64_t count,
   return shard;
 }
 
-// The first `windows` windows of a shard (data.limit), as a copy.
+// The first `windows` windows of a shard (data.limit.<key>), as a copy whose name
+// says so: errors about the cut count its tokens, not the file's.
 std::shared_ptr<const TokenShard> first_windows(std::shared_ptr<const TokenShard> s,
-                                                std::optional<int64_t> windows, int64_t seq_len) {
+                                                std::optional<int64_t> windows, int64_t seq_len,
+                                                const char* key) {
   if (!windows) return s;
   const size_t keep = static_cast<size_t>(*windows * seq_len + 1);
   if (keep >= s->tokens.size()) return s;
   auto cut = std::make_shared<TokenShard>(*s);
   cut->tokens.resize(keep);
+  cut->path = fmt::format("{} cut to {} windows by data.limit.{}", s->path, *windows, key);
   return cut;
 }
 
@@ -138,8 +141,8 @@ class TextSource final : public DataSource {
     } else {
       open_shards(vocab);
     }
-    train_ = first_windows(train_, job.data.limit.train, seq);
-    val_ = first_windows(val_, job.data.limit.test, seq);
+    train_ = first_windows(train_, job.data.limit.train, seq, "train");
+    val_ = first_windows(val_, job.data.limit.test, seq, "test");
   }
 
   std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {
