@@ -9,14 +9,31 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
 
+#include "core/error.h"
+
 namespace dtrain::test {
 
 using Bytes = std::vector<uint8_t>;
+
+// The message of the dtrain::Error that f throws, or "<no error>".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+inline bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 class TempDir {
  public:

@@ -15,19 +15,6 @@ using namespace dtrain::test;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // Reads an IDX pair where the images or labels file holds `bad`.
 std::string idx_error(const Bytes& images, const Bytes& labels, bool gz = false) {
   TempDir dir("bad-idx");

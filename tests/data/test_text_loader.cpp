@@ -19,19 +19,6 @@ using namespace dtrain::test;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 constexpr TokenId kVocab = 1006;  // ordinary ids 0..999, specials 1000..1005
 constexpr TokenId kFirstSpecial = 1000;
 constexpr TokenId kEot = 1000;

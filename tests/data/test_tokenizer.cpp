@@ -18,19 +18,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 void write_text(const std::string& path, const std::string& s) {
   write_plain(path, Bytes(s.begin(), s.end()));
 }
