@@ -4,7 +4,8 @@
 // executor's own work for that node: allocation, views, residual-gradient sums),
 // the optimizer step, and each convolution's three oneDNN calls on their own.
 // Prints JSON. Usage: bench_model [--arch resnet50] [--batch 32] [--image 224]
-// [--classes 1000] [--seq T] [--steps 3] [--warmup 2]. Language models (bert-*,
+// [--classes 1000] [--channels 3] [--seq T] [--layers L --hidden C --heads H
+// --patch P, 0 or absent: the preset's] [--steps 3] [--warmup 2]. Language models (bert-*,
 // gpt2*) take their preset sizes, T tokens (--seq) and random ids; BERT predicts
 // about 15% of them. Not a test; nothing is asserted.
 #include <omp.h>
@@ -34,6 +35,7 @@ using graph::Phase;
 struct Args {
   std::string arch = "resnet50";
   int64_t batch = 32, image = 224, classes = 1000, seq = 0;
+  int64_t channels = 3, layers = 0, hidden = 0, heads = 0, patch = 0;  // 0: the preset's
   int steps = 3, warmup = 2;
 };
 
@@ -51,6 +53,16 @@ Args parse(int argc, char** argv) {
       a.classes = std::atoll(v.c_str());
     else if (k == "--seq")
       a.seq = std::atoll(v.c_str());
+    else if (k == "--channels")
+      a.channels = std::atoll(v.c_str());
+    else if (k == "--layers")
+      a.layers = std::atoll(v.c_str());
+    else if (k == "--hidden")
+      a.hidden = std::atoll(v.c_str());
+    else if (k == "--heads")
+      a.heads = std::atoll(v.c_str());
+    else if (k == "--patch")
+      a.patch = std::atoll(v.c_str());
     else if (k == "--steps")
       a.steps = std::atoi(v.c_str());
     else if (k == "--warmup")
@@ -256,10 +268,14 @@ int main(int argc, char** argv) {
     if (!is_language_model(arch->family)) {
       mo.num_classes = static_cast<int>(a.classes);
       mo.image_size = static_cast<int>(a.image);
-      mo.in_channels = 3;
+      mo.in_channels = static_cast<int>(a.channels);
+      if (a.patch > 0) mo.patch_size = static_cast<int>(a.patch);
     } else if (a.seq > 0) {
       mo.seq_len = static_cast<int>(a.seq);
     }
+    if (a.layers > 0) mo.layers = static_cast<int>(a.layers);
+    if (a.hidden > 0) mo.hidden = static_cast<int>(a.hidden);
+    if (a.heads > 0) mo.heads = static_cast<int>(a.heads);
     const models::ModelGraph m = models::build_model(mo, a.batch);
     graph::Executor ex(m.graph);
     ex.initialize(42);

@@ -1,7 +1,9 @@
 // Scaled dot-product attention, forward and backward, with optional causal and
 // key-padding masks. Memory-efficient: keys are processed in tiles with an
 // online softmax, so no [Tq, Tk] matrix per (batch, head) is ever stored; the
-// row log-sum-exp is saved and backward recomputes the probabilities per tile.
+// row log-sum-exp is saved and backward recomputes the probabilities per tile
+// (on the CPU once per (query tile, key tile) pair; workspace per thread is
+// O(tile) for forward and O(Tk * D) for backward: one (batch, head)'s keys).
 #pragma once
 
 #include "kernels/common.h"

@@ -61,9 +61,29 @@ ensure_torch() {
 }
 ensure_torch
 
+# Debian's torch is built with BLAS_INFO=generic: nn.Linear and matmul go to
+# whatever libblas.so.3 resolves to. With only libblas3 installed that is the
+# single-threaded reference (Netlib) BLAS, ~100x slower than a tuned GEMM, which
+# would make any transformer comparison meaningless. The peer gets Debian's
+# OpenMP build of OpenBLAS (it takes over the libblas.so.3 alternative and runs
+# on the same OpenMP pool as torch, so no second thread pool spins).
+blas_target() { readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || true; }
+ensure_blas() {
+  [[ "$(blas_target)" == *openblas* ]] && return
+  echo "bench-cpu-peers: libblas.so.3 is $(blas_target) (reference BLAS); installing libopenblas0-openmp for the PyTorch peer" >&2
+  [[ $(id -u) == 0 ]] || die "PyTorch would run on the reference BLAS ($(blas_target)); install an optimised one: apt-get install libopenblas0-openmp"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenblas0-openmp >/dev/null
+  [[ "$(blas_target)" == *openblas* ]] ||
+    die "libblas.so.3 still resolves to $(blas_target) after installing OpenBLAS; select it: update-alternatives --config libblas.so.3-x86_64-linux-gnu"
+}
+ensure_blas
+
 # One thread pool per process, THREADS wide (PLATFORM.md: a BLAS pool spinning
 # beside the OpenMP pool made a PyTorch step 7x slower here). OpenBLAS and MKL
-# get one thread each so that only OpenMP runs in parallel; OPENBLAS_CORETYPE
+# get one thread each so that only OpenMP runs in parallel (the OpenMP build of
+# OpenBLAS still runs its GEMM on OMP_NUM_THREADS threads: torch.matmul at 2048^3
+# measured 191 GF/s on 2 threads with OPENBLAS_NUM_THREADS=1); OPENBLAS_CORETYPE
 # is the machine's setting and stays as it is.
 export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
@@ -142,6 +162,8 @@ summary = {
                                            "MKL_NUM_THREADS", "OPENBLAS_CORETYPE")},
     "versions": {"dtrain": sh("'$DTRAIN' --version"),
                  "onednn": sh("dpkg-query -W -f='\${Version}' libdnnl-dev 2>/dev/null"),
+                 "torch_blas": "$(blas_target)",
+                 "openblas": sh("dpkg-query -W -f='\${Version}' libopenblas0-openmp 2>/dev/null"),
                  "torch": torch_info["torch"], "torchvision": torch_info["torchvision"],
                  "torch_model": torch_info["model"], "torch_mkldnn": torch_info["mkldnn"],
                  "python": platform.python_version()},

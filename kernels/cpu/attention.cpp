@@ -1,14 +1,19 @@
-// CPU memory-efficient attention (FlashAttention-style). Forward: per (b, h,
-// query tile), loop over key tiles with an online softmax. Backward recomputes
-// P = exp(S - lse) per tile in two passes: one task per (b, h, key tile) sums
-// dK, dV over all queries; one per (b, h, query tile) sums dQ over all keys.
-// Each output element is summed by one task in a fixed order: bit-identical for
-// any thread count, no atomics. Workspace: per-thread f32 tiles only.
+// CPU memory-efficient attention (FlashAttention-style). Forward: one task per
+// (b, h, query tile) loops over key tiles with an online softmax. Backward: one
+// task per (b, h) walks every (query tile, key tile) pair once, recomputing
+// P = exp(S - lse) and dS = P * (dP - Di) for the pair and feeding dQ, dK and dV
+// from them (five tile products per pair, none repeated). Each output element
+// is summed by one task in a fixed order: bit-identical for any thread count,
+// no atomics. Tiles are f32 with the head dim padded to a multiple of 16 and
+// multiplied by a register-blocked kernel on 16-float vectors (GCC vector
+// extensions: zmm with AVX-512, narrower registers otherwise). Workspace:
+// per-thread f32 tiles, plus for backward the (b, h) slice's K, V, dK, dV.
 #include "kernels/attention.h"
 
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/float_io.h"
 
@@ -16,7 +21,19 @@ namespace dtrain::kernels {
 namespace {
 
 constexpr int64_t kBq = 32;  // query rows per tile
-constexpr int64_t kBk = 64;  // keys per tile (the SIMD width of the score loops)
+constexpr int64_t kBk = 64;  // keys per tile
+constexpr int64_t kV = 16;   // floats per vector
+
+using v16 = float __attribute__((vector_size(kV * sizeof(float))));
+
+inline v16 vload(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+
+int64_t pad16(int64_t n) { return (n + kV - 1) / kV * kV; }
 
 // exp(x) for x <= 0, vectorisable: 2^n * poly(r), Cephes coefficients (~1 ulp).
 // Returns exactly 0 below -87 (where float exp underflows), incl. x = -inf.
@@ -38,29 +55,84 @@ inline float exp_neg(float x) {
   return x < -87.0f ? 0.0f : y * scale;
 }
 
-// Per-thread scratch, in floats; the largest of the three phases' needs.
-int64_t tile_floats(int64_t d) { return 4 * kBq * d + 4 * kBk * d + 2 * kBq * kBk + 4 * kBq + 256; }
+// C[R, NV*16] += A[R, K] . B[K, NV*16] (row strides lda, ldb, ldc): R * NV
+// accumulators stay in registers while k runs.
+template <int R, int NV>
+void mm_block(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+              int64_t k) {
+  v16 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = vload(c + r * ldc + v * kV);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    v16 bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = vload(b + kk * ldb + v * kV);
+    for (int r = 0; r < R; ++r) {
+      const float ar = a[r * lda + kk];
+      for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) vstore(c + r * ldc + v * kV, acc[r][v]);
+}
+
+template <int NV>
+void mm_rows(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+             int64_t m, int64_t k) {
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) mm_block<4, NV>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+  for (; i < m; ++i) mm_block<1, NV>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+}
+
+// C[m, n] += A[m, k] . B[k, n], n a multiple of 16; the sum over k runs in order.
+void mm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+            int64_t m, int64_t k, int64_t n) {
+  int64_t j = 0;
+  for (; j + 4 * kV <= n; j += 4 * kV) mm_rows<4>(a, lda, b + j, ldb, c + j, ldc, m, k);
+  switch ((n - j) / kV) {
+    case 3:
+      mm_rows<3>(a, lda, b + j, ldb, c + j, ldc, m, k);
+      break;
+    case 2:
+      mm_rows<2>(a, lda, b + j, ldb, c + j, ldc, m, k);
+      break;
+    case 1:
+      mm_rows<1>(a, lda, b + j, ldb, c + j, ldc, m, k);
+      break;
+    default:
+      break;
+  }
+}
 
 struct Scratch {
   float* base;
   int64_t used = 0;
   float* take(int64_t n) {
     float* p = base + used;
-    used += (n + 15) / 16 * 16;
+    used += pad16(n);
     return p;
   }
 };
+
+// Floats per thread (a few spare vectors per buffer for the rounding in take()).
+int64_t forward_floats(int64_t dp) {
+  return 2 * kBq * dp + 3 * kBk * dp + kBq * kBk + 2 * kBq + 8 * kV;
+}
+int64_t backward_floats(int64_t tk, int64_t dp) {
+  const int64_t tkp = (tk + kBk - 1) / kBk * kBk;
+  return 5 * tkp * dp + kBk * dp + 3 * kBq * dp + 4 * kBq * kBk + 2 * kBq + 16 * kV;
+}
 
 // The problem with its pointers; offsets are in rows of D elements.
 template <typename T>
 struct Problem {
   const AttentionArgs& a;
   float scale;
+  int64_t dp;  // D padded to a multiple of 16
   const T *q, *k, *v, *o, *dout;
   const uint8_t* mask;  // [B, Tk] or null
   int64_t q_row(int64_t bh, int64_t i) const { return (bh * a.tq + i) * a.d; }
   int64_t k_row(int64_t bh, int64_t j) const { return (bh * a.tk + j) * a.d; }
-  // Keys [j0, j0 + kBk) seen by query i of batch b (j >= tk is never seen).
+  // Is key j seen by query i of batch b (j >= tk is never seen)?
   bool visible(int64_t b, int64_t i, int64_t j) const {
     if (j >= a.tk) return false;
     if (mask != nullptr && mask[b * a.tk + j] == 0) return false;
@@ -72,65 +144,55 @@ struct Problem {
   }
 };
 
-// rows x D of src -> dst, f32 (row-major).
+// rows x D of src -> dst [rows_pad, dp] f32, padding columns and rows zero.
 template <typename T>
-void load_rows(const T* src, int64_t rows, int64_t d, float* dst) {
-  cpu_io::load_n(src, dst, rows * d);
-}
-
-// rows x D of src -> dst_t [D, kBk] transposed, columns >= rows zeroed.
-template <typename T>
-void load_rows_t(const T* src, int64_t rows, int64_t d, float* dst_t) {
-  for (int64_t dd = 0; dd < d; ++dd) {
-    float* col = dst_t + dd * kBk;
-    for (int64_t j = 0; j < kBk; ++j) col[j] = j < rows ? cpu_io::load(src, j * d + dd) : 0.0f;
+void load_rows(const T* src, int64_t rows, int64_t rows_pad, int64_t d, int64_t dp, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu_io::load_n(src + r * d, dst + r * dp, d);
+    std::fill(dst + r * dp + d, dst + (r + 1) * dp, 0.0f);
   }
+  std::fill(dst + rows * dp, dst + rows_pad * dp, 0.0f);
 }
 
-// s [nq, kBk] = scale * a [nq, D] . bt [D, kBk]
-void scores(const float* a, const float* bt, int64_t nq, int64_t d, float scale, float* s) {
-  for (int64_t i = 0; i < nq; ++i) {
-    float acc[kBk] = {};
-    for (int64_t dd = 0; dd < d; ++dd) {
-      const float ad = a[i * d + dd];
-      const float* b = bt + dd * kBk;
-#pragma omp simd
-      for (int64_t j = 0; j < kBk; ++j) acc[j] += ad * b[j];
-    }
-#pragma omp simd
-    for (int64_t j = 0; j < kBk; ++j) s[i * kBk + j] = acc[j] * scale;
+// src [rows, cols] (row stride lds) -> dst [cols, rows_pad] (row stride rows_pad).
+void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
+               int64_t rows_pad) {
+  for (int64_t c = 0; c < cols; ++c) {
+    float* out = dst + c * rows_pad;
+    for (int64_t r = 0; r < rows; ++r) out[r] = src[r * lds + c];
+    std::fill(out + rows, out + rows_pad, 0.0f);
   }
-}
-
-// y[0:d] += alpha * x[0:d]
-inline void axpy(float alpha, const float* x, float* y, int64_t d) {
-#pragma omp simd
-  for (int64_t i = 0; i < d; ++i) y[i] += alpha * x[i];
 }
 
 template <typename T>
 void forward_tile(const Problem<T>& pb, int64_t bh, int64_t i0, Scratch sc, T* out, float* lse) {
   const AttentionArgs& a = pb.a;
-  const int64_t d = a.d, b = bh / a.h, nq = std::min(kBq, a.tq - i0);
-  float *qt = sc.take(kBq * d), *kt = sc.take(kBk * d), *vt = sc.take(kBk * d);
-  float *s = sc.take(kBq * kBk), *acc = sc.take(kBq * d), *m = sc.take(kBq), *l = sc.take(kBq);
-  load_rows(pb.q + pb.q_row(bh, i0), nq, d, qt);
-  std::fill(acc, acc + nq * d, 0.0f);
+  const int64_t d = a.d, dp = pb.dp, b = bh / a.h, nq = std::min(kBq, a.tq - i0);
+  float *qt = sc.take(kBq * dp), *kr = sc.take(kBk * dp), *kt = sc.take(kBk * dp);
+  float *vt = sc.take(kBk * dp), *acc = sc.take(kBq * dp), *s = sc.take(kBq * kBk);
+  float *m = sc.take(kBq), *l = sc.take(kBq);
+  load_rows(pb.q + pb.q_row(bh, i0), nq, nq, d, dp, qt);
+  std::fill(acc, acc + nq * dp, 0.0f);
   std::fill(m, m + nq, -INFINITY);
   std::fill(l, l + nq, 0.0f);
   for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
     const int64_t nk = std::min(kBk, a.tk - j0);
-    load_rows_t(pb.k + pb.k_row(bh, j0), nk, d, kt);
-    load_rows(pb.v + pb.k_row(bh, j0), nk, d, vt);
-    scores(qt, kt, nq, d, pb.scale, s);
+    load_rows(pb.k + pb.k_row(bh, j0), nk, nk, d, dp, kr);
+    transpose(kr, dp, nk, dp, kt, kBk);
+    load_rows(pb.v + pb.k_row(bh, j0), nk, kBk, d, dp, vt);
+    std::fill(s, s + nq * kBk, 0.0f);
+    mm_acc(qt, dp, kt, kBk, s, kBk, nq, dp, kBk);
     for (int64_t i = 0; i < nq; ++i) {
       float* si = s + i * kBk;
       float mx = m[i];
       for (int64_t j = 0; j < kBk; ++j) {
-        if (!pb.visible(b, i0 + i, j0 + j)) si[j] = -INFINITY;
+        si[j] = pb.visible(b, i0 + i, j0 + j) ? si[j] * pb.scale : -INFINITY;
         mx = std::max(mx, si[j]);
       }
-      if (mx == -INFINITY) continue;  // nothing visible yet
+      if (mx == -INFINITY) {  // nothing visible yet: this tile adds nothing
+        std::fill(si, si + kBk, 0.0f);
+        continue;
+      }
       const float rescale = exp_neg(m[i] - mx);
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -140,13 +202,14 @@ void forward_tile(const Problem<T>& pb, int64_t bh, int64_t i0, Scratch sc, T* o
       }
       l[i] = l[i] * rescale + sum;
       m[i] = mx;
-      float* ai = acc + i * d;
-      for (int64_t dd = 0; dd < d; ++dd) ai[dd] *= rescale;
-      for (int64_t j = 0; j < nk; ++j) axpy(si[j], vt + j * d, ai, d);
+      float* ai = acc + i * dp;
+#pragma omp simd
+      for (int64_t dd = 0; dd < dp; ++dd) ai[dd] *= rescale;
     }
+    mm_acc(s, kBk, vt, dp, acc, dp, nq, kBk, dp);
   }
   for (int64_t i = 0; i < nq; ++i) {
-    float* ai = acc + i * d;
+    float* ai = acc + i * dp;
     const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
     for (int64_t dd = 0; dd < d; ++dd) ai[dd] *= inv;
     cpu_io::store_n(ai, out + pb.q_row(bh, i0 + i), d);
@@ -154,106 +217,79 @@ void forward_tile(const Problem<T>& pb, int64_t bh, int64_t i0, Scratch sc, T* o
   }
 }
 
-// A query tile's backward inputs: Q, dO, lse and Di = rowsum(dO * O).
-struct QueryTile {
-  float *q, *dout, *lse, *di;
-  int64_t i0, nq;
-};
-
+// Backward of one (b, h): dQ, dK, dV from every (query tile, key tile) pair.
 template <typename T>
-QueryTile load_query_tile(const Problem<T>& pb, int64_t bh, int64_t i0, const float* lse,
-                          Scratch& sc) {
-  const int64_t d = pb.a.d, nq = std::min(kBq, pb.a.tq - i0);
-  QueryTile t{sc.take(kBq * d), sc.take(kBq * d), sc.take(kBq), sc.take(kBq), i0, nq};
-  load_rows(pb.q + pb.q_row(bh, i0), nq, d, t.q);
-  load_rows(pb.dout + pb.q_row(bh, i0), nq, d, t.dout);
-  float orow[1024];  // O, one row at a time (D <= 1024 is checked)
-  for (int64_t i = 0; i < nq; ++i) {
-    cpu_io::load_n(pb.o + pb.q_row(bh, i0 + i), orow, d);
-    float s = 0.0f;
-    for (int64_t dd = 0; dd < d; ++dd) s += t.dout[i * d + dd] * orow[dd];
-    t.di[i] = s;
-    t.lse[i] = lse[bh * pb.a.tq + i0 + i];
-  }
-  return t;
-}
-
-// For one (query tile, key tile): p = P [nq, kBk], ds = dS = P * (dP - Di).
-template <typename T>
-void probs_and_dscores(const Problem<T>& pb, int64_t b, const QueryTile& qt, int64_t j0,
-                       const float* kt, const float* vt_t, float* p, float* ds) {
-  const int64_t d = pb.a.d;
-  scores(qt.q, kt, qt.nq, d, pb.scale, p);
-  scores(qt.dout, vt_t, qt.nq, d, 1.0f, ds);  // dP = dO V^T
-  for (int64_t i = 0; i < qt.nq; ++i) {
-    float *pi = p + i * kBk, *dsi = ds + i * kBk;
-    const float lse = qt.lse[i], di = qt.di[i];
-    for (int64_t j = 0; j < kBk; ++j) {
-      const bool on = lse != -INFINITY && pb.visible(b, qt.i0 + i, j0 + j);
-      pi[j] = on ? exp_neg(pi[j] - lse) : 0.0f;
-      dsi[j] = pi[j] * (dsi[j] - di);
-    }
-  }
-}
-
-// dK, dV for keys [j0, j0 + nk) of (b, h): sums over every query tile.
-template <typename T>
-void backward_key_tile(const Problem<T>& pb, int64_t bh, int64_t j0, const float* lse, Scratch sc,
-                       T* dk, T* dv) {
+void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scratch sc, T* dq, T* dk,
+                   T* dv) {
   const AttentionArgs& a = pb.a;
-  const int64_t d = a.d, b = bh / a.h, nk = std::min(kBk, a.tk - j0);
-  float *kt = sc.take(kBk * d), *vt = sc.take(kBk * d);
-  float *dkt = sc.take(kBk * d), *dvt = sc.take(kBk * d);
-  float *p = sc.take(kBq * kBk), *ds = sc.take(kBq * kBk);
-  load_rows_t(pb.k + pb.k_row(bh, j0), nk, d, kt);
-  load_rows_t(pb.v + pb.k_row(bh, j0), nk, d, vt);
-  std::fill(dkt, dkt + nk * d, 0.0f);
-  std::fill(dvt, dvt + nk * d, 0.0f);
+  const int64_t d = a.d, dp = pb.dp, b = bh / a.h;
+  const int64_t nkt = (a.tk + kBk - 1) / kBk, tkp = nkt * kBk;
+  // The head's keys: K rows [tkp, dp]; K^T and V^T per key tile [dp, kBk].
+  float *kr = sc.take(tkp * dp), *kt = sc.take(tkp * dp), *vt = sc.take(tkp * dp);
+  float *dkt = sc.take(tkp * dp), *dvt = sc.take(tkp * dp);
+  float *qt = sc.take(kBq * dp), *dot = sc.take(kBq * dp), *dqt = sc.take(kBq * dp);
+  float *p = sc.take(kBq * kBk), *ds = sc.take(kBq * kBk), *pt = sc.take(kBk * kBq);
+  float *dst = sc.take(kBk * kBq), *vrow = sc.take(kBk * dp);
+  float *lse = sc.take(kBq), *di = sc.take(kBq);
+  load_rows(pb.k + pb.k_row(bh, 0), a.tk, tkp, d, dp, kr);
+  for (int64_t t = 0; t < nkt; ++t) {
+    const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
+    transpose(kr + j0 * dp, dp, nk, dp, kt + j0 * dp, kBk);
+    load_rows(pb.v + pb.k_row(bh, j0), nk, nk, d, dp, vrow);
+    transpose(vrow, dp, nk, dp, vt + j0 * dp, kBk);
+  }
+  std::fill(dkt, dkt + tkp * dp, 0.0f);
+  std::fill(dvt, dvt + tkp * dp, 0.0f);
   for (int64_t i0 = 0; i0 < a.tq; i0 += kBq) {
-    if (!pb.tile_live(i0, std::min(kBq, a.tq - i0), j0)) continue;
-    Scratch qs = sc;
-    const QueryTile qt = load_query_tile(pb, bh, i0, lse, qs);
-    probs_and_dscores(pb, b, qt, j0, kt, vt, p, ds);
-    for (int64_t i = 0; i < qt.nq; ++i) {
-      for (int64_t j = 0; j < nk; ++j) {
-        axpy(p[i * kBk + j], qt.dout + i * d, dvt + j * d, d);
-        axpy(ds[i * kBk + j], qt.q + i * d, dkt + j * d, d);
+    const int64_t nq = std::min(kBq, a.tq - i0);
+    load_rows(pb.q + pb.q_row(bh, i0), nq, nq, d, dp, qt);
+    load_rows(pb.dout + pb.q_row(bh, i0), nq, nq, d, dp, dot);
+    for (int64_t i = 0; i < nq; ++i) {  // Di = rowsum(dO * O)
+      float orow[1024];                 // D <= 1024 is checked
+      cpu_io::load_n(pb.o + pb.q_row(bh, i0 + i), orow, d);
+      float s = 0.0f;
+      for (int64_t dd = 0; dd < d; ++dd) s += dot[i * dp + dd] * orow[dd];
+      di[i] = s;
+      lse[i] = lse_all[bh * a.tq + i0 + i];
+    }
+    std::fill(dqt, dqt + nq * dp, 0.0f);
+    for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
+      std::fill(p, p + nq * kBk, 0.0f);
+      std::fill(ds, ds + nq * kBk, 0.0f);
+      mm_acc(qt, dp, kt + j0 * dp, kBk, p, kBk, nq, dp, kBk);    // S = Q K^T
+      mm_acc(dot, dp, vt + j0 * dp, kBk, ds, kBk, nq, dp, kBk);  // dP = dO V^T
+      for (int64_t i = 0; i < nq; ++i) {
+        float *pi = p + i * kBk, *dsi = ds + i * kBk;
+        for (int64_t j = 0; j < kBk; ++j) {
+          const bool on = lse[i] != -INFINITY && pb.visible(b, i0 + i, j0 + j);
+          pi[j] = on ? exp_neg(pi[j] * pb.scale - lse[i]) : 0.0f;
+          dsi[j] = pi[j] * (dsi[j] - di[i]);
+        }
       }
+      transpose(p, kBk, nq, kBk, pt, nq);
+      transpose(ds, kBk, nq, kBk, dst, nq);
+      mm_acc(pt, nq, dot, dp, dvt + j0 * dp, dp, kBk, nq, dp);  // dV += P^T dO
+      mm_acc(dst, nq, qt, dp, dkt + j0 * dp, dp, kBk, nq, dp);  // dK += dS^T Q
+      mm_acc(ds, kBk, kr + j0 * dp, dp, dqt, dp, nq, kBk, dp);  // dQ += dS K
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      float* r = dqt + i * dp;
+      for (int64_t dd = 0; dd < d; ++dd) r[dd] *= pb.scale;
+      cpu_io::store_n(r, dq + pb.q_row(bh, i0 + i), d);
     }
   }
-  for (int64_t i = 0; i < nk * d; ++i) dkt[i] *= pb.scale;
-  cpu_io::store_n(dkt, dk + pb.k_row(bh, j0), nk * d);
-  cpu_io::store_n(dvt, dv + pb.k_row(bh, j0), nk * d);
-}
-
-// dQ for queries [i0, i0 + nq) of (b, h): sums over every key tile.
-template <typename T>
-void backward_query_tile(const Problem<T>& pb, int64_t bh, int64_t i0, const float* lse, Scratch sc,
-                         T* dq) {
-  const AttentionArgs& a = pb.a;
-  const int64_t d = a.d, b = bh / a.h;
-  const QueryTile qt = load_query_tile(pb, bh, i0, lse, sc);
-  float *kt = sc.take(kBk * d), *vt = sc.take(kBk * d), *kr = sc.take(kBk * d);
-  float *p = sc.take(kBq * kBk), *ds = sc.take(kBq * kBk), *dqt = sc.take(kBq * d);
-  std::fill(dqt, dqt + qt.nq * d, 0.0f);
-  for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, qt.nq, j0); j0 += kBk) {
-    const int64_t nk = std::min(kBk, a.tk - j0);
-    load_rows_t(pb.k + pb.k_row(bh, j0), nk, d, kt);
-    load_rows_t(pb.v + pb.k_row(bh, j0), nk, d, vt);
-    load_rows(pb.k + pb.k_row(bh, j0), nk, d, kr);
-    probs_and_dscores(pb, b, qt, j0, kt, vt, p, ds);
-    for (int64_t i = 0; i < qt.nq; ++i) {
-      for (int64_t j = 0; j < nk; ++j) axpy(ds[i * kBk + j], kr + j * d, dqt + i * d, d);
-    }
+  for (int64_t j = 0; j < a.tk; ++j) {
+    float* r = dkt + j * dp;
+    for (int64_t dd = 0; dd < d; ++dd) r[dd] *= pb.scale;
+    cpu_io::store_n(r, dk + pb.k_row(bh, j), d);
+    cpu_io::store_n(dvt + j * dp, dv + pb.k_row(bh, j), d);
   }
-  for (int64_t i = 0; i < qt.nq * d; ++i) dqt[i] *= pb.scale;
-  cpu_io::store_n(dqt, dq + pb.q_row(bh, i0), qt.nq * d);
 }
 
 // Runs task(t, scratch) for t in [0, tasks) on as many threads as have a slot.
 template <typename Task>
-void run_tasks(int64_t tasks, int64_t d, Workspace ws, Task&& task) {
-  const size_t slot = static_cast<size_t>(tile_floats(d)) * sizeof(float);
+void run_tasks(int64_t tasks, int64_t slot_floats, Workspace ws, Task&& task) {
+  const size_t slot = static_cast<size_t>(slot_floats) * sizeof(float);
   const int slots = static_cast<int>(std::min<size_t>(ws.bytes / slot, 1 << 16));
   DTRAIN_CHECK(slots >= 1, "attention: workspace {} bytes, need at least {}", ws.bytes, slot);
   const int nt = std::min<int>(slots, omp_get_max_threads());
@@ -285,9 +321,9 @@ template <typename T>
 Problem<T> problem(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& mask, const T* o, const T* dout) {
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.d));
-  return Problem<T>{
-      a,           scale, q.data<T>(), k.data<T>(),
-      v.data<T>(), o,     dout,        mask.defined() ? mask.data<uint8_t>() : nullptr};
+  return Problem<T>{a,           scale,       pad16(a.d),
+                    q.data<T>(), k.data<T>(), v.data<T>(),
+                    o,           dout,        mask.defined() ? mask.data<uint8_t>() : nullptr};
 }
 
 int64_t tiles(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
@@ -295,7 +331,9 @@ int64_t tiles(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 }  // namespace
 
 size_t attention_workspace_bytes(const AttentionArgs& args, DType) {
-  return static_cast<size_t>(omp_get_max_threads()) * tile_floats(args.d) * sizeof(float) + 64;
+  const int64_t dp = pad16(args.d);
+  const int64_t slot = std::max(forward_floats(dp), backward_floats(args.tk, dp));
+  return static_cast<size_t>(omp_get_max_threads()) * slot * sizeof(float) + 64;
 }
 
 void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -311,7 +349,7 @@ void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor&
     using T = decltype(tag);
     const Problem<T> pb = problem<T>(args, q, k, v, key_mask, nullptr, nullptr);
     const int64_t nqt = tiles(args.tq, kBq);
-    run_tasks(args.b * args.h * nqt, args.d, ws, [&](int64_t t, Scratch sc) {
+    run_tasks(args.b * args.h * nqt, forward_floats(pb.dp), ws, [&](int64_t t, Scratch sc) {
       forward_tile(pb, t / nqt, (t % nqt) * kBq, sc, out.data<T>(), lse.data<float>());
     });
   });
@@ -338,12 +376,8 @@ void attention_backward(const AttentionArgs& args, const Tensor& q, const Tensor
     using T = decltype(tag);
     const Problem<T> pb = problem<T>(args, q, k, v, key_mask, out.data<T>(), dout.data<T>());
     const float* l = lse.data<float>();
-    const int64_t bh = args.b * args.h, nkt = tiles(args.tk, kBk), nqt = tiles(args.tq, kBq);
-    run_tasks(bh * nkt, args.d, ws, [&](int64_t t, Scratch sc) {
-      backward_key_tile(pb, t / nkt, (t % nkt) * kBk, l, sc, dk.data<T>(), dv.data<T>());
-    });
-    run_tasks(bh * nqt, args.d, ws, [&](int64_t t, Scratch sc) {
-      backward_query_tile(pb, t / nqt, (t % nqt) * kBq, l, sc, dq.data<T>());
+    run_tasks(args.b * args.h, backward_floats(args.tk, pb.dp), ws, [&](int64_t t, Scratch sc) {
+      backward_head(pb, t, l, sc, dq.data<T>(), dk.data<T>(), dv.data<T>());
     });
   });
 }

@@ -1,7 +1,7 @@
 // Kernel-table cases for attention: plain and causal, Tq != Tk both ways (rows
 // that see no key), key-padding masks incl. a fully masked batch row, several
-// key/query tiles, D = 8 / 16 / 33, explicit scale; f32 in grad mode (dQ, dK,
-// dV), bf16 / f16 forward, and one bf16 grad case with a loose tolerance.
+// key/query tiles (forward and backward), D = 8 / 16 / 33 / 64, explicit scale; f32 in grad mode
+// (dQ, dK, dV), bf16 / f16 forward, and one bf16 grad case with a loose tolerance.
 #include "harness.h"
 #include "kernels/attention.h"
 #include "ref/attention.h"
@@ -102,6 +102,9 @@ std::vector<KernelCase> cases_attention() {
       {"mask", attn(2, 1, 7, 13, 16, C), Mask::random},
       {"tiles", attn(1, 1, 40, 130, 16, C), Mask::random, DType::f32, false},
       {"tiles", attn(2, 2, 70, 67, 33), Mask::none, DType::f32, false},
+      // backward over several query and key tiles, D padded and not
+      {"tiles_grad", attn(1, 2, 40, 70, 33, C), Mask::random},
+      {"tiles_grad", attn(2, 1, 70, 67, 64)},
   };
   AttentionArgs scaled = attn(1, 2, 6, 8, 16);
   scaled.scale = 0.3f;
