@@ -7,7 +7,8 @@
 // [--classes 1000] [--channels 3] [--seq T] [--layers L --hidden C --heads H
 // --patch P, 0 or absent: the preset's] [--steps 3] [--warmup 2]. Language models (bert-*,
 // gpt2*) take their preset sizes, T tokens (--seq) and random ids; BERT predicts
-// about 15% of them. Not a test; nothing is asserted.
+// round(0.15 T) of them per sequence, as the masked-LM loader selects. Not a test; nothing is
+// asserted.
 #include <omp.h>
 
 #include <algorithm>
@@ -130,11 +131,18 @@ void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const ModelOp
       x.data<float>()[i] = static_cast<float>(next()) / 16777216.0f;
     }
   }
-  const bool masked = find_arch(mo.arch)->family == ModelFamily::bert;
+  const bool masked = find_arch(mo.arch)->family == ModelFamily::bert && lab.shape.rank() == 2;
   const uint32_t classes = static_cast<uint32_t>(mo.num_classes.value_or(static_cast<int>(vocab)));
-  for (int64_t i = 0; i < y.numel(); ++i) {
-    const int32_t label = static_cast<int32_t>(next() % classes);
-    y.data<int32_t>()[i] = masked && next() % 100 >= 15 ? -100 : label;
+  for (int64_t i = 0; i < y.numel(); ++i)
+    y.data<int32_t>()[i] = static_cast<int32_t>(next() % classes);
+  if (masked) {  // the loader's masking: exactly M labelled positions per sequence, the rest -100
+    const int64_t t = lab.shape[1];
+    const int64_t mpred = mo.mlm_predictions.value_or(masked_lm_predictions(t, 0.15));
+    for (int64_t r = 0; r < lab.shape[0]; ++r) {
+      int32_t* row = y.data<int32_t>() + r * t;
+      for (int64_t j = 0; j < t; ++j)
+        if (j % (t / mpred) != 0 || j / (t / mpred) >= mpred) row[j] = -100;
+    }
   }
   ex.set_input(m.input, x);
   ex.set_input(m.labels, y);

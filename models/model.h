@@ -17,8 +17,12 @@ struct ModelGraph {
   graph::Graph graph;
   graph::ValueId input = -1;   // images f32 [N, C, H, W], or token ids i32 [B, T]
   graph::ValueId labels = -1;  // class ids i32 [N], or token ids i32 [B, T]
-  graph::ValueId logits = -1;  // f32 [N, K], or [B, T, V]
-  graph::ValueId loss = -1;    // mean softmax cross-entropy, f32 [1]
+  graph::ValueId logits = -1;  // f32 [N, K], or [B, T, V] (BERT masked-LM: [B, M, V])
+  // The labels the loss compares logits with, row for row: `labels` itself,
+  // except for BERT's masked-LM head, which gathers the M labelled positions of
+  // each sequence (i32 [B, M], kIgnoreLabel where a sequence had fewer).
+  graph::ValueId targets = -1;
+  graph::ValueId loss = -1;  // mean softmax cross-entropy, f32 [1]
 };
 
 }  // namespace dtrain::models

@@ -3,6 +3,8 @@
 // Keys an architecture does not use stay unset. No graph building here.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -45,7 +47,19 @@ struct ModelOptions {
   std::optional<int> heads;       // attention heads; hidden % heads == 0
   std::optional<int> ffn;         // MLP width
   std::optional<double> dropout;  // transformers
+  // bert masked-LM: positions predicted per sequence, the prediction head's row
+  // count (not a job-file key: resolved from data.mlm_probability); unset means
+  // masked_lm_predictions(seq_len, 0.15).
+  std::optional<int> mlm_predictions;
 };
+
+// Masked-LM positions predicted per sequence of T tokens: round(probability * T),
+// at least 1 and at most T. The loader selects exactly this many per window, so
+// the head gathers a fixed [B, M] set of rows instead of predicting all B*T.
+inline int64_t masked_lm_predictions(int64_t seq_len, double probability) {
+  const auto m = static_cast<int64_t>(std::llround(probability * static_cast<double>(seq_len)));
+  return std::clamp<int64_t>(m, 1, seq_len);
+}
 
 struct ArchPreset {
   std::string_view name;

@@ -73,7 +73,9 @@ ModelGraph build_model(const ModelOptions& options, int64_t batch) {
   if (batch < 1) {
     throw Error(fmt::format("model \"{}\": batch must be at least 1, got {}", options.arch, batch));
   }
-  return entry->build(options, batch);
+  ModelGraph m = entry->build(options, batch);
+  if (m.targets < 0) m.targets = m.labels;
+  return m;
 }
 
 ModelSummary summarize(const ModelOptions& options) {

@@ -56,6 +56,11 @@ void resolve_model(Job& job, const SourceMap& where) {
   if (!m.ffn && m.hidden && where.contains("model.hidden")) p.ffn = 4 * *m.hidden;
   take_preset(m.ffn, p.ffn, "ffn", *arch, where);
   take_preset(m.dropout, p.dropout, "dropout", *arch, where);
+  // BERT's masked-LM head predicts the loader's fixed number of positions.
+  if (arch->family == ModelFamily::bert && !m.num_classes && m.seq_len) {
+    m.mlm_predictions =
+        static_cast<int>(masked_lm_predictions(*m.seq_len, job.data.mlm_probability));
+  }
 }
 
 void resolve_data_parallel(Job& job, const SourceMap& where, int world) {

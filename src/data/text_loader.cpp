@@ -7,8 +7,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -77,7 +79,8 @@ TextBatches::TextBatches(std::shared_ptr<const TokenShard> shard, TextBatchConfi
     DTRAIN_CHECK(
         m.first_special > 0 && m.mask_id >= m.first_special && m.mask_id < shard_->vocab_size,
         "mask id {} first special {} vocab {}", m.mask_id, m.first_special, shard_->vocab_size);
-    DTRAIN_CHECK(m.probability > 0 && m.probability < 1, "mask probability {}", m.probability);
+    DTRAIN_CHECK(m.predictions >= 1 && m.predictions <= config_.seq_len,
+                 "masked-LM predictions {} per window of {}", m.predictions, config_.seq_len);
   }
 }
 
@@ -98,37 +101,37 @@ void TextBatches::fill_masked(int64_t epoch, int64_t window, const TokenId* toke
   const Philox rng(eval ? kEvalMaskSeed : config_.seed,
                    rng_stream_id(data_rng::kMask, 0, static_cast<uint64_t>(window)));
   const uint64_t epoch_bits = static_cast<uint64_t>(eval ? 0 : epoch) << 32;
-  const auto threshold = static_cast<uint64_t>(std::llround(m.probability * 0x1p32));
   const int64_t t_len = config_.seq_len;
-  // Selected position p becomes [MASK] / a random ordinary id / itself by word 1.
-  auto apply = [&](int64_t p, const PhiloxCounter& w) {
+  // Every ordinary position draws a key (word 0); the `predictions` smallest
+  // keys (ties: the earlier position) are selected, and a selected position
+  // becomes [MASK] / a random ordinary id / itself by word 1.
+  struct Draw {
+    uint32_t key;
+    int32_t pos;
+  };
+  std::vector<Draw> draws(static_cast<size_t>(t_len));
+  int64_t ordinary = 0;
+  for (int64_t p = 0; p < t_len; ++p) {
+    input[p] = tokens[p];
+    labels[p] = kIgnoreLabel;
+    if (tokens[p] >= m.first_special) continue;
+    const PhiloxCounter w = rng.block(epoch_bits | static_cast<uint64_t>(p));
+    draws[static_cast<size_t>(ordinary++)] = {w[0], static_cast<int32_t>(p)};
+  }
+  const int64_t k = std::min(m.predictions, ordinary);
+  auto before = [](const Draw& a, const Draw& b) {
+    return a.key != b.key ? a.key < b.key : a.pos < b.pos;
+  };
+  std::nth_element(draws.begin(), draws.begin() + k, draws.begin() + ordinary, before);
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t p = draws[static_cast<size_t>(i)].pos;
+    const PhiloxCounter w = rng.block(epoch_bits | static_cast<uint64_t>(p));
     labels[p] = tokens[p];
     const float action = u32_to_uniform(w[1]);
     if (action < 0.8f) {
       input[p] = m.mask_id;
     } else if (action < 0.9f) {
       input[p] = static_cast<int32_t>(below(w[2], m.first_special));
-    }
-  };
-  int64_t selected = 0, ordinary = 0;
-  for (int64_t p = 0; p < t_len; ++p) {
-    input[p] = tokens[p];
-    labels[p] = kIgnoreLabel;
-    if (tokens[p] >= m.first_special) continue;
-    ++ordinary;
-    const PhiloxCounter w = rng.block(epoch_bits | static_cast<uint64_t>(p));
-    if (w[0] < threshold) {
-      apply(p, w);
-      ++selected;
-    }
-  }
-  if (selected > 0 || ordinary == 0) return;
-  const PhiloxCounter w = rng.block(epoch_bits | 0xffffffffull);
-  int64_t k = below(w[0], ordinary);
-  for (int64_t p = 0; p < t_len; ++p) {
-    if (tokens[p] < m.first_special && k-- == 0) {
-      apply(p, w);
-      return;
     }
   }
 }

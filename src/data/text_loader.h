@@ -26,14 +26,16 @@ enum class TextOrder : uint8_t { shuffled, sequential };
 inline constexpr int32_t kIgnoreLabel = -100;                     // cross-entropy's ignore_index
 inline constexpr uint64_t kEvalMaskSeed = 0x6576616c6d61736bull;  // "evalmask"
 
-// Masked-LM: each ordinary position (id < first_special) of a window is selected
-// independently with `probability`; a selected one becomes mask_id (80%), a
-// uniform ordinary id (10%) or stays (10%), and its label is the original id;
-// all other labels are kIgnoreLabel. A window with no selected position gets one
-// (a uniform ordinary position), so every window has a defined loss. Special
-// tokens (<|endoftext|> between documents) are never selected.
+// Masked-LM: exactly `predictions` ordinary positions (id < first_special) of
+// each window are selected (fewer only where the window has fewer ordinary
+// tokens), uniformly without replacement from the seed: Google BERT's
+// max_predictions_per_seq, so the model's prediction head has a fixed row count
+// (models::masked_lm_predictions: round(probability * T), at least 1). A
+// selected position becomes mask_id (80%), a uniform ordinary id (10%) or stays
+// (10%), and its label is the original id; all other labels are kIgnoreLabel.
+// Special tokens (<|endoftext|> between documents) are never selected.
 struct MaskingConfig {
-  double probability = 0.15;
+  int64_t predictions = 1;  // per window, 1..T
   TokenId mask_id = -1;
   TokenId first_special = -1;  // Tokenizer::first_special()
 };

@@ -131,11 +131,11 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     for (ValueId v : n.outputs) {
       out.push_back(value(v));
       Tensor& g = vgrad[static_cast<size_t>(v)];
-      if (!g.defined()) {  // an output the loss ignores
+      if (!g.defined() && graph_.value(v).requires_grad) {  // an output the loss ignores
         g = alloc(graph_.value(v).spec);
         kernels::fill(g, 0.0f);
       }
-      dout.push_back(g);
+      dout.push_back(g);  // undefined for an integer output (gathered labels)
     }
     for (ValueId v : n.inputs) {
       const bool need = graph_.value(v).requires_grad;

@@ -25,7 +25,12 @@ void Op::forward(OpContext& ctx) const {
 void Op::backward(OpContext& ctx) const {
   DTRAIN_CHECK(ctx.grad_inputs.size() == ctx.inputs.size(), "{}: grad_inputs", kind());
   DTRAIN_CHECK(ctx.grad_params.size() == ctx.params.size(), "{}: grad_params", kind());
-  for (const Tensor& t : ctx.grad_outputs) DTRAIN_CHECK(t.defined(), "{}: undefined grad", kind());
+  // Every floating output has a gradient (zeros where the loss ignores it);
+  // integer outputs (gathered labels) have none.
+  for (size_t i = 0; i < ctx.grad_outputs.size(); ++i) {
+    DTRAIN_CHECK(ctx.grad_outputs[i].defined() || !is_floating(ctx.outputs[i].dtype()),
+                 "{}: undefined grad for output {}", kind(), i);
+  }
   do_backward(ctx);
 }
 

@@ -80,6 +80,11 @@ std::unique_ptr<Op> patchify(int64_t patch);
 std::unique_ptr<Op> class_token_positions(int64_t tokens, int64_t channels, double init_std = 0.02);
 // x [B, T, C] -> x[:, index] [B, C] (BERT's pooler, ViT's class head)
 std::unique_ptr<Op> select_token(int64_t index);
+// x [B, T, C], labels i32 [B, T] -> rows [B, M, C], labels i32 [B, M]: the
+// positions whose label is not ignore_index, in order, then padding rows (label
+// ignore_index) where a sequence has fewer than M; more than M is an Error.
+// BERT's masked-LM head runs on these M rows instead of all T.
+std::unique_ptr<Op> gather_labeled(int64_t rows, int64_t ignore_index = -100);
 // logits [..., K], labels i32 [...] -> mean loss f32 [1]
 std::unique_ptr<Op> softmax_cross_entropy(int64_t ignore_index = -100,
                                           float label_smoothing = 0.0f);

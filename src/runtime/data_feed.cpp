@@ -136,8 +136,7 @@ class TextSource final : public DataSource {
     if (job.data.dataset == DatasetName::synthetic) {
       train_ = synthetic_tokens(vocab, 10000 * (seq + 1), seed, 0);
       val_ = synthetic_tokens(vocab, 100 * (seq + 1), seed, 1);
-      masking_ = {job.data.mlm_probability, static_cast<TokenId>(vocab - 1),
-                  static_cast<TokenId>(vocab - 1)};
+      masking_ = {predictions(), static_cast<TokenId>(vocab - 1), static_cast<TokenId>(vocab - 1)};
     } else {
       open_shards(vocab);
     }
@@ -180,10 +179,17 @@ class TextSource final : public DataSource {
                               vocab, data.tokenizer->vocab_size(), dir),
                   fmt::format("set model.vocab_size: {}", data.tokenizer->vocab_size()));
     }
-    masking_ = {job_.data.mlm_probability, data.tokenizer->special(Special::mask),
+    masking_ = {predictions(), data.tokenizer->special(Special::mask),
                 data.tokenizer->first_special()};
     train_ = data.train;
     val_ = data.val;
+  }
+
+  // Positions masked per window: the count the model's head was built for.
+  int64_t predictions() const {
+    const ModelOptions& m = job_.model;
+    return m.mlm_predictions.value_or(
+        static_cast<int>(masked_lm_predictions(m.seq_len.value_or(1), job_.data.mlm_probability)));
   }
 
   const Job& job_;

@@ -248,8 +248,9 @@ EvalResult Trainer::evaluate() {
     set_batch(b);
     ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
     const Tensor& logits = ex_->value(model_.logits);
-    const int64_t rows = b.labels.numel(), classes = logits.numel() / rows;
-    const int32_t* labels = b.labels.data<int32_t>();
+    const Tensor& targets = ex_->value(model_.targets);  // the labels row for row with logits
+    const int64_t rows = targets.numel(), classes = logits.numel() / rows;
+    const int32_t* labels = targets.data<int32_t>();
     int64_t counted = 0;
     for (int64_t i = 0; i < rows; ++i) {
       if (labels[i] < 0) continue;

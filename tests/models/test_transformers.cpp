@@ -22,7 +22,8 @@ namespace {
 
 ModelOptions preset(const char* arch) { return preset_options(*find_arch(arch)); }
 
-// 2 layers, hidden 16, 2 heads, ffn 32, dropout 0; LMs: vocab 50, 8 tokens, 12 positions.
+// 2 layers, hidden 16, 2 heads, ffn 32, dropout 0; LMs: vocab 50, 8 tokens, 12 positions;
+// BERT's head predicts 4 positions per sequence (feed_lm labels 3: one padding row).
 ModelOptions tiny(const char* arch) {
   ModelOptions o = preset(arch);
   o.layers = 2;
@@ -34,6 +35,7 @@ ModelOptions tiny(const char* arch) {
     o.vocab_size = 50;
     o.seq_len = 8;
     o.max_positions = 12;
+    o.mlm_predictions = 4;
   } else {
     o.image_size = 8;
     o.patch_size = 4;
@@ -159,7 +161,9 @@ TEST_CASE("transformer graphs: shapes of inputs, labels, logits; positions vs se
   const ModelGraph bert = build_model(preset("bert-base"), 2);
   CHECK(bert.graph.value(bert.input).spec == graph::TensorSpec{{2, 128}, DType::i32});
   CHECK(bert.graph.value(bert.labels).spec == graph::TensorSpec{{2, 128}, DType::i32});
-  CHECK(bert.graph.value(bert.logits).spec.shape == Shape{2, 128, 30522});
+  // The masked-LM head runs on round(0.15 * 128) = 19 gathered positions per sequence.
+  CHECK(bert.graph.value(bert.logits).spec.shape == Shape{2, 19, 30522});
+  CHECK(bert.graph.value(bert.targets).spec == graph::TensorSpec{{2, 19}, DType::i32});
   CHECK(bert.graph.param_layout()[1].name == "embeddings.position_embeddings.weight");
   CHECK(bert.graph.param_layout()[1].spec.shape == Shape{512, 768});
   const ModelGraph gpt = build_model(tiny("gpt2"), 3);
@@ -216,6 +220,37 @@ TEST_CASE("summaries of the transformers: per-sample FLOPs of the batch-1 graph"
       2.0 * (124'439'808 - 50257.0 * 768 - 1024 * 768) * 1024 + 2.0 * 50257 * 768 * 1024;
   CHECK(g.forward_flops_per_sample > matmul);
   CHECK(g.forward_flops_per_sample < 1.3 * matmul);
+}
+
+TEST_CASE("BERT masked-LM head on the gathered positions: the loss and gradients of all T") {
+  // Gathering 4 or all 8 rows per sequence (3 labelled, the rest padding) gives
+  // the same model, loss and gradients; more labelled positions than rows is an Error.
+  ModelOptions o = tiny("bert-base");
+  auto run = [&](int rows, std::vector<float>* grads) {
+    o.mlm_predictions = rows;
+    const ModelGraph m = build_model(o, 2);
+    graph::Executor ex(m.graph);
+    ex.initialize(21);
+    feed_lm(ex, m, 50, true);
+    const float loss = loss_of(ex, m);
+    ex.backward(m.loss);
+    const Tensor g = ex.grads().flat(DType::f32);
+    grads->assign(g.data<float>(), g.data<float>() + g.numel());
+    return loss;
+  };
+  std::vector<float> g4, g8;
+  const float l4 = run(4, &g4), l8 = run(8, &g8);
+  CHECK(l4 == doctest::Approx(l8).epsilon(1e-6));
+  REQUIRE(g4.size() == g8.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g4.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(g4[i]) - g8[i]));
+    norm = std::max(norm, std::abs(static_cast<double>(g8[i])));
+  }
+  CHECK(norm > 0);
+  CHECK(diff <= 1e-5 * norm);
+  std::vector<float> unused;
+  CHECK_THROWS_WITH_AS(run(2, &unused), doctest::Contains("more than 2 labelled positions"), Error);
 }
 
 TEST_CASE("tiny BERT masked-LM: whole-model gradients match finite differences") {

@@ -1,8 +1,10 @@
 // Token-layout ops of vision and language transformers: patchify (images to a
-// sequence of flattened patches, a pure permutation) and select_token (one
-// token of each sequence, e.g. BERT's [CLS] for the pooler). No arithmetic.
+// sequence of flattened patches, a pure permutation), select_token (one token
+// of each sequence, e.g. BERT's [CLS] for the pooler) and gather_labeled (the
+// labelled positions of each sequence, for BERT's masked-LM head). No arithmetic.
 #include "graph/ops.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/layout.h"
 
 namespace dtrain::graph {
@@ -88,7 +90,83 @@ class SelectToken final : public Op {
   int64_t index_;
 };
 
+// Rows are gathered through the embedding kernels with x as the table: forward
+// copies rows, backward scatter-adds them (deterministic, in id order).
+class GatherLabeled final : public Op {
+ public:
+  GatherLabeled(int64_t rows, int64_t ignore) : rows_(rows), ignore_(ignore) {}
+  std::string_view kind() const override { return "gather_labeled"; }
+
+ protected:
+  int num_inputs() const override { return 2; }
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    const Shape& x = in[0].shape;
+    const Shape& y = in[1].shape;
+    if (x.rank() != 3 || in[1].dtype != DType::i32 || y != Shape{x[0], x[1]}) {
+      op_error(kind(), fmt::format("needs x [B, T, C] and i32 labels [B, T], got {} and {} {}",
+                                   x.str(), dtype_name(in[1].dtype), y.str()));
+    }
+    if (rows_ > x[1]) {
+      op_error(kind(),
+               fmt::format("{} rows per sequence, but sequences have {} tokens", rows_, x[1]));
+    }
+    OpInfo info;
+    info.outputs = {{{x[0], rows_, x[2]}, in[0].dtype}, {{x[0], rows_}, DType::i32}};
+    info.saved = {{{x[0] * rows_}, DType::i32}};  // the gathered row of x, per output row
+    info.keep = Keep::nothing;
+    return info;
+  }
+  void do_forward(OpContext& ctx) const override {
+    const Tensor& x = ctx.inputs[0];
+    const int64_t b = x.dim(0), t = x.dim(1), c = x.dim(2);
+    const int32_t* labels = ctx.inputs[1].data<int32_t>();
+    int32_t* ids = ctx.saved[0].data<int32_t>();
+    int32_t* out = ctx.outputs[1].data<int32_t>();
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t n = 0;
+      for (int64_t j = 0; j < t; ++j) {
+        const int32_t label = labels[i * t + j];
+        if (label == ignore_) continue;
+        if (n == rows_) {
+          throw Error(fmt::format("gather_labeled: sequence {} of the batch has more than {} "
+                                  "labelled positions",
+                                  i, rows_),
+                      "the masked-LM head predicts a fixed number of positions per sequence "
+                      "(round(data.mlm_probability * seq_len)); labels must come from the "
+                      "masked-LM loader, which selects exactly that many");
+        }
+        ids[i * rows_ + n] = static_cast<int32_t>(i * t + j);
+        out[i * rows_ + n] = label;
+        ++n;
+      }
+      for (; n < rows_; ++n) {  // padding: any row of this sequence, its label ignored
+        ids[i * rows_ + n] = static_cast<int32_t>(i * t);
+        out[i * rows_ + n] = static_cast<int32_t>(ignore_);
+      }
+    }
+    Tensor y = ctx.outputs[0].reshape({b * rows_, c});
+    kernels::embedding_forward(ctx.saved[0], x.reshape({b * t, c}), y);
+  }
+  void do_backward(OpContext& ctx) const override {
+    if (!ctx.grad_inputs[0].defined()) return;
+    Tensor& dx = ctx.grad_inputs[0];
+    const int64_t b = dx.dim(0), t = dx.dim(1), c = dx.dim(2);
+    kernels::fill(dx, 0.0f);
+    Tensor table = dx.reshape({b * t, c});
+    kernels::embedding_backward(ctx.saved[0], ctx.grad_outputs[0].reshape({b * rows_, c}), table);
+  }
+
+ private:
+  int64_t rows_;
+  int64_t ignore_;
+};
+
 }  // namespace
+
+std::unique_ptr<Op> gather_labeled(int64_t rows, int64_t ignore_index) {
+  if (rows < 1) op_error("gather_labeled", fmt::format("rows must be >= 1, got {}", rows));
+  return std::make_unique<GatherLabeled>(rows, ignore_index);
+}
 
 std::unique_ptr<Op> patchify(int64_t patch) {
   if (patch <= 0) op_error("patchify", fmt::format("patch size must be positive, got {}", patch));
