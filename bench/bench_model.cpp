@@ -5,7 +5,7 @@
 // the optimizer step, and each convolution's three oneDNN calls on their own.
 // Prints JSON. Usage: bench_model [--arch resnet50] [--batch 32] [--image 224]
 // [--classes 1000] [--channels 3] [--seq T] [--layers L --hidden C --heads H
-// --patch P, 0 or absent: the preset's] [--steps 3] [--warmup 2]. Language models (bert-*,
+// --ffn F --patch P, 0 or absent: the preset's] [--steps 3] [--warmup 2]. Language models (bert-*,
 // gpt2*) take their preset sizes, T tokens (--seq) and random ids; BERT predicts
 // round(0.15 T) of them per sequence, as the masked-LM loader selects. Not a test; nothing is
 // asserted.
@@ -36,7 +36,7 @@ using graph::Phase;
 struct Args {
   std::string arch = "resnet50";
   int64_t batch = 32, image = 224, classes = 1000, seq = 0;
-  int64_t channels = 3, layers = 0, hidden = 0, heads = 0, patch = 0;  // 0: the preset's
+  int64_t channels = 3, layers = 0, hidden = 0, heads = 0, ffn = 0, patch = 0;  // 0: the preset's
   int steps = 3, warmup = 2;
 };
 
@@ -62,6 +62,8 @@ Args parse(int argc, char** argv) {
       a.hidden = std::atoll(v.c_str());
     else if (k == "--heads")
       a.heads = std::atoll(v.c_str());
+    else if (k == "--ffn")
+      a.ffn = std::atoll(v.c_str());
     else if (k == "--patch")
       a.patch = std::atoll(v.c_str());
     else if (k == "--steps")
@@ -284,6 +286,7 @@ int main(int argc, char** argv) {
     if (a.layers > 0) mo.layers = static_cast<int>(a.layers);
     if (a.hidden > 0) mo.hidden = static_cast<int>(a.hidden);
     if (a.heads > 0) mo.heads = static_cast<int>(a.heads);
+    if (a.ffn > 0) mo.ffn = static_cast<int>(a.ffn);
     const models::ModelGraph m = models::build_model(mo, a.batch);
     graph::Executor ex(m.graph);
     ex.initialize(42);

@@ -17,6 +17,13 @@ struct AttentionArgs {
   int64_t tq = 1, tk = 1, d = 1;  // query tokens, key tokens, head dim
   float scale = 0.0f;             // 0 means 1/sqrt(d)
   Causal causal = Causal::no;     // causal: query i sees keys j <= i + (tk - tq)
+  // Dropout on the attention probabilities (BERT's and GPT-2's attn dropout):
+  // P[b, h, i, j] is kept iff Philox(seed, stream).uniform(((b*H + h)*Tq + i)*Tk + j)
+  // >= dropout, the element numbering of kernels/dropout.h, and kept ones are
+  // scaled by 1/(1 - dropout); the row sums of the softmax are taken before it.
+  // Backward redraws the same mask from the same args; nothing is stored.
+  float dropout = 0.0f;
+  uint64_t seed = 0, stream = 0;
 };
 
 size_t attention_workspace_bytes(const AttentionArgs& args, DType dtype);

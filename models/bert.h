@@ -1,7 +1,8 @@
 // BERT (Devlin et al. 2019) as a graph builder, laid out as Hugging Face's
 // BertModel: word + position + token-type embeddings -> LayerNorm -> dropout,
 // then post-LN encoder layers (attention -> dropout -> add -> LN; GELU(erf)
-// FFN -> dropout -> add -> LN), LN eps 1e-12. No attention-probability dropout.
+// FFN -> dropout -> add -> LN), LN eps 1e-12; dropout on the attention
+// probabilities too, at the same rate.
 // The position table has model.max_positions rows (512) whatever seq_len is.
 #pragma once
 

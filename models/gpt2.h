@@ -1,8 +1,8 @@
 // GPT-2 (Radford et al. 2019) as a graph builder, laid out as Hugging Face's
 // GPT2LMHeadModel: token + position embeddings -> dropout, pre-LN blocks with
 // causal attention and a GELU(tanh) MLP, final LN, LM head tied to the token
-// embedding (no bias). Dropout after the embeddings and each residual branch;
-// none on the attention probabilities. The position table has max_positions rows.
+// embedding (no bias). Dropout after the embeddings, on the attention
+// probabilities and on each residual branch. The position table has max_positions rows.
 #pragma once
 
 #include <cstdint>

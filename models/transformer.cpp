@@ -81,7 +81,12 @@ graph::ValueId attention_block(graph::Graph& g, const AttentionNames& names, gra
   using graph::Bias;
   const int64_t c = s.hidden;
   graph::ValueId h = g.add1(names.qkv, graph::linear(c, 3 * c, Bias::yes, {kInitStd}), {x});
-  h = g.add1(names.core, graph::self_attention(s.heads, causal), {h});
+  // Attention-probability dropout at the hidden rate (BERT's attention_probs_dropout_prob
+  // and GPT-2's attn_pdrop equal hidden dropout in every released size).
+  h = g.add1(
+      names.core,
+      graph::self_attention(s.heads, causal, graph::KeyMask::none, static_cast<float>(s.dropout)),
+      {h});
   return g.add1(names.proj, graph::linear(c, c, Bias::yes, {proj_std}), {h});
 }
 

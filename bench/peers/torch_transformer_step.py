@@ -5,8 +5,8 @@
 # (configs/gpt2-124m-synthetic.yaml: batch 4 x 64 tokens) on fixed random tokens,
 # and prints one JSON line with every step time. The models are written out here
 # in the Hugging Face / nanoGPT layout (same parameter count as dtrain's, checked),
-# with hidden-state dropout 0.1 as dtrain has and no attention-probability dropout
-# (dtrain's fused attention has none). Not a test; Debian's /usr/bin/python3.
+# with dropout 0.1 on hidden states and on attention probabilities, as dtrain
+# has. Not a test; Debian's /usr/bin/python3.
 import argparse
 import json
 import math
@@ -25,26 +25,26 @@ import torch.nn.functional as F
 EXPECTED_PARAMS = {"bert-base": 109_514_298, "gpt2": 124_439_808}
 
 
-def attention(q, k, v, causal):
-    """q, k, v [B, H, T, D] -> [B, H, T, D]: softmax(q k^T / sqrt(D)) v."""
+def attention(q, k, v, causal, p, training):
+    """q, k, v [B, H, T, D] -> [B, H, T, D]: dropout(softmax(q k^T / sqrt(D))) v."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
         t = q.shape[-2]
         s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-    return F.softmax(s, dim=-1) @ v
+    return F.dropout(F.softmax(s, dim=-1), p, training) @ v
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, c, heads, causal):
+    def __init__(self, c, heads, causal, p):
         super().__init__()
-        self.heads, self.causal = heads, causal
+        self.heads, self.causal, self.p = heads, causal, p
         self.qkv = nn.Linear(c, 3 * c)
         self.proj = nn.Linear(c, c)
 
     def forward(self, x):
         b, t, c = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        y = attention(q, k, v, self.causal).transpose(1, 2).reshape(b, t, c)
+        y = attention(q, k, v, self.causal, self.p, self.training).transpose(1, 2).reshape(b, t, c)
         return self.proj(y)
 
 
@@ -53,7 +53,7 @@ class BertLayer(nn.Module):
 
     def __init__(self, c, heads, ffn, p):
         super().__init__()
-        self.attn = SelfAttention(c, heads, causal=False)
+        self.attn = SelfAttention(c, heads, causal=False, p=p)
         self.ln1 = nn.LayerNorm(c, eps=1e-12)
         self.fc1, self.fc2 = nn.Linear(c, ffn), nn.Linear(ffn, c)
         self.ln2 = nn.LayerNorm(c, eps=1e-12)
@@ -94,7 +94,7 @@ class GptBlock(nn.Module):
     def __init__(self, c, heads, p):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(c), nn.LayerNorm(c)
-        self.attn = SelfAttention(c, heads, causal=True)
+        self.attn = SelfAttention(c, heads, causal=True, p=p)
         self.fc, self.proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
         self.drop = nn.Dropout(p)
 

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/rng.h"
 #include "kernels/cpu/float_io.h"
 
 namespace dtrain::kernels {
@@ -138,6 +139,31 @@ struct Problem {
     if (mask != nullptr && mask[b * a.tk + j] == 0) return false;
     return a.causal == Causal::no || j <= i + (a.tk - a.tq);
   }
+  // keep[j] = 1/(1-p) or 0: the dropout decision for keys [j0, j0 + kBk) of query
+  // row i of (b, h) (1 everywhere without dropout; 0 for j >= tk).
+  void dropout_row(int64_t bh, int64_t i, int64_t j0, float* keep) const {
+    if (a.dropout == 0.0f) {
+      std::fill(keep, keep + kBk, 1.0f);
+      return;
+    }
+    const Philox rng(a.seed, a.stream);
+    const float inv = 1.0f / (1.0f - a.dropout);
+    const auto base = static_cast<uint64_t>((bh * a.tq + i) * a.tk + j0);
+    uint64_t cached = ~uint64_t{0};
+    PhiloxCounter w{};
+    for (int64_t j = 0; j < kBk; ++j) {
+      if (j0 + j >= a.tk) {
+        keep[j] = 0.0f;
+        continue;
+      }
+      const uint64_t e = base + static_cast<uint64_t>(j);
+      if (e / 4 != cached) {
+        cached = e / 4;
+        w = rng.block(cached);
+      }
+      keep[j] = u32_to_uniform(w[e % 4]) >= a.dropout ? inv : 0.0f;
+    }
+  }
   // Does any query in [i0, i0 + nq) see a key in [j0, ...)? Causal only prunes.
   bool tile_live(int64_t i0, int64_t nq, int64_t j0) const {
     return a.causal == Causal::no || j0 <= i0 + nq - 1 + (a.tk - a.tq);
@@ -202,6 +228,11 @@ void forward_tile(const Problem<T>& pb, int64_t bh, int64_t i0, Scratch sc, T* o
       }
       l[i] = l[i] * rescale + sum;
       m[i] = mx;
+      if (a.dropout > 0.0f) {  // O sums the dropped probabilities; l is the full softmax sum
+        float keep[kBk];
+        pb.dropout_row(bh, i0 + i, j0, keep);
+        for (int64_t j = 0; j < kBk; ++j) si[j] *= keep[j];
+      }
       float* ai = acc + i * dp;
 #pragma omp simd
       for (int64_t dd = 0; dd < dp; ++dd) ai[dd] *= rescale;
@@ -258,12 +289,17 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
       std::fill(ds, ds + nq * kBk, 0.0f);
       mm_acc(qt, dp, kt + j0 * dp, kBk, p, kBk, nq, dp, kBk);    // S = Q K^T
       mm_acc(dot, dp, vt + j0 * dp, kBk, ds, kBk, nq, dp, kBk);  // dP = dO V^T
+      // With dropout mask M (scaled): O = (P * M) V, so dV = (P * M)^T dO and
+      // dP = (dO V^T) * M; dS = P * (dP - Di) with Di = rowsum(dO * O) as before.
+      float keep[kBk];
       for (int64_t i = 0; i < nq; ++i) {
         float *pi = p + i * kBk, *dsi = ds + i * kBk;
+        pb.dropout_row(bh, i0 + i, j0, keep);
         for (int64_t j = 0; j < kBk; ++j) {
           const bool on = lse[i] != -INFINITY && pb.visible(b, i0 + i, j0 + j);
-          pi[j] = on ? exp_neg(pi[j] * pb.scale - lse[i]) : 0.0f;
-          dsi[j] = pi[j] * (dsi[j] - di[i]);
+          const float prob = on ? exp_neg(pi[j] * pb.scale - lse[i]) : 0.0f;
+          dsi[j] = prob * (dsi[j] * keep[j] - di[i]);
+          pi[j] = prob * keep[j];
         }
       }
       transpose(p, kBk, nq, kBk, pt, nq);
@@ -305,6 +341,8 @@ void check_shapes(std::string_view op, const AttentionArgs& a, const Tensor& q, 
   DTRAIN_CHECK(a.b > 0 && a.h > 0 && a.tq > 0 && a.tk > 0 && a.d > 0 && a.d <= 1024,
                "{}: bad shape b {} h {} tq {} tk {} d {} (d <= 1024)", op, a.b, a.h, a.tq, a.tk,
                a.d);
+  DTRAIN_CHECK(a.dropout >= 0.0f && a.dropout < 1.0f, "{}: dropout {} is outside [0, 1)", op,
+               a.dropout);
   require_dtype(op, "q", q, {DType::f32, DType::f16, DType::bf16});
   require_dtype(op, "k", k, {q.dtype()});
   require_dtype(op, "v", v, {q.dtype()});

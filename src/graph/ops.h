@@ -53,9 +53,10 @@ enum class KeyMask : uint8_t { none, input };
 // Memory: the kernel tiles the keys with an online softmax and saves only the
 // attention output and the row log-sum-exp f32 [B, H, T]; no B*H*T*T tensor
 // exists in forward or backward (backward recomputes probabilities per tile).
-// No dropout on the attention probabilities (dropout follows the projection).
+// dropout: on the attention probabilities in training (BERT's and GPT-2's
+// attention dropout), drawn inside the kernel per (op, step); eval has none.
 std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal,
-                                   KeyMask mask = KeyMask::none);
+                                   KeyMask mask = KeyMask::none, float dropout = 0.0f);
 // Whether token_embedding takes a second input, token-type ids i32 [B, T];
 // without it every token is type 0 (the parameter still exists, as in BERT).
 enum class TypeIds : uint8_t { none, input };

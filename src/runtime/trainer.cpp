@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "core/allocator.h"
+#include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "models/registry.h"
 #include "optim/clip.h"
@@ -40,8 +41,34 @@ double seconds_since(Clock::time_point t) {
 
 // Everything the job file can switch on that this trainer cannot honour fails
 // here, before any work, rather than being silently ignored.
+// device: cuda is checked against what CUDA itself reports, so a machine
+// without a GPU or driver gets CUDA's reason rather than a later failure.
+void require_device(const Device& device) {
+  if (!device.is_cuda()) return;
+  const kernels::CudaInfo cuda = kernels::query_cuda();
+  const std::string hint =
+      "run on a machine with an NVIDIA GPU and its driver (`dtrain info` lists what CUDA "
+      "finds), or set device: cpu";
+  if (!cuda.built) {
+    throw Error(fmt::format("device: {}: no CUDA device available (this dtrain was built "
+                            "without CUDA)",
+                            device.str()),
+                "rebuild with -DDTRAIN_CUDA=ON (needs nvcc), or set device: cpu");
+  }
+  if (!cuda.available) {
+    throw Error(fmt::format("device: {}: no CUDA device available ({})", device.str(), cuda.reason),
+                hint);
+  }
+  if (device.index >= static_cast<int>(cuda.devices.size())) {
+    throw Error(fmt::format("device: {}: this machine has {} CUDA device(s), cuda:0 to cuda:{}",
+                            device.str(), cuda.devices.size(), cuda.devices.size() - 1),
+                "pick one of the devices `dtrain info` lists");
+  }
+  unsupported("device", device.str());  // the CUDA training backend is not in this build yet
+}
+
 void require_supported(const Job& job, int world) {
-  if (job.device.is_cuda()) unsupported("device", job.device.str());
+  require_device(job.device);
   if (world != 1) unsupported("world size", std::to_string(world) + " processes");
   if (job.precision.dtype != PrecisionDType::fp32) {
     unsupported("precision.dtype", std::string(to_string(job.precision.dtype)));

@@ -1,7 +1,8 @@
 // Kernel-table cases for attention: plain and causal, Tq != Tk both ways (rows
 // that see no key), key-padding masks incl. a fully masked batch row, several
-// key/query tiles (forward and backward), D = 8 / 16 / 33 / 64, explicit scale; f32 in grad mode
-// (dQ, dK, dV), bf16 / f16 forward, and one bf16 grad case with a loose tolerance.
+// key/query tiles (forward and backward), D = 8 / 16 / 33 / 64, explicit scale;
+// f32 in grad mode (dQ, dK, dV), bf16 / f16 forward, one bf16 grad case with a
+// loose tolerance, and probability dropout (the reference draws the same mask).
 #include "harness.h"
 #include "kernels/attention.h"
 #include "ref/attention.h"
@@ -109,6 +110,11 @@ std::vector<KernelCase> cases_attention() {
   AttentionArgs scaled = attn(1, 2, 6, 8, 16);
   scaled.scale = 0.3f;
   specs.push_back({"scale", scaled});
+  // Probability dropout: the reference draws the same Philox mask per element.
+  for (AttentionArgs a : {attn(2, 2, 7, 9, 8), attn(1, 2, 40, 70, 33, C)}) {
+    a.dropout = 0.25f, a.seed = 7, a.stream = 11;
+    specs.push_back({"dropout", a, a.tq == 40 ? Mask::random : Mask::none});
+  }
   for (DType t : {DType::bf16, DType::f16}) {
     specs.push_back({"plain", attn(2, 2, 7, 9, 8), Mask::none, t, false});
     specs.push_back({"mask", attn(3, 2, 6, 70, 33), Mask::one_row_empty, t, false});

@@ -1,10 +1,14 @@
 // fp64 reference attention. Query i may see key j when key_mask[b, j] != 0 and,
 // if causal, j <= i + (Tk - Tq). s_j = scale * q_i . k_j over visible j,
-// p = softmax(s), out_i = sum_j p_j v_j, lse_i = log sum_j exp(s_j).
+// p = softmax(s), out_i = sum_j p_j v_j, lse_i = log sum_j exp(s_j). With
+// dropout, p_j is kept iff Philox(seed, stream).uniform(((b*H + h)*Tq + i)*Tk + j)
+// >= dropout (one draw per element, in order) and kept ones are scaled by 1/(1-p).
 #include "ref/attention.h"
 
 #include <cmath>
 #include <vector>
+
+#include "core/rng.h"
 
 namespace dtrain::ref {
 
@@ -13,6 +17,8 @@ void attention_forward(const kernels::AttentionArgs& a, const double* q, const d
   const double scale = a.scale != 0.0f ? a.scale : 1.0 / std::sqrt(static_cast<double>(a.d));
   std::vector<double> s(static_cast<size_t>(a.tk));
   std::vector<char> visible(static_cast<size_t>(a.tk));
+  const Philox rng(a.seed, a.stream);
+  const double inv_keep = 1.0 / (1.0 - static_cast<double>(a.dropout));
   for (int64_t b = 0; b < a.b; ++b)
     for (int64_t h = 0; h < a.h; ++h) {
       const int64_t bh = b * a.h + h;
@@ -41,7 +47,11 @@ void attention_forward(const kernels::AttentionArgs& a, const double* q, const d
           if (visible[j]) denom += std::exp(s[j] - mx);
         for (int64_t j = 0; j < a.tk; ++j) {
           if (!visible[j]) continue;
-          const double p = std::exp(s[j] - mx) / denom;
+          double p = std::exp(s[j] - mx) / denom;
+          if (a.dropout > 0.0f) {
+            const auto e = static_cast<uint64_t>((bh * a.tq + i) * a.tk + j);
+            p = rng.uniform(e) >= a.dropout ? p * inv_keep : 0.0;
+          }
           const double* vj = v + (bh * a.tk + j) * a.d;
           for (int64_t d = 0; d < a.d; ++d) oi[d] += p * vj[d];
         }

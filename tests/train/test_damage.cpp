@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "harness.h"
+#include "kernels/device_info.h"
 
 using namespace dtrain::train_test;
 
@@ -121,6 +122,31 @@ TEST_CASE("a checkpoint of another model or optimizer is refused before any step
   // No new metrics lines, no new checkpoint, and job.yaml still the job that ran.
   const std::string changed = changed_files(before, snapshot(run.run_dir));
   CHECK_MESSAGE(changed == "", "the refused resume touched " << run.run_dir << ": " << changed);
+}
+
+TEST_CASE("device: cuda without a usable GPU is refused with CUDA's own reason") {
+  // The same assertion on every machine: CUDA's answer decides which message is due.
+  TempDir tmp("cuda-device");
+  const fs::path job = write_job(tmp.path());
+  const fs::path out = tmp.path() / "run";
+  const dtrain::kernels::CudaInfo cuda = dtrain::kernels::query_cuda();
+  const RunResult r = run_dtrain({job.string(), "--set", "device=cuda"}, tmp.path() / "cuda.log");
+  CHECK_MESSAGE(r.rc == kExitBadInput, r.describe());
+  if (!cuda.available) {
+    const std::string reason =
+        cuda.built ? cuda.reason : std::string("this dtrain was built without CUDA");
+    CHECK_MESSAGE(
+        contains(r.log, "error: device: cuda:0: no CUDA device available (" + reason + ")"), r.log);
+  } else {
+    CHECK_MESSAGE(contains(r.log, "error: device: cuda:0 is not supported"), r.log);
+  }
+  CHECK_MESSAGE(!fs::exists(out), out << " was created");
+  // An index past the last device (or no device at all) is refused the same way.
+  const RunResult far =
+      run_dtrain({job.string(), "--set", "device=cuda:7"}, tmp.path() / "cuda7.log");
+  CHECK_MESSAGE(far.rc == kExitBadInput, far.describe());
+  CHECK_MESSAGE(contains(far.log, cuda.available ? "CUDA device(s)" : "no CUDA device available"),
+                far.log);
 }
 
 TEST_CASE("bad input is refused before any output is written") {

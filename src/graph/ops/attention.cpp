@@ -2,21 +2,24 @@
 // runs the memory-efficient attention kernel and merges the heads back. The
 // projections themselves are ordinary linear ops around this one. An optional
 // second input is the key-padding mask u8 [B, T]. Memory: only the output in
-// head layout and the row log-sum-exp are saved (no [T, T] scores anywhere).
+// head layout and the row log-sum-exp are saved (no [T, T] scores anywhere);
+// probability dropout is redrawn in backward from the same Philox stream.
 #include "kernels/attention.h"
+#include "core/rng.h"
 #include "graph/ops.h"
 #include "kernels/layout.h"
 
 namespace dtrain::graph {
 namespace {
 
-constexpr int kSplit[5] = {2, 0, 3, 1, 4};  // [B, T, 3, H, D] -> [3, B, H, T, D]
-constexpr int kMerge[4] = {0, 2, 1, 3};     // [B, H, T, D] <-> [B, T, H, D]
+constexpr int kSplit[5] = {2, 0, 3, 1, 4};        // [B, T, 3, H, D] -> [3, B, H, T, D]
+constexpr int kMerge[4] = {0, 2, 1, 3};           // [B, H, T, D] <-> [B, T, H, D]
+constexpr uint32_t kAttentionDropoutPurpose = 4;  // Philox purposes: 1 init, 3 dropout
 
 class SelfAttention final : public Op {
  public:
-  SelfAttention(int64_t heads, kernels::Causal causal, KeyMask mask)
-      : heads_(heads), causal_(causal), mask_(mask) {}
+  SelfAttention(int64_t heads, kernels::Causal causal, KeyMask mask, float dropout)
+      : heads_(heads), causal_(causal), mask_(mask), dropout_(dropout) {}
   std::string_view kind() const override { return "self_attention"; }
 
  protected:
@@ -26,6 +29,16 @@ class SelfAttention final : public Op {
   Dims dims(const Shape& qkv) const { return {qkv[0], qkv[1], qkv[2] / 3, qkv[2] / 3 / heads_}; }
   kernels::AttentionArgs args(const Dims& s) const {
     return {s.b, heads_, s.t, s.t, s.d, 0.0f, causal_};
+  }
+  // Training draws a fresh mask per (op, step), as the dropout op does.
+  kernels::AttentionArgs args(const Dims& s, const OpContext& ctx) const {
+    kernels::AttentionArgs a = args(s);
+    if (ctx.mode == Mode::train && dropout_ > 0.0f) {
+      a.dropout = dropout_;
+      a.seed = ctx.seed;
+      a.stream = rng_stream_id(kAttentionDropoutPurpose, 0, (ctx.step << 16) | ctx.op_index);
+    }
+    return a;
   }
   size_t head_bytes(const Dims& s, DType dt) const {
     return static_cast<size_t>(s.b * s.t * s.c) * dtype_size(dt);
@@ -74,7 +87,7 @@ class SelfAttention final : public Op {
     const Shape hs{s.b, heads_, s.t, s.d};
     kernels::Workspace rest{static_cast<char*>(ctx.workspace.data) + off,
                             ctx.workspace.bytes - off};
-    kernels::attention_forward(args(s), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
+    kernels::attention_forward(args(s, ctx), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
                                key_mask(ctx), ctx.saved[0], ctx.saved[1], rest);
     Tensor y = ctx.outputs[0].reshape({s.b, s.t, heads_, s.d});
     kernels::permute(ctx.saved[0], kMerge, y);
@@ -94,7 +107,7 @@ class SelfAttention final : public Op {
     kernels::Workspace rest{static_cast<char*>(ctx.workspace.data) + off,
                             ctx.workspace.bytes - off};
     Tensor dq = grads.view(0, hs), dk = grads.view(n, hs), dv = grads.view(2 * n, hs);
-    kernels::attention_backward(args(s), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
+    kernels::attention_backward(args(s, ctx), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
                                 key_mask(ctx), ctx.saved[0], ctx.saved[1], dout, dq, dk, dv, rest);
     if (!ctx.grad_inputs[0].defined()) return;
     constexpr int kUnsplit[5] = {1, 3, 0, 2, 4};  // [3, B, H, T, D] -> [B, T, 3, H, D]
@@ -106,13 +119,18 @@ class SelfAttention final : public Op {
   int64_t heads_;
   kernels::Causal causal_;
   KeyMask mask_;
+  float dropout_;
 };
 
 }  // namespace
 
-std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal, KeyMask mask) {
+std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal, KeyMask mask,
+                                   float dropout) {
   if (heads <= 0) op_error("self_attention", fmt::format("heads must be positive, got {}", heads));
-  return std::make_unique<SelfAttention>(heads, causal, mask);
+  if (!(dropout >= 0.0f && dropout < 1.0f)) {
+    op_error("self_attention", fmt::format("dropout must be in [0, 1), got {}", dropout));
+  }
+  return std::make_unique<SelfAttention>(heads, causal, mask, dropout);
 }
 
 }  // namespace dtrain::graph
