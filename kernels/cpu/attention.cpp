@@ -146,23 +146,12 @@ struct Problem {
       std::fill(keep, keep + kBk, 1.0f);
       return;
     }
-    const Philox rng(a.seed, a.stream);
     const float inv = 1.0f / (1.0f - a.dropout);
-    const auto base = static_cast<uint64_t>((bh * a.tq + i) * a.tk + j0);
-    uint64_t cached = ~uint64_t{0};
-    PhiloxCounter w{};
-    for (int64_t j = 0; j < kBk; ++j) {
-      if (j0 + j >= a.tk) {
-        keep[j] = 0.0f;
-        continue;
-      }
-      const uint64_t e = base + static_cast<uint64_t>(j);
-      if (e / 4 != cached) {
-        cached = e / 4;
-        w = rng.block(cached);
-      }
-      keep[j] = u32_to_uniform(w[e % 4]) >= a.dropout ? inv : 0.0f;
-    }
+    const int64_t nk = std::min(kBk, a.tk - j0);
+    uint32_t words[kBk];
+    Philox(a.seed, a.stream).words(static_cast<uint64_t>((bh * a.tq + i) * a.tk + j0), nk, words);
+    for (int64_t j = 0; j < kBk; ++j)
+      keep[j] = j < nk && u32_to_uniform(words[j]) >= a.dropout ? inv : 0.0f;
   }
   // Does any query in [i0, i0 + nq) see a key in [j0, ...)? Causal only prunes.
   bool tile_live(int64_t i0, int64_t nq, int64_t j0) const {

@@ -18,18 +18,15 @@ using cpu_io::kBlock;
 
 constexpr int64_t kGrain = int64_t{1} << 14;
 
-// mask[i] = 1 iff uniform(offset + i) >= p, for i in [lo, hi).
+// mask[i] = 1 iff uniform(offset + i) >= p, for i in [lo, hi): words drawn
+// kBlock at a time by the vectorised Philox.
 void draw_mask(const DropoutArgs& a, int64_t lo, int64_t hi, uint8_t* mask) {
   const Philox rng(a.seed, a.stream);
-  uint64_t cached = ~uint64_t{0};
-  PhiloxCounter words{};
-  for (int64_t i = lo; i < hi; ++i) {
-    const uint64_t w = a.offset + static_cast<uint64_t>(i);
-    if (w / 4 != cached) {
-      cached = w / 4;
-      words = rng.block(cached);
-    }
-    mask[i] = u32_to_uniform(words[w % 4]) >= a.p ? 1 : 0;
+  uint32_t words[kBlock];
+  for (int64_t i = lo; i < hi; i += kBlock) {
+    const int64_t m = std::min(kBlock, hi - i);
+    rng.words(a.offset + static_cast<uint64_t>(i), m, words);
+    for (int64_t k = 0; k < m; ++k) mask[i + k] = u32_to_uniform(words[k]) >= a.p ? 1 : 0;
   }
 }
 

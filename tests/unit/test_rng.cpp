@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "core/rng.h"
 
@@ -62,4 +63,24 @@ TEST_CASE("stream ids keep purpose, rank and index apart") {
     for (uint32_t r = 0; r < 4; ++r)
       for (uint64_t i = 0; i < 4; ++i) ids.insert(rng_stream_id(p, r, i));
   CHECK(ids.size() == 64);
+}
+
+TEST_CASE("Philox words(): the vectorised draw equals u32() word for word") {
+  const Philox rng(0x1234'5678'9abc'def0ull, 0x0fed'cba9'8765'4321ull);
+  // Unaligned starts, lengths around the 64-word chunk, and blocks across 2^32.
+  const uint64_t starts[] = {0, 1, 3, 4, 62, 1000, (uint64_t{1} << 34) - 70};
+  const int64_t lengths[] = {0, 1, 5, 63, 64, 65, 130, 300};
+  for (uint64_t first : starts) {
+    for (int64_t n : lengths) {
+      CAPTURE(first);
+      CAPTURE(n);
+      std::vector<uint32_t> got(static_cast<size_t>(n) + 1, 0xdeadbeefu);
+      rng.words(first, n, got.data());
+      int64_t bad = 0;
+      for (int64_t k = 0; k < n; ++k)
+        bad += got[static_cast<size_t>(k)] != rng.u32(first + static_cast<uint64_t>(k));
+      CHECK(bad == 0);
+      CHECK(got[static_cast<size_t>(n)] == 0xdeadbeefu);  // nothing written past n
+    }
+  }
 }
