@@ -187,6 +187,19 @@ std::vector<KernelCase> cases_gemm() {
     }
   }
   cases.push_back(make_case({"big", dims(1, 256, 192, 320)}, false));
+  // Wide untransposed B (n >= 2304, m >= 128): B is staged transposed (kernels/cpu/gemm.cpp).
+  for (Trans ta : {N, T}) {
+    cases.push_back(make_case({"wide_b", dims(1, 128, 2305, 5, ta, N)}, false));
+  }
+  GemmArgs wide_beta = dims(1, 130, 2304, 3);
+  wide_beta.alpha = 0.5f, wide_beta.beta = -1.0f;
+  cases.push_back(make_case({"wide_b_alpha_beta", wide_beta}, false));
+  GemmArgs wide_bcast = dims(2, 128, 2311, 2);
+  wide_bcast.stride_b = 0;
+  cases.push_back(make_case({"wide_b_bcast", wide_bcast}, false));
+  for (DType h : {DType::f16, DType::bf16}) {
+    cases.push_back(make_case({"wide_b", dims(1, 129, 2304, 4), h, h}, false));
+  }
   return cases;
 }
 
