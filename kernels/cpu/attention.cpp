@@ -1,5 +1,6 @@
 // CPU memory-efficient attention (FlashAttention-style). Forward: one task per
-// (b, h, query tile) loops over key tiles with an online softmax. Backward: one
+// (b, h) stages the head's K^T and V tiles once, then runs each query tile over
+// the key tiles with an online softmax. Backward: one
 // task per (b, h) walks every (query tile, key tile) pair once, recomputing
 // P = exp(S - lse) and dS = P * (dP - Di) for the pair and feeding dQ, dK and dV
 // from them (five tile products per pair, none repeated). Each output element
@@ -12,6 +13,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -26,13 +28,31 @@ constexpr int64_t kBk = 64;  // keys per tile
 constexpr int64_t kV = 16;   // floats per vector
 
 using v16 = float __attribute__((vector_size(kV * sizeof(float))));
+using v16i = int32_t __attribute__((vector_size(kV * sizeof(int32_t))));
+using v16u = uint32_t __attribute__((vector_size(kV * sizeof(uint32_t))));
 
 inline v16 vload(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
+inline v16i vloadi(const int32_t* p) {
+  v16i v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+inline v16 splat(float x) { return v16{} + x; }
+inline float hsum(v16 v) {
+  float s = 0.0f;
+  for (int i = 0; i < kV; ++i) s += v[i];
+  return s;
+}
+inline float hmax(v16 v) {
+  float m = v[0];
+  for (int i = 1; i < kV; ++i) m = std::max(m, v[i]);
+  return m;
+}
 
 int64_t pad16(int64_t n) { return (n + kV - 1) / kV * kV; }
 
@@ -54,6 +74,29 @@ inline float exp_neg(float x) {
   float scale;
   std::memcpy(&scale, &bits, 4);
   return x < -87.0f ? 0.0f : y * scale;
+}
+
+// exp_neg on 16 lanes: the same steps (floor by truncation, corrected for the
+// negative arguments), so each lane equals exp_neg of it.
+inline v16 exp_neg_v(v16 x) {
+  const v16 lo = splat(-87.0f);
+  const v16 xc = x < lo ? lo : x;
+  const v16 t = xc * 1.44269504f + 0.5f;
+  v16 n = __builtin_convertvector(__builtin_convertvector(t, v16i), v16);
+  n = n > t ? n - 1.0f : n;
+  v16 r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  v16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const v16 y = p * r * r + r + 1.0f;
+  const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+  v16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return x < lo ? v16{} : y * scale;
 }
 
 // C[R, NV*16] += A[R, K] . B[K, NV*16] (row strides lda, ldb, ldc): R * NV
@@ -115,8 +158,9 @@ struct Scratch {
 };
 
 // Floats per thread (a few spare vectors per buffer for the rounding in take()).
-int64_t forward_floats(int64_t dp) {
-  return 2 * kBq * dp + 3 * kBk * dp + kBq * kBk + 2 * kBq + 8 * kV;
+int64_t forward_floats(int64_t tk, int64_t dp) {
+  const int64_t tkp = (tk + kBk - 1) / kBk * kBk;
+  return 2 * tkp * dp + kBk * dp + 2 * kBq * dp + kBq * kBk + 2 * kBq + 8 * kV;
 }
 int64_t backward_floats(int64_t tk, int64_t dp) {
   const int64_t tkp = (tk + kBk - 1) / kBk * kBk;
@@ -139,6 +183,19 @@ struct Problem {
     if (mask != nullptr && mask[b * a.tk + j] == 0) return false;
     return a.causal == Causal::no || j <= i + (a.tk - a.tq);
   }
+  // visible(b, i, j0 + j) for j in [0, kBk) as lane masks (-1 seen, 0 not);
+  // without a key mask the visible keys are a prefix, found without a test per key.
+  void visible_row(int64_t b, int64_t i, int64_t j0, int32_t* on) const {
+    if (mask == nullptr) {
+      int64_t end = a.tk;
+      if (a.causal == Causal::yes) end = std::min(end, i + (a.tk - a.tq) + 1);
+      const int64_t n = std::clamp<int64_t>(end - j0, 0, kBk);
+      std::fill(on, on + n, -1);
+      std::fill(on + n, on + kBk, 0);
+      return;
+    }
+    for (int64_t j = 0; j < kBk; ++j) on[j] = visible(b, i, j0 + j) ? -1 : 0;
+  }
   // keep[j] = 1/(1-p) or 0: the dropout decision for keys [j0, j0 + kBk) of query
   // row i of (b, h) (1 everywhere without dropout; 0 for j >= tk).
   void dropout_row(int64_t bh, int64_t i, int64_t j0, float* keep) const {
@@ -150,8 +207,16 @@ struct Problem {
     const int64_t nk = std::min(kBk, a.tk - j0);
     uint32_t words[kBk];
     Philox(a.seed, a.stream).words(static_cast<uint64_t>((bh * a.tq + i) * a.tk + j0), nk, words);
-    for (int64_t j = 0; j < kBk; ++j)
-      keep[j] = j < nk && u32_to_uniform(words[j]) >= a.dropout ? inv : 0.0f;
+    // u32_to_uniform on 16 lanes: the top 24 bits are exact in a float.
+    const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    for (int64_t j = 0; j < kBk; j += kV) {
+      v16u w;
+      std::memcpy(&w, words + j, sizeof w);
+      const v16 u = __builtin_convertvector(w >> 8, v16) * 0x1p-24f;
+      const v16i kept =
+          (u >= a.dropout) & (lane + static_cast<int32_t>(j) < static_cast<int32_t>(nk));
+      vstore(keep + j, kept ? splat(inv) : v16{});
+    }
   }
   // Does any query in [i0, i0 + nq) see a key in [j0, ...)? Causal only prunes.
   bool tile_live(int64_t i0, int64_t nq, int64_t j0) const {
@@ -179,61 +244,74 @@ void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float*
   }
 }
 
+// Forward of one (b, h): K^T and V of every key tile staged once, then each
+// query tile runs over the key tiles with an online softmax.
 template <typename T>
-void forward_tile(const Problem<T>& pb, int64_t bh, int64_t i0, Scratch sc, T* out, float* lse) {
+void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* lse) {
   const AttentionArgs& a = pb.a;
-  const int64_t d = a.d, dp = pb.dp, b = bh / a.h, nq = std::min(kBq, a.tq - i0);
-  float *qt = sc.take(kBq * dp), *kr = sc.take(kBk * dp), *kt = sc.take(kBk * dp);
-  float *vt = sc.take(kBk * dp), *acc = sc.take(kBq * dp), *s = sc.take(kBq * kBk);
+  const int64_t d = a.d, dp = pb.dp, b = bh / a.h;
+  const int64_t nkt = (a.tk + kBk - 1) / kBk, tkp = nkt * kBk;
+  float *kt = sc.take(tkp * dp), *vt = sc.take(tkp * dp), *kr = sc.take(kBk * dp);
+  float *qt = sc.take(kBq * dp), *acc = sc.take(kBq * dp), *s = sc.take(kBq * kBk);
   float *m = sc.take(kBq), *l = sc.take(kBq);
-  load_rows(pb.q + pb.q_row(bh, i0), nq, nq, d, dp, qt);
-  std::fill(acc, acc + nq * dp, 0.0f);
-  std::fill(m, m + nq, -INFINITY);
-  std::fill(l, l + nq, 0.0f);
-  for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
-    const int64_t nk = std::min(kBk, a.tk - j0);
+  for (int64_t t = 0; t < nkt; ++t) {  // K^T tiles [dp, kBk]; V rows [kBk, dp]
+    const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
     load_rows(pb.k + pb.k_row(bh, j0), nk, nk, d, dp, kr);
-    transpose(kr, dp, nk, dp, kt, kBk);
-    load_rows(pb.v + pb.k_row(bh, j0), nk, kBk, d, dp, vt);
-    std::fill(s, s + nq * kBk, 0.0f);
-    mm_acc(qt, dp, kt, kBk, s, kBk, nq, dp, kBk);
-    for (int64_t i = 0; i < nq; ++i) {
-      float* si = s + i * kBk;
-      float mx = m[i];
-      for (int64_t j = 0; j < kBk; ++j) {
-        si[j] = pb.visible(b, i0 + i, j0 + j) ? si[j] * pb.scale : -INFINITY;
-        mx = std::max(mx, si[j]);
-      }
-      if (mx == -INFINITY) {  // nothing visible yet: this tile adds nothing
-        std::fill(si, si + kBk, 0.0f);
-        continue;
-      }
-      const float rescale = exp_neg(m[i] - mx);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < kBk; ++j) {
-        si[j] = exp_neg(si[j] - mx);
-        sum += si[j];
-      }
-      l[i] = l[i] * rescale + sum;
-      m[i] = mx;
-      if (a.dropout > 0.0f) {  // O sums the dropped probabilities; l is the full softmax sum
-        float keep[kBk];
-        pb.dropout_row(bh, i0 + i, j0, keep);
-        for (int64_t j = 0; j < kBk; ++j) si[j] *= keep[j];
-      }
-      float* ai = acc + i * dp;
-#pragma omp simd
-      for (int64_t dd = 0; dd < dp; ++dd) ai[dd] *= rescale;
-    }
-    mm_acc(s, kBk, vt, dp, acc, dp, nq, kBk, dp);
+    transpose(kr, dp, nk, dp, kt + j0 * dp, kBk);
+    load_rows(pb.v + pb.k_row(bh, j0), nk, kBk, d, dp, vt + j0 * dp);
   }
-  for (int64_t i = 0; i < nq; ++i) {
-    float* ai = acc + i * dp;
-    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-    for (int64_t dd = 0; dd < d; ++dd) ai[dd] *= inv;
-    cpu_io::store_n(ai, out + pb.q_row(bh, i0 + i), d);
-    lse[bh * a.tq + i0 + i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : -INFINITY;
+  for (int64_t i0 = 0; i0 < a.tq; i0 += kBq) {
+    const int64_t nq = std::min(kBq, a.tq - i0);
+    load_rows(pb.q + pb.q_row(bh, i0), nq, nq, d, dp, qt);
+    std::fill(acc, acc + nq * dp, 0.0f);
+    std::fill(m, m + nq, -INFINITY);
+    std::fill(l, l + nq, 0.0f);
+    for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
+      std::fill(s, s + nq * kBk, 0.0f);
+      mm_acc(qt, dp, kt + j0 * dp, kBk, s, kBk, nq, dp, kBk);
+      int32_t on[kBk];
+      const v16 ninf = splat(-INFINITY);
+      for (int64_t i = 0; i < nq; ++i) {
+        float* si = s + i * kBk;
+        pb.visible_row(b, i0 + i, j0, on);
+        v16 mxv = splat(m[i]);
+        for (int64_t j = 0; j < kBk; j += kV) {
+          const v16 x = vloadi(on + j) ? vload(si + j) * pb.scale : ninf;
+          vstore(si + j, x);
+          mxv = mxv > x ? mxv : x;
+        }
+        const float mx = hmax(mxv);
+        if (mx == -INFINITY) {  // nothing visible yet: this tile adds nothing
+          std::fill(si, si + kBk, 0.0f);
+          continue;
+        }
+        const float rescale = exp_neg(m[i] - mx);
+        v16 sumv{};
+        for (int64_t j = 0; j < kBk; j += kV) {
+          const v16 e = exp_neg_v(vload(si + j) - mx);
+          vstore(si + j, e);
+          sumv += e;
+        }
+        l[i] = l[i] * rescale + hsum(sumv);
+        m[i] = mx;
+        if (a.dropout > 0.0f) {  // O sums the dropped probabilities; l is the full softmax sum
+          float keep[kBk];
+          pb.dropout_row(bh, i0 + i, j0, keep);
+          for (int64_t j = 0; j < kBk; ++j) si[j] *= keep[j];
+        }
+        float* ai = acc + i * dp;
+#pragma omp simd
+        for (int64_t dd = 0; dd < dp; ++dd) ai[dd] *= rescale;
+      }
+      mm_acc(s, kBk, vt + j0 * dp, dp, acc, dp, nq, kBk, dp);
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      float* ai = acc + i * dp;
+      const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+      for (int64_t dd = 0; dd < d; ++dd) ai[dd] *= inv;
+      cpu_io::store_n(ai, out + pb.q_row(bh, i0 + i), d);
+      lse[bh * a.tq + i0 + i] = l[i] > 0.0f ? m[i] + std::log(l[i]) : -INFINITY;
+    }
   }
 }
 
@@ -281,14 +359,18 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
       // With dropout mask M (scaled): O = (P * M) V, so dV = (P * M)^T dO and
       // dP = (dO V^T) * M; dS = P * (dP - Di) with Di = rowsum(dO * O) as before.
       float keep[kBk];
+      int32_t on[kBk];
       for (int64_t i = 0; i < nq; ++i) {
         float *pi = p + i * kBk, *dsi = ds + i * kBk;
         pb.dropout_row(bh, i0 + i, j0, keep);
-        for (int64_t j = 0; j < kBk; ++j) {
-          const bool on = lse[i] != -INFINITY && pb.visible(b, i0 + i, j0 + j);
-          const float prob = on ? exp_neg(pi[j] * pb.scale - lse[i]) : 0.0f;
-          dsi[j] = prob * (dsi[j] * keep[j] - di[i]);
-          pi[j] = prob * keep[j];
+        pb.visible_row(b, i0 + i, j0, on);
+        if (lse[i] == -INFINITY) std::fill(on, on + kBk, 0);
+        for (int64_t j = 0; j < kBk; j += kV) {
+          const v16 e = exp_neg_v(vload(pi + j) * pb.scale - lse[i]);
+          const v16 prob = vloadi(on + j) ? e : v16{};
+          const v16 kj = vload(keep + j);
+          vstore(dsi + j, prob * (vload(dsi + j) * kj - di[i]));
+          vstore(pi + j, prob * kj);
         }
       }
       transpose(p, kBk, nq, kBk, pt, nq);
@@ -353,13 +435,11 @@ Problem<T> problem(const AttentionArgs& a, const Tensor& q, const Tensor& k, con
                     o,           dout,        mask.defined() ? mask.data<uint8_t>() : nullptr};
 }
 
-int64_t tiles(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
-
 }  // namespace
 
 size_t attention_workspace_bytes(const AttentionArgs& args, DType) {
   const int64_t dp = pad16(args.d);
-  const int64_t slot = std::max(forward_floats(dp), backward_floats(args.tk, dp));
+  const int64_t slot = std::max(forward_floats(args.tk, dp), backward_floats(args.tk, dp));
   return static_cast<size_t>(omp_get_max_threads()) * slot * sizeof(float) + 64;
 }
 
@@ -375,9 +455,8 @@ void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor&
   cpu_io::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const Problem<T> pb = problem<T>(args, q, k, v, key_mask, nullptr, nullptr);
-    const int64_t nqt = tiles(args.tq, kBq);
-    run_tasks(args.b * args.h * nqt, forward_floats(pb.dp), ws, [&](int64_t t, Scratch sc) {
-      forward_tile(pb, t / nqt, (t % nqt) * kBq, sc, out.data<T>(), lse.data<float>());
+    run_tasks(args.b * args.h, forward_floats(args.tk, pb.dp), ws, [&](int64_t t, Scratch sc) {
+      forward_head(pb, t, sc, out.data<T>(), lse.data<float>());
     });
   });
 }
