@@ -1,0 +1,34 @@
+// The CUDA backend as the device-neutral entry points see it: host launchers
+// taking Tensors (already checked by the caller: one device, dtypes, sizes).
+// Implemented in kernels/cuda/*.cpp over the raw-pointer launchers of
+// kernels/cuda/<family>.cuh, or by kernels/cuda_stub/cuda_ops.cpp, whose every
+// function throws "built without CUDA". Only kernels/*.cpp call these.
+#pragma once
+
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/memory.h"
+
+namespace dtrain::kernels::cuda_ops {
+
+// cuBLASLt workspace asked for per GEMM: 32 MiB, NVIDIA's recommendation for
+// Hopper (cuBLAS docs, "cublasSetWorkspace"); less is accepted and only narrows
+// the algorithms cuBLASLt may choose.
+inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
+Allocator& allocator(int device);
+Allocator& pinned_host_allocator();
+void copy(const Tensor& src, Tensor& dst, CopySync sync);
+void synchronize(int device);
+
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws);
+
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void mul(const Tensor& a, const Tensor& b, Tensor& out);
+void scale(float alpha, const Tensor& x, Tensor& out);
+void axpy(float alpha, const Tensor& x, Tensor& y);
+void fill(Tensor& x, float value);
+void bias_add(const BiasArgs& args, const Tensor& x, const Tensor& bias, Tensor& y);
+void bias_add_backward(const BiasArgs& args, const Tensor& dy, Tensor& dbias);
+
+}  // namespace dtrain::kernels::cuda_ops
