@@ -5,9 +5,11 @@
 // function throws "built without CUDA". Only kernels/*.cpp call these.
 #pragma once
 
+#include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/memory.h"
+#include "kernels/reduce.h"
 
 namespace dtrain::kernels::cuda_ops {
 
@@ -23,6 +25,9 @@ void synchronize(int device);
 
 void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws);
 
+void activation_forward(Activation act, const Tensor& x, Tensor& y);
+void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
+
 void add(const Tensor& a, const Tensor& b, Tensor& out);
 void mul(const Tensor& a, const Tensor& b, Tensor& out);
 void scale(float alpha, const Tensor& x, Tensor& out);
@@ -30,5 +35,8 @@ void axpy(float alpha, const Tensor& x, Tensor& y);
 void fill(Tensor& x, float value);
 void bias_add(const BiasArgs& args, const Tensor& x, const Tensor& bias, Tensor& y);
 void bias_add_backward(const BiasArgs& args, const Tensor& dy, Tensor& dbias);
+void cast(const Tensor& src, Tensor& dst);
+
+void reduce(Reduction op, const Tensor& x, Tensor& out, Workspace ws);
 
 }  // namespace dtrain::kernels::cuda_ops

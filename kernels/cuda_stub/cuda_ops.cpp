@@ -21,6 +21,11 @@ void synchronize(int device) { no_cuda(fmt::format("synchronize cuda:{}", device
 
 void gemm(const GemmArgs&, const Tensor&, const Tensor&, Tensor&, Workspace) { no_cuda("gemm"); }
 
+void activation_forward(Activation, const Tensor&, Tensor&) { no_cuda("activation_forward"); }
+void activation_backward(Activation, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("activation_backward");
+}
+
 void add(const Tensor&, const Tensor&, Tensor&) { no_cuda("add"); }
 void mul(const Tensor&, const Tensor&, Tensor&) { no_cuda("mul"); }
 void scale(float, const Tensor&, Tensor&) { no_cuda("scale"); }
@@ -28,5 +33,8 @@ void axpy(float, const Tensor&, Tensor&) { no_cuda("axpy"); }
 void fill(Tensor&, float) { no_cuda("fill"); }
 void bias_add(const BiasArgs&, const Tensor&, const Tensor&, Tensor&) { no_cuda("bias_add"); }
 void bias_add_backward(const BiasArgs&, const Tensor&, Tensor&) { no_cuda("bias_add_backward"); }
+void cast(const Tensor&, Tensor&) { no_cuda("cast"); }
+
+void reduce(Reduction, const Tensor&, Tensor&, Workspace) { no_cuda("reduce"); }
 
 }  // namespace dtrain::kernels::cuda_ops

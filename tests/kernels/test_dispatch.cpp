@@ -8,6 +8,7 @@
 #include <array>
 #include <string>
 
+#include "kernels/activation.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
@@ -91,6 +92,8 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   // Implemented families reach the CUDA backend, which reports the same.
   Tensor y = cuda_tensor(Shape{4});
   CHECK(has(error_of([&] { add(dev, dev, y); }), reason));
+  CHECK(has(error_of([&] { activation_forward(Activation::gelu_tanh, dev, y); }), reason));
+  CHECK(has(error_of([&] { cast(dev, y); }), reason));
   GemmArgs g;
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
