@@ -2,8 +2,10 @@
 // taking Tensors (already checked by the caller: one device, dtypes, sizes).
 // Implemented in kernels/cuda/*.cpp over the raw-pointer launchers of
 // kernels/cuda/<family>.cuh, or by kernels/cuda_stub/cuda_ops.cpp, whose every
-// function throws "built without CUDA". Only kernels/*.cpp call these.
+// function throws "built without CUDA". Only kernels/*.cpp (and tests) call these.
 #pragma once
+
+#include <array>
 
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
@@ -38,5 +40,9 @@ void bias_add_backward(const BiasArgs& args, const Tensor& dy, Tensor& dbias);
 void cast(const Tensor& src, Tensor& dst);
 
 void reduce(Reduction op, const Tensor& x, Tensor& out, Workspace ws);
+
+// y = x permuted: y's dims and, per y dim, the stride of x it walks (rank <= 6).
+void permute(const Tensor& x, const std::array<int64_t, 6>& out_dim,
+             const std::array<int64_t, 6>& src_stride, Tensor& y);
 
 }  // namespace dtrain::kernels::cuda_ops

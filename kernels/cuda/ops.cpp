@@ -1,10 +1,11 @@
-// kernels/cuda_ops.h for the pointwise families: unwraps the (already checked)
+// kernels/cuda_ops.h for the pointwise families and permute: unwraps the (already checked)
 // Tensors into raw pointers and sizes and calls the launchers of
 // kernels/cuda/<family>.cuh on the device's backend stream.
 #include "kernels/cuda/activation.cuh"
 #include "kernels/cuda/cast.cuh"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/layout.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda_ops.h"
 
@@ -78,6 +79,18 @@ void reduce(Reduction op, const Tensor& x, Tensor& out, Workspace ws) {
   double* partials = ws.take<double>(offset, static_cast<size_t>(blocks));
   launch_reduce(static_cast<ReduceKind>(op), x.dtype(), x.raw(), x.numel(), partials,
                 static_cast<float*>(out.raw()), stream_of(x));
+}
+
+void permute(const Tensor& x, const std::array<int64_t, 6>& out_dim,
+             const std::array<int64_t, 6>& src_stride, Tensor& y) {
+  static_assert(kMaxPermuteRank == 6);
+  PermuteGeometry g;
+  g.rank = x.rank();
+  for (int i = 0; i < g.rank; ++i) {
+    g.out_dim[i] = out_dim[i];
+    g.src_stride[i] = src_stride[i];
+  }
+  launch_permute(g, dtype_size(x.dtype()), x.raw(), y.raw(), y.numel(), stream_of(x));
 }
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -37,4 +37,8 @@ void cast(const Tensor&, Tensor&) { no_cuda("cast"); }
 
 void reduce(Reduction, const Tensor&, Tensor&, Workspace) { no_cuda("reduce"); }
 
+void permute(const Tensor&, const std::array<int64_t, 6>&, const std::array<int64_t, 6>&, Tensor&) {
+  no_cuda("permute");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -15,6 +15,7 @@
 #include "kernels/gemm.h"
 #include "kernels/layout.h"
 #include "kernels/memory.h"
+#include "kernels/softmax.h"
 
 using namespace dtrain;
 using namespace dtrain::kernels;
@@ -50,11 +51,10 @@ std::string no_gpu_reason() {
 
 TEST_CASE("a family without a CUDA implementation names the kernel and the device") {
   Tensor x = cuda_tensor(Shape{2, 3});
-  Tensor y = cuda_tensor(Shape{3, 2});
-  const std::array<int, 2> perm{1, 0};
-  CHECK_THROWS_AS(permute(x, perm, y), UnsupportedDevice);
-  const std::string msg = error_of([&] { permute(x, perm, y); });
-  CHECK(has(msg, "kernel permute has no CUDA implementation yet"));
+  Tensor y = cuda_tensor(Shape{2, 3});
+  CHECK_THROWS_AS(softmax_forward(2, 3, x, y), UnsupportedDevice);
+  const std::string msg = error_of([&] { softmax_forward(2, 3, x, y); });
+  CHECK(has(msg, "kernel softmax_forward has no CUDA implementation yet"));
   CHECK(has(msg, "cuda:0"));
 }
 
@@ -94,6 +94,8 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   CHECK(has(error_of([&] { add(dev, dev, y); }), reason));
   CHECK(has(error_of([&] { activation_forward(Activation::gelu_tanh, dev, y); }), reason));
   CHECK(has(error_of([&] { cast(dev, y); }), reason));
+  const std::array<int, 1> perm{0};
+  CHECK(has(error_of([&] { permute(dev, perm, y); }), reason));
   GemmArgs g;
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
