@@ -6,15 +6,27 @@
 
 namespace dtrain::kernels {
 
-void require_cpu(std::string_view op, std::initializer_list<const Tensor*> tensors) {
+Device same_device(std::string_view op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
   for (const Tensor* t : tensors) {
     if (t == nullptr || !t->defined()) continue;
-    if (!t->device().is_cpu()) {
-      throw Error(fmt::format("kernel {} has no {} implementation yet (tensor {})", op,
-                              t->device().str(), t->str()),
-                  "run this job with device: cpu");
+    if (first == nullptr) {
+      first = t;
+    } else if (t->device() != first->device()) {
+      throw Error(fmt::format("kernel {}: tensors on different devices ({} and {})", op,
+                              first->str(), t->str()),
+                  "copy one of them with kernels::copy() first (kernels/memory.h)");
     }
   }
+  return first != nullptr ? first->device() : Device::cpu();
+}
+
+void require_cpu(std::string_view op, std::initializer_list<const Tensor*> tensors) {
+  const Device d = same_device(op, tensors);
+  if (d.is_cpu()) return;
+  throw UnsupportedDevice(
+      fmt::format("kernel {} has no CUDA implementation yet (tensors on {})", op, d.str()),
+      "run this job with device: cpu");
 }
 
 void require_dtype(std::string_view op, std::string_view arg, const Tensor& t,

@@ -1,6 +1,7 @@
 // GEMM: C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] for b in [0, batch),
 // row-major, strided batches. A and B share one dtype (f32, bf16 or f16); C is
-// f32 or the same dtype as A. Products accumulate in f32. CPU: oneDNN matmul.
+// f32 or the same dtype as A. Products accumulate in f32. CPU: oneDNN matmul;
+// CUDA: cuBLASLt (kernels/cuda/gemm.cpp).
 #pragma once
 
 #include "kernels/common.h"
@@ -8,6 +9,12 @@
 namespace dtrain::kernels {
 
 enum class Trans : uint8_t { no, yes };
+
+// How f32 products are computed. fp32: full-precision FMAs (the default, the
+// same numbers as the CPU). tf32: CUDA tensor cores with 10-bit mantissa
+// inputs, only when a job asks for it; the CPU computes in fp32 either way.
+// Half inputs always use tensor cores with f32 accumulation.
+enum class MathMode : uint8_t { fp32, tf32 };
 
 struct GemmArgs {
   Trans trans_a = Trans::no;
@@ -18,6 +25,7 @@ struct GemmArgs {
   float beta = 0.0f;  // 0: C is written without being read
   // Batch strides in elements; -1 means dense (m*k, k*n, m*n). 0 broadcasts.
   int64_t stride_a = -1, stride_b = -1, stride_c = -1;
+  MathMode math = MathMode::fp32;
 };
 
 // a: [batch, m, k] ([batch, k, m] if trans_a)
@@ -27,8 +35,11 @@ struct GemmArgs {
 // matrix, broadcast; C may not be broadcast).
 void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws);
 
-// Workspace bytes gemm() needs: oneDNN's scratchpad, plus f32 copies of f16
-// operands (oneDNN 2.6 has no f16 CPU matmul, so f16 is computed in f32).
-size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype);
+// Workspace bytes gemm() needs on `device`. CPU: oneDNN's scratchpad, plus f32
+// copies of f16 operands (oneDNN 2.6 has no f16 CPU matmul, so f16 is computed
+// in f32). CUDA: cuBLASLt's recommended workspace (a constant, so planning
+// works without a GPU); gemm() lets cuBLASLt use at most the bytes it is given.
+size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype,
+                            Device device = Device::cpu());
 
 }  // namespace dtrain::kernels

@@ -15,6 +15,7 @@
 #include "core/parallel.h"
 #include "kernels/activation.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
 
@@ -167,11 +168,12 @@ void backward_typed(Activation act, const T* x, const T* dy, T* dx, int64_t n) {
 }  // namespace
 
 void activation_forward(Activation act, const Tensor& x, Tensor& y) {
-  require_cpu("activation_forward", {&x, &y});
+  const Device device = same_device("activation_forward", {&x, &y});
   require_dtype("activation_forward", "x", x, {DType::f32, DType::f16, DType::bf16});
   DTRAIN_CHECK(y.dtype() == x.dtype(), "activation_forward: y is {}, x is {}",
                dtype_name(y.dtype()), dtype_name(x.dtype()));
   require_numel("activation_forward", "y", y, x.numel());
+  if (device.is_cuda()) return cuda_ops::activation_forward(act, x, y);
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_typed(act, static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()), x.numel());
@@ -179,13 +181,14 @@ void activation_forward(Activation act, const Tensor& x, Tensor& y) {
 }
 
 void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx) {
-  require_cpu("activation_backward", {&x, &dy, &dx});
+  const Device device = same_device("activation_backward", {&x, &dy, &dx});
   require_dtype("activation_backward", "x", x, {DType::f32, DType::f16, DType::bf16});
   DTRAIN_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype(),
                "activation_backward: x {}, dy {}, dx {} differ", dtype_name(x.dtype()),
                dtype_name(dy.dtype()), dtype_name(dx.dtype()));
   require_numel("activation_backward", "dy", dy, x.numel());
   require_numel("activation_backward", "dx", dx, x.numel());
+  if (device.is_cuda()) return cuda_ops::activation_backward(act, x, dy, dx);
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     backward_typed(act, static_cast<const T*>(x.raw()), static_cast<const T*>(dy.raw()),

@@ -10,6 +10,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/elementwise.h"
 
 namespace dtrain::kernels {
@@ -106,12 +107,13 @@ void dispatch_any(DType t, Fn&& fn) {
 }  // namespace
 
 void cast(const Tensor& src, Tensor& dst) {
-  require_cpu("cast", {&src, &dst});
+  const Device device = same_device("cast", {&src, &dst});
   require_dtype(
       "cast", "src", src,
       {DType::f32, DType::f16, DType::bf16, DType::f64, DType::i32, DType::i64, DType::u8});
   require_dtype("cast", "dst", dst, {DType::f32, DType::f16, DType::bf16, DType::f64});
   require_numel("cast", "dst", dst, src.numel());
+  if (device.is_cuda()) return cuda_ops::cast(src, dst);
   dispatch_any(src.dtype(), [&](auto stag) {
     using S = decltype(stag);
     dispatch_any(dst.dtype(), [&](auto dtag) {

@@ -7,6 +7,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/elementwise.h"
 
 namespace dtrain::kernels {
@@ -34,13 +35,15 @@ void map(const T* a, const T* b, T* out, int64_t n, Op op) {
   });
 }
 
-void check_same(std::string_view op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  require_cpu(op, {&a, &b, &out});
+// Returns the operands' device.
+Device check_same(std::string_view op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const Device device = same_device(op, {&a, &b, &out});
   require_dtype(op, "a", a, {DType::f32, DType::f16, DType::bf16});
   DTRAIN_CHECK(b.dtype() == a.dtype() && out.dtype() == a.dtype(), "{}: dtypes {}, {}, {} differ",
                op, dtype_name(a.dtype()), dtype_name(b.dtype()), dtype_name(out.dtype()));
   require_numel(op, "b", b, a.numel());
   require_numel(op, "out", out, a.numel());
+  return device;
 }
 
 template <typename Op>
@@ -116,17 +119,17 @@ void bias_grad_chunk(const BiasArgs& g, const T* dy, int64_t c0, int64_t m, floa
 }  // namespace
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check_same("add", a, b, out);
+  if (check_same("add", a, b, out).is_cuda()) return cuda_ops::add(a, b, out);
   binary(a.dtype(), a, b, out, [](float x, float y) { return x + y; });
 }
 
 void mul(const Tensor& a, const Tensor& b, Tensor& out) {
-  check_same("mul", a, b, out);
+  if (check_same("mul", a, b, out).is_cuda()) return cuda_ops::mul(a, b, out);
   binary(a.dtype(), a, b, out, [](float x, float y) { return x * y; });
 }
 
 void scale(float alpha, const Tensor& x, Tensor& out) {
-  check_same("scale", x, x, out);
+  if (check_same("scale", x, x, out).is_cuda()) return cuda_ops::scale(alpha, x, out);
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     map(static_cast<const T*>(x.raw()), static_cast<const T*>(nullptr), static_cast<T*>(out.raw()),
@@ -135,13 +138,14 @@ void scale(float alpha, const Tensor& x, Tensor& out) {
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
-  check_same("axpy", x, y, y);
+  if (check_same("axpy", x, y, y).is_cuda()) return cuda_ops::axpy(alpha, x, y);
   binary(x.dtype(), x, y, y, [alpha](float xv, float yv) { return yv + alpha * xv; });
 }
 
 void fill(Tensor& x, float value) {
-  require_cpu("fill", {&x});
+  const Device device = same_device("fill", {&x});
   require_dtype("fill", "x", x, {DType::f32, DType::f16, DType::bf16});
+  if (device.is_cuda()) return cuda_ops::fill(x, value);
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v;
@@ -153,13 +157,14 @@ void fill(Tensor& x, float value) {
 }
 
 void bias_add(const BiasArgs& args, const Tensor& x, const Tensor& bias, Tensor& y) {
-  check_same("bias_add", x, x, y);
-  require_cpu("bias_add", {&bias});
+  const Device device = check_same("bias_add", x, x, y);
+  same_device("bias_add", {&x, &bias});
   DTRAIN_CHECK(bias.dtype() == x.dtype(), "bias_add: bias is {}, x is {}", dtype_name(bias.dtype()),
                dtype_name(x.dtype()));
   DTRAIN_CHECK(args.outer >= 0 && args.channels >= 1 && args.inner >= 1, "bias_add: bad shape");
   require_numel("bias_add", "x", x, args.outer * args.channels * args.inner);
   require_numel("bias_add", "bias", bias, args.channels);
+  if (device.is_cuda()) return cuda_ops::bias_add(args, x, bias, y);
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x.raw());
@@ -170,13 +175,14 @@ void bias_add(const BiasArgs& args, const Tensor& x, const Tensor& bias, Tensor&
 }
 
 void bias_add_backward(const BiasArgs& args, const Tensor& dy, Tensor& dbias) {
-  require_cpu("bias_add_backward", {&dy, &dbias});
+  const Device device = same_device("bias_add_backward", {&dy, &dbias});
   require_dtype("bias_add_backward", "dy", dy, {DType::f32, DType::f16, DType::bf16});
   DTRAIN_CHECK(dbias.dtype() == dy.dtype(), "bias_add_backward: dbias is {}, dy is {}",
                dtype_name(dbias.dtype()), dtype_name(dy.dtype()));
   DTRAIN_CHECK(args.outer >= 0 && args.channels >= 1 && args.inner >= 1, "bias_add: bad shape");
   require_numel("bias_add_backward", "dy", dy, args.outer * args.channels * args.inner);
   require_numel("bias_add_backward", "dbias", dbias, args.channels);
+  if (device.is_cuda()) return cuda_ops::bias_add_backward(args, dy, dbias);
   cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* d = static_cast<const T*>(dy.raw());

@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/dense_dnnl.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -108,7 +109,7 @@ void scale_c(const GemmArgs& g, T* c) {
 }
 
 void check_args(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c) {
-  require_cpu(kOp, {&a, &b, &c});
+  same_device(kOp, {&a, &b, &c});
   require_dtype(kOp, "a", a, {DType::f32, DType::f16, DType::bf16});
   require_dtype(kOp, "b", b, {a.dtype()});
   require_dtype(kOp, "c", c, {DType::f32, a.dtype()});
@@ -130,14 +131,16 @@ void check_args(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tenso
 
 }  // namespace
 
-size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype) {
+size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype, Device device) {
   if (args.m == 0 || args.n == 0 || args.k == 0 || args.batch == 0) return 0;
+  if (device.is_cuda()) return cuda_ops::kGemmWorkspaceBytes;
   return plan_for(args, ab_dtype, c_dtype).pass.workspace_bytes;
 }
 
 void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws) {
   check_args(args, a, b, c);
   if (args.m == 0 || args.n == 0 || args.batch == 0) return;
+  if (a.device().is_cuda()) return cuda_ops::gemm(args, a, b, c, ws);
   if (args.k == 0) {
     cpu_io::dispatch_float(c.dtype(), [&](auto tag) { scale_c(args, c.data<decltype(tag)>()); });
     return;

@@ -1,16 +1,18 @@
 // CPU permute: walks the output in order and gathers from the input through
 // the permuted strides; the innermost output dim is a strided copy loop.
+// CUDA tensors go, after the same checks, to kernels/cuda/layout.cu.
 #include "kernels/layout.h"
 
 #include <array>
 #include <cstring>
 
 #include "core/parallel.h"
+#include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
 
 void permute(const Tensor& x, std::span<const int> perm, Tensor& y) {
-  require_cpu("permute", {&x, &y});
+  const Device device = same_device("permute", {&x, &y});
   const int rank = x.rank();
   DTRAIN_CHECK(rank >= 1 && rank <= 6 && static_cast<int>(perm.size()) == rank && y.rank() == rank,
                "permute: rank {} with {} perm entries", rank, perm.size());
@@ -30,6 +32,7 @@ void permute(const Tensor& x, std::span<const int> perm, Tensor& y) {
     src_stride[i] = in_stride[perm[i]];
     out_dim[i] = y.dim(i);
   }
+  if (device.is_cuda()) return cuda_ops::permute(x, out_dim, src_stride, y);
   const size_t es = dtype_size(x.dtype());
   const auto* src = static_cast<const char*>(x.raw());
   auto* dst = static_cast<char*>(y.raw());

@@ -9,6 +9,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/reduce.h"
 
 namespace dtrain::kernels {
@@ -119,10 +120,11 @@ size_t reduce_workspace_bytes(int64_t numel) {
 }
 
 void reduce(Reduction op, const Tensor& x, Tensor& out, Workspace ws) {
-  require_cpu("reduce", {&x, &out});
+  const Device device = same_device("reduce", {&x, &out});
   require_dtype("reduce", "x", x, {DType::f32, DType::f16, DType::bf16, DType::f64});
   require_dtype("reduce", "out", out, {DType::f32});
   require_numel("reduce", "out", out, 1);
+  if (device.is_cuda()) return cuda_ops::reduce(op, x, out, ws);
   const int64_t n = x.numel();
   const int64_t blocks = block_count(n);
   size_t offset = 0;

@@ -2,10 +2,10 @@
 // backward kernel), inference forward, and the backward kernel on its own for
 // half dtypes. Shapes cover HW = 1, a single sample, and rows longer than the
 // kernel's 512-element chunks.
-#include <cstring>
 
 #include "harness.h"
 #include "kernels/batchnorm.h"
+#include "kernels/memory.h"
 #include "ref/batchnorm.h"
 
 namespace dtrain::test {
@@ -54,8 +54,8 @@ KernelCase train_case(const BatchNormArgs& a, DType t, bool grad) {
                saved("save_mean", a),
                saved("save_invstd", a)};
   c.forward = [a](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace) {
-    std::memcpy(out[1].raw(), in[3].raw(), out[1].nbytes());
-    std::memcpy(out[2].raw(), in[4].raw(), out[2].nbytes());
+    kernels::copy(in[3], out[1]);
+    kernels::copy(in[4], out[2]);
     kernels::batch_norm_forward_train(a, in[0], in[1], in[2], out[0], out[1], out[2], out[3],
                                       out[4]);
   };

@@ -4,8 +4,7 @@
 // bias_add. Casts are in cases_cast.cpp.
 #include "kernels/elementwise.h"
 
-#include <cstring>
-
+#include "kernels/memory.h"
 #include "pointwise_case_util.h"
 #include "ref/elementwise.h"
 
@@ -18,7 +17,7 @@ using Fwd = std::function<void(const std::vector<Tensor>&, std::vector<Tensor>&,
 using Ref = std::function<void(const std::vector<Values>&, std::vector<Values>&)>;
 using Bwd = decltype(KernelCase::backward);
 
-void copy(const Tensor& from, Tensor& to) { std::memcpy(to.raw(), from.raw(), from.nbytes()); }
+void copy(const Tensor& from, Tensor& to) { kernels::copy(from, to); }
 
 KernelCase make(const std::string& variant, DType dt, const Shape& s, int inputs, Fwd fwd, Ref ref,
                 Bwd bwd) {

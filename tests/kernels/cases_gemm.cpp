@@ -3,10 +3,11 @@
 // with f32 or half output. Grad cases (f32) differentiate through gemm calls
 // per batch (beta = 1 accumulates into a broadcast operand's gradient).
 #include <array>
-#include <cstring>
 
 #include "harness.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/memory.h"
 #include "ref/gemm.h"
 
 namespace dtrain::test {
@@ -55,13 +56,13 @@ struct Spec {
   DType ab = DType::f32, c = DType::f32;
 };
 
-size_t workspace_for(const Spec& s) {
-  size_t ws = kernels::gemm_workspace_bytes(s.g, s.ab, s.c);
+size_t workspace_for(const Spec& s, Device device) {
+  size_t ws = kernels::gemm_workspace_bytes(s.g, s.ab, s.c, device);
   if (s.ab != DType::f32) return ws;
   for (BackwardCall bc : backward_calls(s.g)) {
     for (float beta : {0.0f, 1.0f}) {
       bc.args.beta = beta;
-      ws = std::max(ws, kernels::gemm_workspace_bytes(bc.args, DType::f32, DType::f32));
+      ws = std::max(ws, kernels::gemm_workspace_bytes(bc.args, DType::f32, DType::f32, device));
     }
   }
   return ws;
@@ -76,7 +77,7 @@ void backward(const GemmArgs& g, const std::vector<Tensor>& in, const std::vecto
   const auto mat = matrices(g);
   const auto str = strides(g);
   const Tensor* operands[3] = {&in[0], &in[1], &dout[0]};
-  for (int i = 0; i < 2; ++i) std::memset(din[i].raw(), 0, din[i].nbytes());  // stride gaps
+  for (int i = 0; i < 2; ++i) kernels::fill(din[i], 0.0f);  // stride gaps
   for (const BackwardCall& bc : backward_calls(g)) {
     for (int64_t b = 0; b < g.batch; ++b) {
       auto view = [&](const Tensor& t, int id) {
@@ -88,11 +89,7 @@ void backward(const GemmArgs& g, const std::vector<Tensor>& in, const std::vecto
       kernels::gemm(a, view(*operands[bc.lhs], bc.lhs), view(*operands[bc.rhs], bc.rhs), dst, ws);
     }
   }
-  if (din.size() > 2 && din[2].defined()) {  // dC_in = beta * dC
-    const float* dc = dout[0].data<float>();
-    float* d = din[2].data<float>();
-    for (int64_t i = 0; i < din[2].numel(); ++i) d[i] = g.beta * dc[i];
-  }
+  if (din.size() > 2 && din[2].defined()) kernels::scale(g.beta, dout[0], din[2]);  // dC_in
 }
 
 Tolerance tolerance(DType ab, DType c) {
@@ -117,9 +114,10 @@ KernelCase make_case(const Spec& s, bool grad) {
     c.inputs.push_back({names[i], Shape{span(g.batch, str[i], mat[i])}, i < 2 ? s.ab : s.c});
   }
   c.outputs.push_back({"c", Shape{span(g.batch, str[2], mat[2])}, s.c});
-  c.workspace_bytes = workspace_for(s);
+  c.workspace_bytes = workspace_for(s, Device::cpu());
+  c.workspace_on = [s](Device d) { return workspace_for(s, d); };
   c.forward = [g](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace ws) {
-    if (in.size() > 2) std::memcpy(out[0].raw(), in[2].raw(), out[0].nbytes());
+    if (in.size() > 2) kernels::copy(in[2], out[0]);
     kernels::gemm(g, in[0], in[1], out[0], ws);
   };
   c.reference = [g](const std::vector<Values>& in, std::vector<Values>& out) {

@@ -33,7 +33,7 @@ constexpr Op kOps[] = {
 // Backward of the differentiable reductions, from dout (f32 [1]) and out = |x| for l2.
 void reduce_backward(kernels::Reduction op, const Tensor& x, const Tensor& out, const Tensor& dout,
                      Tensor& dx) {
-  const float w = dout.data<float>()[0];
+  const float w = scalar(dout);
   switch (op) {
     case kernels::Reduction::sum:
       kernels::fill(dx, w);
@@ -42,7 +42,7 @@ void reduce_backward(kernels::Reduction op, const Tensor& x, const Tensor& out, 
       kernels::fill(dx, w / static_cast<float>(x.numel()));
       break;
     case kernels::Reduction::l2_norm:
-      kernels::scale(w / out.data<float>()[0], x, dx);
+      kernels::scale(w / scalar(out), x, dx);
       break;
     default:
       DTRAIN_CHECK(false, "reduce op {} has no backward", static_cast<int>(op));

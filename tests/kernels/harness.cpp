@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/rng.h"
+#include "kernels/memory.h"
 
 namespace dtrain::test {
 
@@ -69,10 +70,30 @@ void poison(Tensor& t) {
   }
 }
 
-Tensor make_output(const ArgSpec& a) {
+Tensor make_output(const ArgSpec& a, Device device) {
   Tensor t = Tensor::empty(a.shape, a.dtype);
   poison(t);
-  return t;
+  return on_device(t, device);
+}
+
+// The case's workspace: poisoned host memory on the CPU, device memory on CUDA.
+struct DeviceWorkspace {
+  Buffer host;
+  Tensor device_mem;
+  DeviceWorkspace(size_t bytes, Device device) : host(device.is_cpu() ? bytes : 0) {
+    if (!device.is_cpu() && bytes > 0) {
+      device_mem = Tensor::empty(Shape{static_cast<int64_t>(bytes)}, DType::u8,
+                                 &kernels::device_allocator(device));
+    }
+  }
+  kernels::Workspace workspace() {
+    if (!device_mem.defined()) return host.workspace();
+    return {device_mem.raw(), device_mem.nbytes()};
+  }
+};
+
+size_t workspace_bytes(const KernelCase& c, Device device) {
+  return c.workspace_on ? c.workspace_on(device) : c.workspace_bytes;
 }
 
 bool close(double got, double want, const Tolerance& tol) {
@@ -101,13 +122,13 @@ struct Inputs {
   std::vector<Values> values;  // the dtype-rounded values the kernel sees
 };
 
-Inputs make_inputs(const KernelCase& c) {
+Inputs make_inputs(const KernelCase& c, Device device) {
   Inputs in;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const ArgSpec& a = c.inputs[i];
     Tensor t = from_values(generate(a, c.seed, i), a.shape, a.dtype);
     in.values.push_back(to_values(t));
-    in.tensors.push_back(std::move(t));
+    in.tensors.push_back(on_device(t, device));
   }
   return in;
 }
@@ -119,11 +140,13 @@ std::vector<Values> run_reference(const KernelCase& c, const std::vector<Values>
   return out;
 }
 
-std::vector<Tensor> run_forward(const KernelCase& c, const std::vector<Tensor>& in) {
+// The outputs, copied back to the host.
+std::vector<Tensor> run_forward(const KernelCase& c, const std::vector<Tensor>& in, Device device) {
   std::vector<Tensor> out;
-  for (const ArgSpec& a : c.outputs) out.push_back(make_output(a));
-  Buffer ws(c.workspace_bytes);
+  for (const ArgSpec& a : c.outputs) out.push_back(make_output(a, device));
+  DeviceWorkspace ws(workspace_bytes(c, device), device);
   c.forward(in, out, ws.workspace());
+  for (Tensor& t : out) t = to_host(t);
   return out;
 }
 
@@ -159,7 +182,27 @@ std::string shape_tag(const Shape& s) {
   return tag;
 }
 
-Values to_values(const Tensor& t) {
+Tensor on_device(const Tensor& host, Device device) {
+  if (device.is_cpu() || !host.defined()) return host;
+  Tensor t = Tensor::empty(host.shape(), host.dtype(), &kernels::device_allocator(device));
+  kernels::copy(host, t);
+  return t;
+}
+
+Tensor to_host(const Tensor& t) {
+  if (!t.defined() || t.device().is_cpu()) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  kernels::copy(t, h);
+  return h;
+}
+
+float scalar(const Tensor& t) {
+  DTRAIN_CHECK(t.numel() >= 1, "scalar of an empty tensor {}", t.str());
+  return to_host(t.view(0, Shape{1})).data<float>()[0];
+}
+
+Values to_values(const Tensor& device_tensor) {
+  const Tensor t = to_host(device_tensor);
   Values v(static_cast<size_t>(t.numel()));
   const int64_t n = t.numel();
   switch (t.dtype()) {
@@ -219,16 +262,16 @@ Tensor from_values(const Values& v, const Shape& shape, DType dtype) {
   return t;
 }
 
-CaseResult run_check(const KernelCase& c) {
-  const Inputs in = make_inputs(c);
-  const std::vector<Tensor> out = run_forward(c, in.tensors);
+CaseResult run_check(const KernelCase& c, Device device) {
+  const Inputs in = make_inputs(c, device);
+  const std::vector<Tensor> out = run_forward(c, in.tensors, device);
   const std::vector<Values> want = run_reference(c, in.values);
   for (size_t o = 0; o < out.size(); ++o) {
     std::string err = compare(c.outputs[o].name, to_values(out[o]), want[o], c.check_tol);
     if (!err.empty()) return {false, err};
   }
   // Same inputs, same thread count: the same bits.
-  const std::vector<Tensor> again = run_forward(c, in.tensors);
+  const std::vector<Tensor> again = run_forward(c, in.tensors, device);
   for (size_t o = 0; o < out.size(); ++o) {
     if (std::memcmp(out[o].raw(), again[o].raw(), out[o].nbytes()) != 0) {
       return {false, fmt::format("{}: a second run gave different bits", c.outputs[o].name)};
@@ -237,10 +280,11 @@ CaseResult run_check(const KernelCase& c) {
   return {};
 }
 
-CaseResult run_grad(const KernelCase& c) {
+CaseResult run_grad(const KernelCase& c, Device device) {
   DTRAIN_CHECK(static_cast<bool>(c.backward), "{} has no backward", c.name);
-  const Inputs in = make_inputs(c);
-  const std::vector<Tensor> out = run_forward(c, in.tensors);
+  const Inputs in = make_inputs(c, device);
+  std::vector<Tensor> out = run_forward(c, in.tensors, device);
+  for (Tensor& t : out) t = on_device(t, device);
 
   std::vector<Values> weights;
   std::vector<Tensor> dout;
@@ -254,12 +298,14 @@ CaseResult run_grad(const KernelCase& c) {
     ArgSpec w{a.name, a.shape, a.dtype, Init::uniform, -1.0, 1.0};
     Tensor t = from_values(generate(w, c.seed + 7919, 1000 + o), a.shape, a.dtype);
     weights.push_back(to_values(t));
-    dout.push_back(std::move(t));
+    dout.push_back(on_device(t, device));
   }
 
   std::vector<Tensor> din;
-  for (const ArgSpec& a : c.inputs) din.push_back(a.differentiable ? make_output(a) : Tensor());
-  Buffer ws(c.workspace_bytes);
+  for (const ArgSpec& a : c.inputs) {
+    din.push_back(a.differentiable ? make_output(a, device) : Tensor());
+  }
+  DeviceWorkspace ws(workspace_bytes(c, device), device);
   c.backward(in.tensors, out, dout, din, ws.workspace());
 
   for (size_t i = 0; i < c.inputs.size(); ++i) {

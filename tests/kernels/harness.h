@@ -3,7 +3,10 @@
 // modes: "check" (kernel vs reference on the same dtype-rounded inputs) and
 // "grad" (the kernel's backward vs central finite differences of the fp64
 // reference). Outputs are poisoned (NaN / 0xA5 bytes) before every run, so an
-// element a kernel forgets to write fails.
+// element a kernel forgets to write fails. On a CUDA device the inputs, outputs,
+// gradients and workspace live on the device (explicit copies); the reference
+// and the comparison stay on the host. Case lambdas use only kernels (and
+// kernels::copy), never host pointers, so they run on either device.
 #pragma once
 
 #include <functional>
@@ -45,6 +48,9 @@ struct KernelCase {
   std::vector<ArgSpec>
       outputs;  // forward outputs, including saved tensors (mark those non-differentiable)
   size_t workspace_bytes = 0;
+  // Per-device workspace where backends differ (GEMM: cuBLASLt's); empty means
+  // workspace_bytes on every device.
+  std::function<size_t(Device)> workspace_on;
 
   // The kernel under test. Inputs are already in their dtype; outputs are
   // allocated and poisoned.
@@ -92,12 +98,15 @@ struct CaseResult {
   std::string detail;  // first mismatch: output, index, got, want
 };
 
-CaseResult run_check(const KernelCase& c);
-CaseResult run_grad(const KernelCase& c);
+CaseResult run_check(const KernelCase& c, Device device = Device::cpu());
+CaseResult run_grad(const KernelCase& c, Device device = Device::cpu());
 
 // Helpers for writing cases.
-std::string shape_tag(const Shape& s);                                 // "3x5x7"
-Values to_values(const Tensor& t);                                     // any dtype -> fp64
+std::string shape_tag(const Shape& s);  // "3x5x7"
+Values to_values(const Tensor& t);      // any dtype, any device -> fp64 (host)
 Tensor from_values(const Values& v, const Shape& shape, DType dtype);  // rounds to dtype
+Tensor on_device(const Tensor& host, Device device);  // a copy on `device` (itself for cpu)
+Tensor to_host(const Tensor& t);                      // a host copy (itself for cpu)
+float scalar(const Tensor& t);                        // element 0 of an f32 tensor, any device
 
 }  // namespace dtrain::test

@@ -1,0 +1,166 @@
+// CUDA GEMM through cuBLASLt, with kernels/gemm.h's semantics. cuBLASLt is
+// column-major, and a row-major X is the column-major X^T, so C = op(A) op(B)
+// is computed as C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B (same trans
+// flag) and its "B" our A, with m and n swapped; no data moves. Batch strides
+// go into the layouts (stride 0 broadcasts one matrix). f32 inputs compute in
+// CUBLAS_COMPUTE_32F (TF32 only for MathMode::tf32), half inputs in f32 with
+// tensor cores; alpha and beta are f32 host scalars, and with beta == 0
+// cuBLASLt does not read C. One plan (descriptors + heuristic's algorithm) per
+// shape, dtype, workspace size and operand alignment, cached for the process.
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda_ops.h"
+
+namespace dtrain::kernels::cuda_ops {
+
+namespace {
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A)
+  cublasLtMatmulAlgo_t algo{};
+};
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      DTRAIN_CHECK(false, "gemm: no cuBLASLt type for {}", dtype_name(t));
+  }
+}
+
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing p.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & (~a + 1)));
+}
+
+int64_t batch_stride(int64_t stride, int64_t matrix) { return stride < 0 ? matrix : stride; }
+
+cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows),
+                                                 static_cast<uint64_t>(cols), rows));
+  if (batch > 1) {
+    const auto count = static_cast<int32_t>(batch);
+    DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &count, sizeof(count)));
+    DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  }
+  return l;
+}
+
+void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
+              uint32_t value) {
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)));
+}
+
+struct Operands {
+  const void* a;
+  const void* b;
+  void* c;
+};
+
+Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Operands& o,
+                size_t ws_bytes, const std::string& key) {
+  auto plan = std::make_unique<Plan>();
+  const cublasComputeType_t compute = (ab == DType::f32 && g.math == MathMode::tf32)
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F));
+  const cublasOperation_t ta = g.trans_b == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = g.trans_a == Trans::yes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  DTRAIN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  DTRAIN_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  // Column-major shapes as stored: our B is [k, n] row-major = n x k column-major (k x n if
+  // transposed); our A is [m, k] = k x m (m x k if transposed); C^T is n x m.
+  const bool tb_yes = g.trans_b == Trans::yes, ta_yes = g.trans_a == Trans::yes;
+  plan->a = layout(ab, tb_yes ? g.k : g.n, tb_yes ? g.n : g.k, g.batch,
+                   batch_stride(g.stride_b, g.k * g.n));
+  plan->b = layout(ab, ta_yes ? g.m : g.k, ta_yes ? g.k : g.m, g.batch,
+                   batch_stride(g.stride_a, g.m * g.k));
+  plan->c = layout(ct, g.n, g.m, g.batch, batch_stride(g.stride_c, g.m * g.n));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_ws = ws_bytes;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof(max_ws)));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(o.b));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(o.a));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(o.c));
+  set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(o.c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+      ctx.lt(), plan->op, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &found);
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    throw Error(fmt::format("gemm on cuda:{}: cuBLASLt has no algorithm for {} ({}, {} "
+                            "workspace bytes)",
+                            ctx.device(), key, cublasGetStatusString(st), ws_bytes),
+                "give gemm the workspace gemm_workspace_bytes() asks for");
+  }
+  plan->algo = result.algo;
+  return plan.release();  // cached for the process, like the contexts
+}
+
+std::string plan_key(int device, const GemmArgs& g, DType ab, DType c, const Operands& o,
+                     size_t ws) {
+  return fmt::format(
+      "cuda:{} [batch {} m {} n {} k {} trans {}{} strides {},{},{} {}/{} math {} "
+      "ws {} align {},{},{}]",
+      device, g.batch, g.m, g.n, g.k, g.trans_a == Trans::yes ? 'T' : 'N',
+      g.trans_b == Trans::yes ? 'T' : 'N', g.stride_a, g.stride_b, g.stride_c, dtype_name(ab),
+      dtype_name(c), static_cast<int>(g.math), ws, alignment(o.a), alignment(o.b), alignment(o.c));
+}
+
+const Plan& plan_for(Context& ctx, const GemmArgs& g, DType ab, DType c, const Operands& o,
+                     size_t ws) {
+  static std::mutex mu;
+  static std::map<std::string, Plan*> plans;
+  const std::string key = plan_key(ctx.device(), g, ab, c, o, ws);
+  std::lock_guard lock(mu);
+  auto it = plans.find(key);
+  if (it == plans.end()) it = plans.emplace(key, make_plan(ctx, g, ab, c, o, ws, key)).first;
+  return *it->second;
+}
+
+}  // namespace
+
+// Called by kernels::gemm after its checks, with m, n, batch > 0.
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws) {
+  Context& ctx = Context::get(a.device().index);
+  constexpr int64_t kMax = int64_t{1} << 31;
+  DTRAIN_CHECK(args.m < kMax && args.n < kMax && args.k < kMax && args.batch < kMax,
+               "gemm on CUDA: sizes must fit in 32 bits (m {} n {} k {} batch {})", args.m, args.n,
+               args.k, args.batch);
+  if (args.k == 0) {  // an empty product: C = beta * C
+    launch_scale_batches(c.dtype(), c.raw(), args.batch, args.m * args.n,
+                         batch_stride(args.stride_c, args.m * args.n), args.beta, ctx.stream());
+    return;
+  }
+  const Operands o{a.raw(), b.raw(), c.raw()};
+  const Plan& plan = plan_for(ctx, args, a.dtype(), c.dtype(), o, ws.bytes);
+  const float alpha = args.alpha, beta = args.beta;
+  DTRAIN_CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), plan.op, &alpha, o.b, plan.a, o.a, plan.b, &beta,
+                                     o.c, plan.c, o.c, plan.c, &plan.algo, ws.data, ws.bytes,
+                                     ctx.stream()));
+}
+
+}  // namespace dtrain::kernels::cuda_ops

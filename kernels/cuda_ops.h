@@ -1,0 +1,48 @@
+// The CUDA backend as the device-neutral entry points see it: host launchers
+// taking Tensors (already checked by the caller: one device, dtypes, sizes).
+// Implemented in kernels/cuda/*.cpp over the raw-pointer launchers of
+// kernels/cuda/<family>.cuh, or by kernels/cuda_stub/cuda_ops.cpp, whose every
+// function throws "built without CUDA". Only kernels/*.cpp (and tests) call these.
+#pragma once
+
+#include <array>
+
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/memory.h"
+#include "kernels/reduce.h"
+
+namespace dtrain::kernels::cuda_ops {
+
+// cuBLASLt workspace asked for per GEMM: 32 MiB, NVIDIA's recommendation for
+// Hopper (cuBLAS docs, "cublasSetWorkspace"); less is accepted and only narrows
+// the algorithms cuBLASLt may choose.
+inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+
+Allocator& allocator(int device);
+Allocator& pinned_host_allocator();
+void copy(const Tensor& src, Tensor& dst, CopySync sync);
+void synchronize(int device);
+
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws);
+
+void activation_forward(Activation act, const Tensor& x, Tensor& y);
+void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);
+
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+void mul(const Tensor& a, const Tensor& b, Tensor& out);
+void scale(float alpha, const Tensor& x, Tensor& out);
+void axpy(float alpha, const Tensor& x, Tensor& y);
+void fill(Tensor& x, float value);
+void bias_add(const BiasArgs& args, const Tensor& x, const Tensor& bias, Tensor& y);
+void bias_add_backward(const BiasArgs& args, const Tensor& dy, Tensor& dbias);
+void cast(const Tensor& src, Tensor& dst);
+
+void reduce(Reduction op, const Tensor& x, Tensor& out, Workspace ws);
+
+// y = x permuted: y's dims and, per y dim, the stride of x it walks (rank <= 6).
+void permute(const Tensor& x, const std::array<int64_t, 6>& out_dim,
+             const std::array<int64_t, 6>& src_stride, Tensor& y);
+
+}  // namespace dtrain::kernels::cuda_ops

@@ -1,0 +1,44 @@
+// kernels/cuda_ops.h for builds without CUDA: a CUDA tensor can still be
+// described (Device::cuda, Tensor::wrap), but every launcher throws a RunError
+// saying how to get a CUDA build. Planning (gemm_workspace_bytes) still works.
+#include "kernels/cuda_ops.h"
+
+namespace dtrain::kernels::cuda_ops {
+
+namespace {
+[[noreturn]] void no_cuda(std::string_view what) {
+  throw RunError(fmt::format("{} needs CUDA, but dtrain was built without CUDA", what),
+                 "rebuild with -DDTRAIN_CUDA=ON (needs nvcc, see shared/PLATFORM.md)");
+}
+}  // namespace
+
+Allocator& allocator(int device) { no_cuda(fmt::format("memory on cuda:{}", device)); }
+Allocator& pinned_host_allocator() { no_cuda("pinned host memory"); }
+void copy(const Tensor& src, Tensor& dst, CopySync) {
+  no_cuda(fmt::format("copy {} -> {}", src.str(), dst.str()));
+}
+void synchronize(int device) { no_cuda(fmt::format("synchronize cuda:{}", device)); }
+
+void gemm(const GemmArgs&, const Tensor&, const Tensor&, Tensor&, Workspace) { no_cuda("gemm"); }
+
+void activation_forward(Activation, const Tensor&, Tensor&) { no_cuda("activation_forward"); }
+void activation_backward(Activation, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("activation_backward");
+}
+
+void add(const Tensor&, const Tensor&, Tensor&) { no_cuda("add"); }
+void mul(const Tensor&, const Tensor&, Tensor&) { no_cuda("mul"); }
+void scale(float, const Tensor&, Tensor&) { no_cuda("scale"); }
+void axpy(float, const Tensor&, Tensor&) { no_cuda("axpy"); }
+void fill(Tensor&, float) { no_cuda("fill"); }
+void bias_add(const BiasArgs&, const Tensor&, const Tensor&, Tensor&) { no_cuda("bias_add"); }
+void bias_add_backward(const BiasArgs&, const Tensor&, Tensor&) { no_cuda("bias_add_backward"); }
+void cast(const Tensor&, Tensor&) { no_cuda("cast"); }
+
+void reduce(Reduction, const Tensor&, Tensor&, Workspace) { no_cuda("reduce"); }
+
+void permute(const Tensor&, const std::array<int64_t, 6>&, const std::array<int64_t, 6>&, Tensor&) {
+  no_cuda("permute");
+}
+
+}  // namespace dtrain::kernels::cuda_ops

@@ -1,0 +1,31 @@
+// Device memory at the kernel layer: the allocator of each device, pinned host
+// memory for data-loading buffers, explicit copies and synchronize. Nothing in
+// dtrain copies between devices implicitly; every transfer is a copy() call,
+// and on CUDA it runs on the backend's stream of the device involved.
+#pragma once
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+
+namespace dtrain::kernels {
+
+enum class CopySync : uint8_t {
+  blocking,        // copy() returns when dst holds the data (any host memory is free to reuse)
+  stream_ordered,  // enqueued on the CUDA stream, ordered with later kernels there; host
+                   // memory involved must be pinned (pinned_host_allocator())
+};
+
+// cpu: host_allocator(). cuda:N: device N's caching pool (kernels/cuda/allocator.cpp).
+Allocator& device_allocator(Device device);
+// Page-locked host memory (cudaHostAlloc) behind a size-class cache; it
+// reports Device::cpu() because it is host memory. Needs CUDA built.
+Allocator& pinned_host_allocator();
+
+// dst = src, same dtype and element count, any pair of devices (host <-> host
+// is a memcpy). Without CUDA built, a CUDA side throws "built without CUDA".
+void copy(const Tensor& src, Tensor& dst, CopySync sync = CopySync::blocking);
+
+// Waits until the device's stream has finished all work; a no-op on the CPU.
+void synchronize(Device device);
+
+}  // namespace dtrain::kernels

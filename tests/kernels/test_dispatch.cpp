@@ -1,0 +1,116 @@
+// Device dispatch of the kernel entry points, on any machine: a CUDA tensor
+// reaching a family with no CUDA implementation, tensors on mixed devices, and
+// (without a usable GPU) copies, allocators and CUDA kernels all fail with a
+// clear dtrain error instead of crashing. CUDA tensors here wrap a fake
+// address: nothing may dereference it.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <string>
+
+#include "kernels/activation.h"
+#include "kernels/cuda_ops.h"
+#include "kernels/device_info.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/layout.h"
+#include "kernels/memory.h"
+#include "kernels/softmax.h"
+
+using namespace dtrain;
+using namespace dtrain::kernels;
+
+namespace {
+
+void* fake_device_address() { return reinterpret_cast<void*>(uintptr_t{0xdead0000}); }
+
+Tensor cuda_tensor(const Shape& s) {
+  return Tensor::wrap(fake_device_address(), s, DType::f32, Device::cuda(0));
+}
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.message() + " | " + e.hint();
+  }
+  return "no error";
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// What a CUDA call says on this machine when no device can be used.
+std::string no_gpu_reason() {
+  return query_cuda().built ? "no CUDA device available" : "built without CUDA";
+}
+
+}  // namespace
+
+TEST_CASE("a family without a CUDA implementation names the kernel and the device") {
+  Tensor x = cuda_tensor(Shape{2, 3});
+  Tensor y = cuda_tensor(Shape{2, 3});
+  CHECK_THROWS_AS(softmax_forward(2, 3, x, y), UnsupportedDevice);
+  const std::string msg = error_of([&] { softmax_forward(2, 3, x, y); });
+  CHECK(has(msg, "kernel softmax_forward has no CUDA implementation yet"));
+  CHECK(has(msg, "cuda:0"));
+}
+
+TEST_CASE("tensors on different devices are refused, naming both") {
+  Tensor a = Tensor::empty(Shape{4}, DType::f32);
+  Tensor b = cuda_tensor(Shape{4});
+  Tensor out = Tensor::empty(Shape{4}, DType::f32);
+  const std::string msg = error_of([&] { add(a, b, out); });
+  CHECK(has(msg, "kernel add: tensors on different devices"));
+  CHECK(has(msg, "cpu"));
+  CHECK(has(msg, "cuda:0"));
+}
+
+TEST_CASE("GEMM workspace on CUDA is a planning constant, known without a GPU") {
+  GemmArgs g;
+  g.m = g.n = g.k = 64;
+  CHECK(gemm_workspace_bytes(g, DType::bf16, DType::f32, Device::cuda()) ==
+        cuda_ops::kGemmWorkspaceBytes);
+  g.k = 0;
+  CHECK(gemm_workspace_bytes(g, DType::bf16, DType::f32, Device::cuda()) == 0);
+}
+
+TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
+  if (query_cuda().available) return;  // the gpu-labelled kernel tests cover this machine
+  const std::string reason = no_gpu_reason();
+  Tensor host = Tensor::empty(Shape{4}, DType::f32);
+  Tensor dev = cuda_tensor(Shape{4});
+
+  CHECK_THROWS_AS(copy(host, dev), RunError);
+  CHECK(has(error_of([&] { copy(host, dev); }), reason));
+  CHECK(has(error_of([&] { copy(dev, host); }), reason));
+  CHECK(has(error_of([&] { device_allocator(Device::cuda(0)); }), reason));
+  CHECK(has(error_of([&] { pinned_host_allocator(); }), reason));
+  CHECK(has(error_of([&] { synchronize(Device::cuda(0)); }), reason));
+  // Implemented families reach the CUDA backend, which reports the same.
+  Tensor y = cuda_tensor(Shape{4});
+  CHECK(has(error_of([&] { add(dev, dev, y); }), reason));
+  CHECK(has(error_of([&] { activation_forward(Activation::gelu_tanh, dev, y); }), reason));
+  CHECK(has(error_of([&] { cast(dev, y); }), reason));
+  const std::array<int, 1> perm{0};
+  CHECK(has(error_of([&] { permute(dev, perm, y); }), reason));
+  GemmArgs g;
+  g.m = g.n = g.k = 2;
+  CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
+  if (!query_cuda().built) {
+    CHECK(has(error_of([&] { copy(host, dev); }), "rebuild with -DDTRAIN_CUDA=ON"));
+  }
+}
+
+TEST_CASE("host to host copy needs no CUDA and checks dtype and size") {
+  Tensor a = Tensor::empty(Shape{3}, DType::f32);
+  Tensor b = Tensor::empty(Shape{3}, DType::f32);
+  for (int i = 0; i < 3; ++i) a.data<float>()[i] = static_cast<float>(i) + 0.5f;
+  copy(a, b);
+  CHECK(b.data<float>()[2] == 2.5f);
+  synchronize(Device::cpu());
+  Tensor c = Tensor::empty(Shape{3}, DType::f16);
+  CHECK_THROWS_AS(copy(a, c), InternalError);
+}
