@@ -1,0 +1,158 @@
+// bench_gemm: throughput of kernels::gemm on one device (the CPU's oneDNN or
+// the GPU's cuBLASLt) for one row-major C[m, n] = A[m, k] . B[k, n], as JSON:
+// median and best time over --reps timed runs after --warmup, TFLOP/s, and a
+// spot check of 16 elements of C against fp64 dot products on the host (so a
+// fast but wrong kernel cannot report a number). Not a test; nothing is timed
+// in ctest. Usage: bench_gemm [--device cpu|cuda[:N]] [--dtype f32|bf16|f16]
+// [--m 8192 --n 8192 --k 8192] [--reps 10] [--warmup 3]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/memory.h"
+
+namespace {
+
+using namespace dtrain;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  Device device = Device::cpu();
+  DType dtype = DType::bf16;
+  int64_t m = 8192, n = 8192, k = 8192;
+  int reps = 10, warmup = 3;
+};
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16") return DType::f16;
+  throw Error("--dtype " + s + " is not f32, bf16 or f16", "pass --dtype bf16");
+}
+
+int64_t positive(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0' || x <= 0) {
+    throw Error("" + flag + " expects a positive integer, got \"" + v + "\"",
+                "e.g. " + flag + " 4096");
+  }
+  return x;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) throw Error("" + k + " needs a value", "see the usage line");
+    const std::string v = argv[i + 1];
+    if (k == "--device")
+      a.device = Device::parse(v);
+    else if (k == "--dtype")
+      a.dtype = parse_dtype(v);
+    else if (k == "--m")
+      a.m = positive(k, v);
+    else if (k == "--n")
+      a.n = positive(k, v);
+    else if (k == "--k")
+      a.k = positive(k, v);
+    else if (k == "--reps")
+      a.reps = static_cast<int>(positive(k, v));
+    else if (k == "--warmup")
+      a.warmup = static_cast<int>(std::max<int64_t>(0, std::atoll(v.c_str())));
+    else
+      throw Error("unknown option " + k, "see the usage line in bench_gemm.cpp");
+  }
+  return a;
+}
+
+// Uniform values in [-1, 1) rounded to `dtype`, made on the host as f32 then cast.
+Tensor host_random(int64_t rows, int64_t cols, DType dtype, uint64_t stream) {
+  Tensor f = Tensor::empty({rows, cols}, DType::f32);
+  const Philox rng(7, stream);
+  float* p = f.data<float>();
+  for (int64_t i = 0; i < f.numel(); ++i)
+    p[i] = 2.0f * rng.uniform(static_cast<uint64_t>(i)) - 1.0f;
+  Tensor t = Tensor::empty({rows, cols}, dtype);
+  kernels::cast(f, t);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse(argc, argv);
+    Allocator& dev = kernels::device_allocator(a.device);
+    const Tensor ha = host_random(a.m, a.k, a.dtype, 1), hb = host_random(a.k, a.n, a.dtype, 2);
+    Tensor A = Tensor::empty(ha.shape(), a.dtype, &dev),
+           B = Tensor::empty(hb.shape(), a.dtype, &dev);
+    Tensor C = Tensor::empty({a.m, a.n}, DType::f32, &dev);
+    kernels::copy(ha, A);
+    kernels::copy(hb, B);
+    kernels::GemmArgs g;
+    g.m = a.m, g.n = a.n, g.k = a.k;
+    const size_t ws_bytes = kernels::gemm_workspace_bytes(g, a.dtype, DType::f32, a.device);
+    Tensor ws_t =
+        Tensor::empty({static_cast<int64_t>(std::max<size_t>(ws_bytes, 1))}, DType::u8, &dev);
+    const kernels::Workspace ws{ws_t.raw(), ws_bytes};
+
+    std::vector<double> times;
+    for (int r = 0; r < a.warmup + a.reps; ++r) {
+      kernels::synchronize(a.device);
+      const auto t0 = Clock::now();
+      kernels::gemm(g, A, B, C, ws);
+      kernels::synchronize(a.device);
+      if (r >= a.warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    const double median = times[times.size() / 2], best = times.front();
+    const double flop = 2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * a.k;
+
+    // Spot check: 16 elements of C against fp64 dot products of the same inputs.
+    Tensor hc = Tensor::empty(C.shape(), DType::f32);
+    kernels::copy(C, hc);
+    Tensor fa = Tensor::empty(ha.shape(), DType::f32), fb = Tensor::empty(hb.shape(), DType::f32);
+    kernels::cast(ha, fa);
+    kernels::cast(hb, fb);
+    double worst = 0.0;
+    const Philox pick(11, 0);
+    for (uint64_t s = 0; s < 16; ++s) {
+      const int64_t i = pick.u32(2 * s) % a.m, j = pick.u32(2 * s + 1) % a.n;
+      double dot = 0.0, mag = 0.0;
+      for (int64_t kk = 0; kk < a.k; ++kk) {
+        const double x = fa.data<float>()[i * a.k + kk], y = fb.data<float>()[kk * a.n + j];
+        dot += x * y;
+        mag += std::fabs(x * y);
+      }
+      worst =
+          std::max(worst, std::fabs(hc.data<float>()[i * a.n + j] - dot) / std::max(mag, 1e-30));
+    }
+    const bool ok = worst < 1e-3;  // f32 accumulation over k terms, relative to sum |a b|
+    const nlohmann::json out = {{"device", a.device.str()},
+                                {"dtype", std::string(dtype_name(a.dtype))},
+                                {"m", a.m},
+                                {"n", a.n},
+                                {"k", a.k},
+                                {"reps", a.reps},
+                                {"median_ms", median * 1e3},
+                                {"best_ms", best * 1e3},
+                                {"tflops_median", flop / median / 1e12},
+                                {"tflops_best", flop / best / 1e12},
+                                {"spot_check_max_rel_error", worst},
+                                {"spot_check_ok", ok}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gemm: %s\n", e.what());
+    return 2;
+  }
+}
