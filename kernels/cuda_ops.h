@@ -11,6 +11,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/memory.h"
+#include "kernels/pooling.h"
 #include "kernels/reduce.h"
 
 namespace dtrain::kernels::cuda_ops {
@@ -44,5 +45,12 @@ void reduce(Reduction op, const Tensor& x, Tensor& out, Workspace ws);
 // y = x permuted: y's dims and, per y dim, the stride of x it walks (rank <= 6).
 void permute(const Tensor& x, const std::array<int64_t, 6>& out_dim,
              const std::array<int64_t, 6>& src_stride, Tensor& y);
+
+void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tensor& y,
+                    Tensor& argmax);
+void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, const Tensor& argmax,
+                     Tensor& dx);
+void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, Tensor& y);
+void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy, Tensor& dx);
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -113,7 +114,7 @@ void check_pool(std::string_view op, const Pool2dArgs& a) {
 void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tensor& y,
                     Tensor& argmax) {
   constexpr std::string_view op = "pool2d_forward";
-  require_cpu(op, {&x, &y, &argmax});
+  const Device device = same_device(op, {&x, &y, &argmax});
   check_pool(op, args);
   require_dtype(op, "x", x, {DType::f32, DType::f16, DType::bf16});
   require_dtype(op, "y", y, {x.dtype()});
@@ -124,8 +125,9 @@ void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tens
   if (kind == PoolKind::max) {
     require_dtype(op, "argmax", argmax, {DType::i32});
     require_numel(op, "argmax", argmax, planes * out);
-    am = argmax.data<int32_t>();
   }
+  if (device.is_cuda()) return cuda_ops::pool2d_forward(kind, args, x, y, argmax);
+  if (kind == PoolKind::max) am = argmax.data<int32_t>();
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = x.data<T>();
@@ -141,7 +143,7 @@ void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tens
 void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, const Tensor& argmax,
                      Tensor& dx) {
   constexpr std::string_view op = "pool2d_backward";
-  require_cpu(op, {&dy, &argmax, &dx});
+  const Device device = same_device(op, {&dy, &argmax, &dx});
   check_pool(op, args);
   require_dtype(op, "dy", dy, {DType::f32, DType::f16, DType::bf16});
   require_dtype(op, "dx", dx, {dy.dtype()});
@@ -152,8 +154,9 @@ void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, co
   if (kind == PoolKind::max) {
     require_dtype(op, "argmax", argmax, {DType::i32});
     require_numel(op, "argmax", argmax, planes * out);
-    am = argmax.data<int32_t>();
   }
+  if (device.is_cuda()) return cuda_ops::pool2d_backward(kind, args, dy, argmax, dx);
+  if (kind == PoolKind::max) am = argmax.data<int32_t>();
   cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.data<T>();
@@ -168,12 +171,13 @@ void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, co
 
 void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, Tensor& y) {
   constexpr std::string_view op = "global_avg_pool_forward";
-  require_cpu(op, {&x, &y});
+  const Device device = same_device(op, {&x, &y});
   DTRAIN_CHECK(n > 0 && c > 0 && hw > 0, "{}: empty shape {}x{}x{}", op, n, c, hw);
   require_dtype(op, "x", x, {DType::f32, DType::f16, DType::bf16});
   require_dtype(op, "y", y, {x.dtype()});
   require_numel(op, "x", x, n * c * hw);
   require_numel(op, "y", y, n * c);
+  if (device.is_cuda()) return cuda_ops::global_avg_pool_forward(n, c, hw, x, y);
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = x.data<T>();
@@ -190,12 +194,13 @@ void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, 
 
 void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy, Tensor& dx) {
   constexpr std::string_view op = "global_avg_pool_backward";
-  require_cpu(op, {&dy, &dx});
+  const Device device = same_device(op, {&dy, &dx});
   DTRAIN_CHECK(n > 0 && c > 0 && hw > 0, "{}: empty shape {}x{}x{}", op, n, c, hw);
   require_dtype(op, "dy", dy, {DType::f32, DType::f16, DType::bf16});
   require_dtype(op, "dx", dx, {dy.dtype()});
   require_numel(op, "dy", dy, n * c);
   require_numel(op, "dx", dx, n * c * hw);
+  if (device.is_cuda()) return cuda_ops::global_avg_pool_backward(n, c, hw, dy, dx);
   cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.data<T>();

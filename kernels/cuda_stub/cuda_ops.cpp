@@ -41,4 +41,17 @@ void permute(const Tensor&, const std::array<int64_t, 6>&, const std::array<int6
   no_cuda("permute");
 }
 
+void pool2d_forward(PoolKind, const Pool2dArgs&, const Tensor&, Tensor&, Tensor&) {
+  no_cuda("pool2d_forward");
+}
+void pool2d_backward(PoolKind, const Pool2dArgs&, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("pool2d_backward");
+}
+void global_avg_pool_forward(int64_t, int64_t, int64_t, const Tensor&, Tensor&) {
+  no_cuda("global_avg_pool_forward");
+}
+void global_avg_pool_backward(int64_t, int64_t, int64_t, const Tensor&, Tensor&) {
+  no_cuda("global_avg_pool_backward");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -15,6 +15,7 @@
 #include "kernels/gemm.h"
 #include "kernels/layout.h"
 #include "kernels/memory.h"
+#include "kernels/pooling.h"
 #include "kernels/softmax.h"
 
 using namespace dtrain;
@@ -99,6 +100,11 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   GemmArgs g;
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
+  CHECK(has(error_of([&] { global_avg_pool_forward(1, 4, 1, dev, y); }), reason));
+  Pool2dArgs pool;
+  pool.h = pool.w = 2;
+  Tensor no_argmax;
+  CHECK(has(error_of([&] { pool2d_forward(PoolKind::avg, pool, dev, y, no_argmax); }), reason));
   if (!query_cuda().built) {
     CHECK(has(error_of([&] { copy(host, dev); }), "rebuild with -DDTRAIN_CUDA=ON"));
   }
