@@ -8,6 +8,7 @@
 #include <array>
 
 #include "kernels/activation.h"
+#include "kernels/batchnorm.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/memory.h"
@@ -52,5 +53,15 @@ void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, co
                      Tensor& dx);
 void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, Tensor& y);
 void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy, Tensor& dx);
+
+void batch_norm_forward_train(const BatchNormArgs& args, const Tensor& x, const Tensor& gamma,
+                              const Tensor& beta, Tensor& y, Tensor& running_mean,
+                              Tensor& running_var, Tensor& save_mean, Tensor& save_invstd);
+void batch_norm_forward_infer(const BatchNormArgs& args, const Tensor& x, const Tensor& gamma,
+                              const Tensor& beta, const Tensor& running_mean,
+                              const Tensor& running_var, Tensor& y);
+void batch_norm_backward(const BatchNormArgs& args, const Tensor& x, const Tensor& dy,
+                         const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd,
+                         Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -173,9 +174,14 @@ void batch_norm_forward_train(const BatchNormArgs& args, const Tensor& x, const 
                               const Tensor& beta, Tensor& y, Tensor& running_mean,
                               Tensor& running_var, Tensor& save_mean, Tensor& save_invstd) {
   constexpr std::string_view op = "batch_norm_forward_train";
-  require_cpu(op, {&x, &gamma, &beta, &y, &running_mean, &running_var, &save_mean, &save_invstd});
+  const Device device = same_device(
+      op, {&x, &gamma, &beta, &y, &running_mean, &running_var, &save_mean, &save_invstd});
   check_common(op, args, x, y,
                {&gamma, &beta, &running_mean, &running_var, &save_mean, &save_invstd});
+  if (device.is_cuda()) {
+    return cuda_ops::batch_norm_forward_train(args, x, gamma, beta, y, running_mean, running_var,
+                                              save_mean, save_invstd);
+  }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_train(args, x.data<T>(), gamma.data<float>(), beta.data<float>(), y.data<T>(),
@@ -188,8 +194,11 @@ void batch_norm_forward_infer(const BatchNormArgs& args, const Tensor& x, const 
                               const Tensor& beta, const Tensor& running_mean,
                               const Tensor& running_var, Tensor& y) {
   constexpr std::string_view op = "batch_norm_forward_infer";
-  require_cpu(op, {&x, &gamma, &beta, &running_mean, &running_var, &y});
+  const Device device = same_device(op, {&x, &gamma, &beta, &running_mean, &running_var, &y});
   check_common(op, args, x, y, {&gamma, &beta, &running_mean, &running_var});
+  if (device.is_cuda()) {
+    return cuda_ops::batch_norm_forward_infer(args, x, gamma, beta, running_mean, running_var, y);
+  }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_infer(args, x.data<T>(), gamma.data<float>(), beta.data<float>(),
@@ -201,10 +210,15 @@ void batch_norm_backward(const BatchNormArgs& args, const Tensor& x, const Tenso
                          const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd,
                          Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   constexpr std::string_view op = "batch_norm_backward";
-  require_cpu(op, {&x, &dy, &gamma, &save_mean, &save_invstd, &dx, &dgamma, &dbeta});
+  const Device device =
+      same_device(op, {&x, &dy, &gamma, &save_mean, &save_invstd, &dx, &dgamma, &dbeta});
   check_common(op, args, x, dx, {&gamma, &save_mean, &save_invstd, &dgamma, &dbeta});
   require_dtype(op, "dy", dy, {x.dtype()});
   require_numel(op, "dy", dy, args.n * args.c * args.hw);
+  if (device.is_cuda()) {
+    return cuda_ops::batch_norm_backward(args, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
+                                         dbeta);
+  }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     backward(args, x.data<T>(), dy.data<T>(), gamma.data<float>(), save_mean.data<float>(),

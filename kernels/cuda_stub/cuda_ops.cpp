@@ -54,4 +54,17 @@ void global_avg_pool_backward(int64_t, int64_t, int64_t, const Tensor&, Tensor&)
   no_cuda("global_avg_pool_backward");
 }
 
+void batch_norm_forward_train(const BatchNormArgs&, const Tensor&, const Tensor&, const Tensor&,
+                              Tensor&, Tensor&, Tensor&, Tensor&, Tensor&) {
+  no_cuda("batch_norm_forward_train");
+}
+void batch_norm_forward_infer(const BatchNormArgs&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("batch_norm_forward_infer");
+}
+void batch_norm_backward(const BatchNormArgs&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&) {
+  no_cuda("batch_norm_backward");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/activation.h"
+#include "kernels/batchnorm.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
@@ -101,6 +102,11 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
   CHECK(has(error_of([&] { global_avg_pool_forward(1, 4, 1, dev, y); }), reason));
+  BatchNormArgs bn;
+  bn.c = 4;
+  Tensor per_c = cuda_tensor(Shape{4}), out = cuda_tensor(Shape{4});
+  CHECK(has(error_of([&] { batch_norm_forward_infer(bn, dev, per_c, per_c, per_c, per_c, out); }),
+            reason));
   Pool2dArgs pool;
   pool.h = pool.w = 2;
   Tensor no_argmax;
