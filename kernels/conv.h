@@ -2,6 +2,7 @@
 // backward-data and backward-filter, with stride, padding, dilation and groups.
 // Layout NCHW for activations and KCRS ([K, C/groups, R, S]) for filters. No
 // bias here (use bias_add). CPU: oneDNN; any reorder buffers come from the workspace.
+// CUDA: cuDNN (kernels/cuda/conv.cpp).
 #pragma once
 
 #include "kernels/common.h"
@@ -21,8 +22,10 @@ struct Conv2dArgs {
   double flops() const;  // forward multiply-adds x 2
 };
 
-// Bytes of workspace each direction needs (the max over the three is safe).
-size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype);
+// Bytes of workspace each direction needs (the max over the three is safe). CUDA:
+// cuDNN's budget (a constant, so planning works without a GPU); the algorithm
+// chosen for each shape fits it.
+size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device = Device::cpu());
 
 // x [N, C, H, W], w [K, C/g, R, S] -> y [N, K, OH, OW]
 void conv2d_forward(const Conv2dArgs& args, const Tensor& x, const Tensor& w, Tensor& y,

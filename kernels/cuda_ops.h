@@ -9,6 +9,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/batchnorm.h"
+#include "kernels/conv.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/memory.h"
@@ -21,6 +22,9 @@ namespace dtrain::kernels::cuda_ops {
 // Hopper (cuBLAS docs, "cublasSetWorkspace"); less is accepted and only narrows
 // the algorithms cuBLASLt may choose.
 inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
+// cuDNN convolution workspace budget per call: algorithms needing more are not
+// chosen (kernels/cuda/conv.cpp), so planning knows the bytes without a GPU.
+inline constexpr size_t kConvWorkspaceBytes = size_t{256} << 20;
 
 Allocator& allocator(int device);
 Allocator& pinned_host_allocator();
@@ -63,5 +67,12 @@ void batch_norm_forward_infer(const BatchNormArgs& args, const Tensor& x, const 
 void batch_norm_backward(const BatchNormArgs& args, const Tensor& x, const Tensor& dy,
                          const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd,
                          Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+
+void conv2d_forward(const Conv2dArgs& args, const Tensor& x, const Tensor& w, Tensor& y,
+                    Workspace ws);
+void conv2d_backward_data(const Conv2dArgs& args, const Tensor& dy, const Tensor& w, Tensor& dx,
+                          Workspace ws);
+void conv2d_backward_filter(const Conv2dArgs& args, const Tensor& x, const Tensor& dy, Tensor& dw,
+                            Workspace ws);
 
 }  // namespace dtrain::kernels::cuda_ops

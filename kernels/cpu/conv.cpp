@@ -6,6 +6,7 @@
 #include "kernels/conv.h"
 
 #include "kernels/cpu/dense_dnnl.h"
+#include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
 
@@ -107,8 +108,9 @@ const ConvPlan& plan_for(const Conv2dArgs& a, DType t) {
 // Shared entry checks: x-like [N,C,H,W], w [K,C/g,R,S], y-like [N,K,OH,OW].
 void check_tensors(std::string_view op, const Conv2dArgs& a, const Tensor& x, const Tensor& w,
                    const Tensor& y) {
-  require_cpu(op, {&x, &w, &y});
+  same_device(op, {&x, &w, &y});
   require_dtype(op, "x", x, {DType::f32, DType::bf16, DType::f16});
+  check_args(a, x.dtype());
   require_dtype(op, "w", w, {x.dtype()});
   require_dtype(op, "y", y, {x.dtype()});
   require_numel(op, "x", x, a.n * a.c * a.h * a.w);
@@ -118,7 +120,11 @@ void check_tensors(std::string_view op, const Conv2dArgs& a, const Tensor& x, co
 
 }  // namespace
 
-size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype) {
+size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device) {
+  if (device.is_cuda()) {
+    check_args(args, dtype);
+    return cuda_ops::kConvWorkspaceBytes;
+  }
   const ConvPlan& p = plan_for(args, dtype);
   return std::max(
       {p.fwd.workspace_bytes, p.bwd_data.workspace_bytes, p.bwd_filter.workspace_bytes});
@@ -127,6 +133,7 @@ size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype) {
 void conv2d_forward(const Conv2dArgs& args, const Tensor& x, const Tensor& w, Tensor& y,
                     Workspace ws) {
   check_tensors("conv2d_forward", args, x, w, y);
+  if (x.device().is_cuda()) return cuda_ops::conv2d_forward(args, x, w, y, ws);
   const ConvPlan& p = plan_for(args, x.dtype());
   guarded("conv2d_forward", describe(args, x.dtype()), [&] {
     run_pass(p.fwd, {x.raw(), w.raw(), y.raw()}, ws);
@@ -136,6 +143,7 @@ void conv2d_forward(const Conv2dArgs& args, const Tensor& x, const Tensor& w, Te
 void conv2d_backward_data(const Conv2dArgs& args, const Tensor& dy, const Tensor& w, Tensor& dx,
                           Workspace ws) {
   check_tensors("conv2d_backward_data", args, dx, w, dy);
+  if (dy.device().is_cuda()) return cuda_ops::conv2d_backward_data(args, dy, w, dx, ws);
   const ConvPlan& p = plan_for(args, dy.dtype());
   guarded("conv2d_backward_data", describe(args, dy.dtype()), [&] {
     run_pass(p.bwd_data, {dy.raw(), w.raw(), dx.raw()}, ws);
@@ -145,6 +153,7 @@ void conv2d_backward_data(const Conv2dArgs& args, const Tensor& dy, const Tensor
 void conv2d_backward_filter(const Conv2dArgs& args, const Tensor& x, const Tensor& dy, Tensor& dw,
                             Workspace ws) {
   check_tensors("conv2d_backward_filter", args, x, dw, dy);
+  if (x.device().is_cuda()) return cuda_ops::conv2d_backward_filter(args, x, dy, dw, ws);
   const ConvPlan& p = plan_for(args, x.dtype());
   guarded("conv2d_backward_filter", describe(args, x.dtype()), [&] {
     run_pass(p.bwd_filter, {x.raw(), dy.raw(), dw.raw()}, ws);

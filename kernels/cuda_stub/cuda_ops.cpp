@@ -67,4 +67,14 @@ void batch_norm_backward(const BatchNormArgs&, const Tensor&, const Tensor&, con
   no_cuda("batch_norm_backward");
 }
 
+void conv2d_forward(const Conv2dArgs&, const Tensor&, const Tensor&, Tensor&, Workspace) {
+  no_cuda("conv2d_forward");
+}
+void conv2d_backward_data(const Conv2dArgs&, const Tensor&, const Tensor&, Tensor&, Workspace) {
+  no_cuda("conv2d_backward_data");
+}
+void conv2d_backward_filter(const Conv2dArgs&, const Tensor&, const Tensor&, Tensor&, Workspace) {
+  no_cuda("conv2d_backward_filter");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

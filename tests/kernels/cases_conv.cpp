@@ -43,6 +43,7 @@ KernelCase forward_case(const std::string& variant, const Conv2dArgs& a, DType t
   c.inputs = {{"x", x_shape(a), t}, {"w", w_shape(a), t}};
   c.outputs = {{"y", y_shape(a), t}};
   c.workspace_bytes = kernels::conv2d_workspace_bytes(a, t);
+  c.workspace_on = [a, t](Device d) { return kernels::conv2d_workspace_bytes(a, t, d); };
   c.forward = [a](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace ws) {
     kernels::conv2d_forward(a, in[0], in[1], out[0], ws);
   };
@@ -69,6 +70,7 @@ KernelCase backward_data_case(const Conv2dArgs& a, DType t) {
   c.inputs = {{"dy", y_shape(a), t}, {"w", w_shape(a), t}};
   c.outputs = {{"dx", x_shape(a), t}};
   c.workspace_bytes = kernels::conv2d_workspace_bytes(a, t);
+  c.workspace_on = [a, t](Device d) { return kernels::conv2d_workspace_bytes(a, t, d); };
   c.forward = [a](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace ws) {
     kernels::conv2d_backward_data(a, in[0], in[1], out[0], ws);
   };
@@ -85,6 +87,7 @@ KernelCase backward_filter_case(const Conv2dArgs& a, DType t) {
   c.inputs = {{"x", x_shape(a), t}, {"dy", y_shape(a), t}};
   c.outputs = {{"dw", w_shape(a), t}};
   c.workspace_bytes = kernels::conv2d_workspace_bytes(a, t);
+  c.workspace_on = [a, t](Device d) { return kernels::conv2d_workspace_bytes(a, t, d); };
   c.forward = [a](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace ws) {
     kernels::conv2d_backward_filter(a, in[0], in[1], out[0], ws);
   };

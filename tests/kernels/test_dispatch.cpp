@@ -10,6 +10,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/batchnorm.h"
+#include "kernels/conv.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
@@ -102,6 +103,11 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
   CHECK(has(error_of([&] { global_avg_pool_forward(1, 4, 1, dev, y); }), reason));
+  Conv2dArgs conv;
+  conv.h = conv.w = 2;
+  Tensor w1 = cuda_tensor(Shape{1});
+  CHECK(has(error_of([&] { conv2d_forward(conv, dev, w1, y, Workspace{}); }), reason));
+  CHECK(conv2d_workspace_bytes(conv, DType::f32, Device::cuda()) == cuda_ops::kConvWorkspaceBytes);
   BatchNormArgs bn;
   bn.c = 4;
   Tensor per_c = cuda_tensor(Shape{4}), out = cuda_tensor(Shape{4});
