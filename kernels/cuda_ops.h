@@ -31,7 +31,8 @@ Allocator& pinned_host_allocator();
 void copy(const Tensor& src, Tensor& dst, CopySync sync);
 void synchronize(int device);
 
-void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws);
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
+          const Tensor& bias);
 
 void activation_forward(Activation act, const Tensor& x, Tensor& y);
 void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);

@@ -16,6 +16,11 @@ enum class Trans : uint8_t { no, yes };
 // Half inputs always use tensor cores with f32 accumulation.
 enum class MathMode : uint8_t { fp32, tf32 };
 
+// What is added to the product before C is stored. bias: C[b][i][j] += bias[j] for
+// every batch b and row i (a linear layer's bias, fused: oneDNN's matmul bias on the
+// CPU, cuBLASLt's BIAS epilogue on CUDA); alpha must then be 1.
+enum class Epilogue : uint8_t { none, bias };
+
 struct GemmArgs {
   Trans trans_a = Trans::no;
   Trans trans_b = Trans::no;
@@ -26,6 +31,7 @@ struct GemmArgs {
   // Batch strides in elements; -1 means dense (m*k, k*n, m*n). 0 broadcasts.
   int64_t stride_a = -1, stride_b = -1, stride_c = -1;
   MathMode math = MathMode::fp32;
+  Epilogue epilogue = Epilogue::none;
 };
 
 // a: [batch, m, k] ([batch, k, m] if trans_a)
@@ -33,7 +39,9 @@ struct GemmArgs {
 // c: [batch, m, n]
 // With strides, a/b/c hold at least (batch-1)*stride + one matrix (stride 0: one
 // matrix, broadcast; C may not be broadcast).
-void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws);
+// bias: [n] in c's dtype with Epilogue::bias; undefined otherwise.
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
+          const Tensor& bias = Tensor());
 
 // Workspace bytes gemm() needs on `device`. CPU: oneDNN's scratchpad, plus f32
 // copies of f16 operands (oneDNN 2.6 has no f16 CPU matmul, so f16 is computed

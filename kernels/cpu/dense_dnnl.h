@@ -97,7 +97,7 @@ struct StagedArg {
 
 struct Pass {
   dnnl::primitive prim;
-  std::array<StagedArg, 3> args;
+  std::array<StagedArg, 4> args;
   int nargs = 0;
   size_t scratch_bytes = 0;  // max over the primitive and its reorders (run in sequence)
   size_t workspace_bytes = 0;
@@ -146,7 +146,7 @@ inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs
   dnnl::engine& eng = cpu_engine();
   dnnl::stream& s = cpu_stream();
   size_t off = 0;
-  std::array<dnnl::memory, 3> user_mem, prim_mem;
+  std::array<dnnl::memory, 4> user_mem, prim_mem;
   for (int i = 0; i < p.nargs; ++i) {
     const StagedArg& a = p.args[i];
     void* ptr = const_cast<void*>(user_ptrs.begin()[i]);

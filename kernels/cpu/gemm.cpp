@@ -25,10 +25,11 @@ struct GemmPlan {
 };
 
 std::string describe(const GemmArgs& g, DType ab, DType c) {
-  return fmt::format("[batch {} m {} n {} k {} trans {}{} alpha {} beta {} strides {},{},{} {}/{}]",
-                     g.batch, g.m, g.n, g.k, g.trans_a == Trans::yes ? 'T' : 'N',
-                     g.trans_b == Trans::yes ? 'T' : 'N', g.alpha, g.beta, g.stride_a, g.stride_b,
-                     g.stride_c, dtype_name(ab), dtype_name(c));
+  return fmt::format(
+      "[batch {} m {} n {} k {} trans {}{} alpha {} beta {} strides {},{},{} {}/{}{}]", g.batch,
+      g.m, g.n, g.k, g.trans_a == Trans::yes ? 'T' : 'N', g.trans_b == Trans::yes ? 'T' : 'N',
+      g.alpha, g.beta, g.stride_a, g.stride_b, g.stride_c, dtype_name(ab), dtype_name(c),
+      g.epilogue == Epilogue::bias ? " +bias" : "");
 }
 
 // A [batch, rows, cols] operand as stored by the caller, viewed as the logical
@@ -75,8 +76,19 @@ GemmPlan make_plan(const GemmArgs& g, DType ab, DType c) {
     po.append_sum(g.beta);
     attr.set_post_ops(po);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_prim, b_prim, c_prim), attr, cpu_engine());
   const ArgDir c_dir = g.beta != 0.0f ? ArgDir::inout : ArgDir::out;
+  if (g.epilogue == Epilogue::bias) {  // bias [1, 1, n], broadcast over batch and rows
+    const md bias_user({1, 1, g.n}, tc, dnnl::memory::dims{g.n, g.n, 1});
+    const md bias_prim = prim_md(bias_user);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_prim, b_prim, bias_prim, c_prim), attr,
+                                    cpu_engine());
+    return GemmPlan{make_pass(dnnl::matmul(pd), pd.scratchpad_desc(),
+                              {{DNNL_ARG_SRC, ArgDir::in, a_user, a_prim},
+                               {DNNL_ARG_WEIGHTS, ArgDir::in, b_user, b_prim},
+                               {DNNL_ARG_DST, c_dir, c_user, c_prim},
+                               {DNNL_ARG_BIAS, ArgDir::in, bias_user, bias_prim}})};
+  }
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_prim, b_prim, c_prim), attr, cpu_engine());
   return GemmPlan{make_pass(dnnl::matmul(pd), pd.scratchpad_desc(),
                             {{DNNL_ARG_SRC, ArgDir::in, a_user, a_prim},
                              {DNNL_ARG_WEIGHTS, ArgDir::in, b_user, b_prim},
@@ -108,8 +120,32 @@ void scale_c(const GemmArgs& g, T* c) {
   }
 }
 
-void check_args(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c) {
-  same_device(kOp, {&a, &b, &c});
+// k == 0 with the bias epilogue: C += bias on every row of every batch.
+void add_bias_rows(const GemmArgs& g, const Tensor& bias, Tensor& c) {
+  const int64_t stride = g.stride_c < 0 ? g.m * g.n : g.stride_c;
+  cpu_io::dispatch_float(c.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* bp = bias.data<T>();
+    T* cp = c.data<T>();
+    for (int64_t b = 0; b < g.batch; ++b) {
+      for (int64_t i = 0; i < g.m * g.n; ++i) {
+        T* cb = cp + b * stride;
+        cpu_io::store(cb, i, cpu_io::load(cb, i) + cpu_io::load(bp, i % g.n));
+      }
+    }
+  });
+}
+
+void check_args(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c,
+                const Tensor& bias) {
+  same_device(kOp, {&a, &b, &c, &bias});
+  if (g.epilogue == Epilogue::bias) {
+    require_dtype(kOp, "bias", bias, {c.dtype()});
+    require_numel(kOp, "bias", bias, g.n);
+    DTRAIN_CHECK(g.alpha == 1.0f, "gemm: the bias epilogue needs alpha 1, got {}", g.alpha);
+  } else {
+    DTRAIN_CHECK(!bias.defined(), "gemm: a bias tensor without Epilogue::bias");
+  }
   require_dtype(kOp, "a", a, {DType::f32, DType::f16, DType::bf16});
   require_dtype(kOp, "b", b, {a.dtype()});
   require_dtype(kOp, "c", c, {DType::f32, a.dtype()});
@@ -137,17 +173,23 @@ size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype,
   return plan_for(args, ab_dtype, c_dtype).pass.workspace_bytes;
 }
 
-void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws) {
-  check_args(args, a, b, c);
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
+          const Tensor& bias) {
+  check_args(args, a, b, c, bias);
   if (args.m == 0 || args.n == 0 || args.batch == 0) return;
-  if (a.device().is_cuda()) return cuda_ops::gemm(args, a, b, c, ws);
+  if (a.device().is_cuda()) return cuda_ops::gemm(args, a, b, c, ws, bias);
   if (args.k == 0) {
     cpu_io::dispatch_float(c.dtype(), [&](auto tag) { scale_c(args, c.data<decltype(tag)>()); });
+    if (args.epilogue == Epilogue::bias) add_bias_rows(args, bias, c);
     return;
   }
   const GemmPlan& plan = plan_for(args, a.dtype(), c.dtype());
   guarded(kOp, describe(args, a.dtype(), c.dtype()), [&] {
-    run_pass(plan.pass, {a.raw(), b.raw(), c.raw()}, ws);
+    if (args.epilogue == Epilogue::bias) {
+      run_pass(plan.pass, {a.raw(), b.raw(), c.raw(), bias.raw()}, ws);
+    } else {
+      run_pass(plan.pass, {a.raw(), b.raw(), c.raw()}, ws);
+    }
   });
 }
 

@@ -7,6 +7,8 @@
 // tensor cores; alpha and beta are f32 host scalars, and with beta == 0
 // cuBLASLt does not read C. One plan (descriptors + heuristic's algorithm) per
 // shape, dtype, workspace size and operand alignment, cached for the process.
+// Epilogue::bias: cuBLASLt's BIAS epilogue adds a vector along the rows of its
+// column-major output, which are our columns, so bias[n] lands on every row.
 #include <cublasLt.h>
 
 #include <map>
@@ -72,6 +74,7 @@ struct Operands {
   const void* a;
   const void* b;
   void* c;
+  const void* bias;  // null without Epilogue::bias
 };
 
 Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Operands& o,
@@ -95,6 +98,17 @@ Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Opera
   plan->b = layout(ab, ta_yes ? g.m : g.k, ta_yes ? g.k : g.m, g.batch,
                    batch_stride(g.stride_a, g.m * g.k));
   plan->c = layout(ct, g.n, g.m, g.batch, batch_stride(g.stride_c, g.m * g.n));
+  if (g.epilogue == Epilogue::bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = cuda_type(ct);
+    DTRAIN_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    // The heuristic looks at the pointer's alignment; each call sets its own pointer.
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &o.bias, sizeof(o.bias)));
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -124,10 +138,11 @@ std::string plan_key(int device, const GemmArgs& g, DType ab, DType c, const Ope
                      size_t ws) {
   return fmt::format(
       "cuda:{} [batch {} m {} n {} k {} trans {}{} strides {},{},{} {}/{} math {} "
-      "ws {} align {},{},{}]",
+      "ws {} align {},{},{},{} epilogue {}]",
       device, g.batch, g.m, g.n, g.k, g.trans_a == Trans::yes ? 'T' : 'N',
       g.trans_b == Trans::yes ? 'T' : 'N', g.stride_a, g.stride_b, g.stride_c, dtype_name(ab),
-      dtype_name(c), static_cast<int>(g.math), ws, alignment(o.a), alignment(o.b), alignment(o.c));
+      dtype_name(c), static_cast<int>(g.math), ws, alignment(o.a), alignment(o.b), alignment(o.c),
+      alignment(o.bias), static_cast<int>(g.epilogue));
 }
 
 const Plan& plan_for(Context& ctx, const GemmArgs& g, DType ab, DType c, const Operands& o,
@@ -144,7 +159,8 @@ const Plan& plan_for(Context& ctx, const GemmArgs& g, DType ab, DType c, const O
 }  // namespace
 
 // Called by kernels::gemm after its checks, with m, n, batch > 0.
-void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws) {
+void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
+          const Tensor& bias) {
   Context& ctx = Context::get(a.device().index);
   constexpr int64_t kMax = int64_t{1} << 31;
   DTRAIN_CHECK(args.m < kMax && args.n < kMax && args.k < kMax && args.batch < kMax,
@@ -153,11 +169,24 @@ void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Wor
   if (args.k == 0) {  // an empty product: C = beta * C
     launch_scale_batches(c.dtype(), c.raw(), args.batch, args.m * args.n,
                          batch_stride(args.stride_c, args.m * args.n), args.beta, ctx.stream());
+    if (args.epilogue == Epilogue::bias) {
+      DTRAIN_CHECK(args.batch == 1 || args.stride_c < 0 || args.stride_c == args.m * args.n,
+                   "gemm on CUDA: k == 0 with a bias needs dense C batches");
+      bias_add({args.batch * args.m, args.n, 1}, c, bias, c);
+    }
     return;
   }
-  const Operands o{a.raw(), b.raw(), c.raw()};
+  const Operands o{a.raw(), b.raw(), c.raw(), bias.defined() ? bias.raw() : nullptr};
   const Plan& plan = plan_for(ctx, args, a.dtype(), c.dtype(), o, ws.bytes);
   const float alpha = args.alpha, beta = args.beta;
+  // The bias pointer lives in the cached descriptor: set it and run under one lock.
+  static std::mutex bias_mu;
+  std::unique_lock<std::mutex> lock(bias_mu, std::defer_lock);
+  if (args.epilogue == Epilogue::bias) {
+    lock.lock();
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &o.bias, sizeof(o.bias)));
+  }
   DTRAIN_CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), plan.op, &alpha, o.b, plan.a, o.a, plan.b, &beta,
                                      o.c, plan.c, o.c, plan.c, &plan.algo, ws.data, ws.bytes,
                                      ctx.stream()));

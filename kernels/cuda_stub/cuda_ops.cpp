@@ -19,7 +19,9 @@ void copy(const Tensor& src, Tensor& dst, CopySync) {
 }
 void synchronize(int device) { no_cuda(fmt::format("synchronize cuda:{}", device)); }
 
-void gemm(const GemmArgs&, const Tensor&, const Tensor&, Tensor&, Workspace) { no_cuda("gemm"); }
+void gemm(const GemmArgs&, const Tensor&, const Tensor&, Tensor&, Workspace, const Tensor&) {
+  no_cuda("gemm");
+}
 
 void activation_forward(Activation, const Tensor&, Tensor&) { no_cuda("activation_forward"); }
 void activation_backward(Activation, const Tensor&, const Tensor&, Tensor&) {

@@ -113,16 +113,24 @@ KernelCase make_case(const Spec& s, bool grad) {
   for (int i = 0; i < n_in; ++i) {
     c.inputs.push_back({names[i], Shape{span(g.batch, str[i], mat[i])}, i < 2 ? s.ab : s.c});
   }
+  const bool has_bias = g.epilogue == kernels::Epilogue::bias;
+  if (has_bias) c.inputs.push_back({"bias", Shape{g.n}, s.c});
   c.outputs.push_back({"c", Shape{span(g.batch, str[2], mat[2])}, s.c});
   c.workspace_bytes = workspace_for(s, Device::cpu());
   c.workspace_on = [s](Device d) { return workspace_for(s, d); };
-  c.forward = [g](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace ws) {
-    if (in.size() > 2) kernels::copy(in[2], out[0]);
-    kernels::gemm(g, in[0], in[1], out[0], ws);
+  c.forward = [g, n_in, has_bias](const std::vector<Tensor>& in, std::vector<Tensor>& out,
+                                  kernels::Workspace ws) {
+    if (n_in > 2) kernels::copy(in[2], out[0]);
+    kernels::gemm(g, in[0], in[1], out[0], ws, has_bias ? in.back() : Tensor());
   };
-  c.reference = [g](const std::vector<Values>& in, std::vector<Values>& out) {
-    if (in.size() > 2) out[0] = in[2];
+  c.reference = [g, n_in, has_bias](const std::vector<Values>& in, std::vector<Values>& out) {
+    if (n_in > 2) out[0] = in[2];
     ref::gemm(g, in[0].data(), in[1].data(), out[0].data());
+    if (!has_bias) return;
+    // C[b][i][j] += bias[j] (added after the product, like the kernels' epilogues).
+    const int64_t stride = g.stride_c < 0 ? g.m * g.n : g.stride_c;
+    for (int64_t b = 0; b < g.batch; ++b)
+      for (int64_t i = 0; i < g.m * g.n; ++i) out[0][b * stride + i] += in.back()[i % g.n];
   };
   if (grad) {
     c.backward = [g](const std::vector<Tensor>& in, const std::vector<Tensor>&,
@@ -197,6 +205,25 @@ std::vector<KernelCase> cases_gemm() {
   cases.push_back(make_case({"wide_b_bcast", wide_bcast}, false));
   for (DType h : {DType::f16, DType::bf16}) {
     cases.push_back(make_case({"wide_b", dims(1, 129, 2304, 4), h, h}, false));
+  }
+  // The bias epilogue (a linear layer's forward: x . W^T + b), also with beta, batches,
+  // half types and an empty product.
+  auto with_bias = [](GemmArgs g) {
+    g.epilogue = kernels::Epilogue::bias;
+    return g;
+  };
+  cases.push_back(make_case({"bias", with_bias(dims(1, 17, 33, 9, N, T))}, false));
+  cases.push_back(make_case({"bias", with_bias(dims(1, 130, 2304, 5))}, false));
+  GemmArgs bias_beta = with_bias(dims(3, 7, 5, 3, T, N));
+  bias_beta.beta = 0.5f;
+  cases.push_back(make_case({"bias_beta", bias_beta}, false));
+  GemmArgs bias_k0 = with_bias(dims(2, 3, 4, 0));
+  bias_k0.beta = 1.0f;
+  cases.push_back(make_case({"bias_k0", bias_k0}, false));
+  for (DType h : {DType::f16, DType::bf16}) {
+    for (DType out : {DType::f32, h}) {
+      cases.push_back(make_case({"bias", with_bias(dims(1, 9, 17, 33, N, T)), h, out}, false));
+    }
   }
   return cases;
 }

@@ -1,4 +1,5 @@
-// Linear (fully connected) layer: y = x W^T + b over the last dim of x.
+// Linear (fully connected) layer: y = x W^T + b over the last dim of x; the bias
+// is the GEMM's epilogue (one pass over y instead of two).
 #include <optional>
 
 #include "graph/ops.h"
@@ -43,9 +44,11 @@ class Linear final : public Op {
     return info;
   }
 
-  // y [rows, out] = x [rows, in] . W^T
+  // y [rows, out] = x [rows, in] . W^T (+ b, fused into the GEMM)
   kernels::GemmArgs fwd(int64_t rows) const {
-    return {kernels::Trans::no, kernels::Trans::yes, rows, out_, in_};
+    kernels::GemmArgs g{kernels::Trans::no, kernels::Trans::yes, rows, out_, in_};
+    if (bias_ == Bias::yes) g.epilogue = kernels::Epilogue::bias;
+    return g;
   }
   // dx [rows, in] = dy [rows, out] . W [out, in]
   kernels::GemmArgs bwd_data(int64_t rows) const {
@@ -58,10 +61,9 @@ class Linear final : public Op {
 
   void do_forward(OpContext& ctx) const override {
     const int64_t rows = ctx.inputs[0].numel() / in_;
-    kernels::gemm(fwd(rows), ctx.inputs[0], ctx.params[0], ctx.outputs[0], ctx.workspace);
-    if (bias_ == Bias::yes) {
-      kernels::bias_add({rows, out_, 1}, ctx.outputs[0], ctx.params[1], ctx.outputs[0]);
-    }
+    const Tensor no_bias;
+    kernels::gemm(fwd(rows), ctx.inputs[0], ctx.params[0], ctx.outputs[0], ctx.workspace,
+                  bias_ == Bias::yes ? ctx.params[1] : no_bias);
   }
 
   void do_backward(OpContext& ctx) const override {
