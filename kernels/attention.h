@@ -26,7 +26,9 @@ struct AttentionArgs {
   uint64_t seed = 0, stream = 0;
 };
 
-size_t attention_workspace_bytes(const AttentionArgs& args, DType dtype);
+// CPU: per-thread tiles. CUDA: Di [B, H, Tq] f32 for backward (kernels/cuda/attention.cu).
+size_t attention_workspace_bytes(const AttentionArgs& args, DType dtype,
+                                 Device device = Device::cpu());
 
 // q [B, H, Tq, D], k/v [B, H, Tk, D] -> out [B, H, Tq, D], lse f32 [B, H, Tq]
 // key_mask: u8 [B, Tk], 1 = attend, 0 = padding; may be undefined (no mask).

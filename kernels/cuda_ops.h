@@ -8,6 +8,7 @@
 #include <array>
 
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
@@ -75,5 +76,17 @@ void conv2d_backward_data(const Conv2dArgs& args, const Tensor& dy, const Tensor
                           Workspace ws);
 void conv2d_backward_filter(const Conv2dArgs& args, const Tensor& x, const Tensor& dy, Tensor& dw,
                             Workspace ws);
+
+// Attention's backward workspace on CUDA: Di = rowsum(dO * O), f32 [B, H, Tq]
+// (a formula, so planning works without a GPU). Forward needs none.
+inline size_t attention_workspace_bytes_cuda(const AttentionArgs& a) {
+  return static_cast<size_t>(a.b * a.h * a.tq) * sizeof(float);
+}
+void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& key_mask, Tensor& out, Tensor& lse);
+void attention_backward(const AttentionArgs& args, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& key_mask, const Tensor& out,
+                        const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
+                        Workspace ws);
 
 }  // namespace dtrain::kernels::cuda_ops

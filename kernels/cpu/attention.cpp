@@ -19,6 +19,7 @@
 
 #include "core/rng.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -437,7 +438,8 @@ Problem<T> problem(const AttentionArgs& a, const Tensor& q, const Tensor& k, con
 
 }  // namespace
 
-size_t attention_workspace_bytes(const AttentionArgs& args, DType) {
+size_t attention_workspace_bytes(const AttentionArgs& args, DType, Device device) {
+  if (device.is_cuda()) return cuda_ops::attention_workspace_bytes_cuda(args);
   const int64_t dp = pad16(args.d);
   const int64_t slot = std::max(forward_floats(args.tk, dp), backward_floats(args.tk, dp));
   return static_cast<size_t>(omp_get_max_threads()) * slot * sizeof(float) + 64;
@@ -446,12 +448,13 @@ size_t attention_workspace_bytes(const AttentionArgs& args, DType) {
 void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& key_mask, Tensor& out, Tensor& lse, Workspace ws) {
   constexpr std::string_view op = "attention_forward";
-  require_cpu(op, {&q, &k, &v, &key_mask, &out, &lse});
+  const Device device = same_device(op, {&q, &k, &v, &key_mask, &out, &lse});
   check_shapes(op, args, q, k, v, key_mask);
   require_dtype(op, "out", out, {q.dtype()});
   require_numel(op, "out", out, q.numel());
   require_dtype(op, "lse", lse, {DType::f32});
   require_numel(op, "lse", lse, args.b * args.h * args.tq);
+  if (device.is_cuda()) return cuda_ops::attention_forward(args, q, k, v, key_mask, out, lse);
   cpu_io::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const Problem<T> pb = problem<T>(args, q, k, v, key_mask, nullptr, nullptr);
@@ -466,7 +469,7 @@ void attention_backward(const AttentionArgs& args, const Tensor& q, const Tensor
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         Workspace ws) {
   constexpr std::string_view op = "attention_backward";
-  require_cpu(op, {&q, &k, &v, &key_mask, &out, &lse, &dout, &dq, &dk, &dv});
+  const Device device = same_device(op, {&q, &k, &v, &key_mask, &out, &lse, &dout, &dq, &dk, &dv});
   check_shapes(op, args, q, k, v, key_mask);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &dout, &dq}) {
     require_dtype(op, "out/dout/dq", *t, {q.dtype()});
@@ -478,6 +481,9 @@ void attention_backward(const AttentionArgs& args, const Tensor& q, const Tensor
   }
   require_dtype(op, "lse", lse, {DType::f32});
   require_numel(op, "lse", lse, args.b * args.h * args.tq);
+  if (device.is_cuda()) {
+    return cuda_ops::attention_backward(args, q, k, v, key_mask, out, lse, dout, dq, dk, dv, ws);
+  }
   cpu_io::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const Problem<T> pb = problem<T>(args, q, k, v, key_mask, out.data<T>(), dout.data<T>());

@@ -79,4 +79,14 @@ void conv2d_backward_filter(const Conv2dArgs&, const Tensor&, const Tensor&, Ten
   no_cuda("conv2d_backward_filter");
 }
 
+void attention_forward(const AttentionArgs&, const Tensor&, const Tensor&, const Tensor&,
+                       const Tensor&, Tensor&, Tensor&) {
+  no_cuda("attention_forward");
+}
+void attention_backward(const AttentionArgs&, const Tensor&, const Tensor&, const Tensor&,
+                        const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                        Tensor&, Tensor&, Workspace) {
+  no_cuda("attention_backward");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -65,6 +65,7 @@ KernelCase make_case(const Spec& s) {
   lse.differentiable = false;
   c.outputs = {{"out", qs, s.t}, lse};
   c.workspace_bytes = kernels::attention_workspace_bytes(a, s.t);
+  c.workspace_on = [a, t = s.t](Device d) { return kernels::attention_workspace_bytes(a, t, d); };
   c.forward = [a](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace ws) {
     const Tensor mask = in.size() > 3 ? in[3] : Tensor();
     kernels::attention_forward(a, in[0], in[1], in[2], mask, out[0], out[1], ws);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/activation.h"
+#include "kernels/attention.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
 #include "kernels/cuda_ops.h"
@@ -108,6 +109,16 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   Tensor w1 = cuda_tensor(Shape{1});
   CHECK(has(error_of([&] { conv2d_forward(conv, dev, w1, y, Workspace{}); }), reason));
   CHECK(conv2d_workspace_bytes(conv, DType::f32, Device::cuda()) == cuda_ops::kConvWorkspaceBytes);
+  AttentionArgs attn;  // b = h = tq = tk = d = 1
+  Tensor lse = cuda_tensor(Shape{1});
+  Tensor no_mask;
+  CHECK(has(error_of([&] { attention_forward(attn, w1, w1, w1, no_mask, w1, lse, Workspace{}); }),
+            reason));
+  attn.dropout = 0.1f;  // not on CUDA yet: refused by name, before any device work
+  CHECK_THROWS_AS(attention_forward(attn, w1, w1, w1, no_mask, w1, lse, Workspace{}),
+                  UnsupportedDevice);
+  CHECK(has(error_of([&] { attention_forward(attn, w1, w1, w1, no_mask, w1, lse, Workspace{}); }),
+            "attention dropout"));
   BatchNormArgs bn;
   bn.c = 4;
   Tensor per_c = cuda_tensor(Shape{4}), out = cuda_tensor(Shape{4});
