@@ -97,38 +97,33 @@ std::unique_ptr<ConvPlan> make_plan(const Conv2dArgs& a, DType t, ConvDir dir,
   constexpr int kMax = 16;
   int count = 0;
   const std::string what = key_of(a, t, dir, -1);
+  // cuDNN's ranked candidates for the direction, then the first that fits (see pick()).
+  auto choose = [&](auto* perf, int count, const char* name) {
+    const auto* best = pick(perf, count, t);
+    if (best == nullptr) {
+      throw Error(fmt::format("conv2d: cuDNN offers no deterministic {} algorithm within {} MiB "
+                              "for {}",
+                              name, kConvWorkspaceBytes >> 20, what),
+                  "use device: cpu for this layer shape, or report the shape");
+    }
+    p->algo = best->algo, p->workspace = best->memory;
+    DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, best->mathType));
+  };
   if (dir == ConvDir::forward) {
     cudnnConvolutionFwdAlgoPerf_t perf[kMax];
     DTRAIN_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->w, p->conv, p->y,
                                                               kMax, &count, perf));
-    const auto* best = pick(perf, count, t);
-    DTRAIN_CHECK(best != nullptr,
-                 "conv2d: cuDNN offers no deterministic forward algorithm within {} MiB for {}",
-                 kConvWorkspaceBytes >> 20, what);
-    p->algo = best->algo, p->workspace = best->memory;
-    DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, best->mathType));
+    choose(perf, count, "forward");
   } else if (dir == ConvDir::backward_data) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
     DTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->w, p->y, p->conv,
                                                                    p->x, kMax, &count, perf));
-    const auto* best = pick(perf, count, t);
-    DTRAIN_CHECK(
-        best != nullptr,
-        "conv2d: cuDNN offers no deterministic backward-data algorithm within {} MiB for {}",
-        kConvWorkspaceBytes >> 20, what);
-    p->algo = best->algo, p->workspace = best->memory;
-    DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, best->mathType));
+    choose(perf, count, "backward-data");
   } else {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kMax];
     DTRAIN_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, p->x, p->y, p->conv,
                                                                      p->w, kMax, &count, perf));
-    const auto* best = pick(perf, count, t);
-    DTRAIN_CHECK(
-        best != nullptr,
-        "conv2d: cuDNN offers no deterministic backward-filter algorithm within {} MiB for {}",
-        kConvWorkspaceBytes >> 20, what);
-    p->algo = best->algo, p->workspace = best->memory;
-    DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, best->mathType));
+    choose(perf, count, "backward-filter");
   }
   return p;
 }
