@@ -8,6 +8,7 @@
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/layernorm.h"
 #include "kernels/memory.h"
 #include "kernels/reduce.h"
 
@@ -38,5 +39,11 @@ void bias_add_backward(const BiasArgs& args, const Tensor& dy, Tensor& dbias);
 void cast(const Tensor& src, Tensor& dst);
 
 void reduce(Reduction op, const Tensor& x, Tensor& out, Workspace ws);
+
+void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor& gamma,
+                        const Tensor& beta, Tensor& y, Tensor& save_mean, Tensor& save_rstd);
+void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tensor& dy,
+                         const Tensor& gamma, const Tensor& save_mean, const Tensor& save_rstd,
+                         Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 
 }  // namespace dtrain::kernels::cuda_ops

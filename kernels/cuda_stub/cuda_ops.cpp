@@ -37,4 +37,13 @@ void cast(const Tensor&, Tensor&) { no_cuda("cast"); }
 
 void reduce(Reduction, const Tensor&, Tensor&, Workspace) { no_cuda("reduce"); }
 
+void layer_norm_forward(const LayerNormArgs&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                        Tensor&, Tensor&) {
+  no_cuda("layer_norm_forward");
+}
+void layer_norm_backward(const LayerNormArgs&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&) {
+  no_cuda("layer_norm_backward");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -13,6 +13,7 @@
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/layernorm.h"
 #include "kernels/layout.h"
 #include "kernels/memory.h"
 
@@ -94,6 +95,9 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   CHECK(has(error_of([&] { add(dev, dev, y); }), reason));
   CHECK(has(error_of([&] { activation_forward(Activation::gelu_tanh, dev, y); }), reason));
   CHECK(has(error_of([&] { cast(dev, y); }), reason));
+  Tensor two = cuda_tensor(Shape{2});
+  Tensor stats = cuda_tensor(Shape{2});
+  CHECK(has(error_of([&] { layer_norm_forward({2, 2}, dev, two, two, y, stats, stats); }), reason));
   GemmArgs g;
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));

@@ -1,0 +1,31 @@
+// kernels/cuda_ops.h for the row and index families (layer norm, softmax and
+// cross-entropy, embedding, dropout): unwraps the (already checked) Tensors
+// into raw pointers and sizes and calls the launchers of kernels/cuda/<family>.cuh
+// on the device's backend stream. The pointwise families are in ops.cpp.
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda_ops.h"
+
+namespace dtrain::kernels::cuda_ops {
+
+namespace {
+cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
+}  // namespace
+
+void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor& gamma,
+                        const Tensor& beta, Tensor& y, Tensor& save_mean, Tensor& save_rstd) {
+  launch_layer_norm_forward(x.dtype(), args.rows, args.cols, args.eps, x.raw(), gamma.raw(),
+                            beta.raw(), y.raw(), static_cast<float*>(save_mean.raw()),
+                            static_cast<float*>(save_rstd.raw()), stream_of(x));
+}
+
+void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tensor& dy,
+                         const Tensor& gamma, const Tensor& save_mean, const Tensor& save_rstd,
+                         Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  launch_layer_norm_backward(x.dtype(), args.rows, args.cols, x.raw(), dy.raw(), gamma.raw(),
+                             static_cast<const float*>(save_mean.raw()),
+                             static_cast<const float*>(save_rstd.raw()), dx.raw(), dgamma.raw(),
+                             dbeta.raw(), stream_of(x));
+}
+
+}  // namespace dtrain::kernels::cuda_ops
