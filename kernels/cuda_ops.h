@@ -11,6 +11,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/memory.h"
 #include "kernels/reduce.h"
+#include "kernels/softmax.h"
 
 namespace dtrain::kernels::cuda_ops {
 
@@ -45,5 +46,15 @@ void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor
 void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tensor& dy,
                          const Tensor& gamma, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+
+// Targets are not read on the host (that would be a hidden copy and a sync):
+// an invalid one makes the loss NaN and its dlogits row NaN.
+void softmax_forward(int64_t rows, int64_t cols, const Tensor& x, Tensor& y);
+void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor& dy, Tensor& dx);
+void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& logits,
+                                   const Tensor& targets, Tensor& loss, Tensor& lse);
+void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
+                                    const Tensor& targets, const Tensor& lse, float dloss,
+                                    Tensor& dlogits);
 
 }  // namespace dtrain::kernels::cuda_ops

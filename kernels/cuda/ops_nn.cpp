@@ -4,12 +4,17 @@
 // on the device's backend stream. The pointwise families are in ops.cpp.
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/softmax.cuh"
 #include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels::cuda_ops {
 
 namespace {
 cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
+
+XentShape xent_shape(const CrossEntropyArgs& a) {
+  return {a.rows, a.classes, a.ignore_index, a.label_smoothing};
+}
 }  // namespace
 
 void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor& gamma,
@@ -26,6 +31,29 @@ void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tenso
                              static_cast<const float*>(save_mean.raw()),
                              static_cast<const float*>(save_rstd.raw()), dx.raw(), dgamma.raw(),
                              dbeta.raw(), stream_of(x));
+}
+
+void softmax_forward(int64_t rows, int64_t cols, const Tensor& x, Tensor& y) {
+  launch_softmax_forward(x.dtype(), rows, cols, x.raw(), y.raw(), stream_of(x));
+}
+
+void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor& dy, Tensor& dx) {
+  launch_softmax_backward(y.dtype(), rows, cols, y.raw(), dy.raw(), dx.raw(), stream_of(y));
+}
+
+void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& logits,
+                                   const Tensor& targets, Tensor& loss, Tensor& lse) {
+  launch_xent_forward(logits.dtype(), xent_shape(args), logits.raw(),
+                      static_cast<const int32_t*>(targets.raw()), static_cast<float*>(loss.raw()),
+                      static_cast<float*>(lse.raw()), stream_of(logits));
+}
+
+void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
+                                    const Tensor& targets, const Tensor& lse, float dloss,
+                                    Tensor& dlogits) {
+  launch_xent_backward(
+      logits.dtype(), xent_shape(args), logits.raw(), static_cast<const int32_t*>(targets.raw()),
+      static_cast<const float*>(lse.raw()), dloss, dlogits.raw(), stream_of(logits));
 }
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -46,4 +46,17 @@ void layer_norm_backward(const LayerNormArgs&, const Tensor&, const Tensor&, con
   no_cuda("layer_norm_backward");
 }
 
+void softmax_forward(int64_t, int64_t, const Tensor&, Tensor&) { no_cuda("softmax_forward"); }
+void softmax_backward(int64_t, int64_t, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("softmax_backward");
+}
+void softmax_cross_entropy_forward(const CrossEntropyArgs&, const Tensor&, const Tensor&, Tensor&,
+                                   Tensor&) {
+  no_cuda("softmax_cross_entropy_forward");
+}
+void softmax_cross_entropy_backward(const CrossEntropyArgs&, const Tensor&, const Tensor&,
+                                    const Tensor&, float, Tensor&) {
+  no_cuda("softmax_cross_entropy_backward");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -16,6 +16,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/layout.h"
 #include "kernels/memory.h"
+#include "kernels/softmax.h"
 
 using namespace dtrain;
 using namespace dtrain::kernels;
@@ -98,6 +99,7 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   Tensor two = cuda_tensor(Shape{2});
   Tensor stats = cuda_tensor(Shape{2});
   CHECK(has(error_of([&] { layer_norm_forward({2, 2}, dev, two, two, y, stats, stats); }), reason));
+  CHECK(has(error_of([&] { softmax_forward(2, 2, dev, y); }), reason));
   GemmArgs g;
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
