@@ -7,6 +7,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/memory.h"
@@ -56,5 +57,10 @@ void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& l
 void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
                                     const Tensor& targets, const Tensor& lse, float dloss,
                                     Tensor& dlogits);
+
+// Ids are not read on the host: an id outside [0, vocab) fills its output row
+// with 0xFF bytes (NaN) and adds nothing to dtable.
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -3,6 +3,7 @@
 // into raw pointers and sizes and calls the launchers of kernels/cuda/<family>.cuh
 // on the device's backend stream. The pointwise families are in ops.cpp.
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/softmax.cuh"
 #include "kernels/cuda_ops.h"
@@ -54,6 +55,17 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& 
   launch_xent_backward(
       logits.dtype(), xent_shape(args), logits.raw(), static_cast<const int32_t*>(targets.raw()),
       static_cast<const float*>(lse.raw()), dloss, dlogits.raw(), stream_of(logits));
+}
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  launch_embedding_forward(ids.dtype(), ids.raw(), ids.numel(), table.raw(), table.dim(0),
+                           table.dim(1), static_cast<int64_t>(dtype_size(table.dtype())), out.raw(),
+                           stream_of(table));
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  launch_embedding_backward(ids.dtype(), ids.raw(), ids.numel(), dtable.dtype(), dout.raw(),
+                            dtable.dim(0), dtable.dim(1), dtable.raw(), stream_of(dtable));
 }
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -59,4 +59,7 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs&, const Tensor&, cons
   no_cuda("softmax_cross_entropy_backward");
 }
 
+void embedding_forward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_forward"); }
+void embedding_backward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_backward"); }
+
 }  // namespace dtrain::kernels::cuda_ops

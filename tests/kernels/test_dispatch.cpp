@@ -12,6 +12,7 @@
 #include "kernels/cuda_ops.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/layout.h"
@@ -100,6 +101,8 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   Tensor stats = cuda_tensor(Shape{2});
   CHECK(has(error_of([&] { layer_norm_forward({2, 2}, dev, two, two, y, stats, stats); }), reason));
   CHECK(has(error_of([&] { softmax_forward(2, 2, dev, y); }), reason));
+  Tensor ids = Tensor::wrap(fake_device_address(), Shape{2}, DType::i32, Device::cuda(0));
+  CHECK(has(error_of([&] { embedding_forward(ids, cuda_tensor(Shape{2, 2}), y); }), reason));
   GemmArgs g;
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
