@@ -6,6 +6,7 @@
 #pragma once
 
 #include "kernels/activation.h"
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
@@ -62,5 +63,8 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& 
 // with 0xFF bytes (NaN) and adds nothing to dtable.
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor& mask);
+void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& mask, Tensor& dx);
 
 }  // namespace dtrain::kernels::cuda_ops

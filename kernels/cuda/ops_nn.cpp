@@ -3,6 +3,7 @@
 // into raw pointers and sizes and calls the launchers of kernels/cuda/<family>.cuh
 // on the device's backend stream. The pointwise families are in ops.cpp.
 #include "kernels/cuda/context.h"
+#include "kernels/cuda/dropout.cuh"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/softmax.cuh"
@@ -66,6 +67,16 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   launch_embedding_backward(ids.dtype(), ids.raw(), ids.numel(), dtable.dtype(), dout.raw(),
                             dtable.dim(0), dtable.dim(1), dtable.raw(), stream_of(dtable));
+}
+
+void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor& mask) {
+  launch_dropout_forward(x.dtype(), {args.p, args.seed, args.stream, args.offset}, x.raw(),
+                         x.numel(), y.raw(), static_cast<uint8_t*>(mask.raw()), stream_of(x));
+}
+
+void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& mask, Tensor& dx) {
+  launch_dropout_backward(dy.dtype(), args.p, dy.raw(), static_cast<const uint8_t*>(mask.raw()),
+                          dy.numel(), dx.raw(), stream_of(dy));
 }
 
 }  // namespace dtrain::kernels::cuda_ops

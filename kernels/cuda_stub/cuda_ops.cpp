@@ -62,4 +62,11 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs&, const Tensor&, cons
 void embedding_forward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_forward"); }
 void embedding_backward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_backward"); }
 
+void dropout_forward(const DropoutArgs&, const Tensor&, Tensor&, Tensor&) {
+  no_cuda("dropout_forward");
+}
+void dropout_backward(const DropoutArgs&, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("dropout_backward");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -11,6 +11,7 @@
 #include "kernels/activation.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/device_info.h"
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
@@ -103,6 +104,8 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   CHECK(has(error_of([&] { softmax_forward(2, 2, dev, y); }), reason));
   Tensor ids = Tensor::wrap(fake_device_address(), Shape{2}, DType::i32, Device::cuda(0));
   CHECK(has(error_of([&] { embedding_forward(ids, cuda_tensor(Shape{2, 2}), y); }), reason));
+  Tensor mask = Tensor::wrap(fake_device_address(), Shape{4}, DType::u8, Device::cuda(0));
+  CHECK(has(error_of([&] { dropout_forward({0.5f}, dev, y, mask); }), reason));
   GemmArgs g;
   g.m = g.n = g.k = 2;
   CHECK(has(error_of([&] { gemm(g, dev, dev, y, Workspace{}); }), reason));
