@@ -11,11 +11,15 @@
 #include "kernels/attention.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
+#include "kernels/dropout.h"
 #include "kernels/elementwise.h"
+#include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/layernorm.h"
 #include "kernels/memory.h"
 #include "kernels/pooling.h"
 #include "kernels/reduce.h"
+#include "kernels/softmax.h"
 
 namespace dtrain::kernels::cuda_ops {
 
@@ -88,5 +92,28 @@ void attention_backward(const AttentionArgs& args, const Tensor& q, const Tensor
                         const Tensor& v, const Tensor& key_mask, const Tensor& out,
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         Workspace ws);
+void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor& gamma,
+                        const Tensor& beta, Tensor& y, Tensor& save_mean, Tensor& save_rstd);
+void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tensor& dy,
+                         const Tensor& gamma, const Tensor& save_mean, const Tensor& save_rstd,
+                         Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+
+// Targets are not read on the host (that would be a hidden copy and a sync):
+// an invalid one makes the loss NaN and its dlogits row NaN.
+void softmax_forward(int64_t rows, int64_t cols, const Tensor& x, Tensor& y);
+void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor& dy, Tensor& dx);
+void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& logits,
+                                   const Tensor& targets, Tensor& loss, Tensor& lse);
+void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
+                                    const Tensor& targets, const Tensor& lse, float dloss,
+                                    Tensor& dlogits);
+
+// Ids are not read on the host: an id outside [0, vocab) fills its output row
+// with 0xFF bytes (NaN) and adds nothing to dtable.
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+
+void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor& mask);
+void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& mask, Tensor& dx);
 
 }  // namespace dtrain::kernels::cuda_ops

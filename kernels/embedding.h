@@ -1,6 +1,8 @@
 // Embedding lookup (gather of table rows by id) and its backward (scatter-add
 // into the table gradient, deterministic: each table row is owned by one thread
-// and rows are accumulated in id order). An id outside [0, vocab) is an Error.
+// and rows are accumulated in id order). An id outside [0, vocab) is an Error on
+// the CPU; on CUDA (ids are not copied to the host) its output row is NaN and it
+// adds nothing to dtable.
 #pragma once
 
 #include "kernels/common.h"

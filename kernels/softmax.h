@@ -20,7 +20,8 @@ struct CrossEntropyArgs {
 
 // logits [rows, classes], targets i32 [rows] -> loss f32 [1] = mean over the
 // non-ignored rows (0 if all are ignored), lse f32 [rows] saved for backward.
-// A target outside [0, classes) that is not ignore_index is a user error (Error).
+// A target outside [0, classes) that is not ignore_index is a user error (Error)
+// on the CPU; on CUDA (targets are not copied to the host) the loss is NaN.
 void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& logits,
                                    const Tensor& targets, Tensor& loss, Tensor& lse);
 // dloss = d(total)/d(loss) -> dlogits [rows, classes] (overwritten)

@@ -2,12 +2,14 @@
 // >= p, and kept values are scaled by 1/(1-p) (in f32). Philox blocks give four
 // words each, so a chunk draws one block per four elements. The mask (u8, 1 = kept)
 // is saved for backward; element decisions are independent, so results do not
-// depend on the thread count. f32/f16/bf16 storage.
+// depend on the thread count. f32/f16/bf16 storage. CUDA tensors go to
+// kernels/cuda/dropout.cu, which draws the same Philox words (same mask).
 #include <algorithm>
 
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/dropout.h"
 
 namespace dtrain::kernels {
@@ -55,8 +57,9 @@ void check_args(std::string_view op, const DropoutArgs& a, const Tensor& in, con
 }  // namespace
 
 void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor& mask) {
-  require_cpu("dropout_forward", {&x, &y, &mask});
+  const Device device = same_device("dropout_forward", {&x, &y, &mask});
   check_args("dropout_forward", args, x, mask, y);
+  if (device.is_cuda()) return cuda_ops::dropout_forward(args, x, y, mask);
   const float scale = 1.0f / (1.0f - args.p);
   uint8_t* m = mask.data<uint8_t>();
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
@@ -71,8 +74,9 @@ void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor
 }
 
 void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& mask, Tensor& dx) {
-  require_cpu("dropout_backward", {&dy, &mask, &dx});
+  const Device device = same_device("dropout_backward", {&dy, &mask, &dx});
   check_args("dropout_backward", args, dy, mask, dx);
+  if (device.is_cuda()) return cuda_ops::dropout_backward(args, dy, mask, dx);
   const float scale = 1.0f / (1.0f - args.p);
   const uint8_t* m = mask.data<uint8_t>();
   cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {

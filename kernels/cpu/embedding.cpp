@@ -2,12 +2,14 @@
 // backward adds dout rows into dtable without atomics: the table rows are split
 // among tasks, each task scans all ids in order and accumulates only the rows it
 // owns, so every row sums its contributions in id order (thread-independent).
-// Ids are validated (Error naming position and id) before any work.
+// Ids are validated (Error naming position and id) before any work. CUDA tensors
+// go to kernels/cuda/embedding.cu (same order of adds; ids not read on the host).
 #include <algorithm>
 #include <cstring>
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/embedding.h"
 
 namespace dtrain::kernels {
@@ -53,13 +55,14 @@ void scatter_add(const Id* ids, int64_t n, int64_t vocab, int64_t dim, const T* 
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
-  require_cpu("embedding_forward", {&ids, &table, &out});
+  const Device device = same_device("embedding_forward", {&ids, &table, &out});
   require_dtype("embedding_forward", "ids", ids, {DType::i32, DType::i64});
   DTRAIN_CHECK(table.rank() == 2, "embedding_forward: table {} is not [vocab, dim]", table.str());
   DTRAIN_CHECK(out.dtype() == table.dtype(), "embedding_forward: out {} vs table {}", out.str(),
                table.str());
   const int64_t n = ids.numel(), vocab = table.dim(0), dim = table.dim(1);
   require_numel("embedding_forward", "out", out, n * dim);
+  if (device.is_cuda()) return cuda_ops::embedding_forward(ids, table, out);
   const size_t row_bytes = static_cast<size_t>(dim) * dtype_size(table.dtype());
   const auto* src = static_cast<const char*>(table.raw());
   auto* dst = static_cast<char*>(out.raw());
@@ -75,7 +78,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
-  require_cpu("embedding_backward", {&ids, &dout, &dtable});
+  const Device device = same_device("embedding_backward", {&ids, &dout, &dtable});
   require_dtype("embedding_backward", "ids", ids, {DType::i32, DType::i64});
   require_dtype("embedding_backward", "dtable", dtable, {DType::f32, DType::f16, DType::bf16});
   DTRAIN_CHECK(dtable.rank() == 2, "embedding_backward: dtable {} is not [vocab, dim]",
@@ -84,6 +87,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
                dout.str(), dtable.str());
   const int64_t n = ids.numel(), vocab = dtable.dim(0), dim = dtable.dim(1);
   require_numel("embedding_backward", "dout", dout, n * dim);
+  if (device.is_cuda()) return cuda_ops::embedding_backward(ids, dout, dtable);
   with_ids(ids, [&](const auto* id) {
     check_ids(id, n, vocab);
     cpu_io::dispatch_float(dtable.dtype(), [&](auto tag) {

@@ -5,11 +5,13 @@
 //   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dgamma = sum_rows dy xhat,  dbeta = sum_rows dy
 // dx runs rows in parallel; dgamma/dbeta give each column block to one task that walks
 // the rows in order, so nothing depends on the thread count and no workspace is needed.
+// CUDA tensors go to kernels/cuda/layernorm.cu (same formulas, also deterministic).
 #include <algorithm>
 #include <cmath>
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/layernorm.h"
 
 namespace dtrain::kernels {
@@ -116,8 +118,12 @@ void check_args(std::string_view op, const LayerNormArgs& a, const Tensor& x,
 
 void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor& gamma,
                         const Tensor& beta, Tensor& y, Tensor& save_mean, Tensor& save_rstd) {
-  require_cpu("layer_norm_forward", {&x, &gamma, &beta, &y, &save_mean, &save_rstd});
+  const Device device =
+      same_device("layer_norm_forward", {&x, &gamma, &beta, &y, &save_mean, &save_rstd});
   check_args("layer_norm_forward", args, x, {&x, &y}, {&gamma, &beta}, {&save_mean, &save_rstd});
+  if (device.is_cuda()) {
+    return cuda_ops::layer_norm_forward(args, x, gamma, beta, y, save_mean, save_rstd);
+  }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     forward_rows(args, static_cast<const T*>(x.raw()), static_cast<const T*>(gamma.raw()),
@@ -129,10 +135,14 @@ void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor
 void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tensor& dy,
                          const Tensor& gamma, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
-  require_cpu("layer_norm_backward",
-              {&x, &dy, &gamma, &save_mean, &save_rstd, &dx, &dgamma, &dbeta});
+  const Device device = same_device(
+      "layer_norm_backward", {&x, &dy, &gamma, &save_mean, &save_rstd, &dx, &dgamma, &dbeta});
   check_args("layer_norm_backward", args, x, {&x, &dy, &dx}, {&gamma, &dgamma, &dbeta},
              {&save_mean, &save_rstd});
+  if (device.is_cuda()) {
+    return cuda_ops::layer_norm_backward(args, x, dy, gamma, save_mean, save_rstd, dx, dgamma,
+                                         dbeta);
+  }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = static_cast<const T*>(x.raw());

@@ -2,12 +2,14 @@
 // on f32/f16/bf16 storage. Stability: every exp is of (x - row max) <= 0, and
 // log p_j = x_j - lse with lse = max + log sum exp(x - max). Rows run in
 // parallel; the loss is a mean of per-row losses summed in double over a fixed
-// number of row groups, so it does not depend on the thread count.
+// number of row groups, so it does not depend on the thread count. CUDA tensors
+// go to kernels/cuda/softmax.cu (targets are not checked on the host there).
 #include <algorithm>
 #include <cmath>
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/softmax.h"
 
 namespace dtrain::kernels {
@@ -141,12 +143,13 @@ void check_xent(std::string_view op, const CrossEntropyArgs& a, const Tensor& lo
 }  // namespace
 
 void softmax_forward(int64_t rows, int64_t cols, const Tensor& x, Tensor& y) {
-  require_cpu("softmax_forward", {&x, &y});
+  const Device device = same_device("softmax_forward", {&x, &y});
   require_dtype("softmax_forward", "x", x, {DType::f32, DType::f16, DType::bf16});
   DTRAIN_CHECK(y.dtype() == x.dtype(), "softmax_forward: y is {}, x is {}", dtype_name(y.dtype()),
                dtype_name(x.dtype()));
   require_numel("softmax_forward", "x", x, rows * cols);
   require_numel("softmax_forward", "y", y, rows * cols);
+  if (device.is_cuda()) return cuda_ops::softmax_forward(rows, cols, x, y);
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     softmax_rows(rows, cols, static_cast<const T*>(x.raw()), static_cast<T*>(y.raw()));
@@ -154,7 +157,7 @@ void softmax_forward(int64_t rows, int64_t cols, const Tensor& x, Tensor& y) {
 }
 
 void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor& dy, Tensor& dx) {
-  require_cpu("softmax_backward", {&y, &dy, &dx});
+  const Device device = same_device("softmax_backward", {&y, &dy, &dx});
   require_dtype("softmax_backward", "y", y, {DType::f32, DType::f16, DType::bf16});
   DTRAIN_CHECK(dy.dtype() == y.dtype() && dx.dtype() == y.dtype(),
                "softmax_backward: y {}, dy {}, dx {} differ", dtype_name(y.dtype()),
@@ -162,6 +165,7 @@ void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor&
   require_numel("softmax_backward", "y", y, rows * cols);
   require_numel("softmax_backward", "dy", dy, rows * cols);
   require_numel("softmax_backward", "dx", dx, rows * cols);
+  if (device.is_cuda()) return cuda_ops::softmax_backward(rows, cols, y, dy, dx);
   cpu_io::dispatch_float(y.dtype(), [&](auto tag) {
     using T = decltype(tag);
     softmax_grad_rows(rows, cols, static_cast<const T*>(y.raw()), static_cast<const T*>(dy.raw()),
@@ -171,10 +175,14 @@ void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor&
 
 void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& logits,
                                    const Tensor& targets, Tensor& loss, Tensor& lse) {
-  require_cpu("softmax_cross_entropy_forward", {&logits, &targets, &loss, &lse});
+  const Device device =
+      same_device("softmax_cross_entropy_forward", {&logits, &targets, &loss, &lse});
   check_xent("softmax_cross_entropy_forward", args, logits, targets, lse);
   require_dtype("softmax_cross_entropy_forward", "loss", loss, {DType::f32});
   require_numel("softmax_cross_entropy_forward", "loss", loss, 1);
+  if (device.is_cuda()) {
+    return cuda_ops::softmax_cross_entropy_forward(args, logits, targets, loss, lse);
+  }
   check_targets(args, targets);
   cpu_io::dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -186,11 +194,15 @@ void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& l
 void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
                                     const Tensor& targets, const Tensor& lse, float dloss,
                                     Tensor& dlogits) {
-  require_cpu("softmax_cross_entropy_backward", {&logits, &targets, &lse, &dlogits});
+  const Device device =
+      same_device("softmax_cross_entropy_backward", {&logits, &targets, &lse, &dlogits});
   check_xent("softmax_cross_entropy_backward", args, logits, targets, lse);
   DTRAIN_CHECK(dlogits.dtype() == logits.dtype(), "softmax_cross_entropy_backward: dlogits is {}",
                dtype_name(dlogits.dtype()));
   require_numel("softmax_cross_entropy_backward", "dlogits", dlogits, args.rows * args.classes);
+  if (device.is_cuda()) {
+    return cuda_ops::softmax_cross_entropy_backward(args, logits, targets, lse, dloss, dlogits);
+  }
   check_targets(args, targets);
   cpu_io::dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -89,4 +89,36 @@ void attention_backward(const AttentionArgs&, const Tensor&, const Tensor&, cons
   no_cuda("attention_backward");
 }
 
+void layer_norm_forward(const LayerNormArgs&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                        Tensor&, Tensor&) {
+  no_cuda("layer_norm_forward");
+}
+void layer_norm_backward(const LayerNormArgs&, const Tensor&, const Tensor&, const Tensor&,
+                         const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&) {
+  no_cuda("layer_norm_backward");
+}
+
+void softmax_forward(int64_t, int64_t, const Tensor&, Tensor&) { no_cuda("softmax_forward"); }
+void softmax_backward(int64_t, int64_t, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("softmax_backward");
+}
+void softmax_cross_entropy_forward(const CrossEntropyArgs&, const Tensor&, const Tensor&, Tensor&,
+                                   Tensor&) {
+  no_cuda("softmax_cross_entropy_forward");
+}
+void softmax_cross_entropy_backward(const CrossEntropyArgs&, const Tensor&, const Tensor&,
+                                    const Tensor&, float, Tensor&) {
+  no_cuda("softmax_cross_entropy_backward");
+}
+
+void embedding_forward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_forward"); }
+void embedding_backward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_backward"); }
+
+void dropout_forward(const DropoutArgs&, const Tensor&, Tensor&, Tensor&) {
+  no_cuda("dropout_forward");
+}
+void dropout_backward(const DropoutArgs&, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("dropout_backward");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

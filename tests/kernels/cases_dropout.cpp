@@ -2,10 +2,13 @@
 // reference, which draws the same Philox stream (p = 0 identity, p = 0.5, an
 // offset that is not a multiple of 4, odd sizes, f32/f16/bf16), a 100k-element
 // statistical case (kept fraction within 4 sigma of 1-p), the backward kernel on
-// a given mask, and grad mode (f32).
+// a given mask, grad mode (f32), and the mask against the CPU kernel's (on CUDA:
+// both backends draw the same Philox words).
 #include "kernels/dropout.h"
 
 #include <cmath>
+
+#include "kernels/elementwise.h"
 
 #include "pointwise_case_util.h"
 #include "ref/dropout.h"
@@ -72,14 +75,15 @@ KernelCase statistics_case(float p) {
   c.outputs = {{"within_4_sigma", Shape{1}}, {"kept_fraction", Shape{1}}};
   const kernels::DropoutArgs args{p, 12345, 77, 1000};
   c.forward = [=](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
-    Tensor y = Tensor::empty(Shape{n}, DType::f32), mask = Tensor::empty(Shape{n}, DType::u8);
+    Tensor y = empty_on(in[0], Shape{n}, DType::f32), mask = empty_on(in[0], Shape{n}, DType::u8);
     kernels::dropout_forward(args, in[0], y, mask);
+    const Tensor host_mask = to_host(mask);
     int64_t kept = 0;
-    for (int64_t i = 0; i < n; ++i) kept += mask.data<uint8_t>()[i];
+    for (int64_t i = 0; i < n; ++i) kept += host_mask.data<uint8_t>()[i];
     const double frac = static_cast<double>(kept) / n;
     const double sigma = std::sqrt(p * (1.0 - p) / n);
-    out[0].data<float>()[0] = std::abs(frac - (1.0 - p)) <= 4 * sigma ? 1.0f : 0.0f;
-    out[1].data<float>()[0] = static_cast<float>(frac);
+    kernels::fill(out[0], std::abs(frac - (1.0 - p)) <= 4 * sigma ? 1.0f : 0.0f);
+    kernels::fill(out[1], static_cast<float>(frac));
   };
   const ref::Dropout ra = ref_args(args);
   c.reference = [=](const std::vector<Values>&, std::vector<Values>& out) {
@@ -87,6 +91,32 @@ KernelCase statistics_case(float p) {
     out[1][0] = ref::kept_fraction(ra, n);
   };
   c.check_tol = {0.0, 1e-7};
+  return c;
+}
+
+// The kernel's mask (on the case's device) against the CPU kernel's mask for
+// the same arguments, element for element. Output 1 = identical. On CUDA this
+// is the backends-agree check of the shared Philox stream.
+KernelCase cpu_mask_case(int64_t n, kernels::DropoutArgs args) {
+  KernelCase c;
+  c.name = "dropout/same_mask_as_cpu/f32/" + std::to_string(n);
+  c.inputs = {{"x", Shape{n}}};
+  c.outputs = {{"identical", Shape{1}}};
+  c.forward = [=](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
+    Tensor y = empty_on(in[0], Shape{n}, DType::f32), mask = empty_on(in[0], Shape{n}, DType::u8);
+    kernels::dropout_forward(args, in[0], y, mask);
+    const Tensor x_host = to_host(in[0]);
+    Tensor y_cpu = Tensor::empty(Shape{n}, DType::f32),
+           mask_cpu = Tensor::empty(Shape{n}, DType::u8);
+    kernels::dropout_forward(args, x_host, y_cpu, mask_cpu);
+    const Tensor got = to_host(mask);
+    bool same = true;
+    for (int64_t i = 0; i < n; ++i)
+      same = same && got.data<uint8_t>()[i] == mask_cpu.data<uint8_t>()[i];
+    kernels::fill(out[0], same ? 1.0f : 0.0f);
+  };
+  c.reference = [](const std::vector<Values>&, std::vector<Values>& out) { out[0][0] = 1.0; };
+  c.check_tol = {0.0, 0.0};
   return c;
 }
 
@@ -104,6 +134,7 @@ std::vector<KernelCase> cases_dropout() {
   }
   cases.push_back(forward_case("p0.9", DType::f32, 17, {0.9f, 1, 1, 1}));
   cases.push_back(statistics_case(0.3f));
+  cases.push_back(cpu_mask_case(100003, {0.37f, 0x123456789abcdefull, 0xfedcba9876543210ull, 5}));
   return cases;
 }
 

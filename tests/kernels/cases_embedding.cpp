@@ -1,7 +1,10 @@
 // Kernel-table cases for kernels/embedding.h: i32 and i64 ids, ids at 0 and
 // vocab-1, repeated ids, f32/f16/bf16 tables; grad mode (f32) for the table;
 // the scatter-add kernel checked directly on half types; out-of-range ids
-// (negative and == vocab) must raise an Error naming the position and the id.
+// (negative and == vocab) must raise an Error naming the position and the id
+// (on CUDA: give a NaN output row and add nothing to the table gradient).
+#include <cmath>
+
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 
@@ -91,7 +94,30 @@ KernelCase bad_id_case(DType id_type, double bad) {
       }
       return false;
     };
-    Tensor o = Tensor::empty(Shape{4, 3}, DType::f32), d = Tensor::empty(Shape{5, 3}, DType::f32);
+    Tensor o = empty_on(in[0], Shape{4, 3}, DType::f32),
+           d = empty_on(in[0], Shape{5, 3}, DType::f32);
+    if (in[0].device().is_cuda()) {  // ids stay on the device: row 2 is NaN, dtable unchanged
+      kernels::embedding_forward(in[0], in[1], o);
+      kernels::fill(d, 0.0f);
+      kernels::embedding_backward(in[0], o, d);
+      const Values ov = to_values(o), dv = to_values(d);
+      bool ok = true;
+      for (int k = 0; k < 3; ++k) ok = ok && std::isnan(ov[6 + k]) && !std::isnan(ov[k]);
+      for (int r = 0; r < 5; ++r) {  // ids 0, 4, 1 take rows 0, 1, 3 of o; rows 2, 3 stay 0
+        for (int k = 0; k < 3; ++k) {
+          const double v = dv[r * 3 + k];
+          ok = ok && !std::isnan(v) &&
+               (r == 2 || r == 3 ? v == 0.0
+                                 : v == ov[(r == 0   ? 0
+                                            : r == 4 ? 1
+                                                     : 3) *
+                                               3 +
+                                           k]);
+        }
+      }
+      kernels::fill(out[0], ok ? 1.0f : 0.0f);
+      return;
+    }
     const bool fwd = named([&] { kernels::embedding_forward(in[0], in[1], o); });
     const bool bwd = named([&] { kernels::embedding_backward(in[0], o, d); });
     out[0].data<float>()[0] = fwd && bwd ? 1.0f : 0.0f;

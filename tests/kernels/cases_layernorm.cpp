@@ -56,9 +56,9 @@ KernelCase backward_case(DType dt, int64_t rows, int64_t cols) {
   c.outputs = {
       {"dx", Shape{rows, cols}, dt}, {"dgamma", Shape{cols}, dt}, {"dbeta", Shape{cols}, dt}};
   c.forward = [=](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
-    Tensor y = Tensor::empty(Shape{rows, cols}, dt);
-    Tensor mean = Tensor::empty(Shape{rows}, DType::f32),
-           rstd = Tensor::empty(Shape{rows}, DType::f32);
+    Tensor y = empty_on(in[0], Shape{rows, cols}, dt);
+    Tensor mean = empty_on(in[0], Shape{rows}, DType::f32),
+           rstd = empty_on(in[0], Shape{rows}, DType::f32);
     kernels::layer_norm_forward(args, in[0], in[1], in[2], y, mean, rstd);
     kernels::layer_norm_backward(args, in[0], in[3], in[1], mean, rstd, out[0], out[1], out[2]);
   };

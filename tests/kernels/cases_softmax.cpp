@@ -4,6 +4,10 @@
 // logits, an out-of-range target that must raise Error, grad in f32).
 #include "kernels/softmax.h"
 
+#include <cmath>
+
+#include "kernels/elementwise.h"
+
 #include "pointwise_case_util.h"
 #include "ref/softmax.h"
 
@@ -111,8 +115,8 @@ KernelCase xent_backward_case(const Xent& x, DType dt) {
   const auto ka = kernel_args(x);
   const auto ra = ref_args(x);
   c.forward = [=](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
-    Tensor loss = Tensor::empty(Shape{1}, DType::f32);
-    Tensor lse = Tensor::empty(Shape{x.rows}, DType::f32);
+    Tensor loss = empty_on(in[0], Shape{1}, DType::f32);
+    Tensor lse = empty_on(in[0], Shape{x.rows}, DType::f32);
     kernels::softmax_cross_entropy_forward(ka, in[0], in[1], loss, lse);
     kernels::softmax_cross_entropy_backward(ka, in[0], in[1], lse, 1.5f, out[0]);
   };
@@ -123,7 +127,8 @@ KernelCase xent_backward_case(const Xent& x, DType dt) {
   return c;
 }
 
-// Target 5 at row 2 with 3 classes: forward must throw an Error naming both.
+// Target 5 at row 2 with 3 classes: forward must throw an Error naming both
+// (on CUDA: make the loss NaN).
 // Output 1 = threw the right Error, 0 = did not.
 KernelCase xent_bad_target_case() {
   KernelCase c;
@@ -134,7 +139,13 @@ KernelCase xent_bad_target_case() {
   c.inputs = {{"logits", Shape{4, 3}}, targets};
   c.outputs = {{"threw", Shape{1}, DType::f32}};
   c.forward = [](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
-    Tensor loss = Tensor::empty(Shape{1}, DType::f32), lse = Tensor::empty(Shape{4}, DType::f32);
+    Tensor loss = empty_on(in[0], Shape{1}, DType::f32),
+           lse = empty_on(in[0], Shape{4}, DType::f32);
+    if (in[0].device().is_cuda()) {  // targets stay on the device there: the loss is NaN instead
+      kernels::softmax_cross_entropy_forward({4, 3}, in[0], in[1], loss, lse);
+      kernels::fill(out[0], std::isnan(scalar(loss)) ? 1.0f : 0.0f);
+      return;
+    }
     float ok = 0.0f;
     try {
       kernels::softmax_cross_entropy_forward({4, 3}, in[0], in[1], loss, lse);

@@ -189,6 +189,10 @@ Tensor on_device(const Tensor& host, Device device) {
   return t;
 }
 
+Tensor empty_on(const Tensor& like, const Shape& shape, DType dtype) {
+  return Tensor::empty(shape, dtype, &kernels::device_allocator(like.device()));
+}
+
 Tensor to_host(const Tensor& t) {
   if (!t.defined() || t.device().is_cpu()) return t;
   Tensor h = Tensor::empty(t.shape(), t.dtype());

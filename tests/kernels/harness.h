@@ -107,6 +107,9 @@ Values to_values(const Tensor& t);      // any dtype, any device -> fp64 (host)
 Tensor from_values(const Values& v, const Shape& shape, DType dtype);  // rounds to dtype
 Tensor on_device(const Tensor& host, Device device);  // a copy on `device` (itself for cpu)
 Tensor to_host(const Tensor& t);                      // a host copy (itself for cpu)
-float scalar(const Tensor& t);                        // element 0 of an f32 tensor, any device
+// Scratch for a case lambda, uninitialised, on `like`'s device (intermediate
+// results such as saved statistics must live where the kernel runs).
+Tensor empty_on(const Tensor& like, const Shape& shape, DType dtype);
+float scalar(const Tensor& t);  // element 0 of an f32 tensor, any device
 
 }  // namespace dtrain::test

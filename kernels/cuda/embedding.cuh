@@ -1,0 +1,24 @@
+// Host launchers of kernels/cuda/embedding.cu: the gather of table rows by id
+// and its deterministic scatter-add (kernels/cpu/embedding.cpp's semantics).
+// Ids stay on the device: an id outside [0, vocab) fills its output row with
+// 0xFF bytes (NaN for float tables) and contributes nothing to dtable.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace dtrain::kernels::cuda_ops {
+
+// ids i32/i64 [n], table [vocab, dim] (any dtype, elem_bytes 1/2/4/8) -> out [n, dim]
+void launch_embedding_forward(DType id_type, const void* ids, int64_t n, const void* table,
+                              int64_t vocab, int64_t dim, int64_t elem_bytes, void* out,
+                              cudaStream_t stream);
+// dout [n, dim] -> dtable [vocab, dim] += scattered rows (f32/f16/bf16)
+void launch_embedding_backward(DType id_type, const void* ids, int64_t n, DType dtype,
+                               const void* dout, int64_t vocab, int64_t dim, void* dtable,
+                               cudaStream_t stream);
+
+}  // namespace dtrain::kernels::cuda_ops
