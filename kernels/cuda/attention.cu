@@ -6,10 +6,13 @@
 // kernel writes Di and dQ, a second dK and dV; every output element is summed by
 // one warp in a fixed order (no atomics: bit-identical run to run). Plain FP32
 // maths on CUDA cores: correct and general (D <= 1024), not yet tensor-core fast.
+// Dropout multiplies P by M (0 or 1/(1-p), from philox.cuh's copy of the CPU
+// stream) in O and dV, and dP by M, while l and lse stay the full softmax sums.
 #include <cmath>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/philox.cuh"
 
 namespace dtrain::kernels::cuda_ops {
 
@@ -33,6 +36,14 @@ __device__ bool visible(const AttnShape& s, const uint8_t* mask, int64_t b, int6
   if (j >= s.tk) return false;
   if (mask != nullptr && mask[b * s.tk + j] == 0) return false;
   return !s.causal || j <= i + (s.tk - s.tq);
+}
+
+// M_ij: the dropout multiplier of probability (bh, i, j), as the CPU draws it.
+__device__ float keep_of(const AttnShape& s, int64_t bh, int64_t i, int64_t j) {
+  if (s.dropout == 0.0f) return 1.0f;
+  const auto n = static_cast<uint64_t>((bh * s.tq + i) * s.tk + j);
+  const philox::Words w = philox::block(s.seed, s.stream, n / 4);
+  return philox::u32_to_uniform(w.w[n % 4]) >= s.dropout ? 1.0f / (1.0f - s.dropout) : 0.0f;
 }
 
 // dot(x[row_x], y[row_y]) over D, each row D contiguous elements.
@@ -61,12 +72,13 @@ __global__ void forward_kernel(AttnShape s, const T* q, const T* k, const T* v, 
     const float mx = fmaxf(m, warp_max(sj));
     if (mx == -INFINITY) continue;  // nothing visible yet
     const float p = on ? expf(sj - mx) : 0.0f;
+    const float pk = on ? p * keep_of(s, bh, i, j) : 0.0f;  // O sums the dropped probabilities
     const float rescale = expf(m - mx);
     l = l * rescale + warp_sum(p);
     m = mx;
     for (int t = 0; t < kMaxDims; ++t) acc[t] *= rescale;
     for (int src = 0; src < kWarp && j0 + src < s.tk; ++src) {
-      const float ps = __shfl_sync(kAll, p, src);
+      const float ps = __shfl_sync(kAll, pk, src);
       if (ps == 0.0f) continue;
       const T* vj = v + (bh * s.tk + j0 + src) * s.d;
       for (int t = 0; t < kMaxDims; ++t) {
@@ -106,7 +118,8 @@ __global__ void backward_dq_kernel(AttnShape s, const T* q, const T* k, const T*
     if (visible(s, mask, b, i, j)) {
       const T* kj = k + (bh * s.tk + j) * s.d;
       const float p = expf(dot_rows(qi, kj, s.d) * s.scale - li);
-      ds = p * (dot_rows(doi, v + (bh * s.tk + j) * s.d, s.d) - di);
+      const float dp = dot_rows(doi, v + (bh * s.tk + j) * s.d, s.d) * keep_of(s, bh, i, j);
+      ds = p * (dp - di);
     }
     for (int src = 0; src < kWarp && j0 + src < s.tk; ++src) {
       const float dss = __shfl_sync(kAll, ds, src);
@@ -141,8 +154,10 @@ __global__ void backward_dkv_kernel(AttnShape s, const T* q, const T* k, const T
     float p = 0.0f, ds = 0.0f;
     if (i < s.tq && lse[bh * s.tq + i] != -INFINITY && visible(s, mask, b, i, j)) {
       const int64_t qrow = bh * s.tq + i;
-      p = expf(dot_rows(q + qrow * s.d, kj, s.d) * s.scale - lse[qrow]);
-      ds = p * (dot_rows(dout + qrow * s.d, vj, s.d) - rowdot[qrow]);
+      const float keep = keep_of(s, bh, i, j);
+      const float prob = expf(dot_rows(q + qrow * s.d, kj, s.d) * s.scale - lse[qrow]);
+      ds = prob * (dot_rows(dout + qrow * s.d, vj, s.d) * keep - rowdot[qrow]);
+      p = prob * keep;  // dV sums the dropped probabilities
     }
     for (int src = 0; src < kWarp && i0 + src < s.tq; ++src) {
       const float ps = __shfl_sync(kAll, p, src), dss = __shfl_sync(kAll, ds, src);

@@ -1,6 +1,7 @@
 // Host launchers of kernels/cuda/attention.cu: scaled dot-product attention,
 // forward and backward, with causal and key-padding masks, the semantics of
-// kernels/attention.h (dropout on CUDA is not there yet: the caller refuses it).
+// kernels/attention.h, including dropout on the probabilities drawn from the
+// CPU's Philox stream (the same mask as the CPU kernel).
 // Raw device pointers; q/k/v/out/dq/dk/dv in `dtype`, lse and the workspace f32.
 #pragma once
 
@@ -14,8 +15,10 @@ namespace dtrain::kernels::cuda_ops {
 
 struct AttnShape {
   int64_t b, h, tq, tk, d;
-  float scale;  // already resolved (1/sqrt(d) when the caller passed 0)
-  bool causal;  // query i sees keys j <= i + (tk - tq)
+  float scale;    // already resolved (1/sqrt(d) when the caller passed 0)
+  bool causal;    // query i sees keys j <= i + (tk - tq)
+  float dropout;  // 0: none; else P_ij kept iff uniform(((b*H + h)*Tq + i)*Tk + j) >= dropout
+  uint64_t seed, stream;
 };
 
 // q [B,H,Tq,D], k/v [B,H,Tk,D], key_mask u8 [B,Tk] or null -> out [B,H,Tq,D], lse [B,H,Tq]

@@ -1,6 +1,5 @@
-// kernels/cuda_ops.h for attention: resolves the scale, refuses what the CUDA
-// kernels do not do yet (attention dropout), and calls the launchers of
-// kernels/cuda/attention.cuh on the device's backend stream.
+// kernels/cuda_ops.h for attention: resolves the scale and calls the launchers
+// of kernels/cuda/attention.cuh on the device's backend stream.
 #include <cmath>
 
 #include "kernels/cuda/attention.cuh"
@@ -13,15 +12,9 @@ namespace {
 
 cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
 
-AttnShape shape_of(const AttentionArgs& a, std::string_view op) {
-  if (a.dropout != 0.0f) {
-    throw UnsupportedDevice(
-        fmt::format("kernel {} has no CUDA implementation of attention dropout yet (dropout {})",
-                    op, a.dropout),
-        "set the model's attention dropout to 0 for device: cuda, or run on the CPU");
-  }
+AttnShape shape_of(const AttentionArgs& a) {
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.d));
-  return {a.b, a.h, a.tq, a.tk, a.d, scale, a.causal == Causal::yes};
+  return {a.b, a.h, a.tq, a.tk, a.d, scale, a.causal == Causal::yes, a.dropout, a.seed, a.stream};
 }
 
 const uint8_t* mask_of(const Tensor& m) {
@@ -32,7 +25,7 @@ const uint8_t* mask_of(const Tensor& m) {
 
 void attention_forward(const AttentionArgs& args, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& key_mask, Tensor& out, Tensor& lse) {
-  const AttnShape s = shape_of(args, "attention_forward");  // refuses before touching the GPU
+  const AttnShape s = shape_of(args);
   launch_attention_forward(q.dtype(), s, q.raw(), k.raw(), v.raw(), mask_of(key_mask), out.raw(),
                            static_cast<float*>(lse.raw()), stream_of(q));
 }
@@ -41,7 +34,7 @@ void attention_backward(const AttentionArgs& args, const Tensor& q, const Tensor
                         const Tensor& v, const Tensor& key_mask, const Tensor& out,
                         const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv,
                         Workspace ws) {
-  const AttnShape s = shape_of(args, "attention_backward");
+  const AttnShape s = shape_of(args);
   const size_t need = attention_workspace_bytes_cuda(args);
   DTRAIN_CHECK(ws.bytes >= need, "attention_backward on CUDA: workspace {} bytes, need {}",
                ws.bytes, need);

@@ -1,5 +1,5 @@
-// Device dispatch of the kernel entry points, on any machine: a CUDA tensor
-// reaching what the CUDA backend does not do yet, tensors on mixed devices, and
+// Device dispatch of the kernel entry points, on any machine: kernels given
+// tensors on mixed devices, GEMM/conv/attention workspace planning, and
 // (without a usable GPU) copies, allocators and CUDA kernels all fail with a
 // clear dtrain error instead of crashing. CUDA tensors here wrap a fake
 // address: nothing may dereference it.
@@ -55,20 +55,6 @@ std::string no_gpu_reason() {
 }
 
 }  // namespace
-
-TEST_CASE("what the CUDA backend does not do yet is refused by name, before any device work") {
-  // Every kernel family has a CUDA implementation; attention dropout does not yet.
-  Tensor one = cuda_tensor(Shape{1});
-  Tensor lse = cuda_tensor(Shape{1});
-  Tensor no_mask;
-  AttentionArgs attn;  // b = h = tq = tk = d = 1
-  attn.dropout = 0.1f;
-  CHECK_THROWS_AS(attention_forward(attn, one, one, one, no_mask, one, lse, Workspace{}),
-                  UnsupportedDevice);
-  const std::string msg =
-      error_of([&] { attention_forward(attn, one, one, one, no_mask, one, lse, Workspace{}); });
-  CHECK(has(msg, "attention_forward has no CUDA implementation of attention dropout yet"));
-}
 
 TEST_CASE("tensors on different devices are refused, naming both") {
   Tensor a = Tensor::empty(Shape{4}, DType::f32);
