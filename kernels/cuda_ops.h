@@ -17,6 +17,7 @@
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
 #include "kernels/memory.h"
+#include "kernels/optimizer.h"
 #include "kernels/pooling.h"
 #include "kernels/reduce.h"
 #include "kernels/softmax.h"
@@ -115,5 +116,11 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 
 void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor& mask);
 void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& mask, Tensor& dx);
+
+static_assert(static_cast<int>(SgdMomentum::none) == 0 &&
+              static_cast<int>(SgdMomentum::heavy_ball) == 1 &&
+              static_cast<int>(SgdMomentum::nesterov) == 2);  // kernels/cuda/optimizer.cu
+void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum);
+void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v);
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -121,4 +121,9 @@ void dropout_backward(const DropoutArgs&, const Tensor&, const Tensor&, Tensor&)
   no_cuda("dropout_backward");
 }
 
+void sgd_step(const SgdStep&, Tensor&, const Tensor&, Tensor&) { no_cuda("sgd_step"); }
+void adamw_step(const AdamStep&, Tensor&, const Tensor&, Tensor&, Tensor&) {
+  no_cuda("adamw_step");
+}
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/parallel.h"
+#include "kernels/optimizer.h"
 #include "optim/algorithms.h"
 #include "optim/sum_squares.h"
 
@@ -37,15 +38,15 @@ AdamCoef adam_coef(const OptimizerOptions& o, int64_t t, double lr) {
           0.0f};
 }
 
+// AdamW on one chunk: the fused kernel (kernels/optimizer.h) on views of the buffers.
 void adamw_chunk(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoef& k) {
-  const float step_size = k.lr / k.bc1;
-  const float keep = 1.0f - k.lr * k.wd;
-  for (int64_t i = 0; i < n; ++i) {
-    m[i] = k.b1 * m[i] + k.one_minus_b1 * g[i];
-    v[i] = k.b2 * v[i] + k.one_minus_b2 * g[i] * g[i];
-    const float denom = std::sqrt(v[i]) / k.sqrt_bc2 + k.eps;
-    p[i] = p[i] * keep - step_size * (m[i] / denom);
-  }
+  auto view = [n](const float* x) {
+    return Tensor::wrap(const_cast<float*>(x), Shape{n}, DType::f32);
+  };
+  const kernels::AdamStep step{k.b1,  k.one_minus_b1, k.b2, k.one_minus_b2, k.bc1, k.sqrt_bc2,
+                               k.eps, k.lr,           k.wd};
+  Tensor pt = view(p), mt = view(m), vt = view(v);
+  kernels::adamw_step(step, pt, view(g), mt, vt);
 }
 
 void moments_chunk(const float* g, float* m, float* v, int64_t n, const AdamCoef& k) {

@@ -21,6 +21,7 @@
 #include "kernels/layernorm.h"
 #include "kernels/layout.h"
 #include "kernels/memory.h"
+#include "kernels/optimizer.h"
 #include "kernels/pooling.h"
 #include "kernels/softmax.h"
 
@@ -116,6 +117,8 @@ TEST_CASE("without a usable GPU, CUDA work fails with CUDA's reason") {
   Tensor no_mask;
   CHECK(has(error_of([&] { attention_forward(attn, w1, w1, w1, no_mask, w1, lse, Workspace{}); }),
             reason));
+  CHECK(has(error_of([&] { sgd_step(SgdStep{}, dev, dev, y); }), reason));
+  CHECK(has(error_of([&] { adamw_step(AdamStep{}, dev, dev, y, y); }), reason));
   BatchNormArgs bn;
   bn.c = 4;
   Tensor per_c = cuda_tensor(Shape{4}), out = cuda_tensor(Shape{4});
