@@ -106,17 +106,13 @@ class PinnedHost final : public Allocator {
     }
     DTRAIN_CUDA_CHECK(err);
     std::lock_guard lock(mu_);
-    stats_.current += bytes;
-    stats_.reserved = stats_.current;
-    stats_.peak = std::max(stats_.peak, stats_.current);
-    ++stats_.allocations;
+    stats_.add_uncached(bytes);
     return p;
   }
   void deallocate(void* ptr, size_t bytes) override {
     DTRAIN_CUDA_CHECK(cudaFreeHost(ptr));
     std::lock_guard lock(mu_);
-    stats_.current -= bytes;
-    stats_.reserved = stats_.current;
+    stats_.remove_uncached(bytes);
   }
   Device device() const override { return Device::cpu(); }
   MemoryStats stats() const override {

@@ -8,6 +8,19 @@
 
 namespace dtrain {
 
+void MemoryStats::add_uncached(size_t bytes) {
+  current += bytes;
+  reserved = current;
+  peak = std::max(peak, current);
+  ++allocations;
+}
+
+void MemoryStats::remove_uncached(size_t bytes) {
+  DTRAIN_CHECK(current >= bytes, "freeing {} bytes with {} in use", bytes, current);
+  current -= bytes;
+  reserved = current;
+}
+
 void* HostAllocator::allocate(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
@@ -17,19 +30,14 @@ void* HostAllocator::allocate(size_t bytes) {
                 "reduce the batch size or model size");
   }
   std::lock_guard lock(mu_);
-  stats_.current += bytes;
-  stats_.reserved = stats_.current;
-  stats_.peak = std::max(stats_.peak, stats_.current);
-  ++stats_.allocations;
+  stats_.add_uncached(bytes);
   return p;
 }
 
 void HostAllocator::deallocate(void* ptr, size_t bytes) {
   std::free(ptr);
   std::lock_guard lock(mu_);
-  DTRAIN_CHECK(stats_.current >= bytes, "freeing {} bytes with {} in use", bytes, stats_.current);
-  stats_.current -= bytes;
-  stats_.reserved = stats_.current;
+  stats_.remove_uncached(bytes);
 }
 
 MemoryStats HostAllocator::stats() const {

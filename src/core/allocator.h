@@ -19,6 +19,10 @@ struct MemoryStats {
   size_t reserved = 0;  // bytes held from the upstream allocator (in use + cached)
   size_t allocations = 0;
   size_t cache_hits = 0;
+
+  // Bookkeeping of an allocator without a cache (what it holds is what is in use).
+  void add_uncached(size_t bytes);
+  void remove_uncached(size_t bytes);  // a dtrain bug (CHECK) if more than is in use
 };
 
 class Allocator {
