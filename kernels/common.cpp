@@ -21,14 +21,6 @@ Device same_device(std::string_view op, std::initializer_list<const Tensor*> ten
   return first != nullptr ? first->device() : Device::cpu();
 }
 
-void require_cpu(std::string_view op, std::initializer_list<const Tensor*> tensors) {
-  const Device d = same_device(op, tensors);
-  if (d.is_cpu()) return;
-  throw UnsupportedDevice(
-      fmt::format("kernel {} has no CUDA implementation yet (tensors on {})", op, d.str()),
-      "run this job with device: cpu");
-}
-
 void require_dtype(std::string_view op, std::string_view arg, const Tensor& t,
                    std::initializer_list<DType> allowed) {
   for (DType d : allowed) {

@@ -29,13 +29,6 @@ struct Workspace {
   }
 };
 
-// Thrown when a kernel family has no implementation on the tensors' device:
-// the job is valid but cannot run here (a RunError, exit code 3).
-class UnsupportedDevice : public RunError {
- public:
-  using RunError::RunError;
-};
-
 // Dispatch. Every public entry point first calls same_device() (all defined
 // tensor arguments on one device, else a dtrain::Error naming the op and both
 // devices) and then routes: CPU tensors to the kernels/cpu code, CUDA tensors
@@ -43,9 +36,6 @@ class UnsupportedDevice : public RunError {
 // (built with CUDA) or to kernels/cuda_stub/cuda_ops.cpp (built without: every
 // launcher throws "built without CUDA"). So no caller needs an #if.
 Device same_device(std::string_view op, std::initializer_list<const Tensor*> tensors);
-// For families with no CUDA implementation yet: same_device(), then throws
-// UnsupportedDevice naming the op and the device unless it is the CPU.
-void require_cpu(std::string_view op, std::initializer_list<const Tensor*> tensors);
 void require_dtype(std::string_view op, std::string_view arg, const Tensor& t,
                    std::initializer_list<DType> allowed);
 void require_numel(std::string_view op, std::string_view arg, const Tensor& t, int64_t numel);

@@ -128,8 +128,8 @@ void add_bias_rows(const GemmArgs& g, const Tensor& bias, Tensor& c) {
     const T* bp = bias.data<T>();
     T* cp = c.data<T>();
     for (int64_t b = 0; b < g.batch; ++b) {
+      T* cb = cp + b * stride;
       for (int64_t i = 0; i < g.m * g.n; ++i) {
-        T* cb = cp + b * stride;
         cpu_io::store(cb, i, cpu_io::load(cb, i) + cpu_io::load(bp, i % g.n));
       }
     }

@@ -11,6 +11,8 @@
 
 #include <mutex>
 
+#include "core/tensor.h"
+
 namespace dtrain::kernels::cuda_ops {
 
 class Context {
@@ -42,5 +44,11 @@ class Context {
   std::once_flag cudnn_once_;
   cudnnHandle_t cudnn_ = nullptr;
 };
+
+// Shared by the Tensor wrappers (kernels/cuda/ops*.cpp): the backend stream of the
+// tensor's device, and an f32 tensor's device pointer.
+inline cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
+inline float* f32(Tensor& t) { return static_cast<float*>(t.raw()); }
+inline const float* f32(const Tensor& t) { return static_cast<const float*>(t.raw()); }
 
 }  // namespace dtrain::kernels::cuda_ops

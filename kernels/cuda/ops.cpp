@@ -22,10 +22,6 @@ static_assert(static_cast<int>(ReduceKind::sum) == static_cast<int>(Reduction::s
               static_cast<int>(ReduceKind::has_inf_or_nan) ==
                   static_cast<int>(Reduction::has_inf_or_nan));
 
-namespace {
-cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
-}  // namespace
-
 void activation_forward(Activation act, const Tensor& x, Tensor& y) {
   launch_activation_forward(static_cast<ActKind>(act), x.dtype(), x.raw(), y.raw(), x.numel(),
                             stream_of(x));

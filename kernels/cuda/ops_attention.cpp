@@ -10,8 +10,6 @@ namespace dtrain::kernels::cuda_ops {
 
 namespace {
 
-cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
-
 AttnShape shape_of(const AttentionArgs& a) {
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.d));
   return {a.b, a.h, a.tq, a.tk, a.d, scale, a.causal == Causal::yes, a.dropout, a.seed, a.stream};

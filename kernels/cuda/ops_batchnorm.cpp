@@ -9,10 +9,7 @@ namespace dtrain::kernels::cuda_ops {
 
 namespace {
 
-cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
 BnShape shape_of(const BatchNormArgs& a) { return {a.n, a.c, a.hw, a.eps, a.momentum}; }
-const float* f32(const Tensor& t) { return static_cast<const float*>(t.raw()); }
-float* f32(Tensor& t) { return static_cast<float*>(t.raw()); }
 
 }  // namespace
 

@@ -12,7 +12,6 @@
 namespace dtrain::kernels::cuda_ops {
 
 namespace {
-cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
 
 XentShape xent_shape(const CrossEntropyArgs& a) {
   return {a.rows, a.classes, a.ignore_index, a.label_smoothing};

@@ -7,12 +7,6 @@
 
 namespace dtrain::kernels::cuda_ops {
 
-namespace {
-cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
-float* f32(Tensor& t) { return static_cast<float*>(t.raw()); }
-const float* f32(const Tensor& t) { return static_cast<const float*>(t.raw()); }
-}  // namespace
-
 void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum) {
   const SgdScalars s{k.lr, k.wd, k.mu, static_cast<int>(k.momentum)};
   float* buf = k.momentum == SgdMomentum::none ? nullptr : f32(momentum);

@@ -9,8 +9,6 @@ namespace dtrain::kernels::cuda_ops {
 
 namespace {
 
-cudaStream_t stream_of(const Tensor& t) { return Context::get(t.device().index).stream(); }
-
 PoolShape shape_of(const Pool2dArgs& a) {
   return {a.n * a.c,  a.h,        a.w,        a.out_h(),
           a.out_w(),  a.kernel_h, a.kernel_w, a.stride_h,

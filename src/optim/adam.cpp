@@ -16,12 +16,9 @@
 namespace dtrain::optim::detail {
 namespace {
 
-// The step's scalars, computed in double and rounded once to f32.
-struct AdamCoef {
-  float b1, one_minus_b1, b2, one_minus_b2;
-  float bc1, sqrt_bc2, eps;
-  float lr, wd;
-};
+// The step's scalars, computed in double and rounded once to f32 (the fused
+// kernel's own argument, so AdamW passes them through unchanged).
+using AdamCoef = kernels::AdamStep;
 
 AdamCoef adam_coef(const OptimizerOptions& o, int64_t t, double lr) {
   const double b1 = o.betas[0], b2 = o.betas[1];
@@ -40,13 +37,8 @@ AdamCoef adam_coef(const OptimizerOptions& o, int64_t t, double lr) {
 
 // AdamW on one chunk: the fused kernel (kernels/optimizer.h) on views of the buffers.
 void adamw_chunk(float* p, const float* g, float* m, float* v, int64_t n, const AdamCoef& k) {
-  auto view = [n](const float* x) {
-    return Tensor::wrap(const_cast<float*>(x), Shape{n}, DType::f32);
-  };
-  const kernels::AdamStep step{k.b1,  k.one_minus_b1, k.b2, k.one_minus_b2, k.bc1, k.sqrt_bc2,
-                               k.eps, k.lr,           k.wd};
-  Tensor pt = view(p), mt = view(m), vt = view(v);
-  kernels::adamw_step(step, pt, view(g), mt, vt);
+  Tensor pt = chunk_view(p, 0, n), mt = chunk_view(m, 0, n), vt = chunk_view(v, 0, n);
+  kernels::adamw_step(k, pt, chunk_view(g, 0, n), mt, vt);
 }
 
 void moments_chunk(const float* g, float* m, float* v, int64_t n, const AdamCoef& k) {

@@ -15,11 +15,6 @@
 namespace dtrain::optim::detail {
 namespace {
 
-// A chunk of a host buffer as a tensor the step kernel takes.
-Tensor range(float* base, int64_t at, int64_t n) {
-  return Tensor::wrap(base + at, Shape{n}, DType::f32);
-}
-
 class Sgd final : public Optimizer {
  public:
   Sgd(const OptimizerOptions& o, std::vector<ParamSegment> s, int64_t total)
@@ -40,8 +35,8 @@ class Sgd final : public Optimizer {
         const kernels::SgdStep k{static_cast<float>(lr), decay_of(ch),
                                  static_cast<float>(options().momentum), momentum_};
         const int64_t at = ch.begin, n = ch.end - ch.begin;
-        Tensor pt = range(p, at, n), bt = buf ? range(buf, at, n) : Tensor();
-        kernels::sgd_step(k, pt, range(const_cast<float*>(g), at, n), bt);
+        Tensor pt = chunk_view(p, at, n), bt = buf ? chunk_view(buf, at, n) : Tensor();
+        kernels::sgd_step(k, pt, chunk_view(g, at, n), bt);
       }
     });
   }
