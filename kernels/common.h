@@ -17,6 +17,7 @@ namespace dtrain::kernels {
 struct Workspace {
   void* data = nullptr;
   size_t bytes = 0;
+  Device device = Device::cpu();  // where `data` lives (for tensors wrapped around it)
 
   template <typename T>
   T* take(size_t& offset, size_t count) const {
@@ -26,6 +27,16 @@ struct Workspace {
     T* p = reinterpret_cast<T*>(static_cast<char*>(data) + offset);
     offset = need;
     return p;
+  }
+  // The next shape.numel() elements as a tensor on this workspace's device.
+  Tensor tensor(size_t& offset, const Shape& shape, DType dtype) const {
+    const size_t n = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+    return Tensor::wrap(take<std::byte>(offset, n), shape, dtype, device);
+  }
+  // Everything from `offset` on (for a kernel called with what is left).
+  Workspace after(size_t offset) const {
+    DTRAIN_CHECK(offset <= bytes, "workspace offset {} past its {} bytes", offset, bytes);
+    return {static_cast<char*>(data) + offset, bytes - offset, device};
   }
 };
 

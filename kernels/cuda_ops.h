@@ -36,6 +36,7 @@ Allocator& allocator(int device);
 Allocator& pinned_host_allocator();
 void copy(const Tensor& src, Tensor& dst, CopySync sync);
 void synchronize(int device);
+void upload(const Tensor& pinned_src, Tensor& dst);
 
 void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
           const Tensor& bias);
@@ -106,13 +107,14 @@ void softmax_backward(int64_t rows, int64_t cols, const Tensor& y, const Tensor&
 void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& logits,
                                    const Tensor& targets, Tensor& loss, Tensor& lse);
 void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
-                                    const Tensor& targets, const Tensor& lse, float dloss,
+                                    const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                                     Tensor& dlogits);
 
 // Ids are not read on the host: an id outside [0, vocab) fills its output row
 // with 0xFF bytes (NaN) and adds nothing to dtable.
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
+void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tensor& out);
 
 void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor& mask);
 void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& mask, Tensor& dx);
@@ -122,5 +124,9 @@ static_assert(static_cast<int>(SgdMomentum::none) == 0 &&
               static_cast<int>(SgdMomentum::nesterov) == 2);  // kernels/cuda/optimizer.cu
 void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum);
 void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v);
+void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,
+                  const Tensor& g, Tensor& m, Tensor& v, Tensor& sums);
+void lamb_update(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& step,
+                 Tensor& p, const Tensor& m, const Tensor& v);
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -14,4 +14,12 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
 // dout [n, dim] -> dtable [vocab, dim] += scattered rows (caller zeroes dtable first)
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 
+// The ids for gathering the labelled positions of each sequence (a masked-LM head):
+// labels i32 [B, T] (ignore_index: not predicted) -> ids i32 [B * R], the flat
+// positions b * T + j of sequence b's first R labelled tokens in order (padding: b * T),
+// and out i32 [B, R], their labels (padding: ignore_index); R = out.dim(1). More than R
+// labelled positions in a sequence is an Error on the CPU; on CUDA (labels are not
+// copied to the host) the positions past the R-th are not predicted.
+void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tensor& out);
+
 }  // namespace dtrain::kernels

@@ -27,6 +27,19 @@ void copy(const Tensor& src, Tensor& dst, CopySync sync) {
   cuda_ops::copy(src, dst, sync);
 }
 
+void upload(const Tensor& pinned_src, Tensor& dst) {
+  DTRAIN_CHECK(pinned_src.defined() && dst.defined() && pinned_src.device().is_cpu(),
+               "upload: {} -> {} (the source must be host memory)",
+               pinned_src.defined() ? pinned_src.str() : "undefined",
+               dst.defined() ? dst.str() : "undefined");
+  if (dst.device().is_cpu()) return copy(pinned_src, dst);
+  DTRAIN_CHECK(pinned_src.dtype() == dst.dtype() && pinned_src.numel() == dst.numel(),
+               "upload: {} into {} (dtype and element count must match)", pinned_src.str(),
+               dst.str());
+  if (dst.nbytes() == 0) return;
+  cuda_ops::upload(pinned_src, dst);
+}
+
 void synchronize(Device device) {
   if (device.is_cuda()) cuda_ops::synchronize(device.index);
 }

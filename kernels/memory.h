@@ -25,6 +25,15 @@ Allocator& pinned_host_allocator();
 // is a memcpy). Without CUDA built, a CUDA side throws "built without CUDA".
 void copy(const Tensor& src, Tensor& dst, CopySync sync = CopySync::blocking);
 
+// Host -> device copy on the device's upload stream (a second CUDA stream), so it
+// runs while kernels already enqueued on the compute stream execute; the compute
+// stream then waits for it (an event), so any kernel enqueued after this call sees
+// dst's new contents. src must be pinned host memory. The caller guarantees that no
+// queued kernel still reads dst and that src is left alone until the copy is done
+// (double buffers and a synchronize per step do both: runtime/device_feed.h).
+// dst on the CPU: a plain memcpy.
+void upload(const Tensor& pinned_src, Tensor& dst);
+
 // Waits until the device's stream has finished all work; a no-op on the CPU.
 void synchronize(Device device);
 

@@ -3,8 +3,9 @@
 // step's scalars computed by the caller in double and rounded once to f32.
 // SGD (PyTorch semantics, dampening 0): d = g + wd p; b = mu b + d; d = d + mu b
 // (Nesterov) or b; p -= lr d. AdamW: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-// p = p (1 - lr wd) - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps). LAMB's two
-// passes stay in src/optim for now (host only).
+// p = p (1 - lr wd) - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps).
+// LAMB: two passes over a table of chunks (below), with the per-segment trust
+// ratios computed by the caller in between.
 #pragma once
 
 #include "kernels/common.h"
@@ -28,5 +29,22 @@ struct AdamStep {
 void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum);
 // p, g, m, v [n] f32
 void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v);
+
+// LAMB over whole flat buffers p, g, m, v (f32 [N]) cut into a fixed chunk table:
+// ranges i64 [C, 2] (begin, end: elements into the buffers) and wd f32 [C] (the
+// chunk's weight decay; k.wd is not read). One CPU task or one CUDA block per
+// chunk, so each chunk's sums depend on the layout alone, never on thread counts.
+//   u = (m / bc1) / (sqrt(v) / sqrt_bc2 + eps) + wd p
+// lamb_moments: m, v updated from g; sums f64 [C, 2] = (sum p^2, sum u^2) per chunk,
+//   in double, over tiles of kLambTile elements added in tile order.
+// lamb_update: p -= step[c] u, u recomputed bit-identically from (p, m, v); step f32 [C]
+//   is lr times the trust ratio of the chunk's segment (k.lr is not read).
+// Every tensor on one device; ranges must lie inside [0, N) (checked on the CPU only:
+// on CUDA the table is the caller's, built once from checked segments).
+inline constexpr int64_t kLambTile = 256;
+void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,
+                  const Tensor& g, Tensor& m, Tensor& v, Tensor& sums);
+void lamb_update(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& step,
+                 Tensor& p, const Tensor& m, const Tensor& v);
 
 }  // namespace dtrain::kernels

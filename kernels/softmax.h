@@ -24,9 +24,10 @@ struct CrossEntropyArgs {
 // on the CPU; on CUDA (targets are not copied to the host) the loss is NaN.
 void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& logits,
                                    const Tensor& targets, Tensor& loss, Tensor& lse);
-// dloss = d(total)/d(loss) -> dlogits [rows, classes] (overwritten)
+// dloss f32 [1] = d(total)/d(loss), on the logits' device (the backward seed stays
+// where it was computed: no host round trip) -> dlogits [rows, classes] (overwritten)
 void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
-                                    const Tensor& targets, const Tensor& lse, float dloss,
+                                    const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                                     Tensor& dlogits);
 
 }  // namespace dtrain::kernels

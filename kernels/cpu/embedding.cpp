@@ -98,4 +98,43 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   });
 }
 
+void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tensor& out) {
+  constexpr std::string_view op = "labeled_rows";
+  const Device device = same_device(op, {&labels, &ids, &out});
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&labels, &ids, &out})
+    require_dtype(op, "labels/ids/out", *t, {DType::i32});
+  DTRAIN_CHECK(labels.rank() == 2 && out.rank() == 2 && out.dim(0) == labels.dim(0) &&
+                   out.dim(1) <= labels.dim(1),
+               "labeled_rows: labels {} and out {} must be [B, T] and [B, R <= T]", labels.str(),
+               out.str());
+  require_numel(op, "ids", ids, out.numel());
+  if (device.is_cuda()) return cuda_ops::labeled_rows(labels, ignore_index, ids, out);
+  const int64_t b = labels.dim(0), t = labels.dim(1), rows = out.dim(1);
+  const int32_t* lab = labels.data<int32_t>();
+  int32_t* id = ids.data<int32_t>();
+  int32_t* o = out.data<int32_t>();
+  for (int64_t i = 0; i < b; ++i) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < t; ++j) {
+      const int32_t label = lab[i * t + j];
+      if (label == ignore_index) continue;
+      if (n == rows) {
+        throw Error(fmt::format("gather_labeled: sequence {} of the batch has more than {} "
+                                "labelled positions",
+                                i, rows),
+                    "the masked-LM head predicts a fixed number of positions per sequence "
+                    "(round(data.mlm_probability * seq_len)); labels must come from the "
+                    "masked-LM loader, which selects exactly that many");
+      }
+      id[i * rows + n] = static_cast<int32_t>(i * t + j);
+      o[i * rows + n] = label;
+      ++n;
+    }
+    for (; n < rows; ++n) {  // padding: any row of this sequence, its label ignored
+      id[i * rows + n] = static_cast<int32_t>(i * t);
+      o[i * rows + n] = static_cast<int32_t>(ignore_index);
+    }
+  }
+}
+
 }  // namespace dtrain::kernels

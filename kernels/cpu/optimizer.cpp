@@ -5,7 +5,9 @@
 
 #include <cmath>
 
+#include "core/parallel.h"
 #include "kernels/cuda_ops.h"
+#include "kernels/sum_squares.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -33,6 +35,53 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, const AdamSt
     const float denom = std::sqrt(v[i]) / k.sqrt_bc2 + k.eps;
     p[i] = p[i] * keep - step_size * (m[i] / denom);
   }
+}
+
+void moments(const float* g, float* m, float* v, int64_t n, const AdamStep& k) {
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = k.b1 * m[i] + k.one_minus_b1 * g[i];
+    v[i] = k.b2 * v[i] + k.one_minus_b2 * g[i] * g[i];
+  }
+}
+
+// u[i] for i in [0, n): the LAMB direction, the same expression in both passes.
+void lamb_direction(const float* p, const float* m, const float* v, int64_t n, const AdamStep& k,
+                    float wd, float* u) {
+  for (int64_t i = 0; i < n; ++i)
+    u[i] = (m[i] / k.bc1) / (std::sqrt(v[i]) / k.sqrt_bc2 + k.eps) + wd * p[i];
+}
+
+struct LambTable {
+  const int64_t* ranges;
+  const float* wd;
+  int64_t chunks;
+};
+
+// Checks dtypes and sizes (any device); returns the number of chunks.
+int64_t check_lamb(std::string_view op, const Tensor& ranges, const Tensor& wd, const Tensor& p,
+                   std::initializer_list<const Tensor*> same_size) {
+  require_dtype(op, "ranges", ranges, {DType::i64});
+  require_dtype(op, "wd", wd, {DType::f32});
+  const int64_t chunks = wd.numel();
+  require_numel(op, "ranges", ranges, 2 * chunks);
+  require_dtype(op, "p", p, {DType::f32});
+  for (const Tensor* t : same_size) {
+    require_dtype(op, "g/m/v", *t, {DType::f32});
+    require_numel(op, "g/m/v", *t, p.numel());
+  }
+  return chunks;
+}
+
+// The host table, each range checked against the buffers.
+LambTable host_table(std::string_view op, const Tensor& ranges, const Tensor& wd, int64_t n) {
+  const int64_t* r = ranges.data<int64_t>();
+  const int64_t chunks = wd.numel();
+  for (int64_t c = 0; c < chunks; ++c) {
+    DTRAIN_CHECK(0 <= r[2 * c] && r[2 * c] <= r[2 * c + 1] && r[2 * c + 1] <= n,
+                 "{}: chunk {} is [{}, {}) of a {}-element buffer", op, c, r[2 * c], r[2 * c + 1],
+                 n);
+  }
+  return {r, wd.data<float>(), chunks};
 }
 
 }  // namespace
@@ -70,6 +119,64 @@ void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor
   }
   if (device.is_cuda()) return cuda_ops::adamw_step(k, p, g, m, v);
   adamw(p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(), p.numel(), k);
+}
+
+void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,
+                  const Tensor& g, Tensor& m, Tensor& v, Tensor& sums) {
+  constexpr std::string_view op = "lamb_moments";
+  const Device device = same_device(op, {&ranges, &wd, &p, &g, &m, &v, &sums});
+  const int64_t chunks = check_lamb(op, ranges, wd, p, {&g, &m, &v});
+  require_dtype(op, "sums", sums, {DType::f64});
+  require_numel(op, "sums", sums, 2 * chunks);
+  if (device.is_cuda()) return cuda_ops::lamb_moments(k, ranges, wd, p, g, m, v, sums);
+  const LambTable h = host_table(op, ranges, wd, p.numel());
+  const float* pp = p.data<float>();
+  const float* gp = g.data<float>();
+  float* mp = m.data<float>();
+  float* vp = v.data<float>();
+  double* out = sums.data<double>();
+  parallel_for(0, h.chunks, 1, [&](int64_t lo, int64_t hi) {
+    float u[kLambTile];
+    for (int64_t c = lo; c < hi; ++c) {
+      const int64_t at = h.ranges[2 * c], n = h.ranges[2 * c + 1] - at;
+      moments(gp + at, mp + at, vp + at, n, k);
+      double ps = 0, us = 0;
+      for (int64_t i = 0; i < n; i += kLambTile) {
+        const int64_t len = std::min(kLambTile, n - i);
+        lamb_direction(pp + at + i, mp + at + i, vp + at + i, len, k, h.wd[c], u);
+        ps += sum_squares(pp + at + i, len);
+        us += sum_squares(u, len);
+      }
+      out[2 * c] = ps;
+      out[2 * c + 1] = us;
+    }
+  });
+}
+
+void lamb_update(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& step,
+                 Tensor& p, const Tensor& m, const Tensor& v) {
+  constexpr std::string_view op = "lamb_update";
+  const Device device = same_device(op, {&ranges, &wd, &step, &p, &m, &v});
+  const int64_t chunks = check_lamb(op, ranges, wd, p, {&m, &v});
+  require_dtype(op, "step", step, {DType::f32});
+  require_numel(op, "step", step, chunks);
+  if (device.is_cuda()) return cuda_ops::lamb_update(k, ranges, wd, step, p, m, v);
+  const LambTable h = host_table(op, ranges, wd, p.numel());
+  float* pp = p.data<float>();
+  const float* mp = m.data<float>();
+  const float* vp = v.data<float>();
+  const float* sp = step.data<float>();
+  parallel_for(0, h.chunks, 1, [&](int64_t lo, int64_t hi) {
+    float u[kLambTile];
+    for (int64_t c = lo; c < hi; ++c) {
+      const int64_t at = h.ranges[2 * c], n = h.ranges[2 * c + 1] - at;
+      for (int64_t i = 0; i < n; i += kLambTile) {
+        const int64_t len = std::min(kLambTile, n - i);
+        lamb_direction(pp + at + i, mp + at + i, vp + at + i, len, k, h.wd[c], u);
+        for (int64_t j = 0; j < len; ++j) pp[at + i + j] -= sp[c] * u[j];
+      }
+    }
+  });
 }
 
 }  // namespace dtrain::kernels

@@ -192,10 +192,12 @@ void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& l
 }
 
 void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
-                                    const Tensor& targets, const Tensor& lse, float dloss,
+                                    const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                                     Tensor& dlogits) {
   const Device device =
-      same_device("softmax_cross_entropy_backward", {&logits, &targets, &lse, &dlogits});
+      same_device("softmax_cross_entropy_backward", {&logits, &targets, &lse, &dloss, &dlogits});
+  DTRAIN_CHECK(dloss.dtype() == DType::f32 && dloss.numel() == 1,
+               "softmax_cross_entropy_backward: dloss must be f32 [1], got {}", dloss.str());
   check_xent("softmax_cross_entropy_backward", args, logits, targets, lse);
   DTRAIN_CHECK(dlogits.dtype() == logits.dtype(), "softmax_cross_entropy_backward: dlogits is {}",
                dtype_name(dlogits.dtype()));
@@ -207,7 +209,7 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& 
   cpu_io::dispatch_float(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     xent_backward(args, static_cast<const T*>(logits.raw()), targets.data<int32_t>(),
-                  lse.data<float>(), dloss, static_cast<T*>(dlogits.raw()));
+                  lse.data<float>(), dloss.data<float>()[0], static_cast<T*>(dlogits.raw()));
   });
 }
 

@@ -8,24 +8,28 @@
 
 namespace dtrain::kernels::cuda_ops {
 
+// float or double (LAMB's norms are summed in double).
 struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 // std::max(a, b) = (a < b) ? b : a: a NaN in b never wins, as on the CPU.
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return a < b ? b : a; }
 };
 
-template <typename Op>
-__device__ inline float warp_reduce(float v, Op op) {
+template <typename T, typename Op>
+__device__ inline T warp_reduce(T v, Op op) {
   for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-// Every thread gets the result. `shared` holds 32 floats; the caller may reuse
+// Every thread gets the result. `shared` holds 32 values; the caller may reuse
 // it after the call (a barrier ends the function).
-template <typename Op>
-__device__ inline float block_reduce(float v, Op op, float identity, float* shared) {
+template <typename T, typename Op>
+__device__ inline T block_reduce(T v, Op op, T identity, T* shared) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   v = warp_reduce(v, op);
   __syncthreads();  // `shared` may still be read from a previous call

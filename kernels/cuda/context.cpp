@@ -35,6 +35,8 @@ Context& Context::get(int device) {
 Context::Context(int device) : device_(device) {
   activate();
   DTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking));
+  DTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming));
   DTRAIN_CUBLAS_CHECK(cublasLtCreate(&lt_));
   DTRAIN_CUBLAS_CHECK(cublasCreate(&blas_));
   DTRAIN_CUBLAS_CHECK(cublasSetStream(blas_, stream_));

@@ -1,7 +1,9 @@
 // Per-device CUDA state owned by the backend: one non-blocking stream on which
 // every dtrain kernel, GEMM and copy for that device runs (so work on one
 // device is ordered without events), the cuBLASLt and cuBLAS handles bound to
-// it, and a cuDNN handle created on first use. Contexts live for the process.
+// it, and a cuDNN handle created on first use; plus an upload stream and an
+// event for host -> device batch copies that overlap compute (kernels::upload).
+// Contexts live for the process.
 #pragma once
 
 #include <cublasLt.h>
@@ -24,6 +26,8 @@ class Context {
 
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
+  cudaStream_t upload_stream() const { return upload_stream_; }
+  cudaEvent_t upload_done() const { return upload_done_; }
   cublasLtHandle_t lt() const { return lt_; }
   cublasHandle_t blas() const { return blas_; }
   cudnnHandle_t cudnn();
@@ -39,6 +43,8 @@ class Context {
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t upload_stream_ = nullptr;
+  cudaEvent_t upload_done_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::once_flag cudnn_once_;

@@ -48,4 +48,15 @@ void copy(const Tensor& src, Tensor& dst, CopySync sync) {
 
 void synchronize(int device) { Context::get(device).synchronize(); }
 
+// The compute stream waits on the event as recorded now, so reusing one event for
+// every upload is safe: each wait refers to its own record.
+void upload(const Tensor& pinned_src, Tensor& dst) {
+  require_pinned(pinned_src);
+  Context& ctx = Context::get(dst.device().index);
+  DTRAIN_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), pinned_src.raw(), pinned_src.nbytes(),
+                                    cudaMemcpyHostToDevice, ctx.upload_stream()));
+  DTRAIN_CUDA_CHECK(cudaEventRecord(ctx.upload_done(), ctx.upload_stream()));
+  DTRAIN_CUDA_CHECK(cudaStreamWaitEvent(ctx.stream(), ctx.upload_done(), 0));
+}
+
 }  // namespace dtrain::kernels::cuda_ops

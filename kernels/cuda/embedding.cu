@@ -83,6 +83,24 @@ void dispatch_bytes(int64_t bytes, Fn&& fn) {
   }
 }
 
+__global__ void labeled_rows_kernel(const int32_t* labels, int64_t b, int64_t t, int64_t rows,
+                                    int32_t ignore, int32_t* ids, int32_t* out) {
+  for (int64_t i = thread_index(); i < b; i += thread_stride()) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < t && n < rows; ++j) {
+      const int32_t label = labels[i * t + j];
+      if (label == ignore) continue;
+      ids[i * rows + n] = static_cast<int32_t>(i * t + j);
+      out[i * rows + n] = label;
+      ++n;
+    }
+    for (; n < rows; ++n) {
+      ids[i * rows + n] = static_cast<int32_t>(i * t);
+      out[i * rows + n] = ignore;
+    }
+  }
+}
+
 }  // namespace
 
 void launch_embedding_forward(DType id_type, const void* ids, int64_t n, const void* table,
@@ -115,6 +133,14 @@ void launch_embedding_backward(DType id_type, const void* ids, int64_t n, DType 
       DTRAIN_CUDA_CHECK_LAUNCH();
     });
   });
+}
+
+void launch_labeled_rows(const int32_t* labels, int64_t b, int64_t t, int64_t rows,
+                         int32_t ignore_index, int32_t* ids, int32_t* out, cudaStream_t stream) {
+  if (b == 0 || rows == 0) return;
+  labeled_rows_kernel<<<grid_for(b), kThreads, 0, stream>>>(labels, b, t, rows, ignore_index, ids,
+                                                            out);
+  DTRAIN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace dtrain::kernels::cuda_ops

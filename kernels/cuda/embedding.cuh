@@ -21,4 +21,9 @@ void launch_embedding_backward(DType id_type, const void* ids, int64_t n, DType 
                                const void* dout, int64_t vocab, int64_t dim, void* dtable,
                                cudaStream_t stream);
 
+// labels i32 [b, t] -> ids i32 [b * rows], out i32 [b, rows]: one thread per sequence
+// scans its labels in order; positions past the rows-th labelled one are dropped.
+void launch_labeled_rows(const int32_t* labels, int64_t b, int64_t t, int64_t rows,
+                         int32_t ignore_index, int32_t* ids, int32_t* out, cudaStream_t stream);
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -50,17 +50,24 @@ void softmax_cross_entropy_forward(const CrossEntropyArgs& args, const Tensor& l
 }
 
 void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& logits,
-                                    const Tensor& targets, const Tensor& lse, float dloss,
+                                    const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                                     Tensor& dlogits) {
-  launch_xent_backward(
-      logits.dtype(), xent_shape(args), logits.raw(), static_cast<const int32_t*>(targets.raw()),
-      static_cast<const float*>(lse.raw()), dloss, dlogits.raw(), stream_of(logits));
+  launch_xent_backward(logits.dtype(), xent_shape(args), logits.raw(),
+                       static_cast<const int32_t*>(targets.raw()), f32(lse), f32(dloss),
+                       dlogits.raw(), stream_of(logits));
 }
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   launch_embedding_forward(ids.dtype(), ids.raw(), ids.numel(), table.raw(), table.dim(0),
                            table.dim(1), static_cast<int64_t>(dtype_size(table.dtype())), out.raw(),
                            stream_of(table));
+}
+
+void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tensor& out) {
+  launch_labeled_rows(static_cast<const int32_t*>(labels.raw()), labels.dim(0), labels.dim(1),
+                      out.dim(1), static_cast<int32_t>(ignore_index),
+                      static_cast<int32_t*>(ids.raw()), static_cast<int32_t*>(out.raw()),
+                      stream_of(labels));
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {

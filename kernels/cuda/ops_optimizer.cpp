@@ -13,10 +13,30 @@ void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum) {
   launch_sgd_step(s, f32(p), f32(g), buf, p.numel(), stream_of(p));
 }
 
+namespace {
+
+AdamScalars scalars(const AdamStep& k) {
+  return {k.b1, k.one_minus_b1, k.b2, k.one_minus_b2, k.bc1, k.sqrt_bc2, k.eps, k.lr, k.wd};
+}
+
+const int64_t* i64(const Tensor& t) { return static_cast<const int64_t*>(t.raw()); }
+
+}  // namespace
+
 void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v) {
-  const AdamScalars s{k.b1,  k.one_minus_b1, k.b2, k.one_minus_b2, k.bc1, k.sqrt_bc2,
-                      k.eps, k.lr,           k.wd};
-  launch_adamw_step(s, f32(p), f32(g), f32(m), f32(v), p.numel(), stream_of(p));
+  launch_adamw_step(scalars(k), f32(p), f32(g), f32(m), f32(v), p.numel(), stream_of(p));
+}
+
+void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,
+                  const Tensor& g, Tensor& m, Tensor& v, Tensor& sums) {
+  launch_lamb_moments(scalars(k), i64(ranges), f32(wd), wd.numel(), f32(p), f32(g), f32(m), f32(v),
+                      static_cast<double*>(sums.raw()), stream_of(p));
+}
+
+void lamb_update(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& step,
+                 Tensor& p, const Tensor& m, const Tensor& v) {
+  launch_lamb_update(scalars(k), i64(ranges), f32(wd), f32(step), wd.numel(), f32(p), f32(m),
+                     f32(v), stream_of(p));
 }
 
 }  // namespace dtrain::kernels::cuda_ops

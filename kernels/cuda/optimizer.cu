@@ -2,6 +2,7 @@
 // one element per thread iteration (grid-stride), the same f32 expressions
 // (IEEE sqrtf and division; nvcc may fuse a multiply-add, so values can differ
 // from the CPU's in the last bit).
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/optimizer.cuh"
 
@@ -37,6 +38,48 @@ __global__ void adamw_kernel(AdamScalars k, float* p, const float* g, float* m, 
   }
 }
 
+__device__ inline float lamb_direction(const AdamScalars& k, float p, float m, float v, float wd) {
+  return (m / k.bc1) / (sqrtf(v) / k.sqrt_bc2 + k.eps) + wd * p;
+}
+
+// Block c: chunk c. Each thread sums its elements in double; the block folds the
+// per-thread sums in a fixed order (block_reduce), so the bits never depend on timing.
+__global__ void lamb_moments_kernel(AdamScalars k, const int64_t* ranges, const float* wd,
+                                    const float* p, const float* g, float* m, float* v,
+                                    double* sums) {
+  __shared__ double shared[32];
+  const int64_t c = blockIdx.x;
+  const int64_t begin = ranges[2 * c], end = ranges[2 * c + 1];
+  const float w = wd[c];
+  double ps = 0, us = 0;
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float gi = g[i];
+    const float mi = k.b1 * m[i] + k.one_minus_b1 * gi;
+    const float vi = k.b2 * v[i] + k.one_minus_b2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float pi = p[i];
+    const float u = lamb_direction(k, pi, mi, vi, w);
+    ps += static_cast<double>(pi) * pi;
+    us += static_cast<double>(u) * u;
+  }
+  ps = block_reduce(ps, SumOp{}, 0.0, shared);
+  us = block_reduce(us, SumOp{}, 0.0, shared);
+  if (threadIdx.x == 0) {
+    sums[2 * c] = ps;
+    sums[2 * c + 1] = us;
+  }
+}
+
+__global__ void lamb_update_kernel(AdamScalars k, const int64_t* ranges, const float* wd,
+                                   const float* step, float* p, const float* m, const float* v) {
+  const int64_t c = blockIdx.x;
+  const int64_t begin = ranges[2 * c], end = ranges[2 * c + 1];
+  const float w = wd[c], s = step[c];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    p[i] -= s * lamb_direction(k, p[i], m[i], v[i], w);
+}
+
 }  // namespace
 
 void launch_sgd_step(const SgdScalars& k, float* p, const float* g, float* momentum, int64_t n,
@@ -50,6 +93,24 @@ void launch_adamw_step(const AdamScalars& k, float* p, const float* g, float* m,
                        int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(k, p, g, m, v, n);
+  DTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_lamb_moments(const AdamScalars& k, const int64_t* ranges, const float* wd,
+                         int64_t chunks, const float* p, const float* g, float* m, float* v,
+                         double* sums, cudaStream_t stream) {
+  if (chunks == 0) return;
+  lamb_moments_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(k, ranges, wd, p, g,
+                                                                              m, v, sums);
+  DTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_lamb_update(const AdamScalars& k, const int64_t* ranges, const float* wd,
+                        const float* step, int64_t chunks, float* p, const float* m, const float* v,
+                        cudaStream_t stream) {
+  if (chunks == 0) return;
+  lamb_update_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(k, ranges, wd, step, p,
+                                                                             m, v);
   DTRAIN_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,5 +1,6 @@
 // Host launchers of kernels/cuda/optimizer.cu: the fused SGD and AdamW steps of
-// kernels/optimizer.h over n contiguous f32 elements, in place, on `stream`.
+// kernels/optimizer.h over n contiguous f32 elements, and LAMB's two passes over
+// a chunk table, in place, on `stream`.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,5 +22,14 @@ void launch_sgd_step(const SgdScalars& k, float* p, const float* g, float* momen
                      cudaStream_t stream);
 void launch_adamw_step(const AdamScalars& k, float* p, const float* g, float* m, float* v,
                        int64_t n, cudaStream_t stream);
+
+// LAMB's two passes over a chunk table (ranges [C, 2], wd [C]): one block per chunk.
+// sums [C, 2] = (sum p^2, sum u^2); step [C] = lr x trust ratio. k.wd, k.lr unused.
+void launch_lamb_moments(const AdamScalars& k, const int64_t* ranges, const float* wd,
+                         int64_t chunks, const float* p, const float* g, float* m, float* v,
+                         double* sums, cudaStream_t stream);
+void launch_lamb_update(const AdamScalars& k, const int64_t* ranges, const float* wd,
+                        const float* step, int64_t chunks, float* p, const float* m, const float* v,
+                        cudaStream_t stream);
 
 }  // namespace dtrain::kernels::cuda_ops

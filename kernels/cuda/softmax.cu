@@ -105,15 +105,16 @@ __global__ void loss_kernel(XentShape s, const T* x, const int32_t* t, const flo
 }
 
 // dlogits_j = dloss / count * (p_j - q_j); ignored rows 0, invalid targets NaN.
+// dloss is read on the device (the backward seed never visits the host).
 template <typename T>
 __global__ void xent_grad_kernel(XentShape s, const T* x, const int32_t* t, const float* lse,
-                                 float dloss, T* dx) {
+                                 const float* dloss, T* dx) {
   int64_t counted = 0;
   for (int64_t base = 0; base < s.rows; base += blockDim.x) {
     const int64_t r = base + threadIdx.x;
     counted += __syncthreads_count(r < s.rows && t[r] != s.ignore_index);
   }
-  const float g = counted == 0 ? 0.0f : dloss / static_cast<float>(counted);
+  const float g = counted == 0 ? 0.0f : *dloss / static_cast<float>(counted);
   const float off = s.label_smoothing / static_cast<float>(s.classes);
   const float on = 1.0f - s.label_smoothing + off;
   const int64_t r = blockIdx.x;
@@ -167,8 +168,8 @@ void launch_xent_forward(DType dtype, const XentShape& s, const void* logits,
 }
 
 void launch_xent_backward(DType dtype, const XentShape& s, const void* logits,
-                          const int32_t* targets, const float* lse, float dloss, void* dlogits,
-                          cudaStream_t stream) {
+                          const int32_t* targets, const float* lse, const float* dloss,
+                          void* dlogits, cudaStream_t stream) {
   if (s.rows == 0) return;
   dispatch_float(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -31,7 +31,7 @@ void launch_xent_forward(DType dtype, const XentShape& s, const void* logits,
                          const int32_t* targets, float* loss, float* lse, cudaStream_t stream);
 // -> dlogits [rows, classes]
 void launch_xent_backward(DType dtype, const XentShape& s, const void* logits,
-                          const int32_t* targets, const float* lse, float dloss, void* dlogits,
-                          cudaStream_t stream);
+                          const int32_t* targets, const float* lse, const float* dloss,
+                          void* dlogits, cudaStream_t stream);
 
 }  // namespace dtrain::kernels::cuda_ops

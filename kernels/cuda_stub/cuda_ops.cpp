@@ -18,6 +18,9 @@ void copy(const Tensor& src, Tensor& dst, CopySync) {
   no_cuda(fmt::format("copy {} -> {}", src.str(), dst.str()));
 }
 void synchronize(int device) { no_cuda(fmt::format("synchronize cuda:{}", device)); }
+void upload(const Tensor& src, Tensor& dst) {
+  no_cuda(fmt::format("upload {} -> {}", src.str(), dst.str()));
+}
 
 void gemm(const GemmArgs&, const Tensor&, const Tensor&, Tensor&, Workspace, const Tensor&) {
   no_cuda("gemm");
@@ -107,12 +110,13 @@ void softmax_cross_entropy_forward(const CrossEntropyArgs&, const Tensor&, const
   no_cuda("softmax_cross_entropy_forward");
 }
 void softmax_cross_entropy_backward(const CrossEntropyArgs&, const Tensor&, const Tensor&,
-                                    const Tensor&, float, Tensor&) {
+                                    const Tensor&, const Tensor&, Tensor&) {
   no_cuda("softmax_cross_entropy_backward");
 }
 
 void embedding_forward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_forward"); }
 void embedding_backward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_backward"); }
+void labeled_rows(const Tensor&, int64_t, Tensor&, Tensor&) { no_cuda("labeled_rows"); }
 
 void dropout_forward(const DropoutArgs&, const Tensor&, Tensor&, Tensor&) {
   no_cuda("dropout_forward");
@@ -124,6 +128,14 @@ void dropout_backward(const DropoutArgs&, const Tensor&, const Tensor&, Tensor&)
 void sgd_step(const SgdStep&, Tensor&, const Tensor&, Tensor&) { no_cuda("sgd_step"); }
 void adamw_step(const AdamStep&, Tensor&, const Tensor&, Tensor&, Tensor&) {
   no_cuda("adamw_step");
+}
+void lamb_moments(const AdamStep&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                  Tensor&, Tensor&, Tensor&) {
+  no_cuda("lamb_moments");
+}
+void lamb_update(const AdamStep&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                 const Tensor&, const Tensor&) {
+  no_cuda("lamb_update");
 }
 
 }  // namespace dtrain::kernels::cuda_ops

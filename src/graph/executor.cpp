@@ -4,12 +4,11 @@
 #include <cstring>
 
 #include "kernels/elementwise.h"
+#include "kernels/memory.h"
 
 namespace dtrain::graph {
 
 namespace {
-
-Tensor alloc(const TensorSpec& s) { return Tensor::empty(s.shape, s.dtype); }
 
 std::vector<Tensor> views(const FlatStore& store, const std::vector<int>& ids) {
   std::vector<Tensor> v;
@@ -19,8 +18,9 @@ std::vector<Tensor> views(const FlatStore& store, const std::vector<int>& ids) {
 
 }  // namespace
 
-Executor::Executor(const Graph& graph)
+Executor::Executor(const Graph& graph, Device device)
     : graph_(graph),
+      device_(device),
       params_(graph.param_layout()),
       grads_(graph.param_layout()),
       buffers_(graph.buffer_layout()),
@@ -38,11 +38,15 @@ Executor::Executor(const Graph& graph)
       last_user_[p] = i;
     }
   }
-  params_.allocate();
-  grads_.allocate();
-  buffers_.allocate();
-  const size_t ws = graph.max_workspace_bytes();
-  if (ws > 0) workspace_ = Tensor::empty({static_cast<int64_t>(ws)}, DType::u8);
+  params_.allocate(device_);
+  grads_.allocate(device_);
+  buffers_.allocate(device_);
+  const size_t ws = graph.max_workspace_bytes(device_);
+  if (ws > 0) workspace_ = alloc({{static_cast<int64_t>(ws)}, DType::u8});
+}
+
+Tensor Executor::alloc(const TensorSpec& s) const {
+  return Tensor::empty(s.shape, s.dtype, &kernels::device_allocator(device_));
 }
 
 void Executor::initialize(uint64_t seed) {
@@ -54,9 +58,10 @@ void Executor::initialize(uint64_t seed) {
 void Executor::set_input(ValueId v, Tensor t) {
   const Value& val = graph_.value(v);
   if (val.producer != -1) throw Error(fmt::format("\"{}\" is not a graph input", val.name));
-  if (!(t.shape() == val.spec.shape) || t.dtype() != val.spec.dtype) {
-    throw Error(fmt::format("graph input \"{}\" expects {}{}, got {}", val.name,
-                            dtype_name(val.spec.dtype), val.spec.shape.str(), t.str()));
+  if (!(t.shape() == val.spec.shape) || t.dtype() != val.spec.dtype || t.device() != device_) {
+    throw Error(fmt::format("graph input \"{}\" expects {}{} on {}, got {}", val.name,
+                            dtype_name(val.spec.dtype), val.spec.shape.str(), device_.str(),
+                            t.str()));
   }
   values_[static_cast<size_t>(v)] = std::move(t);
 }
@@ -71,7 +76,7 @@ void Executor::forward(Mode mode, uint64_t step) {
   mode_ = mode;
   step_ = step;
   const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
-                              workspace_.defined() ? workspace_.nbytes() : 0};
+                              workspace_.defined() ? workspace_.nbytes() : 0, device_};
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
     const Node& n = graph_.nodes()[i];
     if (hooks.pre_op) hooks.pre_op(static_cast<int>(i), Phase::forward);
@@ -95,7 +100,7 @@ void Executor::backward(ValueId loss) {
                "backward from {} {}: the loss must be one f32", lv.name, lv.spec.shape.str());
   std::vector<Tensor> vgrad(values_.size());
   Tensor seed = alloc(lv.spec);
-  seed.data<float>()[0] = 1.0f;
+  kernels::fill(seed, 1.0f);
   vgrad[static_cast<size_t>(loss)] = seed;
   for (int i = static_cast<int>(graph_.nodes().size()) - 1; i >= 0; --i) backward_node(i, vgrad);
 }
@@ -144,7 +149,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     }
     std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
     const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
-                                workspace_.defined() ? workspace_.nbytes() : 0};
+                                workspace_.defined() ? workspace_.nbytes() : 0, device_};
     OpContext ctx{mode_, seed_, step_, static_cast<uint32_t>(index),       in,
                   out,   p,     b,     saved_[static_cast<size_t>(index)], ws,
                   dout,  din,   gp};

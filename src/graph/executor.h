@@ -5,8 +5,12 @@
 // parameter (several nodes use it) gets the sum of its users' gradients: the
 // first user in backward order overwrites, later ones add theirs through a
 // temporary; grad_ready fires once, after the last contribution.
-// Activations are plain allocations from the caching pool for now; the memory
-// planner (one arena from static lifetimes) replaces that without changing this API.
+// Everything lives on the executor's device: parameters, gradients, buffers,
+// activations (plain allocations from that device's caching pool for now; the memory
+// planner replaces that without changing this API) and the shared workspace. Inputs
+// must already be there (set_input refuses a tensor on another device: copies are the
+// caller's, explicit). On CUDA every op is enqueued on the device's stream, so
+// forward() and backward() return before the device has finished.
 #pragma once
 
 #include <functional>
@@ -25,14 +29,15 @@ struct Hooks {
 
 class Executor {
  public:
-  explicit Executor(const Graph& graph);
+  explicit Executor(const Graph& graph, Device device = Device::cpu());
 
+  Device device() const { return device_; }
   FlatStore& params() { return params_; }
   FlatStore& grads() { return grads_; }
   FlatStore& buffers() { return buffers_; }
   void initialize(uint64_t seed);  // parameters and buffers, deterministically from the seed
 
-  void set_input(ValueId v, Tensor t);  // shape and dtype must match the graph input
+  void set_input(ValueId v, Tensor t);  // shape, dtype and device must match the graph input
   void forward(Mode mode, uint64_t step = 0);
   const Tensor& value(ValueId v) const;
   // Backward from scalar `loss` (d loss = 1). Overwrites every parameter gradient.
@@ -46,7 +51,10 @@ class Executor {
   // user in backward order, a fresh temporary (added in afterwards) for later users.
   std::vector<Tensor> grad_targets(const Node& n, int index) const;
 
+  Tensor alloc(const TensorSpec& s) const;
+
   const Graph& graph_;
+  Device device_;
   FlatStore params_, grads_, buffers_;
   std::vector<Tensor> values_;
   std::vector<std::vector<Tensor>> saved_;

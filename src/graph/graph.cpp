@@ -119,9 +119,10 @@ double Graph::forward_flops() const {
   return f;
 }
 
-size_t Graph::max_workspace_bytes() const {
+size_t Graph::max_workspace_bytes(Device device) const {
   size_t w = 0;
-  for (const Node& n : nodes_) w = std::max(w, n.info.workspace_bytes);
+  for (const Node& n : nodes_)
+    w = std::max(w, device.is_cuda() ? n.info.cuda_workspace_bytes : n.info.workspace_bytes);
   return w;
 }
 

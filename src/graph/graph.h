@@ -59,7 +59,7 @@ class Graph {
   int param_index(const std::string& name) const;  // throws Error naming a missing parameter
   int64_t num_params() const;                      // a tied parameter counts once
   double forward_flops() const;                    // for the whole batch the graph was built for
-  size_t max_workspace_bytes() const;
+  size_t max_workspace_bytes(Device device = Device::cpu()) const;
 
  private:
   void check_ties(const std::string& name, const OpInfo& info, const std::vector<Tie>& ties) const;

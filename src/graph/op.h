@@ -53,8 +53,9 @@ struct OpInfo {
   std::vector<ParamSpec> buffers;  // non-trainable state kept across steps (BN running stats)
   std::vector<TensorSpec> saved;   // extra tensors forward writes for backward (stats, masks, lse)
   Keep keep = Keep::inputs;
-  size_t workspace_bytes = 0;  // max of forward and backward
-  double flops = 0.0;          // forward FLOPs for the whole batch
+  size_t workspace_bytes = 0;       // max of forward and backward, on the CPU
+  size_t cuda_workspace_bytes = 0;  // the same on a CUDA device (its kernels differ)
+  double flops = 0.0;               // forward FLOPs for the whole batch
 };
 
 enum class Mode : uint8_t { train, eval };

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/rng.h"
+#include "kernels/memory.h"
 
 namespace dtrain::graph {
 
@@ -57,20 +58,41 @@ FlatStore::FlatStore(std::vector<FlatEntry> entries) : entries_(std::move(entrie
   }
 }
 
-void FlatStore::allocate() {
+void FlatStore::allocate(Device device) {
   buffers_.clear();
+  device_ = device;
   for (const auto& [dt, n] : sizes_) {
-    Tensor t = Tensor::empty({n}, dt);
-    std::memset(t.raw(), 0, t.nbytes());
-    buffers_.emplace_back(dt, std::move(t));
+    Tensor host = Tensor::empty({n}, dt);
+    std::memset(host.raw(), 0, host.nbytes());
+    if (device.is_cpu()) {
+      buffers_.emplace_back(dt, std::move(host));
+    } else {
+      Tensor t = Tensor::empty({n}, dt, &kernels::device_allocator(device));
+      kernels::copy(host, t);
+      buffers_.emplace_back(dt, std::move(t));
+    }
   }
 }
 
 void FlatStore::initialize(uint64_t seed) {
+  // On a device: fill host twins of the buffers (padding stays 0), then copy them over.
+  std::vector<std::pair<DType, Tensor>> host;
+  for (const auto& [dt, t] : buffers_) {
+    if (device_.is_cpu()) {
+      host.emplace_back(dt, t);
+    } else {
+      Tensor h = Tensor::empty(t.shape(), dt);
+      std::memset(h.raw(), 0, h.nbytes());
+      host.emplace_back(dt, std::move(h));
+    }
+  }
   for (int i = 0; i < size(); ++i) {
     const FlatEntry& e = entries_[static_cast<size_t>(i)];
     const Philox rng(seed, rng_stream_id(kInitPurpose, 0, fnv1a(e.name)));
-    Tensor v = view(i);
+    Tensor v;
+    for (const auto& [dt, t] : host)
+      if (dt == e.spec.dtype) v = t.view(e.offset, e.spec.shape);
+    DTRAIN_CHECK(v.defined(), "flat store not allocated");
     const int64_t n = v.numel();
     for (int64_t j = 0; j < n; ++j) {
       const float x = init_value(e.spec, rng, static_cast<uint64_t>(j));
@@ -89,6 +111,8 @@ void FlatStore::initialize(uint64_t seed) {
       }
     }
   }
+  if (device_.is_cpu()) return;
+  for (size_t b = 0; b < buffers_.size(); ++b) kernels::copy(host[b].second, buffers_[b].second);
 }
 
 Tensor FlatStore::flat(DType dtype) const {

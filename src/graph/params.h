@@ -23,8 +23,12 @@ class FlatStore {
   FlatStore() = default;
   explicit FlatStore(std::vector<FlatEntry> entries);  // assigns offsets; allocates nothing
 
-  void allocate();                 // one buffer per dtype, zero-filled
-  void initialize(uint64_t seed);  // each entry from its InitKind, keyed by (seed, name)
+  // One buffer per dtype, zero-filled, on `device`.
+  void allocate(Device device = Device::cpu());
+  // Each entry from its InitKind, keyed by (seed, name): computed on the host (so
+  // every backend starts from the same bits) and copied to the device once.
+  void initialize(uint64_t seed);
+  Device device() const { return device_; }
   const std::vector<FlatEntry>& entries() const { return entries_; }
   int size() const { return static_cast<int>(entries_.size()); }
   Tensor view(int index) const;
@@ -37,6 +41,7 @@ class FlatStore {
   std::vector<FlatEntry> entries_;
   std::vector<std::pair<DType, int64_t>> sizes_;  // elements per dtype buffer
   std::vector<std::pair<DType, Tensor>> buffers_;
+  Device device_;
 };
 
 }  // namespace dtrain::graph

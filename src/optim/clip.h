@@ -7,8 +7,9 @@
 
 namespace dtrain::optim {
 
-// sum of g^2 over grads (f32 host [N]) in double: fixed blocks of kClipBlock elements,
-// block sums added in block order, so the result is the same on any thread count.
+// sum of g^2 over grads (f32 [N], host or CUDA) in double: on the host, fixed blocks of
+// kClipBlock elements, block sums added in block order, so the result is the same on
+// any thread count; on CUDA the square of the reduce kernel's L2 norm (deterministic too).
 inline constexpr int64_t kClipBlock = 16384;
 double grad_sum_squares(const Tensor& grads);
 

@@ -3,17 +3,19 @@
 #include "optim/optimizer.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "core/error.h"
+#include "core/parallel.h"
+#include "kernels/elementwise.h"
+#include "kernels/memory.h"
 #include "optim/algorithms.h"
 
 namespace dtrain::optim {
 namespace {
 
-void check_flat(const Tensor& t, int64_t total, const char* what) {
-  DTRAIN_CHECK(t.defined() && t.dtype() == DType::f32 && t.device().is_cpu() && t.numel() == total,
-               "{} buffer must be host f32 [{}], got {}", what, total,
+void check_flat(const Tensor& t, int64_t total, Device device, const char* what) {
+  DTRAIN_CHECK(t.defined() && t.dtype() == DType::f32 && t.device() == device && t.numel() == total,
+               "{} buffer must be f32 [{}] on {}, got {}", what, total, device.str(),
                t.defined() ? t.str() : "undefined");
 }
 
@@ -43,23 +45,38 @@ void check_options(const OptimizerOptions& o) {
 }  // namespace
 
 Optimizer::Optimizer(const OptimizerOptions& options, std::vector<ParamSegment> segments,
-                     int64_t total_elems, const std::vector<std::string>& state_names)
-    : options_(options), segments_(std::move(segments)), total_(total_elems) {
+                     int64_t total_elems, const std::vector<std::string>& state_names,
+                     Device device)
+    : options_(options), segments_(std::move(segments)), total_(total_elems), device_(device) {
   check_segments(segments_, total_);
   chunks_ = chunk_segments(segments_);
   for (const std::string& name : state_names) {
-    Tensor t = Tensor::empty(Shape{total_}, DType::f32);
-    std::memset(t.raw(), 0, t.nbytes());
+    Tensor t = Tensor::empty(Shape{total_}, DType::f32, &kernels::device_allocator(device_));
+    kernels::fill(t, 0.0f);
     buffers_.emplace_back(name, std::move(t));
   }
 }
 
 void Optimizer::step(Tensor& params, const Tensor& grads, double lr) {
-  check_flat(params, total_, "parameter");
-  check_flat(grads, total_, "gradient");
+  check_flat(params, total_, device_, "parameter");
+  check_flat(grads, total_, device_, "gradient");
   DTRAIN_CHECK(std::isfinite(lr) && lr >= 0, "learning rate {}", lr);
   ++step_;
-  update(params.data<float>(), grads.data<float>(), lr);
+  update(params, grads, lr);
+}
+
+void Optimizer::for_each_range(const std::function<void(int32_t, int64_t, int64_t)>& fn) const {
+  if (device_.is_cuda()) {
+    for (size_t s = 0; s < segments_.size(); ++s)
+      fn(static_cast<int32_t>(s), segments_[s].offset, segments_[s].size);
+    return;
+  }
+  parallel_for(0, static_cast<int64_t>(chunks_.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) {
+      const SegmentChunk& ch = chunks_[static_cast<size_t>(c)];
+      fn(ch.segment, ch.begin, ch.end - ch.begin);
+    }
+  });
 }
 
 OptimizerState Optimizer::state() const { return {step_, buffers_}; }
@@ -80,26 +97,27 @@ void Optimizer::load_state(const OptimizerState& saved) {
                               saved.buffers[i].first, src.str(), total_),
                   "resume from a checkpoint of the same model and parallel layout");
     }
-    std::memcpy(buffers_[i].second.raw(), src.data<float>(), src.nbytes());
+    kernels::copy(src, buffers_[i].second);
   }
   step_ = saved.step;
 }
 
-float Optimizer::decay_of(const SegmentChunk& c) const {
-  const bool decays = segments_[static_cast<size_t>(c.segment)].decay == DecayMode::decay;
+float Optimizer::decay_of(int32_t segment) const {
+  const bool decays = segments_[static_cast<size_t>(segment)].decay == DecayMode::decay;
   return decays ? static_cast<float>(options_.weight_decay) : 0.0f;
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options,
-                                          std::vector<ParamSegment> segments, int64_t total_elems) {
+                                          std::vector<ParamSegment> segments, int64_t total_elems,
+                                          Device device) {
   check_options(options);
   switch (options.name) {
     case OptimizerName::sgd:
-      return detail::make_sgd(options, std::move(segments), total_elems);
+      return detail::make_sgd(options, std::move(segments), total_elems, device);
     case OptimizerName::adamw:
-      return detail::make_adamw(options, std::move(segments), total_elems);
+      return detail::make_adamw(options, std::move(segments), total_elems, device);
     case OptimizerName::lamb:
-      return detail::make_lamb(options, std::move(segments), total_elems);
+      return detail::make_lamb(options, std::move(segments), total_elems, device);
   }
   DTRAIN_CHECK(false, "unknown optimizer {}", static_cast<int>(options.name));
   return nullptr;

@@ -1,10 +1,12 @@
 // The optimizer interface: one fused step over a flat f32 parameter buffer and its
 // gradient buffer (same layout), described by ParamSegments, with named flat state
-// buffers (momentum; exp_avg, exp_avg_sq) laid out like the parameters. Host memory
-// only; no LR schedule (the caller passes lr), no clipping, no loss-scale unscaling.
+// buffers (momentum; exp_avg, exp_avg_sq) laid out like the parameters, all on one
+// device (the CPU or a CUDA device). No LR schedule (the caller passes lr), no
+// clipping, no loss-scale unscaling.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,7 +19,8 @@
 namespace dtrain::optim {
 
 // The resumable part of an optimizer: the number of steps taken and each state buffer,
-// f32 [total_elems], in the parameters' layout (padding between segments stays 0).
+// f32 [total_elems], in the parameters' layout (padding between segments stays 0),
+// on the optimizer's device.
 struct OptimizerState {
   int64_t step = 0;
   std::vector<std::pair<std::string, Tensor>> buffers;
@@ -29,45 +32,54 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // params, grads: f32 [total_elems] host. Updates params and the state in place for
-  // every segment element; reads grads only. Step k (counted from 1) uses lr as given.
+  // params, grads: f32 [total_elems] on the optimizer's device. Updates params and the
+  // state in place for every segment element; reads grads only. Step k (counted from
+  // 1) uses lr as given.
   void step(Tensor& params, const Tensor& grads, double lr);
 
   int64_t step_count() const { return step_; }
   // Views of the live buffers (not copies): write them out, or copy to keep a snapshot.
   OptimizerState state() const;
-  // Copies a saved state in. A buffer set or size that does not match this optimizer
-  // (a checkpoint of another optimizer or model) is a dtrain::Error.
+  // Copies a saved state in (from any device). A buffer set or size that does not match
+  // this optimizer (a checkpoint of another optimizer or model) is a dtrain::Error.
   void load_state(const OptimizerState& saved);
 
   OptimizerName name() const { return options_.name; }
   const OptimizerOptions& options() const { return options_; }
   const std::vector<ParamSegment>& segments() const { return segments_; }
   int64_t total_elems() const { return total_; }
+  Device device() const { return device_; }
 
  protected:
   Optimizer(const OptimizerOptions& options, std::vector<ParamSegment> segments,
-            int64_t total_elems, const std::vector<std::string>& state_names);
-  // One step over all chunks; step_ already counts this step (1 on the first).
-  virtual void update(float* params, const float* grads, double lr) = 0;
+            int64_t total_elems, const std::vector<std::string>& state_names, Device device);
+  // One step; step_ already counts this step (1 on the first).
+  virtual void update(Tensor& params, const Tensor& grads, double lr) = 0;
 
-  float* state_data(size_t i) const { return buffers_[i].second.data<float>(); }
+  Tensor state_buffer(size_t i) const { return buffers_[i].second; }
   const std::vector<SegmentChunk>& chunks() const { return chunks_; }
-  float decay_of(const SegmentChunk& c) const;  // weight_decay, or 0 for a no_decay segment
+  float decay_of(int32_t segment) const;  // weight_decay, or 0 for a no_decay segment
+  // fn(segment, begin, length) over ranges of the flat buffers that together cover
+  // every segment once: on the CPU the fixed chunks, run on the thread pool; on CUDA
+  // whole segments, one after another (each a kernel launch over the whole segment).
+  void for_each_range(const std::function<void(int32_t, int64_t, int64_t)>& fn) const;
   int64_t step_ = 0;
 
  private:
   OptimizerOptions options_;
   std::vector<ParamSegment> segments_;
   int64_t total_ = 0;
+  Device device_;
   std::vector<SegmentChunk> chunks_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
 };
 
 // Checks the options (dtrain::Error naming the optimizer.* key) and the segments
-// (DTRAIN_CHECK), allocates zeroed state. For a ZeRO shard pass shard_segments(...) and
-// the shard's size: the optimizer then steps views of the shard only.
+// (DTRAIN_CHECK), allocates zeroed state on `device`. For a ZeRO shard pass
+// shard_segments(...) and the shard's size: the optimizer then steps views of the
+// shard only.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options,
-                                          std::vector<ParamSegment> segments, int64_t total_elems);
+                                          std::vector<ParamSegment> segments, int64_t total_elems,
+                                          Device device = Device::cpu());
 
 }  // namespace dtrain::optim

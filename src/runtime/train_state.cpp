@@ -1,9 +1,10 @@
 // Checkpoint <-> training state. Tensor names: "params.<dtype>", "buffers.<dtype>"
-// (the flat stores), "optim.<buffer>" (optimizer state, flat f32).
+// (the flat stores), "optim.<buffer>" (optimizer state, flat f32). State on a GPU is
+// copied to the host to be written and back to the device when loaded, so a
+// checkpoint does not depend on the device it was written from.
 #include "runtime/train_state.h"
 
-#include <cstring>
-
+#include "kernels/memory.h"
 #include "runtime/checkpoint.h"
 
 namespace dtrain::runtime {
@@ -23,11 +24,19 @@ nlohmann::json layout_of(const graph::FlatStore& store) {
   return list;
 }
 
+// `t` itself on the CPU, else a host copy (blocking: the device's work is finished).
+Tensor host_copy(const Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  kernels::copy(t, h);
+  return h;
+}
+
 void add_store(std::vector<NamedTensor>& out, const std::string& prefix,
                const graph::FlatStore& store) {
   for (DType dt : kStoreTypes) {
     const Tensor t = store.flat(dt);
-    if (t.defined()) out.push_back({prefix + "." + std::string(dtype_name(dt)), t});
+    if (t.defined()) out.push_back({prefix + "." + std::string(dtype_name(dt)), host_copy(t)});
   }
 }
 
@@ -49,9 +58,7 @@ void check_layout(const Checkpoint& ck, const char* key, const graph::FlatStore&
   }
 }
 
-void copy_into(const Tensor& from, const Tensor& to) {
-  std::memcpy(to.raw(), from.raw(), to.nbytes());
-}
+void copy_into(const Tensor& from, Tensor to) { kernels::copy(from, to); }
 
 }  // namespace
 
@@ -61,7 +68,7 @@ void save_train_state(const fs::path& file, graph::Executor& ex, const optim::Op
   add_store(tensors, "params", ex.params());
   add_store(tensors, "buffers", ex.buffers());
   const optim::OptimizerState state = opt.state();
-  for (const auto& [name, t] : state.buffers) tensors.push_back({"optim." + name, t});
+  for (const auto& [name, t] : state.buffers) tensors.push_back({"optim." + name, host_copy(t)});
   const nlohmann::json meta = {
       {"format", "dtrain-train-state"},
       {"step", c.step},

@@ -1,6 +1,9 @@
 // The single-process training loop. One optimizer step = parallel.micro_batches
 // forward/backward passes over micro-batches (gradients averaged), optional
 // global-norm clipping, then the fused optimizer update at lr_at(step).
+// device: cuda puts the model, gradients, optimizer state and batches on the GPU;
+// the host reads back one float per micro-batch (the loss, for the log and the
+// non-finite check) and, for evaluation, the logits and targets.
 #include "runtime/trainer.h"
 
 #include <chrono>
@@ -13,11 +16,13 @@
 #include "core/allocator.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
+#include "kernels/memory.h"
 #include "models/registry.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data_feed.h"
+#include "runtime/device_feed.h"
 #include "runtime/metrics.h"
 #include "runtime/signals.h"
 #include "runtime/train_state.h"
@@ -64,7 +69,6 @@ void require_device(const Device& device) {
                             device.str(), cuda.devices.size(), cuda.devices.size() - 1),
                 "pick one of the devices `dtrain info` lists");
   }
-  unsupported("device", device.str());  // the CUDA training backend is not in this build yet
 }
 
 void require_supported(const Job& job, int world) {
@@ -117,6 +121,16 @@ std::vector<optim::ParamSegment> segments_of(const graph::FlatStore& params, NoD
   return segs;
 }
 
+// A host view of `t`: itself on the CPU, else a blocking copy.
+Tensor on_host(const Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  kernels::copy(t, h);
+  return h;
+}
+
+float read_scalar(const Tensor& t) { return on_host(t).data<float>()[0]; }
+
 struct EvalResult {
   double loss = 0;
   double accuracy = 0;
@@ -137,6 +151,7 @@ class Trainer {
   void log_eval(const EvalResult& r);
   void save_checkpoint();
   void set_batch(const FeedBatch& b);
+  void add_device_memory(nlohmann::json& line) const;
 
   const TrainRequest& req_;
   const Job& job_;
@@ -144,7 +159,7 @@ class Trainer {
   std::unique_ptr<graph::Executor> ex_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
-  std::unique_ptr<DataFeed> train_;
+  std::unique_ptr<DeviceFeed> train_;
   Tensor grad_acc_;
   bool language_model_ = false;
   TrainCounters counters_;
@@ -163,22 +178,25 @@ Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
   micro_batches_ = job_.parallel.micro_batches;
   const int64_t batch = job_.data.micro_batch;
   model_ = models::build_model(job_.model, batch);
-  ex_ = std::make_unique<graph::Executor>(model_.graph);
+  ex_ = std::make_unique<graph::Executor>(model_.graph, job_.device);
   counters_.seed = static_cast<uint64_t>(job_.run.seed);
   counters_.arch = job_.model.arch;
   counters_.config_hash = fnv1a_hex(r.resolved_yaml);
   ex_->initialize(counters_.seed);
   const Tensor flat = ex_->params().flat(DType::f32);
   opt_ = optim::make_optimizer(job_.optimizer, segments_of(ex_->params(), job_.optimizer.no_decay),
-                               flat.numel());
-  if (micro_batches_ > 1) grad_acc_ = Tensor::empty(flat.shape(), DType::f32);
+                               flat.numel(), job_.device);
+  if (micro_batches_ > 1) {
+    grad_acc_ = Tensor::empty(flat.shape(), DType::f32, &kernels::device_allocator(job_.device));
+  }
   language_model_ = is_language_model(find_arch(job_.model.arch)->family);
   source_ = DataSource::open(job_, counters_.seed);
   out_dir_ = job_.run.output_dir;
   ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
                                                 : fs::path(job_.train.checkpoint.dir);
   resume_if_asked();
-  train_ = source_->feed(FeedSplit::train, counters_.position);
+  train_ = std::make_unique<DeviceFeed>(source_->feed(FeedSplit::train, counters_.position),
+                                        job_.device);
   const int64_t per_epoch = train_->batches_per_epoch() / micro_batches_;
   if (per_epoch <= 0) {
     throw Error(fmt::format("data.global_batch: {} samples per step, but the training set has {}",
@@ -223,6 +241,14 @@ void Trainer::resume_if_asked() {
   }
 }
 
+// The GPU pool's peak and reserved bytes (absent on the CPU: peak_host_bytes says it).
+void Trainer::add_device_memory(nlohmann::json& line) const {
+  if (!job_.device.is_cuda()) return;
+  const MemoryStats s = kernels::device_allocator(job_.device).stats();
+  line["peak_device_bytes"] = s.peak;
+  line["reserved_device_bytes"] = s.reserved;
+}
+
 void Trainer::set_batch(const FeedBatch& b) {
   ex_->set_input(model_.input, b.input);
   ex_->set_input(model_.labels, b.labels);
@@ -237,7 +263,8 @@ double Trainer::train_step() {
     set_batch(b);
     ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step));
     ex_->backward(model_.loss);
-    loss += ex_->value(model_.loss).data<float>()[0];
+    train_->prefetch();  // the next batch moves while this one computes
+    loss += read_scalar(ex_->value(model_.loss));
     counters_.position = b.next;
     if (micro_batches_ == 1) break;
     if (m == 0) {
@@ -266,16 +293,17 @@ double Trainer::train_step() {
 // images (one label per sample) and tokens (every label of a causal-LM window,
 // the masked positions of a masked-LM one) alike; -100 labels count for nothing.
 EvalResult Trainer::evaluate() {
-  std::unique_ptr<DataFeed> test = source_->feed(FeedSplit::eval, {});
+  DeviceFeed test(source_->feed(FeedSplit::eval, {}), job_.device);
   EvalResult r;
   double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t k = 0; k < test->batches_per_epoch(); ++k) {
-    const FeedBatch& b = test->next();
+  for (int64_t k = 0; k < test.batches_per_epoch(); ++k) {
+    const FeedBatch& b = test.next();
     set_batch(b);
     ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
-    const Tensor& logits = ex_->value(model_.logits);
-    const Tensor& targets = ex_->value(model_.targets);  // the labels row for row with logits
+    if (k + 1 < test.batches_per_epoch()) test.prefetch();
+    const Tensor logits = on_host(ex_->value(model_.logits));
+    const Tensor targets = on_host(ex_->value(model_.targets));  // labels row for row with logits
     const int64_t rows = targets.numel(), classes = logits.numel() / rows;
     const int32_t* labels = targets.data<int32_t>();
     int64_t counted = 0;
@@ -286,7 +314,7 @@ EvalResult Trainer::evaluate() {
       ++counted;
     }
     // The graph's loss is the mean over the counted labels of this batch.
-    if (counted > 0) loss_sum += ex_->value(model_.loss).data<float>()[0] * counted;
+    if (counted > 0) loss_sum += read_scalar(ex_->value(model_.loss)) * counted;
     r.samples += counted;
   }
   r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.samples, 1));
@@ -309,6 +337,7 @@ void Trainer::log_window(double loss, double seconds, double wait) {
                            {"peak_host_bytes", host_allocator().stats().peak}};
     if (language_model_)
       line["tokens_per_s"] = samples * static_cast<double>(*job_.model.seq_len) / seconds;
+    add_device_memory(line);
     metrics_->write(line);
   }
   if (job_.logging.console) {
@@ -393,15 +422,16 @@ int Trainer::run(const StopSignals& signals) {
   log_eval(evaluate());
   save_checkpoint();
   const double secs = seconds_since(start);
-  const nlohmann::json summary = {{"summary", true},
-                                  {"steps", counters_.step},
-                                  {"steps_this_run", counters_.step - first},
-                                  {"train_seconds", secs},
-                                  {"final_loss", last_loss},
-                                  {"test_loss", last_eval_.loss},
-                                  {"test_accuracy", last_eval_.accuracy},
-                                  {"parameters", model_.graph.num_params()},
-                                  {"peak_host_bytes", host_allocator().stats().peak}};
+  nlohmann::json summary = {{"summary", true},
+                            {"steps", counters_.step},
+                            {"steps_this_run", counters_.step - first},
+                            {"train_seconds", secs},
+                            {"final_loss", last_loss},
+                            {"test_loss", last_eval_.loss},
+                            {"test_accuracy", last_eval_.accuracy},
+                            {"parameters", model_.graph.num_params()},
+                            {"peak_host_bytes", host_allocator().stats().peak}};
+  add_device_memory(summary);
   if (metrics_) metrics_->write(summary);
   std::ofstream(out_dir_ / "summary.json") << summary.dump(2) << "\n";
   progress_.print(fmt::format("done: {} steps in {}, test {}accuracy {:.2f}%, output in {}",

@@ -97,8 +97,7 @@ KernelCase xent_case(const Xent& x, DType dt) {
   if (dt == DType::f32) {
     c.backward = [=](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                      const std::vector<Tensor>& dout, std::vector<Tensor>& din, Workspace) {
-      const float dloss = dout[0].data<float>()[0];
-      kernels::softmax_cross_entropy_backward(ka, in[0], in[1], out[1], dloss, din[0]);
+      kernels::softmax_cross_entropy_backward(ka, in[0], in[1], out[1], dout[0], din[0]);
     };
   }
   c.check_tol = {1e-5, 1e-5};
@@ -118,7 +117,9 @@ KernelCase xent_backward_case(const Xent& x, DType dt) {
     Tensor loss = empty_on(in[0], Shape{1}, DType::f32);
     Tensor lse = empty_on(in[0], Shape{x.rows}, DType::f32);
     kernels::softmax_cross_entropy_forward(ka, in[0], in[1], loss, lse);
-    kernels::softmax_cross_entropy_backward(ka, in[0], in[1], lse, 1.5f, out[0]);
+    Tensor dloss = empty_on(in[0], Shape{1}, DType::f32);
+    kernels::fill(dloss, 1.5f);
+    kernels::softmax_cross_entropy_backward(ka, in[0], in[1], lse, dloss, out[0]);
   };
   c.reference = [=](const std::vector<Values>& in, std::vector<Values>& out) {
     ref::cross_entropy_backward(ra, in[0].data(), in[1].data(), 1.5, out[0].data());

@@ -67,14 +67,15 @@ class SelfAttention final : public Op {
     const size_t hb = head_bytes(s, in[0].dtype);
     // q, k, v, dq, dk, dv and dout in head layout, plus the kernel's own tiles.
     info.workspace_bytes = 7 * (hb + 64) + kernels::attention_workspace_bytes(args(s), in[0].dtype);
+    info.cuda_workspace_bytes =
+        7 * (hb + 64) + kernels::attention_workspace_bytes(args(s), in[0].dtype, Device::cuda());
     info.flops = 4.0 * static_cast<double>(s.b * s.t * s.t * s.c);
     return info;
   }
 
   // Carves the [3, B, H, T, D] split of `qkv` out of the workspace.
   Tensor split(const Tensor& qkv, const Dims& s, kernels::Workspace ws, size_t& off) const {
-    auto* p = ws.take<std::byte>(off, 3 * head_bytes(s, qkv.dtype()));
-    Tensor heads = Tensor::wrap(p, {3, s.b, heads_, s.t, s.d}, qkv.dtype());
+    Tensor heads = ws.tensor(off, {3, s.b, heads_, s.t, s.d}, qkv.dtype());
     kernels::permute(qkv.reshape({s.b, s.t, 3, heads_, s.d}), kSplit, heads);
     return heads;
   }
@@ -85,8 +86,7 @@ class SelfAttention final : public Op {
     Tensor qkv = split(ctx.inputs[0], s, ctx.workspace, off);
     const int64_t n = s.b * s.t * s.c;
     const Shape hs{s.b, heads_, s.t, s.d};
-    kernels::Workspace rest{static_cast<char*>(ctx.workspace.data) + off,
-                            ctx.workspace.bytes - off};
+    const kernels::Workspace rest = ctx.workspace.after(off);
     kernels::attention_forward(args(s, ctx), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
                                key_mask(ctx), ctx.saved[0], ctx.saved[1], rest);
     Tensor y = ctx.outputs[0].reshape({s.b, s.t, heads_, s.d});
@@ -100,12 +100,10 @@ class SelfAttention final : public Op {
     Tensor qkv = split(ctx.inputs[0], s, ctx.workspace, off);
     const int64_t n = s.b * s.t * s.c;
     const Shape hs{s.b, heads_, s.t, s.d};
-    Tensor grads = Tensor::wrap(ctx.workspace.take<std::byte>(off, 3 * head_bytes(s, dt)),
-                                {3, s.b, heads_, s.t, s.d}, dt);
-    Tensor dout = Tensor::wrap(ctx.workspace.take<std::byte>(off, head_bytes(s, dt)), hs, dt);
+    Tensor grads = ctx.workspace.tensor(off, {3, s.b, heads_, s.t, s.d}, dt);
+    Tensor dout = ctx.workspace.tensor(off, hs, dt);
     kernels::permute(ctx.grad_outputs[0].reshape({s.b, s.t, heads_, s.d}), kMerge, dout);
-    kernels::Workspace rest{static_cast<char*>(ctx.workspace.data) + off,
-                            ctx.workspace.bytes - off};
+    const kernels::Workspace rest = ctx.workspace.after(off);
     Tensor dq = grads.view(0, hs), dk = grads.view(n, hs), dv = grads.view(2 * n, hs);
     kernels::attention_backward(args(s, ctx), qkv.view(0, hs), qkv.view(n, hs), qkv.view(2 * n, hs),
                                 key_mask(ctx), ctx.saved[0], ctx.saved[1], dout, dq, dk, dv, rest);

@@ -45,6 +45,7 @@ class Conv2d final : public Op {
       info.params.push_back({"bias", {k_}, InitKind::kaiming_uniform, 0, fan_in, ParamGroup::bias});
     }
     info.workspace_bytes = kernels::conv2d_workspace_bytes(a, in[0].dtype);
+    info.cuda_workspace_bytes = kernels::conv2d_workspace_bytes(a, in[0].dtype, Device::cuda());
     info.flops = a.flops();
     return info;
   }

@@ -41,7 +41,9 @@ class TokenEmbedding final : public Op {
     table("word_embeddings.weight", d_.vocab);
     table("position_embeddings.weight", d_.positions);
     if (d_.types > 0) table("token_type_embeddings.weight", d_.types);
-    if (type_ids_ == TypeIds::input) info.workspace_bytes = static_cast<size_t>(n * c) * 4;
+    if (type_ids_ == TypeIds::input) {
+      info.workspace_bytes = info.cuda_workspace_bytes = static_cast<size_t>(n * c) * 4;
+    }
     info.flops = static_cast<double>(n * c) * (d_.types > 0 ? 2.0 : 1.0);
     return info;
   }
@@ -57,8 +59,7 @@ class TokenEmbedding final : public Op {
       return;
     }
     size_t off = 0;
-    Tensor rows = Tensor::wrap(ctx.workspace.take<float>(off, static_cast<size_t>(b * t * c)),
-                               {b * t, c}, DType::f32);
+    Tensor rows = ctx.workspace.tensor(off, {b * t, c}, DType::f32);
     kernels::embedding_forward(ctx.inputs[1].reshape({b * t}), ctx.params[2], rows);
     kernels::add(y, rows, y);
   }

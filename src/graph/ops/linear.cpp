@@ -40,6 +40,8 @@ class Linear final : public Op {
     for (const kernels::GemmArgs& g : {fwd(rows), bwd_data(rows), bwd_weight(rows)}) {
       info.workspace_bytes =
           std::max(info.workspace_bytes, kernels::gemm_workspace_bytes(g, dt, dt));
+      info.cuda_workspace_bytes = std::max(
+          info.cuda_workspace_bytes, kernels::gemm_workspace_bytes(g, dt, dt, Device::cuda()));
     }
     return info;
   }

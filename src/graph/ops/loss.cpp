@@ -38,10 +38,9 @@ class SoftmaxCrossEntropy final : public Op {
   }
   void do_backward(OpContext& ctx) const override {
     if (!ctx.grad_inputs[0].defined()) return;
-    // The loss gradient is a host scalar on the CPU backend.
-    const float dloss = ctx.grad_outputs[0].data<float>()[0];
     kernels::softmax_cross_entropy_backward(args(ctx.inputs[0].shape()), ctx.inputs[0],
-                                            ctx.inputs[1], ctx.saved[0], dloss, ctx.grad_inputs[0]);
+                                            ctx.inputs[1], ctx.saved[0], ctx.grad_outputs[0],
+                                            ctx.grad_inputs[0]);
   }
 
  private:

@@ -3,6 +3,7 @@
 #include "graph/ops.h"
 #include "kernels/batchnorm.h"
 #include "kernels/layernorm.h"
+#include "kernels/memory.h"
 
 namespace dtrain::graph {
 namespace {
@@ -50,7 +51,8 @@ class BatchNorm2d final : public Op {
     Tensor dx = ctx.grad_inputs[0];
     Tensor scratch;
     if (!dx.defined()) {  // the kernel always writes dx; give it somewhere to go
-      scratch = Tensor::empty(ctx.inputs[0].shape(), ctx.inputs[0].dtype());
+      scratch = Tensor::empty(ctx.inputs[0].shape(), ctx.inputs[0].dtype(),
+                              &kernels::device_allocator(ctx.inputs[0].device()));
       dx = scratch;
     }
     kernels::batch_norm_backward(args(ctx.inputs[0].shape()), ctx.inputs[0], ctx.grad_outputs[0],
@@ -96,7 +98,8 @@ class LayerNorm final : public Op {
     Tensor dx = ctx.grad_inputs[0];
     Tensor scratch;
     if (!dx.defined()) {
-      scratch = Tensor::empty(ctx.inputs[0].shape(), ctx.inputs[0].dtype());
+      scratch = Tensor::empty(ctx.inputs[0].shape(), ctx.inputs[0].dtype(),
+                              &kernels::device_allocator(ctx.inputs[0].device()));
       dx = scratch;
     }
     kernels::layer_norm_backward(a, ctx.inputs[0], ctx.grad_outputs[0], ctx.params[0], ctx.saved[0],

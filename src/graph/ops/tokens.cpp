@@ -119,31 +119,7 @@ class GatherLabeled final : public Op {
   void do_forward(OpContext& ctx) const override {
     const Tensor& x = ctx.inputs[0];
     const int64_t b = x.dim(0), t = x.dim(1), c = x.dim(2);
-    const int32_t* labels = ctx.inputs[1].data<int32_t>();
-    int32_t* ids = ctx.saved[0].data<int32_t>();
-    int32_t* out = ctx.outputs[1].data<int32_t>();
-    for (int64_t i = 0; i < b; ++i) {
-      int64_t n = 0;
-      for (int64_t j = 0; j < t; ++j) {
-        const int32_t label = labels[i * t + j];
-        if (label == ignore_) continue;
-        if (n == rows_) {
-          throw Error(fmt::format("gather_labeled: sequence {} of the batch has more than {} "
-                                  "labelled positions",
-                                  i, rows_),
-                      "the masked-LM head predicts a fixed number of positions per sequence "
-                      "(round(data.mlm_probability * seq_len)); labels must come from the "
-                      "masked-LM loader, which selects exactly that many");
-        }
-        ids[i * rows_ + n] = static_cast<int32_t>(i * t + j);
-        out[i * rows_ + n] = label;
-        ++n;
-      }
-      for (; n < rows_; ++n) {  // padding: any row of this sequence, its label ignored
-        ids[i * rows_ + n] = static_cast<int32_t>(i * t);
-        out[i * rows_ + n] = static_cast<int32_t>(ignore_);
-      }
-    }
+    kernels::labeled_rows(ctx.inputs[1], ignore_, ctx.saved[0], ctx.outputs[1]);
     Tensor y = ctx.outputs[0].reshape({b * rows_, c});
     kernels::embedding_forward(ctx.saved[0], x.reshape({b * t, c}), y);
   }

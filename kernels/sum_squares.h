@@ -1,11 +1,12 @@
-// Deterministic sums of squares in double: 8 fixed lanes per call, lanes added in
+// Deterministic sums of squares in double (host code: the CPU LAMB kernel and
+// src/optim's clipping share it): 8 fixed lanes per call, lanes added in
 // lane order, so the bits depend on the data and the call's range alone. Callers cut
 // long ranges into fixed blocks and add the block results in block order.
 #pragma once
 
 #include <cstdint>
 
-namespace dtrain::optim {
+namespace dtrain::kernels {
 
 // sum_i x[i]^2 over [0, n), accumulated in double. The lane loop is what lets the
 // compiler vectorise without reassociating one running sum.
@@ -27,4 +28,4 @@ inline double sum_squares(const float* x, int64_t n) {
   return total;
 }
 
-}  // namespace dtrain::optim
+}  // namespace dtrain::kernels

@@ -1,0 +1,58 @@
+// DeviceFeed: double-buffered, pinned, overlapped host -> device batch copies.
+#include "runtime/device_feed.h"
+
+#include <cstring>
+
+#include "kernels/memory.h"
+
+namespace dtrain::runtime {
+
+namespace {
+
+// Copies `from` (host) into `pinned`, allocating the pinned and device twins on first use.
+void stage_tensor(const Tensor& from, Tensor& pinned, Tensor& on_device, Device device) {
+  if (!pinned.defined()) {
+    pinned = Tensor::empty(from.shape(), from.dtype(), &kernels::pinned_host_allocator());
+    on_device = Tensor::empty(from.shape(), from.dtype(), &kernels::device_allocator(device));
+  }
+  DTRAIN_CHECK(from.shape() == pinned.shape() && from.dtype() == pinned.dtype(),
+               "a batch changed shape within one feed: {} after {}", from.str(), pinned.str());
+  std::memcpy(pinned.raw(), from.raw(), from.nbytes());
+  kernels::upload(pinned, on_device);
+}
+
+}  // namespace
+
+DeviceFeed::DeviceFeed(std::unique_ptr<DataFeed> host, Device device)
+    : host_(std::move(host)), device_(device) {}
+
+void DeviceFeed::stage(int slot) {
+  const FeedBatch& h = host_->next();
+  Slot& s = slots_[slot];
+  stage_tensor(h.input, s.pinned_input, s.input, device_);
+  stage_tensor(h.labels, s.pinned_labels, s.labels, device_);
+  s.next = h.next;
+  s.epoch = h.epoch;
+}
+
+const FeedBatch& DeviceFeed::next() {
+  if (device_.is_cpu()) return host_->next();
+  int slot = prefetched_;
+  if (slot < 0) {
+    slot = turn_;
+    stage(slot);
+  }
+  prefetched_ = -1;
+  turn_ = 1 - slot;
+  const Slot& s = slots_[slot];
+  out_ = {s.input, s.labels, s.next, s.epoch};
+  return out_;
+}
+
+void DeviceFeed::prefetch() {
+  if (device_.is_cpu() || prefetched_ >= 0) return;
+  stage(turn_);
+  prefetched_ = turn_;
+}
+
+}  // namespace dtrain::runtime
