@@ -5,10 +5,14 @@
 // the optimizer step, and each convolution's three oneDNN calls on their own.
 // Prints JSON. Usage: bench_model [--arch resnet50] [--batch 32] [--image 224]
 // [--classes 1000] [--channels 3] [--seq T] [--layers L --hidden C --heads H
-// --ffn F --patch P, 0 or absent: the preset's] [--steps 3] [--warmup 2]. Language models (bert-*,
+// --ffn F --patch P, 0 or absent: the preset's] [--steps 3] [--warmup 2]
+// [--device cpu|cuda[:N]] [--optimizer sgd|adamw] [--profile 0|1]. Language models (bert-*,
 // gpt2*) take their preset sizes, T tokens (--seq) and random ids; BERT predicts
-// round(0.15 T) of them per sequence, as the masked-LM loader selects. Not a test; nothing is
-// asserted.
+// round(0.15 T) of them per sequence, as the masked-LM loader selects. On CUDA the step
+// is timed between device synchronizations (forward, backward, optimizer each end with
+// one), and the per-node profile (--profile 1, off by default there) synchronizes at every
+// node, which slows the step it measures. SGD is momentum 0.9 (the ResNet peers'), AdamW
+// weight decay 0.01 (the transformer peers'). Not a test; nothing is asserted.
 #include <omp.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include "graph/executor.h"
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
+#include "kernels/memory.h"
 #include "models/registry.h"
 #include "optim/optimizer.h"
 
@@ -38,6 +43,9 @@ struct Args {
   int64_t batch = 32, image = 224, classes = 1000, seq = 0;
   int64_t channels = 3, layers = 0, hidden = 0, heads = 0, ffn = 0, patch = 0;  // 0: the preset's
   int steps = 3, warmup = 2;
+  Device device = Device::cpu();
+  std::string optimizer = "sgd";
+  int profile = -1;  // -1: on for the CPU, off for CUDA
 };
 
 Args parse(int argc, char** argv) {
@@ -70,9 +78,19 @@ Args parse(int argc, char** argv) {
       a.steps = std::atoi(v.c_str());
     else if (k == "--warmup")
       a.warmup = std::atoi(v.c_str());
+    else if (k == "--device")
+      a.device = Device::parse(v);
+    else if (k == "--optimizer")
+      a.optimizer = v;
+    else if (k == "--profile")
+      a.profile = std::atoi(v.c_str());
     else
       throw Error("bench_model: unknown option " + k, "see the usage line in bench_model.cpp");
   }
+  if (a.optimizer != "sgd" && a.optimizer != "adamw")
+    throw Error("bench_model: --optimizer " + a.optimizer, "use sgd or adamw");
+  if (a.steps < 1) throw Error("bench_model: --steps must be at least 1");
+  if (a.profile < 0) a.profile = a.device.is_cpu() ? 1 : 0;
   return a;
 }
 
@@ -85,7 +103,9 @@ class NodeTimer {
  public:
   explicit NodeTimer(size_t nodes) : fwd_(nodes, 0.0), bwd_(nodes, 0.0) {}
   void attach(graph::Executor& ex) {
+    device_ = ex.device();
     ex.hooks.pre_op = [this](int node, Phase phase) {
+      kernels::synchronize(device_);  // a no-op on the CPU
       close();
       node_ = node;
       phase_ = phase;
@@ -108,6 +128,7 @@ class NodeTimer {
   Phase phase_ = Phase::forward;
   Clock::time_point start_;
   bool recording_ = false;
+  Device device_;
 };
 
 std::vector<optim::ParamSegment> segments(const graph::FlatStore& params) {
@@ -123,6 +144,7 @@ void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const ModelOp
   const graph::TensorSpec& in = m.graph.value(m.input).spec;
   const graph::TensorSpec& lab = m.graph.value(m.labels).spec;
   Tensor x = Tensor::empty(in.shape, in.dtype), y = Tensor::empty(lab.shape, DType::i32);
+  Allocator& alloc = kernels::device_allocator(ex.device());
   uint32_t state = 12345;
   auto next = [&state] { return (state = state * 1664525u + 1013904223u) >> 8; };
   const uint32_t vocab = static_cast<uint32_t>(mo.vocab_size.value_or(1000));
@@ -146,39 +168,58 @@ void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const ModelOp
         if (j % (t / mpred) != 0 || j / (t / mpred) >= mpred) row[j] = -100;
     }
   }
-  ex.set_input(m.input, x);
-  ex.set_input(m.labels, y);
+  Tensor dx = Tensor::empty(x.shape(), x.dtype(), &alloc);
+  Tensor dy = Tensor::empty(y.shape(), y.dtype(), &alloc);
+  kernels::copy(x, dx);
+  kernels::copy(y, dy);
+  ex.set_input(m.input, dx);
+  ex.set_input(m.labels, dy);
 }
 
 struct StepTimes {
   double forward = 0, backward = 0, optimizer = 0;
+  std::vector<double> steps;  // each measured step, forward to the optimizer's end
 };
 
 StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer& timer,
                     const Args& a) {
   OptimizerOptions o;
-  o.name = OptimizerName::sgd;
-  o.momentum = 0.9;
-  o.weight_decay = 0.0;
+  if (a.optimizer == "adamw") {
+    o.name = OptimizerName::adamw;
+    o.weight_decay = 0.01;
+  } else {
+    o.name = OptimizerName::sgd;
+    o.momentum = 0.9;
+    o.weight_decay = 0.0;
+  }
+  const Device d = ex.device();
   Tensor params = ex.params().flat(DType::f32), grads = ex.grads().flat(DType::f32);
-  auto opt = optim::make_optimizer(o, segments(ex.params()), params.numel());
+  auto opt = optim::make_optimizer(o, segments(ex.params()), params.numel(), d);
   StepTimes t;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     const bool rec = s >= a.warmup;
     timer.record(rec);
     auto t0 = Clock::now();
     ex.forward(graph::Mode::train, static_cast<uint64_t>(s));
+    kernels::synchronize(d);
     timer.close();
     const double f = since(t0);
     t0 = Clock::now();
     ex.backward(m.loss);
+    kernels::synchronize(d);
     timer.close();
     const double b = since(t0);
     t0 = Clock::now();
-    opt->step(params, grads, 0.1);
-    if (rec) t = {t.forward + f, t.backward + b, t.optimizer + since(t0)};
+    opt->step(params, grads, 1e-4);
+    kernels::synchronize(d);
+    const double u = since(t0);
+    if (rec) {
+      t.forward += f, t.backward += b, t.optimizer += u;
+      t.steps.push_back(f + b + u);
+    }
   }
-  return {t.forward / a.steps, t.backward / a.steps, t.optimizer / a.steps};
+  t.forward /= a.steps, t.backward /= a.steps, t.optimizer /= a.steps;
+  return t;
 }
 
 // A conv node's geometry from its shapes: weight [K, C/g, R, R], pad R/2 (every
@@ -288,14 +329,21 @@ int main(int argc, char** argv) {
     if (a.heads > 0) mo.heads = static_cast<int>(a.heads);
     if (a.ffn > 0) mo.ffn = static_cast<int>(a.ffn);
     const models::ModelGraph m = models::build_model(mo, a.batch);
-    graph::Executor ex(m.graph);
+    graph::Executor ex(m.graph, a.device);
     ex.initialize(42);
     fill_inputs(ex, m, mo);
     NodeTimer timer(m.graph.nodes().size());
-    timer.attach(ex);
-    const StepTimes st = run_steps(ex, m, timer, a);
+    if (a.profile) timer.attach(ex);
+    StepTimes st = run_steps(ex, m, timer, a);
     const double step = st.forward + st.backward + st.optimizer;
+    std::sort(st.steps.begin(), st.steps.end());
+    const double median = st.steps[st.steps.size() / 2];
+    const double samples = static_cast<double>(a.batch);
     nlohmann::json out = {{"arch", a.arch},
+                          {"device", a.device.str()},
+                          {"optimizer", a.optimizer},
+                          {"median_step_s", median},
+                          {"samples_per_s", samples / median},
                           {"batch", a.batch},
                           {"image", a.image},
                           {"seq", mo.seq_len.value_or(0)},
@@ -307,8 +355,12 @@ int main(int argc, char** argv) {
                           {"forward_s", st.forward},
                           {"backward_s", st.backward},
                           {"optimizer_s", st.optimizer}};
-    out["nodes"] = by_kind(m.graph, timer, a.steps, step);
-    out["isolated_convs"] = isolated_convs(m.graph, ex.params());
+    if (is_language_model(arch->family))
+      out["tokens_per_s"] = samples * static_cast<double>(mo.seq_len.value_or(0)) / median;
+    if (a.device.is_cuda())
+      out["peak_device_bytes"] = kernels::device_allocator(a.device).stats().peak;
+    if (a.profile) out["nodes"] = by_kind(m.graph, timer, a.steps, step);
+    if (a.device.is_cpu()) out["isolated_convs"] = isolated_convs(m.graph, ex.params());
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   } catch (const std::exception& e) {

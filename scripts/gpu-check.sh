@@ -6,20 +6,23 @@
 #                               into .gpu-carry/ (git-ignored, ~15 MB compressed)
 #   scripts/gpu-check.sh run    on the lent GPU machine, from the repository root, with
 #                               .gpu-carry carried (device tool: carry [".gpu-carry"]):
-#                               the `gpu` tests (kernel table on CUDA, CUDA runtime), then
+#                               the `gpu` tests (kernel table on CUDA, CUDA runtime, optimizers
+#                               on CUDA, `dtrain train` with device: cuda against the CPU), then
 #                               GEMM 8192^3 bf16 and 4096^3 f32 through dtrain (cuBLASLt) and
-#                               through torch.matmul on the same GPU; prints one table and
-#                               writes $OUT/gpu-check.json (and the logs) under $OUT.
+#                               through torch.matmul, and fp32 training steps of ResNet-50
+#                               (b128, 224 px, SGD), BERT-base (b32 x 128, AdamW) and GPT-2 124M
+#                               (b16 x 1024, AdamW) with dtrain (bench_model) and PyTorch eager
+#                               (bench/peers/*.py, TF32 off) on the same GPU; prints one table
+#                               and writes $OUT/gpu-check.json (and the logs) under $OUT.
 # Why carry a build: the GPU image has nvcc, cmake and ninja but not Debian's yaml-cpp,
 # fmt, CLI11, oneDNN or doctest, and nothing can be installed there. Its cuBLAS, cuDNN
 # and NCCL come from the image (pip nvidia-* packages or /usr/local/cuda).
-# Model training steps on CUDA (ResNet-50, BERT-base, GPT-2 124M) join the table
-# when `device: cuda` trains end to end; until then their rows say so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 CARRY="$ROOT/.gpu-carry"
-BINS=(src/cli/dtrain tests/kernels/test_kernels tests/kernels/test_cuda_runtime bench/bench_gemm)
+BINS=(src/cli/dtrain tests/kernels/test_kernels tests/kernels/test_cuda_runtime bench/bench_gemm
+      bench/bench_model tests/optim/test_optim_cuda tests/train/test_train_cuda)
 FAMILIES=(gemm activation elementwise cast reduce layout layernorm softmax embedding dropout
           conv batchnorm pooling attention optimizer)
 die() { echo "gpu-check: $*" >&2; exit 1; }
@@ -29,7 +32,8 @@ pack() {
   local build="$ROOT/build-gpu"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDTRAIN_MPI=OFF -DDTRAIN_NATIVE=OFF >/dev/null
-  cmake --build "$build" -j "${JOBS:-$(nproc)}" --target dtrain test_kernels test_cuda_runtime bench_gemm
+  cmake --build "$build" -j "${JOBS:-$(nproc)}" --target dtrain test_kernels test_cuda_runtime \
+    bench_gemm bench_model test_optim_cuda test_train_cuda
   rm -rf "$CARRY" && mkdir -p "$CARRY/stage/bin" "$CARRY/stage/lib"
   local b lib
   for b in "${BINS[@]}"; do cp "$build/$b" "$CARRY/stage/bin/"; done
@@ -86,10 +90,17 @@ run() {
       printf '{"test": "kernels.cuda.%s.%s", "rc": %d, "summary": "%s"}\n' "$mode" "$f" "$rc" "${line//\"/\'}" >>"$out/tests.jsonl"
     done
   done
-  timeout 120 "$bin/test_cuda_runtime" >"$out/cuda-runtime.log" 2>&1
-  rc=$?
-  printf '{"test": "kernels.cuda.runtime", "rc": %d, "summary": "%s"}\n' "$rc" \
-    "$(grep -E 'test cases' "$out/cuda-runtime.log" | tail -n 1 | tr -s ' ')" >>"$out/tests.jsonl"
+  local name exe limit
+  export DTRAIN_EXE="$bin/dtrain"  # the train.cuda test spawns the carried binary
+  for name in kernels.cuda.runtime:test_cuda_runtime:120 optim.cuda:test_optim_cuda:120 \
+              train.cuda:test_train_cuda:240; do
+    IFS=: read -r name exe limit <<<"$name"
+    timeout "$limit" "$bin/$exe" >"$out/$name.log" 2>&1
+    rc=$?
+    printf '{"test": "%s", "rc": %d, "summary": "%s"}\n' "$name" "$rc" \
+      "$(grep -E 'test cases|skipped: no GPU' "$out/$name.log" | tail -n 1 | tr -s ' ' | tr -d '"')" \
+      >>"$out/tests.jsonl"
+  done
 
   # 2. GEMM: dtrain (cuBLASLt) against torch.matmul, same shapes, dtypes and GPU.
   timeout 120 "$bin/bench_gemm" --device cuda --dtype bf16 --m 8192 --n 8192 --k 8192 --reps 20 --warmup 5 \
@@ -117,7 +128,23 @@ res["torch"] = torch.__version__
 print(json.dumps(res))
 EOF
 
-  # 3. One table and one JSON.
+  # 3. Training steps, dtrain then PyTorch, each model alone on the GPU (fp32, 2 warm-up
+  #    steps, median of 5). A failure or timeout leaves its JSON empty: the row says so.
+  local peers="$ROOT/bench/peers"
+  timeout 150 "$bin/bench_model" --device cuda --arch resnet50 --batch 128 --image 224 \
+    --optimizer sgd --steps 5 --warmup 2 >"$out/step-resnet50-dtrain.json" 2>"$out/step-resnet50-dtrain.err"
+  timeout 150 python3 "$peers/torch_resnet50_step.py" --device cuda --model by-hand --batch 128 \
+    --steps 7 --warmup 2 >"$out/step-resnet50-torch.json" 2>"$out/step-resnet50-torch.err"
+  timeout 120 "$bin/bench_model" --device cuda --arch bert-base --batch 32 --seq 128 \
+    --optimizer adamw --steps 5 --warmup 2 >"$out/step-bert-dtrain.json" 2>"$out/step-bert-dtrain.err"
+  timeout 120 python3 "$peers/torch_transformer_step.py" --device cuda --model bert-base \
+    --batch 32 --seq 128 --steps 7 --warmup 2 >"$out/step-bert-torch.json" 2>"$out/step-bert-torch.err"
+  timeout 150 "$bin/bench_model" --device cuda --arch gpt2 --batch 16 --seq 1024 \
+    --optimizer adamw --steps 5 --warmup 2 >"$out/step-gpt2-dtrain.json" 2>"$out/step-gpt2-dtrain.err"
+  timeout 150 python3 "$peers/torch_transformer_step.py" --device cuda --model gpt2 \
+    --batch 16 --seq 1024 --steps 7 --warmup 2 >"$out/step-gpt2-torch.json" 2>"$out/step-gpt2-torch.err"
+
+  # 4. One table and one JSON.
   python3 - "$out" "$((SECONDS - start))" <<'EOF'
 import json, os, sys
 out, seconds = sys.argv[1], int(sys.argv[2])
@@ -138,8 +165,17 @@ def gemm_row(label, d, tt):
                  ratio + " (torch time / dtrain time)" if ratio != "-" else "-"))
 gemm_row("GEMM 8192^3 bf16 -> f32", d_bf16, t.get("bf16"))
 gemm_row("GEMM 4096^3 f32 (no TF32)", d_f32, t.get("f32"))
-for m in ("ResNet-50 b128 224px", "BERT-base seq 128", "GPT-2 124M B16 T1024"):
-    rows.append((m + " train step", "n/a: device: cuda training not built yet", "-", "-"))
+steps = {}
+for key, label, unit, per in (("resnet50", "ResNet-50 b128 224px", "samples/s", 128),
+                              ("bert", "BERT-base b32 T128", "tokens/s", 32 * 128),
+                              ("gpt2", "GPT-2 124M b16 T1024", "tokens/s", 16 * 1024)):
+    d, tt = load("step-%s-dtrain.json" % key), load("step-%s-torch.json" % key)
+    ds = d["median_step_s"] if d else None
+    ts = tt["median_step_s"] if tt else None
+    steps[key] = {"dtrain": d, "torch": tt}
+    cell = lambda s: "%.1f ms, %.0f %s" % (1e3 * s, per / s, unit) if s else "failed (see logs)"
+    rows.append((label + " step", cell(ds), "%.1f ms" % (1e3 * ts) if ts else "failed",
+                 "%.2f (dtrain time / torch time)" % (ds / ts) if ds and ts else "-"))
 print("\n%-34s %-44s %-16s %s" % ("benchmark", "dtrain", "PyTorch", "ratio"))
 for r in rows:
     print("%-34s %-44s %-16s %s" % r)
@@ -151,7 +187,7 @@ for x in tests:
     if x["rc"] not in (0, 77):
         print("  FAIL %s (rc %d): %s" % (x["test"], x["rc"], x["summary"]))
 json.dump({"tests": tests, "gemm": {"dtrain_bf16": d_bf16, "dtrain_f32": d_f32, "torch": t},
-           "seconds": seconds}, open(os.path.join(out, "gpu-check.json"), "w"), indent=2)
+           "train_steps": steps, "seconds": seconds}, open(os.path.join(out, "gpu-check.json"), "w"), indent=2)
 print("gpu-check: %d s; JSON in %s/gpu-check.json" % (seconds, out))
 EOF
 }

@@ -66,12 +66,26 @@ def build_model(source):
     return resnet50_by_hand(1000), None
 
 
+def sync(device):
+    """Step times on a GPU count the work, not just its launch."""
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def use_fp32(device):
+    """On a GPU: plain FP32 maths as dtrain's (no TF32 in matmuls or cuDNN convolutions)."""
+    if device != "cpu":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=7, help="timed steps including warm-up")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (scripts/gpu-check.sh)")
     ap.add_argument("--model", choices=["torchvision", "by-hand"], default="torchvision")
     args = ap.parse_args()
     if args.steps < args.warmup + 5:
@@ -82,18 +96,21 @@ def main():
     model, tv_version = build_model(args.model)
     params = sum(p.numel() for p in model.parameters())
     assert params == RESNET50_PARAMS, f"ResNet-50 has {params} parameters, want {RESNET50_PARAMS}"
-    model.train()
+    use_fp32(args.device)
+    model.to(args.device).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.rand(args.batch, 3, 224, 224)
-    y = torch.randint(0, 1000, (args.batch,))
+    x = torch.rand(args.batch, 3, 224, 224).to(args.device)
+    y = torch.randint(0, 1000, (args.batch,)).to(args.device)
     times = []
     for _ in range(args.steps):
+        sync(args.device)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        sync(args.device)
         times.append(time.perf_counter() - t0)
         assert torch.isfinite(loss), "non-finite loss"
     timed = times[args.warmup:]
@@ -110,6 +127,8 @@ def main():
         "mkldnn": torch.backends.mkldnn.is_available(),
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
         "parallel_info": torch.__config__.parallel_info(),
+        "device": args.device,
+        "peak_device_bytes": torch.cuda.max_memory_allocated() if args.device != "cpu" else None,
     }))
 
 

@@ -30,7 +30,7 @@ def attention(q, k, v, causal, p, training):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
         t = q.shape[-2]
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return F.dropout(F.softmax(s, dim=-1), p, training) @ v
 
 
@@ -131,6 +131,19 @@ def make_batch(model_name, batch, seq, vocab):
     return ids, labels
 
 
+def sync(device):
+    """Step times on a GPU count the work, not just its launch."""
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def use_fp32(device):
+    """On a GPU: plain FP32 maths as dtrain's (no TF32 in matmuls or cuDNN convolutions)."""
+    if device != "cpu":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=["bert-base", "gpt2"], required=True)
@@ -139,6 +152,7 @@ def main():
     ap.add_argument("--batch", type=int)
     ap.add_argument("--seq", type=int)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (scripts/gpu-check.sh)")
     args = ap.parse_args()
     if args.steps < args.warmup + 5:
         sys.exit("--steps must leave at least 5 timed steps after --warmup")
@@ -155,16 +169,19 @@ def main():
     params = sum(p.numel() for p in model.parameters())
     want = EXPECTED_PARAMS[args.model]
     assert params == want, f"{args.model} has {params} parameters, want {want}"
-    model.train()
+    use_fp32(args.device)
+    model.to(args.device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    ids, labels = make_batch(args.model, batch, seq, vocab)
+    ids, labels = (t.to(args.device) for t in make_batch(args.model, batch, seq, vocab))
     times = []
     for _ in range(args.steps):
+        sync(args.device)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = model(ids, labels)
         loss.backward()
         opt.step()
+        sync(args.device)
         times.append(time.perf_counter() - t0)
         assert torch.isfinite(loss), "non-finite loss"
     print(json.dumps({
@@ -181,6 +198,8 @@ def main():
         "mkldnn": torch.backends.mkldnn.is_available(),
         "flush_denormal": True,
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        "device": args.device,
+        "peak_device_bytes": torch.cuda.max_memory_allocated() if args.device != "cpu" else None,
     }))
 
 

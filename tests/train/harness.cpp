@@ -45,9 +45,17 @@ std::string RunResult::describe() const {
 
 namespace {
 
+// The binary under test: the build's, or $DTRAIN_EXE (a build carried to another
+// machine, e.g. by scripts/gpu-check.sh, where the build path does not exist).
+std::string dtrain_exe() {
+  const char* env = std::getenv("DTRAIN_EXE");
+  return env && *env ? env : DTRAIN_EXE;
+}
+
 // `dtrain <args...>`: the subcommand is args[0].
 pid_t spawn_command(const std::vector<std::string>& args, const fs::path& log_file) {
-  std::vector<std::string> argv_s = {DTRAIN_EXE};
+  const std::string exe = dtrain_exe();
+  std::vector<std::string> argv_s = {exe};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_s) argv.push_back(a.data());
@@ -60,9 +68,9 @@ pid_t spawn_command(const std::vector<std::string>& args, const fs::path& log_fi
   posix_spawn_file_actions_addopen(&fa, 1, log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, DTRAIN_EXE, &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw std::runtime_error(std::string("posix_spawn ") + DTRAIN_EXE + " failed");
+  if (rc != 0) throw std::runtime_error("posix_spawn " + exe + " failed");
   return pid;
 }
 
