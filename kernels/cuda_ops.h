@@ -39,7 +39,7 @@ void synchronize(int device);
 void upload(const Tensor& pinned_src, Tensor& dst);
 
 void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
-          const Tensor& bias);
+          const Tensor& bias, const Tensor& pre);
 
 void activation_forward(Activation act, const Tensor& x, Tensor& y);
 void activation_backward(Activation act, const Tensor& x, const Tensor& dy, Tensor& dx);

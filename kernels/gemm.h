@@ -16,10 +16,16 @@ enum class Trans : uint8_t { no, yes };
 // Half inputs always use tensor cores with f32 accumulation.
 enum class MathMode : uint8_t { fp32, tf32 };
 
-// What is added to the product before C is stored. bias: C[b][i][j] += bias[j] for
+// What is applied to the product before C is stored. bias: C[b][i][j] += bias[j] for
 // every batch b and row i (a linear layer's bias, fused: oneDNN's matmul bias on the
 // CPU, cuBLASLt's BIAS epilogue on CUDA); alpha must then be 1.
-enum class Epilogue : uint8_t { none, bias };
+// bias_gelu: C = gelu_tanh(A B + bias), GELU's tanh approximation (the one cuBLASLt's
+// GELU epilogue computes; GPT-2's), and the pre-activation A B + bias is also stored in
+// `pre` (what the backward needs); batch 1, alpha 1, beta 0. CUDA: cuBLASLt's
+// GELU_AUX_BIAS epilogue (one pass), or, where cuBLASLt offers no algorithm for it,
+// the BIAS epilogue into pre and our GELU kernel. CPU: the bias GEMM into pre, then
+// the activation kernel (the same numbers as a linear op followed by a GELU op).
+enum class Epilogue : uint8_t { none, bias, bias_gelu };
 
 struct GemmArgs {
   Trans trans_a = Trans::no;
@@ -39,9 +45,10 @@ struct GemmArgs {
 // c: [batch, m, n]
 // With strides, a/b/c hold at least (batch-1)*stride + one matrix (stride 0: one
 // matrix, broadcast; C may not be broadcast).
-// bias: [n] in c's dtype with Epilogue::bias; undefined otherwise.
+// bias: [n] in c's dtype with Epilogue::bias / bias_gelu; undefined otherwise.
+// pre (written): [m, n] in c's dtype with Epilogue::bias_gelu; undefined otherwise.
 void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
-          const Tensor& bias = Tensor());
+          const Tensor& bias = Tensor(), const Tensor& pre = Tensor());
 
 // Workspace bytes gemm() needs on `device`. CPU: oneDNN's scratchpad, plus f32
 // copies of f16 operands (oneDNN 2.6 has no f16 CPU matmul, so f16 is computed

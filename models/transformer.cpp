@@ -93,8 +93,13 @@ graph::ValueId attention_block(graph::Graph& g, const AttentionNames& names, gra
 graph::ValueId mlp_block(graph::Graph& g, const MlpNames& names, graph::ValueId x,
                          const TransformerShape& s, kernels::Activation act, double fc2_std) {
   using graph::Bias;
-  graph::ValueId h = g.add1(names.fc1, graph::linear(s.hidden, s.ffn, Bias::yes, {kInitStd}), {x});
-  h = g.add1(names.act, graph::activation(act), {h});
+  graph::ValueId h;
+  if (act == kernels::Activation::gelu_tanh) {  // GPT-2: GELU in the GEMM's epilogue
+    h = g.add1(names.fc1, graph::linear_gelu(s.hidden, s.ffn, {kInitStd}), {x});
+  } else {
+    h = g.add1(names.fc1, graph::linear(s.hidden, s.ffn, Bias::yes, {kInitStd}), {x});
+    h = g.add1(names.act, graph::activation(act), {h});
+  }
   return g.add1(names.fc2, graph::linear(s.ffn, s.hidden, Bias::yes, {fc2_std}), {h});
 }
 

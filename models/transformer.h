@@ -41,7 +41,8 @@ graph::ValueId attention_block(graph::Graph& g, const AttentionNames& names, gra
 struct MlpNames {
   std::string fc1, act, fc2;
 };
-// x [B, T, C] -> linear (C -> ffn) -> act -> linear (ffn -> C)
+// x [B, T, C] -> linear (C -> ffn) -> act -> linear (ffn -> C); a tanh-GELU is fused
+// into the first linear (graph::linear_gelu), so names.act then names no node.
 graph::ValueId mlp_block(graph::Graph& g, const MlpNames& names, graph::ValueId x,
                          const TransformerShape& s, kernels::Activation act,
                          double fc2_std = kInitStd);

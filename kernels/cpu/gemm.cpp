@@ -10,6 +10,7 @@
 // copy included); narrower B gains nothing and is passed as it is.
 #include "kernels/gemm.h"
 
+#include "kernels/activation.h"
 #include "kernels/cpu/dense_dnnl.h"
 #include "kernels/cpu/float_io.h"
 #include "kernels/cuda_ops.h"
@@ -29,7 +30,9 @@ std::string describe(const GemmArgs& g, DType ab, DType c) {
       "[batch {} m {} n {} k {} trans {}{} alpha {} beta {} strides {},{},{} {}/{}{}]", g.batch,
       g.m, g.n, g.k, g.trans_a == Trans::yes ? 'T' : 'N', g.trans_b == Trans::yes ? 'T' : 'N',
       g.alpha, g.beta, g.stride_a, g.stride_b, g.stride_c, dtype_name(ab), dtype_name(c),
-      g.epilogue == Epilogue::bias ? " +bias" : "");
+      g.epilogue == Epilogue::bias        ? " +bias"
+      : g.epilogue == Epilogue::bias_gelu ? " +bias gelu"
+                                          : "");
 }
 
 // A [batch, rows, cols] operand as stored by the caller, viewed as the logical
@@ -137,14 +140,24 @@ void add_bias_rows(const GemmArgs& g, const Tensor& bias, Tensor& c) {
 }
 
 void check_args(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tensor& c,
-                const Tensor& bias) {
-  same_device(kOp, {&a, &b, &c, &bias});
-  if (g.epilogue == Epilogue::bias) {
+                const Tensor& bias, const Tensor& pre) {
+  same_device(kOp, {&a, &b, &c, &bias, &pre});
+  if (g.epilogue != Epilogue::none) {
     require_dtype(kOp, "bias", bias, {c.dtype()});
     require_numel(kOp, "bias", bias, g.n);
     DTRAIN_CHECK(g.alpha == 1.0f, "gemm: the bias epilogue needs alpha 1, got {}", g.alpha);
   } else {
     DTRAIN_CHECK(!bias.defined(), "gemm: a bias tensor without Epilogue::bias");
+  }
+  if (g.epilogue == Epilogue::bias_gelu) {
+    require_dtype(kOp, "pre", pre, {c.dtype()});
+    require_numel(kOp, "pre", pre, g.m * g.n);
+    DTRAIN_CHECK(g.batch == 1 && g.beta == 0.0f && g.stride_c < 0,
+                 "gemm: bias_gelu needs batch 1, beta 0 and a dense C, got {}",
+                 describe(g, a.dtype(), c.dtype()));
+    DTRAIN_CHECK(pre.raw() != c.raw(), "gemm: bias_gelu's pre and c are one tensor");
+  } else {
+    DTRAIN_CHECK(!pre.defined(), "gemm: a pre tensor without Epilogue::bias_gelu");
   }
   require_dtype(kOp, "a", a, {DType::f32, DType::f16, DType::bf16});
   require_dtype(kOp, "b", b, {a.dtype()});
@@ -170,14 +183,23 @@ void check_args(const GemmArgs& g, const Tensor& a, const Tensor& b, const Tenso
 size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype, Device device) {
   if (args.m == 0 || args.n == 0 || args.k == 0 || args.batch == 0) return 0;
   if (device.is_cuda()) return cuda_ops::kGemmWorkspaceBytes;
-  return plan_for(args, ab_dtype, c_dtype).pass.workspace_bytes;
+  GemmArgs g = args;  // bias_gelu runs as the bias GEMM, then the activation kernel
+  if (g.epilogue == Epilogue::bias_gelu) g.epilogue = Epilogue::bias;
+  return plan_for(g, ab_dtype, c_dtype).pass.workspace_bytes;
 }
 
 void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
-          const Tensor& bias) {
-  check_args(args, a, b, c, bias);
+          const Tensor& bias, const Tensor& pre) {
+  check_args(args, a, b, c, bias, pre);
   if (args.m == 0 || args.n == 0 || args.batch == 0) return;
-  if (a.device().is_cuda()) return cuda_ops::gemm(args, a, b, c, ws, bias);
+  if (a.device().is_cuda()) return cuda_ops::gemm(args, a, b, c, ws, bias, pre);
+  if (args.epilogue == Epilogue::bias_gelu) {
+    GemmArgs g = args;
+    g.epilogue = Epilogue::bias;
+    Tensor z = pre;
+    gemm(g, a, b, z, ws, bias);
+    return activation_forward(Activation::gelu_tanh, z, c);
+  }
   if (args.k == 0) {
     cpu_io::dispatch_float(c.dtype(), [&](auto tag) { scale_c(args, c.data<decltype(tag)>()); });
     if (args.epilogue == Epilogue::bias) add_bias_rows(args, bias, c);

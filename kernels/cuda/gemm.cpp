@@ -9,6 +9,9 @@
 // shape, dtype, workspace size and operand alignment, cached for the process.
 // Epilogue::bias: cuBLASLt's BIAS epilogue adds a vector along the rows of its
 // column-major output, which are our columns, so bias[n] lands on every row.
+// Epilogue::bias_gelu: GELU_AUX_BIAS, the pre-activation going to the aux buffer
+// (leading dimension n, like C); when the heuristic has no algorithm for that
+// epilogue, the plan falls back to BIAS into pre plus our GELU kernel into C.
 #include <cublasLt.h>
 
 #include <map>
@@ -25,6 +28,7 @@ namespace dtrain::kernels::cuda_ops {
 namespace {
 
 struct Plan {
+  bool gelu_fallback = false;  // bias_gelu as BIAS into pre, then our GELU kernel
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A)
   cublasLtMatmulAlgo_t algo{};
@@ -74,11 +78,16 @@ struct Operands {
   const void* a;
   const void* b;
   void* c;
-  const void* bias;  // null without Epilogue::bias
+  const void* bias;  // null without an epilogue
+  void* pre;         // null without Epilogue::bias_gelu
 };
 
+// The algorithm for plan->op on these layouts, or false when cuBLASLt has none.
+bool find_algo(Context& ctx, Plan& plan, const Operands& o, size_t ws_bytes, const std::string& key,
+               bool may_fail);
+
 Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Operands& o,
-                size_t ws_bytes, const std::string& key) {
+                size_t ws_bytes, const std::string& key, bool gelu_epilogue = true) {
   auto plan = std::make_unique<Plan>();
   const cublasComputeType_t compute = (ab == DType::f32 && g.math == MathMode::tf32)
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -98,8 +107,9 @@ Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Opera
   plan->b = layout(ab, ta_yes ? g.m : g.k, ta_yes ? g.k : g.m, g.batch,
                    batch_stride(g.stride_a, g.m * g.k));
   plan->c = layout(ct, g.n, g.m, g.batch, batch_stride(g.stride_c, g.m * g.n));
-  if (g.epilogue == Epilogue::bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  if (g.epilogue != Epilogue::none) {
+    const bool gelu = g.epilogue == Epilogue::bias_gelu && gelu_epilogue;
+    const cublasLtEpilogue_t epi = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bias_type = cuda_type(ct);
     DTRAIN_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
@@ -108,8 +118,31 @@ Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Opera
     // The heuristic looks at the pointer's alignment; each call sets its own pointer.
     DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                        &o.bias, sizeof(o.bias)));
+    if (gelu) {
+      const int64_t ld = g.n;  // aux is laid out like C: n x m column-major
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &o.pre, sizeof(o.pre)));
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    }
   }
+  const bool may_fail = g.epilogue == Epilogue::bias_gelu && gelu_epilogue;
+  if (!find_algo(ctx, *plan, o, ws_bytes, key, may_fail)) {
+    // No GELU_AUX_BIAS algorithm for this shape: the same GEMM with BIAS, then our kernel.
+    DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescDestroy(plan->op));
+    for (cublasLtMatrixLayout_t l : {plan->a, plan->b, plan->c})
+      DTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(l));
+    Plan* fallback = make_plan(ctx, g, ab, ct, o, ws_bytes, key, false);
+    fallback->gelu_fallback = true;
+    return fallback;
+  }
+  return plan.release();  // cached for the process, like the contexts
+}
 
+bool find_algo(Context& ctx, Plan& plan, const Operands& o, size_t ws_bytes, const std::string& key,
+               bool may_fail) {
   cublasLtMatmulPreference_t pref = nullptr;
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t max_ws = ws_bytes;
@@ -119,30 +152,34 @@ Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Opera
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(o.a));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(o.c));
   set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(o.c));
+  if (o.pre)
+    set_pref(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+             std::min(alignment(o.c), alignment(o.pre)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-      ctx.lt(), plan->op, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &found);
+      ctx.lt(), plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
   DTRAIN_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  if ((st != CUBLAS_STATUS_SUCCESS || found == 0) && may_fail) return false;
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     throw Error(fmt::format("gemm on cuda:{}: cuBLASLt has no algorithm for {} ({}, {} "
                             "workspace bytes)",
                             ctx.device(), key, cublasGetStatusString(st), ws_bytes),
                 "give gemm the workspace gemm_workspace_bytes() asks for");
   }
-  plan->algo = result.algo;
-  return plan.release();  // cached for the process, like the contexts
+  plan.algo = result.algo;
+  return true;
 }
 
 std::string plan_key(int device, const GemmArgs& g, DType ab, DType c, const Operands& o,
                      size_t ws) {
   return fmt::format(
       "cuda:{} [batch {} m {} n {} k {} trans {}{} strides {},{},{} {}/{} math {} "
-      "ws {} align {},{},{},{} epilogue {}]",
+      "ws {} align {},{},{},{},{} epilogue {}]",
       device, g.batch, g.m, g.n, g.k, g.trans_a == Trans::yes ? 'T' : 'N',
       g.trans_b == Trans::yes ? 'T' : 'N', g.stride_a, g.stride_b, g.stride_c, dtype_name(ab),
       dtype_name(c), static_cast<int>(g.math), ws, alignment(o.a), alignment(o.b), alignment(o.c),
-      alignment(o.bias), static_cast<int>(g.epilogue));
+      alignment(o.bias), alignment(o.pre), static_cast<int>(g.epilogue));
 }
 
 const Plan& plan_for(Context& ctx, const GemmArgs& g, DType ab, DType c, const Operands& o,
@@ -160,7 +197,7 @@ const Plan& plan_for(Context& ctx, const GemmArgs& g, DType ab, DType c, const O
 
 // Called by kernels::gemm after its checks, with m, n, batch > 0.
 void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Workspace ws,
-          const Tensor& bias) {
+          const Tensor& bias, const Tensor& pre) {
   Context& ctx = Context::get(a.device().index);
   constexpr int64_t kMax = int64_t{1} << 31;
   DTRAIN_CHECK(args.m < kMax && args.n < kMax && args.k < kMax && args.batch < kMax,
@@ -173,23 +210,35 @@ void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Wor
       DTRAIN_CHECK(args.batch == 1 || args.stride_c < 0 || args.stride_c == args.m * args.n,
                    "gemm on CUDA: k == 0 with a bias needs dense C batches");
       bias_add({args.batch * args.m, args.n, 1}, c, bias, c);
+    } else if (args.epilogue == Epilogue::bias_gelu) {  // pre = 0 + bias, c = gelu(pre)
+      Tensor z = pre;
+      bias_add({args.m, args.n, 1}, c, bias, z);
+      cuda_ops::activation_forward(Activation::gelu_tanh, z, c);
     }
     return;
   }
-  const Operands o{a.raw(), b.raw(), c.raw(), bias.defined() ? bias.raw() : nullptr};
+  const Operands o{a.raw(), b.raw(), c.raw(), bias.defined() ? bias.raw() : nullptr,
+                   pre.defined() ? pre.raw() : nullptr};
   const Plan& plan = plan_for(ctx, args, a.dtype(), c.dtype(), o, ws.bytes);
   const float alpha = args.alpha, beta = args.beta;
   // The bias pointer lives in the cached descriptor: set it and run under one lock.
   static std::mutex bias_mu;
   std::unique_lock<std::mutex> lock(bias_mu, std::defer_lock);
-  if (args.epilogue == Epilogue::bias) {
+  // With the GELU fallback the GEMM writes the pre-activation, and our kernel C.
+  void* out = plan.gelu_fallback ? o.pre : o.c;
+  if (args.epilogue != Epilogue::none) {
     lock.lock();
     DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                        &o.bias, sizeof(o.bias)));
+    if (args.epilogue == Epilogue::bias_gelu && !plan.gelu_fallback) {
+      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &o.pre, sizeof(o.pre)));
+    }
   }
   DTRAIN_CUBLAS_CHECK(cublasLtMatmul(ctx.lt(), plan.op, &alpha, o.b, plan.a, o.a, plan.b, &beta,
-                                     o.c, plan.c, o.c, plan.c, &plan.algo, ws.data, ws.bytes,
+                                     out, plan.c, out, plan.c, &plan.algo, ws.data, ws.bytes,
                                      ctx.stream()));
+  if (plan.gelu_fallback) cuda_ops::activation_forward(Activation::gelu_tanh, pre, c);
 }
 
 }  // namespace dtrain::kernels::cuda_ops

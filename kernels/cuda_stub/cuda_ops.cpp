@@ -22,7 +22,8 @@ void upload(const Tensor& src, Tensor& dst) {
   no_cuda(fmt::format("upload {} -> {}", src.str(), dst.str()));
 }
 
-void gemm(const GemmArgs&, const Tensor&, const Tensor&, Tensor&, Workspace, const Tensor&) {
+void gemm(const GemmArgs&, const Tensor&, const Tensor&, Tensor&, Workspace, const Tensor&,
+          const Tensor&) {
   no_cuda("gemm");
 }
 

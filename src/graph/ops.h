@@ -26,6 +26,11 @@ struct NormalInit {
 // x [..., in] -> [..., out]; weight [out, in], bias [out]
 std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias);
 std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias, NormalInit init);
+// linear with bias, then GELU (tanh approximation) fused into the GEMM's epilogue
+// (cuBLASLt's GELU_AUX_BIAS on CUDA): y = gelu_tanh(x W^T + b); the pre-activation is
+// saved for backward. Same parameters, and on the CPU the same numbers, as linear +
+// activation(gelu_tanh).
+std::unique_ptr<Op> linear_gelu(int64_t in_features, int64_t out_features, NormalInit init);
 // x [N, C, H, W] -> [N, K, OH, OW]; weight [K, C/groups, R, R]
 std::unique_ptr<Op> conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel,
                            int64_t stride, int64_t pad, int64_t dilation = 1, int64_t groups = 1,

@@ -8,6 +8,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/memory.h"
+#include "ref/activation.h"
 #include "ref/gemm.h"
 
 namespace dtrain::test {
@@ -142,6 +143,34 @@ KernelCase make_case(const Spec& s, bool grad) {
   return c;
 }
 
+// The bias + GELU epilogue (GPT-2's MLP up-projection): outputs C = gelu_tanh(pre)
+// and pre = A B + bias, against the fp64 reference of both.
+KernelCase gelu_case(GemmArgs g, DType dt) {
+  g.epilogue = kernels::Epilogue::bias_gelu;
+  KernelCase c;
+  c.name = fmt::format("gemm/{}{}_bias_gelu/{}/1x{}x{}x{}", g.trans_a == Trans::yes ? 'T' : 'N',
+                       g.trans_b == Trans::yes ? 'T' : 'N', dtype_name(dt), g.m, g.n, g.k);
+  c.inputs = {{"a", Shape{g.m * g.k}, dt}, {"b", Shape{g.k * g.n}, dt}, {"bias", Shape{g.n}, dt}};
+  c.outputs = {{"c", Shape{g.m * g.n}, dt}, {"pre", Shape{g.m * g.n}, dt}};
+  const Spec s{"bias_gelu", g, dt, dt};
+  c.workspace_bytes = kernels::gemm_workspace_bytes(g, dt, dt);
+  c.workspace_on = [s](Device d) { return kernels::gemm_workspace_bytes(s.g, s.ab, s.c, d); };
+  c.forward = [g](const std::vector<Tensor>& in, std::vector<Tensor>& out, kernels::Workspace ws) {
+    kernels::gemm(g, in[0], in[1], out[0], ws, in[2], out[1]);
+  };
+  c.reference = [g](const std::vector<Values>& in, std::vector<Values>& out) {
+    GemmArgs plain = g;
+    plain.epilogue = kernels::Epilogue::none;
+    ref::gemm(plain, in[0].data(), in[1].data(), out[1].data());
+    for (int64_t i = 0; i < g.m * g.n; ++i) {
+      out[1][i] += in[2][i % g.n];
+      out[0][i] = ref::activation(ref::Activation::gelu_tanh, out[1][i]);
+    }
+  };
+  c.check_tol = tolerance(dt, dt);
+  return c;
+}
+
 GemmArgs dims(int64_t batch, int64_t m, int64_t n, int64_t k, Trans ta = Trans::no,
               Trans tb = Trans::no) {
   GemmArgs g;
@@ -225,6 +254,13 @@ std::vector<KernelCase> cases_gemm() {
       cases.push_back(make_case({"bias", with_bias(dims(1, 9, 17, 33, N, T)), h, out}, false));
     }
   }
+  // bias + GELU: a linear layer's shape (N, T) at an odd size and a GPT-2-like one, and
+  // half types; cuBLASLt's GELU epilogue (or its fallback) on CUDA.
+  cases.push_back(gelu_case(dims(1, 17, 33, 9, N, T), DType::f32));
+  cases.push_back(gelu_case(dims(1, 64, 256, 96, N, T), DType::f32));
+  cases.push_back(gelu_case(dims(1, 9, 16, 24, T, N), DType::f32));
+  for (DType h : {DType::f16, DType::bf16})
+    cases.push_back(gelu_case(dims(1, 32, 64, 48, N, T), h));
   return cases;
 }
 

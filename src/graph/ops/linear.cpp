@@ -1,19 +1,23 @@
 // Linear (fully connected) layer: y = x W^T + b over the last dim of x; the bias
-// is the GEMM's epilogue (one pass over y instead of two).
+// is the GEMM's epilogue (one pass over y instead of two), and so is a following
+// tanh-GELU in linear_gelu (backward: dz = gelu'(z) dy from the saved z, then the
+// linear backward on dz).
 #include <optional>
 
 #include "graph/ops.h"
+#include "kernels/activation.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/memory.h"
 
 namespace dtrain::graph {
 namespace {
 
 class Linear final : public Op {
  public:
-  Linear(int64_t in, int64_t out, Bias bias, std::optional<NormalInit> init)
-      : in_(in), out_(out), bias_(bias), init_(init) {}
-  std::string_view kind() const override { return "linear"; }
+  Linear(int64_t in, int64_t out, Bias bias, std::optional<NormalInit> init, bool gelu)
+      : in_(in), out_(out), bias_(bias), init_(init), gelu_(gelu) {}
+  std::string_view kind() const override { return gelu_ ? "linear_gelu" : "linear"; }
 
  protected:
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
@@ -35,6 +39,7 @@ class Linear final : public Op {
       info.params.push_back({"bias", {out_}, b, 0, in_, ParamGroup::bias});
     }
     info.flops = 2.0 * static_cast<double>(x.numel()) * static_cast<double>(out_);
+    if (gelu_) info.saved = {{y, in[0].dtype}};  // the pre-activation x W^T + b
     const int64_t rows = x.numel() / in_;
     const DType dt = in[0].dtype;
     for (const kernels::GemmArgs& g : {fwd(rows), bwd_data(rows), bwd_weight(rows)}) {
@@ -50,6 +55,7 @@ class Linear final : public Op {
   kernels::GemmArgs fwd(int64_t rows) const {
     kernels::GemmArgs g{kernels::Trans::no, kernels::Trans::yes, rows, out_, in_};
     if (bias_ == Bias::yes) g.epilogue = kernels::Epilogue::bias;
+    if (gelu_) g.epilogue = kernels::Epilogue::bias_gelu;
     return g;
   }
   // dx [rows, in] = dy [rows, out] . W [out, in]
@@ -65,12 +71,18 @@ class Linear final : public Op {
     const int64_t rows = ctx.inputs[0].numel() / in_;
     const Tensor no_bias;
     kernels::gemm(fwd(rows), ctx.inputs[0], ctx.params[0], ctx.outputs[0], ctx.workspace,
-                  bias_ == Bias::yes ? ctx.params[1] : no_bias);
+                  bias_ == Bias::yes ? ctx.params[1] : no_bias, gelu_ ? ctx.saved[0] : no_bias);
   }
 
   void do_backward(OpContext& ctx) const override {
     const int64_t rows = ctx.inputs[0].numel() / in_;
-    const Tensor& dy = ctx.grad_outputs[0];
+    Tensor dz;  // linear_gelu: the gradient at the pre-activation
+    if (gelu_) {
+      const Tensor& z = ctx.saved[0];
+      dz = Tensor::empty(z.shape(), z.dtype(), &kernels::device_allocator(z.device()));
+      kernels::activation_backward(kernels::Activation::gelu_tanh, z, ctx.grad_outputs[0], dz);
+    }
+    const Tensor& dy = gelu_ ? dz : ctx.grad_outputs[0];
     if (ctx.grad_inputs[0].defined()) {
       kernels::gemm(bwd_data(rows), dy, ctx.params[0], ctx.grad_inputs[0], ctx.workspace);
     }
@@ -82,21 +94,22 @@ class Linear final : public Op {
   int64_t in_, out_;
   Bias bias_;
   std::optional<NormalInit> init_;
+  bool gelu_;
 };
 
 }  // namespace
 
 namespace {
 
-std::unique_ptr<Op> make_linear(int64_t in, int64_t out, Bias bias,
-                                std::optional<NormalInit> init) {
+std::unique_ptr<Op> make_linear(int64_t in, int64_t out, Bias bias, std::optional<NormalInit> init,
+                                bool gelu = false) {
   if (in <= 0 || out <= 0) {
     op_error("linear", fmt::format("features must be positive, got {} -> {}", in, out));
   }
   if (init && !(init->std > 0)) {
     op_error("linear", fmt::format("init std must be positive, got {}", init->std));
   }
-  return std::make_unique<Linear>(in, out, bias, init);
+  return std::make_unique<Linear>(in, out, bias, init, gelu);
 }
 
 }  // namespace
@@ -107,6 +120,10 @@ std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias)
 
 std::unique_ptr<Op> linear(int64_t in_features, int64_t out_features, Bias bias, NormalInit init) {
   return make_linear(in_features, out_features, bias, init);
+}
+
+std::unique_ptr<Op> linear_gelu(int64_t in_features, int64_t out_features, NormalInit init) {
+  return make_linear(in_features, out_features, Bias::yes, init, true);
 }
 
 }  // namespace dtrain::graph
