@@ -26,11 +26,12 @@ constexpr int64_t kGrain = int64_t{1} << 14;
 void draw_mask(const DropoutArgs& a, int64_t lo, int64_t hi, uint8_t* mask) {
   constexpr int64_t kWords = 1024;
   const Philox rng(a.seed, a.stream);
+  const float p = a.p;  // a local: the byte stores could alias a.p (no vectors)
   uint32_t words[kWords];
   for (int64_t i = lo; i < hi; i += kWords) {
     const int64_t m = std::min(kWords, hi - i);
     rng.words(a.offset + static_cast<uint64_t>(i), m, words);
-    for (int64_t k = 0; k < m; ++k) mask[i + k] = u32_to_uniform(words[k]) >= a.p ? 1 : 0;
+    for (int64_t k = 0; k < m; ++k) mask[i + k] = u32_to_uniform(words[k]) >= p ? 1 : 0;
   }
 }
 
