@@ -46,15 +46,23 @@ inline v16i vloadi(const int32_t* p) {
 }
 inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 inline v16 splat(float x) { return v16{} + x; }
+// Horizontal sum and max as a tree of halvings (4 dependent steps, not 15: they
+// sit on each row's critical path).
+using v8 = float __attribute__((vector_size(8 * sizeof(float))));
+using v4 = float __attribute__((vector_size(4 * sizeof(float))));
 inline float hsum(v16 v) {
-  float s = 0.0f;
-  for (int i = 0; i < kV; ++i) s += v[i];
-  return s;
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b =
+      __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
 }
 inline float hmax(v16 v) {
-  float m = v[0];
-  for (int i = 1; i < kV; ++i) m = std::max(m, v[i]);
-  return m;
+  const v8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v8 a = lo > hi ? lo : hi;
+  return std::max(std::max(std::max(a[0], a[4]), std::max(a[1], a[5])),
+                  std::max(std::max(a[2], a[6]), std::max(a[3], a[7])));
 }
 
 int64_t pad16(int64_t n) { return (n + kV - 1) / kV * kV; }
@@ -383,9 +391,10 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
     for (int64_t i = 0; i < nq; ++i) {  // Di = rowsum(dO * O)
       float orow[1024];                 // D <= 1024 is checked
       cpu_io::load_n(pb.o + pb.q_row(bh, i0 + i), orow, d);
-      float s = 0.0f;
-      for (int64_t dd = 0; dd < d; ++dd) s += dot[i * dp + dd] * orow[dd];
-      di[i] = s;
+      std::fill(orow + d, orow + dp, 0.0f);
+      v16 sv{};
+      for (int64_t dd = 0; dd < dp; dd += kV) sv += vload(dot + i * dp + dd) * vload(orow + dd);
+      di[i] = hsum(sv);
       lse[i] = lse_all[bh * a.tq + i0 + i];
     }
     std::fill(dqt, dqt + nq * dp, 0.0f);
