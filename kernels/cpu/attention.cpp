@@ -195,6 +195,7 @@ struct Problem {
   int64_t dp;  // D padded to a multiple of 16
   const T *q, *k, *v, *o, *dout;
   const uint8_t* mask;  // [B, Tk] or null
+  float keep_scale;     // 1 / (1 - dropout), once here rather than a divide per vector
   int64_t q_row(int64_t bh, int64_t i) const { return (bh * a.tq + i) * a.d; }
   int64_t k_row(int64_t bh, int64_t j) const { return (bh * a.tk + j) * a.d; }
   // Is key j seen by query i of batch b (j >= tk is never seen)?
@@ -262,7 +263,7 @@ struct Problem {
     const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const v16i kept = (__builtin_convertvector(bytes, v16i) != 0) &
                       (lane + static_cast<int32_t>(j) < static_cast<int32_t>(nk));
-    return kept ? splat(1.0f / (1.0f - a.dropout)) : v16{};
+    return kept ? splat(keep_scale) : v16{};
   }
 };
 
@@ -276,14 +277,49 @@ void load_rows(const T* src, int64_t rows, int64_t rows_pad, int64_t d, int64_t 
   std::fill(dst + rows * dp, dst + rows_pad * dp, 0.0f);
 }
 
-// src [rows, cols] (row stride lds) -> dst [cols, rows_pad] (row stride rows_pad).
-void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
-               int64_t rows_pad) {
-  for (int64_t c = 0; c < cols; ++c) {
-    float* out = dst + c * rows_pad;
-    for (int64_t r = 0; r < rows; ++r) out[r] = src[r * lds + c];
-    std::fill(out + rows, out + rows_pad, 0.0f);
+// One round of a 16 x 16 transpose on rows (top, bot) = (i, i + B): top keeps
+// its columns c with (c & B) == 0 and takes the others from columns c - B of bot;
+// bot takes columns c + B of top for the former and keeps the latter.
+template <int B>
+inline void swap_pair(v16& top, v16& bot) {
+  const v16 t = top, b = bot;
+  if constexpr (B == 8) {
+    top = __builtin_shufflevector(t, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    bot =
+        __builtin_shufflevector(t, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  } else if constexpr (B == 4) {
+    top = __builtin_shufflevector(t, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    bot = __builtin_shufflevector(t, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  } else if constexpr (B == 2) {
+    top = __builtin_shufflevector(t, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    bot = __builtin_shufflevector(t, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  } else if constexpr (B == 1) {
+    top = __builtin_shufflevector(t, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    bot = __builtin_shufflevector(t, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
   }
+}
+
+// The 16 x 16 block at src (row stride lds) -> dst (row stride ldd), transposed
+// in registers: rounds B = 8, 4, 2, 1 swap the off-diagonal B x B sub-blocks of
+// each 2B x 2B block, one two-source shuffle per row and round.
+void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  v16 r[kV];
+  for (int i = 0; i < kV; ++i) r[i] = vload(src + i * lds);
+  for (int i = 0; i < 8; ++i) swap_pair<8>(r[i], r[i + 8]);
+  for (int i = 0; i < kV; ++i)
+    if ((i & 4) == 0) swap_pair<4>(r[i], r[i + 4]);
+  for (int i = 0; i < kV; ++i)
+    if ((i & 2) == 0) swap_pair<2>(r[i], r[i + 2]);
+  for (int i = 0; i < kV; i += 2) swap_pair<1>(r[i], r[i + 1]);
+  for (int i = 0; i < kV; ++i) vstore(dst + i * ldd, r[i]);
+}
+
+// src [rows, cols] (row stride lds) -> dst [cols, rows] (row stride rows), both
+// multiples of 16 (callers pad with zero rows).
+void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kV)
+    for (int64_t c0 = 0; c0 < cols; c0 += kV)
+      transpose16(src + r0 * lds + c0, lds, dst + c0 * rows + r0, rows);
 }
 
 // Forward of one (b, h): K^T and V of every key tile staged once, then each
@@ -299,8 +335,8 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
   uint8_t* keep = reinterpret_cast<uint8_t*>(sc.take(keep_bytes(a.tk) / 4 + 1));
   for (int64_t t = 0; t < nkt; ++t) {  // K^T tiles [dp, kBk]; V rows [kBk, dp]
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
-    load_rows(pb.k + pb.k_row(bh, j0), nk, nk, d, dp, kr);
-    transpose(kr, dp, nk, dp, kt + j0 * dp, kBk);
+    load_rows(pb.k + pb.k_row(bh, j0), nk, kBk, d, dp, kr);
+    transpose(kr, dp, kBk, dp, kt + j0 * dp);
     load_rows(pb.v + pb.k_row(bh, j0), nk, kBk, d, dp, vt + j0 * dp);
   }
   for (int64_t i0 = 0; i0 < a.tq; i0 += kBq) {
@@ -377,9 +413,9 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
   load_rows(pb.k + pb.k_row(bh, 0), a.tk, tkp, d, dp, kr);
   for (int64_t t = 0; t < nkt; ++t) {
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
-    transpose(kr + j0 * dp, dp, nk, dp, kt + j0 * dp, kBk);
-    load_rows(pb.v + pb.k_row(bh, j0), nk, nk, d, dp, vrow);
-    transpose(vrow, dp, nk, dp, vt + j0 * dp, kBk);
+    transpose(kr + j0 * dp, dp, kBk, dp, kt + j0 * dp);
+    load_rows(pb.v + pb.k_row(bh, j0), nk, kBk, d, dp, vrow);
+    transpose(vrow, dp, kBk, dp, vt + j0 * dp);
   }
   std::fill(dkt, dkt + tkp * dp, 0.0f);
   std::fill(dvt, dvt + tkp * dp, 0.0f);
@@ -476,9 +512,16 @@ template <typename T>
 Problem<T> problem(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& mask, const T* o, const T* dout) {
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.d));
-  return Problem<T>{a,           scale,       pad16(a.d),
-                    q.data<T>(), k.data<T>(), v.data<T>(),
-                    o,           dout,        mask.defined() ? mask.data<uint8_t>() : nullptr};
+  return Problem<T>{a,
+                    scale,
+                    pad16(a.d),
+                    q.data<T>(),
+                    k.data<T>(),
+                    v.data<T>(),
+                    o,
+                    dout,
+                    mask.defined() ? mask.data<uint8_t>() : nullptr,
+                    1.0f / (1.0f - a.dropout)};
 }
 
 }  // namespace
