@@ -61,16 +61,8 @@ inline v16i lanes_below(int64_t n) {
   return lane < static_cast<int32_t>(n);
 }
 
-// fn(c0, m, f32 views of each span at c0) over [0, n) in kBlock chunks: f32 spans
+// fn(c0, m, f32 views of a, b, c at c0) over [0, n) in kBlock chunks: f32 spans
 // are used in place, half ones converted into stack buffers.
-template <typename T, typename Fn>
-void chunks2(int64_t n, const T* a, const T* b, Fn fn) {
-  float ba[kBlock], bb[kBlock];
-  for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
-    const int64_t m = std::min(kBlock, n - c0);
-    fn(c0, m, as_f32(a + c0, ba, m), as_f32(b + c0, bb, m));
-  }
-}
 template <typename T, typename Fn>
 void chunks3(int64_t n, const T* a, const T* b, const T* c, Fn fn) {
   float ba[kBlock], bb[kBlock], bc[kBlock];
