@@ -3,12 +3,15 @@
 // the key tiles with an online softmax. Backward: one
 // task per (b, h) walks every (query tile, key tile) pair once, recomputing
 // P = exp(S - lse) and dS = P * (dP - Di) for the pair and feeding dQ, dK and dV
-// from them (five tile products per pair, none repeated). Each output element
+// from them (five tile products per pair, none repeated; P^T and dS^T are read
+// with strides where a product needs them, never transposed). Each output element
 // is summed by one task in a fixed order: bit-identical for any thread count,
 // no atomics. Tiles are f32 with the head dim padded to a multiple of 16 and
 // multiplied by a register-blocked kernel on 16-float vectors (GCC vector
-// extensions: zmm with AVX-512, narrower registers otherwise). Workspace:
-// per-thread f32 tiles, plus for backward the (b, h) slice's K, V, dK, dV.
+// extensions: zmm with AVX-512, narrower registers otherwise). Dropout draws the
+// keep bytes of a whole query tile in one Philox call (its rows are consecutive
+// in the stream), so the draw runs interleaved. Workspace: per-thread f32 tiles
+// and keep bytes, plus for backward the (b, h) slice's K, V, dK, dV.
 #include "kernels/attention.h"
 
 #include <omp.h>
@@ -30,7 +33,6 @@ constexpr int64_t kV = 16;   // floats per vector
 
 using v16 = float __attribute__((vector_size(kV * sizeof(float))));
 using v16i = int32_t __attribute__((vector_size(kV * sizeof(int32_t))));
-using v16u = uint32_t __attribute__((vector_size(kV * sizeof(uint32_t))));
 
 inline v16 vload(const float* p) {
   v16 v;
@@ -44,15 +46,23 @@ inline v16i vloadi(const int32_t* p) {
 }
 inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 inline v16 splat(float x) { return v16{} + x; }
+// Horizontal sum and max as a tree of halvings (4 dependent steps, not 15: they
+// sit on each row's critical path).
+using v8 = float __attribute__((vector_size(8 * sizeof(float))));
+using v4 = float __attribute__((vector_size(4 * sizeof(float))));
 inline float hsum(v16 v) {
-  float s = 0.0f;
-  for (int i = 0; i < kV; ++i) s += v[i];
-  return s;
+  const v8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+               __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v4 b =
+      __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
 }
 inline float hmax(v16 v) {
-  float m = v[0];
-  for (int i = 1; i < kV; ++i) m = std::max(m, v[i]);
-  return m;
+  const v8 lo = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8 hi = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v8 a = lo > hi ? lo : hi;
+  return std::max(std::max(std::max(a[0], a[4]), std::max(a[1], a[5])),
+                  std::max(std::max(a[2], a[6]), std::max(a[3], a[7])));
 }
 
 int64_t pad16(int64_t n) { return (n + kV - 1) / kV * kV; }
@@ -100,11 +110,12 @@ inline v16 exp_neg_v(v16 x) {
   return x < lo ? v16{} : y * scale;
 }
 
-// C[R, NV*16] += A[R, K] . B[K, NV*16] (row strides lda, ldb, ldc): R * NV
-// accumulators stay in registers while k runs.
+// C[R, NV*16] += A[R, K] . B[K, NV*16], A(r, kk) at a[r * sr + kk * sc] (so a
+// transposed A costs nothing: its elements are broadcast one at a time anyway),
+// row strides ldb, ldc: R * NV accumulators stay in registers while k runs.
 template <int R, int NV>
-void mm_block(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-              int64_t k) {
+void mm_block(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
+              int64_t ldc, int64_t k) {
   v16 acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = vload(c + r * ldc + v * kV);
@@ -112,7 +123,7 @@ void mm_block(const float* a, int64_t lda, const float* b, int64_t ldb, float* c
     v16 bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = vload(b + kk * ldb + v * kV);
     for (int r = 0; r < R; ++r) {
-      const float ar = a[r * lda + kk];
+      const float ar = a[r * sr + kk * sc];
       for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
     }
   }
@@ -121,27 +132,29 @@ void mm_block(const float* a, int64_t lda, const float* b, int64_t ldb, float* c
 }
 
 template <int NV>
-void mm_rows(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-             int64_t m, int64_t k) {
-  int64_t i = 0;
-  for (; i + 4 <= m; i += 4) mm_block<4, NV>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
-  for (; i < m; ++i) mm_block<1, NV>(a + i * lda, lda, b, ldb, c + i * ldc, ldc, k);
+void mm_rows(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
+             int64_t ldc, int64_t m, int64_t k) {
+  const int64_t m4 = m / 4 * 4;
+  for (int64_t i = 0; i < m4; i += 4)
+    mm_block<4, NV>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+  for (int64_t i = m4; i < m; ++i) mm_block<1, NV>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
 }
 
-// C[m, n] += A[m, k] . B[k, n], n a multiple of 16; the sum over k runs in order.
-void mm_acc(const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-            int64_t m, int64_t k, int64_t n) {
+// C[m, n] += A[m, k] . B[k, n], A(i, kk) at a[i * sr + kk * sc], n a multiple of
+// 16; the sum over k runs in order.
+void mm_acc(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
+            int64_t ldc, int64_t m, int64_t k, int64_t n) {
   int64_t j = 0;
-  for (; j + 4 * kV <= n; j += 4 * kV) mm_rows<4>(a, lda, b + j, ldb, c + j, ldc, m, k);
+  for (; j + 4 * kV <= n; j += 4 * kV) mm_rows<4>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
   switch ((n - j) / kV) {
     case 3:
-      mm_rows<3>(a, lda, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<3>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     case 2:
-      mm_rows<2>(a, lda, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<2>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     case 1:
-      mm_rows<1>(a, lda, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<1>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     default:
       break;
@@ -158,14 +171,20 @@ struct Scratch {
   }
 };
 
+// Keep bytes of one query tile: kBq rows of tk, plus a tile of slack so the
+// 16-byte loads of the last row's last tile stay inside.
+int64_t keep_bytes(int64_t tk) { return kBq * tk + kBk; }
+
 // Floats per thread (a few spare vectors per buffer for the rounding in take()).
 int64_t forward_floats(int64_t tk, int64_t dp) {
   const int64_t tkp = (tk + kBk - 1) / kBk * kBk;
-  return 2 * tkp * dp + kBk * dp + 2 * kBq * dp + kBq * kBk + 2 * kBq + 8 * kV;
+  return 2 * tkp * dp + kBk * dp + 2 * kBq * dp + kBq * kBk + 2 * kBq + keep_bytes(tk) / 4 +
+         10 * kV;
 }
 int64_t backward_floats(int64_t tk, int64_t dp) {
   const int64_t tkp = (tk + kBk - 1) / kBk * kBk;
-  return 5 * tkp * dp + kBk * dp + 3 * kBq * dp + 4 * kBq * kBk + 2 * kBq + 16 * kV;
+  return 5 * tkp * dp + kBk * dp + 3 * kBq * dp + 2 * kBq * kBk + 2 * kBq + keep_bytes(tk) / 4 +
+         16 * kV;
 }
 
 // The problem with its pointers; offsets are in rows of D elements.
@@ -176,6 +195,7 @@ struct Problem {
   int64_t dp;  // D padded to a multiple of 16
   const T *q, *k, *v, *o, *dout;
   const uint8_t* mask;  // [B, Tk] or null
+  float keep_scale;     // 1 / (1 - dropout), once here rather than a divide per vector
   int64_t q_row(int64_t bh, int64_t i) const { return (bh * a.tq + i) * a.d; }
   int64_t k_row(int64_t bh, int64_t j) const { return (bh * a.tk + j) * a.d; }
   // Is key j seen by query i of batch b (j >= tk is never seen)?
@@ -197,31 +217,53 @@ struct Problem {
     }
     for (int64_t j = 0; j < kBk; ++j) on[j] = visible(b, i, j0 + j) ? -1 : 0;
   }
-  // keep[j] = 1/(1-p) or 0: the dropout decision for keys [j0, j0 + kBk) of query
-  // row i of (b, h) (1 everywhere without dropout; 0 for j >= tk).
-  void dropout_row(int64_t bh, int64_t i, int64_t j0, float* keep) const {
-    if (a.dropout == 0.0f) {
-      std::fill(keep, keep + kBk, 1.0f);
-      return;
-    }
-    const float inv = 1.0f / (1.0f - a.dropout);
-    const int64_t nk = std::min(kBk, a.tk - j0);
-    uint32_t words[kBk];
-    Philox(a.seed, a.stream).words(static_cast<uint64_t>((bh * a.tq + i) * a.tk + j0), nk, words);
-    // u32_to_uniform on 16 lanes: the top 24 bits are exact in a float.
-    const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    for (int64_t j = 0; j < kBk; j += kV) {
-      v16u w;
-      std::memcpy(&w, words + j, sizeof w);
-      const v16 u = __builtin_convertvector(w >> 8, v16) * 0x1p-24f;
-      const v16i kept =
-          (u >= a.dropout) & (lane + static_cast<int32_t>(j) < static_cast<int32_t>(nk));
-      vstore(keep + j, kept ? splat(inv) : v16{});
-    }
-  }
   // Does any query in [i0, i0 + nq) see a key in [j0, ...)? Causal only prunes.
   bool tile_live(int64_t i0, int64_t nq, int64_t j0) const {
     return a.causal == Causal::no || j0 <= i0 + nq - 1 + (a.tk - a.tq);
+  }
+  // The end of the keys in live tiles for query rows [i0, i0 + nq).
+  int64_t live_end(int64_t i0, int64_t nq) const {
+    int64_t j0 = 0;
+    while (j0 < a.tk && tile_live(i0, nq, j0)) j0 += kBk;
+    return std::min(j0, a.tk);
+  }
+  // keep[i * tk + j] = 1 iff query row i0 + i of (b, h) keeps key j (u32_to_uniform
+  // of its word >= dropout), for the keys of the live tiles. Without causal
+  // pruning the tile's rows are one run of the stream, drawn in one call.
+  void dropout_tile(int64_t bh, int64_t i0, int64_t nq, uint8_t* keep) const {
+    if (a.dropout == 0.0f) return;
+    const Philox rng(a.seed, a.stream);
+    const uint64_t first = static_cast<uint64_t>((bh * a.tq + i0) * a.tk);
+    const int64_t end = live_end(i0, nq);
+    if (end == a.tk) {
+      draw_keep(rng, first, nq * a.tk, keep);
+    } else {
+      for (int64_t i = 0; i < nq; ++i)
+        draw_keep(rng, first + static_cast<uint64_t>(i * a.tk), end, keep + i * a.tk);
+    }
+    std::fill(keep + nq * a.tk, keep + nq * a.tk + kBk, uint8_t{0});  // the loads' slack
+  }
+  void draw_keep(const Philox& rng, uint64_t first, int64_t n, uint8_t* keep) const {
+    constexpr int64_t kWords = 1024;
+    const float p = a.dropout;  // a local: the byte stores could alias a.dropout (no vectors)
+    uint32_t w[kWords];
+    for (int64_t c = 0; c < n; c += kWords) {
+      const int64_t m = std::min(kWords, n - c);
+      rng.words(first + static_cast<uint64_t>(c), m, w);
+      for (int64_t k = 0; k < m; ++k) keep[c + k] = u32_to_uniform(w[k]) >= p ? 1 : 0;
+    }
+  }
+  // The dropout factors of keys [j, j + 16) of a keep row (from dropout_tile,
+  // offset to the key tile): 1/(1-p) kept, 0 dropped or j >= nk; 1 without dropout.
+  v16 keep_vec(const uint8_t* row, int64_t j, int64_t nk) const {
+    if (a.dropout == 0.0f) return splat(1.0f);
+    using v16b = uint8_t __attribute__((vector_size(kV)));
+    v16b bytes;
+    std::memcpy(&bytes, row + j, sizeof bytes);
+    const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    const v16i kept = (__builtin_convertvector(bytes, v16i) != 0) &
+                      (lane + static_cast<int32_t>(j) < static_cast<int32_t>(nk));
+    return kept ? splat(keep_scale) : v16{};
   }
 };
 
@@ -235,14 +277,49 @@ void load_rows(const T* src, int64_t rows, int64_t rows_pad, int64_t d, int64_t 
   std::fill(dst + rows * dp, dst + rows_pad * dp, 0.0f);
 }
 
-// src [rows, cols] (row stride lds) -> dst [cols, rows_pad] (row stride rows_pad).
-void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst,
-               int64_t rows_pad) {
-  for (int64_t c = 0; c < cols; ++c) {
-    float* out = dst + c * rows_pad;
-    for (int64_t r = 0; r < rows; ++r) out[r] = src[r * lds + c];
-    std::fill(out + rows, out + rows_pad, 0.0f);
+// One round of a 16 x 16 transpose on rows (top, bot) = (i, i + B): top keeps
+// its columns c with (c & B) == 0 and takes the others from columns c - B of bot;
+// bot takes columns c + B of top for the former and keeps the latter.
+template <int B>
+inline void swap_pair(v16& top, v16& bot) {
+  const v16 t = top, b = bot;
+  if constexpr (B == 8) {
+    top = __builtin_shufflevector(t, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+    bot =
+        __builtin_shufflevector(t, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  } else if constexpr (B == 4) {
+    top = __builtin_shufflevector(t, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    bot = __builtin_shufflevector(t, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  } else if constexpr (B == 2) {
+    top = __builtin_shufflevector(t, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+    bot = __builtin_shufflevector(t, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+  } else if constexpr (B == 1) {
+    top = __builtin_shufflevector(t, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+    bot = __builtin_shufflevector(t, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
   }
+}
+
+// The 16 x 16 block at src (row stride lds) -> dst (row stride ldd), transposed
+// in registers: rounds B = 8, 4, 2, 1 swap the off-diagonal B x B sub-blocks of
+// each 2B x 2B block, one two-source shuffle per row and round.
+void transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  v16 r[kV];
+  for (int i = 0; i < kV; ++i) r[i] = vload(src + i * lds);
+  for (int i = 0; i < 8; ++i) swap_pair<8>(r[i], r[i + 8]);
+  for (int i = 0; i < kV; ++i)
+    if ((i & 4) == 0) swap_pair<4>(r[i], r[i + 4]);
+  for (int i = 0; i < kV; ++i)
+    if ((i & 2) == 0) swap_pair<2>(r[i], r[i + 2]);
+  for (int i = 0; i < kV; i += 2) swap_pair<1>(r[i], r[i + 1]);
+  for (int i = 0; i < kV; ++i) vstore(dst + i * ldd, r[i]);
+}
+
+// src [rows, cols] (row stride lds) -> dst [cols, rows] (row stride rows), both
+// multiples of 16 (callers pad with zero rows).
+void transpose(const float* src, int64_t lds, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kV)
+    for (int64_t c0 = 0; c0 < cols; c0 += kV)
+      transpose16(src + r0 * lds + c0, lds, dst + c0 * rows + r0, rows);
 }
 
 // Forward of one (b, h): K^T and V of every key tile staged once, then each
@@ -255,21 +332,24 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
   float *kt = sc.take(tkp * dp), *vt = sc.take(tkp * dp), *kr = sc.take(kBk * dp);
   float *qt = sc.take(kBq * dp), *acc = sc.take(kBq * dp), *s = sc.take(kBq * kBk);
   float *m = sc.take(kBq), *l = sc.take(kBq);
+  uint8_t* keep = reinterpret_cast<uint8_t*>(sc.take(keep_bytes(a.tk) / 4 + 1));
   for (int64_t t = 0; t < nkt; ++t) {  // K^T tiles [dp, kBk]; V rows [kBk, dp]
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
-    load_rows(pb.k + pb.k_row(bh, j0), nk, nk, d, dp, kr);
-    transpose(kr, dp, nk, dp, kt + j0 * dp, kBk);
+    load_rows(pb.k + pb.k_row(bh, j0), nk, kBk, d, dp, kr);
+    transpose(kr, dp, kBk, dp, kt + j0 * dp);
     load_rows(pb.v + pb.k_row(bh, j0), nk, kBk, d, dp, vt + j0 * dp);
   }
   for (int64_t i0 = 0; i0 < a.tq; i0 += kBq) {
     const int64_t nq = std::min(kBq, a.tq - i0);
     load_rows(pb.q + pb.q_row(bh, i0), nq, nq, d, dp, qt);
+    pb.dropout_tile(bh, i0, nq, keep);
     std::fill(acc, acc + nq * dp, 0.0f);
     std::fill(m, m + nq, -INFINITY);
     std::fill(l, l + nq, 0.0f);
     for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
       std::fill(s, s + nq * kBk, 0.0f);
-      mm_acc(qt, dp, kt + j0 * dp, kBk, s, kBk, nq, dp, kBk);
+      mm_acc(qt, dp, 1, kt + j0 * dp, kBk, s, kBk, nq, dp, kBk);
+      const int64_t nk = std::min(kBk, a.tk - j0);
       int32_t on[kBk];
       const v16 ninf = splat(-INFINITY);
       for (int64_t i = 0; i < nq; ++i) {
@@ -296,15 +376,15 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
         l[i] = l[i] * rescale + hsum(sumv);
         m[i] = mx;
         if (a.dropout > 0.0f) {  // O sums the dropped probabilities; l is the full softmax sum
-          float keep[kBk];
-          pb.dropout_row(bh, i0 + i, j0, keep);
-          for (int64_t j = 0; j < kBk; ++j) si[j] *= keep[j];
+          const uint8_t* kr_i = keep + i * a.tk + j0;
+          for (int64_t j = 0; j < kBk; j += kV)
+            vstore(si + j, vload(si + j) * pb.keep_vec(kr_i, j, nk));
         }
         float* ai = acc + i * dp;
 #pragma omp simd
         for (int64_t dd = 0; dd < dp; ++dd) ai[dd] *= rescale;
       }
-      mm_acc(s, kBk, vt + j0 * dp, dp, acc, dp, nq, kBk, dp);
+      mm_acc(s, kBk, 1, vt + j0 * dp, dp, acc, dp, nq, kBk, dp);
     }
     for (int64_t i = 0; i < nq; ++i) {
       float* ai = acc + i * dp;
@@ -327,15 +407,15 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
   float *kr = sc.take(tkp * dp), *kt = sc.take(tkp * dp), *vt = sc.take(tkp * dp);
   float *dkt = sc.take(tkp * dp), *dvt = sc.take(tkp * dp);
   float *qt = sc.take(kBq * dp), *dot = sc.take(kBq * dp), *dqt = sc.take(kBq * dp);
-  float *p = sc.take(kBq * kBk), *ds = sc.take(kBq * kBk), *pt = sc.take(kBk * kBq);
-  float *dst = sc.take(kBk * kBq), *vrow = sc.take(kBk * dp);
+  float *p = sc.take(kBq * kBk), *ds = sc.take(kBq * kBk), *vrow = sc.take(kBk * dp);
   float *lse = sc.take(kBq), *di = sc.take(kBq);
+  uint8_t* keep = reinterpret_cast<uint8_t*>(sc.take(keep_bytes(a.tk) / 4 + 1));
   load_rows(pb.k + pb.k_row(bh, 0), a.tk, tkp, d, dp, kr);
   for (int64_t t = 0; t < nkt; ++t) {
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
-    transpose(kr + j0 * dp, dp, nk, dp, kt + j0 * dp, kBk);
-    load_rows(pb.v + pb.k_row(bh, j0), nk, nk, d, dp, vrow);
-    transpose(vrow, dp, nk, dp, vt + j0 * dp, kBk);
+    transpose(kr + j0 * dp, dp, kBk, dp, kt + j0 * dp);
+    load_rows(pb.v + pb.k_row(bh, j0), nk, kBk, d, dp, vrow);
+    transpose(vrow, dp, kBk, dp, vt + j0 * dp);
   }
   std::fill(dkt, dkt + tkp * dp, 0.0f);
   std::fill(dvt, dvt + tkp * dp, 0.0f);
@@ -343,42 +423,43 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
     const int64_t nq = std::min(kBq, a.tq - i0);
     load_rows(pb.q + pb.q_row(bh, i0), nq, nq, d, dp, qt);
     load_rows(pb.dout + pb.q_row(bh, i0), nq, nq, d, dp, dot);
+    pb.dropout_tile(bh, i0, nq, keep);
     for (int64_t i = 0; i < nq; ++i) {  // Di = rowsum(dO * O)
       float orow[1024];                 // D <= 1024 is checked
       cpu_io::load_n(pb.o + pb.q_row(bh, i0 + i), orow, d);
-      float s = 0.0f;
-      for (int64_t dd = 0; dd < d; ++dd) s += dot[i * dp + dd] * orow[dd];
-      di[i] = s;
+      std::fill(orow + d, orow + dp, 0.0f);
+      v16 sv{};
+      for (int64_t dd = 0; dd < dp; dd += kV) sv += vload(dot + i * dp + dd) * vload(orow + dd);
+      di[i] = hsum(sv);
       lse[i] = lse_all[bh * a.tq + i0 + i];
     }
     std::fill(dqt, dqt + nq * dp, 0.0f);
     for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
       std::fill(p, p + nq * kBk, 0.0f);
       std::fill(ds, ds + nq * kBk, 0.0f);
-      mm_acc(qt, dp, kt + j0 * dp, kBk, p, kBk, nq, dp, kBk);    // S = Q K^T
-      mm_acc(dot, dp, vt + j0 * dp, kBk, ds, kBk, nq, dp, kBk);  // dP = dO V^T
+      mm_acc(qt, dp, 1, kt + j0 * dp, kBk, p, kBk, nq, dp, kBk);    // S = Q K^T
+      mm_acc(dot, dp, 1, vt + j0 * dp, kBk, ds, kBk, nq, dp, kBk);  // dP = dO V^T
       // With dropout mask M (scaled): O = (P * M) V, so dV = (P * M)^T dO and
       // dP = (dO V^T) * M; dS = P * (dP - Di) with Di = rowsum(dO * O) as before.
-      float keep[kBk];
+      const int64_t nk = std::min(kBk, a.tk - j0);
       int32_t on[kBk];
       for (int64_t i = 0; i < nq; ++i) {
         float *pi = p + i * kBk, *dsi = ds + i * kBk;
-        pb.dropout_row(bh, i0 + i, j0, keep);
+        const uint8_t* kr_i = keep + i * a.tk + j0;
         pb.visible_row(b, i0 + i, j0, on);
         if (lse[i] == -INFINITY) std::fill(on, on + kBk, 0);
         for (int64_t j = 0; j < kBk; j += kV) {
           const v16 e = exp_neg_v(vload(pi + j) * pb.scale - lse[i]);
           const v16 prob = vloadi(on + j) ? e : v16{};
-          const v16 kj = vload(keep + j);
+          const v16 kj = pb.keep_vec(kr_i, j, nk);
           vstore(dsi + j, prob * (vload(dsi + j) * kj - di[i]));
           vstore(pi + j, prob * kj);
         }
       }
-      transpose(p, kBk, nq, kBk, pt, nq);
-      transpose(ds, kBk, nq, kBk, dst, nq);
-      mm_acc(pt, nq, dot, dp, dvt + j0 * dp, dp, kBk, nq, dp);  // dV += P^T dO
-      mm_acc(dst, nq, qt, dp, dkt + j0 * dp, dp, kBk, nq, dp);  // dK += dS^T Q
-      mm_acc(ds, kBk, kr + j0 * dp, dp, dqt, dp, nq, kBk, dp);  // dQ += dS K
+      // P^T and dS^T as A operands: element (key r, query kk) at [kk * kBk + r].
+      mm_acc(p, 1, kBk, dot, dp, dvt + j0 * dp, dp, kBk, nq, dp);  // dV += P^T dO
+      mm_acc(ds, 1, kBk, qt, dp, dkt + j0 * dp, dp, kBk, nq, dp);  // dK += dS^T Q
+      mm_acc(ds, kBk, 1, kr + j0 * dp, dp, dqt, dp, nq, kBk, dp);  // dQ += dS K
     }
     for (int64_t i = 0; i < nq; ++i) {
       float* r = dqt + i * dp;
@@ -431,9 +512,16 @@ template <typename T>
 Problem<T> problem(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& mask, const T* o, const T* dout) {
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.d));
-  return Problem<T>{a,           scale,       pad16(a.d),
-                    q.data<T>(), k.data<T>(), v.data<T>(),
-                    o,           dout,        mask.defined() ? mask.data<uint8_t>() : nullptr};
+  return Problem<T>{a,
+                    scale,
+                    pad16(a.d),
+                    q.data<T>(),
+                    k.data<T>(),
+                    v.data<T>(),
+                    o,
+                    dout,
+                    mask.defined() ? mask.data<uint8_t>() : nullptr,
+                    1.0f / (1.0f - a.dropout)};
 }
 
 }  // namespace

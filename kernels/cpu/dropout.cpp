@@ -21,14 +21,17 @@ using cpu_io::kBlock;
 constexpr int64_t kGrain = int64_t{1} << 14;
 
 // mask[i] = 1 iff uniform(offset + i) >= p, for i in [lo, hi): words drawn
-// kBlock at a time by the vectorised Philox.
+// kWords at a time by the vectorised Philox (enough for its interleaved groups
+// of blocks even when offset is not a multiple of 4).
 void draw_mask(const DropoutArgs& a, int64_t lo, int64_t hi, uint8_t* mask) {
+  constexpr int64_t kWords = 1024;
   const Philox rng(a.seed, a.stream);
-  uint32_t words[kBlock];
-  for (int64_t i = lo; i < hi; i += kBlock) {
-    const int64_t m = std::min(kBlock, hi - i);
+  const float p = a.p;  // a local: the byte stores could alias a.p (no vectors)
+  uint32_t words[kWords];
+  for (int64_t i = lo; i < hi; i += kWords) {
+    const int64_t m = std::min(kWords, hi - i);
     rng.words(a.offset + static_cast<uint64_t>(i), m, words);
-    for (int64_t k = 0; k < m; ++k) mask[i + k] = u32_to_uniform(words[k]) >= a.p ? 1 : 0;
+    for (int64_t k = 0; k < m; ++k) mask[i + k] = u32_to_uniform(words[k]) >= p ? 1 : 0;
   }
 }
 

@@ -5,9 +5,14 @@
 //   dx = rstd (g - mean(g) - xhat mean(g xhat)),  dgamma = sum_rows dy xhat,  dbeta = sum_rows dy
 // dx runs rows in parallel; dgamma/dbeta give each column block to one task that walks
 // the rows in order, so nothing depends on the thread count and no workspace is needed.
+// Row sums run on 16-float vectors (GCC vector extensions) in a fixed order: one
+// vector accumulator over the row, then its lanes; a row's ragged end is a
+// zero-padded vector with the lanes past it masked off.
 // CUDA tensors go to kernels/cuda/layernorm.cu (same formulas, also deterministic).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
@@ -24,23 +29,114 @@ using cpu_io::load;
 
 int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 13) / cols); }
 
+constexpr int64_t kV = 16;  // floats per vector
+using v16 = float __attribute__((vector_size(kV * sizeof(float))));
+using v16i = int32_t __attribute__((vector_size(kV * sizeof(int32_t))));
+
+inline v16 vload(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+// p[0, n) with n < 16, zeros above.
+inline v16 vload_part(const float* p, int64_t n) {
+  float b[kV] = {};
+  std::copy(p, p + n, b);
+  return vload(b);
+}
+inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+inline void vstore_part(float* p, v16 v, int64_t n) {
+  float b[kV];
+  vstore(b, v);
+  std::copy(b, b + n, p);
+}
+inline float hsum(v16 v) {
+  float s = 0.0f;
+  for (int i = 0; i < kV; ++i) s += v[i];
+  return s;
+}
+// Lanes below n on (-1), the rest off.
+inline v16i lanes_below(int64_t n) {
+  const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane < static_cast<int32_t>(n);
+}
+
+// fn(c0, m, f32 views of a, b, c at c0) over [0, n) in kBlock chunks: f32 spans
+// are used in place, half ones converted into stack buffers.
+template <typename T, typename Fn>
+void chunks3(int64_t n, const T* a, const T* b, const T* c, Fn fn) {
+  float ba[kBlock], bb[kBlock], bc[kBlock];
+  for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
+    const int64_t m = std::min(kBlock, n - c0);
+    fn(c0, m, as_f32(a + c0, ba, m), as_f32(b + c0, bb, m), as_f32(c + c0, bc, m));
+  }
+}
+// Writes f32 results for [c0, c0 + m) of dst: in place for f32, else through buf.
+template <typename T>
+float* out_span(T* dst, int64_t c0, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return dst + c0;
+  } else {
+    return buf;
+  }
+}
+template <typename T>
+void finish_span(T* dst, int64_t c0, int64_t m, const float* buf) {
+  if constexpr (!std::is_same_v<T, float>) cpu_io::store_n(buf, dst + c0, m);
+}
+
 template <typename T>
 void forward_rows(const LayerNormArgs& a, const T* x, const T* gamma, const T* beta, T* y,
                   float* mean, float* rstd) {
   const int64_t n = a.cols;
   parallel_for(0, a.rows, rows_per_task(n), [&](int64_t lo, int64_t hi) {
+    float bx[kBlock], res[kBlock];
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * n;
-      float s = 0.0f;
-      for (int64_t j = 0; j < n; ++j) s += load(xr, j);
-      const float m = s / static_cast<float>(n);
-      float ss = 0.0f;
-      for (int64_t j = 0; j < n; ++j) ss += (load(xr, j) - m) * (load(xr, j) - m);
-      const float rs = 1.0f / std::sqrt(ss / static_cast<float>(n) + a.eps);
-      for (int64_t j = 0; j < n; ++j) {
-        cpu_io::store(y + r * n, j, (load(xr, j) - m) * rs * load(gamma, j) + load(beta, j));
+      v16 sv{};
+      for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
+        const int64_t m = std::min(kBlock, n - c0);
+        const float* xv = as_f32(xr + c0, bx, m);
+        int64_t k = 0;
+        for (; k + kV <= m; k += kV) sv += vload(xv + k);
+        if (k < m) sv += vload_part(xv + k, m - k);
       }
-      mean[r] = m;
+      const float mu = hsum(sv) / static_cast<float>(n);
+      v16 ssv{};  // second pass over (x - mean)^2: no cancellation
+      for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
+        const int64_t m = std::min(kBlock, n - c0);
+        const float* xv = as_f32(xr + c0, bx, m);
+        int64_t k = 0;
+        for (; k + kV <= m; k += kV) {
+          const v16 d = vload(xv + k) - mu;
+          ssv += d * d;
+        }
+        if (k < m) {
+          const v16 d = lanes_below(m - k) ? vload_part(xv + k, m - k) - mu : v16{};
+          ssv += d * d;
+        }
+      }
+      const float rs = 1.0f / std::sqrt(hsum(ssv) / static_cast<float>(n) + a.eps);
+      T* yr = y + r * n;
+      for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
+        const int64_t m = std::min(kBlock, n - c0);
+        float bg[kBlock], bb[kBlock];
+        const float* xv = as_f32(xr + c0, bx, m);
+        const float* gv = as_f32(gamma + c0, bg, m);
+        const float* bv = as_f32(beta + c0, bb, m);
+        float* out = out_span(yr, c0, res);
+        int64_t k = 0;
+        for (; k + kV <= m; k += kV)
+          vstore(out + k, (vload(xv + k) - mu) * rs * vload(gv + k) + vload(bv + k));
+        if (k < m) {
+          const int64_t t = m - k;
+          vstore_part(
+              out + k,
+              (vload_part(xv + k, t) - mu) * rs * vload_part(gv + k, t) + vload_part(bv + k, t), t);
+        }
+        finish_span(yr, c0, m, res);
+      }
+      mean[r] = mu;
       rstd[r] = rs;
     }
   });
@@ -51,45 +147,102 @@ void dx_rows(const LayerNormArgs& a, const T* x, const T* dy, const T* gamma, co
              const float* rstd, T* dx) {
   const int64_t n = a.cols;
   parallel_for(0, a.rows, rows_per_task(n), [&](int64_t lo, int64_t hi) {
+    float res[kBlock];
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * n;
       const T* dr = dy + r * n;
-      float sg = 0.0f, sgx = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
-        const float g = load(dr, j) * load(gamma, j);
-        sg += g;
-        sgx += g * (load(xr, j) - mean[r]) * rstd[r];
-      }
-      const float mg = sg / static_cast<float>(n), mgx = sgx / static_cast<float>(n);
-      for (int64_t j = 0; j < n; ++j) {
-        const float xhat = (load(xr, j) - mean[r]) * rstd[r];
-        const float g = load(dr, j) * load(gamma, j);
-        cpu_io::store(dx + r * n, j, rstd[r] * (g - mg - xhat * mgx));
-      }
+      const float mu = mean[r], rs = rstd[r];
+      v16 sgv{}, sgxv{};
+      // Padded lanes have dy = 0, so they add nothing to either sum.
+      chunks3(n, xr, dr, gamma,
+              [&](int64_t, int64_t m, const float* xv, const float* dv, const float* gv) {
+                int64_t k = 0;
+                for (; k + kV <= m; k += kV) {
+                  const v16 g = vload(dv + k) * vload(gv + k);
+                  sgv += g;
+                  sgxv += g * ((vload(xv + k) - mu) * rs);
+                }
+                if (k < m) {
+                  const int64_t t = m - k;
+                  const v16 g = vload_part(dv + k, t) * vload_part(gv + k, t);
+                  sgv += g;
+                  sgxv += g * ((vload_part(xv + k, t) - mu) * rs);
+                }
+              });
+      const float mg = hsum(sgv) / static_cast<float>(n), mgx = hsum(sgxv) / static_cast<float>(n);
+      T* out_r = dx + r * n;
+      chunks3(n, xr, dr, gamma,
+              [&](int64_t c0, int64_t m, const float* xv, const float* dv, const float* gv) {
+                float* out = out_span(out_r, c0, res);
+                auto dx_of = [&](v16 xx, v16 dd, v16 gg) {
+                  const v16 xhat = (xx - mu) * rs;
+                  return rs * (dd * gg - mg - xhat * mgx);
+                };
+                int64_t k = 0;
+                for (; k + kV <= m; k += kV)
+                  vstore(out + k, dx_of(vload(xv + k), vload(dv + k), vload(gv + k)));
+                if (k < m) {
+                  const int64_t t = m - k;
+                  vstore_part(
+                      out + k,
+                      dx_of(vload_part(xv + k, t), vload_part(dv + k, t), vload_part(gv + k, t)),
+                      t);
+                }
+                finish_span(out_r, c0, m, res);
+              });
     }
   });
 }
 
+// src[0, m) as full f32 floats: src itself when it is f32 and m == full, else
+// converted into buf (whose lanes from m on stay as they were: zero).
+template <typename T>
+const float* padded_f32(const T* src, int64_t m, int64_t full, float* buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (m == full) return src;
+  }
+  cpu_io::load_n(src, buf, m);
+  return buf;
+}
+
+// dgamma, dbeta for columns [c0, c0 + NV * 16) (m of them, the rest padding),
+// the rows in order, accumulators in registers.
+template <int NV, typename T>
+void param_block(const LayerNormArgs& a, const T* x, const T* dy, const float* mean,
+                 const float* rstd, int64_t c0, int64_t m, T* dgamma, T* dbeta) {
+  v16 ag[NV] = {}, ab[NV] = {};
+  float bx[NV * kV] = {}, bd[NV * kV] = {};
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const float* xv = padded_f32(x + r * a.cols + c0, m, NV * kV, bx);
+    const float* dv = padded_f32(dy + r * a.cols + c0, m, NV * kV, bd);  // dy = 0 adds nothing
+    const float mu = mean[r], rs = rstd[r];
+    for (int v = 0; v < NV; ++v) {
+      const v16 d = vload(dv + v * kV);
+      ag[v] += d * ((vload(xv + v * kV) - mu) * rs);
+      ab[v] += d;
+    }
+  }
+  float g[NV * kV], b[NV * kV];
+  for (int v = 0; v < NV; ++v) {
+    vstore(g + v * kV, ag[v]);
+    vstore(b + v * kV, ab[v]);
+  }
+  cpu_io::store_n(g, dgamma + c0, m);
+  cpu_io::store_n(b, dbeta + c0, m);
+}
+
+// Column blocks of 64: enough tasks to spread over the threads at BERT's 768
+// columns (three blocks of kBlock left one thread idle a third of the time).
 template <typename T>
 void param_grads(const LayerNormArgs& a, const T* x, const T* dy, const float* mean,
                  const float* rstd, T* dgamma, T* dbeta) {
-  const int64_t blocks = (a.cols + kBlock - 1) / kBlock;
+  constexpr int kNV = 4;
+  constexpr int64_t kCols = kNV * kV;
+  const int64_t blocks = (a.cols + kCols - 1) / kCols;
   parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
-    float ag[kBlock], ab[kBlock], bx[kBlock], bd[kBlock];
     for (int64_t b = lo; b < hi; ++b) {
-      const int64_t c0 = b * kBlock, m = std::min(kBlock, a.cols - c0);
-      std::fill_n(ag, m, 0.0f);
-      std::fill_n(ab, m, 0.0f);
-      for (int64_t r = 0; r < a.rows; ++r) {
-        const float* xv = as_f32(x + r * a.cols + c0, bx, m);
-        const float* dv = as_f32(dy + r * a.cols + c0, bd, m);
-        for (int64_t k = 0; k < m; ++k) {
-          ag[k] += dv[k] * ((xv[k] - mean[r]) * rstd[r]);
-          ab[k] += dv[k];
-        }
-      }
-      cpu_io::store_n(ag, dgamma + c0, m);
-      cpu_io::store_n(ab, dbeta + c0, m);
+      const int64_t c0 = b * kCols, m = std::min(kCols, a.cols - c0);
+      param_block<kNV>(a, x, dy, mean, rstd, c0, m, dgamma, dbeta);
     }
   });
 }

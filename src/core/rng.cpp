@@ -1,7 +1,9 @@
 // Philox-4x32-10 with the constants of Random123.
 #include "core/rng.h"
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 
 namespace dtrain {
 
@@ -47,42 +49,74 @@ uint32_t Philox::u32(uint64_t i) const { return block(i / 4)[i % 4]; }
 
 namespace {
 constexpr int kLanes = 16;
+constexpr int kGroups = 4;  // independent 16-block groups per interleaved call
 using u32v = uint32_t __attribute__((vector_size(kLanes * 4)));
-using u64v = uint64_t __attribute__((vector_size(kLanes * 8)));
+using u64v = uint64_t __attribute__((vector_size(kLanes * 4)));  // the same bytes as 8 x u64
 
-// philox4x32_10 on 16 counters at once (lane b: blocks first_block + b).
-void blocks16(uint64_t first_block, uint64_t stream, uint64_t seed, uint32_t* out) {
-  u32v c0, c1, c2, c3;
-  for (int b = 0; b < kLanes; ++b) {
-    const uint64_t blk = first_block + static_cast<uint64_t>(b);
-    c0[b] = static_cast<uint32_t>(blk);
-    c1[b] = static_cast<uint32_t>(blk >> 32);
+// hi and lo halves of m * c on 16 lanes. The even and odd lanes are multiplied
+// as 8 u64 lanes each (a 32 x 32 -> 64 bit vpmuludq, no widening of the vector),
+// then the halves are picked back into lane order.
+static_assert(std::endian::native == std::endian::little,
+              "mulhilo16 picks u32 halves of u64 lanes");
+inline void mulhilo16(u32v c, uint32_t m, u32v& hi, u32v& lo) {
+  u64v w;
+  std::memcpy(&w, &c, sizeof w);
+  const u64v pe = (w & 0xffffffffu) * m, po = (w >> 32) * m;
+  u32v e, o;
+  std::memcpy(&e, &pe, sizeof e);
+  std::memcpy(&o, &po, sizeof o);
+  hi = __builtin_shufflevector(e, o, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
+  lo = __builtin_shufflevector(e, o, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+}
+
+// philox4x32_10 on G groups of 16 counters (group g, lane b: block first[g] + b).
+// The groups are independent chains, run round by round together so that one
+// group's multiplies overlap another's latency (one group alone is latency-bound).
+template <int G>
+void blocks16(const uint64_t* first, uint64_t stream, uint64_t seed, uint32_t* const* out) {
+  const u32v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  u32v c0[G], c1[G], c2[G], c3[G];
+  for (int g = 0; g < G; ++g) {
+    // Block numbers first + b: the low word wraps into the high word per lane.
+    const uint32_t lo = static_cast<uint32_t>(first[g]), hi = static_cast<uint32_t>(first[g] >> 32);
+    c0[g] = lane + lo;
+    c1[g] = (u32v{} + hi) + (c0[g] < lo ? 1u : 0u);
+    c2[g] = u32v{} + static_cast<uint32_t>(stream);
+    c3[g] = u32v{} + static_cast<uint32_t>(stream >> 32);
   }
-  c2 = u32v{} + static_cast<uint32_t>(stream);
-  c3 = u32v{} + static_cast<uint32_t>(stream >> 32);
   uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
   for (int r = 0; r < 10; ++r) {
     if (r > 0) {
       k0 += kW0;
       k1 += kW1;
     }
-    const u64v p0 = __builtin_convertvector(c0, u64v) * kM0;
-    const u64v p1 = __builtin_convertvector(c2, u64v) * kM1;
-    const u32v hi0 = __builtin_convertvector(p0 >> 32, u32v),
-               lo0 = __builtin_convertvector(p0, u32v);
-    const u32v hi1 = __builtin_convertvector(p1 >> 32, u32v),
-               lo1 = __builtin_convertvector(p1, u32v);
-    const u32v n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0;
+    for (int g = 0; g < G; ++g) {
+      u32v hi0, lo0, hi1, lo1;
+      mulhilo16(c0[g], kM0, hi0, lo0);
+      mulhilo16(c2[g], kM1, hi1, lo1);
+      c0[g] = hi1 ^ c1[g] ^ k0;
+      c2[g] = hi0 ^ c3[g] ^ k1;
+      c1[g] = lo1;
+      c3[g] = lo0;
+    }
   }
-  for (int b = 0; b < kLanes; ++b) {
-    out[4 * b + 0] = c0[b];
-    out[4 * b + 1] = c1[b];
-    out[4 * b + 2] = c2[b];
-    out[4 * b + 3] = c3[b];
+  // Lane b of (c0, c1, c2, c3) is block b: interleave into words 4b .. 4b + 3.
+  for (int g = 0; g < G; ++g) {
+    const u32v a = __builtin_shufflevector(c0[g], c1[g], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21,
+                                           6, 22, 7, 23);
+    const u32v b = __builtin_shufflevector(c0[g], c1[g], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13,
+                                           29, 14, 30, 15, 31);
+    const u32v c = __builtin_shufflevector(c2[g], c3[g], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21,
+                                           6, 22, 7, 23);
+    const u32v d = __builtin_shufflevector(c2[g], c3[g], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13,
+                                           29, 14, 30, 15, 31);
+    const u32v w[4] = {
+        __builtin_shufflevector(a, c, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23),
+        __builtin_shufflevector(a, c, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31),
+        __builtin_shufflevector(b, d, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23),
+        __builtin_shufflevector(b, d, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30,
+                                31)};
+    std::memcpy(out[g], w, sizeof w);
   }
 }
 }  // namespace
@@ -94,8 +128,21 @@ void Philox::words(uint64_t first, int64_t n, uint32_t* out) const {
     out[k] = u32(first + static_cast<uint64_t>(k));
     ++k;
   }
-  for (; k + 4 * kLanes <= n; k += 4 * kLanes)
-    blocks16((first + static_cast<uint64_t>(k)) / 4, stream_, seed_, out + k);
+  constexpr int64_t kChunk = 4 * kLanes;  // words per 16-block group
+  for (; k + kGroups * kChunk <= n; k += kGroups * kChunk) {
+    uint64_t blk[kGroups];
+    uint32_t* dst[kGroups];
+    for (int g = 0; g < kGroups; ++g) {
+      blk[g] = (first + static_cast<uint64_t>(k + g * kChunk)) / 4;
+      dst[g] = out + k + g * kChunk;
+    }
+    blocks16<kGroups>(blk, stream_, seed_, dst);
+  }
+  for (; k + kChunk <= n; k += kChunk) {
+    const uint64_t blk = (first + static_cast<uint64_t>(k)) / 4;
+    uint32_t* dst = out + k;
+    blocks16<1>(&blk, stream_, seed_, &dst);
+  }
   for (; k < n; k += 4) {
     const PhiloxCounter w = block((first + static_cast<uint64_t>(k)) / 4);
     for (int64_t j = 0; j < 4 && k + j < n; ++j) out[k + j] = w[static_cast<size_t>(j)];

@@ -1,6 +1,7 @@
-// Kernel-table cases for kernels/layernorm.h: rows 1/3/17, cols 1/7/64 and a
-// 768-wide pair of rows, two eps values, f32/f16/bf16; grad mode (f32) checks
-// dx, dgamma, dbeta; check-mode cases run the backward kernel on half types.
+// Kernel-table cases for kernels/layernorm.h: rows 1/3/17, cols 1/7/64, a
+// 768-wide pair of rows and 300 columns (a ragged end after a whole chunk), two
+// eps values, f32/f16/bf16; grad mode (f32) checks dx, dgamma, dbeta; check-mode
+// cases run the backward kernel on half types.
 #include "kernels/layernorm.h"
 
 #include "pointwise_case_util.h"
@@ -83,6 +84,9 @@ std::vector<KernelCase> cases_layernorm() {
     cases.push_back(forward_case(dt, 3, 7, 1e-2f));
     cases.push_back(backward_case(dt, 5, 33));
     cases.push_back(backward_case(dt, 2, 768));
+    // 300 columns: a full 256-column chunk, then one with a ragged vector at its end.
+    cases.push_back(forward_case(dt, 3, 300, 1e-5f));
+    cases.push_back(backward_case(dt, 3, 300));
   }
   return cases;
 }
