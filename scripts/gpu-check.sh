@@ -93,7 +93,7 @@ run() {
   local name exe limit
   export DTRAIN_EXE="$bin/dtrain"  # the train.cuda test spawns the carried binary
   for name in kernels.cuda.runtime:test_cuda_runtime:120 optim.cuda:test_optim_cuda:120 \
-              train.cuda:test_train_cuda:240; do
+              train.cuda:test_train_cuda:300; do
     IFS=: read -r name exe limit <<<"$name"
     timeout "$limit" "$bin/$exe" >"$out/$name.log" 2>&1
     rc=$?

@@ -82,12 +82,24 @@ struct Operands {
   void* pre;         // null without Epilogue::bias_gelu
 };
 
+// cuBLASLt's GELU_AUX_BIAS needs the aux leading dimension (our n) divisible by 8
+// (cublasLt.h) and, like every operand, a 16-byte aligned pointer; other shapes take
+// the fallback up front rather than relying on the heuristic to refuse them.
+bool gelu_aux_ok(const GemmArgs& g, const Operands& o) {
+  return g.n % 8 == 0 && alignment(o.pre) >= 16 && alignment(o.c) >= 16;
+}
+
 // The algorithm for plan->op on these layouts, or false when cuBLASLt has none.
 bool find_algo(Context& ctx, Plan& plan, const Operands& o, size_t ws_bytes, const std::string& key,
                bool may_fail);
 
 Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Operands& o,
                 size_t ws_bytes, const std::string& key, bool gelu_epilogue = true) {
+  if (g.epilogue == Epilogue::bias_gelu && gelu_epilogue && !gelu_aux_ok(g, o)) {
+    Plan* fallback = make_plan(ctx, g, ab, ct, o, ws_bytes, key, false);
+    fallback->gelu_fallback = true;
+    return fallback;
+  }
   auto plan = std::make_unique<Plan>();
   const cublasComputeType_t compute = (ab == DType::f32 && g.math == MathMode::tf32)
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -109,6 +121,7 @@ Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Opera
   plan->c = layout(ct, g.n, g.m, g.batch, batch_stride(g.stride_c, g.m * g.n));
   if (g.epilogue != Epilogue::none) {
     const bool gelu = g.epilogue == Epilogue::bias_gelu && gelu_epilogue;
+    DTRAIN_CHECK(!gelu || gelu_aux_ok(g, o), "gemm: GELU_AUX_BIAS planned for an unfit shape");
     const cublasLtEpilogue_t epi = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bias_type = cuda_type(ct);
     DTRAIN_CUBLAS_CHECK(
@@ -124,8 +137,8 @@ Plan* make_plan(Context& ctx, const GemmArgs& g, DType ab, DType ct, const Opera
           plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &o.pre, sizeof(o.pre)));
       DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
           plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
-      DTRAIN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      // The aux type stays at its default (C's type): setting it is for fp8 kernels, and
+      // an unsupported combination would fail in cublasLtMatmul, not in the heuristic.
     }
   }
   const bool may_fail = g.epilogue == Epilogue::bias_gelu && gelu_epilogue;

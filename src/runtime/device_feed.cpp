@@ -10,10 +10,15 @@ namespace dtrain::runtime {
 namespace {
 
 // Copies `from` (host) into `pinned`, allocating the pinned and device twins on first use.
+// A fresh device block may have been freed by kernels still queued on the compute
+// stream (the pool reuses blocks in that stream's order), while the upload stream
+// does not wait for them: so the first use waits for the device once. Later uploads
+// reuse the slot's own block, whose last reader has finished (device_feed.h).
 void stage_tensor(const Tensor& from, Tensor& pinned, Tensor& on_device, Device device) {
   if (!pinned.defined()) {
     pinned = Tensor::empty(from.shape(), from.dtype(), &kernels::pinned_host_allocator());
     on_device = Tensor::empty(from.shape(), from.dtype(), &kernels::device_allocator(device));
+    kernels::synchronize(device);
   }
   DTRAIN_CHECK(from.shape() == pinned.shape() && from.dtype() == pinned.dtype(),
                "a batch changed shape within one feed: {} after {}", from.str(), pinned.str());
@@ -25,6 +30,16 @@ void stage_tensor(const Tensor& from, Tensor& pinned, Tensor& on_device, Device 
 
 DeviceFeed::DeviceFeed(std::unique_ptr<DataFeed> host, Device device)
     : host_(std::move(host)), device_(device) {}
+
+// A prefetched upload may still be running into the slots freed here. The compute
+// stream waits for every upload (an event), so draining it drains them too.
+DeviceFeed::~DeviceFeed() {
+  if (!device_.is_cuda() || prefetched_ < 0) return;
+  try {
+    kernels::synchronize(device_);
+  } catch (const std::exception&) {  // a destructor must not throw; a broken device
+  }                                  // fails the next call that checks it anyway
+}
 
 void DeviceFeed::stage(int slot) {
   const FeedBatch& h = host_->next();

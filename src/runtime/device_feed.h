@@ -20,6 +20,9 @@ namespace dtrain::runtime {
 class DeviceFeed {
  public:
   DeviceFeed(std::unique_ptr<DataFeed> host, Device device);
+  ~DeviceFeed();
+  DeviceFeed(const DeviceFeed&) = delete;
+  DeviceFeed& operator=(const DeviceFeed&) = delete;
 
   // The next batch, on the device; valid until the next call. Requires a device
   // synchronize (any readback) since the previous batch's kernels were enqueued.
