@@ -4,7 +4,10 @@
 // spot check of 16 elements of C against fp64 dot products on the host (so a
 // fast but wrong kernel cannot report a number). Not a test; nothing is timed
 // in ctest. Usage: bench_gemm [--device cpu|cuda[:N]] [--dtype f32|bf16|f16]
-// [--m 8192 --n 8192 --k 8192] [--reps 10] [--warmup 3]
+// [--m 8192 --n 8192 --k 8192] [--trans NN|NT|TN|TT] [--bias 0|1] [--reps 10] [--warmup 3].
+// --bias 1: the bias epilogue (C's dtype f32, so f32 bias).
+// --trans: whether A is stored [k, m] and B [n, k] (a linear layer's forward is NT,
+// its data gradient NN, its weight gradient TN).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +32,7 @@ struct Args {
   DType dtype = DType::bf16;
   int64_t m = 8192, n = 8192, k = 8192;
   int reps = 10, warmup = 3;
+  bool ta = false, tb = false, bias = false;
 };
 
 DType parse_dtype(const std::string& s) {
@@ -64,7 +68,14 @@ Args parse(int argc, char** argv) {
       a.n = positive(k, v);
     else if (k == "--k")
       a.k = positive(k, v);
-    else if (k == "--reps")
+    else if (k == "--trans") {
+      if (v.size() != 2 || (v[0] != 'N' && v[0] != 'T') || (v[1] != 'N' && v[1] != 'T'))
+        throw Error("--trans " + v + " is not NN, NT, TN or TT", "e.g. --trans NT");
+      a.ta = v[0] == 'T', a.tb = v[1] == 'T';
+    } else if (k == "--bias") {
+      if (v != "0" && v != "1") throw Error("--bias " + v + " is not 0 or 1", "e.g. --bias 1");
+      a.bias = v == "1";
+    } else if (k == "--reps")
       a.reps = static_cast<int>(positive(k, v));
     else if (k == "--warmup")
       a.warmup = static_cast<int>(std::max<int64_t>(0, std::atoll(v.c_str())));
@@ -92,14 +103,24 @@ int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
     Allocator& dev = kernels::device_allocator(a.device);
-    const Tensor ha = host_random(a.m, a.k, a.dtype, 1), hb = host_random(a.k, a.n, a.dtype, 2);
+    const Tensor ha = a.ta ? host_random(a.k, a.m, a.dtype, 1) : host_random(a.m, a.k, a.dtype, 1);
+    const Tensor hb = a.tb ? host_random(a.n, a.k, a.dtype, 2) : host_random(a.k, a.n, a.dtype, 2);
     Tensor A = Tensor::empty(ha.shape(), a.dtype, &dev),
            B = Tensor::empty(hb.shape(), a.dtype, &dev);
     Tensor C = Tensor::empty({a.m, a.n}, DType::f32, &dev);
     kernels::copy(ha, A);
     kernels::copy(hb, B);
+    const Tensor hbias = host_random(1, a.n, DType::f32, 3);
+    Tensor bias;
+    if (a.bias) {
+      bias = Tensor::empty({a.n}, DType::f32, &dev);
+      kernels::copy(hbias.reshape({a.n}), bias);
+    }
     kernels::GemmArgs g;
     g.m = a.m, g.n = a.n, g.k = a.k;
+    g.trans_a = a.ta ? kernels::Trans::yes : kernels::Trans::no;
+    g.trans_b = a.tb ? kernels::Trans::yes : kernels::Trans::no;
+    if (a.bias) g.epilogue = kernels::Epilogue::bias;
     const size_t ws_bytes = kernels::gemm_workspace_bytes(g, a.dtype, DType::f32, a.device);
     Tensor ws_t =
         Tensor::empty({static_cast<int64_t>(std::max<size_t>(ws_bytes, 1))}, DType::u8, &dev);
@@ -109,7 +130,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < a.warmup + a.reps; ++r) {
       kernels::synchronize(a.device);
       const auto t0 = Clock::now();
-      kernels::gemm(g, A, B, C, ws);
+      kernels::gemm(g, A, B, C, ws, bias);
       kernels::synchronize(a.device);
       if (r >= a.warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
@@ -127,9 +148,10 @@ int main(int argc, char** argv) {
     const Philox pick(11, 0);
     for (uint64_t s = 0; s < 16; ++s) {
       const int64_t i = pick.u32(2 * s) % a.m, j = pick.u32(2 * s + 1) % a.n;
-      double dot = 0.0, mag = 0.0;
+      double dot = a.bias ? hbias.data<float>()[j] : 0.0, mag = 0.0;
       for (int64_t kk = 0; kk < a.k; ++kk) {
-        const double x = fa.data<float>()[i * a.k + kk], y = fb.data<float>()[kk * a.n + j];
+        const double x = fa.data<float>()[a.ta ? kk * a.m + i : i * a.k + kk];
+        const double y = fb.data<float>()[a.tb ? j * a.k + kk : kk * a.n + j];
         dot += x * y;
         mag += std::fabs(x * y);
       }
@@ -142,6 +164,8 @@ int main(int argc, char** argv) {
                                 {"m", a.m},
                                 {"n", a.n},
                                 {"k", a.k},
+                                {"trans", std::string(a.ta ? "T" : "N") + (a.tb ? "T" : "N")},
+                                {"bias", a.bias},
                                 {"reps", a.reps},
                                 {"median_ms", median * 1e3},
                                 {"best_ms", best * 1e3},
