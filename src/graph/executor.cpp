@@ -105,11 +105,16 @@ void Executor::backward(ValueId loss) {
   for (int i = static_cast<int>(graph_.nodes().size()) - 1; i >= 0; --i) backward_node(i, vgrad);
 }
 
-std::vector<Tensor> Executor::grad_targets(const Node& n, int index) const {
+std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& accumulate) const {
   std::vector<Tensor> gp;
-  for (int p : n.params) {
+  accumulate = 0;
+  for (size_t k = 0; k < n.params.size(); ++k) {
+    const int p = n.params[k];
     if (first_user_[static_cast<size_t>(p)] == index) {
       gp.push_back(grads_.view(p));
+    } else if (k < 32 && n.op->can_accumulate_param_grad(k)) {
+      gp.push_back(grads_.view(p));
+      accumulate |= 1u << k;
     } else {
       gp.push_back(alloc({grads_.entries()[static_cast<size_t>(p)].spec.shape,
                           grads_.entries()[static_cast<size_t>(p)].spec.dtype}));
@@ -129,7 +134,8 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
       kernels::fill(g, 0.0f);
     }
   } else {
-    std::vector<Tensor> gp = grad_targets(n, index);
+    uint32_t accumulate = 0;
+    std::vector<Tensor> gp = grad_targets(n, index, accumulate);
     if (hooks.pre_op) hooks.pre_op(index, Phase::backward);
     std::vector<Tensor> in, out, dout, din, fresh;
     for (ValueId v : n.inputs) in.push_back(value(v));
@@ -153,9 +159,11 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     OpContext ctx{mode_, seed_, step_, static_cast<uint32_t>(index),       in,
                   out,   p,     b,     saved_[static_cast<size_t>(index)], ws,
                   dout,  din,   gp};
+    ctx.accumulate_mask = accumulate;
     n.op->backward(ctx);
     for (size_t k = 0; k < n.params.size(); ++k) {
       if (first_user_[static_cast<size_t>(n.params[k])] == index) continue;
+      if ((accumulate >> k) & 1u) continue;  // the op added it in itself
       Tensor total = grads_.view(n.params[k]);
       kernels::axpy(1.0f, gp[k], total);
     }

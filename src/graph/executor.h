@@ -3,8 +3,10 @@
 // (ZeRO-3 gather, pipeline receive) and grad_ready fires for each parameter
 // the moment its gradient is final (DDP buckets, ZeRO reduce-scatter). A tied
 // parameter (several nodes use it) gets the sum of its users' gradients: the
-// first user in backward order overwrites, later ones add theirs through a
-// temporary; grad_ready fires once, after the last contribution.
+// first user in backward order overwrites, later ones add theirs directly when
+// their op can accumulate (Op::can_accumulate_param_grad: an embedding's
+// scatter-add), else through a temporary; grad_ready fires once, after the last
+// contribution.
 // Everything lives on the executor's device: parameters, gradients, buffers,
 // activations (plain allocations from that device's caching pool for now; the memory
 // planner replaces that without changing this API) and the shared workspace. Inputs
@@ -48,8 +50,9 @@ class Executor {
  private:
   void backward_node(int index, std::vector<Tensor>& vgrad);
   // The gradient tensors node `index` writes: the param's own view for its first
-  // user in backward order, a fresh temporary (added in afterwards) for later users.
-  std::vector<Tensor> grad_targets(const Node& n, int index) const;
+  // user in backward order, and for a later user that can accumulate (its bit set in
+  // `accumulate`); else a fresh temporary, added in afterwards.
+  std::vector<Tensor> grad_targets(const Node& n, int index, uint32_t& accumulate) const;
 
   Tensor alloc(const TensorSpec& s) const;
 

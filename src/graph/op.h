@@ -76,7 +76,11 @@ struct OpContext {
   // gradient (labels, graph inputs); otherwise it is fully overwritten.
   std::span<const Tensor> grad_outputs;
   std::span<Tensor> grad_inputs;
-  std::span<Tensor> grad_params;  // overwritten, same order as params
+  std::span<Tensor> grad_params;  // overwritten, same order as params...
+  // ...except where bit k is set: then add into grad_params[k] (a tied parameter's
+  // later user, for an op whose can_accumulate_param_grad(k) is true).
+  uint32_t accumulate_mask = 0;
+  bool accumulates(size_t k) const { return (accumulate_mask >> k) & 1u; }
 };
 
 class Op {
@@ -88,6 +92,10 @@ class Op {
   OpInfo infer(std::span<const TensorSpec> inputs) const;
   void forward(OpContext& ctx) const;
   void backward(OpContext& ctx) const;
+  // Whether backward can add param k's gradient into what is there rather than
+  // overwrite it. For a tied parameter this spares a temporary of the parameter's
+  // size and a pass to add it in (an embedding table tied to an output layer).
+  virtual bool can_accumulate_param_grad(size_t /*k*/) const { return false; }
 
  protected:
   virtual OpInfo do_infer(std::span<const TensorSpec> inputs) const = 0;

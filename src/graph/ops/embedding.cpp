@@ -13,6 +13,9 @@ class TokenEmbedding final : public Op {
  public:
   TokenEmbedding(const EmbeddingDims& dims, TypeIds type_ids) : d_(dims), type_ids_(type_ids) {}
   std::string_view kind() const override { return "token_embedding"; }
+  // The word table's gradient is a scatter-add: it can go on top of a tied output
+  // layer's contribution (BERT's decoder, GPT-2's head) instead of into a temporary.
+  bool can_accumulate_param_grad(size_t k) const override { return k == 0; }
 
  protected:
   int num_inputs() const override { return type_ids_ == TypeIds::input ? 2 : 1; }
@@ -67,7 +70,7 @@ class TokenEmbedding final : public Op {
   void do_backward(OpContext& ctx) const override {
     const int64_t b = ctx.inputs[0].dim(0), t = ctx.inputs[0].dim(1), c = d_.channels;
     const Tensor dy = ctx.grad_outputs[0].reshape({b * t, c});
-    kernels::fill(ctx.grad_params[0], 0.0f);
+    if (!ctx.accumulates(0)) kernels::fill(ctx.grad_params[0], 0.0f);
     kernels::embedding_backward(ctx.inputs[0].reshape({b * t}), dy, ctx.grad_params[0]);
     kernels::fill(ctx.grad_params[1], 0.0f);  // rows t >= T stay 0
     Tensor dpos = ctx.grad_params[1].view(0, {t * c});
