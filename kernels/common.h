@@ -12,6 +12,11 @@
 
 namespace dtrain::kernels {
 
+// How f32 products (GEMM, convolution) are computed. fp32: full-precision FMAs (the
+// default, the same maths as the CPU). tf32: CUDA tensor cores with 10-bit mantissa
+// inputs, only when the job sets precision.tf32; the CPU computes in f32 either way.
+enum class MathMode : uint8_t { fp32, tf32 };
+
 // Scratch memory owned by the caller. Kernels ask for it up front through a
 // <family>_workspace_bytes() function and carve it with take<T>().
 struct Workspace {

@@ -16,6 +16,7 @@ struct Conv2dArgs {
   int64_t pad_h = 0, pad_w = 0;
   int64_t dilation_h = 1, dilation_w = 1;
   int64_t groups = 1;
+  MathMode math = MathMode::fp32;  // tf32: f32 convolutions may use TF32 on CUDA
 
   int64_t out_h() const { return (h + 2 * pad_h - dilation_h * (r - 1) - 1) / stride_h + 1; }
   int64_t out_w() const { return (w + 2 * pad_w - dilation_w * (s - 1) - 1) / stride_w + 1; }

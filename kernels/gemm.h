@@ -10,11 +10,9 @@ namespace dtrain::kernels {
 
 enum class Trans : uint8_t { no, yes };
 
-// How f32 products are computed. fp32: full-precision FMAs (the default, the
-// same numbers as the CPU). tf32: CUDA tensor cores with 10-bit mantissa
-// inputs, only when a job asks for it; the CPU computes in fp32 either way.
-// Half inputs always use tensor cores with f32 accumulation.
-enum class MathMode : uint8_t { fp32, tf32 };
+// GemmArgs::math (kernels/common.h's MathMode): fp32 or, on CUDA when the job sets
+// precision.tf32, TF32 tensor cores for f32 inputs. Half inputs always use tensor
+// cores with f32 accumulation.
 
 // What is applied to the product before C is stored. bias: C[b][i][j] += bias[j] for
 // every batch b and row i (a linear layer's bias, fused: oneDNN's matmul bias on the

@@ -1,8 +1,8 @@
 // CUDA 2-D convolution through cuDNN 9's convolution API, with kernels/conv.h's
 // semantics: NCHW activations, KCRS filters, cross-correlation, stride, padding,
 // dilation and groups; f32 / f16 / bf16 storage, f32 compute. f32 uses FMA maths
-// only (no TF32, as GEMM); half types may use tensor cores. The algorithm of each
-// (shape, dtype, direction) is cuDNN's heuristic ranking filtered to deterministic
+// only unless args.math is MathMode::tf32 (as GEMM); half types may use tensor cores. The algorithm
+// of each (shape, dtype, direction) is cuDNN's heuristic ranking filtered to deterministic
 // algorithms whose workspace fits kConvWorkspaceBytes, chosen once and cached, so
 // the same job gives the same bits; the workspace comes from the caller.
 #include <cudnn.h>
@@ -50,21 +50,22 @@ int as_int(int64_t v, const char* what) {
 }
 
 std::string key_of(const Conv2dArgs& a, DType t, ConvDir dir, int device) {
-  return fmt::format("{} n{} c{} h{} w{} k{} r{} s{} st{},{} p{},{} d{},{} g{} {} dev{}",
+  return fmt::format("{} n{} c{} h{} w{} k{} r{} s{} st{},{} p{},{} d{},{} g{} {} math{} dev{}",
                      static_cast<int>(dir), a.n, a.c, a.h, a.w, a.k, a.r, a.s, a.stride_h,
                      a.stride_w, a.pad_h, a.pad_w, a.dilation_h, a.dilation_w, a.groups,
-                     dtype_name(t), device);
+                     dtype_name(t), static_cast<int>(a.math), device);
 }
 
 // The first of cuDNN's ranked candidates that ran, is deterministic and fits the budget.
 template <typename Perf>
-const Perf* pick(const Perf* perf, int count, DType t) {
+const Perf* pick(const Perf* perf, int count, DType t, MathMode math) {
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
     if (p.memory > kConvWorkspaceBytes) continue;
-    // DEFAULT_MATH permits TF32 on Ampere and later: f32 takes FMA maths only.
-    if (t == DType::f32 && p.mathType != CUDNN_FMA_MATH) continue;
+    // DEFAULT_MATH permits TF32 on Ampere and later: f32 takes FMA maths only,
+    // unless the job allows TF32.
+    if (t == DType::f32 && math == MathMode::fp32 && p.mathType != CUDNN_FMA_MATH) continue;
     return &p;
   }
   return nullptr;
@@ -92,14 +93,17 @@ std::unique_ptr<ConvPlan> make_plan(const Conv2dArgs& a, DType t, ConvDir dir,
       as_int(a.stride_w, "stride_w"), as_int(a.dilation_h, "dilation_h"),
       as_int(a.dilation_w, "dilation_w"), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
   DTRAIN_CUDNN_CHECK(cudnnSetConvolutionGroupCount(p->conv, as_int(a.groups, "groups")));
-  DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(
-      p->conv, t == DType::f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+  // f32: FMA only, or DEFAULT_MATH (TF32 permitted) when the job allows it; halves: tensor ops.
+  const cudnnMathType_t math = t != DType::f32            ? CUDNN_TENSOR_OP_MATH
+                               : a.math == MathMode::tf32 ? CUDNN_DEFAULT_MATH
+                                                          : CUDNN_FMA_MATH;
+  DTRAIN_CUDNN_CHECK(cudnnSetConvolutionMathType(p->conv, math));
   constexpr int kMax = 16;
   int count = 0;
   const std::string what = key_of(a, t, dir, -1);
   // cuDNN's ranked candidates for the direction, then the first that fits (see pick()).
   auto choose = [&](auto* perf, int count, const char* name) {
-    const auto* best = pick(perf, count, t);
+    const auto* best = pick(perf, count, t, a.math);
     if (best == nullptr) {
       throw Error(fmt::format("conv2d: cuDNN offers no deterministic {} algorithm within {} MiB "
                               "for {}",

@@ -145,9 +145,9 @@ Field precision_section() {
        real("backoff_factor", AT(precision.loss_scale.backoff_factor), RealRange{0, 1, true, true}),
        real("min", AT(precision.loss_scale.min), kPositiveReal),
        real("max", AT(precision.loss_scale.max), kPositiveReal)});
-  return section("precision",
-                 {enumeration("dtype", AT(precision.dtype)),
-                  boolean("master_weights", AT(precision.master_weights)), std::move(scale)});
+  return section("precision", {enumeration("dtype", AT(precision.dtype)),
+                               boolean("master_weights", AT(precision.master_weights)),
+                               boolean("tf32", AT(precision.tf32)), std::move(scale)});
 }
 
 Field parallel_section() {

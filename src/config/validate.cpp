@@ -90,6 +90,9 @@ void check_precision(const Checker& c) {
     c.warn("precision.loss_scale.mode",
            "fp16 without loss scaling: small gradients underflow to zero");
   }
+  if (p.tf32 && c.job.device.is_cpu()) {
+    c.warn("precision.tf32", "TF32 is a CUDA tensor-core mode; device: cpu computes f32 in full");
+  }
   if (s.min > s.max) {
     c.error("precision.loss_scale.min",
             fmt::format("{} is above loss_scale.max ({})", format_real(s.min), format_real(s.max)));

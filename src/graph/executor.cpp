@@ -87,6 +87,7 @@ void Executor::forward(Mode mode, uint64_t step) {
     std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
     OpContext ctx{mode, seed_, step, static_cast<uint32_t>(i), in, out, p, b, saved, ws,
                   {},   {},    {}};
+    ctx.math = math_;
     n.op->forward(ctx);
     for (size_t o = 0; o < n.outputs.size(); ++o)
       values_[static_cast<size_t>(n.outputs[o])] = out[o];
@@ -160,6 +161,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
                   out,   p,     b,     saved_[static_cast<size_t>(index)], ws,
                   dout,  din,   gp};
     ctx.accumulate_mask = accumulate;
+    ctx.math = math_;
     n.op->backward(ctx);
     for (size_t k = 0; k < n.params.size(); ++k) {
       if (first_user_[static_cast<size_t>(n.params[k])] == index) continue;

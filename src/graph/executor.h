@@ -38,6 +38,9 @@ class Executor {
   FlatStore& grads() { return grads_; }
   FlatStore& buffers() { return buffers_; }
   void initialize(uint64_t seed);  // parameters and buffers, deterministically from the seed
+  // How ops compute f32 GEMMs and convolutions (tf32: TF32 tensor cores on CUDA, the
+  // job's precision.tf32; no effect on the CPU). Default fp32.
+  void set_math(kernels::MathMode math) { math_ = math; }
 
   void set_input(ValueId v, Tensor t);  // shape, dtype and device must match the graph input
   void forward(Mode mode, uint64_t step = 0);
@@ -65,6 +68,7 @@ class Executor {
   std::vector<int> first_user_, last_user_;
   Tensor workspace_;
   Mode mode_ = Mode::train;
+  kernels::MathMode math_ = kernels::MathMode::fp32;
   uint64_t seed_ = 0, step_ = 0;
 };
 

@@ -81,6 +81,7 @@ struct OpContext {
   // later user, for an op whose can_accumulate_param_grad(k) is true).
   uint32_t accumulate_mask = 0;
   bool accumulates(size_t k) const { return (accumulate_mask >> k) & 1u; }
+  kernels::MathMode math = kernels::MathMode::fp32;  // f32 GEMMs / convolutions (precision.tf32)
 };
 
 class Op {

@@ -47,6 +47,9 @@ struct LossScaleOptions {
 struct PrecisionOptions {
   PrecisionDType dtype = PrecisionDType::fp32;
   bool master_weights = true;  // fp32 master weights and optimizer state for half dtypes
+  // f32 GEMMs and convolutions on CUDA may use TF32 tensor cores (10-bit mantissa
+  // inputs, f32 accumulation). No effect on the CPU, which computes f32 in full.
+  bool tf32 = false;
   LossScaleOptions loss_scale;
 };
 

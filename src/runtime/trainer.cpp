@@ -179,6 +179,7 @@ Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
   const int64_t batch = job_.data.micro_batch;
   model_ = models::build_model(job_.model, batch);
   ex_ = std::make_unique<graph::Executor>(model_.graph, job_.device);
+  if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
   counters_.seed = static_cast<uint64_t>(job_.run.seed);
   counters_.arch = job_.model.arch;
   counters_.config_hash = fnv1a_hex(r.resolved_yaml);

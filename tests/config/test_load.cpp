@@ -57,6 +57,7 @@ TEST_CASE("a minimal job gets every default") {
   CHECK(job.parallel.micro_batches == 1);
   CHECK(job.train.checkpoint.dir == "runs/checkpoints");
   CHECK(job.device == Device::cpu());
+  CHECK_FALSE(job.precision.tf32);
 }
 
 TEST_CASE("derived defaults: data parallel size, micro-batching, presets, loss scaling") {
@@ -156,6 +157,14 @@ TEST_CASE("warnings for legal but useless settings") {
   load(std::string(kMinimal) + "parallel: {zero_stage: 1}\n", {}, 1, &warnings);
   REQUIRE(warnings.size() == 1);
   CHECK(has(warnings[0], "job.yaml:5:24: parallel.zero_stage: ZeRO-1 with one data-parallel rank"));
+  warnings.clear();
+  const Job tf32 = load(std::string(kMinimal) + "precision: {tf32: true}\n", {}, 1, &warnings);
+  CHECK(tf32.precision.tf32);
+  REQUIRE(warnings.size() == 1);
+  CHECK(has(warnings[0], "precision.tf32: TF32 is a CUDA tensor-core mode"));
+  warnings.clear();
+  load(std::string(kMinimal) + "precision: {tf32: true}\ndevice: cuda\n", {}, 1, &warnings);
+  CHECK(warnings.empty());
 }
 
 TEST_CASE("empty documents and non-mapping roots") {

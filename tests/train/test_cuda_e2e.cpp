@@ -12,7 +12,9 @@
 // initial weights, same batch) must agree to 1e-4 relative; every one of the 20 to
 // 2e-2 relative, which leaves room for the differences to grow through training
 // and still catches any wrong kernel (a wrong gradient moves the loss by far more
-// within a few steps). TF32 is off (no job key enables it), so this is f32 vs f32.
+// within a few steps). TF32 is off (precision.tf32 defaults to false), so this is f32
+// vs f32; a TF32 run (ResNet-18: cuDNN convolutions and cuBLASLt GEMMs) is held to
+// 5e-2 relative, TF32 keeping 10 mantissa bits of each product's inputs.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -65,12 +67,13 @@ std::vector<StepLoss> train(const fs::path& job, const fs::path& dir, const std:
   return read_losses(job.parent_path() / job.stem() / "metrics.jsonl");
 }
 
-void check_close(const std::vector<StepLoss>& cpu, const std::vector<StepLoss>& gpu) {
+void check_close(const std::vector<StepLoss>& cpu, const std::vector<StepLoss>& gpu,
+                 double first = 1e-4, double rest = 2e-2) {
   REQUIRE(cpu.size() == gpu.size());
   for (size_t i = 0; i < cpu.size(); ++i) {
     CAPTURE(i);
     CHECK(cpu[i].step == gpu[i].step);
-    const double tol = (i == 0 ? 1e-4 : 2e-2) * std::max(1.0, std::abs(cpu[i].loss));
+    const double tol = (i == 0 ? first : rest) * std::max(1.0, std::abs(cpu[i].loss));
     CHECK_MESSAGE(std::abs(cpu[i].loss - gpu[i].loss) <= tol,
                   "step " << cpu[i].step << ": cpu " << cpu[i].loss << ", cuda " << gpu[i].loss);
   }
@@ -89,6 +92,15 @@ TEST_CASE("20 steps on CUDA match the CPU's losses") {
     // The loss must also move: a run that never updates would match step 1 and fail here.
     CHECK(std::abs(gpu.back().loss - gpu.front().loss) > 1e-3);
   }
+}
+
+TEST_CASE("precision.tf32 trains a ResNet-18 close to the CPU's f32 losses") {
+  const Model& m = kModels[0];
+  TempDir tmp("cuda-tf32");
+  const auto cpu = train(write_model_job(tmp.path(), "cpu", m), tmp.path(), "cpu");
+  const auto tf32 = train(write_model_job(tmp.path(), "tf32", m), tmp.path(), "cuda",
+                          {"--set", "precision.tf32=true"});
+  check_close(cpu, tf32, 5e-2, 5e-2);
 }
 
 TEST_CASE("a CUDA run resumed from its checkpoint repeats the straight run bit for bit") {

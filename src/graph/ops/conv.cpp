@@ -51,7 +51,8 @@ class Conv2d final : public Op {
   }
 
   void do_forward(OpContext& ctx) const override {
-    const kernels::Conv2dArgs a = args(ctx.inputs[0].shape());
+    kernels::Conv2dArgs a = args(ctx.inputs[0].shape());
+    a.math = ctx.math;
     kernels::conv2d_forward(a, ctx.inputs[0], ctx.params[0], ctx.outputs[0], ctx.workspace);
     if (bias_ == Bias::yes) {
       kernels::bias_add({a.n, k_, a.out_h() * a.out_w()}, ctx.outputs[0], ctx.params[1],
@@ -60,7 +61,8 @@ class Conv2d final : public Op {
   }
 
   void do_backward(OpContext& ctx) const override {
-    const kernels::Conv2dArgs a = args(ctx.inputs[0].shape());
+    kernels::Conv2dArgs a = args(ctx.inputs[0].shape());
+    a.math = ctx.math;
     const Tensor& dy = ctx.grad_outputs[0];
     if (ctx.grad_inputs[0].defined()) {
       kernels::conv2d_backward_data(a, dy, ctx.params[0], ctx.grad_inputs[0], ctx.workspace);

@@ -67,11 +67,17 @@ class Linear final : public Op {
     return {kernels::Trans::yes, kernels::Trans::no, out_, in_, rows};
   }
 
+  static kernels::GemmArgs with_math(kernels::GemmArgs g, const OpContext& ctx) {
+    g.math = ctx.math;
+    return g;
+  }
+
   void do_forward(OpContext& ctx) const override {
     const int64_t rows = ctx.inputs[0].numel() / in_;
     const Tensor no_bias;
-    kernels::gemm(fwd(rows), ctx.inputs[0], ctx.params[0], ctx.outputs[0], ctx.workspace,
-                  bias_ == Bias::yes ? ctx.params[1] : no_bias, gelu_ ? ctx.saved[0] : no_bias);
+    kernels::gemm(with_math(fwd(rows), ctx), ctx.inputs[0], ctx.params[0], ctx.outputs[0],
+                  ctx.workspace, bias_ == Bias::yes ? ctx.params[1] : no_bias,
+                  gelu_ ? ctx.saved[0] : no_bias);
   }
 
   void do_backward(OpContext& ctx) const override {
@@ -84,9 +90,11 @@ class Linear final : public Op {
     }
     const Tensor& dy = gelu_ ? dz : ctx.grad_outputs[0];
     if (ctx.grad_inputs[0].defined()) {
-      kernels::gemm(bwd_data(rows), dy, ctx.params[0], ctx.grad_inputs[0], ctx.workspace);
+      kernels::gemm(with_math(bwd_data(rows), ctx), dy, ctx.params[0], ctx.grad_inputs[0],
+                    ctx.workspace);
     }
-    kernels::gemm(bwd_weight(rows), dy, ctx.inputs[0], ctx.grad_params[0], ctx.workspace);
+    kernels::gemm(with_math(bwd_weight(rows), ctx), dy, ctx.inputs[0], ctx.grad_params[0],
+                  ctx.workspace);
     if (bias_ == Bias::yes) kernels::bias_add_backward({rows, out_, 1}, dy, ctx.grad_params[1]);
   }
 
