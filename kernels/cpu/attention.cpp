@@ -31,7 +31,7 @@
 namespace dtrain::kernels {
 namespace {
 
-constexpr int64_t kBq = 32;  // query rows per tile
+constexpr int64_t kBq = 64;  // query rows per tile
 constexpr int64_t kBk = 64;  // keys per tile
 constexpr int64_t kV = 16;   // floats per vector
 
