@@ -14,8 +14,10 @@
 // the per-key visibility masks. Dropout draws the Philox words of a whole query
 // tile in one call (its rows are consecutive in the stream) and tests them as
 // integers inside the softmax passes (w >= keep_min, the same bits as the float
-// test). Workspace: per-thread f32 tiles and dropout words, plus for backward the
-// (b, h) slice's K, V, dK, dV.
+// test). Tasks are scheduled statically (contiguous (b, h) runs per thread) and
+// each prefetches the next (b, h)'s rows into L2 while it computes. Workspace:
+// per-thread f32 tiles and dropout words, plus for backward the (b, h) slice's
+// K, V, dK, dV.
 #include "kernels/attention.h"
 
 #include <omp.h>
@@ -245,6 +247,15 @@ struct Problem {
   bool tile_live(int64_t i0, int64_t nq, int64_t j0) const {
     return a.causal == Causal::no || j0 <= i0 + nq - 1 + (a.tk - a.tq);
   }
+  // The query rows summed over the live (query tile, key tile) pairs of one (b, h).
+  int64_t live_rows() const {
+    int64_t n = 0;
+    for (int64_t i0 = 0; i0 < a.tq; i0 += kBq) {
+      const int64_t nq = std::min(kBq, a.tq - i0);
+      n += nq * ((live_end(i0, nq) + kBk - 1) / kBk);
+    }
+    return n;
+  }
   // The end of the keys in live tiles for query rows [i0, i0 + nq).
   int64_t live_end(int64_t i0, int64_t nq) const {
     int64_t j0 = 0;
@@ -282,6 +293,43 @@ struct Problem {
     v16u x;
     std::memcpy(&x, w, sizeof x);
     return x >= keep_min ? splat(keep_scale) : v16{};
+  }
+};
+
+// Pulls the next (b, h)'s rows into L2 while this one computes: its inputs (and
+// for backward its outputs, for writing), a few lines per query row of each
+// (query tile, key tile) pair, so that the prefetches overlap the tile products
+// and the next task's loads hit L2 instead of waiting on memory. Static
+// scheduling makes bh + 1 the thread's next task except at its chunk's end.
+struct Prefetcher {
+  struct Range {
+    const char* p;
+    int64_t bytes;
+    bool write;
+  };
+  Range r[8];
+  int n = 0, cur = 0;
+  int64_t off = 0, per_step = 0;
+  template <typename T>
+  void add(const T* base, int64_t elems, bool write = false) {
+    r[n++] = {reinterpret_cast<const char*>(base), elems * static_cast<int64_t>(sizeof(T)), write};
+  }
+  // Spread the lines over `steps` calls of step().
+  void plan(int64_t steps) {
+    int64_t lines = 0;
+    for (int i = 0; i < n; ++i) lines += (r[i].bytes + 63) / 64;
+    per_step = (lines + steps - 1) / std::max<int64_t>(steps, 1);
+  }
+  void step() {
+    for (int64_t k = 0; k < per_step && cur < n; ++k) {
+      if (r[cur].write) {
+        __builtin_prefetch(r[cur].p + off, 1, 2);
+      } else {
+        __builtin_prefetch(r[cur].p + off, 0, 2);
+      }
+      off += 64;
+      if (off >= r[cur].bytes) ++cur, off = 0;
+    }
   }
 };
 
@@ -351,6 +399,14 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
   float *qt = sc.take(kBq * dp), *acc = sc.take(kBq * dp), *s = sc.take(kBq * kBk);
   float *m = sc.take(kBq), *l = sc.take(kBq);
   uint32_t* words = reinterpret_cast<uint32_t*>(sc.take(keep_words(a.tk)));
+  Prefetcher pf;
+  if (bh + 1 < a.b * a.h) {
+    pf.add(pb.k + pb.k_row(bh + 1, 0), a.tk * d);
+    pf.add(pb.v + pb.k_row(bh + 1, 0), a.tk * d);
+    pf.add(pb.q + pb.q_row(bh + 1, 0), a.tq * d);
+    pf.add(out + pb.q_row(bh + 1, 0), a.tq * d, true);
+    pf.plan(pb.live_rows());
+  }
   for (int64_t t = 0; t < nkt; ++t) {  // K^T tiles [dp, kBk]; V rows [kBk, dp]
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
     load_rows(pb.k + pb.k_row(bh, j0), nk, kBk, d, dp, kr);
@@ -369,6 +425,7 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
       int32_t on[kBk];
       const v16 ninf = splat(-INFINITY);
       for (int64_t i = 0; i < nq; ++i) {
+        pf.step();
         float* si = s + i * kBk;
         v16 mxv = splat(m[i]);
         if (pb.row_sees_tile(i0 + i, j0)) {
@@ -432,6 +489,18 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
   float *p = sc.take(kBq * kBk), *ds = sc.take(kBq * kBk), *vrow = sc.take(kBk * dp);
   float *lse = sc.take(kBq), *di = sc.take(kBq);
   uint32_t* words = reinterpret_cast<uint32_t*>(sc.take(keep_words(a.tk)));
+  Prefetcher pf;
+  if (bh + 1 < a.b * a.h) {
+    pf.add(pb.k + pb.k_row(bh + 1, 0), a.tk * d);
+    pf.add(pb.v + pb.k_row(bh + 1, 0), a.tk * d);
+    pf.add(pb.q + pb.q_row(bh + 1, 0), a.tq * d);
+    pf.add(pb.dout + pb.q_row(bh + 1, 0), a.tq * d);
+    pf.add(pb.o + pb.q_row(bh + 1, 0), a.tq * d);
+    pf.add(dq + pb.q_row(bh + 1, 0), a.tq * d, true);
+    pf.add(dk + pb.k_row(bh + 1, 0), a.tk * d, true);
+    pf.add(dv + pb.k_row(bh + 1, 0), a.tk * d, true);
+    pf.plan(pb.live_rows());
+  }
   load_rows(pb.k + pb.k_row(bh, 0), a.tk, tkp, d, dp, kr);
   for (int64_t t = 0; t < nkt; ++t) {
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
@@ -464,6 +533,7 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
       // dS carries the softmax scale here, so dQ and dK need no pass of their own.
       int32_t on[kBk];
       for (int64_t i = 0; i < nq; ++i) {
+        pf.step();
         float *pi = p + i * kBk, *dsi = ds + i * kBk;
         const uint32_t* wi = words + i * a.tk + j0;
         const float li = lse[i], dii = di[i], sc = pb.scale;
@@ -506,7 +576,7 @@ void run_tasks(int64_t tasks, int64_t slot_floats, Workspace ws, Task&& task) {
   const int slots = static_cast<int>(std::min<size_t>(ws.bytes / slot, 1 << 16));
   DTRAIN_CHECK(slots >= 1, "attention: workspace {} bytes, need at least {}", ws.bytes, slot);
   const int nt = std::min<int>(slots, omp_get_max_threads());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t t = 0; t < tasks; ++t) {
     const size_t off = static_cast<size_t>(omp_get_thread_num()) * slot;
     task(t, Scratch{reinterpret_cast<float*>(static_cast<char*>(ws.data) + off)});
