@@ -119,10 +119,18 @@ inline v16 exp_neg_v(v16 x) {
 // C[R, NV*16] (+)= A[R, K] . B[K, NV*16], A(r, kk) at a[r * sr + kk * sc] (so a
 // transposed A costs nothing: its elements are broadcast one at a time anyway),
 // row strides ldb, ldc: R * NV accumulators stay in registers while k runs
-// (kAcc: they start from C, else from zero and C is only written).
-template <int R, int NV, bool kAcc>
+// (kAcc: they start from C, else from zero and C is only written). kTA: A is
+// read transposed (sr = 1, else sc = 1), fixed at compile time so that the k loop
+// has one version and the accumulators leave it in registers, not through the stack.
+template <int R, int NV, bool kAcc, bool kTA>
 void mm_block(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
               int64_t ldc, int64_t k) {
+  if constexpr (kTA) {
+    sr = 1;
+  } else {
+    sc = 1;
+  }
+  if (k < 1) __builtin_unreachable();  // callers have k >= 1: no path that skips the loop
   v16 acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = kAcc ? vload(c + r * ldc + v * kV) : v16{};
@@ -139,40 +147,41 @@ void mm_block(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ld
 }
 
 // Row blocks of kR (up to 24 accumulators: 6 rows of 4 vectors), then 4 / 2 / 1.
-template <int NV, bool kAcc>
+template <int NV, bool kAcc, bool kTA>
 void mm_rows(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
              int64_t ldc, int64_t m, int64_t k) {
   constexpr int kR = NV >= 3 ? 6 : 8;
   int64_t i = 0;
   for (; i + kR <= m; i += kR)
-    mm_block<kR, NV, kAcc>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+    mm_block<kR, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
   if (i + 4 <= m) {
-    mm_block<4, NV, kAcc>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+    mm_block<4, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
     i += 4;
   }
   if (i + 2 <= m) {
-    mm_block<2, NV, kAcc>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+    mm_block<2, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
     i += 2;
   }
-  if (i < m) mm_block<1, NV, kAcc>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+  if (i < m) mm_block<1, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
 }
 
 // C[m, n] (+)= A[m, k] . B[k, n], A(i, kk) at a[i * sr + kk * sc], n a multiple
 // of 16; the sum over k runs in order (from C with kAcc, else from zero).
-template <bool kAcc>
+template <bool kAcc, bool kTA>
 void mm(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c, int64_t ldc,
         int64_t m, int64_t k, int64_t n) {
   int64_t j = 0;
-  for (; j + 4 * kV <= n; j += 4 * kV) mm_rows<4, kAcc>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+  for (; j + 4 * kV <= n; j += 4 * kV)
+    mm_rows<4, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
   switch ((n - j) / kV) {
     case 3:
-      mm_rows<3, kAcc>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<3, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     case 2:
-      mm_rows<2, kAcc>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<2, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     case 1:
-      mm_rows<1, kAcc>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<1, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     default:
       break;
@@ -180,11 +189,17 @@ void mm(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, flo
 }
 void mm_acc(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
             int64_t ldc, int64_t m, int64_t k, int64_t n) {
-  mm<true>(a, sr, sc, b, ldb, c, ldc, m, k, n);
+  if (sr == 1 && sc != 1) {
+    mm<true, true>(a, sr, sc, b, ldb, c, ldc, m, k, n);
+  } else {
+    DTRAIN_CHECK(sc == 1, "attention mm: A strides {} {}", sr, sc);
+    mm<true, false>(a, sr, sc, b, ldb, c, ldc, m, k, n);
+  }
 }
 void mm_set(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
             int64_t ldc, int64_t m, int64_t k, int64_t n) {
-  mm<false>(a, sr, sc, b, ldb, c, ldc, m, k, n);
+  DTRAIN_CHECK(sc == 1, "attention mm_set: A strides {} {}", sr, sc);
+  mm<false, false>(a, sr, sc, b, ldb, c, ldc, m, k, n);
 }
 
 struct Scratch {
@@ -211,6 +226,23 @@ int64_t backward_floats(int64_t tk, int64_t dp) {
   return 5 * tkp * dp + kBk * dp + 3 * kBq * dp + 2 * kBq * kBk + 2 * kBq + keep_words(tk) +
          16 * kV;
 }
+
+// The dropout factors of 16 keys from their words: 1/(1-p) kept, 0 dropped; 1
+// without dropout. Kept iff u32_to_uniform(w) = (w >> 8) * 2^-24 >= p, i.e.
+// w >= min (see keep_min()): the same bits as the float test, no convert. A
+// local copy in the loops, so that their float stores cannot alias its fields.
+struct KeepTest {
+  bool on;
+  float scale;
+  uint32_t min;
+  v16 operator()(const uint32_t* w) const {
+    if (!on) return splat(1.0f);
+    using v16u = uint32_t __attribute__((vector_size(kV * sizeof(uint32_t))));
+    v16u x;
+    std::memcpy(&x, w, sizeof x);
+    return x >= min ? splat(scale) : v16{};
+  }
+};
 
 // The problem with its pointers; offsets are in rows of D elements.
 template <typename T>
@@ -284,16 +316,7 @@ struct Problem {
     }
     std::fill(words + nq * a.tk, words + nq * a.tk + kBk, 0u);
   }
-  // The dropout factors of 16 keys from their words: 1/(1-p) kept, 0 dropped; 1
-  // without dropout. Kept iff u32_to_uniform(w) = (w >> 8) * 2^-24 >= p, i.e.
-  // w >= keep_min (see problem()): the same bits as the float test, no convert.
-  v16 keep_vec(const uint32_t* w) const {
-    if (a.dropout == 0.0f) return splat(1.0f);
-    using v16u = uint32_t __attribute__((vector_size(kV * sizeof(uint32_t))));
-    v16u x;
-    std::memcpy(&x, w, sizeof x);
-    return x >= keep_min ? splat(keep_scale) : v16{};
-  }
+  KeepTest keep_test() const { return {a.dropout > 0.0f, keep_scale, keep_min}; }
 };
 
 // Pulls the next (b, h)'s rows into L2 while this one computes: its inputs (and
@@ -422,27 +445,37 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
     std::fill(l, l + nq, 0.0f);
     for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
       mm_set(qt, dp, 1, kt + j0 * dp, kBk, s, kBk, nq, dp, kBk);
+      // Two passes over the rows (scaled scores and row maxima, then exp and sums)
+      // rather than one per row: each row's max -> exp -> sum is a long chain, and
+      // the rows of a pass are independent of one another.
       int32_t on[kBk];
+      float mnew[kBq];
       const v16 ninf = splat(-INFINITY);
+      const float scale = pb.scale;
       for (int64_t i = 0; i < nq; ++i) {
         pf.step();
         float* si = s + i * kBk;
         v16 mxv = splat(m[i]);
         if (pb.row_sees_tile(i0 + i, j0)) {
           for (int64_t j = 0; j < kBk; j += kV) {
-            const v16 x = vload(si + j) * pb.scale;
+            const v16 x = vload(si + j) * scale;
             vstore(si + j, x);
             mxv = mxv > x ? mxv : x;
           }
         } else {
           pb.visible_row(b, i0 + i, j0, on);
           for (int64_t j = 0; j < kBk; j += kV) {
-            const v16 x = vloadi(on + j) ? vload(si + j) * pb.scale : ninf;
+            const v16 x = vloadi(on + j) ? vload(si + j) * scale : ninf;
             vstore(si + j, x);
             mxv = mxv > x ? mxv : x;
           }
         }
-        const float mx = hmax(mxv);
+        mnew[i] = hmax(mxv);
+      }
+      const KeepTest keep = pb.keep_test();
+      for (int64_t i = 0; i < nq; ++i) {
+        float* si = s + i * kBk;
+        const float mx = mnew[i];
         if (mx == -INFINITY) {  // nothing visible yet: this tile adds nothing
           std::fill(si, si + kBk, 0.0f);
           continue;
@@ -453,7 +486,7 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
         v16 sumv{};
         for (int64_t j = 0; j < kBk; j += kV) {
           const v16 e = exp_neg_v(vload(si + j) - mx);
-          vstore(si + j, e * pb.keep_vec(wi + j));
+          vstore(si + j, e * keep(wi + j));
           sumv += e;
         }
         l[i] = l[i] * rescale + hsum(sumv);
@@ -532,6 +565,7 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
       // dP = (dO V^T) * M; dS = P * (dP - Di) with Di = rowsum(dO * O) as before.
       // dS carries the softmax scale here, so dQ and dK need no pass of their own.
       int32_t on[kBk];
+      const KeepTest keep = pb.keep_test();
       for (int64_t i = 0; i < nq; ++i) {
         pf.step();
         float *pi = p + i * kBk, *dsi = ds + i * kBk;
@@ -540,7 +574,7 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
         if (li != -INFINITY && pb.row_sees_tile(i0 + i, j0)) {
           for (int64_t j = 0; j < kBk; j += kV) {
             const v16 prob = exp_neg_v(vload(pi + j) * sc - li);
-            const v16 kj = pb.keep_vec(wi + j);
+            const v16 kj = keep(wi + j);
             vstore(dsi + j, prob * (vload(dsi + j) * kj - dii) * sc);
             vstore(pi + j, prob * kj);
           }
@@ -551,7 +585,7 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
         for (int64_t j = 0; j < kBk; j += kV) {
           const v16 e = exp_neg_v(vload(pi + j) * sc - li);
           const v16 prob = vloadi(on + j) ? e : v16{};
-          const v16 kj = pb.keep_vec(wi + j);
+          const v16 kj = keep(wi + j);
           vstore(dsi + j, prob * (vload(dsi + j) * kj - dii) * sc);
           vstore(pi + j, prob * kj);
         }
