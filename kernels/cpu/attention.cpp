@@ -15,7 +15,7 @@
 // tile in one call (its rows are consecutive in the stream) and tests them as
 // integers inside the softmax passes (w >= keep_min, the same bits as the float
 // test). Tasks are scheduled statically (contiguous (b, h) runs per thread) and
-// each prefetches the next (b, h)'s rows into L2 while it computes. Workspace:
+// each forward task prefetches the next (b, h)'s rows into L2. Workspace:
 // per-thread f32 tiles and dropout words, plus for backward the (b, h) slice's
 // K, V, dK, dV.
 #include "kernels/attention.h"
@@ -319,11 +319,13 @@ struct Problem {
   KeepTest keep_test() const { return {a.dropout > 0.0f, keep_scale, keep_min}; }
 };
 
-// Pulls the next (b, h)'s rows into L2 while this one computes: its inputs (and
-// for backward its outputs, for writing), a few lines per query row of each
-// (query tile, key tile) pair, so that the prefetches overlap the tile products
-// and the next task's loads hit L2 instead of waiting on memory. Static
-// scheduling makes bh + 1 the thread's next task except at its chunk's end.
+// Pulls the next (b, h)'s rows into L2 while this one computes (forward only:
+// its Q, K, V and O rows), a few lines per query row of each (query tile, key
+// tile) pair, so that the prefetches overlap the tile products and the next
+// task's loads hit L2 instead of waiting on memory. Static scheduling makes
+// bh + 1 the thread's next task except at its chunk's end. (Backward's own rows
+// gained nothing from it: its prefetches stalled its softmax passes as long as
+// they saved on the loads.)
 struct Prefetcher {
   struct Range {
     const char* p;
@@ -522,18 +524,6 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
   float *p = sc.take(kBq * kBk), *ds = sc.take(kBq * kBk), *vrow = sc.take(kBk * dp);
   float *lse = sc.take(kBq), *di = sc.take(kBq);
   uint32_t* words = reinterpret_cast<uint32_t*>(sc.take(keep_words(a.tk)));
-  Prefetcher pf;
-  if (bh + 1 < a.b * a.h) {
-    pf.add(pb.k + pb.k_row(bh + 1, 0), a.tk * d);
-    pf.add(pb.v + pb.k_row(bh + 1, 0), a.tk * d);
-    pf.add(pb.q + pb.q_row(bh + 1, 0), a.tq * d);
-    pf.add(pb.dout + pb.q_row(bh + 1, 0), a.tq * d);
-    pf.add(pb.o + pb.q_row(bh + 1, 0), a.tq * d);
-    pf.add(dq + pb.q_row(bh + 1, 0), a.tq * d, true);
-    pf.add(dk + pb.k_row(bh + 1, 0), a.tk * d, true);
-    pf.add(dv + pb.k_row(bh + 1, 0), a.tk * d, true);
-    pf.plan(pb.live_rows());
-  }
   load_rows(pb.k + pb.k_row(bh, 0), a.tk, tkp, d, dp, kr);
   for (int64_t t = 0; t < nkt; ++t) {
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
@@ -567,7 +557,6 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
       int32_t on[kBk];
       const KeepTest keep = pb.keep_test();
       for (int64_t i = 0; i < nq; ++i) {
-        pf.step();
         float *pi = p + i * kBk, *dsi = ds + i * kBk;
         const uint32_t* wi = words + i * a.tk + j0;
         const float li = lse[i], dii = di[i], sc = pb.scale;
