@@ -2,16 +2,22 @@
 // (b, h) stages the head's K^T and V tiles once, then runs each query tile over
 // the key tiles with an online softmax. Backward: one
 // task per (b, h) walks every (query tile, key tile) pair once, recomputing
-// P = exp(S - lse) and dS = P * (dP - Di) for the pair and feeding dQ, dK and dV
-// from them (five tile products per pair, none repeated; P^T and dS^T are read
-// with strides where a product needs them, never transposed). Each output element
-// is summed by one task in a fixed order: bit-identical for any thread count,
-// no atomics. Tiles are f32 with the head dim padded to a multiple of 16 and
-// multiplied by a register-blocked kernel on 16-float vectors (GCC vector
-// extensions: zmm with AVX-512, narrower registers otherwise). Dropout draws the
-// keep bytes of a whole query tile in one Philox call (its rows are consecutive
-// in the stream), so the draw runs interleaved. Workspace: per-thread f32 tiles
-// and keep bytes, plus for backward the (b, h) slice's K, V, dK, dV.
+// P = exp(S - lse) and dS = P * (dP - Di) * scale for the pair and feeding dQ, dK
+// and dV from them (five tile products per pair, none repeated; P^T and dS^T are
+// read with strides where a product needs them, never transposed). Each output
+// element is summed by one task in a fixed order: bit-identical for any thread
+// count, no atomics. Tiles are f32 with the head dim padded to a multiple of 16
+// and multiplied by register-blocked kernels on 16-float vectors (GCC vector
+// extensions: zmm with AVX-512, narrower registers otherwise): 6 rows x 4 vectors
+// of C in registers, B rows loaded as vectors, A broadcast; S and dP start from
+// zero accumulators (no clearing pass). Rows that see their whole key tile skip
+// the per-key visibility masks. Dropout draws the Philox words of a whole query
+// tile in one call (its rows are consecutive in the stream) and tests them as
+// integers inside the softmax passes (w >= keep_min, the same bits as the float
+// test). Tasks are scheduled statically (contiguous (b, h) runs per thread) and
+// each forward task prefetches the next (b, h)'s rows into L2. Workspace:
+// per-thread f32 tiles and dropout words, plus for backward the (b, h) slice's
+// K, V, dK, dV.
 #include "kernels/attention.h"
 
 #include <omp.h>
@@ -27,7 +33,7 @@
 namespace dtrain::kernels {
 namespace {
 
-constexpr int64_t kBq = 32;  // query rows per tile
+constexpr int64_t kBq = 64;  // query rows per tile
 constexpr int64_t kBk = 64;  // keys per tile
 constexpr int64_t kV = 16;   // floats per vector
 
@@ -110,15 +116,24 @@ inline v16 exp_neg_v(v16 x) {
   return x < lo ? v16{} : y * scale;
 }
 
-// C[R, NV*16] += A[R, K] . B[K, NV*16], A(r, kk) at a[r * sr + kk * sc] (so a
+// C[R, NV*16] (+)= A[R, K] . B[K, NV*16], A(r, kk) at a[r * sr + kk * sc] (so a
 // transposed A costs nothing: its elements are broadcast one at a time anyway),
-// row strides ldb, ldc: R * NV accumulators stay in registers while k runs.
-template <int R, int NV>
+// row strides ldb, ldc: R * NV accumulators stay in registers while k runs
+// (kAcc: they start from C, else from zero and C is only written). kTA: A is
+// read transposed (sr = 1, else sc = 1), fixed at compile time so that the k loop
+// has one version and the accumulators leave it in registers, not through the stack.
+template <int R, int NV, bool kAcc, bool kTA>
 void mm_block(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
               int64_t ldc, int64_t k) {
+  if constexpr (kTA) {
+    sr = 1;
+  } else {
+    sc = 1;
+  }
+  if (k < 1) __builtin_unreachable();  // callers have k >= 1: no path that skips the loop
   v16 acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = vload(c + r * ldc + v * kV);
+    for (int v = 0; v < NV; ++v) acc[r][v] = kAcc ? vload(c + r * ldc + v * kV) : v16{};
   for (int64_t kk = 0; kk < k; ++kk) {
     v16 bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = vload(b + kk * ldb + v * kV);
@@ -131,34 +146,60 @@ void mm_block(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ld
     for (int v = 0; v < NV; ++v) vstore(c + r * ldc + v * kV, acc[r][v]);
 }
 
-template <int NV>
+// Row blocks of kR (up to 24 accumulators: 6 rows of 4 vectors), then 4 / 2 / 1.
+template <int NV, bool kAcc, bool kTA>
 void mm_rows(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
              int64_t ldc, int64_t m, int64_t k) {
-  const int64_t m4 = m / 4 * 4;
-  for (int64_t i = 0; i < m4; i += 4)
-    mm_block<4, NV>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
-  for (int64_t i = m4; i < m; ++i) mm_block<1, NV>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+  constexpr int kR = NV >= 3 ? 6 : 8;
+  int64_t i = 0;
+  for (; i + kR <= m; i += kR)
+    mm_block<kR, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+  if (i + 4 <= m) {
+    mm_block<4, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+    i += 4;
+  }
+  if (i + 2 <= m) {
+    mm_block<2, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
+    i += 2;
+  }
+  if (i < m) mm_block<1, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
 }
 
-// C[m, n] += A[m, k] . B[k, n], A(i, kk) at a[i * sr + kk * sc], n a multiple of
-// 16; the sum over k runs in order.
-void mm_acc(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
-            int64_t ldc, int64_t m, int64_t k, int64_t n) {
+// C[m, n] (+)= A[m, k] . B[k, n], A(i, kk) at a[i * sr + kk * sc], n a multiple
+// of 16; the sum over k runs in order (from C with kAcc, else from zero).
+template <bool kAcc, bool kTA>
+void mm(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c, int64_t ldc,
+        int64_t m, int64_t k, int64_t n) {
   int64_t j = 0;
-  for (; j + 4 * kV <= n; j += 4 * kV) mm_rows<4>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+  for (; j + 4 * kV <= n; j += 4 * kV)
+    mm_rows<4, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
   switch ((n - j) / kV) {
     case 3:
-      mm_rows<3>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<3, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     case 2:
-      mm_rows<2>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<2, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     case 1:
-      mm_rows<1>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+      mm_rows<1, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
     default:
       break;
   }
+}
+void mm_acc(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
+            int64_t ldc, int64_t m, int64_t k, int64_t n) {
+  if (sr == 1 && sc != 1) {
+    mm<true, true>(a, sr, sc, b, ldb, c, ldc, m, k, n);
+  } else {
+    DTRAIN_CHECK(sc == 1, "attention mm: A strides {} {}", sr, sc);
+    mm<true, false>(a, sr, sc, b, ldb, c, ldc, m, k, n);
+  }
+}
+void mm_set(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
+            int64_t ldc, int64_t m, int64_t k, int64_t n) {
+  DTRAIN_CHECK(sc == 1, "attention mm_set: A strides {} {}", sr, sc);
+  mm<false, false>(a, sr, sc, b, ldb, c, ldc, m, k, n);
 }
 
 struct Scratch {
@@ -171,21 +212,37 @@ struct Scratch {
   }
 };
 
-// Keep bytes of one query tile: kBq rows of tk, plus a tile of slack so the
-// 16-byte loads of the last row's last tile stay inside.
-int64_t keep_bytes(int64_t tk) { return kBq * tk + kBk; }
+// Dropout words of one query tile: kBq rows of tk, plus a tile of slack so the
+// vector loads of the last row's last tile stay inside.
+int64_t keep_words(int64_t tk) { return kBq * tk + kBk; }
 
 // Floats per thread (a few spare vectors per buffer for the rounding in take()).
 int64_t forward_floats(int64_t tk, int64_t dp) {
   const int64_t tkp = (tk + kBk - 1) / kBk * kBk;
-  return 2 * tkp * dp + kBk * dp + 2 * kBq * dp + kBq * kBk + 2 * kBq + keep_bytes(tk) / 4 +
-         10 * kV;
+  return 2 * tkp * dp + kBk * dp + 2 * kBq * dp + kBq * kBk + 2 * kBq + keep_words(tk) + 10 * kV;
 }
 int64_t backward_floats(int64_t tk, int64_t dp) {
   const int64_t tkp = (tk + kBk - 1) / kBk * kBk;
-  return 5 * tkp * dp + kBk * dp + 3 * kBq * dp + 2 * kBq * kBk + 2 * kBq + keep_bytes(tk) / 4 +
+  return 5 * tkp * dp + kBk * dp + 3 * kBq * dp + 2 * kBq * kBk + 2 * kBq + keep_words(tk) +
          16 * kV;
 }
+
+// The dropout factors of 16 keys from their words: 1/(1-p) kept, 0 dropped; 1
+// without dropout. Kept iff u32_to_uniform(w) = (w >> 8) * 2^-24 >= p, i.e.
+// w >= min (see keep_min()): the same bits as the float test, no convert. A
+// local copy in the loops, so that their float stores cannot alias its fields.
+struct KeepTest {
+  bool on;
+  float scale;
+  uint32_t min;
+  v16 operator()(const uint32_t* w) const {
+    if (!on) return splat(1.0f);
+    using v16u = uint32_t __attribute__((vector_size(kV * sizeof(uint32_t))));
+    v16u x;
+    std::memcpy(&x, w, sizeof x);
+    return x >= min ? splat(scale) : v16{};
+  }
+};
 
 // The problem with its pointers; offsets are in rows of D elements.
 template <typename T>
@@ -196,6 +253,7 @@ struct Problem {
   const T *q, *k, *v, *o, *dout;
   const uint8_t* mask;  // [B, Tk] or null
   float keep_scale;     // 1 / (1 - dropout), once here rather than a divide per vector
+  uint32_t keep_min;    // the least Philox word that keeps its element
   int64_t q_row(int64_t bh, int64_t i) const { return (bh * a.tq + i) * a.d; }
   int64_t k_row(int64_t bh, int64_t j) const { return (bh * a.tk + j) * a.d; }
   // Is key j seen by query i of batch b (j >= tk is never seen)?
@@ -221,49 +279,82 @@ struct Problem {
   bool tile_live(int64_t i0, int64_t nq, int64_t j0) const {
     return a.causal == Causal::no || j0 <= i0 + nq - 1 + (a.tk - a.tq);
   }
+  // The query rows summed over the live (query tile, key tile) pairs of one (b, h).
+  int64_t live_rows() const {
+    int64_t n = 0;
+    for (int64_t i0 = 0; i0 < a.tq; i0 += kBq) {
+      const int64_t nq = std::min(kBq, a.tq - i0);
+      n += nq * ((live_end(i0, nq) + kBk - 1) / kBk);
+    }
+    return n;
+  }
   // The end of the keys in live tiles for query rows [i0, i0 + nq).
   int64_t live_end(int64_t i0, int64_t nq) const {
     int64_t j0 = 0;
     while (j0 < a.tk && tile_live(i0, nq, j0)) j0 += kBk;
     return std::min(j0, a.tk);
   }
-  // keep[i * tk + j] = 1 iff query row i0 + i of (b, h) keeps key j (u32_to_uniform
-  // of its word >= dropout), for the keys of the live tiles. Without causal
-  // pruning the tile's rows are one run of the stream, drawn in one call.
-  void dropout_tile(int64_t bh, int64_t i0, int64_t nq, uint8_t* keep) const {
+  // Does query i of batch b see all of keys [j0, j0 + kBk) (no test per key needed)?
+  bool row_sees_tile(int64_t i, int64_t j0) const {
+    if (mask != nullptr || j0 + kBk > a.tk) return false;
+    return a.causal == Causal::no || j0 + kBk - 1 <= i + (a.tk - a.tq);
+  }
+  // words[i * tk + j] = Philox word of element (query i0 + i of (b, h), key j),
+  // for the keys of the live tiles. Without causal pruning the tile's rows are
+  // one run of the stream, drawn in one call. A kBk-word slack after the last row
+  // keeps the last tile's vector loads inside (their keys are never visible).
+  void dropout_tile(int64_t bh, int64_t i0, int64_t nq, uint32_t* words) const {
     if (a.dropout == 0.0f) return;
     const Philox rng(a.seed, a.stream);
     const uint64_t first = static_cast<uint64_t>((bh * a.tq + i0) * a.tk);
     const int64_t end = live_end(i0, nq);
     if (end == a.tk) {
-      draw_keep(rng, first, nq * a.tk, keep);
+      rng.words(first, nq * a.tk, words);
     } else {
       for (int64_t i = 0; i < nq; ++i)
-        draw_keep(rng, first + static_cast<uint64_t>(i * a.tk), end, keep + i * a.tk);
+        rng.words(first + static_cast<uint64_t>(i * a.tk), end, words + i * a.tk);
     }
-    std::fill(keep + nq * a.tk, keep + nq * a.tk + kBk, uint8_t{0});  // the loads' slack
+    std::fill(words + nq * a.tk, words + nq * a.tk + kBk, 0u);
   }
-  void draw_keep(const Philox& rng, uint64_t first, int64_t n, uint8_t* keep) const {
-    constexpr int64_t kWords = 1024;
-    const float p = a.dropout;  // a local: the byte stores could alias a.dropout (no vectors)
-    uint32_t w[kWords];
-    for (int64_t c = 0; c < n; c += kWords) {
-      const int64_t m = std::min(kWords, n - c);
-      rng.words(first + static_cast<uint64_t>(c), m, w);
-      for (int64_t k = 0; k < m; ++k) keep[c + k] = u32_to_uniform(w[k]) >= p ? 1 : 0;
+  KeepTest keep_test() const { return {a.dropout > 0.0f, keep_scale, keep_min}; }
+};
+
+// Pulls the next (b, h)'s rows into L2 while this one computes (forward only:
+// its Q, K, V and O rows), a few lines per query row of each (query tile, key
+// tile) pair, so that the prefetches overlap the tile products and the next
+// task's loads hit L2 instead of waiting on memory. Static scheduling makes
+// bh + 1 the thread's next task except at its chunk's end. (Backward's own rows
+// gained nothing from it: its prefetches stalled its softmax passes as long as
+// they saved on the loads.)
+struct Prefetcher {
+  struct Range {
+    const char* p;
+    int64_t bytes;
+    bool write;
+  };
+  Range r[8];
+  int n = 0, cur = 0;
+  int64_t off = 0, per_step = 0;
+  template <typename T>
+  void add(const T* base, int64_t elems, bool write = false) {
+    r[n++] = {reinterpret_cast<const char*>(base), elems * static_cast<int64_t>(sizeof(T)), write};
+  }
+  // Spread the lines over `steps` calls of step().
+  void plan(int64_t steps) {
+    int64_t lines = 0;
+    for (int i = 0; i < n; ++i) lines += (r[i].bytes + 63) / 64;
+    per_step = (lines + steps - 1) / std::max<int64_t>(steps, 1);
+  }
+  void step() {
+    for (int64_t k = 0; k < per_step && cur < n; ++k) {
+      if (r[cur].write) {
+        __builtin_prefetch(r[cur].p + off, 1, 2);
+      } else {
+        __builtin_prefetch(r[cur].p + off, 0, 2);
+      }
+      off += 64;
+      if (off >= r[cur].bytes) ++cur, off = 0;
     }
-  }
-  // The dropout factors of keys [j, j + 16) of a keep row (from dropout_tile,
-  // offset to the key tile): 1/(1-p) kept, 0 dropped or j >= nk; 1 without dropout.
-  v16 keep_vec(const uint8_t* row, int64_t j, int64_t nk) const {
-    if (a.dropout == 0.0f) return splat(1.0f);
-    using v16b = uint8_t __attribute__((vector_size(kV)));
-    v16b bytes;
-    std::memcpy(&bytes, row + j, sizeof bytes);
-    const v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const v16i kept = (__builtin_convertvector(bytes, v16i) != 0) &
-                      (lane + static_cast<int32_t>(j) < static_cast<int32_t>(nk));
-    return kept ? splat(keep_scale) : v16{};
   }
 };
 
@@ -332,7 +423,15 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
   float *kt = sc.take(tkp * dp), *vt = sc.take(tkp * dp), *kr = sc.take(kBk * dp);
   float *qt = sc.take(kBq * dp), *acc = sc.take(kBq * dp), *s = sc.take(kBq * kBk);
   float *m = sc.take(kBq), *l = sc.take(kBq);
-  uint8_t* keep = reinterpret_cast<uint8_t*>(sc.take(keep_bytes(a.tk) / 4 + 1));
+  uint32_t* words = reinterpret_cast<uint32_t*>(sc.take(keep_words(a.tk)));
+  Prefetcher pf;
+  if (bh + 1 < a.b * a.h) {
+    pf.add(pb.k + pb.k_row(bh + 1, 0), a.tk * d);
+    pf.add(pb.v + pb.k_row(bh + 1, 0), a.tk * d);
+    pf.add(pb.q + pb.q_row(bh + 1, 0), a.tq * d);
+    pf.add(out + pb.q_row(bh + 1, 0), a.tq * d, true);
+    pf.plan(pb.live_rows());
+  }
   for (int64_t t = 0; t < nkt; ++t) {  // K^T tiles [dp, kBk]; V rows [kBk, dp]
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
     load_rows(pb.k + pb.k_row(bh, j0), nk, kBk, d, dp, kr);
@@ -342,47 +441,62 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
   for (int64_t i0 = 0; i0 < a.tq; i0 += kBq) {
     const int64_t nq = std::min(kBq, a.tq - i0);
     load_rows(pb.q + pb.q_row(bh, i0), nq, nq, d, dp, qt);
-    pb.dropout_tile(bh, i0, nq, keep);
+    pb.dropout_tile(bh, i0, nq, words);
     std::fill(acc, acc + nq * dp, 0.0f);
     std::fill(m, m + nq, -INFINITY);
     std::fill(l, l + nq, 0.0f);
     for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
-      std::fill(s, s + nq * kBk, 0.0f);
-      mm_acc(qt, dp, 1, kt + j0 * dp, kBk, s, kBk, nq, dp, kBk);
-      const int64_t nk = std::min(kBk, a.tk - j0);
+      mm_set(qt, dp, 1, kt + j0 * dp, kBk, s, kBk, nq, dp, kBk);
+      // Two passes over the rows (scaled scores and row maxima, then exp and sums)
+      // rather than one per row: each row's max -> exp -> sum is a long chain, and
+      // the rows of a pass are independent of one another.
       int32_t on[kBk];
+      float mnew[kBq];
       const v16 ninf = splat(-INFINITY);
+      const float scale = pb.scale;
+      for (int64_t i = 0; i < nq; ++i) {
+        pf.step();
+        float* si = s + i * kBk;
+        v16 mxv = splat(m[i]);
+        if (pb.row_sees_tile(i0 + i, j0)) {
+          for (int64_t j = 0; j < kBk; j += kV) {
+            const v16 x = vload(si + j) * scale;
+            vstore(si + j, x);
+            mxv = mxv > x ? mxv : x;
+          }
+        } else {
+          pb.visible_row(b, i0 + i, j0, on);
+          for (int64_t j = 0; j < kBk; j += kV) {
+            const v16 x = vloadi(on + j) ? vload(si + j) * scale : ninf;
+            vstore(si + j, x);
+            mxv = mxv > x ? mxv : x;
+          }
+        }
+        mnew[i] = hmax(mxv);
+      }
+      const KeepTest keep = pb.keep_test();
       for (int64_t i = 0; i < nq; ++i) {
         float* si = s + i * kBk;
-        pb.visible_row(b, i0 + i, j0, on);
-        v16 mxv = splat(m[i]);
-        for (int64_t j = 0; j < kBk; j += kV) {
-          const v16 x = vloadi(on + j) ? vload(si + j) * pb.scale : ninf;
-          vstore(si + j, x);
-          mxv = mxv > x ? mxv : x;
-        }
-        const float mx = hmax(mxv);
+        const float mx = mnew[i];
         if (mx == -INFINITY) {  // nothing visible yet: this tile adds nothing
           std::fill(si, si + kBk, 0.0f);
           continue;
         }
         const float rescale = exp_neg(m[i] - mx);
+        // O sums the dropped probabilities; l is the full softmax sum.
+        const uint32_t* wi = words + i * a.tk + j0;
         v16 sumv{};
         for (int64_t j = 0; j < kBk; j += kV) {
           const v16 e = exp_neg_v(vload(si + j) - mx);
-          vstore(si + j, e);
+          vstore(si + j, e * keep(wi + j));
           sumv += e;
         }
         l[i] = l[i] * rescale + hsum(sumv);
         m[i] = mx;
-        if (a.dropout > 0.0f) {  // O sums the dropped probabilities; l is the full softmax sum
-          const uint8_t* kr_i = keep + i * a.tk + j0;
-          for (int64_t j = 0; j < kBk; j += kV)
-            vstore(si + j, vload(si + j) * pb.keep_vec(kr_i, j, nk));
+        if (rescale != 1.0f) {
+          float* ai = acc + i * dp;
+          for (int64_t dd = 0; dd < dp; dd += kV) vstore(ai + dd, vload(ai + dd) * rescale);
         }
-        float* ai = acc + i * dp;
-#pragma omp simd
-        for (int64_t dd = 0; dd < dp; ++dd) ai[dd] *= rescale;
       }
       mm_acc(s, kBk, 1, vt + j0 * dp, dp, acc, dp, nq, kBk, dp);
     }
@@ -409,7 +523,7 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
   float *qt = sc.take(kBq * dp), *dot = sc.take(kBq * dp), *dqt = sc.take(kBq * dp);
   float *p = sc.take(kBq * kBk), *ds = sc.take(kBq * kBk), *vrow = sc.take(kBk * dp);
   float *lse = sc.take(kBq), *di = sc.take(kBq);
-  uint8_t* keep = reinterpret_cast<uint8_t*>(sc.take(keep_bytes(a.tk) / 4 + 1));
+  uint32_t* words = reinterpret_cast<uint32_t*>(sc.take(keep_words(a.tk)));
   load_rows(pb.k + pb.k_row(bh, 0), a.tk, tkp, d, dp, kr);
   for (int64_t t = 0; t < nkt; ++t) {
     const int64_t j0 = t * kBk, nk = std::min(kBk, a.tk - j0);
@@ -423,7 +537,7 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
     const int64_t nq = std::min(kBq, a.tq - i0);
     load_rows(pb.q + pb.q_row(bh, i0), nq, nq, d, dp, qt);
     load_rows(pb.dout + pb.q_row(bh, i0), nq, nq, d, dp, dot);
-    pb.dropout_tile(bh, i0, nq, keep);
+    pb.dropout_tile(bh, i0, nq, words);
     for (int64_t i = 0; i < nq; ++i) {  // Di = rowsum(dO * O)
       float orow[1024];                 // D <= 1024 is checked
       cpu_io::load_n(pb.o + pb.q_row(bh, i0 + i), orow, d);
@@ -435,24 +549,33 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
     }
     std::fill(dqt, dqt + nq * dp, 0.0f);
     for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
-      std::fill(p, p + nq * kBk, 0.0f);
-      std::fill(ds, ds + nq * kBk, 0.0f);
-      mm_acc(qt, dp, 1, kt + j0 * dp, kBk, p, kBk, nq, dp, kBk);    // S = Q K^T
-      mm_acc(dot, dp, 1, vt + j0 * dp, kBk, ds, kBk, nq, dp, kBk);  // dP = dO V^T
+      mm_set(qt, dp, 1, kt + j0 * dp, kBk, p, kBk, nq, dp, kBk);    // S = Q K^T
+      mm_set(dot, dp, 1, vt + j0 * dp, kBk, ds, kBk, nq, dp, kBk);  // dP = dO V^T
       // With dropout mask M (scaled): O = (P * M) V, so dV = (P * M)^T dO and
       // dP = (dO V^T) * M; dS = P * (dP - Di) with Di = rowsum(dO * O) as before.
-      const int64_t nk = std::min(kBk, a.tk - j0);
+      // dS carries the softmax scale here, so dQ and dK need no pass of their own.
       int32_t on[kBk];
+      const KeepTest keep = pb.keep_test();
       for (int64_t i = 0; i < nq; ++i) {
         float *pi = p + i * kBk, *dsi = ds + i * kBk;
-        const uint8_t* kr_i = keep + i * a.tk + j0;
+        const uint32_t* wi = words + i * a.tk + j0;
+        const float li = lse[i], dii = di[i], sc = pb.scale;
+        if (li != -INFINITY && pb.row_sees_tile(i0 + i, j0)) {
+          for (int64_t j = 0; j < kBk; j += kV) {
+            const v16 prob = exp_neg_v(vload(pi + j) * sc - li);
+            const v16 kj = keep(wi + j);
+            vstore(dsi + j, prob * (vload(dsi + j) * kj - dii) * sc);
+            vstore(pi + j, prob * kj);
+          }
+          continue;
+        }
         pb.visible_row(b, i0 + i, j0, on);
-        if (lse[i] == -INFINITY) std::fill(on, on + kBk, 0);
+        if (li == -INFINITY) std::fill(on, on + kBk, 0);
         for (int64_t j = 0; j < kBk; j += kV) {
-          const v16 e = exp_neg_v(vload(pi + j) * pb.scale - lse[i]);
+          const v16 e = exp_neg_v(vload(pi + j) * sc - li);
           const v16 prob = vloadi(on + j) ? e : v16{};
-          const v16 kj = pb.keep_vec(kr_i, j, nk);
-          vstore(dsi + j, prob * (vload(dsi + j) * kj - di[i]));
+          const v16 kj = keep(wi + j);
+          vstore(dsi + j, prob * (vload(dsi + j) * kj - dii) * sc);
           vstore(pi + j, prob * kj);
         }
       }
@@ -461,16 +584,10 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
       mm_acc(ds, 1, kBk, qt, dp, dkt + j0 * dp, dp, kBk, nq, dp);  // dK += dS^T Q
       mm_acc(ds, kBk, 1, kr + j0 * dp, dp, dqt, dp, nq, kBk, dp);  // dQ += dS K
     }
-    for (int64_t i = 0; i < nq; ++i) {
-      float* r = dqt + i * dp;
-      for (int64_t dd = 0; dd < d; ++dd) r[dd] *= pb.scale;
-      cpu_io::store_n(r, dq + pb.q_row(bh, i0 + i), d);
-    }
+    for (int64_t i = 0; i < nq; ++i) cpu_io::store_n(dqt + i * dp, dq + pb.q_row(bh, i0 + i), d);
   }
   for (int64_t j = 0; j < a.tk; ++j) {
-    float* r = dkt + j * dp;
-    for (int64_t dd = 0; dd < d; ++dd) r[dd] *= pb.scale;
-    cpu_io::store_n(r, dk + pb.k_row(bh, j), d);
+    cpu_io::store_n(dkt + j * dp, dk + pb.k_row(bh, j), d);
     cpu_io::store_n(dvt + j * dp, dv + pb.k_row(bh, j), d);
   }
 }
@@ -482,7 +599,7 @@ void run_tasks(int64_t tasks, int64_t slot_floats, Workspace ws, Task&& task) {
   const int slots = static_cast<int>(std::min<size_t>(ws.bytes / slot, 1 << 16));
   DTRAIN_CHECK(slots >= 1, "attention: workspace {} bytes, need at least {}", ws.bytes, slot);
   const int nt = std::min<int>(slots, omp_get_max_threads());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+#pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t t = 0; t < tasks; ++t) {
     const size_t off = static_cast<size_t>(omp_get_thread_num()) * slot;
     task(t, Scratch{reinterpret_cast<float*>(static_cast<char*>(ws.data) + off)});
@@ -508,6 +625,10 @@ void check_shapes(std::string_view op, const AttentionArgs& a, const Tensor& q, 
   }
 }
 
+// The least word w with u32_to_uniform(w) >= p: (w >> 8) * 2^-24 is exact, so
+// it is t * 256 for the least integer t >= p * 2^24 (exact too: p < 1, so t <= 2^24 - 1).
+uint32_t keep_min(float p) { return static_cast<uint32_t>(std::ceil(p * 0x1p24f)) << 8; }
+
 template <typename T>
 Problem<T> problem(const AttentionArgs& a, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& mask, const T* o, const T* dout) {
@@ -521,7 +642,8 @@ Problem<T> problem(const AttentionArgs& a, const Tensor& q, const Tensor& k, con
                     o,
                     dout,
                     mask.defined() ? mask.data<uint8_t>() : nullptr,
-                    1.0f / (1.0f - a.dropout)};
+                    1.0f / (1.0f - a.dropout),
+                    keep_min(a.dropout)};
 }
 
 }  // namespace
