@@ -22,6 +22,7 @@
 #include "core/parallel.h"
 #include "kernels/activation.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cpu/vec16.h"
 #include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
@@ -37,17 +38,12 @@ constexpr float kGeluC = 0.044715f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
 
-constexpr int64_t kV = 16;  // floats per vector
-using v16 = float __attribute__((vector_size(kV * sizeof(float))));
-using v16i = int32_t __attribute__((vector_size(kV * sizeof(int32_t))));
-
-inline v16 vload(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
-inline v16 splat(float x) { return v16{} + x; }
+using vec::kV;
+using vec::splat;
+using vec::v16;
+using vec::v16i;
+using vec::vload;
+using vec::vstore;
 inline v16 vmin(v16 a, v16 b) { return a < b ? a : b; }
 inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
 inline v16i bits(v16 v) {

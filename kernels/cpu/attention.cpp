@@ -28,6 +28,7 @@
 
 #include "core/rng.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cpu/vec16.h"
 #include "kernels/cuda_ops.h"
 
 namespace dtrain::kernels {
@@ -35,23 +36,17 @@ namespace {
 
 constexpr int64_t kBq = 64;  // query rows per tile
 constexpr int64_t kBk = 64;  // keys per tile
-constexpr int64_t kV = 16;   // floats per vector
-
-using v16 = float __attribute__((vector_size(kV * sizeof(float))));
-using v16i = int32_t __attribute__((vector_size(kV * sizeof(int32_t))));
-
-inline v16 vload(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+using vec::kV;
+using vec::splat;
+using vec::v16;
+using vec::v16i;
+using vec::vload;
+using vec::vstore;
 inline v16i vloadi(const int32_t* p) {
   v16i v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
-inline v16 splat(float x) { return v16{} + x; }
 // Horizontal sum and max as a tree of halvings (4 dependent steps, not 15: they
 // sit on each row's critical path).
 using v8 = float __attribute__((vector_size(8 * sizeof(float))));

@@ -16,6 +16,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cpu/vec16.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/layernorm.h"
 
@@ -29,22 +30,18 @@ using cpu_io::load;
 
 int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 13) / cols); }
 
-constexpr int64_t kV = 16;  // floats per vector
-using v16 = float __attribute__((vector_size(kV * sizeof(float))));
-using v16i = int32_t __attribute__((vector_size(kV * sizeof(int32_t))));
-
-inline v16 vload(const float* p) {
-  v16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+using vec::kV;
+using vec::splat;
+using vec::v16;
+using vec::v16i;
+using vec::vload;
+using vec::vstore;
 // p[0, n) with n < 16, zeros above.
 inline v16 vload_part(const float* p, int64_t n) {
   float b[kV] = {};
   std::copy(p, p + n, b);
   return vload(b);
 }
-inline void vstore(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 inline void vstore_part(float* p, v16 v, int64_t n) {
   float b[kV];
   vstore(b, v);
