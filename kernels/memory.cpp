@@ -40,6 +40,13 @@ void upload(const Tensor& pinned_src, Tensor& dst) {
   cuda_ops::upload(pinned_src, dst);
 }
 
+Tensor to_host(const Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  copy(t, h);
+  return h;
+}
+
 void synchronize(Device device) {
   if (device.is_cuda()) cuda_ops::synchronize(device.index);
 }

@@ -34,6 +34,9 @@ void copy(const Tensor& src, Tensor& dst, CopySync sync = CopySync::blocking);
 // dst on the CPU: a plain memcpy.
 void upload(const Tensor& pinned_src, Tensor& dst);
 
+// `t` itself when it is host memory; else a host copy (blocking, so it is complete).
+Tensor to_host(const Tensor& t);
+
 // Waits until the device's stream has finished all work; a no-op on the CPU.
 void synchronize(Device device);
 

@@ -24,19 +24,12 @@ nlohmann::json layout_of(const graph::FlatStore& store) {
   return list;
 }
 
-// `t` itself on the CPU, else a host copy (blocking: the device's work is finished).
-Tensor host_copy(const Tensor& t) {
-  if (t.device().is_cpu()) return t;
-  Tensor h = Tensor::empty(t.shape(), t.dtype());
-  kernels::copy(t, h);
-  return h;
-}
-
 void add_store(std::vector<NamedTensor>& out, const std::string& prefix,
                const graph::FlatStore& store) {
   for (DType dt : kStoreTypes) {
     const Tensor t = store.flat(dt);
-    if (t.defined()) out.push_back({prefix + "." + std::string(dtype_name(dt)), host_copy(t)});
+    if (t.defined())
+      out.push_back({prefix + "." + std::string(dtype_name(dt)), kernels::to_host(t)});
   }
 }
 
@@ -68,7 +61,8 @@ void save_train_state(const fs::path& file, graph::Executor& ex, const optim::Op
   add_store(tensors, "params", ex.params());
   add_store(tensors, "buffers", ex.buffers());
   const optim::OptimizerState state = opt.state();
-  for (const auto& [name, t] : state.buffers) tensors.push_back({"optim." + name, host_copy(t)});
+  for (const auto& [name, t] : state.buffers)
+    tensors.push_back({"optim." + name, kernels::to_host(t)});
   const nlohmann::json meta = {
       {"format", "dtrain-train-state"},
       {"step", c.step},

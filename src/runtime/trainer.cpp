@@ -121,15 +121,7 @@ std::vector<optim::ParamSegment> segments_of(const graph::FlatStore& params, NoD
   return segs;
 }
 
-// A host view of `t`: itself on the CPU, else a blocking copy.
-Tensor on_host(const Tensor& t) {
-  if (t.device().is_cpu()) return t;
-  Tensor h = Tensor::empty(t.shape(), t.dtype());
-  kernels::copy(t, h);
-  return h;
-}
-
-float read_scalar(const Tensor& t) { return on_host(t).data<float>()[0]; }
+float read_scalar(const Tensor& t) { return kernels::to_host(t).data<float>()[0]; }
 
 struct EvalResult {
   double loss = 0;
@@ -303,8 +295,9 @@ EvalResult Trainer::evaluate() {
     set_batch(b);
     ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
     if (k + 1 < test.batches_per_epoch()) test.prefetch();
-    const Tensor logits = on_host(ex_->value(model_.logits));
-    const Tensor targets = on_host(ex_->value(model_.targets));  // labels row for row with logits
+    const Tensor logits = kernels::to_host(ex_->value(model_.logits));
+    const Tensor targets =
+        kernels::to_host(ex_->value(model_.targets));  // labels row for row with logits
     const int64_t rows = targets.numel(), classes = logits.numel() / rows;
     const int32_t* labels = targets.data<int32_t>();
     int64_t counted = 0;

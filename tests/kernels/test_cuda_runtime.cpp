@@ -33,12 +33,6 @@ Tensor on_gpu(const Tensor& host) {
   return t;
 }
 
-Tensor to_host(const Tensor& dev) {
-  Tensor t = Tensor::empty(dev.shape(), dev.dtype());
-  copy(dev, t);
-  return t;
-}
-
 }  // namespace
 
 TEST_CASE("copies host -> device -> device -> host keep every value") {
