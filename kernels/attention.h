@@ -18,12 +18,16 @@ struct AttentionArgs {
   float scale = 0.0f;             // 0 means 1/sqrt(d)
   Causal causal = Causal::no;     // causal: query i sees keys j <= i + (tk - tq)
   // Dropout on the attention probabilities (BERT's and GPT-2's attn dropout):
-  // P[b, h, i, j] is kept iff Philox(seed, stream).uniform(((b*H + h)*Tq + i)*Tk + j)
+  // P[b, h, i, j] is kept iff Philox(seed, stream).uniform(offset + ((b*H + h)*Tq + i)*Tk + j)
   // >= dropout, the element numbering of kernels/dropout.h, and kept ones are
   // scaled by 1/(1 - dropout); the row sums of the softmax are taken before it.
   // Backward redraws the same mask from the same args; nothing is stored.
   float dropout = 0.0f;
   uint64_t seed = 0, stream = 0;
+  // Where batch row 0 starts in the stream: a micro-batch whose first sample is the
+  // s-th of the step's global batch passes s*H*Tq*Tk, so a sample's mask does not
+  // depend on how the global batch is split into ranks and micro-batches.
+  uint64_t offset = 0;
 };
 
 // CPU: per-thread tiles. CUDA: Di [B, H, Tq] f32 for backward (kernels/cuda/attention.cu).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Rejects an #include that points up the dependency direction of shared/DESIGN.md:
-# core <- kernels <- graph <- models; core <- dist; optim, precision, compress
+# core <- kernels <- graph <- models; core, kernels <- dist (device buffers: the
+# kernels' streams and allocators, and the elementwise adds of DDP); optim, precision, compress
 # use core + kernels + dist; data uses core + kernels; runtime composes them;
 # config (YAML -> typed job) sits on runtime; cli sits on top. Tests are exempt.
 set -euo pipefail
@@ -12,7 +13,7 @@ allowed() {  # module -> the modules it may include
     kernels) echo "core kernels" ;;
     graph) echo "core kernels graph" ;;
     models) echo "core kernels graph models" ;;
-    dist) echo "core dist" ;;
+    dist) echo "core kernels dist" ;;
     optim | precision | compress) echo "core kernels dist $1" ;;
     data) echo "core kernels data" ;;
     runtime) echo "core kernels graph models dist optim precision compress data runtime" ;;

@@ -301,7 +301,7 @@ struct Problem {
   void dropout_tile(int64_t bh, int64_t i0, int64_t nq, uint32_t* words) const {
     if (a.dropout == 0.0f) return;
     const Philox rng(a.seed, a.stream);
-    const uint64_t first = static_cast<uint64_t>((bh * a.tq + i0) * a.tk);
+    const uint64_t first = a.offset + static_cast<uint64_t>((bh * a.tq + i0) * a.tk);
     const int64_t end = live_end(i0, nq);
     if (end == a.tk) {
       rng.words(first, nq * a.tk, words);

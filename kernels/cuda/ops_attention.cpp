@@ -12,7 +12,8 @@ namespace {
 
 AttnShape shape_of(const AttentionArgs& a) {
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.d));
-  return {a.b, a.h, a.tq, a.tk, a.d, scale, a.causal == Causal::yes, a.dropout, a.seed, a.stream};
+  return {a.b,       a.h,    a.tq,     a.tk,    a.d, scale, a.causal == Causal::yes,
+          a.dropout, a.seed, a.stream, a.offset};
 }
 
 const uint8_t* mask_of(const Tensor& m) {

@@ -1,13 +1,21 @@
-// `dtrain train JOB.yaml [--set key.path=value ...] [--resume latest|PATH]`:
+// `dtrain train JOB.yaml [--set key.path=value ...] [--resume latest|PATH] [--nproc N]`:
 // loads and validates the job exactly as `dtrain validate` does, then hands it
-// to the runtime's trainer. Exit codes: README.md.
+// to the runtime's trainer. Under a launcher (mpirun, srun) every rank runs this;
+// the ranks agree that each of them could start before training begins. --nproc N
+// starts N local ranks through mpirun itself. Exit codes: README.md.
+#include <unistd.h>
+
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/launcher.h"
 #include "config/config.h"
+#include "dist/communicator.h"
+#include "dist/launcher.h"
+#include "runtime/startup.h"
 #include "runtime/trainer.h"
 
 namespace dtrain::cli {
@@ -17,24 +25,62 @@ struct TrainArgs {
   std::string job;
   std::vector<std::string> overrides;
   std::string resume;
+  int nproc = 0;
 };
 
-int run_train(const TrainArgs& args) {
-  std::vector<std::string> warnings;
-  config::ValidateContext ctx;
-  ctx.world_size = world_from_env();
-  ctx.warnings = &warnings;
-  runtime::TrainRequest req;
-  req.job = config::load_job_file(args.job, args.overrides, ctx);
-  for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
-  req.resolved_yaml = config::dump_job_yaml(req.job);
-  req.world_size = ctx.world_size;
-  if (!args.resume.empty()) {
-    req.resume = args.resume;
-  } else if (req.job.train.resume) {
-    req.resume = *req.job.train.resume;
+// mpirun -np N ... <this binary> train JOB [--set ...] [--resume ...]: one OpenMP
+// thread per core share, passive waiting and no binding when the ranks outnumber
+// the cores (oversubscribed spinning pools run many times slower), root allowed.
+int exec_local_ranks(const TrainArgs& args) {
+  if (dist::launcher_world_size().value_or(1) > 1) {
+    throw Error("--nproc: this process already runs under a launcher as one of several ranks",
+                "drop --nproc under mpirun or srun");
   }
-  return runtime::train(req);
+  const std::string mpirun = mpirun_path();
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::string> argv = {mpirun, "-np", std::to_string(args.nproc), "--bind-to", "none"};
+  if (args.nproc > cores) argv.push_back("--oversubscribe");
+  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+  const char* threads = std::getenv("OMP_NUM_THREADS");
+  argv.insert(argv.end(),
+              {"-x", fmt::format("OMP_NUM_THREADS={}",
+                                 threads != nullptr && *threads != '\0'
+                                     ? std::string(threads)
+                                     : std::to_string(std::max(1, cores / args.nproc)))});
+  if (args.nproc > cores) argv.insert(argv.end(), {"-x", "OMP_WAIT_POLICY=passive"});
+  argv.insert(argv.end(), {self_executable(), "train", args.job});
+  for (const std::string& o : args.overrides) argv.insert(argv.end(), {"--set", o});
+  if (!args.resume.empty()) argv.insert(argv.end(), {"--resume", args.resume});
+  exec_or_throw(argv);
+}
+
+int run_train(const TrainArgs& args) {
+  if (args.nproc > 0) return exec_local_ranks(args);
+  const std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
+  // Installed before start-up, so a signal while data loads is also a graceful stop.
+  runtime::StopSignals signals;
+  runtime::TrainRequest req;
+  runtime::TrainSessionPtr session;
+  runtime::agree_on_startup(*world, [&] {
+    std::vector<std::string> warnings;
+    config::ValidateContext ctx;
+    ctx.world_size = world->size();
+    ctx.warnings = &warnings;
+    req.job = config::load_job_file(args.job, args.overrides, ctx);
+    if (world->rank() == 0) {
+      for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+    }
+    req.resolved_yaml = config::dump_job_yaml(req.job);
+    req.world_size = ctx.world_size;
+    if (!args.resume.empty()) {
+      req.resume = args.resume;
+    } else if (req.job.train.resume) {
+      req.resume = *req.job.train.resume;
+    }
+    world->set_ranks_per_node(req.job.comm.ranks_per_node);
+    session = runtime::prepare_training(req, *world);
+  });
+  return runtime::run_training(*session, signals);
 }
 
 }  // namespace
@@ -49,6 +95,9 @@ void add_train(CLI::App& app, Action& action) {
   cmd->add_option("--resume", args->resume,
                   "continue from a checkpoint: latest (the newest in train.checkpoint.dir, or "
                   "a fresh start when there is none), a .dtckpt file, or a directory");
+  cmd->add_option("--nproc", args->nproc,
+                  "run N data-parallel ranks on this machine (starts them with mpirun)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([args, &action] { action = [args] { return run_train(*args); }; });
 }
 

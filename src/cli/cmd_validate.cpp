@@ -13,6 +13,9 @@
 #include "cli/launcher.h"
 #include "config/config.h"
 #include "core/error.h"
+#include "dist/ddp.h"
+#include "dist/grid.h"
+#include "graph/params.h"
 #include "models/registry.h"
 
 namespace dtrain::cli {
@@ -46,6 +49,49 @@ std::string model_summary_line(const ModelOptions& model) {
                      with_commas(s.params), flops);
 }
 
+// The data-parallel layout as YAML comments: the split of the global batch, the
+// gradient buckets (from the model's flat gradient layout, as the trainer cuts
+// them), the all-reduce algorithm and where every rank sits. Empty for one rank.
+std::string data_parallel_lines(const Job& job, int world) {
+  if (world == 1) return {};
+  const ParallelOptions& p = job.parallel;
+  std::string out =
+      fmt::format("# data parallel: {} ranks x {} micro-batch(es) of {} = global batch {}\n",
+                  p.data, p.micro_batches, job.data.micro_batch, job.data.global_batch);
+  if (models::find_model(job.model.arch) != nullptr) {
+    const models::ModelGraph m = models::build_model(job.model, 1);
+    const graph::FlatStore layout(m.graph.param_layout());
+    std::vector<dist::GradRange> ranges;
+    for (const graph::FlatEntry& e : layout.entries())
+      ranges.push_back({e.offset, e.spec.shape.numel()});
+    int64_t total = 0;
+    for (const graph::FlatEntry& e : layout.entries())
+      total = std::max(total, e.offset + e.spec.shape.numel());
+    const auto buckets = dist::plan_buckets(
+        ranges, total, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
+    std::string sizes;
+    for (size_t b = 0; b < buckets.size() && b < 8; ++b)
+      sizes += fmt::format("{}{:.2f}", b ? ", " : "",
+                           static_cast<double>(buckets[b].end - buckets[b].begin) * 4.0 / 1e6);
+    if (buckets.size() > 8) sizes += ", ...";
+    out += fmt::format(
+        "# gradient buckets: {}, each closed once it holds {} MB ({} MB, in launch order), "
+        "all-reduce {}, overlap "
+        "{}\n",
+        buckets.size(), job.comm.bucket_mb, sizes, to_string(job.comm.allreduce),
+        job.comm.overlap ? "on" : "off");
+  }
+  const auto places =
+      dist::describe_grid(world, dist::degrees_of(p), job.comm.ranks_per_node.value_or(0));
+  std::string grid = dist::format_grid(places);
+  for (size_t at = 0, next; at < grid.size(); at = next + 1) {
+    next = grid.find('\n', at);
+    if (next == std::string::npos) next = grid.size();
+    out += "# " + grid.substr(at, next - at) + "\n";
+  }
+  return out;
+}
+
 int run_validate(const ValidateArgs& args) {
   std::vector<std::string> warnings;
   config::ValidateContext ctx;
@@ -56,6 +102,7 @@ int run_validate(const ValidateArgs& args) {
   const std::string summary = model_summary_line(job.model);
   std::fputs(config::dump_job_yaml(job).c_str(), stdout);
   std::fputs(summary.c_str(), stdout);
+  std::fputs(data_parallel_lines(job, ctx.world_size).c_str(), stdout);
   return kExitOk;
 }
 

@@ -1,7 +1,12 @@
-// Launcher environment variables.
+// Launcher environment variables and the exec of mpirun for --nproc.
 #include "cli/launcher.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -20,6 +25,33 @@ int world_from_env() {
     return static_cast<int>(n);
   }
   return 1;
+}
+
+std::string mpirun_path() {
+#ifdef DTRAIN_MPIEXEC
+  if (std::filesystem::exists(DTRAIN_MPIEXEC)) return DTRAIN_MPIEXEC;
+  return "mpirun";
+#else
+  throw Error("--nproc: dtrain was built without MPI, so it cannot start several ranks",
+              "install libopenmpi-dev and rebuild with -DDTRAIN_MPI=ON");
+#endif
+}
+
+std::string self_executable() {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw RunError(fmt::format("cannot resolve /proc/self/exe: {}", ec.message()));
+  return p.string();
+}
+
+void exec_or_throw(const std::vector<std::string>& argv) {
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  std::fflush(nullptr);
+  execvp(cargv[0], cargv.data());
+  throw Error(fmt::format("--nproc: cannot run {}: {}", argv[0], std::strerror(errno)),
+              "install openmpi-bin (mpirun), or start the ranks with your own launcher");
 }
 
 }  // namespace dtrain::cli

@@ -2,8 +2,13 @@
 // Maps errors to the documented exit codes; no work happens here.
 #include <cstdio>
 
+#include <string>
+
 #include "cli/commands.h"
+#include "cli/launcher.h"
 #include "core/error.h"
+#include "dist/launcher.h"
+#include "runtime/startup.h"
 
 int main(int argc, char** argv) {
   using namespace dtrain::cli;
@@ -23,6 +28,10 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitBadInput;
   }
+  // One of several ranks: every message says which.
+  const std::string who = dtrain::dist::launcher_world_size().value_or(1) > 1
+                              ? fmt::format("dtrain[rank {}]", dtrain::dist::launcher_rank())
+                              : "dtrain";
   try {
     if (show_version) return run_version();
     if (!action) {
@@ -30,14 +39,16 @@ int main(int argc, char** argv) {
       return kExitBadInput;
     }
     return action();
+  } catch (const dtrain::runtime::PeerFailed& e) {
+    return e.code;  // the failing rank printed why
   } catch (const dtrain::RunError& e) {
-    std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
     return kExitRuntime;
   } catch (const dtrain::Error& e) {
-    std::fprintf(stderr, "dtrain: error: %s\n", e.what());
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
     return kExitBadInput;
   } catch (const dtrain::InternalError& e) {
-    std::fprintf(stderr, "dtrain: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
     return kExitInternal;
   }
 }

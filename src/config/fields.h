@@ -100,6 +100,18 @@ Field integer(std::string key, Acc acc, IntRange range = {}) {
       [](int64_t v) { return std::to_string(v); });
 }
 
+// An integer, or `auto` (stored as 0) for a value resolve.cpp derives.
+template <class Acc>
+Field integer_or_auto(std::string key, Acc acc, IntRange range = {}) {
+  return leaf(
+      std::move(key), acc,
+      [range](const ConfigNode& n, const std::string& p) -> int64_t {
+        if (n.kind == ConfigNode::Kind::scalar && n.text == "auto") return 0;
+        return read_int(n, p, range);
+      },
+      [](int64_t v) { return v == 0 ? std::string("auto") : std::to_string(v); });
+}
+
 template <class Acc>
 Field real(std::string key, Acc acc, RealRange range = {}) {
   return leaf(

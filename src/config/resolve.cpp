@@ -65,7 +65,7 @@ void resolve_model(Job& job, const SourceMap& where) {
 
 void resolve_data_parallel(Job& job, const SourceMap& where, int world) {
   ParallelOptions& par = job.parallel;
-  if (where.contains("parallel.data")) return;
+  if (where.contains("parallel.data") && par.data != 0) return;  // 0: `auto`
   const int64_t model_ranks = int64_t{par.tensor} * par.pipeline;
   if (world % model_ranks != 0) {
     fail(locate(&where, "parallel"), "parallel",

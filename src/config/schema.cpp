@@ -151,7 +151,7 @@ Field precision_section() {
 }
 
 Field parallel_section() {
-  return section("parallel", {integer("data", AT(parallel.data), kPositive),
+  return section("parallel", {integer_or_auto("data", AT(parallel.data), kPositive),
                               integer("tensor", AT(parallel.tensor), kPositive),
                               integer("pipeline", AT(parallel.pipeline), kPositive),
                               enumeration("schedule", AT(parallel.schedule)),

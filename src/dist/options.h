@@ -48,7 +48,7 @@ inline const auto& enum_names(AllreduceAlgo) { return kAllreduceAlgoNames; }
 // When the job leaves data out it is world / (tensor x pipeline); when it leaves
 // micro_batches out it is global_batch / (micro_batch x data).
 struct ParallelOptions {
-  int data = 1;
+  int data = 1;  // `auto` in the job file: the world size / (tensor x pipeline)
   int tensor = 1;
   int pipeline = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;

@@ -72,9 +72,10 @@ const Tensor& Executor::value(ValueId v) const {
   return t;
 }
 
-void Executor::forward(Mode mode, uint64_t step) {
+void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
   mode_ = mode;
   step_ = step;
+  batch_ = batch;
   const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
                               workspace_.defined() ? workspace_.nbytes() : 0, device_};
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
@@ -88,6 +89,7 @@ void Executor::forward(Mode mode, uint64_t step) {
     OpContext ctx{mode, seed_, step, static_cast<uint32_t>(i), in, out, p, b, saved, ws,
                   {},   {},    {}};
     ctx.math = math_;
+    ctx.batch = batch;
     n.op->forward(ctx);
     for (size_t o = 0; o < n.outputs.size(); ++o)
       values_[static_cast<size_t>(n.outputs[o])] = out[o];
@@ -95,13 +97,13 @@ void Executor::forward(Mode mode, uint64_t step) {
   }
 }
 
-void Executor::backward(ValueId loss) {
+void Executor::backward(ValueId loss, float dloss) {
   const Value& lv = graph_.value(loss);
   DTRAIN_CHECK(lv.spec.shape.numel() == 1 && lv.spec.dtype == DType::f32,
                "backward from {} {}: the loss must be one f32", lv.name, lv.spec.shape.str());
   std::vector<Tensor> vgrad(values_.size());
   Tensor seed = alloc(lv.spec);
-  kernels::fill(seed, 1.0f);
+  kernels::fill(seed, dloss);
   vgrad[static_cast<size_t>(loss)] = seed;
   for (int i = static_cast<int>(graph_.nodes().size()) - 1; i >= 0; --i) backward_node(i, vgrad);
 }
@@ -162,6 +164,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
                   dout,  din,   gp};
     ctx.accumulate_mask = accumulate;
     ctx.math = math_;
+    ctx.batch = batch_;
     n.op->backward(ctx);
     for (size_t k = 0; k < n.params.size(); ++k) {
       if (first_user_[static_cast<size_t>(n.params[k])] == index) continue;

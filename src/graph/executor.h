@@ -43,10 +43,13 @@ class Executor {
   void set_math(kernels::MathMode math) { math_ = math; }
 
   void set_input(ValueId v, Tensor t);  // shape, dtype and device must match the graph input
-  void forward(Mode mode, uint64_t step = 0);
+  // `batch`: which samples of the step's global batch the inputs hold (BatchKey).
+  void forward(Mode mode, uint64_t step = 0, BatchKey batch = {});
   const Tensor& value(ValueId v) const;
-  // Backward from scalar `loss` (d loss = 1). Overwrites every parameter gradient.
-  void backward(ValueId loss);
+  // Backward from scalar `loss` with d loss = `dloss` (1: the gradient of the loss;
+  // the trainer passes the batch's label count to get a sum over labels). Overwrites
+  // every parameter gradient.
+  void backward(ValueId loss, float dloss = 1.0f);
 
   Hooks hooks;
 
@@ -70,6 +73,7 @@ class Executor {
   Mode mode_ = Mode::train;
   kernels::MathMode math_ = kernels::MathMode::fp32;
   uint64_t seed_ = 0, step_ = 0;
+  BatchKey batch_;
 };
 
 }  // namespace dtrain::graph

@@ -6,6 +6,7 @@
 // op family with backward right under forward (src/graph/ops/*.cpp).
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
@@ -60,6 +61,19 @@ struct OpInfo {
 
 enum class Mode : uint8_t { train, eval };
 
+// Which samples of the step's global batch this batch holds: samples [first, first +
+// count), batch-major in every tensor (sample b owns the b-th 1/count of each
+// activation). Random draws are keyed by the sample, not by the rank or micro-batch
+// that computes it, so a step's result does not depend on how its batch is split.
+struct BatchKey {
+  uint64_t first = 0;
+  int64_t count = 1;
+  // Stream words of the samples before this batch, for a tensor of `numel` elements.
+  uint64_t word_offset(int64_t numel) const {
+    return first * static_cast<uint64_t>(numel / std::max<int64_t>(count, 1));
+  }
+};
+
 // Everything one op call sees. Spans are in the op's declared order.
 struct OpContext {
   Mode mode = Mode::train;
@@ -82,6 +96,7 @@ struct OpContext {
   uint32_t accumulate_mask = 0;
   bool accumulates(size_t k) const { return (accumulate_mask >> k) & 1u; }
   kernels::MathMode math = kernels::MathMode::fp32;  // f32 GEMMs / convolutions (precision.tf32)
+  BatchKey batch;
 };
 
 class Op {

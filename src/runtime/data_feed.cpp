@@ -31,7 +31,7 @@ class ImageFeed final : public DataFeed {
     if (eval_) {  // wrap-around padding counts for nothing (cross-entropy's ignore index)
       for (int64_t i = b.valid; i < labels_.numel(); ++i) labels_.data<int32_t>()[i] = -100;
     }
-    batch_ = {b.images, labels_, b.next, b.epoch};
+    batch_ = {b.images, labels_, b.next, b.epoch, count_labelled(labels_)};
     return batch_;
   }
   int64_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
@@ -48,7 +48,8 @@ class ImageFeed final : public DataFeed {
 
 class ImageSource final : public DataSource {
  public:
-  ImageSource(const Job& job, uint64_t seed) : job_(job), seed_(seed) {
+  ImageSource(const Job& job, uint64_t seed, DataShard shard)
+      : job_(job), seed_(seed), shard_(shard) {
     SyntheticSpec synth;
     synth.geometry = {job.model.in_channels.value_or(3), job.model.image_size.value_or(32),
                       job.model.image_size.value_or(32), job.model.num_classes.value_or(10)};
@@ -60,14 +61,16 @@ class ImageSource final : public DataSource {
   }
   std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {
     const bool eval = split == FeedSplit::eval;
-    const LoaderConfig cfg = make_loader_config(job_.data, eval ? Split::test : Split::train, seed_,
-                                                0, 1, eval ? DataPosition{} : start);
+    const LoaderConfig cfg =
+        make_loader_config(job_.data, eval ? Split::test : Split::train, seed_, shard_.rank,
+                           shard_.world, eval ? DataPosition{} : start);
     return std::make_unique<ImageFeed>(eval ? test_ : train_, cfg, eval);
   }
 
  private:
   const Job& job_;
   uint64_t seed_;
+  DataShard shard_;
   std::shared_ptr<const Dataset> train_, test_;
 };
 
@@ -81,7 +84,7 @@ class TextFeed final : public DataFeed {
 
   const FeedBatch& next() override {
     const TokenBatch b = batches_.next();
-    batch_ = {b.input, b.labels, b.info.next, b.info.epoch};
+    batch_ = {b.input, b.labels, b.info.next, b.info.epoch, count_labelled(b.labels)};
     return batch_;
   }
   int64_t batches_per_epoch() const override { return batches_.batches_per_epoch(); }
@@ -128,7 +131,8 @@ std::shared_ptr<const TokenShard> first_windows(std::shared_ptr<const TokenShard
 
 class TextSource final : public DataSource {
  public:
-  TextSource(const Job& job, uint64_t seed) : job_(job), seed_(seed) {
+  TextSource(const Job& job, uint64_t seed, DataShard shard)
+      : job_(job), seed_(seed), shard_(shard) {
     const ModelOptions& m = job.model;
     const int64_t vocab = m.vocab_size.value_or(0), seq = m.seq_len.value_or(0);
     const ArchPreset* arch = find_arch(m.arch);
@@ -149,6 +153,8 @@ class TextSource final : public DataSource {
     cfg.task = task_;
     cfg.seq_len = job_.model.seq_len.value_or(0);
     cfg.batch = job_.data.micro_batch;
+    cfg.rank = shard_.rank;
+    cfg.world = shard_.world;
     cfg.seed = seed_;
     cfg.masking = masking_;
     if (split == FeedSplit::eval) {
@@ -194,6 +200,7 @@ class TextSource final : public DataSource {
 
   const Job& job_;
   uint64_t seed_;
+  DataShard shard_;
   LmTask task_ = LmTask::causal;
   MaskingConfig masking_;
   std::shared_ptr<const TokenShard> train_, val_;
@@ -201,7 +208,14 @@ class TextSource final : public DataSource {
 
 }  // namespace
 
-std::unique_ptr<DataSource> DataSource::open(const Job& job, uint64_t seed) {
+int64_t count_labelled(const Tensor& labels) {
+  const int32_t* l = labels.data<int32_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < labels.numel(); ++i) n += l[i] != kIgnoreLabel;
+  return n;
+}
+
+std::unique_ptr<DataSource> DataSource::open(const Job& job, uint64_t seed, DataShard shard) {
   const ArchPreset* arch = find_arch(job.model.arch);
   const bool lm = arch && is_language_model(arch->family);
   if (lm) {
@@ -218,13 +232,13 @@ std::unique_ptr<DataSource> DataSource::open(const Job& job, uint64_t seed) {
           "which dtrain does not read yet",
           "remove model.num_classes to pretrain with the masked-LM objective");
     }
-    return std::make_unique<TextSource>(job, seed);
+    return std::make_unique<TextSource>(job, seed, shard);
   }
   if (job.data.dataset == DatasetName::tokens) {
     throw Error(fmt::format("data.dataset: tokens, but model.arch {} reads images", job.model.arch),
                 "use an image dataset (fashion-mnist, mnist, cifar10, cifar100, synthetic)");
   }
-  return std::make_unique<ImageSource>(job, seed);
+  return std::make_unique<ImageSource>(job, seed, shard);
 }
 
 }  // namespace dtrain::runtime

@@ -20,7 +20,11 @@ struct FeedBatch {
   Tensor labels;      // i32 [B] classes, or i32 [B, T] (-100: not predicted)
   DataPosition next;  // the position to checkpoint to resume after this batch
   int64_t epoch = 0;
+  int64_t labelled = 0;  // labels that count (not -100): the loss is their mean
 };
+
+// The labels of `labels` (i32, on the host) that count for the loss.
+int64_t count_labelled(const Tensor& labels);
 
 class DataFeed {
  public:
@@ -36,11 +40,18 @@ class DataFeed {
 enum class FeedSplit : uint8_t { train, eval };
 
 // The training feed starts at `start`; the evaluation feed always at the
-// beginning, in order. Throws Error naming the key or file for unusable data
-// (a tokenizer whose vocabulary the model cannot hold, a missing directory, ...).
+// beginning, in order. With several data-parallel ranks each feed yields this
+// rank's slice of every global batch (data.micro_batch samples, slice `rank`). Throws Error naming
+// the key or file for unusable data (a tokenizer whose vocabulary the model cannot hold, a missing
+// directory, ...).
+struct DataShard {
+  int rank = 0;
+  int world = 1;
+};
+
 class DataSource {
  public:
-  static std::unique_ptr<DataSource> open(const Job& job, uint64_t seed);
+  static std::unique_ptr<DataSource> open(const Job& job, uint64_t seed, DataShard shard = {});
   virtual ~DataSource() = default;
   virtual std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const = 0;
 };

@@ -48,6 +48,7 @@ void DeviceFeed::stage(int slot) {
   stage_tensor(h.labels, s.pinned_labels, s.labels, device_);
   s.next = h.next;
   s.epoch = h.epoch;
+  s.labelled = h.labelled;
 }
 
 const FeedBatch& DeviceFeed::next() {
@@ -60,7 +61,7 @@ const FeedBatch& DeviceFeed::next() {
   prefetched_ = -1;
   turn_ = 1 - slot;
   const Slot& s = slots_[slot];
-  out_ = {s.input, s.labels, s.next, s.epoch};
+  out_ = {s.input, s.labels, s.next, s.epoch, s.labelled};
   return out_;
 }
 

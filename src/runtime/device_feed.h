@@ -40,6 +40,7 @@ class DeviceFeed {
     Tensor input, labels;                // on the device
     DataPosition next;
     int64_t epoch = 0;
+    int64_t labelled = 0;
   };
   void stage(int slot);
 

@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 
 #include "core/error.h"
 
@@ -30,6 +32,30 @@ void MetricsLog::write(const nlohmann::json& line) {
     throw Error(fmt::format("{}: write failed: {}", file_.string(), std::strerror(errno)),
                 "check the disk space of run.output_dir");
   }
+}
+
+RankLog::RankLog(const std::filesystem::path& file, bool append) {
+  f_ = std::fopen(file.c_str(), append ? "a" : "w");
+  if (f_ == nullptr) {
+    throw Error(
+        fmt::format("{}: cannot open the rank's log: {}", file.string(), std::strerror(errno)),
+        "check run.output_dir");
+  }
+}
+
+RankLog::~RankLog() {
+  if (f_ != nullptr) std::fclose(f_);
+}
+
+// A full disk must not stop training over a log line: the write is best effort.
+void RankLog::write(const std::string& line) {
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  std::fprintf(f_, "%s %s\n", stamp, line.c_str());
+  std::fflush(f_);
 }
 
 Progress::Progress(std::FILE* out) : out_(out), tty_(isatty(fileno(out)) != 0) {}

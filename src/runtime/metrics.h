@@ -26,6 +26,19 @@ class MetricsLog {
   std::filesystem::path file_;
 };
 
+// A rank's own log, <output_dir>/logs/rank-N.log: one time-stamped line per event.
+class RankLog {
+ public:
+  RankLog(const std::filesystem::path& file, bool append);
+  ~RankLog();
+  RankLog(const RankLog&) = delete;
+  RankLog& operator=(const RankLog&) = delete;
+  void write(const std::string& line);
+
+ private:
+  std::FILE* f_ = nullptr;
+};
+
 class Progress {
  public:
   explicit Progress(std::FILE* out);  // a terminal: one line redrawn in place

@@ -1,19 +1,31 @@
-// The single-process training loop. One optimizer step = parallel.micro_batches
-// forward/backward passes over micro-batches (gradients averaged), optional
-// global-norm clipping, then the fused optimizer update at lr_at(step).
+// The training loop, on one process or as one data-parallel rank. One optimizer
+// step = parallel.micro_batches forward/backward passes on each rank; the gradient
+// is the mean over every labelled element (image, token, masked token) of the
+// global batch: each backward starts from d loss = its batch's label count (a sum
+// over labels), the ranks' sums meet in the bucketed all-reduce (dist/ddp.h), and
+// one scale by 1 / (labels in the global batch) follows. Then optional global-norm
+// clipping and the fused optimizer update at lr_at(step). Rank 0 alone prints,
+// writes metrics and checkpoints (the states are replicated; checked at each save);
+// every rank writes <output_dir>/logs/rank-N.log.
 // device: cuda puts the model, gradients, optimizer state and batches on the GPU;
 // the host reads back one float per micro-batch (the loss, for the log and the
 // non-finite check) and, for evaluation, the logits and targets.
 #include "runtime/trainer.h"
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include <unistd.h>
+#include <map>
 #include <memory>
 
 #include "core/allocator.h"
+#include "dist/allreduce.h"
+#include "dist/ddp.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
@@ -24,6 +36,7 @@
 #include "runtime/data_feed.h"
 #include "runtime/device_feed.h"
 #include "runtime/metrics.h"
+#include "runtime/replicas.h"
 #include "runtime/signals.h"
 #include "runtime/train_state.h"
 
@@ -73,12 +86,16 @@ void require_device(const Device& device) {
 
 void require_supported(const Job& job, int world) {
   require_device(job.device);
-  if (world != 1) unsupported("world size", std::to_string(world) + " processes");
+  if (world != 1 && job.device.is_cuda()) {
+    unsupported("device", fmt::format("{} with {} data-parallel ranks (NCCL arrives with a later "
+                                      "milestone; data parallelism runs on device: cpu)",
+                                      job.device.str(), world));
+  }
   if (job.precision.dtype != PrecisionDType::fp32) {
     unsupported("precision.dtype", std::string(to_string(job.precision.dtype)));
   }
   const ParallelOptions& p = job.parallel;
-  if (p.tensor != 1 || p.pipeline != 1 || p.data != 1) {
+  if (p.tensor != 1 || p.pipeline != 1 || p.data != world) {
     unsupported("parallel",
                 fmt::format("data {} x tensor {} x pipeline {}", p.data, p.tensor, p.pipeline));
   }
@@ -129,44 +146,72 @@ struct EvalResult {
   int64_t samples = 0;
 };
 
-class Trainer {
+// Element-wise sums over the ranks (in double; one small all-reduce).
+template <size_t N>
+std::array<double, N> sum_over_ranks(dist::Communicator& comm, std::array<double, N> v) {
+  if (comm.size() == 1) return v;
+  Tensor t = Tensor::wrap(v.data(), Shape{static_cast<int64_t>(N)}, DType::f64);
+  comm.all_reduce(t);
+  return v;
+}
+
+// What one optimizer step adds up over every rank: the loss summed over labels,
+// the label count, and how many ranks were asked to stop.
+struct StepTotals {
+  double loss_sum = 0, labelled = 0, stop = 0;
+};
+
+}  // namespace
+
+class TrainSession {
  public:
-  explicit Trainer(const TrainRequest& r);
+  TrainSession(const TrainRequest& r, dist::Communicator& comm);
   int run(const StopSignals& signals);
 
  private:
   void open_run_dir();
   void resume_if_asked();
-  double train_step();
+  void start_sync();
+  double train_step(const StopSignals& signals);
+  StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();
   void log_window(double loss, double seconds, double wait);
   void log_eval(const EvalResult& r);
   void save_checkpoint();
   void set_batch(const FeedBatch& b);
   void add_device_memory(nlohmann::json& line) const;
+  bool leader() const { return comm_.rank() == 0; }
+  void note(const std::string& line);  // rank 0's console, and this rank's log
 
   const TrainRequest& req_;
   const Job& job_;
+  dist::Communicator& comm_;
   models::ModelGraph model_;
   std::unique_ptr<graph::Executor> ex_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
   std::unique_ptr<DeviceFeed> train_;
+  std::unique_ptr<dist::GradSync> sync_;
+  std::unique_ptr<BufferAverage> buffer_avg_;
   Tensor grad_acc_;
   bool language_model_ = false;
   TrainCounters counters_;
   int64_t total_steps_ = 0;
   int micro_batches_ = 1;
+  bool stop_agreed_ = false;
+  std::string algo_summary_;
   fs::path out_dir_, ckpt_dir_;
   bool resumed_ = false;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<RankLog> rank_log_;
   Progress progress_{stderr};
   EvalResult last_eval_;
   bool have_eval_ = false;
 };
 
-Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
-  require_supported(job_, r.world_size);
+TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
+    : req_(r), job_(r.job), comm_(comm) {
+  require_supported(job_, comm.size());
   micro_batches_ = job_.parallel.micro_batches;
   const int64_t batch = job_.data.micro_batch;
   model_ = models::build_model(job_.model, batch);
@@ -182,8 +227,18 @@ Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
   if (micro_batches_ > 1) {
     grad_acc_ = Tensor::empty(flat.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }
+  std::vector<dist::GradRange> ranges;
+  for (const graph::FlatEntry& e : ex_->grads().entries())
+    ranges.push_back({e.offset, e.spec.shape.numel()});
+  sync_ = std::make_unique<dist::GradSync>(
+      comm_,
+      dist::plan_buckets(ranges, flat.numel(),
+                         static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0)),
+      ex_->grads().size(), job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
+  ex_->hooks.grad_ready = [this](int p) { sync_->ready(p); };
+  buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, comm_);
   language_model_ = is_language_model(find_arch(job_.model.arch)->family);
-  source_ = DataSource::open(job_, counters_.seed);
+  source_ = DataSource::open(job_, counters_.seed, {comm_.rank(), comm_.size()});
   out_dir_ = job_.run.output_dir;
   ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
                                                 : fs::path(job_.train.checkpoint.dir);
@@ -200,84 +255,145 @@ Trainer::Trainer(const TrainRequest& r) : req_(r), job_(r.job) {
   open_run_dir();  // last: input refused above leaves the run directory untouched
 }
 
-void Trainer::open_run_dir() {
+void TrainSession::open_run_dir() {
   std::error_code ec;
-  fs::create_directories(out_dir_, ec);
+  fs::create_directories(out_dir_ / "logs", ec);
   if (ec) {
     throw Error(
         fmt::format("run.output_dir: cannot create {}: {}", out_dir_.string(), ec.message()),
         "choose a writable directory");
   }
+  rank_log_ = std::make_unique<RankLog>(
+      out_dir_ / "logs" / fmt::format("rank-{}.log", comm_.rank()), resumed_);
+  rank_log_->write(fmt::format("rank {} of {} ({} communicator), pid {}", comm_.rank(),
+                               comm_.size(), comm_.backend(), getpid()));
+  if (!leader()) return;
   std::ofstream(out_dir_ / "job.yaml") << req_.resolved_yaml;
   if (job_.logging.jsonl)
     metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", resumed_);
 }
 
-void Trainer::resume_if_asked() {
+void TrainSession::note(const std::string& line) {
+  if (leader()) progress_.print(line);
+  if (rank_log_) rank_log_->write(line);
+}
+
+void TrainSession::resume_if_asked() {
   if (req_.resume) {
     const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
     if (!file.empty()) {
       const std::string hash = counters_.config_hash;
       counters_ = load_train_state(file, *ex_, *opt_);
       if (counters_.config_hash != hash) {
-        progress_.print(
+        note(
             fmt::format("note: {} was written by a different job file (the model "
                         "matches, so training continues with this job's settings)",
                         file.string()));
         counters_.config_hash = hash;
       }
-      progress_.print(fmt::format("resumed from {} at step {}", file.string(), counters_.step));
+      note(fmt::format("resumed from {} at step {}", file.string(), counters_.step));
       resumed_ = true;
     } else {
-      progress_.print("no checkpoint yet; starting from step 0");
+      note("no checkpoint yet; starting from step 0");
     }
   }
 }
 
+// The all-reduce algorithm of each bucket: the job's, or with `auto` the fastest per
+// bucket-size class measured now on this world (every rank gets the same table).
+void TrainSession::start_sync() {
+  const auto& buckets = sync_->buckets();
+  std::vector<AllreduceAlgo> algos(buckets.size(), job_.comm.allreduce);
+  if (comm_.size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
+    std::vector<size_t> bytes;
+    for (const dist::Bucket& b : buckets)
+      bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
+    const dist::AutoChoice choice = dist::tune_allreduce(comm_, bytes, 3);
+    note(dist::format_auto_choice(choice));
+    for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
+  } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
+    std::fill(algos.begin(), algos.end(), AllreduceAlgo::native);
+  }
+  sync_->set_algorithms(algos);
+  std::map<std::string, int> counts;
+  for (AllreduceAlgo a : algos) ++counts[std::string(to_string(a))];
+  for (const auto& [name, n] : counts)
+    algo_summary_ += fmt::format("{}{}", algo_summary_.empty() ? "" : "+", name);
+  if (comm_.size() > 1) {
+    note(fmt::format(
+        "data parallel: {} ranks x {} micro-batch(es) of {}; {} gradient bucket(s) (closed at "
+        "{} MB), all-reduce {}, overlap {}",
+        comm_.size(), micro_batches_, job_.data.micro_batch, buckets.size(), job_.comm.bucket_mb,
+        algo_summary_, job_.comm.overlap ? "on" : "off"));
+  }
+}
+
 // The GPU pool's peak and reserved bytes (absent on the CPU: peak_host_bytes says it).
-void Trainer::add_device_memory(nlohmann::json& line) const {
+void TrainSession::add_device_memory(nlohmann::json& line) const {
   if (!job_.device.is_cuda()) return;
   const MemoryStats s = kernels::device_allocator(job_.device).stats();
   line["peak_device_bytes"] = s.peak;
   line["reserved_device_bytes"] = s.reserved;
 }
 
-void Trainer::set_batch(const FeedBatch& b) {
+void TrainSession::set_batch(const FeedBatch& b) {
   ex_->set_input(model_.input, b.input);
   ex_->set_input(model_.labels, b.labels);
 }
 
-// One optimizer step; returns the mean loss of its micro-batches.
-double Trainer::train_step() {
+StepTotals TrainSession::agree_totals(const StepTotals& local) {
+  const std::array<double, 3> t =
+      sum_over_ranks<3>(comm_, {local.loss_sum, local.labelled, local.stop});
+  return {t[0], t[1], t[2]};
+}
+
+// One optimizer step; returns the mean loss over the global batch's labels. Micro-batch
+// m of rank r is the step's global micro-batch g = m * world + r (the sampler's order),
+// whose samples are [g * micro_batch, (g + 1) * micro_batch) of the global batch.
+double TrainSession::train_step(const StopSignals& signals) {
   Tensor grads = ex_->grads().flat(DType::f32);
-  double loss = 0;
+  const int64_t mb = job_.data.micro_batch;
+  StepTotals local;
   for (int m = 0; m < micro_batches_; ++m) {
     const FeedBatch& b = train_->next();
     set_batch(b);
-    ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step));
-    ex_->backward(model_.loss);
+    buffer_avg_->begin_micro(m);
+    const auto g = static_cast<uint64_t>(m * comm_.size() + comm_.rank());
+    ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step), {g * mb, mb});
+    const bool last = m + 1 == micro_batches_;
+    if (last) sync_->arm(grads, micro_batches_ > 1 ? grad_acc_ : Tensor());
+    ex_->backward(model_.loss, static_cast<float>(b.labelled));
     train_->prefetch();  // the next batch moves while this one computes
-    loss += read_scalar(ex_->value(model_.loss));
+    local.loss_sum += read_scalar(ex_->value(model_.loss)) * static_cast<double>(b.labelled);
+    local.labelled += static_cast<double>(b.labelled);
+    buffer_avg_->end_micro(m);
     counters_.position = b.next;
-    if (micro_batches_ == 1) break;
+    if (last) break;
     if (m == 0) {
-      kernels::scale(1.0f / static_cast<float>(micro_batches_), grads, grad_acc_);
+      kernels::scale(1.0f, grads, grad_acc_);
     } else {
-      kernels::axpy(1.0f / static_cast<float>(micro_batches_), grads, grad_acc_);
+      kernels::axpy(1.0f, grads, grad_acc_);
     }
   }
-  Tensor& g = micro_batches_ > 1 ? grad_acc_ : grads;
-  loss /= micro_batches_;
+  sync_->finish();
+  buffer_avg_->finish();
+  local.stop = signals.requested() ? 1 : 0;
+  const StepTotals total = agree_totals(local);
+  stop_agreed_ = total.stop > 0;
+  const double loss = total.labelled > 0 ? total.loss_sum / total.labelled : 0.0;
   if (!std::isfinite(loss)) {
     throw RunError(fmt::format("the loss is {} at step {}", loss, counters_.step),
                    "lower optimizer.lr, add optimizer.clip_grad_norm, or resume from an earlier "
                    "checkpoint");
   }
-  if (job_.optimizer.clip_grad_norm) optim::clip_grad_norm(g, *job_.optimizer.clip_grad_norm);
+  // The sum over labels becomes their mean (no labels at all: a zero gradient).
+  kernels::scale(total.labelled > 0 ? static_cast<float>(1.0 / total.labelled) : 0.0f, grads,
+                 grads);
+  if (job_.optimizer.clip_grad_norm) optim::clip_grad_norm(grads, *job_.optimizer.clip_grad_norm);
   const double lr =
       optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, counters_.step, total_steps_);
   Tensor params = ex_->params().flat(DType::f32);
-  opt_->step(params, g, lr);
+  opt_->step(params, grads, lr);
   ++counters_.step;
   return loss;
 }
@@ -285,11 +401,10 @@ double Trainer::train_step() {
 // Mean loss and top-1 accuracy over every predicted label of the test split:
 // images (one label per sample) and tokens (every label of a causal-LM window,
 // the masked positions of a masked-LM one) alike; -100 labels count for nothing.
-EvalResult Trainer::evaluate() {
+// Each rank evaluates its slice of every batch; the sums meet in one all-reduce.
+EvalResult TrainSession::evaluate() {
   DeviceFeed test(source_->feed(FeedSplit::eval, {}), job_.device);
-  EvalResult r;
-  double loss_sum = 0;
-  int64_t correct = 0;
+  double loss_sum = 0, correct = 0, samples = 0;
   for (int64_t k = 0; k < test.batches_per_epoch(); ++k) {
     const FeedBatch& b = test.next();
     set_batch(b);
@@ -304,22 +419,32 @@ EvalResult Trainer::evaluate() {
     for (int64_t i = 0; i < rows; ++i) {
       if (labels[i] < 0) continue;
       const float* row = logits.data<float>() + i * classes;
-      correct += std::max_element(row, row + classes) - row == labels[i];
+      correct += std::max_element(row, row + classes) - row == labels[i] ? 1 : 0;
       ++counted;
     }
     // The graph's loss is the mean over the counted labels of this batch.
     if (counted > 0) loss_sum += read_scalar(ex_->value(model_.loss)) * counted;
-    r.samples += counted;
+    samples += static_cast<double>(counted);
   }
-  r.loss = loss_sum / static_cast<double>(std::max<int64_t>(r.samples, 1));
-  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(r.samples, 1));
+  const std::array<double, 3> t = sum_over_ranks<3>(comm_, {loss_sum, samples, correct});
+  EvalResult r;
+  r.samples = static_cast<int64_t>(t[1]);
+  r.loss = t[0] / std::max(t[1], 1.0);
+  r.accuracy = t[2] / std::max(t[1], 1.0);
   return r;
 }
 
-void Trainer::log_window(double loss, double seconds, double wait) {
-  const double samples = static_cast<double>(job_.data.micro_batch * micro_batches_);
+void TrainSession::log_window(double loss, double seconds, double wait) {
+  const double samples = static_cast<double>(job_.data.global_batch);
   const double lr =
       optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, counters_.step - 1, total_steps_);
+  const dist::SyncStats comm = sync_->take_stats();
+  if (rank_log_) {
+    rank_log_->write(fmt::format(
+        "step {} loss {:.6f} step_time {:.4f}s data_wait {:.4f}s "
+        "comm {:.4f}s exposed {:.4f}s {} bytes",
+        counters_.step, loss, seconds, wait, comm.comm_seconds, comm.exposed_seconds, comm.bytes));
+  }
   if (metrics_) {
     nlohmann::json line = {{"step", counters_.step},
                            {"epoch", counters_.position.epoch},
@@ -331,10 +456,16 @@ void Trainer::log_window(double loss, double seconds, double wait) {
                            {"peak_host_bytes", host_allocator().stats().peak}};
     if (language_model_)
       line["tokens_per_s"] = samples * static_cast<double>(*job_.model.seq_len) / seconds;
+    if (comm_.size() > 1) {  // this rank's figures, summed over the window's steps
+      line["comm_bytes"] = comm.bytes;
+      line["comm_time_s"] = comm.comm_seconds;
+      line["exposed_comm_s"] = comm.exposed_seconds;
+      line["allreduce"] = algo_summary_;
+    }
     add_device_memory(line);
     metrics_->write(line);
   }
-  if (job_.logging.console) {
+  if (job_.logging.console && leader()) {
     const double eta = seconds * static_cast<double>(total_steps_ - counters_.step);
     progress_.update(
         fmt::format("step {}/{}  epoch {}  loss {:.4f}  lr {:.4g}  {:.0f} samples/s  "
@@ -344,7 +475,7 @@ void Trainer::log_window(double loss, double seconds, double wait) {
   }
 }
 
-void Trainer::log_eval(const EvalResult& r) {
+void TrainSession::log_eval(const EvalResult& r) {
   last_eval_ = r;
   have_eval_ = true;
   if (metrics_) {
@@ -360,24 +491,32 @@ void Trainer::log_eval(const EvalResult& r) {
     }
     metrics_->write(line);
   }
-  if (job_.logging.console) {
-    progress_.print(
-        language_model_
-            ? fmt::format("eval at step {}: test loss {:.4f} (perplexity {:.1f}), token accuracy "
-                          "{:.2f}% ({} tokens)",
-                          counters_.step, r.loss, std::exp(r.loss), 100 * r.accuracy, r.samples)
-            : fmt::format("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
-                          counters_.step, r.loss, 100 * r.accuracy, r.samples));
-  }
+  const std::string text =
+      language_model_
+          ? fmt::format(
+                "eval at step {}: test loss {:.4f} (perplexity {:.1f}), token accuracy "
+                "{:.2f}% ({} tokens)",
+                counters_.step, r.loss, std::exp(r.loss), 100 * r.accuracy, r.samples)
+          : fmt::format("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
+                        counters_.step, r.loss, 100 * r.accuracy, r.samples);
+  if (rank_log_) rank_log_->write(text);
+  if (job_.logging.console && leader()) progress_.print(text);
 }
 
-void Trainer::save_checkpoint() {
+// Every rank first proves its replica equals rank 0's (parameters, buffers, optimizer
+// state); rank 0 then writes. Its file is complete (renamed into place) when it returns.
+void TrainSession::save_checkpoint() {
+  std::vector<Tensor> state = {ex_->params().flat(DType::f32), ex_->buffers().flat(DType::f32)};
+  for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
+  check_replicas(comm_, state, "parameters, buffers and optimizer state");
+  if (!leader()) return;
   const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
   save_train_state(file, *ex_, *opt_, counters_);
   prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
 }
 
-int Trainer::run(const StopSignals& signals) {
+int TrainSession::run(const StopSignals& signals) {
+  start_sync();
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;
   const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);
@@ -386,7 +525,7 @@ int Trainer::run(const StopSignals& signals) {
   Clock::time_point window_start = Clock::now();
   double last_loss = NAN;
   while (counters_.step < total_steps_) {
-    last_loss = train_step();
+    last_loss = train_step(signals);
     window_loss += last_loss;
     ++window_steps;
     const int64_t s = counters_.step;
@@ -404,12 +543,16 @@ int Trainer::run(const StopSignals& signals) {
       log_eval(evaluate());
     }
     if (ck.every && s % *ck.every == 0 && s != total_steps_) save_checkpoint();
-    if (signals.requested()) {
+    if (stop_agreed_) {
       save_checkpoint();
-      progress_.print(
-          fmt::format("signal {} received: checkpoint saved at step {} in {}; resume "
-                      "with --resume latest",
-                      signals.signal(), s, ckpt_dir_.string()));
+      comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
+      note(signals.requested()
+               ? fmt::format("signal {} received: checkpoint saved at step {} in {}; resume "
+                             "with --resume latest",
+                             signals.signal(), s, ckpt_dir_.string())
+               : fmt::format("another rank received a stop signal: checkpoint saved at step {} "
+                             "in {}; resume with --resume latest",
+                             s, ckpt_dir_.string()));
       return kExitInterrupted;
     }
   }
@@ -424,8 +567,12 @@ int Trainer::run(const StopSignals& signals) {
                             {"test_loss", last_eval_.loss},
                             {"test_accuracy", last_eval_.accuracy},
                             {"parameters", model_.graph.num_params()},
+                            {"world_size", comm_.size()},
+                            {"allreduce", algo_summary_},
                             {"peak_host_bytes", host_allocator().stats().peak}};
   add_device_memory(summary);
+  comm_.barrier();
+  if (!leader()) return 0;
   if (metrics_) metrics_->write(summary);
   std::ofstream(out_dir_ / "summary.json") << summary.dump(2) << "\n";
   progress_.print(fmt::format("done: {} steps in {}, test {}accuracy {:.2f}%, output in {}",
@@ -435,13 +582,20 @@ int Trainer::run(const StopSignals& signals) {
   return 0;
 }
 
-}  // namespace
+void TrainSessionDeleter::operator()(TrainSession* s) const { delete s; }
+
+TrainSessionPtr prepare_training(const TrainRequest& request, dist::Communicator& world) {
+  return TrainSessionPtr(new TrainSession(request, world));
+}
+
+int run_training(TrainSession& session, const StopSignals& signals) { return session.run(signals); }
 
 int train(const TrainRequest& request) {
   // Installed before start-up, so a signal while data loads is also a graceful stop.
   StopSignals signals;
-  Trainer trainer(request);
-  return trainer.run(signals);
+  const std::unique_ptr<dist::Communicator> self = dist::make_self_communicator();
+  TrainSession session(request, *self);
+  return session.run(signals);
 }
 
 }  // namespace dtrain::runtime

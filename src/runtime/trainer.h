@@ -1,14 +1,18 @@
 // `dtrain train`: builds the model, data and optimizer a Job describes and runs
-// the training loop on one process — steps or epochs, evaluation, metrics,
-// checkpoints, exact resume and graceful stop on SIGINT / SIGTERM / SIGUSR1.
-// Features the job file can name but this build cannot run yet (half
-// precision, parallelism, ZeRO, compression, CUDA) are refused up front.
+// the training loop on one process or as one rank of a data-parallel world —
+// steps or epochs, evaluation, metrics, checkpoints, exact resume and graceful
+// stop on SIGINT / SIGTERM / SIGUSR1 (agreed across ranks). Features the job file
+// can name but this build cannot run yet (half precision, tensor / pipeline
+// parallelism, ZeRO, compression, NCCL) are refused up front.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "dist/communicator.h"
 #include "runtime/job.h"
+#include "runtime/signals.h"
 
 namespace dtrain::runtime {
 
@@ -16,11 +20,23 @@ struct TrainRequest {
   Job job;
   std::string resolved_yaml;          // the job with every default, saved as <output_dir>/job.yaml
   std::optional<std::string> resume;  // "latest", a checkpoint file or a checkpoint directory
-  int world_size = 1;                 // from the launcher's environment
+  int world_size = 1;                 // the world communicator's size
 };
 
-// Returns the process exit code: 0 done, kExitInterrupted (signals.h) after a
-// signal-triggered checkpoint. Throws Error for bad input (exit 2).
+class TrainSession;
+struct TrainSessionDeleter {
+  void operator()(TrainSession* s) const;
+};
+using TrainSessionPtr = std::unique_ptr<TrainSession, TrainSessionDeleter>;
+
+// Builds the model, data, optimizer and gradient sync and resumes (no collective
+// communication: safe inside runtime::agree_on_startup). Throws Error for bad input.
+TrainSessionPtr prepare_training(const TrainRequest& request, dist::Communicator& world);
+// Trains. Returns the process exit code: 0 done, kExitInterrupted (signals.h) after a
+// signal-triggered checkpoint (a signal on any rank stops every rank at the same step).
+int run_training(TrainSession& session, const StopSignals& signals);
+
+// Both on one process (world of one).
 int train(const TrainRequest& request);
 
 }  // namespace dtrain::runtime

@@ -116,6 +116,10 @@ std::vector<KernelCase> cases_attention() {
     a.dropout = 0.25f, a.seed = 7, a.stream = 11;
     specs.push_back({"dropout", a, a.tq == 40 ? Mask::random : Mask::none});
   }
+  AttentionArgs shifted = attn(2, 2, 7, 9, 8);  // a later micro-batch's rows of the stream
+  shifted.dropout = 0.25f, shifted.seed = 7, shifted.stream = 11,
+  shifted.offset = 2 * 2 * 7 * 9 + 5;
+  specs.push_back({"dropout_offset", shifted});
   for (DType t : {DType::bf16, DType::f16}) {
     specs.push_back({"plain", attn(2, 2, 7, 9, 8), Mask::none, t, false});
     specs.push_back({"mask", attn(3, 2, 6, 70, 33), Mask::one_row_empty, t, false});

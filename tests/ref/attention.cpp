@@ -1,7 +1,7 @@
 // fp64 reference attention. Query i may see key j when key_mask[b, j] != 0 and,
 // if causal, j <= i + (Tk - Tq). s_j = scale * q_i . k_j over visible j,
 // p = softmax(s), out_i = sum_j p_j v_j, lse_i = log sum_j exp(s_j). With
-// dropout, p_j is kept iff Philox(seed, stream).uniform(((b*H + h)*Tq + i)*Tk + j)
+// dropout, p_j is kept iff Philox(seed, stream).uniform(offset + ((b*H + h)*Tq + i)*Tk + j)
 // >= dropout (one draw per element, in order) and kept ones are scaled by 1/(1-p).
 #include "ref/attention.h"
 
@@ -49,7 +49,7 @@ void attention_forward(const kernels::AttentionArgs& a, const double* q, const d
           if (!visible[j]) continue;
           double p = std::exp(s[j] - mx) / denom;
           if (a.dropout > 0.0f) {
-            const auto e = static_cast<uint64_t>((bh * a.tq + i) * a.tk + j);
+            const auto e = a.offset + static_cast<uint64_t>((bh * a.tq + i) * a.tk + j);
             p = rng.uniform(e) >= a.dropout ? p * inv_keep : 0.0;
           }
           const double* vj = v + (bh * a.tk + j) * a.d;

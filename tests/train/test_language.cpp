@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "corpus.h"
 #include "harness.h"
 
 using namespace dtrain::train_test;
@@ -22,101 +23,6 @@ constexpr int64_t kBatch = 4;    // micro batch of every job here
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-// ---- the corpus --------------------------------------------------------------
-
-// splitmix64: the corpus is the same on every machine.
-class Words {
- public:
-  explicit Words(uint64_t seed) : state_(seed) {}
-  template <size_t N>
-  const char* pick(const char* const (&list)[N]) {
-    return list[next() % N];
-  }
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-
- private:
-  uint64_t state_;
-};
-
-const char* const kAdjectives[] = {"quick", "lazy",  "small", "old",    "bright", "quiet",
-                                   "happy", "brave", "tired", "clever", "green",  "little"};
-const char* const kNouns[] = {"fox",   "dog",     "cat",  "farmer", "teacher", "river",
-                              "horse", "student", "bird", "king",   "child",   "sailor"};
-const char* const kVerbs[] = {"sees", "finds", "likes", "follows", "helps", "watches", "calls"};
-const char* const kPast[] = {"walked", "slept", "waited", "sang", "laughed", "rested", "worked"};
-const char* const kPlaces[] = {"house", "garden", "market", "forest", "village", "bridge", "hill"};
-const char* const kAdverbs[] = {"slowly", "happily", "again", "today", "at night", "all day"};
-
-std::string sentence(Words& w) {
-  std::string s;
-  switch (w.next() % 4) {
-    case 0:
-      s = std::string("The ") + w.pick(kAdjectives) + " " + w.pick(kNouns) + " " + w.pick(kVerbs) +
-          " the " + w.pick(kNouns) + " near the " + w.pick(kPlaces) + ".";
-      break;
-    case 1:
-      s = std::string("A ") + w.pick(kNouns) + " " + w.pick(kPast) + " in the " + w.pick(kPlaces) +
-          " " + w.pick(kAdverbs) + ".";
-      break;
-    case 2:
-      s = std::string("Why does the ") + w.pick(kNouns) + " " + w.pick(kPast) + " so " +
-          w.pick(kAdverbs) + "?";
-      break;
-    default:
-      s = std::string("Every ") + w.pick(kAdjectives) + " " + w.pick(kNouns) + " " +
-          w.pick(kVerbs) + " a " + w.pick(kAdjectives) + " " + w.pick(kNouns) + ".";
-  }
-  return s;
-}
-
-// `records` fortune-style records of 1-3 sentences with "%" lines between them,
-// so `dtrain data tokenize` reads each record as one document.
-std::string generated_corpus(int records) {
-  Words w(42);
-  std::string text;
-  for (int r = 0; r < records; ++r) {
-    const int sentences = 1 + static_cast<int>(w.next() % 3);
-    for (int k = 0; k < sentences; ++k) text += sentence(w) + (k + 1 < sentences ? " " : "\n");
-    text += "%\n";
-  }
-  return text;
-}
-
-struct TokenDir {
-  fs::path dir;
-  int64_t vocab = 0;         // tokenizer.json's vocab_size
-  int64_t train_tokens = 0;  // in train.bin (u16 tokens after a 32-byte header)
-  int64_t val_tokens = 0;
-};
-
-int64_t shard_tokens(const fs::path& bin) {
-  return static_cast<int64_t>((fs::file_size(bin) - 32) / 2);
-}
-
-// The real `dtrain data tokenize` on a generated corpus, vocabulary 300.
-TokenDir tokenize(const fs::path& tmp, int records) {
-  const fs::path text = tmp / "corpus.txt";
-  write_bytes(text, generated_corpus(records));
-  TokenDir t;
-  t.dir = tmp / "tokens";
-  const RunResult r =
-      run_dtrain_command({"data", "tokenize", "--input", text.string(), "--vocab-size", "300",
-                          "--val-fraction", "0.1", "--out", t.dir.string()},
-                         tmp / "tokenize.log");
-  REQUIRE_MESSAGE(r.rc == 0, r.describe());
-  const auto tok = nlohmann::json::parse(std::ifstream(t.dir / "tokenizer.json"));
-  t.vocab = tok.at("vocab_size").get<int64_t>();
-  REQUIRE(t.vocab == 300);
-  t.train_tokens = shard_tokens(t.dir / "train.bin");
-  t.val_tokens = shard_tokens(t.dir / "val.bin");
-  return t;
 }
 
 // ---- jobs and metrics --------------------------------------------------------

@@ -37,6 +37,7 @@ class SelfAttention final : public Op {
       a.dropout = dropout_;
       a.seed = ctx.seed;
       a.stream = rng_stream_id(kAttentionDropoutPurpose, 0, (ctx.step << 16) | ctx.op_index);
+      a.offset = ctx.batch.word_offset(a.b * a.h * a.tq * a.tk);
     }
     return a;
   }

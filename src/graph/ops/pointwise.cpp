@@ -50,9 +50,12 @@ class Dropout final : public Op {
   std::string_view kind() const override { return "dropout"; }
 
  protected:
-  kernels::DropoutArgs args(const OpContext& ctx) const {
-    // One stream per (op, step): every step and every layer draw fresh numbers.
-    return {p_, ctx.seed, rng_stream_id(kDropoutPurpose, 0, (ctx.step << 16) | ctx.op_index), 0};
+  // numel: the input's (the mask's, in backward: the input need not be kept).
+  kernels::DropoutArgs args(const OpContext& ctx, int64_t numel) const {
+    // One stream per (op, step): every step and every layer draw fresh numbers; each
+    // sample of the step's global batch owns its own run of words (BatchKey).
+    return {p_, ctx.seed, rng_stream_id(kDropoutPurpose, 0, (ctx.step << 16) | ctx.op_index),
+            ctx.batch.word_offset(numel)};
   }
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
     OpInfo info;
@@ -67,14 +70,16 @@ class Dropout final : public Op {
       kernels::scale(1.0f, ctx.inputs[0], ctx.outputs[0]);
       return;
     }
-    kernels::dropout_forward(args(ctx), ctx.inputs[0], ctx.outputs[0], ctx.saved[0]);
+    kernels::dropout_forward(args(ctx, ctx.inputs[0].numel()), ctx.inputs[0], ctx.outputs[0],
+                             ctx.saved[0]);
   }
   void do_backward(OpContext& ctx) const override {
     if (ctx.mode == Mode::eval || p_ == 0.0f) {
       kernels::scale(1.0f, ctx.grad_outputs[0], ctx.grad_inputs[0]);
       return;
     }
-    kernels::dropout_backward(args(ctx), ctx.grad_outputs[0], ctx.saved[0], ctx.grad_inputs[0]);
+    kernels::dropout_backward(args(ctx, ctx.saved[0].numel()), ctx.grad_outputs[0], ctx.saved[0],
+                              ctx.grad_inputs[0]);
   }
 
  private:

@@ -1,0 +1,150 @@
+// Ring arithmetic and the `auto` tuner. Timing uses only the Communicator
+// interface, so the tuner works over any backend (self included).
+#include "dist/allreduce.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace dtrain::dist {
+
+Segment ring_segment(size_t n, int parts, int index) {
+  DTRAIN_CHECK(parts > 0 && index >= 0 && index < parts, "segment {} of {}", index, parts);
+  const size_t p = static_cast<size_t>(parts), i = static_cast<size_t>(index);
+  const size_t base = n / p, extra = n % p;
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+namespace {
+int mod(int a, int m) { return ((a % m) + m) % m; }
+}  // namespace
+
+RingStep ring_reduce_scatter_step(int rank, int size, int step) {
+  return {mod(rank - step, size), mod(rank - step - 1, size)};
+}
+
+RingStep ring_all_gather_step(int rank, int size, int step) {
+  return {mod(rank + 1 - step, size), mod(rank - step, size)};
+}
+
+int ring_owned_segment(int rank, int size) { return mod(rank + 1, size); }
+
+size_t ring_piece_count(size_t count, size_t piece) {
+  DTRAIN_CHECK(piece > 0);
+  return (count + piece - 1) / piece;
+}
+
+AllreduceAlgo AutoChoice::algo_for(size_t bytes) const {
+  if (entries.empty()) return AllreduceAlgo::native;
+  const size_t cls = std::bit_ceil(std::max<size_t>(bytes, 1));
+  for (const AutoEntry& e : entries) {
+    if (std::bit_ceil(std::max<size_t>(e.bytes, 1)) >= cls) return e.algo;
+  }
+  return entries.back().algo;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The largest bucket of each power-of-two class, ascending.
+std::vector<size_t> size_classes(const std::vector<size_t>& bucket_bytes) {
+  std::vector<size_t> out;
+  for (size_t b : bucket_bytes) {
+    const size_t cls = std::bit_ceil(std::max<size_t>(b, 1));
+    auto same = std::find_if(out.begin(), out.end(), [&](size_t o) {
+      return std::bit_ceil(std::max<size_t>(o, 1)) == cls;
+    });
+    if (same == out.end()) {
+      out.push_back(b);
+    } else {
+      *same = std::max(*same, b);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<AllreduceAlgo> candidates(Communicator& comm) {
+  std::vector<AllreduceAlgo> algos{AllreduceAlgo::native, AllreduceAlgo::ring};
+  const Topology topo = comm.topology();
+  if (topo.nodes > 1 && topo.ranks_per_node > 1) algos.push_back(AllreduceAlgo::hierarchical);
+  return algos;
+}
+
+// This rank's median seconds of `reps` all-reduces (after one warm-up).
+double time_allreduce(Communicator& comm, Tensor& buf, AllreduceAlgo algo, int reps) {
+  comm.all_reduce(buf, ReduceOp::sum, algo);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    comm.barrier();
+    const auto t0 = Clock::now();
+    comm.all_reduce(buf, ReduceOp::sum, algo);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes, int reps) {
+  DTRAIN_CHECK(reps > 0);
+  const std::vector<size_t> classes = size_classes(bucket_bytes);
+  const std::vector<AllreduceAlgo> algos = candidates(comm);
+  // One f64 per (class, algo), reduced with max in one collective: identical tables.
+  std::vector<double> times(classes.size() * algos.size(), 0.0);
+  for (size_t c = 0; c < classes.size(); ++c) {
+    const int64_t n = static_cast<int64_t>((classes[c] + 3) / 4);
+    Tensor buf = Tensor::empty({n}, DType::f32);
+    std::fill_n(buf.data<float>(), n, 1.0f);
+    for (size_t a = 0; a < algos.size(); ++a) {
+      times[c * algos.size() + a] = time_allreduce(comm, buf, algos[a], reps);
+    }
+  }
+  Tensor all = Tensor::wrap(times.data(), {static_cast<int64_t>(times.size())}, DType::f64);
+  comm.all_reduce(all, ReduceOp::max, AllreduceAlgo::native);
+
+  AutoChoice choice;
+  for (size_t c = 0; c < classes.size(); ++c) {
+    AutoEntry e;
+    e.bytes = classes[c];
+    double best = 0.0;
+    for (size_t a = 0; a < algos.size(); ++a) {
+      const double s = times[c * algos.size() + a];
+      e.seconds.emplace_back(algos[a], s);
+      if (a == 0 || s < best) {
+        best = s;
+        e.algo = algos[a];
+      }
+    }
+    choice.entries.push_back(std::move(e));
+  }
+  return choice;
+}
+
+namespace {
+std::string human_bytes(size_t b) {
+  if (b >= (size_t{1} << 20)) return fmt::format("{:.1f} MiB", b / 1048576.0);
+  if (b >= 1024) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", b);
+}
+}  // namespace
+
+std::string format_auto_choice(const AutoChoice& choice) {
+  std::string out = "all-reduce auto (max over ranks of the median time):\n";
+  for (const AutoEntry& e : choice.entries) {
+    std::string line = fmt::format("  {:>10} -> {:<12}", human_bytes(e.bytes), to_string(e.algo));
+    for (const auto& [algo, s] : e.seconds) {
+      line += fmt::format("  {} {:.3f} ms", to_string(algo), s * 1e3);
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace dtrain::dist

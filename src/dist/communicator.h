@@ -1,0 +1,109 @@
+// The communicator: collectives and point-to-point over one group of ranks, on
+// host buffers. Backends: MPI (mpi_communicator.cpp, built with DTRAIN_MPI) and
+// self (a group of one: every collective is the identity). Every operation is
+// issued in the same order on every rank of the group; the asynchronous ones
+// run in that order on the communicator's own thread and return a Handle.
+// Every call is counted (sequence number, bytes, seconds). No algorithm choice
+// lives here beyond what all_reduce dispatches to (allreduce.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "dist/options.h"
+
+namespace dtrain::dist {
+
+enum class ReduceOp : uint8_t { sum, max };
+
+// The completion of one asynchronous operation. wait() blocks until it is done
+// and rethrows its error (an Error for a failed MPI call); test() does not block.
+class Handle {
+ public:
+  Handle() = default;
+  struct State;
+  explicit Handle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  void wait();
+  bool test();
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct CommStats {
+  uint64_t calls = 0;      // operations issued (the last one's sequence number)
+  uint64_t bytes = 0;      // payload bytes of those operations (the buffer, once per call)
+  double seconds = 0.0;    // time the operations spent running (on the comm thread)
+  uint64_t completed = 0;  // operations finished (calls - completed: queued or running)
+};
+
+// How the group's ranks sit on nodes (for hierarchical all-reduce).
+struct Topology {
+  int nodes = 1;
+  int ranks_per_node = 1;  // 0: the nodes hold different numbers of ranks
+};
+
+// One operation as the flight recorder keeps it (for the watchdog's messages).
+struct OpRecord {
+  uint64_t seq = 0;
+  std::string op;  // "all_reduce(ring)", "broadcast", ...
+  size_t bytes = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;  // "mpi" or "self"
+
+  // Buffers: contiguous host tensors of f32, f64, i32 or i64. In place where one buffer.
+  // all_reduce with algo auto_ is an internal error: the caller resolves it (allreduce.h).
+  virtual Handle all_reduce_async(Tensor buf, ReduceOp op = ReduceOp::sum,
+                                  AllreduceAlgo algo = AllreduceAlgo::native) = 0;
+  void all_reduce(Tensor buf, ReduceOp op = ReduceOp::sum,
+                  AllreduceAlgo algo = AllreduceAlgo::native) {
+    all_reduce_async(std::move(buf), op, algo).wait();
+  }
+  // in [size * n] -> out [n]: out = the sum of every rank's r-th block (r = rank()).
+  virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  // in [n] -> out [size * n], block r from rank r.
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  virtual void broadcast(Tensor& buf, int root) = 0;
+  virtual void send(const Tensor& buf, int peer) = 0;
+  virtual void recv(Tensor& buf, int peer) = 0;
+  virtual void barrier() = 0;
+  // Ranks with the same color form a new communicator, ordered by key then rank.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Collective on the first call (it builds the node groups); then cached.
+  virtual Topology topology() = 0;
+  // Consecutive groups of `n` ranks count as nodes (unset: the shared-memory split).
+  // Takes effect at the first topology() or hierarchical all-reduce; later calls are
+  // an internal error. Local: every rank must pass the same value.
+  virtual void set_ranks_per_node(std::optional<int> n) = 0;
+
+  virtual CommStats stats() const = 0;
+  virtual OpRecord last_op() const = 0;  // the newest operation issued (seq 0: none yet)
+};
+
+// A group of one rank.
+std::unique_ptr<Communicator> make_self_communicator();
+
+// The world: MPI when this process was started by a launcher (mpirun, srun) and
+// dtrain was built with MPI, else self. Initialises MPI (MPI_THREAD_MULTIPLE
+// requested, at least MPI_THREAD_SERIALIZED required) on first use; MPI is
+// finalised at exit. `ranks_per_node` groups consecutive ranks into emulated nodes
+// (hierarchical all-reduce); unset: the MPI shared-memory split.
+struct WorldOptions {
+  std::optional<int> ranks_per_node;
+};
+std::unique_ptr<Communicator> make_world_communicator(const WorldOptions& options = {});
+
+}  // namespace dtrain::dist

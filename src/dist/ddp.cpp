@@ -1,0 +1,120 @@
+// Bucket planning and the arm / ready / finish cycle of one optimizer step.
+#include "dist/ddp.h"
+
+#include "core/error.h"
+#include "kernels/elementwise.h"
+
+namespace dtrain::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Tensor range_of(const Tensor& flat, const Bucket& b) {
+  return flat.view(b.begin, Shape{b.end - b.begin});
+}
+
+}  // namespace
+
+std::vector<Bucket> plan_buckets(const std::vector<GradRange>& params, int64_t total_elems,
+                                 size_t bucket_bytes) {
+  std::vector<Bucket> out;
+  int64_t end = total_elems;
+  Bucket cur;
+  for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+    const GradRange& p = params[static_cast<size_t>(i)];
+    DTRAIN_CHECK(p.offset >= 0 && p.offset + p.numel <= end, "param {} [{}, +{}) past {}", i,
+                 p.offset, p.numel, end);
+    cur.params.push_back(i);
+    const auto bytes = static_cast<size_t>(end - p.offset) * sizeof(float);
+    if (bytes >= bucket_bytes || i == 0) {
+      cur.begin = i == 0 ? 0 : p.offset;  // the first bucket also takes any leading padding
+      cur.end = end;
+      end = cur.begin;
+      out.push_back(std::move(cur));
+      cur = Bucket{};
+    }
+  }
+  if (params.empty() && total_elems > 0) out.push_back({0, total_elems, {}, {}});
+  return out;
+}
+
+GradSync::GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap)
+    : comm_(comm),
+      buckets_(std::move(buckets)),
+      bucket_of_(static_cast<size_t>(num_params), -1),
+      pending_(buckets_.size()),
+      handles_(buckets_.size()),
+      launched_(buckets_.size()),
+      overlap_(overlap),
+      comm_mark_(comm.stats()) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (int p : buckets_[b].params) {
+      DTRAIN_CHECK(p >= 0 && p < num_params && bucket_of_[static_cast<size_t>(p)] < 0,
+                   "param {} in two buckets or out of range", p);
+      bucket_of_[static_cast<size_t>(p)] = static_cast<int>(b);
+    }
+  }
+  for (size_t p = 0; p < bucket_of_.size(); ++p)
+    DTRAIN_CHECK(bucket_of_[p] >= 0, "param {} in no bucket", p);
+}
+
+void GradSync::set_algorithms(const std::vector<AllreduceAlgo>& per_bucket) {
+  DTRAIN_CHECK(per_bucket.size() == buckets_.size(), "{} algorithms for {} buckets",
+               per_bucket.size(), buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].algo = per_bucket[b];
+}
+
+void GradSync::arm(Tensor grads, Tensor acc) {
+  grads_ = std::move(grads);
+  acc_ = std::move(acc);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    pending_[b] = static_cast<int>(buckets_[b].params.size());
+    launched_[b] = 0;
+    handles_[b] = Handle();
+  }
+  armed_ = true;
+}
+
+void GradSync::ready(int param) {
+  if (!armed_) return;  // an accumulation micro-step: nothing moves
+  const int b = bucket_of_.at(static_cast<size_t>(param));
+  if (--pending_[static_cast<size_t>(b)] == 0 && overlap_ == Overlap::on) {
+    launch(static_cast<size_t>(b));
+  }
+}
+
+// Every rank launches the buckets in the same order: backward visits the same graph.
+void GradSync::launch(size_t b) {
+  Tensor g = range_of(grads_, buckets_[b]);
+  if (acc_.defined()) kernels::axpy(1.0f, range_of(acc_, buckets_[b]), g);
+  stats_.bytes += static_cast<uint64_t>(g.nbytes());
+  handles_[b] = comm_.all_reduce_async(g, ReduceOp::sum, buckets_[b].algo);
+  launched_[b] = 1;
+}
+
+void GradSync::finish() {
+  DTRAIN_CHECK(armed_, "GradSync::finish without arm");
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    DTRAIN_CHECK(overlap_ == Overlap::off || pending_[b] == 0 || launched_[b] == 0,
+                 "bucket {} launched early", b);
+    if (!launched_[b]) launch(b);
+  }
+  const Clock::time_point t0 = Clock::now();
+  for (Handle& h : handles_) h.wait();
+  stats_.exposed_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  armed_ = false;
+  grads_ = Tensor();
+  acc_ = Tensor();
+}
+
+SyncStats GradSync::take_stats() {
+  const CommStats now = comm_.stats();
+  SyncStats s = stats_;
+  s.comm_seconds = now.seconds - comm_mark_.seconds;
+  comm_mark_ = now;
+  stats_ = SyncStats{};
+  return s;
+}
+
+}  // namespace dtrain::dist

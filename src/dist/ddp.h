@@ -1,0 +1,80 @@
+// Data-parallel gradient sync (DDP): the flat gradient buffer is cut once into
+// buckets, contiguous ranges taken from its end (the parameters whose gradients
+// backward finishes first), each all-reduced as a view of the buffer (no copy) the
+// moment its last gradient is ready, so communication overlaps the rest of backward.
+// Accumulation micro-steps communicate nothing: the last micro-step adds the local
+// accumulator into each bucket just before sending it. Sums only; the caller scales
+// once by 1 / (labels in the global batch). Knows nothing of graphs or optimizers.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+
+namespace dtrain::dist {
+
+// One parameter's gradient: elements [offset, offset + numel) of the flat buffer.
+struct GradRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+struct Bucket {
+  int64_t begin = 0, end = 0;  // elements [begin, end) of the flat buffer (padding included)
+  std::vector<int> params;     // indices into the GradRange list, in the order they finish
+  AllreduceAlgo algo = AllreduceAlgo::native;
+};
+
+// Buckets of at least `bucket_bytes` of f32 (the last one may be smaller; 0: one
+// bucket per parameter), from the buffer's end towards its start, tiling
+// [0, total_elems). `params` must be in increasing offset order.
+std::vector<Bucket> plan_buckets(const std::vector<GradRange>& params, int64_t total_elems,
+                                 size_t bucket_bytes);
+
+enum class Overlap : uint8_t { off, on };
+
+struct SyncStats {
+  uint64_t bytes = 0;          // all-reduced payload
+  double comm_seconds = 0;     // time the all-reduces ran (the communicator's worker)
+  double exposed_seconds = 0;  // time finish() waited after backward
+};
+
+class GradSync {
+ public:
+  // `algos`: the all-reduce algorithm of each bucket (auto resolved by the caller).
+  GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap);
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  void set_algorithms(const std::vector<AllreduceAlgo>& per_bucket);
+
+  // Before the last micro-step's backward: `grads` is the flat f32 buffer backward
+  // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
+  void arm(Tensor grads, Tensor acc);
+  // The executor's grad_ready hook (param index into the GradRange list).
+  void ready(int param);
+  // After backward: sends what has not gone yet, waits for every bucket. Afterwards
+  // `grads` holds the sum over all ranks and micro-steps, identical on every rank.
+  void finish();
+  // Since the last call: bytes, comm time, exposed time.
+  SyncStats take_stats();
+
+ private:
+  void launch(size_t b);
+
+  Communicator& comm_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;  // per param
+  std::vector<int> pending_;    // per bucket: gradients not yet ready
+  std::vector<Handle> handles_;
+  std::vector<char> launched_;
+  Overlap overlap_;
+  Tensor grads_, acc_;
+  bool armed_ = false;
+  SyncStats stats_;
+  CommStats comm_mark_;
+};
+
+}  // namespace dtrain::dist

@@ -1,0 +1,45 @@
+// Status agreement: two small all-reduces (max of the exit codes, max of a
+// "lowest failing rank" key) and a count of failing ranks.
+#include "runtime/startup.h"
+
+#include "core/error.h"
+
+namespace dtrain::runtime {
+
+int exit_code_of(const std::exception& e) {
+  if (dynamic_cast<const RunError*>(&e) != nullptr) return 3;
+  if (dynamic_cast<const Error*>(&e) != nullptr) return 2;
+  return 1;
+}
+
+void agree_on_startup(dist::Communicator& comm, const std::function<void()>& work) {
+  int code = 0;
+  std::exception_ptr err;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    code = exit_code_of(e);
+    err = std::current_exception();
+  }
+  if (comm.size() == 1) {
+    if (err) std::rethrow_exception(err);
+    return;
+  }
+  const int n = comm.size(), r = comm.rank();
+  // [worst code, size - lowest failing rank (max picks the lowest), failing ranks]
+  Tensor v = Tensor::empty(Shape{3}, DType::i64);
+  int64_t* x = v.data<int64_t>();
+  x[0] = code;
+  x[1] = code != 0 ? n - r : 0;
+  Tensor count = Tensor::empty(Shape{1}, DType::i64);
+  count.data<int64_t>()[0] = code != 0 ? 1 : 0;
+  comm.all_reduce(v, dist::ReduceOp::max);
+  comm.all_reduce(count, dist::ReduceOp::sum);
+  if (x[0] == 0) return;
+  const int first = n - static_cast<int>(x[1]);
+  const bool everyone = count.data<int64_t>()[0] == n;
+  if (err && (!everyone || r == first)) std::rethrow_exception(err);
+  throw PeerFailed(static_cast<int>(x[0]), first);
+}
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,26 @@
+// An English-like generated corpus (the same on every machine) and its
+// tokenization by `dtrain data tokenize`, for the language-model tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "harness.h"
+
+namespace dtrain::train_test {
+
+// `records` fortune-style records of 1-3 sentences with "%" lines between them,
+// so `dtrain data tokenize` reads each record as one document.
+std::string generated_corpus(int records);
+
+struct TokenDir {
+  fs::path dir;
+  int64_t vocab = 0;         // tokenizer.json's vocab_size
+  int64_t train_tokens = 0;  // in train.bin (u16 tokens after a 32-byte header)
+  int64_t val_tokens = 0;
+};
+
+// The real `dtrain data tokenize` on a generated corpus, vocabulary 300.
+TokenDir tokenize(const fs::path& tmp, int records);
+
+}  // namespace dtrain::train_test
