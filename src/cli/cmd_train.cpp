@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "config/config.h"
 #include "dist/communicator.h"
 #include "dist/launcher.h"
+#include "dist/watchdog.h"
 #include "runtime/startup.h"
 #include "runtime/trainer.h"
 
@@ -80,6 +82,9 @@ int run_train(const TrainArgs& args) {
     world->set_ranks_per_node(req.job.comm.ranks_per_node);
     session = runtime::prepare_training(req, *world);
   });
+  // From here on every collective is watched: a dead or hung peer ends this rank too.
+  std::optional<dist::Watchdog> watchdog;
+  if (world->size() > 1) watchdog.emplace(*world, req.job.comm.timeout_s);
   return runtime::run_training(*session, signals);
 }
 

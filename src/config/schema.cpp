@@ -164,7 +164,8 @@ Field comm_section() {
                           enumeration("allreduce", AT(comm.allreduce)),
                           real("bucket_mb", AT(comm.bucket_mb), RealRange{0, 4096, true, false}),
                           boolean("overlap", AT(comm.overlap)),
-                          integer("ranks_per_node", AT(comm.ranks_per_node), kPositive)});
+                          integer("ranks_per_node", AT(comm.ranks_per_node), kPositive),
+                          real("timeout_s", AT(comm.timeout_s), kPositiveReal)});
 }
 
 Field compress_section() {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -31,11 +32,13 @@ class OpCounter {
   void finished(double seconds);                 // one operation done after `seconds`
   CommStats stats() const;
   OpRecord last() const;
+  OpRecord oldest_pending() const;  // seq 0 when nothing is pending
 
  private:
   mutable std::mutex mu_;
   CommStats stats_;
   OpRecord last_;
+  std::deque<OpRecord> pending_;  // issued, not finished (operations finish in issue order)
 };
 
 // A contiguous host tensor of f32, f64, i32 or i64 (internal check: the caller's bug).

@@ -43,6 +43,7 @@ uint64_t OpCounter::issue(std::string op, size_t bytes) {
   stats_.calls += 1;
   stats_.bytes += bytes;
   last_ = OpRecord{stats_.calls, std::move(op), bytes};
+  pending_.push_back(last_);
   return stats_.calls;
 }
 
@@ -50,6 +51,7 @@ void OpCounter::finished(double seconds) {
   std::lock_guard lock(mu_);
   stats_.seconds += seconds;
   stats_.completed += 1;
+  if (!pending_.empty()) pending_.pop_front();
 }
 
 CommStats OpCounter::stats() const {
@@ -60,6 +62,11 @@ CommStats OpCounter::stats() const {
 OpRecord OpCounter::last() const {
   std::lock_guard lock(mu_);
   return last_;
+}
+
+OpRecord OpCounter::oldest_pending() const {
+  std::lock_guard lock(mu_);
+  return pending_.empty() ? OpRecord{} : pending_.front();
 }
 
 void check_comm_buffer(const Tensor& t, const char* op) {
@@ -132,6 +139,7 @@ class SelfCommunicator final : public Communicator {
   void set_ranks_per_node(std::optional<int>) override {}
   CommStats stats() const override { return counter_.stats(); }
   OpRecord last_op() const override { return counter_.last(); }
+  OpRecord oldest_pending() const override { return counter_.oldest_pending(); }
 
  private:
   static void check_same(const Tensor& in, const Tensor& out, const char* op) {

@@ -91,6 +91,9 @@ class Communicator {
 
   virtual CommStats stats() const = 0;
   virtual OpRecord last_op() const = 0;  // the newest operation issued (seq 0: none yet)
+  // The flight recorder's front: the oldest operation issued and not finished (seq 0:
+  // none). Thread-safe; the watchdog polls it.
+  virtual OpRecord oldest_pending() const = 0;
 };
 
 // A group of one rank.

@@ -314,6 +314,7 @@ class MpiCommunicator final : public Communicator {
   }
   CommStats stats() const override { return s_->counter.stats(); }
   OpRecord last_op() const override { return s_->counter.last(); }
+  OpRecord oldest_pending() const override { return s_->counter.oldest_pending(); }
 
  private:
   static constexpr int kPointToPointTag = 30000;  // apart from the ring's small step tags

@@ -62,6 +62,7 @@ struct CommOptions {
   double bucket_mb = 25.0;
   bool overlap = true;                // all-reduce buckets while backward runs
   std::optional<int> ranks_per_node;  // unset: detected from the launcher
+  double timeout_s = 300.0;           // a collective unfinished this long: a peer died or hangs
 };
 
 }  // namespace dtrain

@@ -7,6 +7,7 @@
 #include "runtime/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -269,6 +270,19 @@ std::vector<fs::path> list_checkpoints(const fs::path& dir) {
   return out;
 }
 
+// A `<checkpoint>.tmp<pid>` whose writer is this process or no longer runs here: a
+// temporary of another live writer (a second job on the same directory) is its own.
+bool abandoned_temporary(const fs::path& file) {
+  const std::string name = file.filename().string();
+  const size_t at = name.find(".dtckpt.tmp");
+  if (at == std::string::npos) return false;
+  const std::string digits = name.substr(at + std::strlen(".dtckpt.tmp"));
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  const long pid = std::strtol(digits.c_str(), nullptr, 10);
+  if (pid == static_cast<long>(::getpid())) return true;
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
 void prune_checkpoints(const fs::path& dir, int keep) {
   std::vector<fs::path> all = list_checkpoints(dir);
   for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < all.size(); ++i) {
@@ -276,7 +290,7 @@ void prune_checkpoints(const fs::path& dir, int keep) {
   }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (entry.path().string().find(".dtckpt.tmp") != std::string::npos) fs::remove(entry.path());
+    if (abandoned_temporary(entry.path())) fs::remove(entry.path(), ec);
   }
 }
 

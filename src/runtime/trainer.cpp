@@ -35,6 +35,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/data_feed.h"
 #include "runtime/device_feed.h"
+#include "runtime/faults.h"
 #include "runtime/metrics.h"
 #include "runtime/replicas.h"
 #include "runtime/signals.h"
@@ -204,6 +205,7 @@ class TrainSession {
   bool resumed_ = false;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<RankLog> rank_log_;
+  FaultInjector faults_{comm_.rank()};
   Progress progress_{stderr};
   EvalResult last_eval_;
   bool have_eval_ = false;
@@ -526,6 +528,7 @@ int TrainSession::run(const StopSignals& signals) {
   double last_loss = NAN;
   while (counters_.step < total_steps_) {
     last_loss = train_step(signals);
+    faults_.after_step(counters_.step);
     window_loss += last_loss;
     ++window_steps;
     const int64_t s = counters_.step;

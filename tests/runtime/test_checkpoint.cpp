@@ -2,6 +2,8 @@
 // of every kind of damage (truncation, flipped bits, wrong magic or version)
 // with an error that names the file and the offset.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -122,13 +124,22 @@ TEST_CASE("retention keeps the newest K; rewriting a step replaces it atomically
   const fs::path dir = fresh_dir("keep");
   for (int step : {10, 30, 20, 40, 50})
     write_checkpoint(checkpoint_path(dir, step), {{"step", step}}, {});
-  write_file(dir / "step-00000060.dtckpt.tmp123", "half-written");
+  // A temporary whose writer died is removed; a live writer's (the test runner's parent) stays.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string dead_tmp = fmt::format("step-00000060.dtckpt.tmp{}", dead);
+  const std::string live_tmp = fmt::format("step-00000070.dtckpt.tmp{}", getppid());
+  write_file(dir / dead_tmp, "half-written");
+  write_file(dir / live_tmp, "being written");
   prune_checkpoints(dir, 2);
   const auto left = list_checkpoints(dir);
   REQUIRE(left.size() == 2);
   CHECK(left[0].filename() == "step-00000040.dtckpt");
   CHECK(left[1].filename() == "step-00000050.dtckpt");
-  CHECK(!fs::exists(dir / "step-00000060.dtckpt.tmp123"));
+  CHECK(!fs::exists(dir / dead_tmp));
+  CHECK(fs::exists(dir / live_tmp));
+  fs::remove(dir / live_tmp);
   write_checkpoint(checkpoint_path(dir, 50), {{"step", 50}, {"again", true}}, {});
   CHECK(read_checkpoint(checkpoint_path(dir, 50)).meta["again"] == true);
 }

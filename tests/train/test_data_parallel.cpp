@@ -3,13 +3,22 @@
 // match bit for bit (losses and the final checkpoint) for a batch-norm ResNet,
 // GPT-2 with dropout and BERT masked LM (label counts differ per micro-batch), with
 // each all-reduce algorithm; four ranks within 1e-5 and bitwise run to run;
-// checkpoints resume across layouts; bad layouts exit 2 with one message.
+// checkpoints resume across layouts; bad layouts exit 2 with one message; a rank
+// that dies or hangs ends every rank (the watchdog) with the checkpoint intact.
 #include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "corpus.h"
 #include "harness.h"
@@ -199,4 +208,111 @@ TEST_CASE("bad data-parallel layouts exit 2 on every rank with one message") {
     CHECK_MESSAGE(count == 1, r.log);
     CHECK_MESSAGE(r.log.find(c.expect) != std::string::npos, r.log);
   }
+}
+
+namespace {
+
+// Every process whose command line mentions `dir` (the run's ranks and their mpirun).
+std::vector<pid_t> processes_mentioning(const fs::path& dir) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = read_bytes(e.path() / "cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(dir.string()) != std::string::npos) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+std::set<std::string> shm_segments() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) out.insert(e.path().string());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that dies or hangs ends every rank within the timeout, nothing left behind") {
+  OneThread one;
+  TempDir tmp("dpfault");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::set<std::string> shm_before = shm_segments();
+  for (const char* mode : {"exit0", "exit1", "abort", "kill", "hang"}) {
+    const std::string mode_name = mode;
+    CAPTURE(mode_name);
+    const fs::path out = tmp.path() / mode;
+    setenv("DTRAIN_TEST_FAULT", fmt::format("1:3:{}", mode).c_str(), 1);
+    // 20 s: comm.timeout_s (5) + the 10 s the issue allows + start-up; the harness kills
+    // the run at 25 s (mpirun's own exit status cannot tell: a SIGKILLed rank gives 137).
+    const auto t0 = std::chrono::steady_clock::now();
+    const RunResult r = run_dtrain(
+        {job.string(), "--nproc", "3", "--set", "run.output_dir=" + out.string(), "--set",
+         "data.global_batch=30", "--set", "data.micro_batch=10", "--set", "train.steps=50", "--set",
+         "train.checkpoint.every=2", "--set", "comm.timeout_s=5"},
+        tmp.path() / (std::string(mode) + ".log"), 25);
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    unsetenv("DTRAIN_TEST_FAULT");
+    CHECK_MESSAGE(r.rc != 0, r.describe());
+    CHECK_MESSAGE(took < 20.0, "ended after ", took, " s: ", r.describe());
+    if (std::string(mode) == "exit0" || std::string(mode) == "hang") {
+      // Only the watchdog can end these: it names the collective that never finished.
+      CHECK_MESSAGE(r.log.find("has not finished after") != std::string::npos, r.log);
+    }
+    CHECK(processes_mentioning(out).empty());
+    // The newest checkpoint is whole: resuming from it (no step left to train) succeeds.
+    const fs::path newest = newest_checkpoint(out / "checkpoints");
+    REQUIRE(!newest.empty());
+    const RunResult check = run_dtrain(
+        {job.string(), "--set", "run.output_dir=" + (tmp.path() / "check").string(), "--set",
+         "data.micro_batch=10", "--set", "data.global_batch=30", "--set",
+         "train.steps=" + std::to_string(checkpoint_step(newest)), "--resume", newest.string()},
+        tmp.path() / "check.log");
+    CHECK_MESSAGE(check.rc == 0, check.describe());
+  }
+  std::set<std::string> left;
+  for (const std::string& s : shm_segments())
+    if (!shm_before.contains(s)) left.insert(s);
+  CHECK_MESSAGE(left.empty(), fmt::format("{}", fmt::join(left, " ")));
+}
+
+TEST_CASE("a stop signal to one rank stops every rank at the same step; the run resumes exactly") {
+  OneThread one;
+  TempDir tmp("dpsignal");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> base = {"--nproc", "2",
+                                         "--set",   "data.micro_batch=16",
+                                         "--set",   "train.steps=400",
+                                         "--set",   "data.limit.train=320"};
+  const fs::path whole = tmp.path() / "whole", cut = tmp.path() / "cut";
+  std::vector<std::string> args = {job.string(), "--set", "run.output_dir=" + cut.string()};
+  args.insert(args.end(), base.begin(), base.end());
+  const pid_t launcher = spawn_dtrain(args, tmp.path() / "cut.log");
+  pid_t rank1 = -1;
+  for (int i = 0; i < 600 && rank1 < 0; ++i) {  // rank 1, once it has trained a few steps
+    usleep(50000);
+    if (count_lines(cut / "metrics.jsonl") < 3) continue;
+    for (pid_t p : processes_mentioning(cut)) {
+      const std::string env = read_bytes(fs::path("/proc") / std::to_string(p) / "environ");
+      if (env.find(std::string("OMPI_COMM_WORLD_RANK=1") + '\0') != std::string::npos) rank1 = p;
+    }
+  }
+  REQUIRE(rank1 > 0);
+  kill(rank1, SIGUSR1);
+  const RunResult r = wait_dtrain(launcher, tmp.path() / "cut.log", 120);
+  CHECK_MESSAGE(r.rc == 4, r.describe());
+  const auto cut_losses = read_losses(cut / "metrics.jsonl");
+  const fs::path ckpt = newest_checkpoint(cut / "checkpoints");
+  REQUIRE(!cut_losses.empty());
+  CHECK(checkpoint_step(ckpt) == cut_losses.back().step);  // every rank stopped there
+  CHECK(checkpoint_step(ckpt) < 400);
+  args.insert(args.end(), {"--resume", "latest"});
+  REQUIRE(run_dtrain(args, tmp.path() / "resume.log").rc == 0);
+  std::vector<std::string> straight = {job.string(), "--set", "run.output_dir=" + whole.string()};
+  straight.insert(straight.end(), base.begin(), base.end());
+  REQUIRE(run_dtrain(straight, tmp.path() / "whole.log").rc == 0);
+  CHECK(compare_checkpoints(newest_checkpoint(cut / "checkpoints"),
+                            newest_checkpoint(whole / "checkpoints")) == "");
 }

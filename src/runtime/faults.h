@@ -1,0 +1,23 @@
+// Fault injection for the tests of "no hang, nothing lost": DTRAIN_TEST_FAULT=
+// "<rank>:<step>:<mode>" makes that rank end after finishing that step, in one of
+// the ways a real rank dies — exit0 (early, cleanly), exit1, abort, kill (SIGKILL
+// to itself) or hang (sleeps forever). Unset, it does nothing. Not a user feature.
+#pragma once
+
+#include <cstdint>
+
+namespace dtrain::runtime {
+
+// Reads DTRAIN_TEST_FAULT once; a malformed value is an Error naming it.
+class FaultInjector {
+ public:
+  explicit FaultInjector(int rank);
+  void after_step(int64_t step) const;  // ends the process when the fault is due here
+
+ private:
+  enum class Mode : uint8_t { none, exit0, exit1, abort, kill, hang };
+  Mode mode_ = Mode::none;
+  int64_t step_ = -1;
+};
+
+}  // namespace dtrain::runtime
