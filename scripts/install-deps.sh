@@ -10,6 +10,7 @@ PKGS=(
   libyaml-cpp-dev libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev
   libdnnl-dev ocl-icd-opencl-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
+  slurmctld slurmd slurm-client  # a real one-node SLURM for tests/slurm (srun --mpi=pmix)
   dataset-fashion-mnist
   fortunes  # ~2.6 MB of English text: the corpus for `dtrain data tokenize`
 )

@@ -278,7 +278,8 @@ TEST_CASE("a rank that dies or hangs ends every rank within the timeout, nothing
   CHECK_MESSAGE(left.empty(), fmt::format("{}", fmt::join(left, " ")));
 }
 
-TEST_CASE("a stop signal to one rank stops every rank at the same step; the run resumes exactly") {
+TEST_CASE(
+    "a stop signal to one rank stops every rank at the same step and the run resumes exactly") {
   OneThread one;
   TempDir tmp("dpsignal");
   const fs::path job = write_job(tmp.path(), "resnet");
