@@ -22,7 +22,8 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 CARRY="$ROOT/.gpu-carry"
 BINS=(src/cli/dtrain tests/kernels/test_kernels tests/kernels/test_cuda_runtime bench/bench_gemm
-      bench/bench_model tests/optim/test_optim_cuda tests/train/test_train_cuda)
+      bench/bench_model tests/optim/test_optim_cuda tests/train/test_train_cuda
+      tests/dist/test_dist_nccl)
 FAMILIES=(gemm activation elementwise cast reduce layout layernorm softmax embedding dropout
           conv batchnorm pooling attention optimizer)
 die() { echo "gpu-check: $*" >&2; exit 1; }
@@ -33,7 +34,7 @@ pack() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDTRAIN_MPI=OFF -DDTRAIN_NATIVE=OFF >/dev/null
   cmake --build "$build" -j "${JOBS:-$(nproc)}" --target dtrain test_kernels test_cuda_runtime \
-    bench_gemm bench_model test_optim_cuda test_train_cuda
+    bench_gemm bench_model test_optim_cuda test_train_cuda test_dist_nccl
   rm -rf "$CARRY" && mkdir -p "$CARRY/stage/bin" "$CARRY/stage/lib"
   local b lib
   for b in "${BINS[@]}"; do cp "$build/$b" "$CARRY/stage/bin/"; done
@@ -92,10 +93,14 @@ run() {
   done
   local name exe limit
   export DTRAIN_EXE="$bin/dtrain"  # the train.cuda test spawns the carried binary
+  local arg
   for name in kernels.cuda.runtime:test_cuda_runtime:120 optim.cuda:test_optim_cuda:120 \
+              dist.nccl:test_dist_nccl+--gpu:120 dist.cuda_failures:test_dist_nccl:60 \
               train.cuda:test_train_cuda:300; do
     IFS=: read -r name exe limit <<<"$name"
-    timeout "$limit" "$bin/$exe" >"$out/$name.log" 2>&1
+    arg=""
+    [[ $exe == *+* ]] && arg=${exe#*+} && exe=${exe%%+*}
+    timeout "$limit" "$bin/$exe" $arg >"$out/$name.log" 2>&1
     rc=$?
     printf '{"test": "%s", "rc": %d, "summary": "%s"}\n' "$name" "$rc" \
       "$(grep -E 'test cases|skipped: no GPU' "$out/$name.log" | tail -n 1 | tr -s ' ' | tr -d '"')" \

@@ -1,5 +1,6 @@
-// Checked CUDA / cuBLAS(Lt) / cuDNN / NCCL calls: a failure throws dtrain::Error
-// with the call, the library's own message and the source location. The macros
+// Checked CUDA / cuBLAS(Lt) / cuDNN / NCCL calls: a failure throws dtrain::RunError
+// (exit 3: the job could not run here; never exit 2, it is not bad input) with
+// the call, the library's own message and the source location. The macros
 // name the libraries' functions only when expanded, so a file includes just the
 // headers of the libraries it calls. Every kernel launch is followed by
 // DTRAIN_CUDA_CHECK_LAUNCH() (launch errors are reported by cudaGetLastError).
@@ -9,9 +10,9 @@
 
 #include "core/error.h"
 
-#define DTRAIN_GPU_FAIL(lib, call, text, code)                                                     \
-  throw ::dtrain::Error(::fmt::format("{} call {} failed at {}:{}: {} ({})", lib, #call, __FILE__, \
-                                      __LINE__, text, static_cast<int>(code)))
+#define DTRAIN_GPU_FAIL(lib, call, text, code)                                              \
+  throw ::dtrain::RunError(::fmt::format("{} call {} failed at {}:{}: {} ({})", lib, #call, \
+                                         __FILE__, __LINE__, text, static_cast<int>(code)))
 
 #define DTRAIN_CUDA_CHECK(call)                                                    \
   do {                                                                             \

@@ -17,6 +17,7 @@
 #include "dist/communicator.h"
 #include "dist/launcher.h"
 #include "dist/watchdog.h"
+#include "kernels/device_info.h"
 #include "runtime/startup.h"
 #include "runtime/trainer.h"
 
@@ -73,6 +74,12 @@ int run_train(const TrainArgs& args) {
       for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
     }
     req.resolved_yaml = config::dump_job_yaml(req.job);
+    // Several ranks on a machine with several GPUs: one GPU each, by local rank, unless
+    // the job names another than cuda:0 (SLURM's --gpus-per-task leaves one visible).
+    if (world->size() > 1 && req.job.device.is_cuda() && req.job.device.index == 0) {
+      const auto gpus = static_cast<int>(kernels::query_cuda().devices.size());
+      if (gpus > 1) req.job.device.index = dist::launcher_local_rank().value_or(0) % gpus;
+    }
     req.world_size = ctx.world_size;
     if (!args.resume.empty()) {
       req.resume = args.resume;
@@ -84,8 +91,12 @@ int run_train(const TrainArgs& args) {
   });
   // From here on every collective is watched: a dead or hung peer ends this rank too.
   std::optional<dist::Watchdog> watchdog;
-  if (world->size() > 1) watchdog.emplace(*world, req.job.comm.timeout_s);
-  return runtime::run_training(*session, signals);
+  // Heartbeats go beside the rank logs, so a timeout can name the rank that is missing.
+  if (world->size() > 1) {
+    watchdog.emplace(*world, req.job.comm.timeout_s, dist::Watchdog::OnTimeout{},
+                     std::filesystem::path(req.job.run.output_dir) / "logs");
+  }
+  return runtime::run_training(*session, signals, watchdog ? &*watchdog : nullptr);
 }
 
 }  // namespace

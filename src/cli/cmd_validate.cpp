@@ -76,10 +76,9 @@ std::string data_parallel_lines(const Job& job, int world) {
     if (buckets.size() > 8) sizes += ", ...";
     out += fmt::format(
         "# gradient buckets: {}, each closed once it holds {} MB ({} MB, in launch order), "
-        "all-reduce {}, overlap "
-        "{}\n",
+        "all-reduce {} over {}, overlap {}\n",
         buckets.size(), job.comm.bucket_mb, sizes, to_string(job.comm.allreduce),
-        job.comm.overlap ? "on" : "off");
+        job.device.is_cuda() ? "nccl" : "mpi", job.comm.overlap ? "on" : "off");
   }
   const auto places =
       dist::describe_grid(world, dist::degrees_of(p), job.comm.ranks_per_node.value_or(0));

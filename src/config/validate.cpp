@@ -245,6 +245,12 @@ void check_comm(const Checker& c) {
     c.error("comm.backend", "nccl moves device buffers, but device is cpu",
             "use backend auto or mpi on cpu");
   }
+  if (comm.backend == CommBackend::mpi && c.job.device.is_cuda()) {
+    c.error("comm.backend",
+            "mpi moves host buffers, but device is cuda (gradients on the GPU "
+            "travel over NCCL)",
+            "use backend auto or nccl with device cuda");
+  }
   if (comm.ranks_per_node && c.ctx.world_size % *comm.ranks_per_node != 0) {
     c.error("comm.ranks_per_node", fmt::format("{} does not divide the world size {}",
                                                *comm.ranks_per_node, c.ctx.world_size));

@@ -9,6 +9,8 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "kernels/elementwise.h"
+#include "kernels/memory.h"
 
 namespace dtrain::dist {
 
@@ -100,14 +102,21 @@ AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_
   std::vector<double> times(classes.size() * algos.size(), 0.0);
   for (size_t c = 0; c < classes.size(); ++c) {
     const int64_t n = static_cast<int64_t>((classes[c] + 3) / 4);
-    Tensor buf = Tensor::empty({n}, DType::f32);
-    std::fill_n(buf.data<float>(), n, 1.0f);
+    Tensor buf = Tensor::empty({n}, DType::f32, &kernels::device_allocator(comm.device()));
+    kernels::fill(buf, 1.0f);
     for (size_t a = 0; a < algos.size(); ++a) {
       times[c * algos.size() + a] = time_allreduce(comm, buf, algos[a], reps);
     }
   }
   Tensor all = Tensor::wrap(times.data(), {static_cast<int64_t>(times.size())}, DType::f64);
-  comm.all_reduce(all, ReduceOp::max, AllreduceAlgo::native);
+  if (comm.device().is_cpu()) {
+    comm.all_reduce(all, ReduceOp::max, AllreduceAlgo::native);
+  } else {
+    Tensor dev = Tensor::empty(all.shape(), DType::f64, &kernels::device_allocator(comm.device()));
+    kernels::copy(all, dev);
+    comm.all_reduce(dev, ReduceOp::max, AllreduceAlgo::native);
+    kernels::copy(dev, all);
+  }
 
   AutoChoice choice;
   for (size_t c = 0; c < classes.size(); ++c) {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "dist/comm_internal.h"
+#include "kernels/memory.h"
 
 namespace dtrain::dist {
 
@@ -93,8 +94,23 @@ std::string all_reduce_name(AllreduceAlgo algo, ReduceOp op) {
 
 namespace {
 
+// The self communicator takes buffers on any one device (a GPU job at world 1 syncs
+// its gradients through it too): every operation is the identity or a copy.
+void check_self_buffer(const Tensor& t, const char* op) {
+  DTRAIN_CHECK(t.defined(), "{}: undefined buffer", op);
+  const DType d = t.dtype();
+  DTRAIN_CHECK(d == DType::f32 || d == DType::f64 || d == DType::i32 || d == DType::i64 ||
+                   d == DType::f16 || d == DType::bf16,
+               "{}: {} buffers are not supported", op, dtype_name(d));
+}
+
 void copy_bytes(const Tensor& in, Tensor& out) {
-  if (in.nbytes() > 0 && in.raw() != out.raw()) std::memmove(out.raw(), in.raw(), in.nbytes());
+  if (in.nbytes() == 0 || in.raw() == out.raw()) return;
+  if (in.device().is_cpu() && out.device().is_cpu()) {
+    std::memmove(out.raw(), in.raw(), in.nbytes());
+  } else {
+    kernels::copy(in, out);
+  }
 }
 
 class SelfCommunicator final : public Communicator {
@@ -105,7 +121,7 @@ class SelfCommunicator final : public Communicator {
 
   Handle all_reduce_async(Tensor buf, ReduceOp op, AllreduceAlgo algo) override {
     DTRAIN_CHECK(algo != AllreduceAlgo::auto_, "all_reduce(auto) must be resolved by the caller");
-    check_comm_buffer(buf, "all_reduce");
+    check_self_buffer(buf, "all_reduce");
     count(all_reduce_name(algo, op), buf.nbytes());
     return completed_handle();
   }
@@ -120,7 +136,7 @@ class SelfCommunicator final : public Communicator {
     copy_bytes(in, out);
   }
   void broadcast(Tensor& buf, int root) override {
-    check_comm_buffer(buf, "broadcast");
+    check_self_buffer(buf, "broadcast");
     DTRAIN_CHECK(root == 0, "broadcast root {} in a group of one", root);
     count("broadcast", buf.nbytes());
   }
@@ -143,8 +159,8 @@ class SelfCommunicator final : public Communicator {
 
  private:
   static void check_same(const Tensor& in, const Tensor& out, const char* op) {
-    check_comm_buffer(in, op);
-    check_comm_buffer(out, op);
+    check_self_buffer(in, op);
+    check_self_buffer(out, op);
     DTRAIN_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel(), "{}: {} -> {}", op,
                  in.str(), out.str());
   }

@@ -1,6 +1,8 @@
 // The communicator: collectives and point-to-point over one group of ranks, on
-// host buffers. Backends: MPI (mpi_communicator.cpp, built with DTRAIN_MPI) and
-// self (a group of one: every collective is the identity). Every operation is
+// the buffers of one device. Backends: MPI for host buffers (mpi_communicator.cpp,
+// built with DTRAIN_MPI), NCCL for one GPU's buffers (nccl_communicator.cpp, built
+// with CUDA; the host communicator carries its id) and self (a group of one on the
+// host: every collective is the identity). Every operation is
 // issued in the same order on every rank of the group; the asynchronous ones
 // run in that order on the communicator's own thread and return a Handle.
 // Every call is counted (sequence number, bytes, seconds). No algorithm choice
@@ -61,9 +63,14 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string_view backend() const = 0;  // "mpi" or "self"
+  virtual std::string_view backend() const = 0;  // "mpi", "nccl" or "self"
+  // Where the buffers live: the host (mpi, self) or one GPU (nccl).
+  virtual Device device() const { return Device::cpu(); }
 
-  // Buffers: contiguous host tensors of f32, f64, i32 or i64. In place where one buffer.
+  // Buffers: contiguous tensors on device() of f32, f64, i32 or i64 (NCCL also f16
+  // and bf16). In place where one buffer. On NCCL an operation starts after the work
+  // already queued on the device's compute stream, and wait() returns once it has
+  // finished on the device.
   // all_reduce with algo auto_ is an internal error: the caller resolves it (allreduce.h).
   virtual Handle all_reduce_async(Tensor buf, ReduceOp op = ReduceOp::sum,
                                   AllreduceAlgo algo = AllreduceAlgo::native) = 0;
@@ -108,5 +115,13 @@ struct WorldOptions {
   std::optional<int> ranks_per_node;
 };
 std::unique_ptr<Communicator> make_world_communicator(const WorldOptions& options = {});
+
+// NCCL over the ranks of `host` (rank r there is rank r here) for the buffers of
+// `device` (cuda:N). Collective over `host`, which broadcasts rank 0's ncclUniqueId.
+// Nodes for hierarchical all-reduce: consecutive groups of `ranks_per_node`, or
+// the ranks that share a host name. Without CUDA and NCCL: Error saying how to rebuild.
+bool nccl_available();  // built with NCCL
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, Device device,
+                                                     std::optional<int> ranks_per_node);
 
 }  // namespace dtrain::dist

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "kernels/elementwise.h"
+#include "kernels/memory.h"
 
 namespace dtrain::dist {
 
@@ -100,6 +101,9 @@ void GradSync::finish() {
                  "bucket {} launched early", b);
     if (!launched_[b]) launch(b);
   }
+  // On a GPU the host ran ahead of backward: wait for the device first, so that the
+  // exposed time is what communication adds after backward has finished there.
+  if (comm_.size() > 1 && !grads_.device().is_cpu()) kernels::synchronize(grads_.device());
   const Clock::time_point t0 = Clock::now();
   for (Handle& h : handles_) h.wait();
   stats_.exposed_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -38,4 +38,11 @@ int launcher_rank() {
   return 0;
 }
 
+std::optional<int> launcher_local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (auto r = env_int(name)) return r;
+  }
+  return std::nullopt;
+}
+
 }  // namespace dtrain::dist

@@ -41,7 +41,8 @@ void BufferAverage::end_micro(int m) {
 void BufferAverage::finish() {
   if (!start_.defined()) return;
   if (comm_.size() > 1) {
-    DTRAIN_CHECK(sum_.device().is_cpu(), "host communicator, buffers on {}", sum_.device().str());
+    DTRAIN_CHECK(sum_.device() == comm_.device(), "{} communicator, buffers on {}",
+                 comm_.device().str(), sum_.device().str());
     comm_.all_reduce(sum_);
   }
   kernels::scale(1.0f / static_cast<float>(total_), sum_, live_);

@@ -36,10 +36,14 @@ StopSignals::StopSignals() {
 }
 
 StopSignals::~StopSignals() {
+  g_installed.store(false);
+  // After a stop the process is on its way out (exit 4, MPI_Finalize): a second
+  // notice, e.g. SLURM signalling every task and the launcher again, must not kill
+  // it there, so the recording handlers stay.
+  if (requested()) return;
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaction(SIGUSR1, &g_old_usr1, nullptr);
-  g_installed.store(false);
 }
 
 bool StopSignals::requested() const { return g_signal.load(std::memory_order_relaxed) != 0; }

@@ -11,7 +11,7 @@ inline constexpr int kExitInterrupted = 4;
 class StopSignals {
  public:
   StopSignals();   // installs the handlers (a second instance is an internal error)
-  ~StopSignals();  // restores the previous handlers
+  ~StopSignals();  // restores the previous handlers, unless a stop was requested
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 

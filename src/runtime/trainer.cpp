@@ -26,6 +26,7 @@
 #include "core/allocator.h"
 #include "dist/allreduce.h"
 #include "dist/ddp.h"
+#include "dist/watchdog.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
@@ -87,11 +88,6 @@ void require_device(const Device& device) {
 
 void require_supported(const Job& job, int world) {
   require_device(job.device);
-  if (world != 1 && job.device.is_cuda()) {
-    unsupported("device", fmt::format("{} with {} data-parallel ranks (NCCL arrives with a later "
-                                      "milestone; data parallelism runs on device: cpu)",
-                                      job.device.str(), world));
-  }
   if (job.precision.dtype != PrecisionDType::fp32) {
     unsupported("precision.dtype", std::string(to_string(job.precision.dtype)));
   }
@@ -167,12 +163,12 @@ struct StepTotals {
 class TrainSession {
  public:
   TrainSession(const TrainRequest& r, dist::Communicator& comm);
-  int run(const StopSignals& signals);
+  int run(const StopSignals& signals, dist::Watchdog* watchdog);
 
  private:
   void open_run_dir();
   void resume_if_asked();
-  void start_sync();
+  void connect(dist::Watchdog* watchdog);
   double train_step(const StopSignals& signals);
   StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();
@@ -186,7 +182,9 @@ class TrainSession {
 
   const TrainRequest& req_;
   const Job& job_;
-  dist::Communicator& comm_;
+  dist::Communicator& comm_;                         // the host world: agreement, totals, checks
+  std::unique_ptr<dist::Communicator> device_comm_;  // NCCL for a GPU job across ranks
+  dist::Communicator* grad_comm_ = nullptr;          // gradients and buffers: device_comm_ or comm_
   models::ModelGraph model_;
   std::unique_ptr<graph::Executor> ex_;
   std::unique_ptr<optim::Optimizer> opt_;
@@ -229,16 +227,6 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   if (micro_batches_ > 1) {
     grad_acc_ = Tensor::empty(flat.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }
-  std::vector<dist::GradRange> ranges;
-  for (const graph::FlatEntry& e : ex_->grads().entries())
-    ranges.push_back({e.offset, e.spec.shape.numel()});
-  sync_ = std::make_unique<dist::GradSync>(
-      comm_,
-      dist::plan_buckets(ranges, flat.numel(),
-                         static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0)),
-      ex_->grads().size(), job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
-  ex_->hooks.grad_ready = [this](int p) { sync_->ready(p); };
-  buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, comm_);
   language_model_ = is_language_model(find_arch(job_.model.arch)->family);
   source_ = DataSource::open(job_, counters_.seed, {comm_.rank(), comm_.size()});
   out_dir_ = job_.run.output_dir;
@@ -301,16 +289,35 @@ void TrainSession::resume_if_asked() {
   }
 }
 
-// The all-reduce algorithm of each bucket: the job's, or with `auto` the fastest per
+// Collective, after start-up was agreed: the device communicator (gradients on the
+// GPU travel over NCCL, also at world 1 when the job asks for it: the same code path,
+// testable on one GPU), the gradient buckets and the buffer average; then the
+// all-reduce algorithm of each bucket: the job's, or with `auto` the fastest per
 // bucket-size class measured now on this world (every rank gets the same table).
-void TrainSession::start_sync() {
+void TrainSession::connect(dist::Watchdog* watchdog) {
+  if (job_.device.is_cuda() && (comm_.size() > 1 || job_.comm.backend == CommBackend::nccl)) {
+    device_comm_ = dist::make_nccl_communicator(comm_, job_.device, job_.comm.ranks_per_node);
+    if (watchdog != nullptr) watchdog->add(*device_comm_);
+  }
+  grad_comm_ = device_comm_ ? device_comm_.get() : &comm_;
+  std::vector<dist::GradRange> ranges;
+  for (const graph::FlatEntry& e : ex_->grads().entries())
+    ranges.push_back({e.offset, e.spec.shape.numel()});
+  sync_ = std::make_unique<dist::GradSync>(
+      *grad_comm_,
+      dist::plan_buckets(ranges, ex_->grads().flat(DType::f32).numel(),
+                         static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0)),
+      ex_->grads().size(), job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
+  ex_->hooks.grad_ready = [this](int p) { sync_->ready(p); };
+  buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
+
   const auto& buckets = sync_->buckets();
   std::vector<AllreduceAlgo> algos(buckets.size(), job_.comm.allreduce);
   if (comm_.size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
     std::vector<size_t> bytes;
     for (const dist::Bucket& b : buckets)
       bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
-    const dist::AutoChoice choice = dist::tune_allreduce(comm_, bytes, 3);
+    const dist::AutoChoice choice = dist::tune_allreduce(*grad_comm_, bytes, 3);
     note(dist::format_auto_choice(choice));
     for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
   } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
@@ -324,9 +331,9 @@ void TrainSession::start_sync() {
   if (comm_.size() > 1) {
     note(fmt::format(
         "data parallel: {} ranks x {} micro-batch(es) of {}; {} gradient bucket(s) (closed at "
-        "{} MB), all-reduce {}, overlap {}",
+        "{} MB), all-reduce {} over {}, overlap {}",
         comm_.size(), micro_batches_, job_.data.micro_batch, buckets.size(), job_.comm.bucket_mb,
-        algo_summary_, job_.comm.overlap ? "on" : "off"));
+        algo_summary_, grad_comm_->backend(), job_.comm.overlap ? "on" : "off"));
   }
 }
 
@@ -517,8 +524,8 @@ void TrainSession::save_checkpoint() {
   prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
 }
 
-int TrainSession::run(const StopSignals& signals) {
-  start_sync();
+int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
+  connect(watchdog);
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;
   const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);
@@ -591,14 +598,16 @@ TrainSessionPtr prepare_training(const TrainRequest& request, dist::Communicator
   return TrainSessionPtr(new TrainSession(request, world));
 }
 
-int run_training(TrainSession& session, const StopSignals& signals) { return session.run(signals); }
+int run_training(TrainSession& session, const StopSignals& signals, dist::Watchdog* watchdog) {
+  return session.run(signals, watchdog);
+}
 
 int train(const TrainRequest& request) {
   // Installed before start-up, so a signal while data loads is also a graceful stop.
   StopSignals signals;
   const std::unique_ptr<dist::Communicator> self = dist::make_self_communicator();
   TrainSession session(request, *self);
-  return session.run(signals);
+  return session.run(signals, nullptr);
 }
 
 }  // namespace dtrain::runtime

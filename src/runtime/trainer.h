@@ -14,6 +14,10 @@
 #include "runtime/job.h"
 #include "runtime/signals.h"
 
+namespace dtrain::dist {
+class Watchdog;
+}
+
 namespace dtrain::runtime {
 
 struct TrainRequest {
@@ -34,7 +38,8 @@ using TrainSessionPtr = std::unique_ptr<TrainSession, TrainSessionDeleter>;
 TrainSessionPtr prepare_training(const TrainRequest& request, dist::Communicator& world);
 // Trains. Returns the process exit code: 0 done, kExitInterrupted (signals.h) after a
 // signal-triggered checkpoint (a signal on any rank stops every rank at the same step).
-int run_training(TrainSession& session, const StopSignals& signals);
+// Communicators the run creates (NCCL for a GPU job) are added to `watchdog` when given.
+int run_training(TrainSession& session, const StopSignals& signals, dist::Watchdog* watchdog);
 
 // Both on one process (world of one).
 int train(const TrainRequest& request);

@@ -97,4 +97,14 @@ TEST_CASE("launcher environment") {
   unsetenv("SLURM_NTASKS");
   CHECK(make_world_communicator()->backend() == "self");
   CHECK_THROWS_AS(make_world_communicator({0}), Error);
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    unsetenv(name);
+  }
+  CHECK_FALSE(launcher_local_rank().has_value());
+  setenv("SLURM_LOCALID", "3", 1);
+  CHECK(launcher_local_rank() == 3);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  CHECK(launcher_local_rank() == 1);
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  unsetenv("SLURM_LOCALID");
 }

@@ -115,6 +115,25 @@ TEST_CASE("a CUDA run resumed from its checkpoint repeats the straight run bit f
   }
 }
 
+// The NCCL path at world 1 (the only NCCL layout one GPU allows): gradients and
+// batch-norm buffers go through a one-rank NCCL communicator, whose all-reduce of one
+// addend is exact, so every algorithm repeats the self communicator's run bit for bit.
+TEST_CASE("gradients through a one-rank NCCL communicator repeat the plain CUDA run exactly") {
+  for (const Model& m : {kModels[0], kModels[2]}) {
+    CAPTURE(m.name);
+    TempDir tmp(std::string("cuda-nccl-") + m.name);
+    const auto plain = train(write_model_job(tmp.path(), "plain", m), tmp.path(), "cuda");
+    for (const char* algo : {"native", "ring", "hierarchical"}) {
+      CAPTURE(algo);
+      const auto nccl =
+          train(write_model_job(tmp.path(), std::string("nccl-") + algo, m), tmp.path(), "cuda",
+                {"--set", "comm.backend=nccl", "--set", std::string("comm.allreduce=") + algo,
+                 "--set", "comm.bucket_mb=0.05"});
+      CHECK_MESSAGE(first_difference(plain, nccl) == "", first_difference(plain, nccl));
+    }
+  }
+}
+
 TEST_CASE("a checkpoint written on the CPU resumes on CUDA") {
   const Model& m = kModels[1];
   TempDir tmp("cuda-cross-resume");

@@ -225,10 +225,23 @@ std::vector<pid_t> processes_mentioning(const fs::path& dir) {
   return out;
 }
 
+// Files in /dev/shm that no live process maps: what a dead job left behind. (A
+// segment some process still maps belongs to a job still running, e.g. another MPI
+// job on this machine, and is not ours to count.)
 std::set<std::string> shm_segments() {
-  std::set<std::string> out;
+  std::set<std::string> mapped;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) out.insert(e.path().string());
+  for (const auto& p : fs::directory_iterator("/proc", ec)) {
+    std::ifstream maps(p.path() / "maps");
+    for (std::string line; std::getline(maps, line);) {
+      const size_t at = line.find("/dev/shm/");
+      if (at != std::string::npos) mapped.insert(line.substr(at));
+    }
+  }
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
+    if (!mapped.contains(e.path().string())) out.insert(e.path().string());
+  }
   return out;
 }
 
@@ -258,8 +271,13 @@ TEST_CASE("a rank that dies or hangs ends every rank within the timeout, nothing
     CHECK_MESSAGE(r.rc != 0, r.describe());
     CHECK_MESSAGE(took < 20.0, "ended after ", took, " s: ", r.describe());
     if (std::string(mode) == "exit0" || std::string(mode) == "hang") {
-      // Only the watchdog can end these: it names the collective that never finished.
+      // Only the watchdog can end these: it names the collective that never finished,
+      // and from the heartbeats in logs/ the rank that is missing and why.
       CHECK_MESSAGE(r.log.find("has not finished after") != std::string::npos, r.log);
+      const char* why = mode_name == "hang" ? "is alive but has not reached it"
+                                            : "is exiting without reaching it";
+      CHECK_MESSAGE(r.log.find("missing peer: rank 1 (pid") != std::string::npos, r.log);
+      CHECK_MESSAGE(r.log.find(why) != std::string::npos, r.log);
     }
     CHECK(processes_mentioning(out).empty());
     // The newest checkpoint is whole: resuming from it (no step left to train) succeeds.
