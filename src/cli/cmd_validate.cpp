@@ -64,9 +64,7 @@ std::string data_parallel_lines(const Job& job, int world) {
     std::vector<dist::GradRange> ranges;
     for (const graph::FlatEntry& e : layout.entries())
       ranges.push_back({e.offset, e.spec.shape.numel()});
-    int64_t total = 0;
-    for (const graph::FlatEntry& e : layout.entries())
-      total = std::max(total, e.offset + e.spec.shape.numel());
+    const int64_t total = layout.buffer_elems(DType::f32);  // as the trainer's, padding included
     const auto buckets = dist::plan_buckets(
         ranges, total, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
     std::string sizes;

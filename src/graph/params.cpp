@@ -115,6 +115,13 @@ void FlatStore::initialize(uint64_t seed) {
   for (size_t b = 0; b < buffers_.size(); ++b) kernels::copy(host[b].second, buffers_[b].second);
 }
 
+int64_t FlatStore::buffer_elems(DType dtype) const {
+  for (const auto& [dt, n] : sizes_) {
+    if (dt == dtype) return n;
+  }
+  return 0;
+}
+
 Tensor FlatStore::flat(DType dtype) const {
   for (const auto& [dt, t] : buffers_) {
     if (dt == dtype) return t;

@@ -36,6 +36,9 @@ class FlatStore {
   int find(std::string_view name) const;     // -1 when absent
   Tensor flat(DType dtype) const;            // the whole buffer (undefined if none)
   int64_t numel() const;                     // sum of entry sizes (without alignment padding)
+  // Elements of the flat buffer of `dtype`, alignment padding included (0 if none);
+  // known before allocate().
+  int64_t buffer_elems(DType dtype) const;
 
  private:
   std::vector<FlatEntry> entries_;

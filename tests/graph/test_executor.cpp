@@ -160,3 +160,18 @@ TEST_CASE("dropout: the identity in eval mode, inverted dropout in train mode") 
   for (int64_t i = 0; i < gw.numel(); ++i) gsum += std::abs(gw.data<float>()[i]);
   CHECK(gsum > 0);
 }
+
+TEST_CASE("flat store: buffer_elems is the allocated buffer, alignment padding included") {
+  std::vector<FlatEntry> entries(2);
+  entries[0].name = "a";
+  entries[0].spec.shape = Shape{3};
+  entries[1].name = "b";
+  entries[1].spec.shape = Shape{17};
+  FlatStore store(entries);
+  CHECK(store.numel() == 20);
+  CHECK(store.entries()[1].offset == 16);       // 64-byte aligned: 16 floats
+  CHECK(store.buffer_elems(DType::f32) == 48);  // 16 + 32, known before allocation
+  CHECK(store.buffer_elems(DType::bf16) == 0);
+  store.allocate();
+  CHECK(store.flat(DType::f32).numel() == store.buffer_elems(DType::f32));
+}
