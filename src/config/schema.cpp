@@ -144,7 +144,9 @@ Field precision_section() {
             RealRange{1, std::numeric_limits<double>::infinity(), true, true}),
        real("backoff_factor", AT(precision.loss_scale.backoff_factor), RealRange{0, 1, true, true}),
        real("min", AT(precision.loss_scale.min), kPositiveReal),
-       real("max", AT(precision.loss_scale.max), kPositiveReal)});
+       real("max", AT(precision.loss_scale.max), kPositiveReal),
+       integer("hysteresis", AT(precision.loss_scale.hysteresis), kPositive),
+       enumeration("on_min", AT(precision.loss_scale.on_min))});
   return section("precision", {enumeration("dtype", AT(precision.dtype)),
                                boolean("master_weights", AT(precision.master_weights)),
                                boolean("tf32", AT(precision.tf32)), std::move(scale)});

@@ -80,11 +80,13 @@ void check_precision(const Checker& c) {
         "precision.master_weights", "fp16 training needs fp32 master weights",
         "fp16 cannot represent small updates (lr x grad); set master_weights: true or use bf16");
   }
-  if (p.dtype == PrecisionDType::fp32 && s.mode != LossScaleMode::none) {
-    c.error("precision.loss_scale.mode",
-            fmt::format("{} loss scaling needs dtype fp16 or bf16, but dtype is fp32",
-                        to_string(s.mode)),
-            "leave loss_scale.mode out (or none) for fp32");
+  if (p.dtype != PrecisionDType::fp16 && s.mode != LossScaleMode::none) {
+    // Legal (a power-of-two scale changes no fp32 or bf16 bit unless something
+    // overflows, which then skips the step instead of ending the run), but unneeded.
+    c.warn("precision.loss_scale.mode",
+           fmt::format("{} loss scaling with dtype {}, whose range is fp32's: it only turns an "
+                       "overflow into a skipped step",
+                       to_string(s.mode), to_string(p.dtype)));
   }
   if (p.dtype == PrecisionDType::fp16 && s.mode == LossScaleMode::none) {
     c.warn("precision.loss_scale.mode",

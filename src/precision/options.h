@@ -1,6 +1,6 @@
 // Typed options of the precision module: compute dtype, fp32 master weights and
 // the loss scaler. Plain data with defaults; src/config fills and checks them.
-// The scaler itself (halve on inf/nan, grow after clean steps) lives elsewhere.
+// The scaler itself is precision/loss_scaler.h.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,18 @@ inline bool from_string(std::string_view text, LossScaleMode& out) {
 }
 inline const auto& enum_names(LossScaleMode) { return kLossScaleModeNames; }
 
-// Dynamic: start at init, halve (x backoff_factor) and skip the step on inf/nan,
+// What a dynamic scaler does when an overflow arrives at the minimum scale.
+enum class LossScaleOnMin : uint8_t { error, clamp };
+inline constexpr std::pair<LossScaleOnMin, std::string_view> kLossScaleOnMinNames[] = {
+    {LossScaleOnMin::error, "error"}, {LossScaleOnMin::clamp, "clamp"}};
+inline std::string_view to_string(LossScaleOnMin v) { return enum_name(kLossScaleOnMinNames, v); }
+inline bool from_string(std::string_view text, LossScaleOnMin& out) {
+  return enum_parse(kLossScaleOnMinNames, text, out);
+}
+inline const auto& enum_names(LossScaleOnMin) { return kLossScaleOnMinNames; }
+
+// The scaler's settings; precision/loss_scaler.h specifies the state machine.
+// Dynamic: start at init, back off (x backoff_factor) and skip the step on inf/nan,
 // grow (x growth_factor) after growth_interval clean steps, kept within [min, max].
 // Static: always init. When the job leaves mode out: dynamic for fp16, none otherwise.
 struct LossScaleOptions {
@@ -42,6 +53,8 @@ struct LossScaleOptions {
   double backoff_factor = 0.5;
   double min = 1.0;
   double max = 16777216.0;  // 2^24
+  int64_t hysteresis = 1;   // overflows tolerated (skipped, scale kept) before backing off
+  LossScaleOnMin on_min = LossScaleOnMin::error;
 };
 
 struct PrecisionOptions {

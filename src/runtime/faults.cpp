@@ -60,4 +60,42 @@ void FaultInjector::after_step(int64_t step) const {
   }
 }
 
+OverflowInjector::OverflowInjector(int rank) {
+  const char* spec = std::getenv("DTRAIN_TEST_OVERFLOW");
+  if (spec == nullptr || *spec == '\0') return;
+  const std::string text = spec;
+  const size_t colon = text.find(':');
+  const auto bad = [&] {
+    return Error(fmt::format("DTRAIN_TEST_OVERFLOW={} is not <rank|*>:<step>[,<step>...]", text),
+                 "e.g. DTRAIN_TEST_OVERFLOW='*:3,5' or 1:4; or unset it");
+  };
+  if (colon == std::string::npos || colon == 0) throw bad();
+  const std::string who = text.substr(0, colon);
+  int r = -1;
+  if (who != "*") {
+    char* end = nullptr;
+    r = static_cast<int>(std::strtol(who.c_str(), &end, 10));
+    if (*end != '\0' || r < 0) throw bad();
+  }
+  std::vector<int64_t> steps;
+  for (size_t at = colon + 1; at <= text.size();) {
+    size_t next = text.find(',', at);
+    if (next == std::string::npos) next = text.size();
+    const std::string item = text.substr(at, next - at);
+    char* end = nullptr;
+    const long long step = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || step <= 0) throw bad();
+    steps.push_back(step);
+    at = next + 1;
+  }
+  if (who == "*" || r == rank) steps_ = std::move(steps);
+}
+
+bool OverflowInjector::due(int64_t step) const {
+  for (int64_t s : steps_) {
+    if (s == step) return true;
+  }
+  return false;
+}
+
 }  // namespace dtrain::runtime

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace dtrain::runtime {
 
@@ -18,6 +19,20 @@ class FaultInjector {
   enum class Mode : uint8_t { none, exit0, exit1, abort, kill, hang };
   Mode mode_ = Mode::none;
   int64_t step_ = -1;
+};
+
+// Overflow injection for the loss-scaler tests: DTRAIN_TEST_OVERFLOW=
+// "<rank|*>:<step>[,<step>...]" writes +inf into the gradient of the model's last
+// parameter (the first gradient backward finishes, before its bucket is sent) on
+// that rank (or every rank) in each listed step (numbered from 1, as in metrics).
+// Unset, it does nothing. Not a user feature.
+class OverflowInjector {
+ public:
+  explicit OverflowInjector(int rank);  // a malformed value is an Error naming it
+  bool due(int64_t step) const;         // inject in the step that becomes `step`
+
+ private:
+  std::vector<int64_t> steps_;
 };
 
 }  // namespace dtrain::runtime

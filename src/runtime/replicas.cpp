@@ -14,10 +14,10 @@ BufferAverage::BufferAverage(graph::FlatStore& buffers, int micro_batches, dist:
                  e.name, dtype_name(e.spec.dtype));
   }
   live_ = buffers.flat(DType::f32);
-  if (!live_.defined() || total_ == 1) return;
+  if (!live_.defined()) return;
   Allocator* alloc = &kernels::device_allocator(buffers.device());
   start_ = Tensor::empty(live_.shape(), DType::f32, alloc);
-  sum_ = Tensor::empty(live_.shape(), DType::f32, alloc);
+  if (total_ > 1) sum_ = Tensor::empty(live_.shape(), DType::f32, alloc);
 }
 
 void BufferAverage::begin_micro(int m) {
@@ -29,8 +29,12 @@ void BufferAverage::begin_micro(int m) {
   }
 }
 
+void BufferAverage::discard() {
+  if (start_.defined()) kernels::copy(start_, live_);
+}
+
 void BufferAverage::end_micro(int m) {
-  if (!start_.defined()) return;
+  if (!sum_.defined()) return;
   if (m == 0) {
     kernels::copy(live_, sum_);
   } else {
@@ -39,7 +43,7 @@ void BufferAverage::end_micro(int m) {
 }
 
 void BufferAverage::finish() {
-  if (!start_.defined()) return;
+  if (!sum_.defined()) return;
   if (comm_.size() > 1) {
     DTRAIN_CHECK(sum_.device() == comm_.device(), "{} communicator, buffers on {}",
                  comm_.device().str(), sum_.device().str());

@@ -13,14 +13,15 @@ namespace dtrain::runtime {
 // Each micro-batch's forward updates the running statistics from the same start
 // (the step's), and the step keeps their mean over all micro-batches of all ranks:
 // for an exponential moving average that is one update with the mean of the batch
-// statistics, whatever the split of the global batch. Inactive (free) when the model
-// has no buffers or the step has one micro-batch in all.
+// statistics, whatever the split of the global batch. With one micro-batch in all
+// only the step's start is kept (for discard()); nothing when the model has no buffers.
 class BufferAverage {
  public:
   BufferAverage(graph::FlatStore& buffers, int micro_batches, dist::Communicator& comm);
   void begin_micro(int m);  // before micro-batch m's forward
   void end_micro(int m);    // after it
   void finish();            // after the step's last micro-batch: the mean, on every rank
+  void discard();           // after finish(): back to the step's start (a skipped step)
 
  private:
   Tensor live_, start_, sum_;

@@ -78,7 +78,14 @@ void save_train_state(const fs::path& file, graph::Executor& ex, const optim::Op
         {"step", state.step}}},
       {"params", layout_of(ex.params())},
       {"buffers", layout_of(ex.buffers())}};
-  write_checkpoint(file, meta, tensors);
+  nlohmann::json full = meta;
+  if (c.scaler) {
+    full["loss_scaler"] = {{"scale", c.scaler->scale},
+                           {"clean_steps", c.scaler->clean_steps},
+                           {"overflows_left", c.scaler->overflows_left},
+                           {"skipped_steps", c.scaler->skipped_steps}};
+  }
+  write_checkpoint(file, full, tensors);
 }
 
 TrainCounters load_train_state(const fs::path& file, graph::Executor& ex, optim::Optimizer& opt) {
@@ -126,6 +133,19 @@ TrainCounters load_train_state(const fs::path& file, graph::Executor& ex, optim:
     c.seed = ck.meta.at("seed");
     c.arch = ck.meta.at("arch");
     c.config_hash = ck.meta.at("config_hash");
+    if (ck.meta.contains("loss_scaler")) {
+      const nlohmann::json& ls = ck.meta.at("loss_scaler");
+      precision::LossScalerState st;
+      st.scale = ls.at("scale");
+      st.clean_steps = ls.at("clean_steps");
+      st.overflows_left = ls.at("overflows_left");
+      st.skipped_steps = ls.at("skipped_steps");
+      if (!(st.scale > 0) || st.clean_steps < 0 || st.skipped_steps < 0) {
+        throw Error(
+            fmt::format("{}: loss scaler state out of range (scale {})", file.string(), st.scale));
+      }
+      c.scaler = st;
+    }
     return c;
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("{}: malformed training metadata: {}", file.string(), e.what()),

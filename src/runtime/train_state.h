@@ -6,11 +6,13 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "data/sampler.h"
 #include "graph/executor.h"
 #include "optim/optimizer.h"
+#include "precision/loss_scaler.h"
 
 namespace dtrain::runtime {
 
@@ -20,6 +22,8 @@ struct TrainCounters {
   uint64_t seed = 0;
   std::string arch;
   std::string config_hash;  // FNV-1a of the resolved job; a mismatch on resume is reported
+  // The loss scaler's state (absent in checkpoints written before it existed).
+  std::optional<precision::LossScalerState> scaler;
 };
 
 void save_train_state(const std::filesystem::path& file, graph::Executor& ex,

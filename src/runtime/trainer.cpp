@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <unistd.h>
 #include <map>
@@ -33,6 +34,7 @@
 #include "models/registry.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
+#include "precision/loss_scaler.h"
 #include "runtime/checkpoint.h"
 #include "runtime/data_feed.h"
 #include "runtime/device_feed.h"
@@ -170,6 +172,8 @@ class TrainSession {
   void resume_if_asked();
   void connect(dist::Watchdog* watchdog);
   double train_step(const StopSignals& signals);
+  std::string first_non_finite(const Tensor& grads) const;
+  [[noreturn]] void fail_non_finite(double loss, const Tensor& grads) const;
   StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();
   void log_window(double loss, double seconds, double wait);
@@ -204,6 +208,9 @@ class TrainSession {
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<RankLog> rank_log_;
   FaultInjector faults_{comm_.rank()};
+  OverflowInjector overflows_{comm_.rank()};
+  bool inject_overflow_ = false;
+  precision::LossScaler scaler_{job_.precision.loss_scale};
   Progress progress_{stderr};
   EvalResult last_eval_;
   bool have_eval_ = false;
@@ -281,6 +288,7 @@ void TrainSession::resume_if_asked() {
                         file.string()));
         counters_.config_hash = hash;
       }
+      if (counters_.scaler) scaler_.load(*counters_.scaler);
       note(fmt::format("resumed from {} at step {}", file.string(), counters_.step));
       resumed_ = true;
     } else {
@@ -308,7 +316,14 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       dist::plan_buckets(ranges, ex_->grads().flat(DType::f32).numel(),
                          static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0)),
       ex_->grads().size(), job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
-  ex_->hooks.grad_ready = [this](int p) { sync_->ready(p); };
+  const int last_param = ex_->grads().size() - 1;
+  ex_->hooks.grad_ready = [this, last_param](int p) {
+    if (inject_overflow_ && p == last_param) {  // DTRAIN_TEST_OVERFLOW, before the send
+      Tensor g = ex_->grads().view(p).view(0, Shape{1});
+      kernels::fill(g, std::numeric_limits<float>::infinity());
+    }
+    sync_->ready(p);
+  };
   buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
 
   const auto& buckets = sync_->buckets();
@@ -370,8 +385,14 @@ double TrainSession::train_step(const StopSignals& signals) {
     const auto g = static_cast<uint64_t>(m * comm_.size() + comm_.rank());
     ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step), {g * mb, mb});
     const bool last = m + 1 == micro_batches_;
-    if (last) sync_->arm(grads, micro_batches_ > 1 ? grad_acc_ : Tensor());
-    ex_->backward(model_.loss, static_cast<float>(b.labelled));
+    if (last) {
+      sync_->arm(grads, micro_batches_ > 1 ? grad_acc_ : Tensor());
+      inject_overflow_ = overflows_.due(counters_.step + 1);
+    }
+    // d loss = label count x loss scale: the sum over labels, scaled (undone below).
+    ex_->backward(model_.loss,
+                  static_cast<float>(static_cast<double>(b.labelled) * scaler_.scale()));
+    inject_overflow_ = false;
     train_->prefetch();  // the next batch moves while this one computes
     local.loss_sum += read_scalar(ex_->value(model_.loss)) * static_cast<double>(b.labelled);
     local.labelled += static_cast<double>(b.labelled);
@@ -390,21 +411,65 @@ double TrainSession::train_step(const StopSignals& signals) {
   const StepTotals total = agree_totals(local);
   stop_agreed_ = total.stop > 0;
   const double loss = total.labelled > 0 ? total.loss_sum / total.labelled : 0.0;
-  if (!std::isfinite(loss)) {
-    throw RunError(fmt::format("the loss is {} at step {}", loss, counters_.step),
-                   "lower optimizer.lr, add optimizer.clip_grad_norm, or resume from an earlier "
-                   "checkpoint");
+  // Unscale: the scaled sum over labels becomes the mean (no labels: a zero gradient).
+  // Every rank holds the same summed gradient, so every rank finds the same overflow.
+  const double unscale = total.labelled > 0 ? 1.0 / (total.labelled * scaler_.scale()) : 0.0;
+  kernels::scale(static_cast<float>(unscale), grads, grads);
+  const double norm = std::sqrt(optim::grad_sum_squares(grads));
+  const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
+  const precision::ScaleDecision d = scaler_.update(found_inf);
+  ++counters_.step;
+  counters_.scaler = scaler_.state();
+  if (d.event == precision::ScaleEvent::fatal) fail_non_finite(loss, grads);
+  if (d.skip) {  // weights, optimizer state and buffers stay as the step found them
+    buffer_avg_->discard();
+    note(fmt::format("step {}: inf or nan in the gradients ({}); step skipped, loss scale {} -> {}",
+                     counters_.step, first_non_finite(grads), d.old_scale, d.new_scale));
+    return loss;
   }
-  // The sum over labels becomes their mean (no labels at all: a zero gradient).
-  kernels::scale(total.labelled > 0 ? static_cast<float>(1.0 / total.labelled) : 0.0f, grads,
-                 grads);
-  if (job_.optimizer.clip_grad_norm) optim::clip_grad_norm(grads, *job_.optimizer.clip_grad_norm);
+  if (d.event == precision::ScaleEvent::grew && rank_log_) {
+    rank_log_->write(
+        fmt::format("step {}: loss scale {} -> {}", counters_.step, d.old_scale, d.new_scale));
+  }
+  if (job_.optimizer.clip_grad_norm)
+    optim::clip_to_norm(grads, norm, *job_.optimizer.clip_grad_norm);
+  // The schedule counts applied updates: a skipped step does not advance it.
   const double lr =
-      optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, counters_.step, total_steps_);
+      optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, opt_->step_count(), total_steps_);
   Tensor params = ex_->params().flat(DType::f32);
   opt_->step(params, grads, lr);
-  ++counters_.step;
   return loss;
+}
+
+// The first parameter (in flat order) whose gradient holds inf or nan, or "" when none.
+std::string TrainSession::first_non_finite(const Tensor& grads) const {
+  const Tensor host = kernels::to_host(grads);
+  const float* g = host.data<float>();
+  for (const graph::FlatEntry& e : ex_->grads().entries()) {
+    const int64_t n = e.spec.shape.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      if (!std::isfinite(g[e.offset + i])) {
+        return fmt::format("first in {}, element {} = {}", e.name, i, g[e.offset + i]);
+      }
+    }
+  }
+  return "the loss itself";
+}
+
+// An overflow the scaler cannot absorb (no scaling, or a dynamic scale at its minimum).
+void TrainSession::fail_non_finite(double loss, const Tensor& grads) const {
+  const std::string where = first_non_finite(grads);
+  if (scaler_.mode() == LossScaleMode::none) {
+    throw RunError(
+        fmt::format("step {}: the loss is {} and the gradient holds inf or nan ({})",
+                    counters_.step, loss, where),
+        "lower optimizer.lr, add optimizer.clip_grad_norm, or resume from an earlier checkpoint");
+  }
+  throw RunError(fmt::format("step {}: inf or nan in the gradients ({}) with the loss scale "
+                             "already at precision.loss_scale.min = {}",
+                             counters_.step, where, scaler_.scale()),
+                 "the model diverged: lower optimizer.lr, or set loss_scale.on_min: clamp to "
+                 "keep skipping");
 }
 
 // Mean loss and top-1 accuracy over every predicted label of the test split:
@@ -445,8 +510,8 @@ EvalResult TrainSession::evaluate() {
 
 void TrainSession::log_window(double loss, double seconds, double wait) {
   const double samples = static_cast<double>(job_.data.global_batch);
-  const double lr =
-      optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, counters_.step - 1, total_steps_);
+  const double lr = optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr,
+                                 std::max<int64_t>(opt_->step_count() - 1, 0), total_steps_);
   const dist::SyncStats comm = sync_->take_stats();
   if (rank_log_) {
     rank_log_->write(fmt::format(
@@ -470,6 +535,10 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
       line["comm_time_s"] = comm.comm_seconds;
       line["exposed_comm_s"] = comm.exposed_seconds;
       line["allreduce"] = algo_summary_;
+    }
+    if (scaler_.mode() != LossScaleMode::none) {
+      line["loss_scale"] = scaler_.scale();
+      line["skipped_steps"] = scaler_.state().skipped_steps;
     }
     add_device_memory(line);
     metrics_->write(line);
@@ -533,17 +602,22 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   int64_t window_steps = 0;
   Clock::time_point window_start = Clock::now();
   double last_loss = NAN;
+  int64_t window_losses = 0;  // steps of the window whose loss was finite
   while (counters_.step < total_steps_) {
     last_loss = train_step(signals);
     faults_.after_step(counters_.step);
-    window_loss += last_loss;
+    if (std::isfinite(last_loss)) {  // a skipped step's loss may be inf: not averaged in
+      window_loss += last_loss;
+      ++window_losses;
+    }
     ++window_steps;
     const int64_t s = counters_.step;
     if (s % log_every == 0 || s == total_steps_) {
       const double secs = seconds_since(window_start) / static_cast<double>(window_steps);
-      log_window(window_loss / static_cast<double>(window_steps), secs,
+      log_window(window_losses > 0 ? window_loss / static_cast<double>(window_losses) : NAN, secs,
                  (train_->wait_seconds() - window_wait) / static_cast<double>(window_steps));
       window_loss = 0;
+      window_losses = 0;
       window_steps = 0;
       window_wait = train_->wait_seconds();
       window_start = Clock::now();
@@ -580,6 +654,10 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
                             {"world_size", comm_.size()},
                             {"allreduce", algo_summary_},
                             {"peak_host_bytes", host_allocator().stats().peak}};
+  if (scaler_.mode() != LossScaleMode::none) {
+    summary["loss_scale"] = scaler_.scale();
+    summary["skipped_steps"] = scaler_.state().skipped_steps;
+  }
   add_device_memory(summary);
   comm_.barrier();
   if (!leader()) return 0;

@@ -165,6 +165,15 @@ TEST_CASE("warnings for legal but useless settings") {
   warnings.clear();
   load(std::string(kMinimal) + "precision: {tf32: true}\ndevice: cuda\n", {}, 1, &warnings);
   CHECK(warnings.empty());
+  const Job scaled = load(std::string(kMinimal) +
+                              "precision: {loss_scale: {mode: dynamic, hysteresis: 2, "
+                              "on_min: clamp}}\n",
+                          {}, 1, &warnings);
+  CHECK(scaled.precision.loss_scale.mode == LossScaleMode::dynamic);
+  CHECK(scaled.precision.loss_scale.hysteresis == 2);
+  CHECK(scaled.precision.loss_scale.on_min == LossScaleOnMin::clamp);
+  REQUIRE(warnings.size() == 1);
+  CHECK(has(warnings[0], "precision.loss_scale.mode: dynamic loss scaling with dtype fp32"));
 }
 
 TEST_CASE("empty documents and non-mapping roots") {

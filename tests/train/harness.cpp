@@ -194,7 +194,17 @@ int64_t checkpoint_step(const fs::path& file) {
 
 std::string compare_checkpoints(const fs::path& a, const fs::path& b) {
   const runtime::Checkpoint ca = runtime::read_checkpoint(a), cb = runtime::read_checkpoint(b);
-  for (const char* key : {"step", "data_position", "seed", "optimizer", "params", "buffers"}) {
+  for (const char* key : {"step", "data_position", "seed", "loss_scaler"}) {
+    if (ca.meta.value(key, nlohmann::json()) != cb.meta.value(key, nlohmann::json())) {
+      return std::string("meta.") + key + " differs";
+    }
+  }
+  return compare_checkpoint_state(a, b);
+}
+
+std::string compare_checkpoint_state(const fs::path& a, const fs::path& b) {
+  const runtime::Checkpoint ca = runtime::read_checkpoint(a), cb = runtime::read_checkpoint(b);
+  for (const char* key : {"optimizer", "params", "buffers"}) {
     if (ca.meta.value(key, nlohmann::json()) != cb.meta.value(key, nlohmann::json())) {
       return std::string("meta.") + key + " differs";
     }

@@ -81,6 +81,9 @@ int64_t checkpoint_step(const fs::path& file);
 // Empty when both checkpoints hold the same tensors (names, dtypes, shapes,
 // bytes) and the same step and data position; else what differs.
 std::string compare_checkpoints(const fs::path& a, const fs::path& b);
+// Only the model and optimizer state (tensors and optimizer step), not where the
+// run stood: for checking that a skipped step changed nothing.
+std::string compare_checkpoint_state(const fs::path& a, const fs::path& b);
 
 // "step 3: 2.31 vs 2.30" for the first difference, "" when the lists match bit for bit.
 std::string first_difference(const std::vector<StepLoss>& a, const std::vector<StepLoss>& b);

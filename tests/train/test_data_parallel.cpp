@@ -119,6 +119,32 @@ TEST_CASE("2 ranks train exactly like 1 rank with 2 micro-batches, with every al
   }
 }
 
+// An overflow on one rank reaches every rank through the gradient sum: all skip the
+// step together (the replica check at each save would fail otherwise), exactly as one
+// rank with two micro-batches skips it.
+TEST_CASE("an overflow on one rank makes every rank skip the step, as one rank would") {
+  OneThread one;
+  TempDir tmp("dpoverflow");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> extra = {
+      "--set", "data.micro_batch=16",
+      "--set", "train.steps=5",
+      "--set", "precision.loss_scale={mode: dynamic, init: 64, growth_interval: 100}"};
+  setenv("DTRAIN_TEST_OVERFLOW", "0:3", 1);
+  const fs::path one_rank = train(job, tmp.path(), "1x2", {}, extra);
+  setenv("DTRAIN_TEST_OVERFLOW", "1:3", 1);
+  const fs::path two = train(job, tmp.path(), "2", {2, "ring"}, extra);
+  unsetenv("DTRAIN_TEST_OVERFLOW");
+  require_same(one_rank, two);
+  for (const fs::path& run : {one_rank, two}) {
+    std::ifstream in(run / "metrics.jsonl");
+    std::string last;
+    for (std::string line; std::getline(in, line);) last = line;
+    CHECK_MESSAGE(last.find("\"skipped_steps\":1") != std::string::npos, last);
+    CHECK_MESSAGE(last.find("\"loss_scale\":32.0") != std::string::npos, last);
+  }
+}
+
 TEST_CASE("4 ranks stay within 1e-5 of 1 rank x 4 micro-batches and repeat bit for bit") {
   OneThread one;
   TempDir tmp("dp4");
