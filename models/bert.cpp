@@ -63,7 +63,8 @@ ValueId mlm_head(Graph& g, ValueId x, ValueId labels, int64_t predictions,
 
 }  // namespace
 
-ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head) {
+ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head,
+                      const graph::DTypePolicy& policy) {
   const TransformerShape s = resolve_transformer(options, ModelFamily::bert);
   if (head == BertHead::classifier && !s.classes) {
     throw Error("model.num_classes: a BERT classifier needs num_classes",
@@ -71,6 +72,7 @@ ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head)
   }
   ModelGraph m;
   Graph& g = m.graph;
+  g.set_policy(policy);
   m.input = g.input("input_ids", {batch, s.seq_len}, DType::i32);
   ValueId x = g.add1("embeddings", graph::token_embedding({s.vocab, s.max_positions, 2, s.hidden}),
                      {m.input});
@@ -98,9 +100,10 @@ ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head)
   return m;
 }
 
-ModelGraph build_bert(const ModelOptions& options, int64_t batch) {
+ModelGraph build_bert(const ModelOptions& options, int64_t batch,
+                      const graph::DTypePolicy& policy) {
   return build_bert(options, batch,
-                    options.num_classes ? BertHead::classifier : BertHead::masked_lm);
+                    options.num_classes ? BertHead::classifier : BertHead::masked_lm, policy);
 }
 
 }  // namespace dtrain::models

@@ -22,7 +22,9 @@ enum class BertHead : uint8_t {
 // input ids i32 [B, T]. masked_lm: labels i32 [B, T] (-100 = not a masked
 // position), logits [B, T, V]. classifier: labels i32 [B], logits [B, K].
 // The registry picks masked_lm when num_classes is unset, classifier otherwise.
-ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head);
-ModelGraph build_bert(const ModelOptions& options, int64_t batch);
+ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head,
+                      const graph::DTypePolicy& policy = {});
+ModelGraph build_bert(const ModelOptions& options, int64_t batch,
+                      const graph::DTypePolicy& policy = {});
 
 }  // namespace dtrain::models

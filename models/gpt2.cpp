@@ -31,10 +31,12 @@ ValueId block(Graph& g, const std::string& p, ValueId x, const TransformerShape&
 
 }  // namespace
 
-ModelGraph build_gpt2(const ModelOptions& options, int64_t batch) {
+ModelGraph build_gpt2(const ModelOptions& options, int64_t batch,
+                      const graph::DTypePolicy& policy) {
   const TransformerShape s = resolve_transformer(options, ModelFamily::gpt);
   ModelGraph m;
   Graph& g = m.graph;
+  g.set_policy(policy);
   m.input = g.input("input_ids", {batch, s.seq_len}, DType::i32);
   m.labels = g.input("labels", {batch, s.seq_len}, DType::i32);
   ValueId x = g.add1("transformer", graph::token_embedding({s.vocab, s.max_positions, 0, s.hidden}),

@@ -16,6 +16,7 @@ namespace dtrain::models {
 // ignored) -> logits [B, T, V], mean cross-entropy over the labelled tokens.
 // Init: N(0, 0.02^2), the residual projections (attn.c_proj, mlp.c_proj)
 // N(0, (0.02 / sqrt(2 * layers))^2), biases 0, LN gamma 1.
-ModelGraph build_gpt2(const ModelOptions& options, int64_t batch);
+ModelGraph build_gpt2(const ModelOptions& options, int64_t batch,
+                      const graph::DTypePolicy& policy = {});
 
 }  // namespace dtrain::models

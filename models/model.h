@@ -8,7 +8,8 @@
 namespace dtrain::models {
 
 // Shapes: image classifiers (ResNet, ViT) and BERT with num_classes take
-// input [N, C, H, W] f32 / ids i32 [B, T], labels i32 [N], logits f32 [N, K].
+// input [N, C, H, W] f32 / ids i32 [B, T], labels i32 [N], logits [N, K] in the
+// graph's compute dtype (DTypePolicy: f32, f16 or bf16; so are all activations).
 // Language models (BERT masked-LM, GPT-2) take ids i32 [B, T] and labels i32
 // [B, T] (BERT: the original token at masked positions, -100 elsewhere; GPT-2:
 // the next token), logits f32 [B, T, V]; the loss is the mean over the labelled

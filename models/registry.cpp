@@ -17,11 +17,13 @@ namespace dtrain::models {
 namespace {
 
 template <const ResNetDepth& depth>
-ModelGraph resnet(const ModelOptions& options, int64_t batch) {
-  return build_resnet(depth, options, batch);
+ModelGraph resnet(const ModelOptions& options, int64_t batch, const graph::DTypePolicy& policy) {
+  return build_resnet(depth, options, batch, policy);
 }
 
-ModelGraph bert(const ModelOptions& options, int64_t batch) { return build_bert(options, batch); }
+ModelGraph bert(const ModelOptions& options, int64_t batch, const graph::DTypePolicy& policy) {
+  return build_bert(options, batch, policy);
+}
 
 constexpr ModelEntry kModels[] = {
     {"resnet18", resnet<kResNet18>},
@@ -61,7 +63,8 @@ const ModelEntry* find_model(std::string_view arch) {
   return nullptr;
 }
 
-ModelGraph build_model(const ModelOptions& options, int64_t batch) {
+ModelGraph build_model(const ModelOptions& options, int64_t batch,
+                       const graph::DTypePolicy& policy) {
   const ModelEntry* entry = find_model(options.arch);
   if (entry == nullptr) {
     const bool known = find_arch(options.arch) != nullptr;
@@ -73,7 +76,7 @@ ModelGraph build_model(const ModelOptions& options, int64_t batch) {
   if (batch < 1) {
     throw Error(fmt::format("model \"{}\": batch must be at least 1, got {}", options.arch, batch));
   }
-  ModelGraph m = entry->build(options, batch);
+  ModelGraph m = entry->build(options, batch, policy);
   if (m.targets < 0) m.targets = m.labels;
   return m;
 }

@@ -1,7 +1,8 @@
 // The explicit table of model builders: architecture name -> a function that
 // builds the single-device training graph. The list lives in registry.cpp
 // (kModels), deliberately not static self-registration, which silently loses
-// entries under static linking. Builders know nothing of ranks or precision.
+// entries under static linking. Builders know nothing of ranks; of precision they
+// know only the graph's DTypePolicy (images enter f32 and are cast once).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,8 @@
 
 namespace dtrain::models {
 
-using BuildFn = ModelGraph (*)(const ModelOptions& options, int64_t batch);
+using BuildFn = ModelGraph (*)(const ModelOptions& options, int64_t batch,
+                               const graph::DTypePolicy& policy);
 
 struct ModelEntry {
   std::string_view arch;  // as in kArchPresets
@@ -25,7 +27,9 @@ const ModelEntry* find_model(std::string_view arch);  // nullptr when there is n
 
 // The shapes of models/model.h (labels [batch] or [batch, T]), loss = softmax cross-entropy. Throws
 // Error naming the arch (and listing the built ones) when there is no builder.
-ModelGraph build_model(const ModelOptions& options, int64_t batch);
+// `policy`: the dtypes of parameters and activations (precision.dtype; default all f32).
+ModelGraph build_model(const ModelOptions& options, int64_t batch,
+                       const graph::DTypePolicy& policy = {});
 
 struct ModelSummary {
   int64_t params = 0;                   // trainable parameters (BN running stats excluded)

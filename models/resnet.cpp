@@ -106,15 +106,19 @@ int64_t scaled_width(int64_t base, double width) {
   return std::max<int64_t>(1, std::llround(static_cast<double>(base) * width));
 }
 
-ModelGraph build_resnet(const ResNetDepth& depth, const ModelOptions& options, int64_t batch) {
+ModelGraph build_resnet(const ResNetDepth& depth, const ModelOptions& options, int64_t batch,
+                        const graph::DTypePolicy& policy) {
   const ResNetShape s = resolve(options);
   ModelGraph m;
   Graph& g = m.graph;
+  g.set_policy(policy);
   m.input = g.input("input", {batch, s.channels, s.image, s.image}, DType::f32);
   m.labels = g.input("labels", {batch}, DType::i32);
   const int64_t expansion = depth.block == ResNetBlock::basic ? 1 : 4;
   int64_t channels = scaled_width(64, s.width);
-  ValueId h = stem(g, m.input, s, channels);
+  const ValueId x =
+      policy.half() ? g.add1("to_compute", graph::to_compute_dtype(), {m.input}) : m.input;
+  ValueId h = stem(g, x, s, channels);
   for (int layer = 0; layer < 4; ++layer) {
     const int64_t planes = scaled_width(int64_t{64} << layer, s.width);
     for (int b = 0; b < depth.blocks[static_cast<size_t>(layer)]; ++b) {

@@ -31,6 +31,7 @@ int64_t scaled_width(int64_t base, double width);
 // input f32 [batch, in_channels, image_size, image_size], labels i32 [batch]
 // -> logits [batch, num_classes] and the mean cross-entropy loss. Keys the
 // options leave unset take the arch's preset (models/options.h).
-ModelGraph build_resnet(const ResNetDepth& depth, const ModelOptions& options, int64_t batch);
+ModelGraph build_resnet(const ResNetDepth& depth, const ModelOptions& options, int64_t batch,
+                        const graph::DTypePolicy& policy = {});
 
 }  // namespace dtrain::models

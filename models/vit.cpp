@@ -29,15 +29,18 @@ ValueId block(Graph& g, const std::string& p, ValueId x, const TransformerShape&
 
 }  // namespace
 
-ModelGraph build_vit(const ModelOptions& options, int64_t batch) {
+ModelGraph build_vit(const ModelOptions& options, int64_t batch, const graph::DTypePolicy& policy) {
   const TransformerShape s = resolve_transformer(options, ModelFamily::vit);
   const int64_t side = s.image / s.patch, tokens = side * side;
   const int64_t patch_features = s.channels * s.patch * s.patch;
   ModelGraph m;
   Graph& g = m.graph;
+  g.set_policy(policy);
   m.input = g.input("images", {batch, s.channels, s.image, s.image}, DType::f32);
   m.labels = g.input("labels", {batch}, DType::i32);
-  ValueId x = g.add1("conv_proj.patchify", graph::patchify(s.patch), {m.input});
+  const ValueId images =
+      policy.half() ? g.add1("to_compute", graph::to_compute_dtype(), {m.input}) : m.input;
+  ValueId x = g.add1("conv_proj.patchify", graph::patchify(s.patch), {images});
   x = g.add1("conv_proj", graph::linear(patch_features, s.hidden, Bias::yes), {x});
   x = g.add1("encoder.embed", graph::class_token_positions(tokens, s.hidden, kInitStd), {x});
   x = maybe_dropout(g, "encoder.dropout", x, s.dropout);

@@ -16,6 +16,7 @@ namespace dtrain::models {
 // Init: patch projection PyTorch's conv default, class token 0, positions and
 // all other weights N(0, 0.02^2) (torchvision zeroes the head; we do not, so a
 // fresh model's gradients reach every layer).
-ModelGraph build_vit(const ModelOptions& options, int64_t batch);
+ModelGraph build_vit(const ModelOptions& options, int64_t batch,
+                     const graph::DTypePolicy& policy = {});
 
 }  // namespace dtrain::models

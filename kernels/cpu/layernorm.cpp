@@ -1,4 +1,5 @@
-// CPU layer normalisation over the last dim, f32 maths on f32/f16/bf16 storage.
+// CPU layer normalisation over the last dim, f32 maths on f32/f16/bf16 storage;
+// gamma/beta and dgamma/dbeta are f32 whatever x's dtype.
 //   mean = sum x / n, var = sum (x - mean)^2 / n (two passes), rstd = 1/sqrt(var + eps)
 //   y = (x - mean) rstd gamma + beta
 // Backward, with xhat = (x - mean) rstd and g = dy gamma:
@@ -59,13 +60,13 @@ inline v16i lanes_below(int64_t n) {
 }
 
 // fn(c0, m, f32 views of a, b, c at c0) over [0, n) in kBlock chunks: f32 spans
-// are used in place, half ones converted into stack buffers.
+// (c always) are used in place, half ones converted into stack buffers.
 template <typename T, typename Fn>
-void chunks3(int64_t n, const T* a, const T* b, const T* c, Fn fn) {
-  float ba[kBlock], bb[kBlock], bc[kBlock];
+void chunks3(int64_t n, const T* a, const T* b, const float* c, Fn fn) {
+  float ba[kBlock], bb[kBlock];
   for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
     const int64_t m = std::min(kBlock, n - c0);
-    fn(c0, m, as_f32(a + c0, ba, m), as_f32(b + c0, bb, m), as_f32(c + c0, bc, m));
+    fn(c0, m, as_f32(a + c0, ba, m), as_f32(b + c0, bb, m), c + c0);
   }
 }
 // Writes f32 results for [c0, c0 + m) of dst: in place for f32, else through buf.
@@ -83,7 +84,7 @@ void finish_span(T* dst, int64_t c0, int64_t m, const float* buf) {
 }
 
 template <typename T>
-void forward_rows(const LayerNormArgs& a, const T* x, const T* gamma, const T* beta, T* y,
+void forward_rows(const LayerNormArgs& a, const T* x, const float* gamma, const float* beta, T* y,
                   float* mean, float* rstd) {
   const int64_t n = a.cols;
   parallel_for(0, a.rows, rows_per_task(n), [&](int64_t lo, int64_t hi) {
@@ -117,10 +118,9 @@ void forward_rows(const LayerNormArgs& a, const T* x, const T* gamma, const T* b
       T* yr = y + r * n;
       for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
         const int64_t m = std::min(kBlock, n - c0);
-        float bg[kBlock], bb[kBlock];
         const float* xv = as_f32(xr + c0, bx, m);
-        const float* gv = as_f32(gamma + c0, bg, m);
-        const float* bv = as_f32(beta + c0, bb, m);
+        const float* gv = gamma + c0;
+        const float* bv = beta + c0;
         float* out = out_span(yr, c0, res);
         int64_t k = 0;
         for (; k + kV <= m; k += kV)
@@ -140,7 +140,7 @@ void forward_rows(const LayerNormArgs& a, const T* x, const T* gamma, const T* b
 }
 
 template <typename T>
-void dx_rows(const LayerNormArgs& a, const T* x, const T* dy, const T* gamma, const float* mean,
+void dx_rows(const LayerNormArgs& a, const T* x, const T* dy, const float* gamma, const float* mean,
              const float* rstd, T* dx) {
   const int64_t n = a.cols;
   parallel_for(0, a.rows, rows_per_task(n), [&](int64_t lo, int64_t hi) {
@@ -206,7 +206,7 @@ const float* padded_f32(const T* src, int64_t m, int64_t full, float* buf) {
 // the rows in order, accumulators in registers.
 template <int NV, typename T>
 void param_block(const LayerNormArgs& a, const T* x, const T* dy, const float* mean,
-                 const float* rstd, int64_t c0, int64_t m, T* dgamma, T* dbeta) {
+                 const float* rstd, int64_t c0, int64_t m, float* dgamma, float* dbeta) {
   v16 ag[NV] = {}, ab[NV] = {};
   float bx[NV * kV] = {}, bd[NV * kV] = {};
   for (int64_t r = 0; r < a.rows; ++r) {
@@ -224,15 +224,15 @@ void param_block(const LayerNormArgs& a, const T* x, const T* dy, const float* m
     vstore(g + v * kV, ag[v]);
     vstore(b + v * kV, ab[v]);
   }
-  cpu_io::store_n(g, dgamma + c0, m);
-  cpu_io::store_n(b, dbeta + c0, m);
+  std::copy(g, g + m, dgamma + c0);  // f32 sums, stored as they are
+  std::copy(b, b + m, dbeta + c0);
 }
 
 // Column blocks of 64: enough tasks to spread over the threads at BERT's 768
 // columns (three blocks of kBlock left one thread idle a third of the time).
 template <typename T>
 void param_grads(const LayerNormArgs& a, const T* x, const T* dy, const float* mean,
-                 const float* rstd, T* dgamma, T* dbeta) {
+                 const float* rstd, float* dgamma, float* dbeta) {
   constexpr int kNV = 4;
   constexpr int64_t kCols = kNV * kV;
   const int64_t blocks = (a.cols + kCols - 1) / kCols;
@@ -255,7 +255,7 @@ void check_args(std::string_view op, const LayerNormArgs& a, const Tensor& x,
     require_numel(op, "[rows, cols] tensor", *t, a.rows * a.cols);
   }
   for (const Tensor* t : cols) {
-    DTRAIN_CHECK(t->dtype() == x.dtype(), "{}: {} is not {}", op, t->str(), dtype_name(x.dtype()));
+    require_dtype(op, "gamma/beta or their gradient", *t, {DType::f32});
     require_numel(op, "[cols] tensor", *t, a.cols);
   }
   for (const Tensor* t : stats) {
@@ -276,9 +276,8 @@ void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor
   }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    forward_rows(args, static_cast<const T*>(x.raw()), static_cast<const T*>(gamma.raw()),
-                 static_cast<const T*>(beta.raw()), static_cast<T*>(y.raw()),
-                 save_mean.data<float>(), save_rstd.data<float>());
+    forward_rows(args, static_cast<const T*>(x.raw()), gamma.data<float>(), beta.data<float>(),
+                 static_cast<T*>(y.raw()), save_mean.data<float>(), save_rstd.data<float>());
   });
 }
 
@@ -299,10 +298,8 @@ void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tenso
     const T* dyp = static_cast<const T*>(dy.raw());
     const float* mean = save_mean.data<float>();
     const float* rstd = save_rstd.data<float>();
-    dx_rows(args, xp, dyp, static_cast<const T*>(gamma.raw()), mean, rstd,
-            static_cast<T*>(dx.raw()));
-    param_grads(args, xp, dyp, mean, rstd, static_cast<T*>(dgamma.raw()),
-                static_cast<T*>(dbeta.raw()));
+    dx_rows(args, xp, dyp, gamma.data<float>(), mean, rstd, static_cast<T*>(dx.raw()));
+    param_grads(args, xp, dyp, mean, rstd, dgamma.data<float>(), dbeta.data<float>());
   });
 }
 

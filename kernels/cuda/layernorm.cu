@@ -17,8 +17,8 @@ constexpr int kTileCols = 32;  // dgamma/dbeta: columns per block (one warp wide
 constexpr int kTileRows = 16;  // dgamma/dbeta: row partials per column
 
 template <typename T>
-__global__ void forward_kernel(int64_t cols, float eps, const T* x, const T* gamma, const T* beta,
-                               T* y, float* mean, float* rstd) {
+__global__ void forward_kernel(int64_t cols, float eps, const T* x, const float* gamma,
+                               const float* beta, T* y, float* mean, float* rstd) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * cols;
@@ -43,8 +43,8 @@ __global__ void forward_kernel(int64_t cols, float eps, const T* x, const T* gam
 
 // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma.
 template <typename T>
-__global__ void dx_kernel(int64_t cols, const T* x, const T* dy, const T* gamma, const float* mean,
-                          const float* rstd, T* dx) {
+__global__ void dx_kernel(int64_t cols, const T* x, const T* dy, const float* gamma,
+                          const float* mean, const float* rstd, T* dx) {
   __shared__ float shared[32];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * cols;
@@ -68,7 +68,8 @@ __global__ void dx_kernel(int64_t cols, const T* x, const T* dy, const T* gamma,
 // dgamma = sum_rows dy xhat, dbeta = sum_rows dy; block (kTileCols, kTileRows).
 template <typename T>
 __global__ void param_grad_kernel(int64_t rows, int64_t cols, const T* x, const T* dy,
-                                  const float* mean, const float* rstd, T* dgamma, T* dbeta) {
+                                  const float* mean, const float* rstd, float* dgamma,
+                                  float* dbeta) {
   __shared__ float sg[kTileRows][kTileCols];
   __shared__ float sb[kTileRows][kTileCols];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kTileCols + threadIdx.x;
@@ -88,41 +89,40 @@ __global__ void param_grad_kernel(int64_t rows, int64_t cols, const T* x, const 
     ag += sg[k][threadIdx.x];
     ab += sb[k][threadIdx.x];
   }
-  store(dgamma, c, ag);
-  store(dbeta, c, ab);
+  dgamma[c] = ag;  // f32 for every dtype
+  dbeta[c] = ab;
 }
 
 }  // namespace
 
 void launch_layer_norm_forward(DType dtype, int64_t rows, int64_t cols, float eps, const void* x,
-                               const void* gamma, const void* beta, void* y, float* mean,
+                               const float* gamma, const float* beta, void* y, float* mean,
                                float* rstd, cudaStream_t stream) {
   if (rows == 0) return;
   dispatch_float(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     forward_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        cols, eps, static_cast<const T*>(x), static_cast<const T*>(gamma),
-        static_cast<const T*>(beta), static_cast<T*>(y), mean, rstd);
+        cols, eps, static_cast<const T*>(x), gamma, beta, static_cast<T*>(y), mean, rstd);
     DTRAIN_CUDA_CHECK_LAUNCH();
   });
 }
 
 void launch_layer_norm_backward(DType dtype, int64_t rows, int64_t cols, const void* x,
-                                const void* dy, const void* gamma, const float* mean,
-                                const float* rstd, void* dx, void* dgamma, void* dbeta,
+                                const void* dy, const float* gamma, const float* mean,
+                                const float* rstd, void* dx, float* dgamma, float* dbeta,
                                 cudaStream_t stream) {
   dispatch_float(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* xp = static_cast<const T*>(x);
     const T* dyp = static_cast<const T*>(dy);
     if (rows > 0) {
-      dx_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-          cols, xp, dyp, static_cast<const T*>(gamma), mean, rstd, static_cast<T*>(dx));
+      dx_kernel<<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(cols, xp, dyp, gamma, mean,
+                                                                         rstd, static_cast<T*>(dx));
       DTRAIN_CUDA_CHECK_LAUNCH();
     }
     const unsigned tiles = static_cast<unsigned>((cols + kTileCols - 1) / kTileCols);
-    param_grad_kernel<<<tiles, dim3(kTileCols, kTileRows), 0, stream>>>(
-        rows, cols, xp, dyp, mean, rstd, static_cast<T*>(dgamma), static_cast<T*>(dbeta));
+    param_grad_kernel<<<tiles, dim3(kTileCols, kTileRows), 0, stream>>>(rows, cols, xp, dyp, mean,
+                                                                        rstd, dgamma, dbeta);
     DTRAIN_CUDA_CHECK_LAUNCH();
   });
 }

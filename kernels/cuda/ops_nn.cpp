@@ -20,18 +20,19 @@ XentShape xent_shape(const CrossEntropyArgs& a) {
 
 void layer_norm_forward(const LayerNormArgs& args, const Tensor& x, const Tensor& gamma,
                         const Tensor& beta, Tensor& y, Tensor& save_mean, Tensor& save_rstd) {
-  launch_layer_norm_forward(x.dtype(), args.rows, args.cols, args.eps, x.raw(), gamma.raw(),
-                            beta.raw(), y.raw(), static_cast<float*>(save_mean.raw()),
-                            static_cast<float*>(save_rstd.raw()), stream_of(x));
+  launch_layer_norm_forward(
+      x.dtype(), args.rows, args.cols, args.eps, x.raw(), static_cast<const float*>(gamma.raw()),
+      static_cast<const float*>(beta.raw()), y.raw(), static_cast<float*>(save_mean.raw()),
+      static_cast<float*>(save_rstd.raw()), stream_of(x));
 }
 
 void layer_norm_backward(const LayerNormArgs& args, const Tensor& x, const Tensor& dy,
                          const Tensor& gamma, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
-  launch_layer_norm_backward(x.dtype(), args.rows, args.cols, x.raw(), dy.raw(), gamma.raw(),
-                             static_cast<const float*>(save_mean.raw()),
-                             static_cast<const float*>(save_rstd.raw()), dx.raw(), dgamma.raw(),
-                             dbeta.raw(), stream_of(x));
+  launch_layer_norm_backward(
+      x.dtype(), args.rows, args.cols, x.raw(), dy.raw(), static_cast<const float*>(gamma.raw()),
+      static_cast<const float*>(save_mean.raw()), static_cast<const float*>(save_rstd.raw()),
+      dx.raw(), static_cast<float*>(dgamma.raw()), static_cast<float*>(dbeta.raw()), stream_of(x));
 }
 
 void softmax_forward(int64_t rows, int64_t cols, const Tensor& x, Tensor& y) {

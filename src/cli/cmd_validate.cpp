@@ -49,6 +49,47 @@ std::string model_summary_line(const ModelOptions& model) {
                      with_commas(s.params), flops);
 }
 
+// The dtype policy of a half-precision job as YAML comments: which parameters are
+// in which dtype (from the graph the trainer builds), what stays f32, the master
+// weights and the loss scaler. Empty for fp32.
+std::string precision_lines(const Job& job) {
+  const PrecisionOptions& p = job.precision;
+  if (p.dtype == PrecisionDType::fp32) return {};
+  const DType dt = p.dtype == PrecisionDType::bf16 ? DType::bf16 : DType::f16;
+  std::string out;
+  if (models::find_model(job.model.arch) != nullptr) {
+    const models::ModelGraph m = models::build_model(job.model, 1, graph::DTypePolicy{dt});
+    int64_t half = 0, norm = 0;
+    for (const graph::FlatEntry& e : m.graph.param_layout())
+      (e.spec.dtype == dt ? half : norm) += e.spec.shape.numel();
+    out += fmt::format(
+        "# precision: {} parameters and activations ({} parameters); f32: normalisation "
+        "parameters ({}), buffers, norm statistics, softmax and the loss; GEMMs and "
+        "convolutions accumulate in f32\n",
+        dtype_name(dt), with_commas(half), with_commas(norm));
+  }
+  out += fmt::format("# precision: {}\n",
+                     p.master_weights ? "fp32 master weights and optimizer state"
+                                      : "no master weights: half parameters updated in place");
+  const LossScaleOptions& s = p.loss_scale;
+  switch (s.mode) {
+    case LossScaleMode::none:
+      out += "# loss scale: none\n";
+      break;
+    case LossScaleMode::static_:
+      out += fmt::format("# loss scale: static {}; an overflow skips the step\n", s.init);
+      break;
+    case LossScaleMode::dynamic:
+      out += fmt::format(
+          "# loss scale: dynamic from {}, x{} after {} clean steps, x{} after {} overflow(s), "
+          "within [{}, {}], at the minimum: {}\n",
+          s.init, s.growth_factor, s.growth_interval, s.backoff_factor, s.hysteresis, s.min, s.max,
+          to_string(s.on_min));
+      break;
+  }
+  return out;
+}
+
 // The data-parallel layout as YAML comments: the split of the global batch, the
 // gradient buckets (from the model's flat gradient layout, as the trainer cuts
 // them), the all-reduce algorithm and where every rank sits. Empty for one rank.
@@ -99,6 +140,7 @@ int run_validate(const ValidateArgs& args) {
   const std::string summary = model_summary_line(job.model);
   std::fputs(config::dump_job_yaml(job).c_str(), stdout);
   std::fputs(summary.c_str(), stdout);
+  std::fputs(precision_lines(job).c_str(), stdout);
   std::fputs(data_parallel_lines(job, ctx.world_size).c_str(), stdout);
   return kExitOk;
 }

@@ -5,6 +5,14 @@
 
 namespace dtrain::graph {
 
+void Graph::set_policy(const DTypePolicy& policy) {
+  DTRAIN_CHECK(nodes_.empty(), "the dtype policy is set before the first node");
+  DTRAIN_CHECK(
+      policy.compute == DType::f32 || policy.compute == DType::f16 || policy.compute == DType::bf16,
+      "compute dtype {}", dtype_name(policy.compute));
+  policy_ = policy;
+}
+
 ValueId Graph::input(const std::string& name, const Shape& shape, DType dtype) {
   values_.push_back({name, {shape, dtype}, -1, false});
   return static_cast<ValueId>(values_.size() - 1);
@@ -61,11 +69,15 @@ std::vector<ValueId> Graph::add(const std::string& name, std::unique_ptr<Op> op,
     any_grad = any_grad || value(v).requires_grad;
   }
   Node node;
+  op->bind_policy(policy_);
   try {
     node.info = op->infer(specs);
   } catch (const Error& e) {
     throw Error(fmt::format("graph node \"{}\": {}", name, e.message()), e.hint());
   }
+  // The policy decides every parameter's dtype; buffers (running statistics) stay f32.
+  for (ParamSpec& p : node.info.params) p.dtype = policy_.param(p.group);
+  for (ParamSpec& b : node.info.buffers) b.dtype = DType::f32;
   check_ties(name, node.info, ties);
   node.name = name;
   node.inputs = inputs;

@@ -42,6 +42,10 @@ struct Node {
 
 class Graph {
  public:
+  // Before the first node: the dtype policy every node follows (op.h: DTypePolicy).
+  void set_policy(const DTypePolicy& policy);
+  const DTypePolicy& policy() const { return policy_; }
+
   ValueId input(const std::string& name, const Shape& shape, DType dtype);
   // Adds a node; returns its output values. Throws Error naming the node on a
   // shape mismatch or a duplicate name.
@@ -64,6 +68,7 @@ class Graph {
  private:
   void check_ties(const std::string& name, const OpInfo& info, const std::vector<Tie>& ties) const;
 
+  DTypePolicy policy_;
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<FlatEntry> params_;

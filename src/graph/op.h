@@ -42,7 +42,21 @@ struct ParamSpec {
   double scale = 0.0;  // for normal / uniform
   int64_t fan_in = 1;  // for kaiming_*
   ParamGroup group = ParamGroup::weight;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // parameters: set by the graph's DTypePolicy; buffers: f32
+};
+
+// The dtype policy of a whole graph (precision.dtype), decided here and nowhere
+// else: parameters and activations are stored in `compute` (f32, f16 or bf16),
+// except normalisation parameters (batch- and layer-norm gamma / beta), which
+// are f32 whatever `compute` is: they are few, they scale every activation, and
+// cuDNN's batch norm wants them f32 for half data anyway. Running statistics
+// (buffers), batch- and layer-norm statistics, softmax's log-sum-exp and the
+// loss are f32; GEMMs and convolutions accumulate in f32 (the kernels' contract).
+// Gradients take the dtype of what they are the gradient of.
+struct DTypePolicy {
+  DType compute = DType::f32;
+  DType param(ParamGroup g) const { return g == ParamGroup::norm ? DType::f32 : compute; }
+  bool half() const { return compute != DType::f32; }
 };
 
 // What backward needs kept from forward, beyond the op's parameters.
@@ -104,6 +118,10 @@ class Op {
   virtual ~Op() = default;
   virtual std::string_view kind() const = 0;
 
+  // The graph's policy, bound by Graph::add before infer(): ops that create a
+  // floating value from nothing (embeddings, casts) take its compute dtype.
+  void bind_policy(const DTypePolicy& policy) { policy_ = policy; }
+
   // Checks the input specs (throws Error naming the op and shapes on misuse).
   OpInfo infer(std::span<const TensorSpec> inputs) const;
   void forward(OpContext& ctx) const;
@@ -118,6 +136,10 @@ class Op {
   virtual void do_forward(OpContext& ctx) const = 0;
   virtual void do_backward(OpContext& ctx) const = 0;
   virtual int num_inputs() const { return 1; }
+  const DTypePolicy& policy() const { return policy_; }
+
+ private:
+  DTypePolicy policy_;
 };
 
 // Throws an Error "op <kind>: <message>" (a graph-construction error the user can fix).

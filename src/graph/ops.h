@@ -49,6 +49,8 @@ std::unique_ptr<Op> pool2d(kernels::PoolKind kind, int64_t kernel, int64_t strid
 std::unique_ptr<Op> global_avg_pool();
 // x [N, ...] -> [N, prod(...)]
 std::unique_ptr<Op> flatten();
+// x -> x in the graph's compute dtype (DTypePolicy); the identity's copy when it is x's.
+std::unique_ptr<Op> to_compute_dtype();
 // a, b (same shape) -> a + b
 std::unique_ptr<Op> add();
 // Whether self_attention takes a second input, the key-padding mask u8 [B, T]

@@ -1,7 +1,8 @@
 // Kernel-table cases for kernels/layernorm.h: rows 1/3/17, cols 1/7/64, a
 // 768-wide pair of rows and 300 columns (a ragged end after a whole chunk), two
-// eps values, f32/f16/bf16; grad mode (f32) checks dx, dgamma, dbeta; check-mode
-// cases run the backward kernel on half types.
+// eps values, f32/f16/bf16 x (gamma/beta and dgamma/dbeta f32 for every dtype);
+// grad mode (f32) checks dx, dgamma, dbeta; check-mode cases run the backward
+// kernel on half types.
 #include "kernels/layernorm.h"
 
 #include "pointwise_case_util.h"
@@ -15,8 +16,8 @@ using kernels::Workspace;
 
 std::vector<ArgSpec> ln_inputs(DType dt, int64_t rows, int64_t cols) {
   return {{"x", Shape{rows, cols}, dt, Init::uniform, -2.0, 3.0},
-          {"gamma", Shape{cols}, dt, Init::uniform, 0.5, 1.5},
-          {"beta", Shape{cols}, dt, Init::uniform, -0.5, 0.5}};
+          {"gamma", Shape{cols}, DType::f32, Init::uniform, 0.5, 1.5},
+          {"beta", Shape{cols}, DType::f32, Init::uniform, -0.5, 0.5}};
 }
 
 KernelCase forward_case(DType dt, int64_t rows, int64_t cols, float eps) {
@@ -54,8 +55,9 @@ KernelCase backward_case(DType dt, int64_t rows, int64_t cols) {
   c.name = "layernorm/backward/" + dname(dt) + "/" + shape_tag(Shape{rows, cols});
   c.inputs = ln_inputs(dt, rows, cols);
   c.inputs.push_back({"dy", Shape{rows, cols}, dt});
-  c.outputs = {
-      {"dx", Shape{rows, cols}, dt}, {"dgamma", Shape{cols}, dt}, {"dbeta", Shape{cols}, dt}};
+  c.outputs = {{"dx", Shape{rows, cols}, dt},
+               {"dgamma", Shape{cols}, DType::f32},
+               {"dbeta", Shape{cols}, DType::f32}};
   c.forward = [=](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
     Tensor y = empty_on(in[0], Shape{rows, cols}, dt);
     Tensor mean = empty_on(in[0], Shape{rows}, DType::f32),

@@ -36,7 +36,8 @@ class TokenEmbedding final : public Op {
     }
     const int64_t n = ids.numel(), c = d_.channels;
     OpInfo info;
-    info.outputs = {{{ids[0], ids[1], c}, DType::f32}};
+    const DType dt = policy().compute;
+    info.outputs = {{{ids[0], ids[1], c}, dt}};
     auto table = [&](const char* name, int64_t rows) {
       info.params.push_back(
           {name, {rows, c}, InitKind::normal, d_.init_std, 1, ParamGroup::embedding});
@@ -45,7 +46,8 @@ class TokenEmbedding final : public Op {
     table("position_embeddings.weight", d_.positions);
     if (d_.types > 0) table("token_type_embeddings.weight", d_.types);
     if (type_ids_ == TypeIds::input) {
-      info.workspace_bytes = info.cuda_workspace_bytes = static_cast<size_t>(n * c) * 4;
+      info.workspace_bytes = info.cuda_workspace_bytes =
+          static_cast<size_t>(n * c) * dtype_size(dt);
     }
     info.flops = static_cast<double>(n * c) * (d_.types > 0 ? 2.0 : 1.0);
     return info;
@@ -62,7 +64,7 @@ class TokenEmbedding final : public Op {
       return;
     }
     size_t off = 0;
-    Tensor rows = ctx.workspace.tensor(off, {b * t, c}, DType::f32);
+    Tensor rows = ctx.workspace.tensor(off, {b * t, c}, y.dtype());
     kernels::embedding_forward(ctx.inputs[1].reshape({b * t}), ctx.params[2], rows);
     kernels::add(y, rows, y);
   }
@@ -99,12 +101,13 @@ class ClassTokenPositions final : public Op {
  protected:
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
     const Shape& x = in[0].shape;
-    if (x.rank() != 3 || x[1] != t_ || x[2] != c_ || in[0].dtype != DType::f32) {
-      op_error(kind(), fmt::format("input {} {} must be f32 [N, {}, {}]", dtype_name(in[0].dtype),
-                                   x.str(), t_, c_));
+    const DType dt = policy().compute;
+    if (x.rank() != 3 || x[1] != t_ || x[2] != c_ || in[0].dtype != dt) {
+      op_error(kind(), fmt::format("input {} {} must be {} [N, {}, {}]", dtype_name(in[0].dtype),
+                                   x.str(), dtype_name(dt), t_, c_));
     }
     OpInfo info;
-    info.outputs = {{{x[0], t_ + 1, c_}, DType::f32}};
+    info.outputs = {{{x[0], t_ + 1, c_}, dt}};
     info.params = {{"class_token", {c_}, InitKind::zeros, 0, 1, ParamGroup::embedding},
                    {"position_embeddings",
                     {t_ + 1, c_},

@@ -137,7 +137,32 @@ class Flatten final : public Op {
   }
 };
 
+// A floating input converted to the graph's compute dtype (images enter as f32);
+// the gradient goes back converted to the input's dtype.
+class ToCompute final : public Op {
+ public:
+  std::string_view kind() const override { return "to_compute_dtype"; }
+
+ protected:
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    if (!is_floating(in[0].dtype)) {
+      op_error(kind(), fmt::format("input is {}, not floating", dtype_name(in[0].dtype)));
+    }
+    OpInfo info;
+    info.outputs = {{in[0].shape, policy().compute}};
+    info.keep = Keep::nothing;
+    info.flops = static_cast<double>(in[0].shape.numel());
+    return info;
+  }
+  void do_forward(OpContext& ctx) const override { kernels::cast(ctx.inputs[0], ctx.outputs[0]); }
+  void do_backward(OpContext& ctx) const override {
+    if (ctx.grad_inputs[0].defined()) kernels::cast(ctx.grad_outputs[0], ctx.grad_inputs[0]);
+  }
+};
+
 }  // namespace
+
+std::unique_ptr<Op> to_compute_dtype() { return std::make_unique<ToCompute>(); }
 
 std::unique_ptr<Op> activation(kernels::Activation act) {
   return std::make_unique<ActivationOp>(act);
