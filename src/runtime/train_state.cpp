@@ -55,11 +55,12 @@ void copy_into(const Tensor& from, Tensor to) { kernels::copy(from, to); }
 
 }  // namespace
 
-void save_train_state(const fs::path& file, graph::Executor& ex, const optim::Optimizer& opt,
+void save_train_state(const fs::path& file, const graph::FlatStore& params,
+                      const graph::FlatStore& buffers, const optim::Optimizer& opt,
                       const TrainCounters& c) {
   std::vector<NamedTensor> tensors;
-  add_store(tensors, "params", ex.params());
-  add_store(tensors, "buffers", ex.buffers());
+  add_store(tensors, "params", params);
+  add_store(tensors, "buffers", buffers);
   const optim::OptimizerState state = opt.state();
   for (const auto& [name, t] : state.buffers)
     tensors.push_back({"optim." + name, kernels::to_host(t)});
@@ -76,8 +77,8 @@ void save_train_state(const fs::path& file, graph::Executor& ex, const optim::Op
             std::string(to_string(opt.name())),
         },
         {"step", state.step}}},
-      {"params", layout_of(ex.params())},
-      {"buffers", layout_of(ex.buffers())}};
+      {"params", layout_of(params)},
+      {"buffers", layout_of(buffers)}};
   nlohmann::json full = meta;
   if (c.scaler) {
     full["loss_scaler"] = {{"scale", c.scaler->scale},
@@ -88,14 +89,15 @@ void save_train_state(const fs::path& file, graph::Executor& ex, const optim::Op
   write_checkpoint(file, full, tensors);
 }
 
-TrainCounters load_train_state(const fs::path& file, graph::Executor& ex, optim::Optimizer& opt) {
+TrainCounters load_train_state(const fs::path& file, graph::FlatStore& params,
+                               graph::FlatStore& buffers, optim::Optimizer& opt) {
   const Checkpoint ck = read_checkpoint(file);  // every checksum verified here
   try {
     if (ck.meta.at("format") != "dtrain-train-state") {
       throw Error(fmt::format("{}: not a training checkpoint", file.string()));
     }
-    check_layout(ck, "params", ex.params());
-    check_layout(ck, "buffers", ex.buffers());
+    check_layout(ck, "params", params);
+    check_layout(ck, "buffers", buffers);
     const std::string opt_name = ck.meta.at("optimizer").at("name");
     if (opt_name != to_string(opt.name())) {
       throw Error(fmt::format("{}: written with optimizer {}, this job uses {}", file.string(),
@@ -105,21 +107,18 @@ TrainCounters load_train_state(const fs::path& file, graph::Executor& ex, optim:
     optim::OptimizerState state = opt.state();
     for (auto& [name, t] : state.buffers) check_same(ck, "optim." + name, t);
     for (DType dt : kStoreTypes) {
-      for (const auto* store : {&ex.params(), &ex.buffers()}) {
+      for (const auto* store : {&params, &buffers}) {
         const Tensor live = store->flat(dt);
         if (live.defined())
-          check_same(ck,
-                     (store == &ex.params() ? "params." : "buffers.") + std::string(dtype_name(dt)),
+          check_same(ck, (store == &params ? "params." : "buffers.") + std::string(dtype_name(dt)),
                      live);
       }
     }
     // Everything fits: only now is live state overwritten.
     for (DType dt : kStoreTypes) {
       const std::string suffix = "." + std::string(dtype_name(dt));
-      if (ex.params().flat(dt).defined())
-        copy_into(ck.get("params" + suffix), ex.params().flat(dt));
-      if (ex.buffers().flat(dt).defined())
-        copy_into(ck.get("buffers" + suffix), ex.buffers().flat(dt));
+      if (params.flat(dt).defined()) copy_into(ck.get("params" + suffix), params.flat(dt));
+      if (buffers.flat(dt).defined()) copy_into(ck.get("buffers" + suffix), buffers.flat(dt));
     }
     optim::OptimizerState restored;
     restored.step = ck.meta.at("optimizer").at("step");

@@ -26,14 +26,18 @@ struct TrainCounters {
   std::optional<precision::LossScalerState> scaler;
 };
 
-void save_train_state(const std::filesystem::path& file, graph::Executor& ex,
-                      const optim::Optimizer& opt, const TrainCounters& counters);
+// `params`: the parameters the optimizer steps (the executor's for fp32, the fp32
+// master weights of a half-precision job: same names and layout either way, so a
+// checkpoint moves between precisions); `buffers`: the executor's.
+void save_train_state(const std::filesystem::path& file, const graph::FlatStore& params,
+                      const graph::FlatStore& buffers, const optim::Optimizer& opt,
+                      const TrainCounters& counters);
 
 // Verifies the file and that it matches this model and optimizer, then copies
 // everything in. Throws Error (naming the file and the mismatch) before touching
 // any state when it does not fit.
-TrainCounters load_train_state(const std::filesystem::path& file, graph::Executor& ex,
-                               optim::Optimizer& opt);
+TrainCounters load_train_state(const std::filesystem::path& file, graph::FlatStore& params,
+                               graph::FlatStore& buffers, optim::Optimizer& opt);
 
 // "latest" -> the newest checkpoint in `checkpoint_dir` (empty when there is none
 // yet: a requeued job that never saved starts afresh); a directory -> its newest

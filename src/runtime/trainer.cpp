@@ -90,8 +90,9 @@ void require_device(const Device& device) {
 
 void require_supported(const Job& job, int world) {
   require_device(job.device);
-  if (job.precision.dtype != PrecisionDType::fp32) {
-    unsupported("precision.dtype", std::string(to_string(job.precision.dtype)));
+  if (job.precision.dtype != PrecisionDType::fp32 && !job.precision.master_weights) {
+    unsupported("precision.master_weights",
+                "false (half parameters updated in place; train with master_weights: true)");
   }
   const ParallelOptions& p = job.parallel;
   if (p.tensor != 1 || p.pipeline != 1 || p.data != world) {
@@ -139,6 +140,15 @@ std::vector<optim::ParamSegment> segments_of(const graph::FlatStore& params, NoD
 
 float read_scalar(const Tensor& t) { return kernels::to_host(t).data<float>()[0]; }
 
+// `t` on the host as f32 (half logits widened for the accuracy count).
+Tensor host_f32(const Tensor& t) {
+  const Tensor h = kernels::to_host(t);
+  if (h.dtype() == DType::f32) return h;
+  Tensor f = Tensor::empty(h.shape(), DType::f32);
+  kernels::cast(h, f);
+  return f;
+}
+
 struct EvalResult {
   double loss = 0;
   double accuracy = 0;
@@ -172,6 +182,11 @@ class TrainSession {
   void resume_if_asked();
   void connect(dist::Watchdog* watchdog);
   double train_step(const StopSignals& signals);
+  graph::FlatStore& master_params() { return masters_ ? *masters_ : ex_->params(); }
+  const graph::FlatStore& master_params() const { return masters_ ? *masters_ : ex_->params(); }
+  Tensor flat_grads() const { return masters_ ? master_grads_ : ex_->grads().flat(DType::f32); }
+  void to_master_grad(int p);  // half jobs: the executor's gradient p, as f32, into its slot
+  void publish_params();       // half jobs: the masters, rounded, into the executor
   std::string first_non_finite(const Tensor& grads) const;
   [[noreturn]] void fail_non_finite(double loss, const Tensor& grads) const;
   StepTotals agree_totals(const StepTotals& local);
@@ -190,7 +205,14 @@ class TrainSession {
   std::unique_ptr<dist::Communicator> device_comm_;  // NCCL for a GPU job across ranks
   dist::Communicator* grad_comm_ = nullptr;          // gradients and buffers: device_comm_ or comm_
   models::ModelGraph model_;
+  graph::DTypePolicy policy_;
   std::unique_ptr<graph::Executor> ex_;
+  // Half-precision jobs: the fp32 master weights the optimizer steps (the graph's
+  // parameter layout with every entry f32: an fp32 run's layout) and the f32
+  // gradients in that layout, written from the executor's half gradients as each
+  // becomes final. fp32 jobs step the executor's own parameters and gradients.
+  std::unique_ptr<graph::FlatStore> masters_;
+  Tensor master_grads_;
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
   std::unique_ptr<DeviceFeed> train_;
@@ -221,16 +243,31 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   require_supported(job_, comm.size());
   micro_batches_ = job_.parallel.micro_batches;
   const int64_t batch = job_.data.micro_batch;
-  model_ = models::build_model(job_.model, batch);
+  policy_.compute = job_.precision.dtype == PrecisionDType::bf16   ? DType::bf16
+                    : job_.precision.dtype == PrecisionDType::fp16 ? DType::f16
+                                                                   : DType::f32;
+  model_ = models::build_model(job_.model, batch, policy_);
   ex_ = std::make_unique<graph::Executor>(model_.graph, job_.device);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
   counters_.seed = static_cast<uint64_t>(job_.run.seed);
   counters_.arch = job_.model.arch;
   counters_.config_hash = fnv1a_hex(r.resolved_yaml);
   ex_->initialize(counters_.seed);
-  const Tensor flat = ex_->params().flat(DType::f32);
-  opt_ = optim::make_optimizer(job_.optimizer, segments_of(ex_->params(), job_.optimizer.no_decay),
-                               flat.numel(), job_.device);
+  if (policy_.half()) {
+    std::vector<graph::FlatEntry> entries = model_.graph.param_layout();
+    for (graph::FlatEntry& e : entries) e.spec.dtype = DType::f32;
+    masters_ = std::make_unique<graph::FlatStore>(std::move(entries));
+    masters_->allocate(job_.device);
+    masters_->initialize(counters_.seed);  // an fp32 run's initial values, unrounded
+    const Tensor m = masters_->flat(DType::f32);
+    master_grads_ = Tensor::empty(m.shape(), DType::f32, &kernels::device_allocator(job_.device));
+    kernels::fill(master_grads_, 0.0f);  // the padding between entries stays 0
+    publish_params();
+  }
+  const Tensor flat = master_params().flat(DType::f32);
+  opt_ =
+      optim::make_optimizer(job_.optimizer, segments_of(master_params(), job_.optimizer.no_decay),
+                            flat.numel(), job_.device);
   if (micro_batches_ > 1) {
     grad_acc_ = Tensor::empty(flat.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }
@@ -280,7 +317,8 @@ void TrainSession::resume_if_asked() {
     const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
     if (!file.empty()) {
       const std::string hash = counters_.config_hash;
-      counters_ = load_train_state(file, *ex_, *opt_);
+      counters_ = load_train_state(file, master_params(), ex_->buffers(), *opt_);
+      if (masters_) publish_params();
       if (counters_.config_hash != hash) {
         note(
             fmt::format("note: {} was written by a different job file (the model "
@@ -309,11 +347,11 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   }
   grad_comm_ = device_comm_ ? device_comm_.get() : &comm_;
   std::vector<dist::GradRange> ranges;
-  for (const graph::FlatEntry& e : ex_->grads().entries())
+  for (const graph::FlatEntry& e : master_params().entries())
     ranges.push_back({e.offset, e.spec.shape.numel()});
   sync_ = std::make_unique<dist::GradSync>(
       *grad_comm_,
-      dist::plan_buckets(ranges, ex_->grads().flat(DType::f32).numel(),
+      dist::plan_buckets(ranges, flat_grads().numel(),
                          static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0)),
       ex_->grads().size(), job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
   const int last_param = ex_->grads().size() - 1;
@@ -322,6 +360,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       Tensor g = ex_->grads().view(p).view(0, Shape{1});
       kernels::fill(g, std::numeric_limits<float>::infinity());
     }
+    if (masters_) to_master_grad(p);
     sync_->ready(p);
   };
   buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
@@ -374,8 +413,31 @@ StepTotals TrainSession::agree_totals(const StepTotals& local) {
 // One optimizer step; returns the mean loss over the global batch's labels. Micro-batch
 // m of rank r is the step's global micro-batch g = m * world + r (the sampler's order),
 // whose samples are [g * micro_batch, (g + 1) * micro_batch) of the global batch.
+void TrainSession::to_master_grad(int p) {
+  const graph::FlatEntry& e = masters_->entries()[static_cast<size_t>(p)];
+  const Tensor src = ex_->grads().view(p);
+  Tensor dst = master_grads_.view(e.offset, e.spec.shape);
+  if (src.dtype() == DType::f32) {
+    kernels::scale(1.0f, src, dst);
+  } else {
+    kernels::cast(src, dst);
+  }
+}
+
+void TrainSession::publish_params() {
+  for (int p = 0; p < masters_->size(); ++p) {
+    const Tensor src = masters_->view(p);
+    Tensor dst = ex_->params().view(p);
+    if (dst.dtype() == DType::f32) {
+      kernels::scale(1.0f, src, dst);
+    } else {
+      kernels::cast(src, dst);
+    }
+  }
+}
+
 double TrainSession::train_step(const StopSignals& signals) {
-  Tensor grads = ex_->grads().flat(DType::f32);
+  Tensor grads = flat_grads();
   const int64_t mb = job_.data.micro_batch;
   StepTotals local;
   for (int m = 0; m < micro_batches_; ++m) {
@@ -436,8 +498,9 @@ double TrainSession::train_step(const StopSignals& signals) {
   // The schedule counts applied updates: a skipped step does not advance it.
   const double lr =
       optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, opt_->step_count(), total_steps_);
-  Tensor params = ex_->params().flat(DType::f32);
+  Tensor params = master_params().flat(DType::f32);
   opt_->step(params, grads, lr);
+  if (masters_) publish_params();
   return loss;
 }
 
@@ -445,7 +508,7 @@ double TrainSession::train_step(const StopSignals& signals) {
 std::string TrainSession::first_non_finite(const Tensor& grads) const {
   const Tensor host = kernels::to_host(grads);
   const float* g = host.data<float>();
-  for (const graph::FlatEntry& e : ex_->grads().entries()) {
+  for (const graph::FlatEntry& e : master_params().entries()) {
     const int64_t n = e.spec.shape.numel();
     for (int64_t i = 0; i < n; ++i) {
       if (!std::isfinite(g[e.offset + i])) {
@@ -484,7 +547,7 @@ EvalResult TrainSession::evaluate() {
     set_batch(b);
     ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
     if (k + 1 < test.batches_per_epoch()) test.prefetch();
-    const Tensor logits = kernels::to_host(ex_->value(model_.logits));
+    const Tensor logits = host_f32(ex_->value(model_.logits));
     const Tensor targets =
         kernels::to_host(ex_->value(model_.targets));  // labels row for row with logits
     const int64_t rows = targets.numel(), classes = logits.numel() / rows;
@@ -584,12 +647,12 @@ void TrainSession::log_eval(const EvalResult& r) {
 // Every rank first proves its replica equals rank 0's (parameters, buffers, optimizer
 // state); rank 0 then writes. Its file is complete (renamed into place) when it returns.
 void TrainSession::save_checkpoint() {
-  std::vector<Tensor> state = {ex_->params().flat(DType::f32), ex_->buffers().flat(DType::f32)};
+  std::vector<Tensor> state = {master_params().flat(DType::f32), ex_->buffers().flat(DType::f32)};
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
   check_replicas(comm_, state, "parameters, buffers and optimizer state");
   if (!leader()) return;
   const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
-  save_train_state(file, *ex_, *opt_, counters_);
+  save_train_state(file, master_params(), ex_->buffers(), *opt_, counters_);
   prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
 }
 

@@ -119,6 +119,17 @@ TEST_CASE("2 ranks train exactly like 1 rank with 2 micro-batches, with every al
   }
 }
 
+// Half precision keeps the invariant: the f32 master gradients are what is summed.
+TEST_CASE("bf16: 2 ranks train exactly like 1 rank with 2 micro-batches") {
+  OneThread one;
+  TempDir tmp("dpbf16");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> extra = {"--set", "data.micro_batch=16", "--set", "train.steps=4",
+                                          "--set", "precision.dtype=bf16"};
+  require_same(train(job, tmp.path(), "1x2", {}, extra),
+               train(job, tmp.path(), "2", {2, "ring"}, extra));
+}
+
 // An overflow on one rank reaches every rank through the gradient sum: all skip the
 // step together (the replica check at each save would fail otherwise), exactly as one
 // rank with two micro-batches skips it.
