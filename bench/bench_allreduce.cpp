@@ -1,17 +1,22 @@
 // bench_allreduce: all-reduce time per algorithm (native MPI_Allreduce, our ring
-// and hierarchical) and f32 buffer size (4 KiB x4 .. --max-bytes), run under
-// mpirun, as JSON on rank 0 (stdout or --out FILE). Per size: --warmup runs, the
-// median of --reps timed runs per rank, the max over ranks; algorithm and bus
-// bandwidth (busbw = algbw x 2(n-1)/n, as nccl-tests reports) and the speed
-// relative to native. A spot check (every element equals the sum of rank + 1)
+// and hierarchical) and f32 buffer size (--min-bytes x4 .. --max-bytes, or the one
+// size --bytes), run under mpirun, as JSON on rank 0 (stdout or --out FILE). Per
+// size: --warmup runs, then --reps timed runs, each after a barrier; time_us is the
+// median per rank, max over ranks; rep_times_us the max over ranks of each run and
+// best_time_us the least of those (best-of, for noisy machines); algorithm and bus
+// bandwidth (busbw = algbw x 2(n-1)/n, as nccl-tests reports, from time_us) and the
+// speed relative to native. A spot check (every element equals the sum of rank + 1)
 // runs after timing. Not a test. Usage: mpirun -n N bench_allreduce
-// [--max-bytes 268435456] [--reps 5] [--warmup 2] [--ranks-per-node R] [--out FILE]
+// [--max-bytes 268435456] [--min-bytes 4096] [--bytes N] [--reps 5] [--warmup 2]
+// [--algorithms native,ring,hierarchical] [--ranks-per-node R] [--out FILE]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,9 +30,11 @@ using namespace dtrain::dist;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  int64_t max_bytes = int64_t{256} << 20;
+  int64_t max_bytes = int64_t{256} << 20, min_bytes = 4096;
+  std::optional<int64_t> bytes;  // one size only
   int reps = 5, warmup = 2;
   std::optional<int> ranks_per_node;
+  std::vector<std::string> algorithms;  // empty: every one that applies
   std::string out;
 };
 
@@ -48,7 +55,20 @@ Args parse(int argc, char** argv) {
     const std::string v = argv[i + 1];
     if (k == "--max-bytes")
       a.max_bytes = positive(k, v);
-    else if (k == "--reps")
+    else if (k == "--min-bytes")
+      a.min_bytes = positive(k, v);
+    else if (k == "--bytes")
+      a.bytes = positive(k, v);
+    else if (k == "--algorithms") {
+      std::stringstream ss(v);
+      for (std::string name; std::getline(ss, name, ',');) {
+        if (name != "native" && name != "ring" && name != "hierarchical") {
+          throw Error("--algorithms: unknown algorithm \"" + name + "\"",
+                      "use a comma-separated list of native, ring, hierarchical");
+        }
+        a.algorithms.push_back(name);
+      }
+    } else if (k == "--reps")
       a.reps = static_cast<int>(positive(k, v));
     else if (k == "--warmup")
       a.warmup = static_cast<int>(std::max<int64_t>(0, std::atoll(v.c_str())));
@@ -59,11 +79,22 @@ Args parse(int argc, char** argv) {
     else
       throw Error("unknown option " + k, "see the usage line in bench_allreduce.cpp");
   }
+  if (a.bytes && *a.bytes < 4)
+    throw Error("--bytes must be at least 4 (one float)", "e.g. --bytes 102000000");
+  if (!a.bytes && a.min_bytes > a.max_bytes) {
+    throw Error("--min-bytes is above --max-bytes", "e.g. --min-bytes 4096 --max-bytes 268435456");
+  }
   return a;
 }
 
-// Max over ranks of this rank's median time of `reps` all-reduces of `buf`.
-double time_allreduce(Communicator& comm, Tensor buf, AllreduceAlgo algo, const Args& a) {
+struct Timing {
+  double median = 0.0;          // max over ranks of each rank's median
+  std::vector<double> per_rep;  // max over ranks of each timed run
+  double best() const { return *std::min_element(per_rep.begin(), per_rep.end()); }
+};
+
+// `reps` timed all-reduces of `buf`, each after a barrier.
+Timing time_allreduce(Communicator& comm, Tensor buf, AllreduceAlgo algo, const Args& a) {
   for (int i = 0; i < a.warmup; ++i) comm.all_reduce(buf, ReduceOp::sum, algo);
   std::vector<double> t;
   for (int i = 0; i < a.reps; ++i) {
@@ -72,11 +103,15 @@ double time_allreduce(Communicator& comm, Tensor buf, AllreduceAlgo algo, const 
     comm.all_reduce(buf, ReduceOp::sum, algo);
     t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
+  Timing out;
+  out.per_rep = t;
+  Tensor r = Tensor::wrap(out.per_rep.data(), {static_cast<int64_t>(t.size())}, DType::f64);
+  comm.all_reduce(r, ReduceOp::max, AllreduceAlgo::native);
   std::sort(t.begin(), t.end());
-  double median = t[t.size() / 2];
-  Tensor m = Tensor::wrap(&median, {1}, DType::f64);
+  out.median = t[t.size() / 2];
+  Tensor m = Tensor::wrap(&out.median, {1}, DType::f64);
   comm.all_reduce(m, ReduceOp::max, AllreduceAlgo::native);
-  return median;
+  return out;
 }
 
 // Every element must be 1 + 2 + ... + size after one all-reduce of rank + 1.
@@ -91,36 +126,67 @@ bool spot_check(Communicator& comm, Tensor buf, AllreduceAlgo algo) {
   return bad == 0;
 }
 
-std::vector<AllreduceAlgo> algorithms(Communicator& comm) {
-  std::vector<AllreduceAlgo> algos{AllreduceAlgo::native, AllreduceAlgo::ring};
+std::vector<AllreduceAlgo> algorithms(Communicator& comm, const Args& a) {
   const Topology topo = comm.topology();
-  if (topo.ranks_per_node > 0) algos.push_back(AllreduceAlgo::hierarchical);
+  if (a.algorithms.empty()) {
+    std::vector<AllreduceAlgo> algos{AllreduceAlgo::native, AllreduceAlgo::ring};
+    if (topo.ranks_per_node > 0) algos.push_back(AllreduceAlgo::hierarchical);
+    return algos;
+  }
+  std::vector<AllreduceAlgo> algos;
+  for (const std::string& name : a.algorithms) {
+    if (name == "native") algos.push_back(AllreduceAlgo::native);
+    if (name == "ring") algos.push_back(AllreduceAlgo::ring);
+    if (name == "hierarchical") {
+      if (topo.ranks_per_node == 0) {
+        throw Error("--algorithms hierarchical: the nodes hold different numbers of ranks",
+                    "pass --ranks-per-node R with R dividing the number of ranks");
+      }
+      algos.push_back(AllreduceAlgo::hierarchical);
+    }
+  }
   return algos;
 }
 
+std::vector<int64_t> sizes(const Args& a) {
+  if (a.bytes) return {*a.bytes / 4 * 4};
+  std::vector<int64_t> out;
+  for (int64_t bytes = a.min_bytes / 4 * 4; bytes <= a.max_bytes; bytes *= 4) {
+    out.push_back(std::max<int64_t>(bytes, 4));
+  }
+  return out;
+}
+
 nlohmann::json run(Communicator& comm, const Args& a, bool& ok) {
-  const int64_t max_elems = a.max_bytes / 4;
+  const std::vector<int64_t> byte_sizes = sizes(a);
+  const int64_t max_elems = *std::max_element(byte_sizes.begin(), byte_sizes.end()) / 4;
   Tensor whole = Tensor::empty({max_elems}, DType::f32);
   std::fill_n(whole.data<float>(), max_elems, 1.0f);
-  const std::vector<AllreduceAlgo> algos = algorithms(comm);
+  const std::vector<AllreduceAlgo> algos = algorithms(comm, a);
   const double bus_factor = 2.0 * (comm.size() - 1) / comm.size();
   nlohmann::json rows = nlohmann::json::array();
-  for (int64_t bytes = 4096; bytes <= a.max_bytes; bytes *= 4) {
+  for (const int64_t bytes : byte_sizes) {
     Tensor buf = whole.view(0, {bytes / 4});
     double native = 0.0;
     for (AllreduceAlgo algo : algos) {
-      const double s = time_allreduce(comm, buf, algo, a);
+      const Timing t = time_allreduce(comm, buf, algo, a);
+      const double s = t.median;
       if (algo == AllreduceAlgo::native) native = s;
       const bool good = spot_check(comm, buf, algo);
       ok = ok && good;
       const double algbw = bytes / s / 1e9;
-      rows.push_back({{"bytes", bytes},
-                      {"algorithm", std::string(to_string(algo))},
-                      {"time_us", s * 1e6},
-                      {"algbw_gbs", algbw},
-                      {"busbw_gbs", algbw * bus_factor},
-                      {"speed_vs_native", native / s},
-                      {"check_ok", good}});
+      nlohmann::json reps = nlohmann::json::array();
+      for (double r : t.per_rep) reps.push_back(r * 1e6);
+      nlohmann::json row = {{"bytes", bytes},
+                            {"algorithm", std::string(to_string(algo))},
+                            {"time_us", s * 1e6},
+                            {"best_time_us", t.best() * 1e6},
+                            {"rep_times_us", reps},
+                            {"algbw_gbs", algbw},
+                            {"busbw_gbs", algbw * bus_factor},
+                            {"check_ok", good}};
+      if (native > 0.0) row["speed_vs_native"] = native / s;
+      rows.push_back(row);
     }
   }
   const Topology topo = comm.topology();
@@ -130,7 +196,9 @@ nlohmann::json run(Communicator& comm, const Args& a, bool& ok) {
           {"dtype", "f32"},
           {"reps", a.reps},
           {"warmup", a.warmup},
-          {"time", "median per rank, max over ranks"},
+          {"time",
+           "time_us: median per rank, max over ranks; best_time_us: least over runs "
+           "of the max over ranks"},
           {"results", rows}};
 }
 
