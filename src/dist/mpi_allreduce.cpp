@@ -90,32 +90,34 @@ void RingAllreduce::all_gather(Span buf) {
 }
 
 // Sends `send` to the right in pieces while receiving the left neighbour's pieces
-// of `recv` into two alternating scratch buffers and reducing each into place.
+// of `recv` into a window of kWindow scratch buffers and reducing each into place,
+// in piece order (the sums do not depend on the window: each element is added once).
 void RingAllreduce::exchange_reduce(Span send, Span recv, ReduceOp op, int tag) {
   const size_t elem = dtype_size(send.dtype);
   const size_t piece = std::max<size_t>(1, piece_bytes_ / elem);
   const MPI_Datatype type = mpi_type(send.dtype);
   const int right = (rank_ + 1) % size_, left = (rank_ + size_ - 1) % size_;
-  if (scratch_.size() < 2 * piece * elem) scratch_.resize(2 * piece * elem);
-
   const size_t ns = ring_piece_count(send.count, piece), nr = ring_piece_count(recv.count, piece);
+  const size_t window = std::max<size_t>(1, std::min(kWindow, nr));
+  if (scratch_.size() < window * piece * elem) scratch_.resize(window * piece * elem);
+
   std::vector<MPI_Request> sends(ns, MPI_REQUEST_NULL);
   for (size_t k = 0; k < ns; ++k) {
     DTRAIN_MPI_CHECK(MPI_Isend(send.data + k * piece * elem, piece_len(send.count, piece, k), type,
                                right, tag, comm_, &sends[k]));
   }
-  MPI_Request recvs[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  std::vector<MPI_Request> recvs(window, MPI_REQUEST_NULL);
+  auto slot = [&](size_t k) { return scratch_.data() + (k % window) * piece * elem; };
   auto post = [&](size_t k) {
-    DTRAIN_MPI_CHECK(MPI_Irecv(scratch_.data() + (k % 2) * piece * elem,
-                               piece_len(recv.count, piece, k), type, left, tag, comm_,
-                               &recvs[k % 2]));
+    DTRAIN_MPI_CHECK(MPI_Irecv(slot(k), piece_len(recv.count, piece, k), type, left, tag, comm_,
+                               &recvs[k % window]));
   };
-  for (size_t k = 0; k < std::min<size_t>(2, nr); ++k) post(k);
+  for (size_t k = 0; k < std::min(window, nr); ++k) post(k);
   for (size_t k = 0; k < nr; ++k) {
-    DTRAIN_MPI_CHECK(MPI_Wait(&recvs[k % 2], MPI_STATUS_IGNORE));
-    reduce_into(recv.dtype, recv.data + k * piece * elem, scratch_.data() + (k % 2) * piece * elem,
+    DTRAIN_MPI_CHECK(MPI_Wait(&recvs[k % window], MPI_STATUS_IGNORE));
+    reduce_into(recv.dtype, recv.data + k * piece * elem, slot(k),
                 static_cast<size_t>(piece_len(recv.count, piece, k)), op);
-    if (k + 2 < nr) post(k + 2);
+    if (k + window < nr) post(k + window);
   }
   DTRAIN_MPI_CHECK(MPI_Waitall(static_cast<int>(ns), sends.data(), MPI_STATUSES_IGNORE));
 }

@@ -25,11 +25,16 @@ struct Span {
 void native_allreduce(MPI_Comm comm, Span buf, ReduceOp op);
 
 // Reduce-scatter then all-gather around the ring of `comm`'s ranks. Each step's
-// segment moves in pieces of at most `piece_bytes`; two receive buffers let the
-// next piece arrive while the current one is added. `scratch` is reused storage.
+// segment moves in pieces of at most `piece_bytes`; up to kWindow receive buffers
+// are posted at once, so later pieces arrive while the current one is added and a
+// link with a long round trip (TCP's rendezvous for each large message) stays busy:
+// with two in flight, hierarchical all-reduce between emulated nodes reached only
+// 1.15x of the ring instead of the 1.5x its link bytes allow (docs/benchmarks.md).
+// `scratch` is reused storage (kWindow pieces).
 class RingAllreduce {
  public:
   static constexpr size_t kPieceBytes = size_t{1} << 20;
+  static constexpr size_t kWindow = 8;
   RingAllreduce(MPI_Comm comm, std::vector<char>& scratch, size_t piece_bytes = kPieceBytes);
 
   void run(Span buf, ReduceOp op);
