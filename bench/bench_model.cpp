@@ -6,7 +6,8 @@
 // Prints JSON. Usage: bench_model [--arch resnet50] [--batch 32] [--image 224]
 // [--classes 1000] [--channels 3] [--seq T] [--layers L --hidden C --heads H
 // --ffn F --patch P, 0 or absent: the preset's] [--steps 3] [--warmup 2]
-// [--device cpu|cuda[:N]] [--optimizer sgd|adamw] [--profile 0|1]. Language models (bert-*,
+// [--device cpu|cuda[:N]] [--optimizer sgd|adamw] [--profile 0|1] [--dtype f32|bf16|f16]
+// (bf16 / f16: the graph's DTypePolicy; the optimizer is then left out). Language models (bert-*,
 // gpt2*) take their preset sizes, T tokens (--seq) and random ids; BERT predicts
 // round(0.15 T) of them per sequence, as the masked-LM loader selects. On CUDA the step
 // is timed between device synchronizations (forward, backward, optimizer each end with
@@ -46,6 +47,7 @@ struct Args {
   Device device = Device::cpu();
   std::string optimizer = "sgd";
   int profile = -1;  // -1: on for the CPU, off for CUDA
+  DType dtype = DType::f32;
 };
 
 Args parse(int argc, char** argv) {
@@ -54,6 +56,8 @@ Args parse(int argc, char** argv) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--arch")
       a.arch = v;
+    else if (k == "--dtype")
+      a.dtype = parse_dtype(v);
     else if (k == "--batch")
       a.batch = std::atoll(v.c_str());
     else if (k == "--image")
@@ -194,7 +198,10 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer&
   }
   const Device d = ex.device();
   Tensor params = ex.params().flat(DType::f32), grads = ex.grads().flat(DType::f32);
-  auto opt = optim::make_optimizer(o, segments(ex.params()), params.numel(), d);
+  // Half graphs: the optimizer steps fp32 masters in training; not timed here.
+  const bool step_opt = a.dtype == DType::f32;
+  auto opt =
+      step_opt ? optim::make_optimizer(o, segments(ex.params()), params.numel(), d) : nullptr;
   StepTimes t;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     const bool rec = s >= a.warmup;
@@ -210,7 +217,7 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer&
     timer.close();
     const double b = since(t0);
     t0 = Clock::now();
-    opt->step(params, grads, 1e-4);
+    if (opt) opt->step(params, grads, 1e-4);
     kernels::synchronize(d);
     const double u = since(t0);
     if (rec) {
@@ -328,7 +335,7 @@ int main(int argc, char** argv) {
     if (a.hidden > 0) mo.hidden = static_cast<int>(a.hidden);
     if (a.heads > 0) mo.heads = static_cast<int>(a.heads);
     if (a.ffn > 0) mo.ffn = static_cast<int>(a.ffn);
-    const models::ModelGraph m = models::build_model(mo, a.batch);
+    const models::ModelGraph m = models::build_model(mo, a.batch, graph::DTypePolicy{a.dtype});
     graph::Executor ex(m.graph, a.device);
     ex.initialize(42);
     fill_inputs(ex, m, mo);
@@ -341,7 +348,8 @@ int main(int argc, char** argv) {
     const double samples = static_cast<double>(a.batch);
     nlohmann::json out = {{"arch", a.arch},
                           {"device", a.device.str()},
-                          {"optimizer", a.optimizer},
+                          {"optimizer", a.dtype == DType::f32 ? a.optimizer : "none"},
+                          {"dtype", dtype_name(a.dtype)},
                           {"median_step_s", median},
                           {"samples_per_s", samples / median},
                           {"batch", a.batch},
@@ -360,7 +368,8 @@ int main(int argc, char** argv) {
     if (a.device.is_cuda())
       out["peak_device_bytes"] = kernels::device_allocator(a.device).stats().peak;
     if (a.profile) out["nodes"] = by_kind(m.graph, timer, a.steps, step);
-    if (a.device.is_cpu()) out["isolated_convs"] = isolated_convs(m.graph, ex.params());
+    if (a.device.is_cpu() && a.dtype == DType::f32)
+      out["isolated_convs"] = isolated_convs(m.graph, ex.params());
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   } catch (const std::exception& e) {
