@@ -15,7 +15,9 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/parallel.h"
 #include "kernels/common.h"
+#include "kernels/cpu/float_io.h"
 
 namespace dtrain::kernels::dnnl_util {
 
@@ -87,11 +89,18 @@ enum class ArgDir : uint8_t { in, out, inout };
 
 // One primitive argument: the caller's memory layout and the primitive's. When
 // they differ, the argument is staged through a workspace buffer by reorders.
+// A dense f16 argument of an f32 primitive (oneDNN 2.6 has no f16 compute on the
+// CPU) is first widened by our vectorised converter into f32 in the caller's
+// layout (`wide`), since oneDNN's own f16 reorders take its slow reference path;
+// oneDNN then reorders only f32, where its layouts differ.
 struct StagedArg {
   int dnnl_arg = 0;
   ArgDir dir = ArgDir::in;
   md user, prim;
   bool staged = false;
+  bool widen = false;
+  md wide;
+  int64_t wide_elems = 0;
   dnnl::reorder to_prim, to_user;
 };
 
@@ -129,6 +138,22 @@ inline Pass make_pass(dnnl::primitive prim, const md& scratchpad,
     a.dir = s.dir;
     a.user = s.user;
     a.prim = s.prim;
+    int64_t elems = 1;
+    for (int64_t d : s.user.dims()) elems *= d;
+    if (s.user.data_type() == dt::f16 && s.prim.data_type() == dt::f32 &&
+        s.user.get_size() == static_cast<size_t>(elems) * 2) {
+      a.widen = true;
+      a.wide = s.user;
+      a.wide.data.data_type = dnnl_f32;
+      a.wide_elems = elems;
+      staged_bytes += align64(a.wide.get_size());
+      a.staged = !(a.wide == s.prim);
+      if (!a.staged) continue;
+      staged_bytes += align64(s.prim.get_size());
+      if (s.dir != ArgDir::out) a.to_prim = make_reorder(a.wide, s.prim, p.scratch_bytes);
+      if (s.dir != ArgDir::in) a.to_user = make_reorder(s.prim, a.wide, p.scratch_bytes);
+      continue;
+    }
     a.staged = !(s.user == s.prim);
     if (!a.staged) continue;
     staged_bytes += align64(s.prim.get_size());
@@ -147,12 +172,25 @@ inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs
   dnnl::stream& s = cpu_stream();
   size_t off = 0;
   std::array<dnnl::memory, 4> user_mem, prim_mem;
+  std::array<void*, 4> user_raw{};
+  constexpr int64_t kGrain = 1 << 16;
   for (int i = 0; i < p.nargs; ++i) {
     const StagedArg& a = p.args[i];
     void* ptr = const_cast<void*>(user_ptrs.begin()[i]);
-    user_mem[i] = dnnl::memory(a.user, eng, ptr);
+    user_raw[static_cast<size_t>(i)] = ptr;
+    user_mem[i] = a.widen ? dnnl::memory(a.wide, eng, ws.take<char>(off, a.wide.get_size()))
+                          : dnnl::memory(a.user, eng, ptr);
     prim_mem[i] =
         a.staged ? dnnl::memory(a.prim, eng, ws.take<char>(off, a.prim.get_size())) : user_mem[i];
+  }
+  // f16 in: widen into the f32 copy of the caller's layout.
+  for (int i = 0; i < p.nargs; ++i) {
+    const StagedArg& a = p.args[i];
+    if (!a.widen || a.dir == ArgDir::out) continue;
+    const auto* src = static_cast<const f16*>(user_raw[static_cast<size_t>(i)]);
+    auto* dst = static_cast<float*>(user_mem[i].get_data_handle());
+    parallel_for(0, a.wide_elems, kGrain,
+                 [&](int64_t lo, int64_t hi) { cpu_io::load_n(src + lo, dst + lo, hi - lo); });
   }
   const size_t scratch_bytes = std::max<size_t>(p.scratch_bytes, 1);
   dnnl::memory scratch(
@@ -178,6 +216,15 @@ inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs
     }
   }
   s.wait();
+  // f16 out: round the f32 result into the caller's buffer.
+  for (int i = 0; i < p.nargs; ++i) {
+    const StagedArg& a = p.args[i];
+    if (!a.widen || a.dir == ArgDir::in) continue;
+    const auto* src = static_cast<const float*>(user_mem[i].get_data_handle());
+    auto* dst = static_cast<f16*>(user_raw[static_cast<size_t>(i)]);
+    parallel_for(0, a.wide_elems, kGrain,
+                 [&](int64_t lo, int64_t hi) { cpu_io::store_n(src + lo, dst + lo, hi - lo); });
+  }
 }
 
 }  // namespace dtrain::kernels::dnnl_util
