@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "dist/communicator.h"
 #include "dist/launcher.h"
+#include "dist/mpi_info.h"
 #include "dist/watchdog.h"
 #include "kernels/device_info.h"
 #include "runtime/startup.h"
@@ -38,6 +39,13 @@ int exec_local_ranks(const TrainArgs& args) {
   if (dist::launcher_world_size().value_or(1) > 1) {
     throw Error("--nproc: this process already runs under a launcher as one of several ranks",
                 "drop --nproc under mpirun or srun");
+  }
+  if (!dist::query_mpi().built) {
+    throw Error(fmt::format("--nproc {}: this dtrain was built without MPI, which starts and "
+                            "connects the ranks",
+                            args.nproc),
+                "install Open MPI (scripts/install-deps.sh) and rebuild with -DDTRAIN_MPI=ON, or "
+                "drop --nproc to train in one process");
   }
   const std::string mpirun = mpirun_path();
   const int cores = std::max(1u, std::thread::hardware_concurrency());
