@@ -55,7 +55,7 @@ std::string model_summary_line(const ModelOptions& model) {
 std::string precision_lines(const Job& job) {
   const PrecisionOptions& p = job.precision;
   if (p.dtype == PrecisionDType::fp32) return {};
-  const DType dt = p.dtype == PrecisionDType::bf16 ? DType::bf16 : DType::f16;
+  const DType dt = compute_dtype(p.dtype);
   std::string out;
   if (models::find_model(job.model.arch) != nullptr) {
     const models::ModelGraph m = models::build_model(job.model, 1, graph::DTypePolicy{dt});

@@ -5,24 +5,6 @@
 
 namespace dtrain::precision {
 
-std::string_view to_string(ScaleEvent e) {
-  switch (e) {
-    case ScaleEvent::none:
-      return "none";
-    case ScaleEvent::grew:
-      return "grew";
-    case ScaleEvent::tolerated:
-      return "tolerated";
-    case ScaleEvent::backed_off:
-      return "backed_off";
-    case ScaleEvent::at_min:
-      return "at_min";
-    case ScaleEvent::fatal:
-      return "fatal";
-  }
-  return "?";
-}
-
 LossScaler::LossScaler(const LossScaleOptions& options) : options_(options) {
   state_.scale = options_.mode == LossScaleMode::none ? 1.0 : options_.init;
   state_.overflows_left = std::max<int64_t>(options_.hysteresis, 1);

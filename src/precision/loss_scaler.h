@@ -43,7 +43,6 @@ struct LossScalerState {
 };
 
 enum class ScaleEvent : uint8_t { none, grew, tolerated, backed_off, at_min, fatal };
-std::string_view to_string(ScaleEvent e);
 
 struct ScaleDecision {
   bool skip = false;  // do not apply this step's update

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <utility>
 
+#include "core/dtype.h"
 #include "core/enum_names.h"
 
 namespace dtrain {
@@ -19,6 +20,12 @@ inline bool from_string(std::string_view text, PrecisionDType& out) {
   return enum_parse(kPrecisionDTypeNames, text, out);
 }
 inline const auto& enum_names(PrecisionDType) { return kPrecisionDTypeNames; }
+// The tensor dtype a precision computes in (graph::DTypePolicy's compute dtype).
+inline DType compute_dtype(PrecisionDType p) {
+  return p == PrecisionDType::bf16   ? DType::bf16
+         : p == PrecisionDType::fp16 ? DType::f16
+                                     : DType::f32;
+}
 
 enum class LossScaleMode : uint8_t { dynamic, static_, none };
 inline constexpr std::pair<LossScaleMode, std::string_view> kLossScaleModeNames[] = {

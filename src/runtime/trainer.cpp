@@ -243,9 +243,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   require_supported(job_, comm.size());
   micro_batches_ = job_.parallel.micro_batches;
   const int64_t batch = job_.data.micro_batch;
-  policy_.compute = job_.precision.dtype == PrecisionDType::bf16   ? DType::bf16
-                    : job_.precision.dtype == PrecisionDType::fp16 ? DType::f16
-                                                                   : DType::f32;
+  policy_.compute = compute_dtype(job_.precision.dtype);
   model_ = models::build_model(job_.model, batch, policy_);
   ex_ = std::make_unique<graph::Executor>(model_.graph, job_.device);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
@@ -417,22 +415,14 @@ void TrainSession::to_master_grad(int p) {
   const graph::FlatEntry& e = masters_->entries()[static_cast<size_t>(p)];
   const Tensor src = ex_->grads().view(p);
   Tensor dst = master_grads_.view(e.offset, e.spec.shape);
-  if (src.dtype() == DType::f32) {
-    kernels::scale(1.0f, src, dst);
-  } else {
-    kernels::cast(src, dst);
-  }
+  kernels::cast(src, dst);  // a copy for the f32 normalisation parameters
 }
 
 void TrainSession::publish_params() {
   for (int p = 0; p < masters_->size(); ++p) {
     const Tensor src = masters_->view(p);
     Tensor dst = ex_->params().view(p);
-    if (dst.dtype() == DType::f32) {
-      kernels::scale(1.0f, src, dst);
-    } else {
-      kernels::cast(src, dst);
-    }
+    kernels::cast(src, dst);
   }
 }
 

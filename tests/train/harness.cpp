@@ -8,12 +8,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <algorithm>
 #include <bit>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
@@ -217,6 +221,22 @@ std::string compare_checkpoint_state(const fs::path& a, const fs::path& b) {
     }
     if (std::memcmp(x.tensor.raw(), y.tensor.raw(), x.tensor.nbytes()) != 0) {
       return "tensor " + x.name + " differs";
+    }
+  }
+  return "";
+}
+
+std::string first_far(const std::vector<StepLoss>& ref, const std::vector<StepLoss>& other,
+                      double first_tol, double rest_tol) {
+  if (other.empty() || other.size() > ref.size()) {
+    return fmt::format("{} steps against a reference of {}", other.size(), ref.size());
+  }
+  for (size_t i = 0; i < other.size(); ++i) {
+    const double tol = (i == 0 ? first_tol : rest_tol) * std::max(1.0, std::abs(ref[i].loss));
+    const double gap = std::abs(other[i].loss - ref[i].loss);
+    if (ref[i].step != other[i].step || !(gap <= tol)) {
+      return fmt::format("step {}: {} vs {} ({:.1e} apart, tolerance {:.1e})", other[i].step,
+                         ref[i].loss, other[i].loss, gap, tol);
     }
   }
   return "";

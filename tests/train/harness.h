@@ -88,4 +88,11 @@ std::string compare_checkpoint_state(const fs::path& a, const fs::path& b);
 // "step 3: 2.31 vs 2.30" for the first difference, "" when the lists match bit for bit.
 std::string first_difference(const std::vector<StepLoss>& a, const std::vector<StepLoss>& b);
 
+// "step 3: 2.31 vs 2.20 (4.8e-02 relative, tolerance 2.0e-02)" for the first step of
+// `other` whose loss is not within tol * max(1, |ref|) of `ref`'s (tol = first_tol on
+// the first line, rest_tol after; a non-finite loss is never within), "" when all are.
+// `other` may be shorter than `ref` (a shorter run of the same job), not longer or empty.
+std::string first_far(const std::vector<StepLoss>& ref, const std::vector<StepLoss>& other,
+                      double first_tol, double rest_tol);
+
 }  // namespace dtrain::train_test
