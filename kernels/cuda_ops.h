@@ -122,8 +122,8 @@ void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& m
 static_assert(static_cast<int>(SgdMomentum::none) == 0 &&
               static_cast<int>(SgdMomentum::heavy_ball) == 1 &&
               static_cast<int>(SgdMomentum::nesterov) == 2);  // kernels/cuda/optimizer.cu
-void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum);
-void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v);
+void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum, Tensor* copy);
+void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor* copy);
 void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,
                   const Tensor& g, Tensor& m, Tensor& v, Tensor& sums);
 void lamb_update(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& step,

@@ -7,24 +7,28 @@
 
 namespace dtrain::kernels::cuda_ops {
 
-void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum) {
-  const SgdScalars s{k.lr, k.wd, k.mu, static_cast<int>(k.momentum)};
+void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum, Tensor* copy) {
+  const SgdScalars s{k.lr, k.wd, k.mu, static_cast<int>(k.momentum), k.gscale};
   float* buf = k.momentum == SgdMomentum::none ? nullptr : f32(momentum);
-  launch_sgd_step(s, f32(p), f32(g), buf, p.numel(), stream_of(p));
+  launch_sgd_step(s, p.dtype(), p.raw(), f32(g), buf, copy ? copy->dtype() : DType::f32,
+                  copy ? copy->raw() : nullptr, p.numel(), stream_of(p));
 }
 
 namespace {
 
 AdamScalars scalars(const AdamStep& k) {
-  return {k.b1, k.one_minus_b1, k.b2, k.one_minus_b2, k.bc1, k.sqrt_bc2, k.eps, k.lr, k.wd};
+  return {k.b1,       k.one_minus_b1, k.b2, k.one_minus_b2, k.bc1,
+          k.sqrt_bc2, k.eps,          k.lr, k.wd,           k.gscale};
 }
 
 const int64_t* i64(const Tensor& t) { return static_cast<const int64_t*>(t.raw()); }
 
 }  // namespace
 
-void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v) {
-  launch_adamw_step(scalars(k), f32(p), f32(g), f32(m), f32(v), p.numel(), stream_of(p));
+void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor* copy) {
+  launch_adamw_step(scalars(k), p.dtype(), p.raw(), f32(g), f32(m), f32(v),
+                    copy ? copy->dtype() : DType::f32, copy ? copy->raw() : nullptr, p.numel(),
+                    stream_of(p));
 }
 
 void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,

@@ -126,8 +126,8 @@ void dropout_backward(const DropoutArgs&, const Tensor&, const Tensor&, Tensor&)
   no_cuda("dropout_backward");
 }
 
-void sgd_step(const SgdStep&, Tensor&, const Tensor&, Tensor&) { no_cuda("sgd_step"); }
-void adamw_step(const AdamStep&, Tensor&, const Tensor&, Tensor&, Tensor&) {
+void sgd_step(const SgdStep&, Tensor&, const Tensor&, Tensor&, Tensor*) { no_cuda("sgd_step"); }
+void adamw_step(const AdamStep&, Tensor&, const Tensor&, Tensor&, Tensor&, Tensor*) {
   no_cuda("adamw_step");
 }
 void lamb_moments(const AdamStep&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,

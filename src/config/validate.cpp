@@ -75,10 +75,19 @@ void check_optimizer(const Checker& c) {
 void check_precision(const Checker& c) {
   const PrecisionOptions& p = c.job.precision;
   const LossScaleOptions& s = p.loss_scale;
-  if (p.dtype == PrecisionDType::fp16 && !p.master_weights) {
-    c.error(
-        "precision.master_weights", "fp16 training needs fp32 master weights",
-        "fp16 cannot represent small updates (lr x grad); set master_weights: true or use bf16");
+  if (p.dtype != PrecisionDType::fp32 && !p.master_weights) {
+    if (c.job.optimizer.name == OptimizerName::lamb) {
+      c.error("precision.master_weights",
+              "false updates the half parameters in place, which LAMB cannot (its trust ratios "
+              "read one flat f32 parameter buffer)",
+              "keep master_weights: true, or use optimizer.name sgd or adamw");
+    }
+    // Legal, as the issue and the article frame it: the configuration to avoid.
+    c.warn("precision.master_weights",
+           fmt::format("false: the {} parameters are updated in place and rounded every step, "
+                       "so updates smaller than half a unit in the last place (lr x gradient "
+                       "against the weight) are lost; fp32 master weights avoid that",
+                       to_string(p.dtype)));
   }
   if (p.dtype != PrecisionDType::fp16 && s.mode != LossScaleMode::none) {
     // Legal (a power-of-two scale changes no fp32 or bf16 bit unless something

@@ -1,4 +1,5 @@
-// AdamW and LAMB: Adam moments with bias correction (states "exp_avg", "exp_avg_sq").
+// AdamW and LAMB: Adam moments with bias correction (states "exp_avg", "exp_avg_sq"),
+// g read as g x grad_scale.
 //   m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2,   bc_k = 1 - b_k^t  (t from 1)
 // AdamW (PyTorch): p = p (1 - lr wd);  p = p - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)
 // LAMB: u = (m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + wd p;  r = ||p|| / ||u|| per segment
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <memory>
 
+#include "kernels/elementwise.h"
 #include "kernels/memory.h"
 #include "kernels/optimizer.h"
 #include "optim/algorithms.h"
@@ -19,7 +21,7 @@ namespace {
 
 // The step's scalars, computed in double and rounded once to f32 (the fused
 // kernel's own argument, so AdamW passes them through unchanged).
-kernels::AdamStep adam_coef(const OptimizerOptions& o, int64_t t, double lr) {
+kernels::AdamStep adam_coef(const OptimizerOptions& o, int64_t t, double lr, float grad_scale) {
   const double b1 = o.betas[0], b2 = o.betas[1];
   const double td = static_cast<double>(t);
   auto f = [](double x) { return static_cast<float>(x); };
@@ -31,7 +33,8 @@ kernels::AdamStep adam_coef(const OptimizerOptions& o, int64_t t, double lr) {
           f(std::sqrt(1 - std::pow(b2, td))),
           f(o.eps),
           f(lr),
-          0.0f};
+          0.0f,
+          grad_scale};
 }
 
 class AdamW final : public Optimizer {
@@ -40,15 +43,16 @@ class AdamW final : public Optimizer {
       : Optimizer(o, std::move(s), total, {"exp_avg", "exp_avg_sq"}, device) {}
 
  private:
-  void update(Tensor& p, const Tensor& g, double lr) override {
+  void update(const ParamTarget& p, const Tensor& g, double lr, float grad_scale) override {
     const Tensor m = state_buffer(0), v = state_buffer(1);
-    const kernels::AdamStep base = adam_coef(options(), step_, lr);
+    const kernels::AdamStep base = adam_coef(options(), step_, lr, grad_scale);
     for_each_range([&](int32_t segment, int64_t at, int64_t n) {
       kernels::AdamStep k = base;
       k.wd = decay_of(segment);
       const Shape s{n};
-      Tensor pt = p.view(at, s), mt = m.view(at, s), vt = v.view(at, s);
-      kernels::adamw_step(k, pt, g.view(at, s), mt, vt);
+      Tensor pt = param_range(p, segment, at, n), ct = copy_range(p, segment, at, n);
+      Tensor mt = m.view(at, s), vt = v.view(at, s);
+      kernels::adamw_step(k, pt, g.view(at, s), mt, vt, ct.defined() ? &ct : nullptr);
     });
   }
 };
@@ -84,9 +88,12 @@ class Lamb final : public Optimizer {
     return t;
   }
 
-  void update(Tensor& p, const Tensor& g, double lr) override {
+  bool steps_views() const override { return false; }
+
+  void update(const ParamTarget& target, const Tensor& g, double lr, float grad_scale) override {
+    Tensor p = target.flat;
     Tensor m = state_buffer(0), v = state_buffer(1);
-    const kernels::AdamStep k = adam_coef(options(), step_, lr);
+    const kernels::AdamStep k = adam_coef(options(), step_, lr, grad_scale);
     kernels::lamb_moments(k, ranges_, wd_, p, g, m, v, sums_);
     if (device().is_cuda()) kernels::copy(sums_, sums_host_);  // blocking: the ratios need them
     trust_ratios();
@@ -97,6 +104,10 @@ class Lamb final : public Optimizer {
     }
     if (device().is_cuda()) kernels::copy(step_host_, step_dev_);
     kernels::lamb_update(k, ranges_, wd_, step_dev_, p, m, v);
+    for (size_t s = 0; s < target.copies.size(); ++s) {  // the compute-dtype copy: a third pass
+      Tensor copy = target.copies[s];
+      kernels::cast(p.view(segments()[s].offset, Shape{segments()[s].size}), copy);
+    }
   }
 
   // Per segment: chunk sums added in chunk order (chunks of a segment are consecutive).

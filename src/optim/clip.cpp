@@ -53,10 +53,15 @@ double grad_sum_squares(const Tensor& grads) {
   return total;
 }
 
-Clipped clip_to_norm(Tensor& grads, double norm, double max_norm) {
+double clip_factor(double norm, double max_norm) {
   DTRAIN_CHECK(max_norm > 0, "max_norm {} must be positive", max_norm);
   const double coef = max_norm / (norm + 1e-6);
-  if (!std::isfinite(norm) || coef >= 1.0) return Clipped::no;
+  return !std::isfinite(norm) || coef >= 1.0 ? 1.0 : coef;
+}
+
+Clipped clip_to_norm(Tensor& grads, double norm, double max_norm) {
+  const double coef = clip_factor(norm, max_norm);
+  if (coef == 1.0) return Clipped::no;
   check_grads(grads);
   const float c = static_cast<float>(coef);
   if (grads.device().is_cuda()) {

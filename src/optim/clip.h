@@ -13,6 +13,10 @@ namespace dtrain::optim {
 inline constexpr int64_t kClipBlock = 16384;
 double grad_sum_squares(const Tensor& grads);
 
+// The clipping factor max_norm / (norm + 1e-6) when it is below 1, else 1 (also for a
+// non-finite norm): the multiplier a fused optimizer step applies to the gradients.
+double clip_factor(double norm, double max_norm);
+
 // grads *= max_norm / (norm + 1e-6) when that factor is below 1; otherwise untouched.
 // A non-finite norm leaves grads untouched. Returns whether it scaled.
 enum class Clipped : uint8_t { no, yes };

@@ -57,12 +57,46 @@ Optimizer::Optimizer(const OptimizerOptions& options, std::vector<ParamSegment> 
   }
 }
 
-void Optimizer::step(Tensor& params, const Tensor& grads, double lr) {
-  check_flat(params, total_, device_, "parameter");
+void Optimizer::step(const ParamTarget& target, const Tensor& grads, double lr, float grad_scale) {
   check_flat(grads, total_, device_, "gradient");
   DTRAIN_CHECK(std::isfinite(lr) && lr >= 0, "learning rate {}", lr);
+  DTRAIN_CHECK(std::isfinite(grad_scale), "gradient scale {}", grad_scale);
+  auto check_per_segment = [&](const std::vector<Tensor>& list, const char* what) {
+    DTRAIN_CHECK(list.size() == segments_.size(), "{} {} for {} segments", list.size(), what,
+                 segments_.size());
+    for (size_t s = 0; s < list.size(); ++s) {
+      const Tensor& t = list[s];
+      DTRAIN_CHECK(
+          t.defined() && t.device() == device_ && t.numel() == segments_[s].size &&
+              (t.dtype() == DType::f32 || t.dtype() == DType::f16 || t.dtype() == DType::bf16),
+          "{} of segment {} must be a float [{}] on {}, got {}", what, segments_[s].name,
+          segments_[s].size, device_.str(), t.defined() ? t.str() : "undefined");
+    }
+  };
+  if (target.flat.defined()) {
+    check_flat(target.flat, total_, device_, "parameter");
+    DTRAIN_CHECK(target.views.empty(), "a parameter target is flat or views, not both");
+    if (!target.copies.empty()) check_per_segment(target.copies, "copies");
+  } else {
+    DTRAIN_CHECK(steps_views(), "the {} optimizer steps a flat f32 parameter buffer only",
+                 to_string(name()));
+    DTRAIN_CHECK(target.copies.empty(), "copies go with a flat parameter buffer");
+    check_per_segment(target.views, "views");
+  }
   ++step_;
-  update(params, grads, lr);
+  update(target, grads, lr, grad_scale);
+}
+
+Tensor Optimizer::param_range(const ParamTarget& t, int32_t segment, int64_t at, int64_t n) const {
+  if (t.flat.defined()) return t.flat.view(at, Shape{n});
+  const auto s = static_cast<size_t>(segment);
+  return t.views[s].view(at - segments_[s].offset, Shape{n});
+}
+
+Tensor Optimizer::copy_range(const ParamTarget& t, int32_t segment, int64_t at, int64_t n) const {
+  if (t.copies.empty()) return {};
+  const auto s = static_cast<size_t>(segment);
+  return t.copies[s].view(at - segments_[s].offset, Shape{n});
 }
 
 void Optimizer::for_each_range(const std::function<void(int32_t, int64_t, int64_t)>& fn) const {

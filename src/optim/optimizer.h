@@ -1,8 +1,12 @@
 // The optimizer interface: one fused step over a flat f32 parameter buffer and its
 // gradient buffer (same layout), described by ParamSegments, with named flat state
 // buffers (momentum; exp_avg, exp_avg_sq) laid out like the parameters, all on one
-// device (the CPU or a CUDA device). No LR schedule (the caller passes lr), no
-// clipping, no loss-scale unscaling.
+// device (the CPU or a CUDA device). No LR schedule (the caller passes lr). The
+// caller folds the loss-scale unscale and the clipping factor into one gradient
+// multiplier (grad_scale), which the update applies as it reads each gradient, and
+// may ask the same pass to write the compute-dtype copy of each parameter
+// (ParamTarget): unscale, clip, update the master, write the half copy, in one pass
+// per segment for SGD and AdamW (LAMB: its two passes, then the copy).
 #pragma once
 
 #include <cstdint>
@@ -26,16 +30,37 @@ struct OptimizerState {
   std::vector<std::pair<std::string, Tensor>> buffers;
 };
 
+// Where one step writes the parameters, in one of two forms:
+//  - flat defined: the f32 buffer in the segments' layout (an fp32 run's parameters,
+//    or a half run's fp32 master weights). copies: empty, or one tensor per segment
+//    (segments() order) of the segment's size, f32 / f16 / bf16, which receives the
+//    updated value rounded to its dtype in the same pass.
+//  - flat undefined: views holds, per segment, the parameter itself (f32, f16 or
+//    bf16, the segment's size), read widened and written back rounded: half
+//    parameters updated in place, with no master copy (precision.master_weights:
+//    false). SGD and AdamW only (LAMB's norms want the flat buffer).
+struct ParamTarget {
+  Tensor flat;
+  std::vector<Tensor> copies;
+  std::vector<Tensor> views;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // params, grads: f32 [total_elems] on the optimizer's device. Updates params and the
-  // state in place for every segment element; reads grads only. Step k (counted from
-  // 1) uses lr as given.
-  void step(Tensor& params, const Tensor& grads, double lr);
+  // grads: f32 [total_elems] on the optimizer's device, read as grads x grad_scale.
+  // Updates the target's parameters and the state in place for every segment element;
+  // reads grads only. Step k (counted from 1) uses lr as given.
+  void step(const ParamTarget& target, const Tensor& grads, double lr, float grad_scale = 1.0f);
+  // params: f32 [total_elems], the flat form without copies.
+  void step(Tensor& params, const Tensor& grads, double lr) {
+    step(ParamTarget{params, {}, {}}, grads, lr);
+  }
+  // Whether steps accept ParamTarget::views (false for LAMB).
+  virtual bool steps_views() const { return true; }
 
   int64_t step_count() const { return step_; }
   // Views of the live buffers (not copies): write them out, or copy to keep a snapshot.
@@ -53,8 +78,13 @@ class Optimizer {
  protected:
   Optimizer(const OptimizerOptions& options, std::vector<ParamSegment> segments,
             int64_t total_elems, const std::vector<std::string>& state_names, Device device);
-  // One step; step_ already counts this step (1 on the first).
-  virtual void update(Tensor& params, const Tensor& grads, double lr) = 0;
+  // One step; step_ already counts this step (1 on the first). The target is checked.
+  virtual void update(const ParamTarget& target, const Tensor& grads, double lr,
+                      float grad_scale) = 0;
+  // The parameters of [at, at + n) (inside one segment) as the target holds them: a view
+  // of the flat buffer, or of the segment's own tensor; and the copy's range, or nullptr.
+  Tensor param_range(const ParamTarget& t, int32_t segment, int64_t at, int64_t n) const;
+  Tensor copy_range(const ParamTarget& t, int32_t segment, int64_t at, int64_t n) const;
 
   Tensor state_buffer(size_t i) const { return buffers_[i].second; }
   const std::vector<SegmentChunk>& chunks() const { return chunks_; }

@@ -4,8 +4,9 @@
 //                                          exactly as PyTorch's clone; absent when mu = 0)
 //   d = d + mu * b (Nesterov) or d = b
 //   p = p - lr * d
-// One fused pass per range (kernels::sgd_step; Optimizer::for_each_range), f32
-// arithmetic with the coefficients rounded once to f32.
+// g is read as g x grad_scale. One fused pass per range (kernels::sgd_step;
+// Optimizer::for_each_range), f32 arithmetic with the coefficients rounded once to
+// f32, the parameter's copy (if any) written in the same pass.
 #include <memory>
 
 #include "kernels/optimizer.h"
@@ -26,13 +27,14 @@ class Sgd final : public Optimizer {
                                                 : kernels::SgdMomentum::heavy_ball)) {}
 
  private:
-  void update(Tensor& p, const Tensor& g, double lr) override {
+  void update(const ParamTarget& p, const Tensor& g, double lr, float grad_scale) override {
     const Tensor buf = momentum_ == kernels::SgdMomentum::none ? Tensor() : state_buffer(0);
     for_each_range([&](int32_t segment, int64_t at, int64_t n) {
       const kernels::SgdStep k{static_cast<float>(lr), decay_of(segment),
-                               static_cast<float>(options().momentum), momentum_};
-      Tensor pt = p.view(at, Shape{n}), bt = buf.defined() ? buf.view(at, Shape{n}) : Tensor();
-      kernels::sgd_step(k, pt, g.view(at, Shape{n}), bt);
+                               static_cast<float>(options().momentum), momentum_, grad_scale};
+      Tensor pt = param_range(p, segment, at, n), ct = copy_range(p, segment, at, n);
+      Tensor bt = buf.defined() ? buf.view(at, Shape{n}) : Tensor();
+      kernels::sgd_step(k, pt, g.view(at, Shape{n}), bt, ct.defined() ? &ct : nullptr);
     });
   }
 

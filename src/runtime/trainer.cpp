@@ -39,6 +39,7 @@
 #include "runtime/data_feed.h"
 #include "runtime/device_feed.h"
 #include "runtime/faults.h"
+#include "runtime/master_weights.h"
 #include "runtime/metrics.h"
 #include "runtime/replicas.h"
 #include "runtime/signals.h"
@@ -90,10 +91,6 @@ void require_device(const Device& device) {
 
 void require_supported(const Job& job, int world) {
   require_device(job.device);
-  if (job.precision.dtype != PrecisionDType::fp32 && !job.precision.master_weights) {
-    unsupported("precision.master_weights",
-                "false (half parameters updated in place; train with master_weights: true)");
-  }
   const ParallelOptions& p = job.parallel;
   if (p.tensor != 1 || p.pipeline != 1 || p.data != world) {
     unsupported("parallel",
@@ -121,11 +118,10 @@ std::string fnv1a_hex(std::string_view s) {
   return fmt::format("{:016x}", h);
 }
 
-std::vector<optim::ParamSegment> segments_of(const graph::FlatStore& params, NoDecayGroups rule) {
+std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
+                                             NoDecayGroups rule) {
   std::vector<optim::ParamSegment> segs;
-  for (const graph::FlatEntry& e : params.entries()) {
-    DTRAIN_CHECK(e.spec.dtype == DType::f32, "{} is {}: fp32 training only", e.name,
-                 dtype_name(e.spec.dtype));
+  for (const graph::FlatEntry& e : layout) {
     const graph::ParamGroup g = e.spec.group;
     bool no_decay = false;
     if (rule != NoDecayGroups::none) {
@@ -182,11 +178,6 @@ class TrainSession {
   void resume_if_asked();
   void connect(dist::Watchdog* watchdog);
   double train_step(const StopSignals& signals);
-  graph::FlatStore& master_params() { return masters_ ? *masters_ : ex_->params(); }
-  const graph::FlatStore& master_params() const { return masters_ ? *masters_ : ex_->params(); }
-  Tensor flat_grads() const { return masters_ ? master_grads_ : ex_->grads().flat(DType::f32); }
-  void to_master_grad(int p);  // half jobs: the executor's gradient p, as f32, into its slot
-  void publish_params();       // half jobs: the masters, rounded, into the executor
   std::string first_non_finite(const Tensor& grads) const;
   [[noreturn]] void fail_non_finite(double loss, const Tensor& grads) const;
   StepTotals agree_totals(const StepTotals& local);
@@ -207,12 +198,7 @@ class TrainSession {
   models::ModelGraph model_;
   graph::DTypePolicy policy_;
   std::unique_ptr<graph::Executor> ex_;
-  // Half-precision jobs: the fp32 master weights the optimizer steps (the graph's
-  // parameter layout with every entry f32: an fp32 run's layout) and the f32
-  // gradients in that layout, written from the executor's half gradients as each
-  // becomes final. fp32 jobs step the executor's own parameters and gradients.
-  std::unique_ptr<graph::FlatStore> masters_;
-  Tensor master_grads_;
+  std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
   std::unique_ptr<DeviceFeed> train_;
@@ -251,23 +237,16 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   counters_.arch = job_.model.arch;
   counters_.config_hash = fnv1a_hex(r.resolved_yaml);
   ex_->initialize(counters_.seed);
-  if (policy_.half()) {
-    std::vector<graph::FlatEntry> entries = model_.graph.param_layout();
-    for (graph::FlatEntry& e : entries) e.spec.dtype = DType::f32;
-    masters_ = std::make_unique<graph::FlatStore>(std::move(entries));
-    masters_->allocate(job_.device);
-    masters_->initialize(counters_.seed);  // an fp32 run's initial values, unrounded
-    const Tensor m = masters_->flat(DType::f32);
-    master_grads_ = Tensor::empty(m.shape(), DType::f32, &kernels::device_allocator(job_.device));
-    kernels::fill(master_grads_, 0.0f);  // the padding between entries stays 0
-    publish_params();
-  }
-  const Tensor flat = master_params().flat(DType::f32);
-  opt_ =
-      optim::make_optimizer(job_.optimizer, segments_of(master_params(), job_.optimizer.no_decay),
-                            flat.numel(), job_.device);
+  const MasterMode mode = !policy_.half()                 ? MasterMode::fp32
+                          : job_.precision.master_weights ? MasterMode::masters
+                                                          : MasterMode::in_place;
+  weights_ = std::make_unique<MasterWeights>(*ex_, mode, counters_.seed, job_.device);
+  const Tensor grads = weights_->grads();
+  opt_ = optim::make_optimizer(job_.optimizer,
+                               segments_of(weights_->layout(), job_.optimizer.no_decay),
+                               grads.numel(), job_.device);
   if (micro_batches_ > 1) {
-    grad_acc_ = Tensor::empty(flat.shape(), DType::f32, &kernels::device_allocator(job_.device));
+    grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }
   language_model_ = is_language_model(find_arch(job_.model.arch)->family);
   source_ = DataSource::open(job_, counters_.seed, {comm_.rank(), comm_.size()});
@@ -315,8 +294,9 @@ void TrainSession::resume_if_asked() {
     const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
     if (!file.empty()) {
       const std::string hash = counters_.config_hash;
-      counters_ = load_train_state(file, master_params(), ex_->buffers(), *opt_);
-      if (masters_) publish_params();
+      counters_ = load_train_state(file, weights_->state(), ex_->buffers(), *opt_);
+      weights_->state_loaded();
+      weights_->release_state();
       if (counters_.config_hash != hash) {
         note(
             fmt::format("note: {} was written by a different job file (the model "
@@ -345,11 +325,11 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   }
   grad_comm_ = device_comm_ ? device_comm_.get() : &comm_;
   std::vector<dist::GradRange> ranges;
-  for (const graph::FlatEntry& e : master_params().entries())
+  for (const graph::FlatEntry& e : weights_->layout())
     ranges.push_back({e.offset, e.spec.shape.numel()});
   sync_ = std::make_unique<dist::GradSync>(
       *grad_comm_,
-      dist::plan_buckets(ranges, flat_grads().numel(),
+      dist::plan_buckets(ranges, weights_->grads().numel(),
                          static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0)),
       ex_->grads().size(), job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
   const int last_param = ex_->grads().size() - 1;
@@ -358,7 +338,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       Tensor g = ex_->grads().view(p).view(0, Shape{1});
       kernels::fill(g, std::numeric_limits<float>::infinity());
     }
-    if (masters_) to_master_grad(p);
+    weights_->grad_ready(p);
     sync_->ready(p);
   };
   buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
@@ -411,23 +391,8 @@ StepTotals TrainSession::agree_totals(const StepTotals& local) {
 // One optimizer step; returns the mean loss over the global batch's labels. Micro-batch
 // m of rank r is the step's global micro-batch g = m * world + r (the sampler's order),
 // whose samples are [g * micro_batch, (g + 1) * micro_batch) of the global batch.
-void TrainSession::to_master_grad(int p) {
-  const graph::FlatEntry& e = masters_->entries()[static_cast<size_t>(p)];
-  const Tensor src = ex_->grads().view(p);
-  Tensor dst = master_grads_.view(e.offset, e.spec.shape);
-  kernels::cast(src, dst);  // a copy for the f32 normalisation parameters
-}
-
-void TrainSession::publish_params() {
-  for (int p = 0; p < masters_->size(); ++p) {
-    const Tensor src = masters_->view(p);
-    Tensor dst = ex_->params().view(p);
-    kernels::cast(src, dst);
-  }
-}
-
 double TrainSession::train_step(const StopSignals& signals) {
-  Tensor grads = flat_grads();
+  Tensor grads = weights_->grads();
   const int64_t mb = job_.data.micro_batch;
   StepTotals local;
   for (int m = 0; m < micro_batches_; ++m) {
@@ -464,10 +429,11 @@ double TrainSession::train_step(const StopSignals& signals) {
   stop_agreed_ = total.stop > 0;
   const double loss = total.labelled > 0 ? total.loss_sum / total.labelled : 0.0;
   // Unscale: the scaled sum over labels becomes the mean (no labels: a zero gradient).
-  // Every rank holds the same summed gradient, so every rank finds the same overflow.
+  // The gradients stay scaled in memory: the norm is unscaled here, and the optimizer
+  // reads each gradient times unscale x the clipping factor in its one pass. Every rank
+  // holds the same summed gradient, so every rank finds the same overflow.
   const double unscale = total.labelled > 0 ? 1.0 / (total.labelled * scaler_.scale()) : 0.0;
-  kernels::scale(static_cast<float>(unscale), grads, grads);
-  const double norm = std::sqrt(optim::grad_sum_squares(grads));
+  const double norm = std::sqrt(optim::grad_sum_squares(grads)) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
   const precision::ScaleDecision d = scaler_.update(found_inf);
   ++counters_.step;
@@ -483,14 +449,13 @@ double TrainSession::train_step(const StopSignals& signals) {
     rank_log_->write(
         fmt::format("step {}: loss scale {} -> {}", counters_.step, d.old_scale, d.new_scale));
   }
-  if (job_.optimizer.clip_grad_norm)
-    optim::clip_to_norm(grads, norm, *job_.optimizer.clip_grad_norm);
+  const double clip = job_.optimizer.clip_grad_norm
+                          ? optim::clip_factor(norm, *job_.optimizer.clip_grad_norm)
+                          : 1.0;
   // The schedule counts applied updates: a skipped step does not advance it.
   const double lr =
       optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, opt_->step_count(), total_steps_);
-  Tensor params = master_params().flat(DType::f32);
-  opt_->step(params, grads, lr);
-  if (masters_) publish_params();
+  opt_->step(weights_->target(), grads, lr, static_cast<float>(unscale * clip));
   return loss;
 }
 
@@ -498,7 +463,7 @@ double TrainSession::train_step(const StopSignals& signals) {
 std::string TrainSession::first_non_finite(const Tensor& grads) const {
   const Tensor host = kernels::to_host(grads);
   const float* g = host.data<float>();
-  for (const graph::FlatEntry& e : master_params().entries()) {
+  for (const graph::FlatEntry& e : weights_->layout()) {
     const int64_t n = e.spec.shape.numel();
     for (int64_t i = 0; i < n; ++i) {
       if (!std::isfinite(g[e.offset + i])) {
@@ -637,13 +602,16 @@ void TrainSession::log_eval(const EvalResult& r) {
 // Every rank first proves its replica equals rank 0's (parameters, buffers, optimizer
 // state); rank 0 then writes. Its file is complete (renamed into place) when it returns.
 void TrainSession::save_checkpoint() {
-  std::vector<Tensor> state = {master_params().flat(DType::f32), ex_->buffers().flat(DType::f32)};
+  graph::FlatStore& params = weights_->state();
+  std::vector<Tensor> state = {params.flat(DType::f32), ex_->buffers().flat(DType::f32)};
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
   check_replicas(comm_, state, "parameters, buffers and optimizer state");
-  if (!leader()) return;
-  const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
-  save_train_state(file, master_params(), ex_->buffers(), *opt_, counters_);
-  prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+  if (leader()) {
+    const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
+    save_train_state(file, params, ex_->buffers(), *opt_, counters_);
+    prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+  }
+  weights_->release_state();
 }
 
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {

@@ -125,8 +125,10 @@ TEST_CASE("impossible combinations fail naming the deciding key") {
             "parallel.data: tensor (1) x pipeline (1) x data (3) = 3, but the world size is 4"));
   CHECK(has(error_of("model: {arch: bert-base}\ntrain: {steps: 1}\nparallel: {tensor: 8}\n", {}, 8),
             "12 heads cannot be split over parallel.tensor = 8"));
-  CHECK(has(error_of(std::string(kMinimal) + "precision: {dtype: fp16, master_weights: false}\n"),
-            "fp16 training needs fp32 master weights"));
+  CHECK(has(error_of(std::string(kMinimal) +
+                     "optimizer: {name: lamb}\nprecision: {dtype: bf16, master_weights: false}\n"),
+            "precision.master_weights: false updates the half parameters in place, which LAMB "
+            "cannot"));
   CHECK(has(error_of("model: {arch: resnet50}\ntrain: {}\n"), "set how long to train"));
   CHECK(has(error_of("model: {arch: resnet50}\ntrain: {steps: 1, epochs: 1}\n"), "not both"));
   CHECK(has(error_of("model: {arch: vit-base, image_size: 100}\ntrain: {steps: 1}\n"),
@@ -174,6 +176,14 @@ TEST_CASE("warnings for legal but useless settings") {
   CHECK(scaled.precision.loss_scale.on_min == LossScaleOnMin::clamp);
   REQUIRE(warnings.size() == 1);
   CHECK(has(warnings[0], "precision.loss_scale.mode: dynamic loss scaling with dtype fp32"));
+  warnings.clear();
+  const Job in_place =
+      load(std::string(kMinimal) + "precision: {dtype: fp16, master_weights: false}\n", {}, 1,
+           &warnings);
+  CHECK_FALSE(in_place.precision.master_weights);
+  REQUIRE(warnings.size() == 1);
+  CHECK(has(warnings[0],
+            "precision.master_weights: false: the fp16 parameters are updated in place"));
 }
 
 TEST_CASE("empty documents and non-mapping roots") {

@@ -9,8 +9,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "kernels/device_info.h"
+#include "kernels/elementwise.h"
 #include "kernels/memory.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
@@ -108,6 +110,58 @@ TEST_CASE("global-norm clipping on CUDA scales to max_norm") {
   double after = 0;
   for (float x : clipped) after += static_cast<double>(x) * x;
   CHECK(std::abs(std::sqrt(after) - 0.5) < 1e-4);
+}
+
+// The mixed-precision step on the GPU: grad_scale folded in, bf16 copies written in the
+// same kernel (the rounded masters, bit for bit), and bf16 parameters stepped in place
+// (within one bf16 unit of the CPU's: nvcc may fuse a multiply-add the CPU rounds).
+TEST_CASE("the fused mixed-precision step on CUDA: grad_scale, copies and in-place bf16") {
+  const auto segs = layout();
+  for (OptimizerName name : {OptimizerName::sgd, OptimizerName::adamw}) {
+    CAPTURE(to_string(name));
+    const OptimizerOptions o = options_for(name);
+    auto with = make_optimizer(o, segs, kTotal, kGpu);
+    auto views_opt = make_optimizer(o, segs, kTotal, kGpu);
+    auto cpu_views = make_optimizer(o, segs, kTotal);
+    Tensor p = to_gpu(pattern(kTotal, 1));
+    std::vector<Tensor> copies, views, host_views;
+    for (const ParamSegment& s : segs) {
+      Tensor c = Tensor::empty(Shape{s.size}, DType::bf16, &kernels::device_allocator(kGpu));
+      kernels::cast(p.view(s.offset, Shape{s.size}), c);
+      copies.push_back(c);
+      Tensor v = Tensor::empty(Shape{s.size}, DType::bf16, &kernels::device_allocator(kGpu));
+      kernels::copy(c, v);
+      views.push_back(v);
+      Tensor h = Tensor::empty(Shape{s.size}, DType::bf16);
+      kernels::copy(c, h);
+      host_views.push_back(h);
+    }
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> g = pattern(kTotal, 100 + step);
+      with->step(ParamTarget{p, copies, {}}, to_gpu(g), 0.05, 0.25f);
+      views_opt->step(ParamTarget{{}, {}, views}, to_gpu(g), 0.05, 0.25f);
+      cpu_views->step(ParamTarget{{}, {}, host_views}, as_tensor(g), 0.05, 0.25f);
+    }
+    for (size_t s = 0; s < segs.size(); ++s) {
+      Tensor want = Tensor::empty(Shape{segs[s].size}, DType::bf16);
+      Tensor masters = Tensor::empty(Shape{segs[s].size}, DType::f32);
+      kernels::copy(p.view(segs[s].offset, Shape{segs[s].size}), masters);
+      kernels::cast(masters, want);
+      Tensor got = Tensor::empty(Shape{segs[s].size}, DType::bf16);
+      kernels::copy(copies[s], got);
+      CHECK(std::memcmp(got.raw(), want.raw(), want.nbytes()) == 0);
+      Tensor in_place = Tensor::empty(Shape{segs[s].size}, DType::bf16);
+      kernels::copy(views[s], in_place);
+      Tensor a = Tensor::empty(Shape{segs[s].size}, DType::f32);
+      Tensor b = Tensor::empty(Shape{segs[s].size}, DType::f32);
+      kernels::cast(in_place, a);
+      kernels::cast(host_views[s], b);
+      for (int64_t i = 0; i < segs[s].size; ++i) {
+        const float x = a.data<float>()[i], y = b.data<float>()[i];
+        CHECK(std::abs(x - y) <= std::abs(y) * 0.0079f + 1e-30f);  // one bf16 unit: 2^-7
+      }
+    }
+  }
 }
 
 int main(int argc, char** argv) {

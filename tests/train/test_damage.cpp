@@ -161,9 +161,10 @@ TEST_CASE("bad input is refused before any output is written") {
       {"missing --resume file",
        {"--resume", "/nonexistent/step-00000004.dtckpt"},
        "--resume /nonexistent/step-00000004.dtckpt"},
-      {"bf16 without master weights",
-       {"--set", "precision.dtype=bf16", "--set", "precision.master_weights=false"},
-       "precision.master_weights"},
+      {"LAMB without master weights",
+       {"--set", "precision.dtype=bf16", "--set", "precision.master_weights=false", "--set",
+        "optimizer.name=lamb"},
+       "--set precision.master_weights=false: precision.master_weights"},
       {"ZeRO on one rank", {"--set", "parallel.zero_stage=1"}, "parallel.zero_stage"},
       {"missing dataset", {"--set", "data.path=/nonexistent"}, "/nonexistent"},
   };

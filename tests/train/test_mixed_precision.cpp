@@ -86,3 +86,36 @@ TEST_CASE("a bf16 run resumes bit for bit, and checkpoints move between fp32 and
   CHECK(std::vector<StepLoss>(down.begin(), down.begin() + 4) ==
         std::vector<StepLoss>(fp32.begin(), fp32.begin() + 4));
 }
+
+// precision.master_weights: false: the bf16 parameters themselves are stepped (no fp32
+// copy), rounded every step. Its losses still follow fp32's over a few steps but differ
+// from the master-weight run's; it resumes bit for bit; its checkpoint holds the
+// parameters widened to the fp32 layout, so a master-weight job resumes from it.
+TEST_CASE("master_weights: false updates bf16 parameters in place and resumes bit for bit") {
+  TempDir tmp("mixed-in-place");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> in_place = {"--set", "precision.dtype=bf16", "--set",
+                                             "precision.master_weights=false"};
+  const auto fp32 = train(job, tmp.path(), "fp32", {});
+  const auto masters = train(job, tmp.path(), "masters", {"--set", "precision.dtype=bf16"});
+  const auto whole = train(job, tmp.path(), "whole", in_place);
+  CHECK_MESSAGE(first_far(fp32, whole, 5e-2, 5e-2) == "", first_far(fp32, whole, 5e-2, 5e-2));
+  CHECK(whole != masters);
+  std::vector<std::string> first = in_place;
+  first.insert(first.end(), {"--set", "train.steps=4"});
+  train(job, tmp.path(), "split", first);
+  std::vector<std::string> again = in_place;
+  again.insert(again.end(), {"--resume", "latest"});
+  const auto resumed = train(job, tmp.path(), "split", again);
+  CHECK_MESSAGE(first_difference(whole, resumed) == "", first_difference(whole, resumed));
+  CHECK(compare_checkpoints(newest_checkpoint(tmp.path() / "whole" / "checkpoints"),
+                            newest_checkpoint(tmp.path() / "split" / "checkpoints")) == "");
+  train(job, tmp.path(), "to-masters", first);
+  const auto continued =
+      train(job, tmp.path(), "to-masters", {"--set", "precision.dtype=bf16", "--resume", "latest"});
+  REQUIRE(continued.size() == 8);
+  CHECK(std::vector<StepLoss>(continued.begin(), continued.begin() + 4) ==
+        std::vector<StepLoss>(whole.begin(), whole.begin() + 4));
+  CHECK_MESSAGE(first_far(fp32, continued, 5e-2, 5e-2) == "",
+                first_far(fp32, continued, 5e-2, 5e-2));
+}

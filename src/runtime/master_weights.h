@@ -1,0 +1,63 @@
+// The precision stage of a training step (DESIGN.md, "stages, not branches"): which
+// parameters the optimizer steps, where the f32 gradients it reads live, and what a
+// checkpoint holds, for each precision layout, so the trainer never branches on it.
+//  - fp32: the executor's own parameters and gradients.
+//  - half with master weights (precision.master_weights: true, the default): fp32
+//    masters in their own flat buffer, laid out as an fp32 run's parameters (same
+//    names, same offsets), and f32 gradients in that layout, each filled from the
+//    executor's half gradient as backward finalises it. One optimizer pass per
+//    segment reads the gradient (unscaled and clipped by one multiplier), updates the
+//    master and writes the half copy the model computes with.
+//  - half without master weights (master_weights: false): the f32 gradients as above,
+//    and the executor's half parameters updated in place (rounded every step: small
+//    updates are lost, which is why the job file has to ask for it).
+// The f32 gradient buffer is what the data-parallel buckets, the accumulation over
+// micro-batches, the overflow check and the norm read, whatever the precision.
+// Checkpoints always hold f32 parameters in the fp32 layout (widened from the half
+// parameters when there are no masters), so a checkpoint resumes in any precision.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "graph/executor.h"
+#include "optim/optimizer.h"
+
+namespace dtrain::runtime {
+
+enum class MasterMode : uint8_t { fp32, masters, in_place };
+
+class MasterWeights {
+ public:
+  // ex: initialised from `seed` already. masters are initialised from the same seed in
+  // f32 (an fp32 run's values, unrounded) and published into the executor.
+  MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device);
+
+  MasterMode mode() const { return mode_; }
+  // The fp32 layout of the gradients, the optimizer state and the checkpoint.
+  const std::vector<graph::FlatEntry>& layout() const { return layout_.entries(); }
+  Tensor grads() const { return grads_; }  // f32, in layout()
+  // The executor's hook for parameter p's final gradient: into grads() (half runs).
+  void grad_ready(int p);
+  // Where the optimizer writes (built once; the views stay valid).
+  const optim::ParamTarget& target() const { return target_; }
+
+  // The parameters in the fp32 layout, ready to be saved or compared across ranks (for
+  // in_place: widened now into a temporary, dropped by release_state()).
+  graph::FlatStore& state();
+  // After state() was overwritten from a checkpoint: the executor gets the values.
+  void state_loaded();
+  void release_state() { wide_.reset(); }
+
+ private:
+  void publish(const graph::FlatStore& from);  // f32 layout -> executor, rounded
+
+  graph::Executor& ex_;
+  MasterMode mode_;
+  graph::FlatStore layout_;                 // masters (allocated) or the layout alone
+  std::unique_ptr<graph::FlatStore> wide_;  // in_place: the widened checkpoint copy
+  Tensor grads_;
+  optim::ParamTarget target_;
+};
+
+}  // namespace dtrain::runtime
