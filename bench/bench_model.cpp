@@ -7,8 +7,8 @@
 // [--classes 1000] [--channels 3] [--seq T] [--layers L --hidden C --heads H
 // --ffn F --patch P, 0 or absent: the preset's] [--steps 3] [--warmup 2]
 // [--device cpu|cuda[:N]] [--optimizer sgd|adamw] [--profile 0|1] [--dtype f32|bf16|f16]
-// (bf16 / f16: the graph's DTypePolicy; the optimizer is then left out). Language models (bert-*,
-// gpt2*) take their preset sizes, T tokens (--seq) and random ids; BERT predicts
+// (bf16 / f16: the graph's DTypePolicy, with fp32 master weights as in training). Language models
+// (bert-*, gpt2*) take their preset sizes, T tokens (--seq) and random ids; BERT predicts
 // round(0.15 T) of them per sequence, as the masked-LM loader selects. On CUDA the step
 // is timed between device synchronizations (forward, backward, optimizer each end with
 // one), and the per-node profile (--profile 1, off by default there) synchronizes at every
@@ -32,6 +32,7 @@
 #include "kernels/memory.h"
 #include "models/registry.h"
 #include "optim/optimizer.h"
+#include "runtime/master_weights.h"
 
 namespace {
 
@@ -135,13 +136,6 @@ class NodeTimer {
   Device device_;
 };
 
-std::vector<optim::ParamSegment> segments(const graph::FlatStore& params) {
-  std::vector<optim::ParamSegment> s;
-  for (const graph::FlatEntry& e : params.entries())
-    s.push_back({e.name, e.offset, e.spec.shape.numel(), optim::DecayMode::decay});
-  return s;
-}
-
 // Images uniform in [0, 1) or token ids uniform below the vocabulary, from a
 // fixed LCG (the values only need to be ordinary, not random); labels by shape.
 void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const ModelOptions& mo) {
@@ -197,11 +191,17 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer&
     o.weight_decay = 0.0;
   }
   const Device d = ex.device();
-  Tensor params = ex.params().flat(DType::f32), grads = ex.grads().flat(DType::f32);
-  // Half graphs: the optimizer steps fp32 masters in training; not timed here.
-  const bool step_opt = a.dtype == DType::f32;
-  auto opt =
-      step_opt ? optim::make_optimizer(o, segments(ex.params()), params.numel(), d) : nullptr;
+  // Half graphs step fp32 masters as training does (runtime::MasterWeights): each half
+  // gradient widened as backward finishes it, then one fused pass per segment that
+  // updates the master and writes the half copy.
+  runtime::MasterWeights weights(
+      ex, a.dtype == DType::f32 ? runtime::MasterMode::fp32 : runtime::MasterMode::masters, 1, d);
+  ex.hooks.grad_ready = [&weights](int p) { weights.grad_ready(p); };
+  const Tensor grads = weights.grads();
+  std::vector<optim::ParamSegment> segs;
+  for (const graph::FlatEntry& e : weights.layout())
+    segs.push_back({e.name, e.offset, e.spec.shape.numel(), optim::DecayMode::decay});
+  auto opt = optim::make_optimizer(o, segs, grads.numel(), d);
   StepTimes t;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     const bool rec = s >= a.warmup;
@@ -217,7 +217,7 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer&
     timer.close();
     const double b = since(t0);
     t0 = Clock::now();
-    if (opt) opt->step(params, grads, 1e-4);
+    opt->step(weights.target(), grads, 1e-4);
     kernels::synchronize(d);
     const double u = since(t0);
     if (rec) {
@@ -348,7 +348,7 @@ int main(int argc, char** argv) {
     const double samples = static_cast<double>(a.batch);
     nlohmann::json out = {{"arch", a.arch},
                           {"device", a.device.str()},
-                          {"optimizer", a.dtype == DType::f32 ? a.optimizer : "none"},
+                          {"optimizer", a.optimizer},
                           {"dtype", dtype_name(a.dtype)},
                           {"median_step_s", median},
                           {"samples_per_s", samples / median},

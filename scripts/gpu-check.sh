@@ -12,7 +12,9 @@
 #                               through torch.matmul, and fp32 training steps of ResNet-50
 #                               (b128, 224 px, SGD), BERT-base (b32 x 128, AdamW) and GPT-2 124M
 #                               (b16 x 1024, AdamW) with dtrain (bench_model) and PyTorch eager
-#                               (bench/peers/*.py, TF32 off) on the same GPU; prints one table
+#                               (bench/peers/*.py, TF32 off) on the same GPU, and the same three
+#                               in bf16 (dtrain's policy with fp32 masters against PyTorch AMP,
+#                               torch.autocast bf16); prints one table
 #                               and writes $OUT/gpu-check.json (and the logs) under $OUT.
 # Why carry a build: the GPU image has nvcc, cmake and ninja but not Debian's yaml-cpp,
 # fmt, CLI11, oneDNN or doctest, and nothing can be installed there. Its cuBLAS, cuDNN
@@ -149,6 +151,24 @@ EOF
   timeout 150 python3 "$peers/torch_transformer_step.py" --device cuda --model gpt2 \
     --batch 16 --seq 1024 --steps 7 --warmup 2 >"$out/step-gpt2-torch.json" 2>"$out/step-gpt2-torch.err"
 
+  # 3b. The same steps in bf16: dtrain's policy (bf16 weights and activations, fp32 master
+  #     weights, one fused optimizer pass) against PyTorch AMP (torch.autocast bf16 around
+  #     forward and loss, fp32 weights and optimizer).
+  for spec in "resnet50 sgd --batch 128 --image 224" "bert-base adamw --batch 32 --seq 128" \
+              "gpt2 adamw --batch 16 --seq 1024"; do
+    read -r arch optim rest <<<"$spec"
+    local key=${arch%-base}
+    # shellcheck disable=SC2086  # $rest is a list of flags
+    timeout 120 "$bin/bench_model" --device cuda --arch "$arch" --optimizer "$optim" --dtype bf16 \
+      $rest --steps 5 --warmup 2 >"$out/step-$key-bf16-dtrain.json" 2>"$out/step-$key-bf16-dtrain.err"
+  done
+  timeout 120 python3 "$peers/torch_resnet50_step.py" --device cuda --model by-hand --batch 128 \
+    --steps 7 --warmup 2 --amp bf16 >"$out/step-resnet50-bf16-torch.json" 2>"$out/step-resnet50-bf16-torch.err"
+  timeout 100 python3 "$peers/torch_transformer_step.py" --device cuda --model bert-base \
+    --batch 32 --seq 128 --steps 7 --warmup 2 --amp bf16 >"$out/step-bert-bf16-torch.json" 2>"$out/step-bert-bf16-torch.err"
+  timeout 120 python3 "$peers/torch_transformer_step.py" --device cuda --model gpt2 \
+    --batch 16 --seq 1024 --steps 7 --warmup 2 --amp bf16 >"$out/step-gpt2-bf16-torch.json" 2>"$out/step-gpt2-bf16-torch.err"
+
   # 4. One table and one JSON.
   python3 - "$out" "$((SECONDS - start))" <<'EOF'
 import json, os, sys
@@ -173,7 +193,10 @@ gemm_row("GEMM 4096^3 f32 (no TF32)", d_f32, t.get("f32"))
 steps = {}
 for key, label, unit, per in (("resnet50", "ResNet-50 b128 224px", "samples/s", 128),
                               ("bert", "BERT-base b32 T128", "tokens/s", 32 * 128),
-                              ("gpt2", "GPT-2 124M b16 T1024", "tokens/s", 16 * 1024)):
+                              ("gpt2", "GPT-2 124M b16 T1024", "tokens/s", 16 * 1024),
+                              ("resnet50-bf16", "ResNet-50 bf16 vs AMP", "samples/s", 128),
+                              ("bert-bf16", "BERT-base bf16 vs AMP", "tokens/s", 32 * 128),
+                              ("gpt2-bf16", "GPT-2 124M bf16 vs AMP", "tokens/s", 16 * 1024)):
     d, tt = load("step-%s-dtrain.json" % key), load("step-%s-torch.json" % key)
     ds = d["median_step_s"] if d else None
     ts = tt["median_step_s"] if tt else None

@@ -86,6 +86,9 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (scripts/gpu-check.sh)")
+    ap.add_argument("--amp", choices=["none", "bf16"], default="none",
+                    help="bf16: torch.autocast around forward and loss (fp32 weights and "
+                         "optimizer, bf16 compute; no loss scaler needed), PyTorch AMP")
     ap.add_argument("--model", choices=["torchvision", "by-hand"], default="torchvision")
     args = ap.parse_args()
     if args.steps < args.warmup + 5:
@@ -107,7 +110,9 @@ def main():
         sync(args.device)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast(device_type=args.device.split(":")[0], dtype=torch.bfloat16,
+                            enabled=args.amp == "bf16"):
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         sync(args.device)
@@ -120,6 +125,7 @@ def main():
         "warmup": args.warmup,
         "params": params,
         "model": args.model,
+        "amp": args.amp,
         "torch": torch.__version__,
         "torchvision": tv_version,
         "threads": torch.get_num_threads(),

@@ -153,6 +153,9 @@ def main():
     ap.add_argument("--seq", type=int)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (scripts/gpu-check.sh)")
+    ap.add_argument("--amp", choices=["none", "bf16"], default="none",
+                    help="bf16: torch.autocast around forward and loss (fp32 weights and "
+                         "optimizer, bf16 compute; no loss scaler needed), PyTorch AMP")
     args = ap.parse_args()
     if args.steps < args.warmup + 5:
         sys.exit("--steps must leave at least 5 timed steps after --warmup")
@@ -178,7 +181,9 @@ def main():
         sync(args.device)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(ids, labels)
+        with torch.autocast(device_type=args.device.split(":")[0], dtype=torch.bfloat16,
+                            enabled=args.amp == "bf16"):
+            loss = model(ids, labels)
         loss.backward()
         opt.step()
         sync(args.device)
@@ -192,6 +197,7 @@ def main():
         "model": args.model,
         "batch": batch,
         "seq": seq,
+        "amp": args.amp,
         "torch": torch.__version__,
         "torchvision": None,
         "threads": torch.get_num_threads(),

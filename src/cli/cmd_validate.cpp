@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,39 @@ std::string model_summary_line(const ModelOptions& model) {
                      with_commas(s.params), flops);
 }
 
+// Half GEMMs and convolutions run on tensor cores when their dimensions are multiples
+// of 8 elements (16 bytes); otherwise cuBLASLt and cuDNN pick slower kernels or pad.
+// The parameters fix every K and N (a linear layer's in and out features, a
+// convolution's channels, the hidden size;
+// the token count M is the batch's; an embedding table is a gather, except the word
+// embedding tied to the output layer, whose rows are the vocabulary). One line
+// naming the first few that miss.
+std::string tensor_core_line(const std::vector<graph::FlatEntry>& params,
+                             std::optional<int> vocab) {
+  std::vector<std::string> misses;
+  for (const graph::FlatEntry& e : params) {
+    const Shape& s = e.spec.shape;
+    if (s.rank() < 2) continue;
+    bool miss = false;
+    if (e.spec.group == graph::ParamGroup::weight) {
+      miss = s[0] % 8 != 0 || s[1] % 8 != 0;
+    } else if (e.spec.group == graph::ParamGroup::embedding) {  // a gather, unless tied
+      miss = s[1] % 8 != 0 || (vocab && s[0] == *vocab && s[0] % 8 != 0);
+    }
+    if (miss) misses.push_back(fmt::format("{} {}", e.name, s.str()));
+  }
+  if (misses.empty()) {
+    return "# tensor cores: every parameter's GEMM / convolution dimension is a multiple of 8\n";
+  }
+  std::string list;
+  for (size_t i = 0; i < misses.size() && i < 4; ++i) list += (i ? ", " : "") + misses[i];
+  if (misses.size() > 4) list += ", ...";
+  return fmt::format(
+      "# tensor cores: {} parameter(s) with a dimension that is not a multiple of 8 (on CUDA "
+      "their half GEMMs or convolutions miss the tensor-core fast path): {}\n",
+      misses.size(), list);
+}
+
 // The dtype policy of a half-precision job as YAML comments: which parameters are
 // in which dtype (from the graph the trainer builds), what stays f32, the master
 // weights and the loss scaler. Empty for fp32.
@@ -67,6 +101,7 @@ std::string precision_lines(const Job& job) {
         "parameters ({}), buffers, norm statistics, softmax and the loss; GEMMs and "
         "convolutions accumulate in f32\n",
         dtype_name(dt), with_commas(half), with_commas(norm));
+    out += tensor_core_line(m.graph.param_layout(), job.model.vocab_size);
   }
   out += fmt::format("# precision: {}\n",
                      p.master_weights ? "fp32 master weights and optimizer state"

@@ -4,7 +4,8 @@
 // log the CPU's losses within a stated tolerance, same seed and data; a CUDA run
 // split at a checkpoint and resumed must match the CUDA run done in one go bit for
 // bit (every CUDA kernel of dtrain is deterministic); and a CPU checkpoint must
-// resume on the GPU. Without a usable CUDA device it prints "skipped: no GPU
+// resume on the GPU; bf16 and fp16 runs follow the CPU's in the same precision.
+// Without a usable CUDA device it prints "skipped: no GPU
 // (<reason>)" and exits 77 (SKIP_RETURN_CODE).
 //
 // Tolerance: the two backends sum in different orders (cuBLASLt and cuDNN tiles,
@@ -85,6 +86,27 @@ TEST_CASE("20 steps on CUDA match the CPU's losses") {
     check_close(cpu, gpu);
     // The loss must also move: a run that never updates would match step 1 and fail here.
     CHECK(std::abs(gpu.back().loss - gpu.front().loss) > 1e-3);
+  }
+}
+
+// bf16 and fp16 (fp32 master weights; fp16 with the dynamic loss scaler) on both
+// backends: the same policy stores the same tensors in half, but each backend rounds
+// its own f32 sums to half, so the two drift by a few half units per op. Step 1 within
+// 2e-2 relative, all 20 steps within 5e-2 (bf16 keeps 8 mantissa bits, 2^-9 relative
+// per rounding; fp16 10). A wrong half kernel moves the loss by far more.
+TEST_CASE("bf16 and fp16 on CUDA follow the CPU's losses in the same precision") {
+  for (const char* dtype : {"bf16", "fp16"}) {
+    for (const Model& m : kModels) {
+      CAPTURE(dtype);
+      CAPTURE(m.name);
+      TempDir tmp(std::string("cuda-half-") + dtype + "-" + m.name);
+      const std::vector<std::string> half = {"--set", std::string("precision.dtype=") + dtype};
+      const auto cpu = train(write_model_job(tmp.path(), "cpu", m), tmp.path(), "cpu", half);
+      const auto gpu = train(write_model_job(tmp.path(), "gpu", m), tmp.path(), "cuda", half);
+      REQUIRE(cpu.size() == 20);
+      check_close(cpu, gpu, 2e-2, 5e-2);
+      CHECK(std::abs(gpu.back().loss - gpu.front().loss) > 1e-3);
+    }
   }
 }
 
