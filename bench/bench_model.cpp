@@ -191,12 +191,11 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer&
     o.weight_decay = 0.0;
   }
   const Device d = ex.device();
-  // Half graphs step fp32 masters as training does (runtime::MasterWeights): each half
-  // gradient widened as backward finishes it, then one fused pass per segment that
-  // updates the master and writes the half copy.
+  // Half graphs step fp32 masters as training does (runtime::MasterWeights): one fused
+  // pass per segment reads the executor's f32 gradients, updates the master and writes
+  // the half copy.
   runtime::MasterWeights weights(
       ex, a.dtype == DType::f32 ? runtime::MasterMode::fp32 : runtime::MasterMode::masters, 1, d);
-  ex.hooks.grad_ready = [&weights](int p) { weights.grad_ready(p); };
   const Tensor grads = weights.grads();
   std::vector<optim::ParamSegment> segs;
   for (const graph::FlatEntry& e : weights.layout())

@@ -16,13 +16,20 @@ std::vector<Tensor> views(const FlatStore& store, const std::vector<int>& ids) {
   return v;
 }
 
+// The parameter layout with every gradient f32 (see executor.h).
+std::vector<FlatEntry> f32_grad_layout(const Graph& graph) {
+  std::vector<FlatEntry> entries = graph.param_layout();
+  for (FlatEntry& e : entries) e.spec.dtype = DType::f32;
+  return entries;
+}
+
 }  // namespace
 
 Executor::Executor(const Graph& graph, Device device)
     : graph_(graph),
       device_(device),
       params_(graph.param_layout()),
-      grads_(graph.param_layout()),
+      grads_(f32_grad_layout(graph)),
       buffers_(graph.buffer_layout()),
       values_(static_cast<size_t>(graph.num_values())),
       saved_(graph.nodes().size()) {
@@ -113,7 +120,11 @@ std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& a
   accumulate = 0;
   for (size_t k = 0; k < n.params.size(); ++k) {
     const int p = n.params[k];
-    if (first_user_[static_cast<size_t>(p)] == index) {
+    const TensorSpec half{params_.entries()[static_cast<size_t>(p)].spec.shape,
+                          params_.entries()[static_cast<size_t>(p)].spec.dtype};
+    if (half.dtype != DType::f32) {  // the op writes its dtype; widened into grads_ after
+      gp.push_back(alloc(half));
+    } else if (first_user_[static_cast<size_t>(p)] == index) {
       gp.push_back(grads_.view(p));
     } else if (k < 32 && n.op->can_accumulate_param_grad(k)) {
       gp.push_back(grads_.view(p));
@@ -167,9 +178,20 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     ctx.batch = batch_;
     n.op->backward(ctx);
     for (size_t k = 0; k < n.params.size(); ++k) {
-      if (first_user_[static_cast<size_t>(n.params[k])] == index) continue;
-      if ((accumulate >> k) & 1u) continue;  // the op added it in itself
       Tensor total = grads_.view(n.params[k]);
+      const bool first = first_user_[static_cast<size_t>(n.params[k])] == index;
+      if (gp[k].dtype() != DType::f32) {  // a half weight gradient: widened, summed in f32
+        if (first) {
+          kernels::cast(gp[k], total);
+        } else {
+          Tensor wide = alloc({gp[k].shape(), DType::f32});
+          kernels::cast(gp[k], wide);
+          kernels::axpy(1.0f, wide, total);
+        }
+        continue;
+      }
+      if (first) continue;
+      if ((accumulate >> k) & 1u) continue;  // the op added it in itself
       kernels::axpy(1.0f, gp[k], total);
     }
     for (size_t k = 0; k < n.inputs.size(); ++k) {

@@ -35,6 +35,11 @@ class Executor {
 
   Device device() const { return device_; }
   FlatStore& params() { return params_; }
+  // Parameter gradients are f32 whatever the parameters' dtype (the layout of an fp32
+  // run): an op with half parameters writes its weight gradient in half into a
+  // transient tensor, which is widened into grads() as the op finishes (summed in f32
+  // over a tied parameter's users). Half runs thus keep no half gradient buffer, and
+  // grads() is what the optimizer of their fp32 master weights reads.
   FlatStore& grads() { return grads_; }
   FlatStore& buffers() { return buffers_; }
   void initialize(uint64_t seed);  // parameters and buffers, deterministically from the seed

@@ -52,7 +52,9 @@ struct ParamSpec {
 // cuDNN's batch norm wants them f32 for half data anyway. Running statistics
 // (buffers), batch- and layer-norm statistics, softmax's log-sum-exp and the
 // loss are f32; GEMMs and convolutions accumulate in f32 (the kernels' contract).
-// Gradients take the dtype of what they are the gradient of.
+// Activation gradients take the activation's dtype; parameter gradients are kept
+// in f32 (graph::Executor::grads(): summed over micro-batches and ranks, read by the
+// fp32 optimizer), each op's half weight gradient widened as the op finishes.
 struct DTypePolicy {
   DType compute = DType::f32;
   DType param(ParamGroup g) const { return g == ParamGroup::norm ? DType::f32 : compute; }

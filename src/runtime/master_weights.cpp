@@ -17,18 +17,20 @@ std::vector<graph::FlatEntry> f32_layout(const graph::FlatStore& params) {
 
 MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device)
     : ex_(ex), mode_(mode), layout_(f32_layout(ex.params())) {
+  for (size_t p = 0; p < layout_.entries().size(); ++p) {
+    DTRAIN_CHECK(layout_.entries()[p].offset == ex.grads().entries()[p].offset &&
+                     ex.grads().entries()[p].spec.dtype == DType::f32,
+                 "the executor's gradient {} is not in the fp32 layout", layout_.entries()[p].name);
+  }
+  grads_ = ex.grads().flat(DType::f32);
   if (mode_ == MasterMode::fp32) {
     for (const graph::FlatEntry& e : ex.params().entries()) {
       DTRAIN_CHECK(e.spec.dtype == DType::f32, "{} is {} in an fp32 run", e.name,
                    dtype_name(e.spec.dtype));
     }
-    grads_ = ex.grads().flat(DType::f32);
     target_.flat = ex.params().flat(DType::f32);
     return;
   }
-  const int64_t elems = layout_.buffer_elems(DType::f32);
-  grads_ = Tensor::empty(Shape{elems}, DType::f32, &kernels::device_allocator(device));
-  kernels::fill(grads_, 0.0f);  // the padding between entries stays 0
   std::vector<Tensor> views;
   for (int p = 0; p < ex.params().size(); ++p) views.push_back(ex.params().view(p));
   if (mode_ == MasterMode::masters) {
@@ -40,13 +42,6 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
   } else {
     target_.views = std::move(views);
   }
-}
-
-void MasterWeights::grad_ready(int p) {
-  if (mode_ == MasterMode::fp32) return;
-  const graph::FlatEntry& e = layout_.entries()[static_cast<size_t>(p)];
-  Tensor dst = grads_.view(e.offset, e.spec.shape);
-  kernels::cast(ex_.grads().view(p), dst);  // a copy for the f32 normalisation parameters
 }
 
 void MasterWeights::publish(const graph::FlatStore& from) {

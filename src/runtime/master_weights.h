@@ -4,11 +4,11 @@
 //  - fp32: the executor's own parameters and gradients.
 //  - half with master weights (precision.master_weights: true, the default): fp32
 //    masters in their own flat buffer, laid out as an fp32 run's parameters (same
-//    names, same offsets), and f32 gradients in that layout, each filled from the
-//    executor's half gradient as backward finalises it. One optimizer pass per
-//    segment reads the gradient (unscaled and clipped by one multiplier), updates the
-//    master and writes the half copy the model computes with.
-//  - half without master weights (master_weights: false): the f32 gradients as above,
+//    names, same offsets), which is also the layout of the executor's f32 parameter
+//    gradients (graph::Executor::grads()). One optimizer pass per segment reads the
+//    gradient (unscaled and clipped by one multiplier), updates the master and writes
+//    the half copy the model computes with.
+//  - half without master weights (master_weights: false): the same f32 gradients,
 //    and the executor's half parameters updated in place (rounded every step: small
 //    updates are lost, which is why the job file has to ask for it).
 // The f32 gradient buffer is what the data-parallel buckets, the accumulation over
@@ -36,9 +36,7 @@ class MasterWeights {
   MasterMode mode() const { return mode_; }
   // The fp32 layout of the gradients, the optimizer state and the checkpoint.
   const std::vector<graph::FlatEntry>& layout() const { return layout_.entries(); }
-  Tensor grads() const { return grads_; }  // f32, in layout()
-  // The executor's hook for parameter p's final gradient: into grads() (half runs).
-  void grad_ready(int p);
+  Tensor grads() const { return grads_; }  // f32, in layout(): the executor's
   // Where the optimizer writes (built once; the views stay valid).
   const optim::ParamTarget& target() const { return target_; }
 

@@ -338,7 +338,6 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       Tensor g = ex_->grads().view(p).view(0, Shape{1});
       kernels::fill(g, std::numeric_limits<float>::infinity());
     }
-    weights_->grad_ready(p);
     sync_->ready(p);
   };
   buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
