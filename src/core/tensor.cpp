@@ -31,6 +31,13 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) 
   return t;
 }
 
+Tensor Tensor::meta(const Shape& shape, DType dtype) {
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::view(int64_t elem_offset, const Shape& shape) const {
   DTRAIN_CHECK(defined(), "view of an undefined tensor");
   const size_t esize = dtype_size(dtype_);

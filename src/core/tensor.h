@@ -39,6 +39,9 @@ class Tensor {
   Tensor() = default;
   // Uninitialised memory from `alloc` (default: the host caching allocator).
   static Tensor empty(const Shape& shape, DType dtype, Allocator* alloc = nullptr);
+  // Shape and dtype without memory (defined() is false, raw() throws): what the
+  // executor hands an op's backward for a value the op did not ask to keep.
+  static Tensor meta(const Shape& shape, DType dtype);
   // Wraps memory owned elsewhere (a flat buffer, a workspace, a test array).
   static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device = Device::cpu());
 

@@ -32,6 +32,8 @@ Executor::Executor(const Graph& graph, Device device)
       grads_(f32_grad_layout(graph)),
       buffers_(graph.buffer_layout()),
       values_(static_cast<size_t>(graph.num_values())),
+      pinned_{std::vector<char>(static_cast<size_t>(graph.num_values()), 0),
+              std::vector<char>(static_cast<size_t>(graph.num_values()), 0)},
       saved_(graph.nodes().size()) {
   first_user_.assign(static_cast<size_t>(params_.size()), -1);
   last_user_.assign(static_cast<size_t>(params_.size()), -1);
@@ -75,8 +77,42 @@ void Executor::set_input(ValueId v, Tensor t) {
 
 const Tensor& Executor::value(ValueId v) const {
   const Tensor& t = values_.at(static_cast<size_t>(v));
-  DTRAIN_CHECK(t.defined(), "value {} not computed", graph_.value(v).name);
+  DTRAIN_CHECK(t.defined(), "value {} not computed, or released after its last use (keep() it)",
+               graph_.value(v).name);
   return t;
+}
+
+Tensor Executor::value_or_meta(ValueId v) const {
+  const Tensor& t = values_.at(static_cast<size_t>(v));
+  if (t.defined()) return t;
+  const TensorSpec& s = graph_.value(v).spec;
+  return Tensor::meta(s.shape, s.dtype);
+}
+
+void Executor::keep(ValueId v) {
+  keep(v, Mode::train);
+  keep(v, Mode::eval);
+}
+
+void Executor::keep(ValueId v, Mode mode) {
+  DTRAIN_CHECK(v >= 0 && v < graph_.num_values(), "keep: no value {}", v);
+  const auto m = static_cast<size_t>(mode == Mode::train ? 0 : 1);
+  pinned_[m][static_cast<size_t>(v)] = 1;
+  life_stale_[m] = true;
+}
+
+const Lifetimes& Executor::lifetimes(Mode mode) {
+  const auto m = static_cast<size_t>(mode == Mode::train ? 0 : 1);
+  if (life_stale_[m]) {
+    life_[m] = plan_lifetimes(graph_, mode, pinned_[m]);
+    life_stale_[m] = false;
+  }
+  return life_[m];
+}
+
+void Executor::release_after(const Lifetimes& life, int step) {
+  for (ValueId v : life.release_after[static_cast<size_t>(step)])
+    values_[static_cast<size_t>(v)] = Tensor();
 }
 
 void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
@@ -85,6 +121,11 @@ void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
   batch_ = batch;
   const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
                               workspace_.defined() ? workspace_.nbytes() : 0, device_};
+  // The previous step's values (pinned ones, the loss) and saved tensors go first.
+  for (size_t v = 0; v < values_.size(); ++v)
+    if (graph_.value(static_cast<ValueId>(v)).producer != -1) values_[v] = Tensor();
+  for (auto& s : saved_) s.clear();
+  const Lifetimes& life = lifetimes(mode);
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
     const Node& n = graph_.nodes()[i];
     if (hooks.pre_op) hooks.pre_op(static_cast<int>(i), Phase::forward);
@@ -100,7 +141,8 @@ void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
     n.op->forward(ctx);
     for (size_t o = 0; o < n.outputs.size(); ++o)
       values_[static_cast<size_t>(n.outputs[o])] = out[o];
-    saved_[i] = std::move(saved);
+    if (mode == Mode::train) saved_[i] = std::move(saved);  // an evaluation drops them now
+    release_after(life, static_cast<int>(i));
   }
 }
 
@@ -108,6 +150,7 @@ void Executor::backward(ValueId loss, float dloss) {
   const Value& lv = graph_.value(loss);
   DTRAIN_CHECK(lv.spec.shape.numel() == 1 && lv.spec.dtype == DType::f32,
                "backward from {} {}: the loss must be one f32", lv.name, lv.spec.shape.str());
+  DTRAIN_CHECK(mode_ == Mode::train, "backward after an evaluation forward");
   std::vector<Tensor> vgrad(values_.size());
   Tensor seed = alloc(lv.spec);
   kernels::fill(seed, dloss);
@@ -152,9 +195,9 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     std::vector<Tensor> gp = grad_targets(n, index, accumulate);
     if (hooks.pre_op) hooks.pre_op(index, Phase::backward);
     std::vector<Tensor> in, out, dout, din, fresh;
-    for (ValueId v : n.inputs) in.push_back(value(v));
+    for (ValueId v : n.inputs) in.push_back(value_or_meta(v));
     for (ValueId v : n.outputs) {
-      out.push_back(value(v));
+      out.push_back(value_or_meta(v));
       Tensor& g = vgrad[static_cast<size_t>(v)];
       if (!g.defined() && graph_.value(v).requires_grad) {  // an output the loss ignores
         g = alloc(graph_.value(v).spec);
@@ -209,6 +252,8 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   // (the peak is then the activations plus a frontier of gradients, not both sets).
   for (ValueId v : n.outputs) vgrad[static_cast<size_t>(v)] = Tensor();
   saved_[static_cast<size_t>(index)].clear();
+  const int n_nodes = static_cast<int>(graph_.nodes().size());
+  release_after(lifetimes(Mode::train), 2 * n_nodes - 1 - index);
   if (hooks.grad_ready) {
     for (int p : n.params)
       if (last_user_[static_cast<size_t>(p)] == index) hooks.grad_ready(p);

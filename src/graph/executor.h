@@ -7,6 +7,12 @@
 // their op can accumulate (Op::can_accumulate_param_grad: an embedding's
 // scatter-add), else through a temporary; grad_ready fires once, after the last
 // contribution.
+// Values are released after their last use (graph/lifetimes.h): a forward value
+// as soon as no later op reads it and no backward asked to keep it (OpInfo::keep),
+// a kept one after the backward that needed it; an evaluation keeps no saved
+// tensors. The loss (any value nothing reads) and values pinned with keep() stay
+// readable until the next forward. A backward that declared it does not keep a
+// value gets Tensor::meta (shape and dtype, no memory) in its place.
 // Everything lives on the executor's device: parameters, gradients, buffers,
 // activations (plain allocations from that device's caching pool for now; the memory
 // planner replaces that without changing this API) and the shared workspace. Inputs
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include "graph/graph.h"
+#include "graph/lifetimes.h"
 
 namespace dtrain::graph {
 
@@ -51,6 +58,10 @@ class Executor {
   // `batch`: which samples of the step's global batch the inputs hold (BatchKey).
   void forward(Mode mode, uint64_t step = 0, BatchKey batch = {});
   const Tensor& value(ValueId v) const;
+  // Keeps value v readable after the step (released only by the next forward), in
+  // both modes or only in `mode` (the trainer reads the logits after an evaluation).
+  void keep(ValueId v);
+  void keep(ValueId v, Mode mode);
   // Backward from scalar `loss` with d loss = `dloss` (1: the gradient of the loss;
   // the trainer passes the batch's label count to get a sum over labels). Overwrites
   // every parameter gradient.
@@ -66,11 +77,18 @@ class Executor {
   std::vector<Tensor> grad_targets(const Node& n, int index, uint32_t& accumulate) const;
 
   Tensor alloc(const TensorSpec& s) const;
+  const Lifetimes& lifetimes(Mode mode);
+  void release_after(const Lifetimes& life, int step);
+  // value v, or a Tensor::meta of its spec when it was released
+  Tensor value_or_meta(ValueId v) const;
 
   const Graph& graph_;
   Device device_;
   FlatStore params_, grads_, buffers_;
   std::vector<Tensor> values_;
+  std::vector<char> pinned_[2];  // per Mode (train, eval), per value: keep() was called
+  Lifetimes life_[2];         // per Mode (train, eval); recomputed when pins change
+  bool life_stale_[2] = {true, true};
   std::vector<std::vector<Tensor>> saved_;
   // Per param: the highest and lowest node index using it (= first and last in backward).
   std::vector<int> first_user_, last_user_;

@@ -70,6 +70,12 @@ struct OpInfo {
   std::vector<ParamSpec> buffers;  // non-trainable state kept across steps (BN running stats)
   std::vector<TensorSpec> saved;   // extra tensors forward writes for backward (stats, masks, lse)
   Keep keep = Keep::inputs;
+  // Allocated by backward itself and freed before it returns (the memory planner
+  // counts them): linear_gelu's gradient at the pre-activation.
+  std::vector<TensorSpec> backward_temps;
+  // Backward writes the input gradient even when the input takes none (into a
+  // temporary of the input's spec): the norms' kernels always produce dx.
+  bool writes_input_grad = false;
   size_t workspace_bytes = 0;       // max of forward and backward, on the CPU
   size_t cuda_workspace_bytes = 0;  // the same on a CUDA device (its kernels differ)
   double flops = 0.0;               // forward FLOPs for the whole batch

@@ -233,6 +233,8 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   model_ = models::build_model(job_.model, batch, policy_);
   ex_ = std::make_unique<graph::Executor>(model_.graph, job_.device);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
+  ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
+  ex_->keep(model_.targets, graph::Mode::eval);
   counters_.seed = static_cast<uint64_t>(job_.run.seed);
   counters_.arch = job_.model.arch;
   counters_.config_hash = fnv1a_hex(r.resolved_yaml);

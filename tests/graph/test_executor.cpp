@@ -133,6 +133,8 @@ TEST_CASE("dropout: the identity in eval mode, inverted dropout in train mode") 
   const ValueId loss = g.add1("loss", softmax_cross_entropy(), {d, labels});
   Executor ex(g);
   ex.initialize(1);
+  ex.keep(h);  // read below, after the step (the executor releases it after its last use)
+  ex.keep(d);
   Tensor xt = Tensor::empty({64, 32}, DType::f32), lt = Tensor::empty({64}, DType::i32);
   for (int64_t i = 0; i < xt.numel(); ++i) xt.data<float>()[i] = 0.01f * static_cast<float>(i % 97);
   for (int64_t i = 0; i < 64; ++i) lt.data<int32_t>()[i] = static_cast<int32_t>(i % 32);

@@ -39,7 +39,10 @@ class Linear final : public Op {
       info.params.push_back({"bias", {out_}, b, 0, in_, ParamGroup::bias});
     }
     info.flops = 2.0 * static_cast<double>(x.numel()) * static_cast<double>(out_);
-    if (gelu_) info.saved = {{y, in[0].dtype}};  // the pre-activation x W^T + b
+    if (gelu_) {
+      info.saved = {{y, in[0].dtype}};           // the pre-activation x W^T + b
+      info.backward_temps = {{y, in[0].dtype}};  // its gradient
+    }
     const int64_t rows = x.numel() / in_;
     const DType dt = in[0].dtype;
     for (const kernels::GemmArgs& g : {fwd(rows), bwd_data(rows), bwd_weight(rows)}) {

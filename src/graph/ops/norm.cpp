@@ -30,6 +30,7 @@ class BatchNorm2d final : public Op {
                    {"bias", {c_}, InitKind::zeros, 0, 1, ParamGroup::norm}};
     info.buffers = {{"running_mean", {c_}, InitKind::zeros}, {"running_var", {c_}, InitKind::ones}};
     info.saved = {{{c_}, DType::f32}, {{c_}, DType::f32}};  // batch mean, 1/sqrt(var + eps)
+    info.writes_input_grad = true;
     info.flops = 8.0 * static_cast<double>(x.numel());
     return info;
   }
@@ -83,6 +84,7 @@ class LayerNorm final : public Op {
     info.params = {{"weight", {c_}, InitKind::ones, 0, 1, ParamGroup::norm},
                    {"bias", {c_}, InitKind::zeros, 0, 1, ParamGroup::norm}};
     info.saved = {{{rows}, DType::f32}, {{rows}, DType::f32}};  // mean, 1/sqrt(var + eps)
+    info.writes_input_grad = true;
     info.flops = 8.0 * static_cast<double>(x.numel());
     return info;
   }

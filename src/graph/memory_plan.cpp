@@ -1,0 +1,183 @@
+// See memory_plan.h. Mirrors Executor::forward / backward / backward_node step for
+// step; a change there that allocates differently must change here (the estimate
+// test, tests/train/test_estimate.cpp, compares this with the allocator's peak).
+#include "graph/memory_plan.h"
+
+#include <algorithm>
+
+#include "graph/lifetimes.h"
+
+namespace dtrain::graph {
+namespace {
+
+size_t bytes_of(const TensorSpec& s) {
+  return static_cast<size_t>(s.shape.numel()) * dtype_size(s.dtype);
+}
+
+class Tally {
+ public:
+  explicit Tally(const RoundBytes& round) : round_(round) {}
+  size_t add(size_t bytes) {
+    const size_t b = bytes == 0 ? 0 : round_(bytes);
+    current_ += b;
+    return b;
+  }
+  void remove(size_t rounded) { current_ -= rounded; }
+  // Records the high-water mark, and where it happened.
+  void mark(int node, Phase phase) {
+    if (current_ > peak_.peak) {
+      peak_.peak = current_;
+      peak_.node = node;
+      peak_.phase = phase;
+    }
+  }
+  size_t current() const { return current_; }
+  ActivationPeak peak() const { return peak_; }
+
+ private:
+  const RoundBytes& round_;
+  size_t current_ = 0;
+  ActivationPeak peak_;
+};
+
+}  // namespace
+
+ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
+                                const RoundBytes& round) {
+  const auto& nodes = graph.nodes();
+  const int n = static_cast<int>(nodes.size());
+  const Lifetimes life = plan_lifetimes(graph, mode, pinned);
+  Tally t(round);
+  std::vector<size_t> value(static_cast<size_t>(graph.num_values()), 0);  // rounded bytes held
+  std::vector<size_t> saved(nodes.size(), 0);
+  auto release = [&](int step) {
+    for (ValueId v : life.release_after[static_cast<size_t>(step)]) {
+      t.remove(value[static_cast<size_t>(v)]);
+      value[static_cast<size_t>(v)] = 0;
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    const Node& node = nodes[static_cast<size_t>(i)];
+    for (size_t o = 0; o < node.outputs.size(); ++o)
+      value[static_cast<size_t>(node.outputs[o])] = t.add(bytes_of(node.info.outputs[o]));
+    for (const TensorSpec& s : node.info.saved) saved[static_cast<size_t>(i)] += t.add(bytes_of(s));
+    t.mark(i, Phase::forward);
+    if (mode != Mode::train) {
+      t.remove(saved[static_cast<size_t>(i)]);
+      saved[static_cast<size_t>(i)] = 0;
+    }
+    release(i);
+  }
+  if (mode == Mode::train) {
+    // Which values get a gradient: the loss (the last node's output), then every input
+    // that requires one of a node reached by backward.
+    std::vector<size_t> vgrad(value.size(), 0);
+    std::vector<char> has_grad(value.size(), 0);
+    const ValueId loss = nodes.back().outputs[0];
+    has_grad[static_cast<size_t>(loss)] = 1;
+    vgrad[static_cast<size_t>(loss)] = t.add(bytes_of(graph.value(loss).spec));
+    std::vector<size_t> param_dtype_size;
+    for (int i = n - 1; i >= 0; --i) {
+      const Node& node = nodes[static_cast<size_t>(i)];
+      bool reached = false;
+      for (ValueId v : node.outputs) reached = reached || has_grad[static_cast<size_t>(v)];
+      if (reached) {
+        size_t transient = 0;
+        // grad_targets: half parameters write into a temporary of their dtype; an f32
+        // parameter's later user that cannot accumulate into a temporary too.
+        for (size_t k = 0; k < node.params.size(); ++k) {
+          const FlatEntry& e = graph.param_layout()[static_cast<size_t>(node.params[k])];
+          const bool later = [&] {
+            for (int j = i + 1; j < n; ++j) {
+              const auto& ps = nodes[static_cast<size_t>(j)].params;
+              if (std::find(ps.begin(), ps.end(), node.params[k]) != ps.end()) return true;
+            }
+            return false;
+          }();
+          if (e.spec.dtype != DType::f32) {
+            transient += t.add(bytes_of({e.spec.shape, e.spec.dtype}));
+          } else if (later && !(k < 32 && node.op->can_accumulate_param_grad(k))) {
+            transient += t.add(bytes_of({e.spec.shape, DType::f32}));
+          }
+        }
+        std::vector<size_t> zero_out;  // outputs the loss ignores get a zero gradient
+        for (ValueId v : node.outputs) {
+          const auto vi = static_cast<size_t>(v);
+          if (!has_grad[vi] && graph.value(v).requires_grad) {
+            vgrad[vi] = t.add(bytes_of(graph.value(v).spec));
+            has_grad[vi] = 1;
+          }
+        }
+        std::vector<size_t> din(node.inputs.size(), 0);
+        for (size_t k = 0; k < node.inputs.size(); ++k) {
+          const Value& in = graph.value(node.inputs[k]);
+          if (in.requires_grad) din[k] = t.add(bytes_of(in.spec));
+        }
+        size_t op_temps = 0;
+        for (const TensorSpec& s : node.info.backward_temps) op_temps += t.add(bytes_of(s));
+        if (node.info.writes_input_grad && !graph.value(node.inputs[0]).requires_grad)
+          op_temps += t.add(bytes_of(graph.value(node.inputs[0]).spec));
+        t.mark(i, Phase::backward);
+        t.remove(op_temps);
+        // Half weight gradients of a later user are widened through an f32 temporary.
+        for (size_t k = 0; k < node.params.size(); ++k) {
+          const FlatEntry& e = graph.param_layout()[static_cast<size_t>(node.params[k])];
+          bool first = true;
+          for (int j = i + 1; j < n && first; ++j) {
+            const auto& ps = nodes[static_cast<size_t>(j)].params;
+            first = std::find(ps.begin(), ps.end(), node.params[k]) == ps.end();
+          }
+          if (e.spec.dtype != DType::f32 && !first) {
+            const size_t wide = t.add(bytes_of({e.spec.shape, DType::f32}));
+            t.mark(i, Phase::backward);
+            t.remove(wide);
+          }
+        }
+        t.remove(transient);
+        for (size_t k = 0; k < node.inputs.size(); ++k) {
+          if (din[k] == 0) continue;
+          const auto vi = static_cast<size_t>(node.inputs[k]);
+          if (has_grad[vi]) {
+            t.remove(din[k]);  // added into the gradient already there
+          } else {
+            vgrad[vi] = din[k];
+            has_grad[vi] = 1;
+          }
+        }
+      }
+      for (ValueId v : node.outputs) {
+        t.remove(vgrad[static_cast<size_t>(v)]);
+        vgrad[static_cast<size_t>(v)] = 0;
+      }
+      t.remove(saved[static_cast<size_t>(i)]);
+      saved[static_cast<size_t>(i)] = 0;
+      release(2 * n - 1 - i);
+    }
+  }
+  ActivationPeak p = t.peak();
+  p.at_end = t.current();
+  return p;
+}
+
+ExecutorBytes executor_bytes(const Graph& graph, Device device, const RoundBytes& round) {
+  auto store = [&](const std::vector<FlatEntry>& entries) {
+    const FlatStore layout(entries);
+    size_t total = 0;
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      const int64_t elems = layout.buffer_elems(dt);
+      if (elems > 0) total += round(static_cast<size_t>(elems) * dtype_size(dt));
+    }
+    return total;
+  };
+  ExecutorBytes b;
+  b.params = store(graph.param_layout());
+  std::vector<FlatEntry> grads = graph.param_layout();
+  for (FlatEntry& e : grads) e.spec.dtype = DType::f32;
+  b.grads = store(grads);
+  b.buffers = store(graph.buffer_layout());
+  const size_t ws = graph.max_workspace_bytes(device);
+  b.workspace = ws > 0 ? round(ws) : 0;
+  return b;
+}
+
+}  // namespace dtrain::graph

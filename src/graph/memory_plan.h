@@ -1,0 +1,41 @@
+// The activation memory of one training step (or one evaluation) of a graph,
+// replayed from the graph's specs by the executor's own rules, without allocating
+// anything: what forward allocates (outputs, saved tensors), what lifetimes.h
+// releases when, and what backward holds (the gradient frontier, input gradients,
+// the parameter-gradient temporaries of half and tied parameters, the ops' declared
+// backward temporaries). The executor's side of `dtrain estimate`; what lies outside
+// a step (parameters, gradients, buffers, the workspace, optimizer state, data) is
+// the caller's to add. Every allocation is rounded by `round` (the allocator's size
+// class), so the sum is what the allocator reports.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/executor.h"
+#include "graph/graph.h"
+
+namespace dtrain::graph {
+
+struct ActivationPeak {
+  size_t peak = 0;  // bytes held at the step's high-water mark
+  int node = -1;    // the node running then
+  Phase phase = Phase::forward;
+  size_t at_end = 0;  // still held after the step (pinned values, the loss)
+};
+
+// The executor's persistent allocations: parameters, f32 parameter gradients,
+// buffers and the shared workspace (one allocation per flat dtype buffer).
+struct ExecutorBytes {
+  size_t params = 0, grads = 0, buffers = 0, workspace = 0;
+};
+
+using RoundBytes = std::function<size_t(size_t)>;
+
+ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
+                                const RoundBytes& round);
+ExecutorBytes executor_bytes(const Graph& graph, Device device, const RoundBytes& round);
+
+}  // namespace dtrain::graph
