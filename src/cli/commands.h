@@ -24,6 +24,7 @@ int run_version();  // prints `dtrain <version>` (also for `dtrain --version`)
 void add_version(CLI::App& app, Action& action);
 void add_info(CLI::App& app, Action& action);
 void add_validate(CLI::App& app, Action& action);
+void add_estimate(CLI::App& app, Action& action);
 void add_train(CLI::App& app, Action& action);
 void add_data(CLI::App& app, Action& action);  // data tokenize
 

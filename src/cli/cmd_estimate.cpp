@@ -1,0 +1,78 @@
+// `dtrain estimate JOB.yaml [--set key.path=value ...] [--world N] [--json]`: loads and
+// checks a job file as `dtrain train` would, then prints the memory one rank will
+// hold (runtime/estimate.h) without allocating a tensor or touching a device.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/launcher.h"
+#include "config/config.h"
+#include "models/registry.h"
+#include "runtime/estimate.h"
+
+namespace dtrain::cli {
+namespace {
+
+struct EstimateArgs {
+  std::string job;
+  std::vector<std::string> overrides;
+  int world = 0;
+  bool json = false;
+};
+
+nlohmann::json to_json(const runtime::MemoryEstimate& e) {
+  nlohmann::json state = nlohmann::json::array();
+  for (const runtime::MemoryItem& i : e.state)
+    state.push_back({{"kind", i.kind}, {"bytes", i.bytes}, {"note", i.note}});
+  return {{"state", state},
+          {"state_bytes", e.state_bytes},
+          {"train_activation_bytes", e.train.peak},
+          {"train_peak_at", e.train_peak_at},
+          {"eval_activation_bytes", e.eval.peak},
+          {"eval_peak_at", e.eval_peak_at},
+          {"peak_bytes", e.peak_bytes},
+          {"peak_at", e.peak_at},
+          {"step_flops", e.step_flops}};
+}
+
+int run_estimate(const EstimateArgs& args) {
+  std::vector<std::string> warnings;
+  config::ValidateContext ctx;
+  ctx.world_size = args.world > 0 ? args.world : world_from_env();
+  ctx.warnings = &warnings;
+  const Job job = config::load_job_file(args.job, args.overrides, ctx);
+  for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  if (models::find_model(job.model.arch) == nullptr) {
+    throw Error(fmt::format("model.arch: {} has no graph builder yet, so nothing to estimate",
+                            job.model.arch),
+                "pick an architecture `dtrain train` can build");
+  }
+  const runtime::MemoryEstimate e = runtime::estimate_memory(job);
+  if (args.json) {
+    std::printf("%s\n", to_json(e).dump(2).c_str());
+  } else {
+    std::fputs(runtime::format_estimate(e).c_str(), stdout);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_estimate(CLI::App& app, Action& action) {
+  auto args = std::make_shared<EstimateArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "estimate", "print the memory one rank of a job holds, without running it");
+  cmd->add_option("job", args->job, "job file (YAML)")->required();
+  cmd->add_option("--set", args->overrides,
+                  "override a key, e.g. --set data.micro_batch=8 (repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--world", args->world, "world size (default: the launcher's, else 1)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_flag("--json", args->json, "print JSON instead of the table");
+  cmd->callback([args, &action] { action = [args] { return run_estimate(*args); }; });
+}
+
+}  // namespace dtrain::cli

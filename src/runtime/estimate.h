@@ -1,0 +1,36 @@
+// `dtrain estimate`: the bytes one rank of a job holds, without allocating a tensor
+// or touching a device. Model state from the layouts the trainer builds (parameters,
+// f32 gradients, buffers, fp32 masters, optimizer state, the accumulation buffer),
+// activations from graph::plan_activations (the executor's own release rule, replayed
+// from the specs), the shared workspace and the data pipeline's batch buffers. Every
+// allocation is rounded to the allocator's size class, as the allocator counts it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/memory_plan.h"
+#include "runtime/job.h"
+
+namespace dtrain::runtime {
+
+struct MemoryItem {
+  std::string kind;  // "parameters", "gradients", ...
+  size_t bytes = 0;
+  std::string note;
+};
+
+struct MemoryEstimate {
+  std::vector<MemoryItem> state;            // held for the whole run
+  graph::ActivationPeak train, eval;        // on top of the state, per micro-batch step
+  std::string train_peak_at, eval_peak_at;  // "backward of layer4.1.conv2"
+  size_t state_bytes = 0;
+  size_t peak_bytes = 0;  // state + the larger of the two activation peaks
+  std::string peak_at;
+  double step_flops = 0;  // forward + backward (3x forward) per rank and step
+};
+
+MemoryEstimate estimate_memory(const Job& job);
+std::string format_estimate(const MemoryEstimate& e);  // the table `dtrain estimate` prints
+
+}  // namespace dtrain::runtime
