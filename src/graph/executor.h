@@ -87,7 +87,7 @@ class Executor {
   FlatStore params_, grads_, buffers_;
   std::vector<Tensor> values_;
   std::vector<char> pinned_[2];  // per Mode (train, eval), per value: keep() was called
-  Lifetimes life_[2];         // per Mode (train, eval); recomputed when pins change
+  Lifetimes life_[2];            // per Mode (train, eval); recomputed when pins change
   bool life_stale_[2] = {true, true};
   std::vector<std::vector<Tensor>> saved_;
   // Per param: the highest and lowest node index using it (= first and last in backward).
