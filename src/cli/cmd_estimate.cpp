@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct EstimateArgs {
   std::vector<std::string> overrides;
   int world = 0;
   bool json = false;
+  std::string fit;  // "80GB": the smallest change that fits
 };
 
 nlohmann::json to_json(const runtime::MemoryEstimate& e) {
@@ -51,10 +53,24 @@ int run_estimate(const EstimateArgs& args) {
                 "pick an architecture `dtrain train` can build");
   }
   const runtime::MemoryEstimate e = runtime::estimate_memory(job);
+  std::optional<runtime::FitAdvice> fit;
+  size_t capacity = 0;
+  if (!args.fit.empty()) {
+    capacity = runtime::parse_bytes(args.fit, "--fit");
+    fit = runtime::fit_memory(job, capacity);
+  }
   if (args.json) {
-    std::printf("%s\n", to_json(e).dump(2).c_str());
+    nlohmann::json out = to_json(e);
+    if (fit) {
+      out["fit"] = {{"capacity_bytes", capacity},
+                    {"fits", fit->fits},
+                    {"sets", fit->sets},
+                    {"peak_bytes", fit->estimate.peak_bytes}};
+    }
+    std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::fputs(runtime::format_estimate(e).c_str(), stdout);
+    if (fit) std::fputs(runtime::format_fit(*fit, capacity).c_str(), stdout);
   }
   return kExitOk;
 }
@@ -72,6 +88,9 @@ void add_estimate(CLI::App& app, Action& action) {
   cmd->add_option("--world", args->world, "world size (default: the launcher's, else 1)")
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_flag("--json", args->json, "print JSON instead of the table");
+  cmd->add_option("--fit", args->fit,
+                  "a memory size per rank (80GB, 24GiB): print the smallest change to the job "
+                  "that fits it, as --set overrides");
   cmd->callback([args, &action] { action = [args] { return run_estimate(*args); }; });
 }
 

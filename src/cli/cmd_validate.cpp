@@ -18,6 +18,7 @@
 #include "dist/grid.h"
 #include "graph/params.h"
 #include "models/registry.h"
+#include "runtime/estimate.h"
 
 namespace dtrain::cli {
 namespace {
@@ -81,6 +82,16 @@ std::string tensor_core_line(const std::vector<graph::FlatEntry>& params,
       "# tensor cores: {} parameter(s) with a dimension that is not a multiple of 8 (on CUDA "
       "their half GEMMs or convolutions miss the tensor-core fast path): {}\n",
       misses.size(), list);
+}
+
+// "# memory: ..." the estimate's peak per rank (runtime/estimate.h), one line.
+std::string memory_line(const Job& job) {
+  const runtime::MemoryEstimate e = runtime::estimate_memory(job);
+  return fmt::format(
+      "# memory: estimated peak {:.2f} GB per rank (state {:.2f} GB, activations {:.2f} GB, at "
+      "{}); `dtrain estimate` prints the table\n",
+      static_cast<double>(e.peak_bytes) / 1e9, static_cast<double>(e.state_bytes) / 1e9,
+      static_cast<double>(e.peak_bytes - e.state_bytes) / 1e9, e.peak_at);
 }
 
 // The dtype policy of a half-precision job as YAML comments: which parameters are
@@ -175,6 +186,7 @@ int run_validate(const ValidateArgs& args) {
   const std::string summary = model_summary_line(job.model);
   std::fputs(config::dump_job_yaml(job).c_str(), stdout);
   std::fputs(summary.c_str(), stdout);
+  if (!summary.empty()) std::fputs(memory_line(job).c_str(), stdout);
   std::fputs(precision_lines(job).c_str(), stdout);
   std::fputs(data_parallel_lines(job, ctx.world_size).c_str(), stdout);
   return kExitOk;

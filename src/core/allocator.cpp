@@ -49,6 +49,8 @@ size_t CachingAllocator::size_class(size_t bytes) {
   if (bytes == 0) bytes = 1;
   constexpr size_t kSmall = size_t{1} << 20;
   if (bytes <= kSmall) return (bytes + 511) / 512 * 512;
+  constexpr size_t kLarge = size_t{64} << 20, kLargeStep = size_t{2} << 20;
+  if (bytes > kLarge) return (bytes + kLargeStep - 1) / kLargeStep * kLargeStep;
   const size_t pow = std::bit_floor(bytes);  // 2^k <= bytes
   const size_t step = pow / 4;
   return (bytes + step - 1) / step * step;

@@ -4,8 +4,11 @@
 #include "runtime/estimate.h"
 
 #include <algorithm>
+#include <fstream>
 
 #include "core/allocator.h"
+#include "core/block_pool.h"
+#include "kernels/device_info.h"
 #include "models/registry.h"
 #include "precision/options.h"
 
@@ -29,9 +32,12 @@ std::string where(const graph::Graph& g, const graph::ActivationPeak& p) {
 }  // namespace
 
 MemoryEstimate estimate_memory(const Job& job) {
-  // The host's caching allocator rounds to its size classes; on a GPU we round to the
-  // same classes (the device pool's blocks are at least as coarse).
-  const graph::RoundBytes round = [](size_t b) { return CachingAllocator::size_class(b); };
+  // Rounded as the allocator that will hold them counts: the host's caching allocator,
+  // or the GPU's block pool.
+  const graph::RoundBytes round =
+      job.device.is_cuda()
+          ? graph::RoundBytes([](size_t b) { return BlockPool::size_class(b); })
+          : graph::RoundBytes([](size_t b) { return CachingAllocator::size_class(b); });
   const int64_t batch = job.data.micro_batch;
   graph::DTypePolicy policy;
   policy.compute = compute_dtype(job.precision.dtype);
@@ -95,6 +101,91 @@ MemoryEstimate estimate_memory(const Job& job) {
   e.peak_at = train_higher ? e.train_peak_at : e.eval_peak_at + " (evaluation)";
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
   return e;
+}
+
+FitAdvice fit_memory(const Job& job, size_t capacity) {
+  FitAdvice a;
+  a.estimate = estimate_memory(job);
+  if (a.estimate.peak_bytes <= capacity) {
+    a.fits = true;
+    return a;
+  }
+  const int64_t per_step = job.data.global_batch / job.parallel.data;  // samples per rank
+  for (int64_t mb = job.data.micro_batch - 1; mb >= 1; --mb) {
+    if (per_step % mb != 0) continue;
+    Job smaller = job;
+    smaller.data.micro_batch = mb;
+    smaller.parallel.micro_batches = static_cast<int>(per_step / mb);
+    a.estimate = estimate_memory(smaller);
+    a.sets = {"--set", fmt::format("data.micro_batch={}", mb), "--set",
+              fmt::format("parallel.micro_batches={}", smaller.parallel.micro_batches)};
+    if (a.estimate.peak_bytes <= capacity) {
+      a.fits = true;
+      return a;
+    }
+  }
+  return a;
+}
+
+std::string format_fit(const FitAdvice& a, size_t capacity) {
+  if (a.fits && a.sets.empty())
+    return fmt::format("fits in {} as it is (peak {})\n", human(capacity),
+                       human(a.estimate.peak_bytes));
+  std::string sets;
+  for (size_t i = 0; i + 1 < a.sets.size(); i += 2) sets += " " + a.sets[i] + " " + a.sets[i + 1];
+  if (a.fits) {
+    return fmt::format("fits in {} with:{} (peak {}; the same global batch, accumulated)\n",
+                       human(capacity), sets, human(a.estimate.peak_bytes));
+  }
+  return fmt::format(
+      "does not fit in {} even at micro-batch 1 (peak {}: the model state alone is {}); "
+      "a smaller model, or ZeRO sharding and offload (not yet available), are what is left\n",
+      human(capacity), human(a.estimate.peak_bytes), human(a.estimate.state_bytes));
+}
+
+size_t rank_capacity(const Job& job, int local_ranks) {
+  if (job.device.is_cuda()) {
+    const kernels::CudaInfo cuda = kernels::query_cuda();
+    for (const kernels::CudaDeviceInfo& d : cuda.devices)
+      if (d.index == job.device.index) return d.total_memory;
+    return 0;
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    size_t kb = 0;
+    meminfo >> kb;
+    if (key == "MemAvailable:") return kb * 1024 / static_cast<size_t>(std::max(1, local_ranks));
+    meminfo.ignore(1 << 10, '\n');
+  }
+  return 0;  // unknown: the caller skips the check
+}
+
+size_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  const std::pair<const char*, double> units[] = {{"", 1},
+                                                  {"B", 1},
+                                                  {"kB", 1e3},
+                                                  {"KB", 1e3},
+                                                  {"MB", 1e6},
+                                                  {"GB", 1e9},
+                                                  {"TB", 1e12},
+                                                  {"KiB", 1024.0},
+                                                  {"MiB", 1048576.0},
+                                                  {"GiB", 1073741824.0},
+                                                  {"TiB", 1099511627776.0}};
+  for (const auto& [name, scale] : units) {
+    if (used > 0 && unit == name && value > 0) return static_cast<size_t>(value * scale);
+  }
+  throw Error(fmt::format("{}: \"{}\" is not a size", what, text),
+              "write a number with a unit: 80GB, 24GiB, 512MB (or plain bytes)");
 }
 
 std::string format_estimate(const MemoryEstimate& e) {

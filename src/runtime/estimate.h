@@ -31,6 +31,25 @@ struct MemoryEstimate {
 };
 
 MemoryEstimate estimate_memory(const Job& job);
+
+// The smallest change that brings the peak to at most `capacity` bytes: the job as it
+// is, or a smaller micro-batch with more accumulation micro-batches (the global batch,
+// hence the result, unchanged), largest first. Checkpointing, offload and ZeRO join
+// the search as they land. `sets` are `--set` arguments `dtrain train` accepts.
+struct FitAdvice {
+  bool fits = false;
+  std::vector<std::string> sets;  // empty when the job fits as it is
+  MemoryEstimate estimate;        // of the job with `sets` applied (or the smallest tried)
+};
+FitAdvice fit_memory(const Job& job, size_t capacity);
+std::string format_fit(const FitAdvice& advice, size_t capacity);
+
+// What one rank may use: the GPU's memory, or on the CPU the host's available memory
+// (/proc/meminfo MemAvailable) divided among the ranks on this machine.
+size_t rank_capacity(const Job& job, int local_ranks);
+
+// "80GB", "80 GiB", "512MB", "1e9": bytes, or a dtrain::Error naming `what`.
+size_t parse_bytes(const std::string& text, const std::string& what);
 std::string format_estimate(const MemoryEstimate& e);  // the table `dtrain estimate` prints
 
 }  // namespace dtrain::runtime

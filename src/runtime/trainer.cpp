@@ -15,6 +15,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -38,6 +39,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/data_feed.h"
 #include "runtime/device_feed.h"
+#include "runtime/estimate.h"
 #include "runtime/faults.h"
 #include "runtime/master_weights.h"
 #include "runtime/metrics.h"
@@ -110,6 +112,36 @@ void require_supported(const Job& job, int world) {
   if (!models::find_model(job.model.arch)) {
     unsupported("model.arch", job.model.arch + " (no graph builder for it yet)");
   }
+}
+
+// The ranks on this machine, as the launcher says (1 when none does).
+int local_ranks() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* v = std::getenv(name)) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
+// A job whose estimated peak exceeds what this rank has fails now, with the estimate
+// and the smallest change that fits, instead of with an allocator error mid-step.
+void require_fits(const Job& job) {
+  const size_t capacity = rank_capacity(job, local_ranks());
+  if (capacity == 0) return;  // unknown: nothing to compare with
+  const MemoryEstimate e = estimate_memory(job);
+  if (e.peak_bytes <= capacity) return;
+  const FitAdvice fit = fit_memory(job, capacity);
+  throw RunError(fmt::format("this job needs an estimated {:.2f} GB per rank and {} has {:.2f} "
+                             "GB:\n{}{}",
+                             static_cast<double>(e.peak_bytes) / 1e9,
+                             job.device.is_cuda() ? job.device.str() : "this machine (available)",
+                             static_cast<double>(capacity) / 1e9, format_estimate(e),
+                             format_fit(fit, capacity)),
+                 fit.fits ? "apply the --set overrides above (the global batch stays the same)"
+                          : "choose a smaller model or batch");
 }
 
 std::string fnv1a_hex(std::string_view s) {
@@ -227,6 +259,7 @@ class TrainSession {
 TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
     : req_(r), job_(r.job), comm_(comm) {
   require_supported(job_, comm.size());
+  require_fits(job_);
   micro_batches_ = job_.parallel.micro_batches;
   const int64_t batch = job_.data.micro_batch;
   policy_.compute = compute_dtype(job_.precision.dtype);

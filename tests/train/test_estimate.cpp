@@ -93,3 +93,70 @@ TEST_CASE("dtrain estimate is within 3% of the measured peak, every family, batc
     }
   }
 }
+
+// --fit: the smallest micro-batch (same global batch) whose estimate fits the given
+// size; the job with the suggested overrides then stays under it when it runs.
+TEST_CASE("dtrain estimate --fit suggests a micro-batch that fits, and it does") {
+  TempDir tmp("estimate-fit");
+  const fs::path job = tmp.path() / "gpt.yaml";
+  std::ofstream(job) << "run: {seed: 3}\n"
+                     << kFamilies[1].yaml
+                     << "train: {steps: 2, log_every: 1}\nlogging: {console: false}\n";
+  auto peak_of = [&](const std::vector<std::string>& extra, const std::string& name) {
+    std::vector<std::string> args = {"estimate", job.string(), "--json", "--set",
+                                     "data.global_batch=32"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = run_dtrain_command(args, tmp.path() / (name + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return last_json(r.log);
+  };
+  const double whole = peak_of({}, "whole").at("peak_bytes").get<double>();
+  const double half =
+      peak_of({"--set", "data.micro_batch=16"}, "half").at("peak_bytes").get<double>();
+  REQUIRE(half < whole);
+  const auto capacity = static_cast<int64_t>((half + whole) / 2);
+  const nlohmann::json fit = peak_of({"--fit", std::to_string(capacity)}, "fit").at("fit");
+  CHECK(fit.at("fits").get<bool>());
+  const std::vector<std::string> want = {"--set", "data.micro_batch=16", "--set",
+                                         "parallel.micro_batches=2"};
+  CHECK(fit.at("sets").get<std::vector<std::string>>() == want);
+  std::vector<std::string> train = {job.string(), "--set", "data.global_batch=32", "--set",
+                                    "run.output_dir=" + (tmp.path() / "run").string()};
+  train.insert(train.end(), want.begin(), want.end());
+  const RunResult t = run_dtrain(train, tmp.path() / "run.log");
+  REQUIRE_MESSAGE(t.rc == 0, t.describe());
+  double measured = 0;
+  std::ifstream metrics(tmp.path() / "run" / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("summary", false)) measured = j.at("peak_host_bytes").get<double>();
+  }
+  CHECK(measured > 0);
+  CHECK(measured <= static_cast<double>(capacity));
+  const nlohmann::json none = peak_of({"--fit", "1MB"}, "none").at("fit");
+  CHECK_FALSE(none.at("fits").get<bool>());
+  const RunResult bad =
+      run_dtrain_command({"estimate", job.string(), "--fit", "lots"}, tmp.path() / "bad.log");
+  CHECK_MESSAGE(bad.rc == 2, bad.describe());
+  CHECK_MESSAGE(bad.log.find("--fit: \"lots\" is not a size") != std::string::npos, bad.log);
+}
+
+// A job that cannot fit this machine ends before it allocates anything, with the
+// estimate and what is left to try: a GPT-3-shaped model (175 B parameters).
+TEST_CASE("dtrain train refuses a job whose estimate exceeds the machine, before any step") {
+  TempDir tmp("estimate-refuse");
+  const fs::path job = tmp.path() / "gpt3.yaml";
+  const fs::path out = tmp.path() / "run";
+  std::ofstream(job) << "run: {output_dir: " << out.string() << "}\n"
+                     << "model: {arch: gpt2, layers: 96, hidden: 12288, heads: 96, seq_len: 2048, "
+                        "max_positions: 2048}\n"
+                     << "data: {dataset: synthetic, global_batch: 8}\n"
+                     << "optimizer: {name: adamw, lr: 1.0e-4}\n"
+                     << "precision: {dtype: bf16}\ntrain: {steps: 1}\n";
+  const RunResult r = run_dtrain({job.string()}, tmp.path() / "run.log");
+  CHECK_MESSAGE(r.rc == 3, r.describe());
+  CHECK_MESSAGE(r.log.find("this job needs an estimated") != std::string::npos, r.log);
+  CHECK_MESSAGE(r.log.find("master weights") != std::string::npos, r.log);
+  CHECK_MESSAGE(r.log.find("does not fit") != std::string::npos, r.log);
+  CHECK_FALSE(fs::exists(out));
+}

@@ -48,6 +48,11 @@ TEST_CASE("caching allocator: size classes, reuse and statistics") {
   CHECK(CachingAllocator::size_class(513) == 1024);
   CHECK(CachingAllocator::size_class((1 << 20) + 1) == (1 << 20) + (1 << 18));
   CHECK(CachingAllocator::size_class(3 << 20) == 3 << 20);
+  CHECK(CachingAllocator::size_class(size_t{80} << 20) == size_t{80} << 20);  // 2 MiB steps
+  CHECK(CachingAllocator::size_class((size_t{80} << 20) + 1) == size_t{82} << 20);
+  CHECK(CachingAllocator::size_class(size_t{350} * 1000 * 1000 * 1000) ==
+        (size_t{350} * 1000 * 1000 * 1000 + (size_t{2} << 20) - 1) / (size_t{2} << 20) *
+            (size_t{2} << 20));
 
   HostAllocator host;
   CachingAllocator cache(host);
