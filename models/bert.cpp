@@ -78,8 +78,11 @@ ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head,
                      {m.input});
   x = layer_norm(g, "embeddings.LayerNorm", x, s.hidden);
   x = maybe_dropout(g, "embeddings.dropout", x, s.dropout);
-  for (int64_t i = 0; i < s.layers; ++i)
+  for (int64_t i = 0; i < s.layers; ++i) {
+    g.begin_block();  // a transformer layer: the unit activation checkpointing recomputes
     x = encoder_layer(g, fmt::format("encoder.layer.{}", i), x, s);
+    g.end_block();
+  }
   if (head == BertHead::pooler) {
     m.logits = pooler(g, x, s);
     return m;

@@ -42,7 +42,11 @@ ModelGraph build_gpt2(const ModelOptions& options, int64_t batch,
   ValueId x = g.add1("transformer", graph::token_embedding({s.vocab, s.max_positions, 0, s.hidden}),
                      {m.input});
   x = maybe_dropout(g, "transformer.drop", x, s.dropout);
-  for (int64_t i = 0; i < s.layers; ++i) x = block(g, fmt::format("transformer.h.{}", i), x, s);
+  for (int64_t i = 0; i < s.layers; ++i) {
+    g.begin_block();  // a transformer layer: the unit activation checkpointing recomputes
+    x = block(g, fmt::format("transformer.h.{}", i), x, s);
+    g.end_block();
+  }
   x = g.add1("transformer.ln_f", graph::layer_norm(s.hidden, kLnEps), {x});
   const int wte = g.param_index("transformer.word_embeddings.weight");
   m.logits = g.add1("lm_head", graph::linear(s.hidden, s.vocab, graph::Bias::no, {kInitStd}), {x},

@@ -124,8 +124,10 @@ ModelGraph build_resnet(const ResNetDepth& depth, const ModelOptions& options, i
     for (int b = 0; b < depth.blocks[static_cast<size_t>(layer)]; ++b) {
       const std::string prefix = fmt::format("layer{}.{}.", layer + 1, b);
       const BlockShape shape{channels, planes, b == 0 && layer > 0 ? 2 : 1};
+      g.begin_block();  // a residual block: the unit activation checkpointing recomputes
       h = depth.block == ResNetBlock::basic ? basic_block(g, prefix, h, shape, s.last_gamma)
                                             : bottleneck_block(g, prefix, h, shape, s.last_gamma);
+      g.end_block();
       channels = planes * expansion;
     }
   }

@@ -45,7 +45,9 @@ ModelGraph build_vit(const ModelOptions& options, int64_t batch, const graph::DT
   x = g.add1("encoder.embed", graph::class_token_positions(tokens, s.hidden, kInitStd), {x});
   x = maybe_dropout(g, "encoder.dropout", x, s.dropout);
   for (int64_t i = 0; i < s.layers; ++i) {
+    g.begin_block();  // a transformer layer: the unit activation checkpointing recomputes
     x = block(g, fmt::format("encoder.layers.encoder_layer_{}", i), x, s);
+    g.end_block();
   }
   x = g.add1("encoder.ln", graph::layer_norm(s.hidden, kLnEps), {x});
   x = g.add1("heads.select", graph::select_token(0), {x});

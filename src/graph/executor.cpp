@@ -104,7 +104,7 @@ void Executor::keep(ValueId v, Mode mode) {
 const Lifetimes& Executor::lifetimes(Mode mode) {
   const auto m = static_cast<size_t>(mode == Mode::train ? 0 : 1);
   if (life_stale_[m]) {
-    life_[m] = plan_lifetimes(graph_, mode, pinned_[m]);
+    life_[m] = plan_lifetimes(graph_, mode, pinned_[m], blocks_per_segment_);
     life_stale_[m] = false;
   }
   return life_[m];
@@ -127,22 +127,52 @@ void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
   for (auto& s : saved_) s.clear();
   const Lifetimes& life = lifetimes(mode);
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
-    const Node& n = graph_.nodes()[i];
     if (hooks.pre_op) hooks.pre_op(static_cast<int>(i), Phase::forward);
-    std::vector<Tensor> in, out, saved;
-    for (ValueId v : n.inputs) in.push_back(value(v));
-    for (ValueId v : n.outputs) out.push_back(alloc(graph_.value(v).spec));
-    for (const TensorSpec& s : n.info.saved) saved.push_back(alloc(s));
-    std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
-    OpContext ctx{mode, seed_, step, static_cast<uint32_t>(i), in, out, p, b, saved, ws,
-                  {},   {},    {}};
-    ctx.math = math_;
-    ctx.batch = batch;
-    n.op->forward(ctx);
-    for (size_t o = 0; o < n.outputs.size(); ++o)
-      values_[static_cast<size_t>(n.outputs[o])] = out[o];
-    if (mode == Mode::train) saved_[i] = std::move(saved);  // an evaluation drops them now
+    run_forward(static_cast<int>(i), false);
+    // An evaluation drops the saved tensors now; so does a checkpointed segment (its
+    // recompute makes them again).
+    if (mode == Mode::eval || life.segment_of[i] >= 0) saved_[i].clear();
     release_after(life, static_cast<int>(i));
+  }
+}
+
+// Node `index`'s forward: its outputs into values_ (reusing an output that is still
+// held, which a recompute then overwrites with the same bits), its saved tensors into
+// saved_.
+void Executor::run_forward(int index, bool recompute) {
+  const Node& n = graph_.nodes()[static_cast<size_t>(index)];
+  const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
+                              workspace_.defined() ? workspace_.nbytes() : 0, device_};
+  std::vector<Tensor> in, out, saved;
+  for (ValueId v : n.inputs) in.push_back(value(v));
+  for (ValueId v : n.outputs) {
+    const Tensor& held = values_[static_cast<size_t>(v)];
+    out.push_back(held.defined() ? held : alloc(graph_.value(v).spec));
+  }
+  for (const TensorSpec& s : n.info.saved) saved.push_back(alloc(s));
+  std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
+  OpContext ctx{mode_, seed_, step_, static_cast<uint32_t>(index), in, out, p, b, saved, ws,
+                {},    {},    {}};
+  ctx.math = math_;
+  ctx.batch = batch_;
+  ctx.recompute = recompute;
+  n.op->forward(ctx);
+  for (size_t o = 0; o < n.outputs.size(); ++o) values_[static_cast<size_t>(n.outputs[o])] = out[o];
+  saved_[static_cast<size_t>(index)] = std::move(saved);
+}
+
+void Executor::set_checkpointing(int blocks_per_segment) {
+  DTRAIN_CHECK(blocks_per_segment >= 0, "blocks per segment {}", blocks_per_segment);
+  blocks_per_segment_ = blocks_per_segment;
+  life_stale_[0] = life_stale_[1] = true;
+}
+
+// The forward of a checkpointed segment again, just before its backward.
+void Executor::recompute(const Lifetimes& life, const Segment& segment) {
+  for (int j = segment.first; j <= segment.last; ++j) {
+    run_forward(j, true);
+    for (ValueId v : life.recompute_release[static_cast<size_t>(j)])
+      values_[static_cast<size_t>(v)] = Tensor();
   }
 }
 
@@ -155,7 +185,13 @@ void Executor::backward(ValueId loss, float dloss) {
   Tensor seed = alloc(lv.spec);
   kernels::fill(seed, dloss);
   vgrad[static_cast<size_t>(loss)] = seed;
-  for (int i = static_cast<int>(graph_.nodes().size()) - 1; i >= 0; --i) backward_node(i, vgrad);
+  const Lifetimes& life = lifetimes(Mode::train);
+  for (int i = static_cast<int>(graph_.nodes().size()) - 1; i >= 0; --i) {
+    const int seg = life.segment_of[static_cast<size_t>(i)];
+    if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i)
+      recompute(life, life.segments[static_cast<size_t>(seg)]);
+    backward_node(i, vgrad);
+  }
 }
 
 std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& accumulate) const {

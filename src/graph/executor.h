@@ -53,6 +53,9 @@ class Executor {
   // How ops compute f32 GEMMs and convolutions (tf32: TF32 tensor cores on CUDA, the
   // job's precision.tf32; no effect on the CPU). Default fp32.
   void set_math(kernels::MathMode math) { math_ = math; }
+  // Activation checkpointing (graph/lifetimes.h): segments of k consecutive model
+  // blocks are recomputed in backward; 0 (the default) keeps every activation.
+  void set_checkpointing(int blocks_per_segment);
 
   void set_input(ValueId v, Tensor t);  // shape, dtype and device must match the graph input
   // `batch`: which samples of the step's global batch the inputs hold (BatchKey).
@@ -71,6 +74,8 @@ class Executor {
 
  private:
   void backward_node(int index, std::vector<Tensor>& vgrad);
+  void recompute(const Lifetimes& life, const Segment& segment);
+  void run_forward(int index, bool recompute);
   // The gradient tensors node `index` writes: the param's own view for its first
   // user in backward order, and for a later user that can accumulate (its bit set in
   // `accumulate`); else a fresh temporary, added in afterwards.
@@ -89,6 +94,7 @@ class Executor {
   std::vector<char> pinned_[2];  // per Mode (train, eval), per value: keep() was called
   Lifetimes life_[2];            // per Mode (train, eval); recomputed when pins change
   bool life_stale_[2] = {true, true};
+  int blocks_per_segment_ = 0;
   std::vector<std::vector<Tensor>> saved_;
   // Per param: the highest and lowest node index using it (= first and last in backward).
   std::vector<int> first_user_, last_user_;

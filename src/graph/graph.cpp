@@ -81,6 +81,7 @@ std::vector<ValueId> Graph::add(const std::string& name, std::unique_ptr<Op> op,
   check_ties(name, node.info, ties);
   node.name = name;
   node.inputs = inputs;
+  node.block = open_block_;
   for (size_t i = 0; i < node.info.params.size(); ++i) {
     if (const Tie* t = find_tie(ties, static_cast<int>(i))) {
       node.params.push_back(t->param);
@@ -104,6 +105,16 @@ std::vector<ValueId> Graph::add(const std::string& name, std::unique_ptr<Op> op,
   node.op = std::move(op);
   nodes_.push_back(std::move(node));
   return nodes_.back().outputs;
+}
+
+void Graph::begin_block() {
+  DTRAIN_CHECK(open_block_ < 0, "begin_block inside block {}", open_block_);
+  open_block_ = blocks_++;
+}
+
+void Graph::end_block() {
+  DTRAIN_CHECK(open_block_ >= 0, "end_block without begin_block");
+  open_block_ = -1;
 }
 
 ValueId Graph::add1(const std::string& name, std::unique_ptr<Op> op,

@@ -38,6 +38,7 @@ struct Node {
   OpInfo info;
   std::vector<int> params;   // indices into the graph's parameter store layout (tied ones shared)
   std::vector<int> buffers;  // indices into the buffer layout
+  int block = -1;            // the model block it belongs to (begin_block), or -1
 };
 
 class Graph {
@@ -55,6 +56,13 @@ class Graph {
   ValueId add1(const std::string& name, std::unique_ptr<Op> op, const std::vector<ValueId>& inputs,
                const std::vector<Tie>& ties = {});
 
+  // Model builders mark their repeated blocks (a residual block, a transformer layer):
+  // nodes added between begin_block and end_block carry the block's index. Activation
+  // checkpointing recomputes whole blocks (graph/lifetimes.h: segments).
+  void begin_block();
+  void end_block();
+  int num_blocks() const { return blocks_; }
+
   const std::vector<Node>& nodes() const { return nodes_; }
   const Value& value(ValueId v) const;
   int num_values() const { return static_cast<int>(values_.size()); }
@@ -69,6 +77,8 @@ class Graph {
   void check_ties(const std::string& name, const OpInfo& info, const std::vector<Tie>& ties) const;
 
   DTypePolicy policy_;
+  int blocks_ = 0;
+  int open_block_ = -1;
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<FlatEntry> params_;

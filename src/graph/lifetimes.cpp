@@ -13,37 +13,110 @@ bool keeps_outputs(const Node& node) {
   return node.info.keep == Keep::outputs || node.info.keep == Keep::inputs_and_outputs;
 }
 
-Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned) {
-  const int n = static_cast<int>(graph.nodes().size());
+namespace {
+
+// Segments of `k` consecutive blocks, in node order. Blocks are contiguous node ranges
+// (a builder adds a block's nodes one after another).
+std::vector<Segment> segments_of(const Graph& graph, int k) {
+  std::vector<Segment> out;
+  if (k <= 0) return out;
+  const auto& nodes = graph.nodes();
+  int current = -1;  // segment index of the open segment's first block
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    const int b = nodes[static_cast<size_t>(i)].block;
+    if (b < 0) {
+      current = -1;
+      continue;
+    }
+    const int seg = b / k;
+    if (seg != current || out.empty() || out.back().last != i - 1) {
+      out.push_back({i, i});
+      current = seg;
+    } else {
+      out.back().last = i;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned,
+                         int blocks_per_segment) {
+  const auto& nodes = graph.nodes();
+  const int n = static_cast<int>(nodes.size());
   const auto values = static_cast<size_t>(graph.num_values());
+  const bool train = mode == Mode::train;
   Lifetimes life;
-  life.steps = mode == Mode::train ? 2 * n : n;
+  life.steps = train ? 2 * n : n;
   life.last_use.assign(values, -1);
+  life.segment_of.assign(static_cast<size_t>(n), -1);
+  life.recompute_release.assign(static_cast<size_t>(n), {});
+  if (train) life.segments = segments_of(graph, blocks_per_segment);
+  for (size_t s = 0; s < life.segments.size(); ++s)
+    for (int i = life.segments[s].first; i <= life.segments[s].last; ++i)
+      life.segment_of[static_cast<size_t>(i)] = static_cast<int>(s);
+  auto segment_of_value = [&](ValueId v) {
+    const int p = graph.value(v).producer;
+    return p < 0 ? -1 : life.segment_of[static_cast<size_t>(p)];
+  };
+  // Inner values: produced in a segment and read by no node outside it.
+  std::vector<char> inner(values, 0);
+  for (size_t v = 0; v < values; ++v) inner[v] = segment_of_value(static_cast<ValueId>(v)) >= 0;
+  for (const Node& node : nodes) {
+    for (ValueId v : node.inputs) {
+      const int s = segment_of_value(v);
+      if (s >= 0 && life.segment_of[static_cast<size_t>(&node - nodes.data())] != s)
+        inner[static_cast<size_t>(v)] = 0;
+    }
+  }
   std::vector<char> read(values, 0);
-  auto use = [&](ValueId v, int step) {
+  std::vector<int> last_forward(values, -1), last_backward(values, -1);
+  auto use = [&](ValueId v, int step, bool backward) {
     const auto i = static_cast<size_t>(v);
     read[i] = 1;
-    life.last_use[i] = std::max(life.last_use[i], step);
+    int& last = backward ? last_backward[i] : last_forward[i];
+    last = std::max(last, step);
   };
   for (int i = 0; i < n; ++i) {
-    const Node& node = graph.nodes()[static_cast<size_t>(i)];
-    for (ValueId v : node.inputs) use(v, i);
-    if (mode != Mode::train) continue;
+    const Node& node = nodes[static_cast<size_t>(i)];
+    for (ValueId v : node.inputs) use(v, i, false);
+    if (!train) continue;
     const int back = 2 * n - 1 - i;
     if (keeps_inputs(node))
-      for (ValueId v : node.inputs) use(v, back);
+      for (ValueId v : node.inputs) use(v, back, true);
     if (keeps_outputs(node))
-      for (ValueId v : node.outputs) use(v, back);
+      for (ValueId v : node.outputs) use(v, back, true);
+    const int s = life.segment_of[static_cast<size_t>(i)];
+    if (s >= 0) {  // the recompute reads the segment's inputs from outside
+      const int recompute = 2 * n - 1 - life.segments[static_cast<size_t>(s)].last;
+      for (ValueId v : node.inputs)
+        if (segment_of_value(v) != s) use(v, recompute, true);
+    }
   }
   life.release_after.assign(static_cast<size_t>(life.steps), {});
   for (size_t v = 0; v < values; ++v) {
-    const bool input = graph.value(static_cast<ValueId>(v)).producer == -1;  // the caller's
+    const auto id = static_cast<ValueId>(v);
+    const bool input = graph.value(id).producer == -1;  // the caller's
     const bool pin = input || (!pinned.empty() && pinned[v]);
-    if (pin || !read[v]) {
-      life.last_use[v] = -1;
+    if (pin || !read[v]) continue;
+    if (inner[v]) {
+      // Forward: gone after its last forward reader. Recompute: made again, then gone
+      // after its last backward reader, or right after its last recompute reader.
+      const int producer = graph.value(id).producer;
+      life.release_after[static_cast<size_t>(std::max(last_forward[v], producer))].push_back(id);
+      if (last_backward[v] >= 0) {
+        life.release_after[static_cast<size_t>(last_backward[v])].push_back(id);
+        life.last_use[v] = last_backward[v];
+      } else {
+        life.recompute_release[static_cast<size_t>(std::max(last_forward[v], producer))].push_back(
+            id);
+        life.last_use[v] = last_forward[v];
+      }
       continue;
     }
-    life.release_after[static_cast<size_t>(life.last_use[v])].push_back(static_cast<ValueId>(v));
+    life.last_use[v] = std::max(last_forward[v], last_backward[v]);
+    life.release_after[static_cast<size_t>(life.last_use[v])].push_back(id);
   }
   return life;
 }

@@ -9,6 +9,14 @@
 // Graph inputs are the caller's and stay set until replaced; pinned values (what
 // the caller reads after the step) and values nothing reads (the loss) live until
 // the next forward.
+//
+// Activation checkpointing (train only): consecutive model blocks (Graph::begin_block)
+// form segments. Inside a segment, values no node outside reads ("inner" values) and
+// the nodes' saved tensors are dropped after forward, as if no backward needed them;
+// just before the backward of the segment's last node the segment's forward runs
+// again (the recompute: same RNG keys, so the same bits; batch norm leaves its
+// running statistics alone), and from then on the usual backward rule applies. The
+// segment's inputs live until that recompute.
 #pragma once
 
 #include <vector>
@@ -21,13 +29,24 @@ namespace dtrain::graph {
 bool keeps_inputs(const Node& node);
 bool keeps_outputs(const Node& node);
 
+struct Segment {
+  int first = 0, last = 0;  // node indices, inclusive
+};
+
 struct Lifetimes {
   int steps = 0;              // N (eval) or 2N (train)
   std::vector<int> last_use;  // per value: the last step reading it; -1: kept (pinned, unread)
   std::vector<std::vector<ValueId>> release_after;  // per step: values released after it
+  std::vector<Segment> segments;                    // checkpointed segments (train only)
+  std::vector<int> segment_of;                      // per node: its segment, or -1
+  // Per node of a segment: inner values released right after that node's recompute
+  // forward (nothing in backward reads them).
+  std::vector<std::vector<ValueId>> recompute_release;
 };
 
 // pinned: per value (graph.num_values() entries, or empty: none pinned).
-Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned);
+// blocks_per_segment: 0 no checkpointing; k: segments of k consecutive blocks.
+Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned,
+                         int blocks_per_segment = 0);
 
 }  // namespace dtrain::graph

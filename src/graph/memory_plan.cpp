@@ -43,10 +43,10 @@ class Tally {
 }  // namespace
 
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
-                                const RoundBytes& round) {
+                                const RoundBytes& round, int blocks_per_segment) {
   const auto& nodes = graph.nodes();
   const int n = static_cast<int>(nodes.size());
-  const Lifetimes life = plan_lifetimes(graph, mode, pinned);
+  const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment);
   Tally t(round);
   std::vector<size_t> value(static_cast<size_t>(graph.num_values()), 0);  // rounded bytes held
   std::vector<size_t> saved(nodes.size(), 0);
@@ -62,7 +62,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       value[static_cast<size_t>(node.outputs[o])] = t.add(bytes_of(node.info.outputs[o]));
     for (const TensorSpec& s : node.info.saved) saved[static_cast<size_t>(i)] += t.add(bytes_of(s));
     t.mark(i, Phase::forward);
-    if (mode != Mode::train) {
+    if (mode != Mode::train || life.segment_of[static_cast<size_t>(i)] >= 0) {
       t.remove(saved[static_cast<size_t>(i)]);
       saved[static_cast<size_t>(i)] = 0;
     }
@@ -79,6 +79,26 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     std::vector<size_t> param_dtype_size;
     for (int i = n - 1; i >= 0; --i) {
       const Node& node = nodes[static_cast<size_t>(i)];
+      const int seg = life.segment_of[static_cast<size_t>(i)];
+      if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i) {  // the recompute
+        for (int j = life.segments[static_cast<size_t>(seg)].first; j <= i; ++j) {
+          const Node& r = nodes[static_cast<size_t>(j)];
+          for (size_t o = 0; o < r.outputs.size(); ++o) {
+            size_t& held = value[static_cast<size_t>(r.outputs[o])];
+            if (held == 0) held = t.add(bytes_of(r.info.outputs[o]));
+          }
+          for (const TensorSpec& sp : r.info.saved)
+            saved[static_cast<size_t>(j)] += t.add(bytes_of(sp));
+          size_t temps = 0;
+          for (const TensorSpec& sp : r.info.recompute_temps) temps += t.add(bytes_of(sp));
+          t.mark(j, Phase::backward);
+          t.remove(temps);
+          for (ValueId v : life.recompute_release[static_cast<size_t>(j)]) {
+            t.remove(value[static_cast<size_t>(v)]);
+            value[static_cast<size_t>(v)] = 0;
+          }
+        }
+      }
       bool reached = false;
       for (ValueId v : node.outputs) reached = reached || has_grad[static_cast<size_t>(v)];
       if (reached) {

@@ -34,8 +34,9 @@ struct ExecutorBytes {
 
 using RoundBytes = std::function<size_t(size_t)>;
 
+// blocks_per_segment: activation checkpointing as Executor::set_checkpointing.
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
-                                const RoundBytes& round);
+                                const RoundBytes& round, int blocks_per_segment = 0);
 ExecutorBytes executor_bytes(const Graph& graph, Device device, const RoundBytes& round);
 
 }  // namespace dtrain::graph

@@ -76,6 +76,9 @@ struct OpInfo {
   // Backward writes the input gradient even when the input takes none (into a
   // temporary of the input's spec): the norms' kernels always produce dx.
   bool writes_input_grad = false;
+  // Allocated by a recompute forward (OpContext::recompute) and freed before it returns:
+  // batch norm's throwaway running statistics.
+  std::vector<TensorSpec> recompute_temps;
   size_t workspace_bytes = 0;       // max of forward and backward, on the CPU
   size_t cuda_workspace_bytes = 0;  // the same on a CUDA device (its kernels differ)
   double flops = 0.0;               // forward FLOPs for the whole batch
@@ -119,6 +122,10 @@ struct OpContext {
   bool accumulates(size_t k) const { return (accumulate_mask >> k) & 1u; }
   kernels::MathMode math = kernels::MathMode::fp32;  // f32 GEMMs / convolutions (precision.tf32)
   BatchKey batch;
+  // Forward again for activation checkpointing (graph/lifetimes.h): the outputs and
+  // saved tensors must be the first forward's bits, and state that forward updated
+  // (batch norm's running statistics) must not be updated twice.
+  bool recompute = false;
 };
 
 class Op {

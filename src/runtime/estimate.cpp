@@ -4,6 +4,7 @@
 #include "runtime/estimate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "core/allocator.h"
@@ -30,6 +31,20 @@ std::string where(const graph::Graph& g, const graph::ActivationPeak& p) {
 }
 
 }  // namespace
+
+int blocks_per_segment(const Job& job, const graph::Graph& graph) {
+  switch (job.memory.checkpointing) {
+    case ActivationCheckpointing::none:
+      return 0;
+    case ActivationCheckpointing::block:
+      return 1;
+    case ActivationCheckpointing::every_k:
+      return job.memory.every_k;
+    case ActivationCheckpointing::sqrt:
+      return std::max(1, static_cast<int>(std::ceil(std::sqrt(graph.num_blocks()))));
+  }
+  return 0;
+}
 
 MemoryEstimate estimate_memory(const Job& job) {
   // Rounded as the allocator that will hold them counts: the host's caching allocator,
@@ -79,7 +94,7 @@ MemoryEstimate estimate_memory(const Job& job) {
              : fmt::format("2 batches of {} windows", batch));
   for (const MemoryItem& i : e.state) e.state_bytes += i.bytes;
 
-  e.train = graph::plan_activations(g, graph::Mode::train, {}, round);
+  e.train = graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g));
   std::vector<char> eval_pins(static_cast<size_t>(g.num_values()), 0);
   eval_pins[static_cast<size_t>(m.logits)] = 1;
   eval_pins[static_cast<size_t>(m.targets)] = 1;

@@ -30,6 +30,10 @@ struct MemoryEstimate {
   double step_flops = 0;  // forward + backward (3x forward) per rank and step
 };
 
+// memory.checkpointing as blocks per recomputed segment (0: none; block: 1; every_k:
+// memory.every_k; sqrt: ceil(sqrt(blocks))), for Executor::set_checkpointing.
+int blocks_per_segment(const Job& job, const graph::Graph& graph);
+
 MemoryEstimate estimate_memory(const Job& job);
 
 // The smallest change that brings the peak to at most `capacity` bytes: the job as it

@@ -102,9 +102,6 @@ void require_supported(const Job& job, int world) {
   if (job.compress.method != CompressMethod::none) {
     unsupported("compress.method", std::string(to_string(job.compress.method)));
   }
-  if (job.memory.checkpointing != ActivationCheckpointing::none) {
-    unsupported("memory.checkpointing", std::string(to_string(job.memory.checkpointing)));
-  }
   if (job.memory.offload.optimizer || job.memory.offload.params)
     unsupported("memory.offload", "on");
   if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
@@ -266,6 +263,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   model_ = models::build_model(job_.model, batch, policy_);
   ex_ = std::make_unique<graph::Executor>(model_.graph, job_.device);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
+  ex_->set_checkpointing(blocks_per_segment(job_, model_.graph));
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
   ex_->keep(model_.targets, graph::Mode::eval);
   counters_.seed = static_cast<uint64_t>(job_.run.seed);

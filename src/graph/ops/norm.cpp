@@ -31,6 +31,7 @@ class BatchNorm2d final : public Op {
     info.buffers = {{"running_mean", {c_}, InitKind::zeros}, {"running_var", {c_}, InitKind::ones}};
     info.saved = {{{c_}, DType::f32}, {{c_}, DType::f32}};  // batch mean, 1/sqrt(var + eps)
     info.writes_input_grad = true;
+    info.recompute_temps = {{{c_}, DType::f32}, {{c_}, DType::f32}};
     info.flops = 8.0 * static_cast<double>(x.numel());
     return info;
   }
@@ -40,6 +41,16 @@ class BatchNorm2d final : public Op {
     if (ctx.mode == Mode::eval) {
       kernels::batch_norm_forward_infer(a, ctx.inputs[0], ctx.params[0], ctx.params[1],
                                         ctx.buffers[0], ctx.buffers[1], ctx.outputs[0]);
+      return;
+    }
+    if (ctx.recompute) {  // the same y and statistics; the running averages stay as they are
+      Allocator& alloc = kernels::device_allocator(ctx.inputs[0].device());
+      Tensor mean = Tensor::empty(ctx.buffers[0].shape(), DType::f32, &alloc);
+      Tensor var = Tensor::empty(ctx.buffers[1].shape(), DType::f32, &alloc);
+      kernels::copy(ctx.buffers[0], mean);
+      kernels::copy(ctx.buffers[1], var);
+      kernels::batch_norm_forward_train(a, ctx.inputs[0], ctx.params[0], ctx.params[1],
+                                        ctx.outputs[0], mean, var, ctx.saved[0], ctx.saved[1]);
       return;
     }
     kernels::batch_norm_forward_train(a, ctx.inputs[0], ctx.params[0], ctx.params[1],
