@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/launcher.h"
 #include "config/config.h"
+#include "core/allocator.h"
 #include "dist/communicator.h"
 #include "dist/launcher.h"
 #include "dist/mpi_info.h"
@@ -78,6 +79,7 @@ int run_train(const TrainArgs& args) {
     ctx.world_size = world->size();
     ctx.warnings = &warnings;
     req.job = config::load_job_file(args.job, args.overrides, ctx);
+    host_allocator().set_caching(req.job.memory.pool);  // before the first tensor
     if (world->rank() == 0) {
       for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
     }

@@ -58,7 +58,24 @@ size_t CachingAllocator::size_class(size_t bytes) {
 
 CachingAllocator::~CachingAllocator() { release_cached(); }
 
+void CachingAllocator::set_caching(bool on) {
+  if (!on) release_cached();
+  std::lock_guard lock(mu_);
+  if (on == caching_) return;
+  DTRAIN_CHECK(stats_.current == 0, "caching switched with {} bytes in use", stats_.current);
+  caching_ = on;
+}
+
 void* CachingAllocator::allocate(size_t bytes) {
+  if (!caching_) {
+    void* p = upstream_.allocate(bytes);
+    std::lock_guard lock(mu_);
+    ++stats_.allocations;
+    stats_.reserved += bytes;
+    stats_.current += bytes;
+    stats_.peak = std::max(stats_.peak, stats_.current);
+    return p;
+  }
   const size_t cls = size_class(bytes);
   {
     std::lock_guard lock(mu_);
@@ -82,6 +99,14 @@ void* CachingAllocator::allocate(size_t bytes) {
 }
 
 void CachingAllocator::deallocate(void* ptr, size_t bytes) {
+  if (!caching_) {
+    upstream_.deallocate(ptr, bytes);
+    std::lock_guard lock(mu_);
+    DTRAIN_CHECK(stats_.current >= bytes, "freeing {} bytes with {} in use", bytes, stats_.current);
+    stats_.current -= bytes;
+    stats_.reserved -= bytes;
+    return;
+  }
   const size_t cls = size_class(bytes);
   std::lock_guard lock(mu_);
   DTRAIN_CHECK(stats_.current >= cls, "freeing {} bytes with {} in use", cls, stats_.current);

@@ -63,6 +63,11 @@ class CachingAllocator final : public Allocator {
   MemoryStats stats() const override;
   void release_cached();  // returns every cached block to the upstream allocator
   void reset_peak();
+  // false: no cache and no size classes: every request goes to the upstream allocator
+  // at its size and every free straight back (memory.pool: false, for debugging). Set
+  // it before anything is allocated: a block is returned by the rule it was taken with.
+  void set_caching(bool on);
+  bool caching() const { return caching_; }
 
   static size_t size_class(size_t bytes);
 
@@ -71,6 +76,7 @@ class CachingAllocator final : public Allocator {
   mutable std::mutex mu_;
   std::map<size_t, std::vector<void*>> free_;  // size class -> cached blocks
   MemoryStats stats_;
+  bool caching_ = true;
 };
 
 // The process-wide host allocator: a CachingAllocator over HostAllocator.

@@ -50,7 +50,9 @@ MemoryEstimate estimate_memory(const Job& job) {
   // Rounded as the allocator that will hold them counts: the host's caching allocator,
   // or the GPU's block pool.
   const graph::RoundBytes round =
-      job.device.is_cuda()
+      !job.memory.pool && job.device.is_cpu()
+          ? graph::RoundBytes([](size_t b) { return b; })  // memory.pool: false, no classes
+      : job.device.is_cuda()
           ? graph::RoundBytes([](size_t b) { return BlockPool::size_class(b); })
           : graph::RoundBytes([](size_t b) { return CachingAllocator::size_class(b); });
   const int64_t batch = job.data.micro_batch;
@@ -125,18 +127,32 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
     a.fits = true;
     return a;
   }
+  // The largest micro-batch that fits (GEMM efficiency falls with it), without
+  // checkpointing if possible, else with it (about a quarter more compute).
   const int64_t per_step = job.data.global_batch / job.parallel.data;  // samples per rank
-  for (int64_t mb = job.data.micro_batch - 1; mb >= 1; --mb) {
+  const bool checkpointed = job.memory.checkpointing != ActivationCheckpointing::none;
+  for (int64_t mb = job.data.micro_batch; mb >= 1; --mb) {
     if (per_step % mb != 0) continue;
-    Job smaller = job;
-    smaller.data.micro_batch = mb;
-    smaller.parallel.micro_batches = static_cast<int>(per_step / mb);
-    a.estimate = estimate_memory(smaller);
-    a.sets = {"--set", fmt::format("data.micro_batch={}", mb), "--set",
-              fmt::format("parallel.micro_batches={}", smaller.parallel.micro_batches)};
-    if (a.estimate.peak_bytes <= capacity) {
-      a.fits = true;
-      return a;
+    for (const bool add_checkpointing : {false, true}) {
+      if (add_checkpointing && checkpointed) continue;
+      if (mb == job.data.micro_batch && !add_checkpointing) continue;  // the job itself
+      Job changed = job;
+      changed.data.micro_batch = mb;
+      changed.parallel.micro_batches = static_cast<int>(per_step / mb);
+      a.sets.clear();
+      if (mb != job.data.micro_batch) {
+        a.sets = {"--set", fmt::format("data.micro_batch={}", mb), "--set",
+                  fmt::format("parallel.micro_batches={}", changed.parallel.micro_batches)};
+      }
+      if (add_checkpointing) {
+        changed.memory.checkpointing = ActivationCheckpointing::block;
+        a.sets.insert(a.sets.end(), {"--set", "memory.checkpointing=block"});
+      }
+      a.estimate = estimate_memory(changed);
+      if (a.estimate.peak_bytes <= capacity) {
+        a.fits = true;
+        return a;
+      }
     }
   }
   return a;
@@ -149,12 +165,13 @@ std::string format_fit(const FitAdvice& a, size_t capacity) {
   std::string sets;
   for (size_t i = 0; i + 1 < a.sets.size(); i += 2) sets += " " + a.sets[i] + " " + a.sets[i + 1];
   if (a.fits) {
-    return fmt::format("fits in {} with:{} (peak {}; the same global batch, accumulated)\n",
+    return fmt::format("fits in {} with:{} (peak {}; the same global batch and result)\n",
                        human(capacity), sets, human(a.estimate.peak_bytes));
   }
   return fmt::format(
-      "does not fit in {} even at micro-batch 1 (peak {}: the model state alone is {}); "
-      "a smaller model, or ZeRO sharding and offload (not yet available), are what is left\n",
+      "does not fit in {} even at micro-batch 1 with checkpointing (peak {}: the model state "
+      "alone is {}); a smaller model, or ZeRO sharding and offload (not yet available), are "
+      "what is left\n",
       human(capacity), human(a.estimate.peak_bytes), human(a.estimate.state_bytes));
 }
 

@@ -37,9 +37,10 @@ int blocks_per_segment(const Job& job, const graph::Graph& graph);
 MemoryEstimate estimate_memory(const Job& job);
 
 // The smallest change that brings the peak to at most `capacity` bytes: the job as it
-// is, or a smaller micro-batch with more accumulation micro-batches (the global batch,
-// hence the result, unchanged), largest first. Checkpointing, offload and ZeRO join
-// the search as they land. `sets` are `--set` arguments `dtrain train` accepts.
+// is, else the largest micro-batch that fits (more accumulation micro-batches: the
+// global batch, hence the result, unchanged), without activation checkpointing if
+// possible, else with `block` (exact too, about a quarter more compute). Offload and
+// ZeRO join the search as they land. `sets` are `--set` arguments `dtrain train` accepts.
 struct FitAdvice {
   bool fits = false;
   std::vector<std::string> sets;  // empty when the job fits as it is

@@ -102,6 +102,9 @@ void require_supported(const Job& job, int world) {
   if (job.compress.method != CompressMethod::none) {
     unsupported("compress.method", std::string(to_string(job.compress.method)));
   }
+  if (!job.memory.pool && job.device.is_cuda()) {
+    unsupported("memory.pool", "false with device: cuda (the switch covers host memory so far)");
+  }
   if (job.memory.offload.optimizer || job.memory.offload.params)
     unsupported("memory.offload", "on");
   if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
@@ -125,11 +128,10 @@ int local_ranks() {
 
 // A job whose estimated peak exceeds what this rank has fails now, with the estimate
 // and the smallest change that fits, instead of with an allocator error mid-step.
-void require_fits(const Job& job) {
-  const size_t capacity = rank_capacity(job, local_ranks());
-  if (capacity == 0) return;  // unknown: nothing to compare with
+MemoryEstimate require_fits(const Job& job) {
   const MemoryEstimate e = estimate_memory(job);
-  if (e.peak_bytes <= capacity) return;
+  const size_t capacity = rank_capacity(job, local_ranks());
+  if (capacity == 0 || e.peak_bytes <= capacity) return e;  // 0: unknown, nothing to compare
   const FitAdvice fit = fit_memory(job, capacity);
   throw RunError(fmt::format("this job needs an estimated {:.2f} GB per rank and {} has {:.2f} "
                              "GB:\n{}{}",
@@ -248,6 +250,7 @@ class TrainSession {
   OverflowInjector overflows_{comm_.rank()};
   bool inject_overflow_ = false;
   precision::LossScaler scaler_{job_.precision.loss_scale};
+  MemoryEstimate estimate_;  // dtrain estimate's figures, for the summary
   Progress progress_{stderr};
   EvalResult last_eval_;
   bool have_eval_ = false;
@@ -256,7 +259,7 @@ class TrainSession {
 TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
     : req_(r), job_(r.job), comm_(comm) {
   require_supported(job_, comm.size());
-  require_fits(job_);
+  estimate_ = require_fits(job_);
   micro_batches_ = job_.parallel.micro_batches;
   const int64_t batch = job_.data.micro_batch;
   policy_.compute = compute_dtype(job_.precision.dtype);
@@ -706,7 +709,13 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
                             {"parameters", model_.graph.num_params()},
                             {"world_size", comm_.size()},
                             {"allreduce", algo_summary_},
-                            {"peak_host_bytes", host_allocator().stats().peak}};
+                            {"peak_host_bytes", host_allocator().stats().peak},
+                            {"reserved_host_bytes", host_allocator().stats().reserved},
+                            {"memory_estimate",
+                             {{"peak_bytes", estimate_.peak_bytes},
+                              {"state_bytes", estimate_.state_bytes},
+                              {"train_activation_bytes", estimate_.train.peak},
+                              {"peak_at", estimate_.peak_at}}}};
   if (scaler_.mode() != LossScaleMode::none) {
     summary["loss_scale"] = scaler_.scale();
     summary["skipped_steps"] = scaler_.state().skipped_steps;
