@@ -161,6 +161,12 @@ void Executor::run_forward(int index, bool recompute) {
   saved_[static_cast<size_t>(index)] = std::move(saved);
 }
 
+bool Executor::in_place_grad(const Lifetimes& life, const Node& n, size_t k, int step) const {
+  if (n.info.grad_in_place != static_cast<int>(k)) return false;
+  const ValueId v = n.inputs[k];
+  return grad_in_place_ok(graph_, life, v, step) && values_[static_cast<size_t>(v)].defined();
+}
+
 void Executor::set_checkpointing(int blocks_per_segment) {
   DTRAIN_CHECK(blocks_per_segment >= 0, "blocks per segment {}", blocks_per_segment);
   blocks_per_segment_ = blocks_per_segment;
@@ -241,10 +247,17 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
       }
       dout.push_back(g);  // undefined for an integer output (gathered labels)
     }
-    for (ValueId v : n.inputs) {
+    const Lifetimes& life = lifetimes(Mode::train);
+    const int step = 2 * static_cast<int>(graph_.nodes().size()) - 1 - index;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const ValueId v = n.inputs[k];
       const bool need = graph_.value(v).requires_grad;
       // A value used twice (a residual) gets its gradient contributions summed.
-      din.push_back(need ? alloc(graph_.value(v).spec) : Tensor());
+      if (need && in_place_grad(life, n, k, step)) {
+        din.push_back(values_[static_cast<size_t>(v)]);  // over the input, which dies here
+      } else {
+        din.push_back(need ? alloc(graph_.value(v).spec) : Tensor());
+      }
     }
     std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
     const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,

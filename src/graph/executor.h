@@ -75,6 +75,7 @@ class Executor {
  private:
   void backward_node(int index, std::vector<Tensor>& vgrad);
   void recompute(const Lifetimes& life, const Segment& segment);
+  bool in_place_grad(const Lifetimes& life, const Node& n, size_t k, int step) const;
   void run_forward(int index, bool recompute);
   // The gradient tensors node `index` writes: the param's own view for its first
   // user in backward order, and for a later user that can accumulate (its bit set in

@@ -41,6 +41,11 @@ std::vector<Segment> segments_of(const Graph& graph, int k) {
 
 }  // namespace
 
+bool grad_in_place_ok(const Graph& graph, const Lifetimes& life, ValueId v, int step) {
+  if (graph.value(v).producer < 0) return false;         // the caller's input
+  return life.last_use[static_cast<size_t>(v)] == step;  // -1 (pinned, unread) never matches
+}
+
 Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned,
                          int blocks_per_segment) {
   const auto& nodes = graph.nodes();

@@ -44,6 +44,11 @@ struct Lifetimes {
   std::vector<std::vector<ValueId>> recompute_release;
 };
 
+// Whether value v dies after backward step `step` (its last reader), so that step's
+// op may write its gradient over it (OpInfo::grad_in_place). Not a graph input, not
+// pinned, not an inner value of a checkpointed segment read again later.
+bool grad_in_place_ok(const Graph& graph, const Lifetimes& life, ValueId v, int step);
+
 // pinned: per value (graph.num_values() entries, or empty: none pinned).
 // blocks_per_segment: 0 no checkpointing; k: segments of k consecutive blocks.
 Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned,

@@ -129,9 +129,18 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
           }
         }
         std::vector<size_t> din(node.inputs.size(), 0);
+        std::vector<char> in_place(node.inputs.size(), 0);
+        const int step = 2 * n - 1 - i;
         for (size_t k = 0; k < node.inputs.size(); ++k) {
           const Value& in = graph.value(node.inputs[k]);
-          if (in.requires_grad) din[k] = t.add(bytes_of(in.spec));
+          if (!in.requires_grad) continue;
+          if (node.info.grad_in_place == static_cast<int>(k) &&
+              grad_in_place_ok(graph, life, node.inputs[k], step) &&
+              value[static_cast<size_t>(node.inputs[k])] > 0) {
+            in_place[k] = 1;  // written over the input, which dies at this step
+            continue;
+          }
+          din[k] = t.add(bytes_of(in.spec));
         }
         size_t op_temps = 0;
         for (const TensorSpec& s : node.info.backward_temps) op_temps += t.add(bytes_of(s));
@@ -155,8 +164,14 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         }
         t.remove(transient);
         for (size_t k = 0; k < node.inputs.size(); ++k) {
-          if (din[k] == 0) continue;
           const auto vi = static_cast<size_t>(node.inputs[k]);
+          if (in_place[k] && !has_grad[vi]) {  // the value's memory becomes its gradient
+            vgrad[vi] = value[vi];
+            value[vi] = 0;
+            has_grad[vi] = 1;
+            continue;
+          }
+          if (din[k] == 0) continue;
           if (has_grad[vi]) {
             t.remove(din[k]);  // added into the gradient already there
           } else {

@@ -76,6 +76,10 @@ struct OpInfo {
   // Backward writes the input gradient even when the input takes none (into a
   // temporary of the input's spec): the norms' kernels always produce dx.
   bool writes_input_grad = false;
+  // Backward may write grad_inputs[k] over inputs[k] (an element-wise gradient that
+  // reads each input element before writing it): the executor then hands it the
+  // input's own buffer when nothing reads that value afterwards. -1: never.
+  int grad_in_place = -1;
   // Allocated by a recompute forward (OpContext::recompute) and freed before it returns:
   // batch norm's throwaway running statistics.
   std::vector<TensorSpec> recompute_temps;

@@ -29,6 +29,7 @@ class SoftmaxCrossEntropy final : public Op {
     OpInfo info;
     info.outputs = {{{1}, DType::f32}};
     info.saved = {{{x.numel() / x[-1]}, DType::f32}};  // row log-sum-exp
+    info.grad_in_place = 0;  // dlogits = g (softmax - target), element by element
     info.flops = 4.0 * static_cast<double>(x.numel());
     return info;
   }
