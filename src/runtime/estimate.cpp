@@ -127,34 +127,38 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
     a.fits = true;
     return a;
   }
-  // The largest micro-batch that fits (GEMM efficiency falls with it), without
-  // checkpointing if possible, else with it (about a quarter more compute).
+  // Smaller micro-batches (more accumulation: the same global batch and result) down
+  // to half the job's, without checkpointing; then block checkpointing (exact, about a
+  // quarter more compute) from the job's micro-batch down; then smaller micro-batches
+  // still, without it. The first that fits wins.
   const int64_t per_step = job.data.global_batch / job.parallel.data;  // samples per rank
   const bool checkpointed = job.memory.checkpointing != ActivationCheckpointing::none;
-  for (int64_t mb = job.data.micro_batch; mb >= 1; --mb) {
-    if (per_step % mb != 0) continue;
-    for (const bool add_checkpointing : {false, true}) {
-      if (add_checkpointing && checkpointed) continue;
-      if (mb == job.data.micro_batch && !add_checkpointing) continue;  // the job itself
-      Job changed = job;
-      changed.data.micro_batch = mb;
-      changed.parallel.micro_batches = static_cast<int>(per_step / mb);
-      a.sets.clear();
-      if (mb != job.data.micro_batch) {
-        a.sets = {"--set", fmt::format("data.micro_batch={}", mb), "--set",
-                  fmt::format("parallel.micro_batches={}", changed.parallel.micro_batches)};
-      }
-      if (add_checkpointing) {
-        changed.memory.checkpointing = ActivationCheckpointing::block;
-        a.sets.insert(a.sets.end(), {"--set", "memory.checkpointing=block"});
-      }
-      a.estimate = estimate_memory(changed);
-      if (a.estimate.peak_bytes <= capacity) {
-        a.fits = true;
-        return a;
-      }
+  auto fits_with = [&](int64_t mb, bool add_checkpointing) {
+    Job changed = job;
+    changed.data.micro_batch = mb;
+    changed.parallel.micro_batches = static_cast<int>(per_step / mb);
+    a.sets.clear();
+    if (mb != job.data.micro_batch) {
+      a.sets = {"--set", fmt::format("data.micro_batch={}", mb), "--set",
+                fmt::format("parallel.micro_batches={}", changed.parallel.micro_batches)};
     }
+    if (add_checkpointing) {
+      changed.memory.checkpointing = ActivationCheckpointing::block;
+      a.sets.insert(a.sets.end(), {"--set", "memory.checkpointing=block"});
+    }
+    a.estimate = estimate_memory(changed);
+    a.fits = a.estimate.peak_bytes <= capacity;
+    return a.fits;
+  };
+  const int64_t job_mb = job.data.micro_batch;
+  for (int64_t mb = job_mb - 1; 2 * mb >= job_mb; --mb)
+    if (per_step % mb == 0 && fits_with(mb, false)) return a;
+  if (!checkpointed) {
+    for (int64_t mb = job_mb; mb >= 1; --mb)
+      if (per_step % mb == 0 && fits_with(mb, true)) return a;
   }
+  for (int64_t mb = (job_mb + 1) / 2 - 1; mb >= 1; --mb)
+    if (per_step % mb == 0 && fits_with(mb, false)) return a;
   return a;
 }
 

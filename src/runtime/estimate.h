@@ -37,10 +37,11 @@ int blocks_per_segment(const Job& job, const graph::Graph& graph);
 MemoryEstimate estimate_memory(const Job& job);
 
 // The smallest change that brings the peak to at most `capacity` bytes: the job as it
-// is, else the largest micro-batch that fits (more accumulation micro-batches: the
-// global batch, hence the result, unchanged), without activation checkpointing if
-// possible, else with `block` (exact too, about a quarter more compute). Offload and
-// ZeRO join the search as they land. `sets` are `--set` arguments `dtrain train` accepts.
+// is; else a smaller micro-batch (more accumulation micro-batches: the same global
+// batch, hence the same result) down to half the job's; else `block` activation
+// checkpointing (exact too, about a quarter more compute) at the largest micro-batch
+// that fits; else smaller micro-batches still. Offload and ZeRO join the search as
+// they land. `sets` are `--set` arguments `dtrain train` accepts.
 struct FitAdvice {
   bool fits = false;
   std::vector<std::string> sets;  // empty when the job fits as it is
