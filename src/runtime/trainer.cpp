@@ -218,6 +218,7 @@ class TrainSession {
   void save_checkpoint();
   void set_batch(const FeedBatch& b);
   void add_device_memory(nlohmann::json& line) const;
+  nlohmann::json estimate_by_kind() const;
   bool leader() const { return comm_.rank() == 0; }
   void note(const std::string& line);  // rank 0's console, and this rank's log
 
@@ -402,6 +403,15 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
         comm_.size(), micro_batches_, job_.data.micro_batch, buckets.size(), job_.comm.bucket_mb,
         algo_summary_, grad_comm_->backend(), job_.comm.overlap ? "on" : "off"));
   }
+}
+
+// The estimate's bytes per kind ("parameters": ..., "activations (train)": ...).
+nlohmann::json TrainSession::estimate_by_kind() const {
+  nlohmann::json out = nlohmann::json::object();
+  for (const MemoryItem& i : estimate_.state) out[i.kind] = i.bytes;
+  out["activations (train)"] = estimate_.train.peak;
+  out["activations (eval)"] = estimate_.eval.peak;
+  return out;
 }
 
 // The GPU pool's peak and reserved bytes (absent on the CPU: peak_host_bytes says it).
@@ -712,7 +722,8 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
                             {"peak_host_bytes", host_allocator().stats().peak},
                             {"reserved_host_bytes", host_allocator().stats().reserved},
                             {"memory_estimate",
-                             {{"peak_bytes", estimate_.peak_bytes},
+                             {{"by_kind", estimate_by_kind()},
+                              {"peak_bytes", estimate_.peak_bytes},
                               {"state_bytes", estimate_.state_bytes},
                               {"train_activation_bytes", estimate_.train.peak},
                               {"peak_at", estimate_.peak_at}}}};

@@ -124,6 +124,11 @@ TEST_CASE("with memory.pool false the estimate matches the uncached peak") {
     CHECK(std::abs(last_json(e.log).at("peak_bytes").get<double>() / measured - 1.0) <= 0.03);
     CHECK(summary.at("memory_estimate").at("peak_bytes").get<double>() ==
           last_json(e.log).at("peak_bytes").get<double>());
+    const nlohmann::json& kinds = summary.at("memory_estimate").at("by_kind");
+    CHECK(kinds.at("parameters").get<double>() > 0);
+    CHECK(kinds.at("optimizer state").get<double>() == 2 * kinds.at("gradients").get<double>());
+    CHECK(kinds.at("activations (train)").get<double>() ==
+          last_json(e.log).at("train_activation_bytes").get<double>());
     // The cache keeps what it took (reserved >= peak); without it freed memory goes back.
     const double reserved = summary.at("reserved_host_bytes").get<double>();
     if (pool) {
