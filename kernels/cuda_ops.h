@@ -34,6 +34,7 @@ inline constexpr size_t kConvWorkspaceBytes = size_t{256} << 20;
 
 Allocator& allocator(int device);
 Allocator& pinned_host_allocator();
+void set_pool_caching(int device, bool on);
 void copy(const Tensor& src, Tensor& dst, CopySync sync);
 void synchronize(int device);
 void upload(const Tensor& pinned_src, Tensor& dst);

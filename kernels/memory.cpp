@@ -13,6 +13,14 @@ Allocator& device_allocator(Device device) {
   return cuda_ops::allocator(device.index);
 }
 
+void set_pool_caching(Device device, bool on) {
+  if (device.is_cpu()) {
+    host_allocator().set_caching(on);
+  } else {
+    cuda_ops::set_pool_caching(device.index, on);
+  }
+}
+
 Allocator& pinned_host_allocator() { return cuda_ops::pinned_host_allocator(); }
 
 void copy(const Tensor& src, Tensor& dst, CopySync sync) {

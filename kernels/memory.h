@@ -17,6 +17,10 @@ enum class CopySync : uint8_t {
 
 // cpu: host_allocator(). cuda:N: device N's caching pool (kernels/cuda/allocator.cpp).
 Allocator& device_allocator(Device device);
+// memory.pool: false: the device's allocator stops caching (host: exact sizes and
+// frees straight back; CUDA: one cudaMalloc per request and cudaFree on release).
+// Blocks allocated before keep the mode they were allocated in.
+void set_pool_caching(Device device, bool on);
 // Page-locked host memory (cudaHostAlloc) behind a size-class cache; it
 // reports Device::cpu() because it is host memory. Needs CUDA built.
 Allocator& pinned_host_allocator();

@@ -86,6 +86,10 @@ class CudaAllocator final : public Allocator {
   }
   Device device() const override { return Device::cuda(ctx_.device()); }
   MemoryStats stats() const override { return pool_.stats(); }
+  void set_caching(bool on) {
+    ctx_.activate();
+    pool_.set_caching(on);
+  }
 
  private:
   Context& ctx_;
@@ -134,6 +138,10 @@ Allocator& allocator(int device) {
   auto it = allocators.find(device);
   if (it == allocators.end()) it = allocators.emplace(device, new CudaAllocator(device)).first;
   return *it->second;
+}
+
+void set_pool_caching(int device, bool on) {
+  static_cast<CudaAllocator&>(allocator(device)).set_caching(on);
 }
 
 Allocator& pinned_host_allocator() {

@@ -14,6 +14,7 @@ namespace {
 
 Allocator& allocator(int device) { no_cuda(fmt::format("memory on cuda:{}", device)); }
 Allocator& pinned_host_allocator() { no_cuda("pinned host memory"); }
+void set_pool_caching(int device, bool) { no_cuda(fmt::format("memory on cuda:{}", device)); }
 void copy(const Tensor& src, Tensor& dst, CopySync) {
   no_cuda(fmt::format("copy {} -> {}", src.str(), dst.str()));
 }

@@ -1,4 +1,5 @@
-// `dtrain estimate JOB.yaml [--set key.path=value ...] [--world N] [--json]`: loads and
+// `dtrain estimate JOB.yaml [--set key.path=value ...] [--world N] [--device D] [--json]
+// [--fit SIZE]`: loads and
 // checks a job file as `dtrain train` would, then prints the memory one rank will
 // hold (runtime/estimate.h) without allocating a tensor or touching a device.
 #include <cstdio>
@@ -21,16 +22,22 @@ struct EstimateArgs {
   std::string job;
   std::vector<std::string> overrides;
   int world = 0;
+  std::string device;  // "cuda": as --set device=cuda (the job's otherwise)
   bool json = false;
   std::string fit;  // "80GB": the smallest change that fits
 };
 
 nlohmann::json to_json(const runtime::MemoryEstimate& e) {
-  nlohmann::json state = nlohmann::json::array();
-  for (const runtime::MemoryItem& i : e.state)
-    state.push_back({{"kind", i.kind}, {"bytes", i.bytes}, {"note", i.note}});
-  return {{"state", state},
+  auto items = [](const std::vector<runtime::MemoryItem>& list) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const runtime::MemoryItem& i : list)
+      out.push_back({{"kind", i.kind}, {"bytes", i.bytes}, {"note", i.note}});
+    return out;
+  };
+  return {{"state", items(e.state)},
           {"state_bytes", e.state_bytes},
+          {"host", items(e.host)},
+          {"host_bytes", e.host_bytes},
           {"train_activation_bytes", e.train.peak},
           {"train_peak_at", e.train_peak_at},
           {"eval_activation_bytes", e.eval.peak},
@@ -45,7 +52,9 @@ int run_estimate(const EstimateArgs& args) {
   config::ValidateContext ctx;
   ctx.world_size = args.world > 0 ? args.world : world_from_env();
   ctx.warnings = &warnings;
-  const Job job = config::load_job_file(args.job, args.overrides, ctx);
+  std::vector<std::string> overrides = args.overrides;
+  if (!args.device.empty()) overrides.push_back("device=" + args.device);
+  const Job job = config::load_job_file(args.job, overrides, ctx);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
   if (models::find_model(job.model.arch) == nullptr) {
     throw Error(fmt::format("model.arch: {} has no graph builder yet, so nothing to estimate",
@@ -87,6 +96,9 @@ void add_estimate(CLI::App& app, Action& action) {
       ->allow_extra_args(false);
   cmd->add_option("--world", args->world, "world size (default: the launcher's, else 1)")
       ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--device", args->device,
+                  "cpu, cuda or cuda:N: estimate for that device instead of the job's (a GPU "
+                  "need not be present)");
   cmd->add_flag("--json", args->json, "print JSON instead of the table");
   cmd->add_option("--fit", args->fit,
                   "a memory size per rank (80GB, 24GiB): print the smallest change to the job "

@@ -296,9 +296,13 @@ void check_memory(const Checker& c) {
             fmt::format("parameter offload needs parallel.zero_stage 3, got {}",
                         c.job.parallel.zero_stage));
   }
-  if (mem.offload.optimizer && c.job.parallel.zero_stage == 0) {
-    c.error("memory.offload.optimizer", "optimizer offload needs parallel.zero_stage 1, 2 or 3",
-            "offload moves the ZeRO-sharded optimizer state to host memory");
+  // Optimizer offload moves the fp32 masters and the optimizer state from the GPU to
+  // pinned host memory (with or without ZeRO); on the CPU both already live there.
+  if (mem.offload.optimizer && c.job.device.is_cpu()) {
+    c.error("memory.offload.optimizer",
+            "optimizer offload moves the optimizer state from GPU memory to host memory; with "
+            "device: cpu it already is in host memory, so the key would change nothing",
+            "remove memory.offload.optimizer, or set device: cuda");
   }
 }
 

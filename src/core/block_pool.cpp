@@ -46,6 +46,17 @@ void* BlockPool::allocate(size_t bytes, StreamId stream) {
   std::lock_guard lock(mu_);
   process_events();
   const size_t rounded = size_class(bytes);
+  if (!caching_) {
+    ++stats_.allocations;
+    void* p = source_.allocate_segment(rounded);
+    if (p == nullptr && release_segments() > 0) p = source_.allocate_segment(rounded);
+    if (p == nullptr) out_of_memory(bytes, rounded);
+    direct_[p] = rounded;
+    stats_.reserved += rounded;
+    stats_.current += rounded;
+    stats_.peak = std::max(stats_.peak, stats_.current);
+    return p;
+  }
   const bool small = rounded <= kSmallRequest;
   ++stats_.allocations;
   Block* b = find_free(rounded, stream, small);
@@ -67,6 +78,13 @@ void* BlockPool::allocate(size_t bytes, StreamId stream) {
 
 void BlockPool::free(void* ptr) {
   std::lock_guard lock(mu_);
+  if (auto d = direct_.find(ptr); d != direct_.end()) {
+    source_.free_segment(ptr, d->second);
+    stats_.reserved -= d->second;
+    stats_.current -= d->second;
+    direct_.erase(d);
+    return;
+  }
   auto it = live_.find(ptr);
   DTRAIN_CHECK(it != live_.end(), "freeing {} which this pool did not allocate", ptr);
   Block* b = it->second;
@@ -84,6 +102,7 @@ void BlockPool::free(void* ptr) {
 
 void BlockPool::record_use(void* ptr, StreamId stream) {
   std::lock_guard lock(mu_);
+  if (direct_.count(ptr) > 0) return;  // freed straight to the source, which waits
   auto it = live_.find(ptr);
   DTRAIN_CHECK(it != live_.end(), "record_use of {} which this pool did not allocate", ptr);
   Block* b = it->second;
@@ -96,6 +115,20 @@ void BlockPool::release_cached() {
   std::lock_guard lock(mu_);
   process_events();
   release_segments();
+}
+
+void BlockPool::set_caching(bool on) {
+  std::lock_guard lock(mu_);
+  caching_ = on;
+  if (!on) {
+    process_events();
+    release_segments();
+  }
+}
+
+bool BlockPool::caching() const {
+  std::lock_guard lock(mu_);
+  return caching_;
 }
 
 MemoryStats BlockPool::stats() const {
@@ -120,6 +153,7 @@ size_t BlockPool::segments() const {
 
 size_t BlockPool::block_size(void* ptr) const {
   std::lock_guard lock(mu_);
+  if (auto d = direct_.find(ptr); d != direct_.end()) return d->second;
   auto it = live_.find(ptr);
   DTRAIN_CHECK(it != live_.end(), "block_size of {} which this pool did not allocate", ptr);
   return it->second->size;

@@ -61,6 +61,11 @@ class BlockPool {
   void free(void* ptr);
   void record_use(void* ptr, StreamId stream);  // ptr is also used on `stream`
   void release_cached();                        // frees every segment with no live block
+  // memory.pool: false: each request becomes its own segment of its size class and
+  // each free goes straight back to the source (on CUDA, cudaFree waits for the
+  // device, so no event is needed). Blocks keep the mode they were allocated in.
+  void set_caching(bool on);
+  bool caching() const;
   MemoryStats stats() const;
   void reset_peak();
   size_t cached_bytes() const;  // reserved minus in use
@@ -103,6 +108,8 @@ class BlockPool {
   mutable std::mutex mu_;
   std::set<Block*, BySize> free_small_, free_large_;
   std::unordered_map<void*, Block*> live_;
+  std::unordered_map<void*, size_t> direct_;  // uncached allocations -> their size
+  bool caching_ = true;
   std::vector<Pending> pending_;
   MemoryStats stats_;
   size_t segment_count_ = 0;

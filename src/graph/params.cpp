@@ -74,6 +74,17 @@ void FlatStore::allocate(Device device) {
   }
 }
 
+void FlatStore::allocate_host(Allocator& host) {
+  DTRAIN_CHECK(host.device().is_cpu(), "allocate_host: the allocator is not host memory");
+  buffers_.clear();
+  device_ = Device::cpu();
+  for (const auto& [dt, n] : sizes_) {
+    Tensor t = Tensor::empty({n}, dt, &host);
+    std::memset(t.raw(), 0, t.nbytes());
+    buffers_.emplace_back(dt, std::move(t));
+  }
+}
+
 void FlatStore::initialize(uint64_t seed) {
   // On a device: fill host twins of the buffers (padding stays 0), then copy them over.
   std::vector<std::pair<DType, Tensor>> host;

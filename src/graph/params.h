@@ -25,6 +25,8 @@ class FlatStore {
 
   // One buffer per dtype, zero-filled, on `device`.
   void allocate(Device device = Device::cpu());
+  // Host buffers from `host` (pinned memory, say), zero-filled.
+  void allocate_host(Allocator& host);
   // Each entry from its InitKind, keyed by (seed, name): computed on the host (so
   // every backend starts from the same bits) and copied to the device once.
   void initialize(uint64_t seed);

@@ -72,12 +72,30 @@ MemoryEstimate estimate_memory(const Job& job) {
   add("buffers", ex.buffers, "batch-norm running statistics");
   add("workspace", ex.workspace, "shared by the ops, the largest one's");
   const size_t f32_layout = ex.grads;  // the fp32 layout: masters and optimizer state alike
+  // Offloaded (runtime/master_weights.h), the optimizer's side lives in pinned host
+  // memory, rounded by the host cache's size classes: the masters, the state, a copy
+  // of the gradients and a twin of the parameters the step writes before the upload.
+  const bool offload = job.memory.offload.optimizer;
+  auto add_optimizer = [&](std::string kind, size_t bytes, std::string note) {
+    if (!offload) return add(std::move(kind), bytes, std::move(note));
+    if (bytes > 0) e.host.push_back({std::move(kind), bytes, std::move(note)});
+  };
+  const graph::ExecutorBytes host = graph::executor_bytes(
+      g, job.device, [](size_t b) { return CachingAllocator::size_class(b); });
+  const size_t host_layout = host.grads;
   if (policy.half() && job.precision.master_weights)
-    add("master weights", f32_layout, "fp32 copy the optimizer steps");
+    add_optimizer("master weights", offload ? host_layout : f32_layout,
+                  "fp32 copy the optimizer steps");
   const OptimizerOptions& o = job.optimizer;
   const int states = o.name == OptimizerName::sgd ? (o.momentum > 0 ? 1 : 0) : 2;
-  add("optimizer state", f32_layout * static_cast<size_t>(states),
-      o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq");
+  add_optimizer("optimizer state",
+                (offload ? host_layout : f32_layout) * static_cast<size_t>(states),
+                o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq");
+  if (offload) {
+    add_optimizer("gradients (host copy)", host_layout, "f32, downloaded for each step");
+    add_optimizer("parameters (host twin)", host.params, "written by the CPU step, then uploaded");
+    for (const MemoryItem& i : e.host) e.host_bytes += i.bytes;
+  }
   if (job.parallel.micro_batches > 1)
     add("gradient accumulation", f32_layout, "f32, over micro-batches");
   // Data: what the feed holds. Images: the loader's slots (prefetch + 1 with workers),
@@ -129,11 +147,13 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   }
   // Smaller micro-batches (more accumulation: the same global batch and result) down
   // to half the job's, without checkpointing; then block checkpointing (exact, about a
-  // quarter more compute) from the job's micro-batch down; then smaller micro-batches
-  // still, without it. The first that fits wins.
+  // quarter more compute) from the job's micro-batch down; on CUDA then optimizer
+  // offload (a host step each iteration), alone down to half the micro-batch and then
+  // with checkpointing; then smaller micro-batches still. The first that fits wins.
   const int64_t per_step = job.data.global_batch / job.parallel.data;  // samples per rank
   const bool checkpointed = job.memory.checkpointing != ActivationCheckpointing::none;
-  auto fits_with = [&](int64_t mb, bool add_checkpointing) {
+  const bool can_offload = job.device.is_cuda() && !job.memory.offload.optimizer;
+  auto fits_with = [&](int64_t mb, bool add_checkpointing, bool add_offload) {
     Job changed = job;
     changed.data.micro_batch = mb;
     changed.parallel.micro_batches = static_cast<int>(per_step / mb);
@@ -146,19 +166,36 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
       changed.memory.checkpointing = ActivationCheckpointing::block;
       a.sets.insert(a.sets.end(), {"--set", "memory.checkpointing=block"});
     }
+    if (add_offload) {
+      changed.memory.offload.optimizer = true;
+      a.sets.insert(a.sets.end(), {"--set", "memory.offload.optimizer=true"});
+    }
     a.estimate = estimate_memory(changed);
     a.fits = a.estimate.peak_bytes <= capacity;
     return a.fits;
   };
   const int64_t job_mb = job.data.micro_batch;
   for (int64_t mb = job_mb - 1; 2 * mb >= job_mb; --mb)
-    if (per_step % mb == 0 && fits_with(mb, false)) return a;
+    if (per_step % mb == 0 && fits_with(mb, false, false)) return a;
   if (!checkpointed) {
     for (int64_t mb = job_mb; mb >= 1; --mb)
-      if (per_step % mb == 0 && fits_with(mb, true)) return a;
+      if (per_step % mb == 0 && fits_with(mb, true, false)) return a;
+  }
+  if (can_offload) {
+    for (int64_t mb = job_mb; 2 * mb >= job_mb; --mb)
+      if (per_step % mb == 0 && fits_with(mb, false, true)) return a;
+    if (!checkpointed) {
+      for (int64_t mb = job_mb; mb >= 1; --mb)
+        if (per_step % mb == 0 && fits_with(mb, true, true)) return a;
+    }
   }
   for (int64_t mb = (job_mb + 1) / 2 - 1; mb >= 1; --mb)
-    if (per_step % mb == 0 && fits_with(mb, false)) return a;
+    if (per_step % mb == 0 && fits_with(mb, false, false)) return a;
+  if (can_offload) {
+    for (int64_t mb = (job_mb + 1) / 2 - 1; mb >= 1; --mb)
+      if (per_step % mb == 0 && fits_with(mb, false, true)) return a;
+  }
+  fits_with(1, !checkpointed, can_offload);  // report the smallest configuration tried
   return a;
 }
 
@@ -173,10 +210,10 @@ std::string format_fit(const FitAdvice& a, size_t capacity) {
                        human(capacity), sets, human(a.estimate.peak_bytes));
   }
   return fmt::format(
-      "does not fit in {} even at micro-batch 1 with checkpointing (peak {}: the model state "
-      "alone is {}); a smaller model, or ZeRO sharding and offload (not yet available), are "
-      "what is left\n",
-      human(capacity), human(a.estimate.peak_bytes), human(a.estimate.state_bytes));
+      "does not fit in {} even at micro-batch 1 with checkpointing{} (peak {}: the model state "
+      "alone is {}); a smaller model, or ZeRO sharding (not yet available), are what is left\n",
+      human(capacity), a.estimate.host.empty() ? "" : " and optimizer offload",
+      human(a.estimate.peak_bytes), human(a.estimate.state_bytes));
 }
 
 size_t rank_capacity(const Job& job, int local_ranks) {
@@ -234,6 +271,12 @@ std::string format_estimate(const MemoryEstimate& e) {
   out += fmt::format("  {:<22} {:>10}  at {}\n", "activations (eval)", human(e.eval.peak),
                      e.eval_peak_at);
   out += fmt::format("  {:<22} {:>10}  at {}\n", "peak", human(e.peak_bytes), e.peak_at);
+  if (!e.host.empty()) {
+    out += "host memory per rank (memory.offload.optimizer, pinned)\n";
+    for (const MemoryItem& i : e.host)
+      out += fmt::format("  {:<22} {:>10}  {}\n", i.kind, human(i.bytes), i.note);
+    out += fmt::format("  {:<22} {:>10}\n", "host total", human(e.host_bytes));
+  }
   out += fmt::format("compute: {:.3g} FLOPs per step (forward + backward, every micro-batch)\n",
                      e.step_flops);
   return out;

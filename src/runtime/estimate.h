@@ -21,7 +21,9 @@ struct MemoryItem {
 };
 
 struct MemoryEstimate {
-  std::vector<MemoryItem> state;            // held for the whole run
+  std::vector<MemoryItem> state;  // held for the whole run, on the device
+  std::vector<MemoryItem> host;   // memory.offload.optimizer: in pinned host memory
+  size_t host_bytes = 0;
   graph::ActivationPeak train, eval;        // on top of the state, per micro-batch step
   std::string train_peak_at, eval_peak_at;  // "backward of layer4.1.conv2"
   size_t state_bytes = 0;
@@ -40,8 +42,10 @@ MemoryEstimate estimate_memory(const Job& job);
 // is; else a smaller micro-batch (more accumulation micro-batches: the same global
 // batch, hence the same result) down to half the job's; else `block` activation
 // checkpointing (exact too, about a quarter more compute) at the largest micro-batch
-// that fits; else smaller micro-batches still. Offload and ZeRO join the search as
-// they land. `sets` are `--set` arguments `dtrain train` accepts.
+// that fits; on CUDA then optimizer offload (masters and optimizer state to host
+// memory), alone and with block checkpointing; else smaller micro-batches still.
+// ZeRO joins the search as it lands. `sets` are `--set` arguments `dtrain train`
+// accepts.
 struct FitAdvice {
   bool fits = false;
   std::vector<std::string> sets;  // empty when the job fits as it is

@@ -7,16 +7,29 @@
 namespace dtrain::runtime {
 namespace {
 
+constexpr DType kParamDTypes[] = {DType::f32, DType::f16, DType::bf16};
+
 std::vector<graph::FlatEntry> f32_layout(const graph::FlatStore& params) {
   std::vector<graph::FlatEntry> entries = params.entries();
   for (graph::FlatEntry& e : entries) e.spec.dtype = DType::f32;
   return entries;
 }
 
+// Each dtype's whole flat buffer (alignment padding included), `from` into `to`.
+void copy_buffers(const graph::FlatStore& from, const graph::FlatStore& to) {
+  for (DType dt : kParamDTypes) {
+    const Tensor src = from.flat(dt);
+    if (!src.defined()) continue;
+    Tensor dst = to.flat(dt);
+    kernels::copy(src, dst);
+  }
+}
+
 }  // namespace
 
-MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device)
-    : ex_(ex), mode_(mode), layout_(f32_layout(ex.params())) {
+MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device,
+                             bool offload)
+    : ex_(ex), mode_(mode), device_(device), offload_(offload), layout_(f32_layout(ex.params())) {
   for (size_t p = 0; p < layout_.entries().size(); ++p) {
     DTRAIN_CHECK(layout_.entries()[p].offset == ex.grads().entries()[p].offset &&
                      ex.grads().entries()[p].spec.dtype == DType::f32,
@@ -28,13 +41,31 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
       DTRAIN_CHECK(e.spec.dtype == DType::f32, "{} is {} in an fp32 run", e.name,
                    dtype_name(e.spec.dtype));
     }
-    target_.flat = ex.params().flat(DType::f32);
+  }
+  // The parameters the optimizer writes: the executor's own, or their host twin.
+  graph::FlatStore* params = &ex.params();
+  Allocator* host = nullptr;
+  if (offload_) {
+    host = device.is_cuda() ? &kernels::pinned_host_allocator()
+                            : static_cast<Allocator*>(&host_allocator());
+    host_params_ = graph::FlatStore(ex.params().entries());
+    host_params_.allocate_host(*host);
+    copy_buffers(ex.params(), host_params_);  // the executor's initial bits
+    host_grads_ = Tensor::empty(grads_.shape(), DType::f32, host);
+    params = &host_params_;
+  }
+  if (mode_ == MasterMode::fp32) {
+    target_.flat = params->flat(DType::f32);
     return;
   }
   std::vector<Tensor> views;
-  for (int p = 0; p < ex.params().size(); ++p) views.push_back(ex.params().view(p));
+  for (int p = 0; p < params->size(); ++p) views.push_back(params->view(p));
   if (mode_ == MasterMode::masters) {
-    layout_.allocate(device);
+    if (offload_) {
+      layout_.allocate_host(*host);
+    } else {
+      layout_.allocate(device);
+    }
     layout_.initialize(seed);
     publish(layout_);
     target_.flat = layout_.flat(DType::f32);
@@ -45,20 +76,35 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
 }
 
 void MasterWeights::publish(const graph::FlatStore& from) {
+  graph::FlatStore& params = offload_ ? host_params_ : ex_.params();
   for (int p = 0; p < from.size(); ++p) {
-    Tensor dst = ex_.params().view(p);
+    Tensor dst = params.view(p);
     kernels::cast(from.view(p), dst);
   }
+  if (offload_) upload();
+}
+
+void MasterWeights::upload() { copy_buffers(host_params_, ex_.params()); }
+
+void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
+  if (!offload_) {
+    opt.step(target_, grads_, lr, grad_scale);
+    return;
+  }
+  kernels::copy(grads_, host_grads_);  // blocking: waits for the backward that wrote them
+  opt.step(target_, host_grads_, lr, grad_scale);
+  upload();
 }
 
 graph::FlatStore& MasterWeights::state() {
-  if (mode_ == MasterMode::fp32) return ex_.params();
+  if (mode_ == MasterMode::fp32) return offload_ ? host_params_ : ex_.params();
   if (mode_ == MasterMode::masters) return layout_;
+  const graph::FlatStore& params = offload_ ? host_params_ : ex_.params();
   wide_ = std::make_unique<graph::FlatStore>(layout_.entries());
-  wide_->allocate(ex_.params().device());
+  wide_->allocate(params.device());
   for (int p = 0; p < wide_->size(); ++p) {
     Tensor dst = wide_->view(p);
-    kernels::cast(ex_.params().view(p), dst);
+    kernels::cast(params.view(p), dst);
   }
   return *wide_;
 }
@@ -66,6 +112,7 @@ graph::FlatStore& MasterWeights::state() {
 void MasterWeights::state_loaded() {
   if (mode_ == MasterMode::masters) publish(layout_);
   if (mode_ == MasterMode::in_place && wide_) publish(*wide_);
+  if (mode_ == MasterMode::fp32 && offload_) upload();
 }
 
 }  // namespace dtrain::runtime

@@ -15,6 +15,14 @@
 // micro-batches, the overflow check and the norm read, whatever the precision.
 // Checkpoints always hold f32 parameters in the fp32 layout (widened from the half
 // parameters when there are no masters), so a checkpoint resumes in any precision.
+// Offload (memory.offload.optimizer, for a GPU job): what the optimizer reads and
+// writes lives in host memory (pinned with CUDA) instead: the masters (or, in fp32,
+// the parameters' host twin), the optimizer state (the caller builds the optimizer on
+// optimizer_device()), a host copy of the f32 gradients and a host twin of the
+// executor's parameters in their own dtypes. step() downloads the gradients, runs the
+// CPU backend's fused step (the same kernels as a CPU job, so the same bits) and
+// uploads the parameters. The GPU keeps the parameters, the gradients and the
+// activations only.
 #pragma once
 
 #include <memory>
@@ -31,14 +39,22 @@ class MasterWeights {
  public:
   // ex: initialised from `seed` already. masters are initialised from the same seed in
   // f32 (an fp32 run's values, unrounded) and published into the executor.
-  MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device);
+  MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device,
+                bool offload = false);
 
   MasterMode mode() const { return mode_; }
+  bool offloaded() const { return offload_; }
+  // Where the optimizer and its state belong: the host when offloaded, else the device.
+  Device optimizer_device() const { return offload_ ? Device::cpu() : device_; }
   // The fp32 layout of the gradients, the optimizer state and the checkpoint.
   const std::vector<graph::FlatEntry>& layout() const { return layout_.entries(); }
   Tensor grads() const { return grads_; }  // f32, in layout(): the executor's
   // Where the optimizer writes (built once; the views stay valid).
   const optim::ParamTarget& target() const { return target_; }
+  // One update: opt (built on optimizer_device()) reads grads() x grad_scale and
+  // updates target(); offloaded, the gradients go to the host first and the
+  // parameters come back after.
+  void step(optim::Optimizer& opt, double lr, float grad_scale);
 
   // The parameters in the fp32 layout, ready to be saved or compared across ranks (for
   // in_place: widened now into a temporary, dropped by release_state()).
@@ -49,9 +65,14 @@ class MasterWeights {
 
  private:
   void publish(const graph::FlatStore& from);  // f32 layout -> executor, rounded
+  void upload();                               // offloaded: host twin -> executor
 
   graph::Executor& ex_;
   MasterMode mode_;
+  Device device_;
+  bool offload_ = false;
+  graph::FlatStore host_params_;            // offloaded: the executor's parameters, in host memory
+  Tensor host_grads_;                       // offloaded: f32 gradients, in host memory
   graph::FlatStore layout_;                 // masters (allocated) or the layout alone
   std::unique_ptr<graph::FlatStore> wide_;  // in_place: the widened checkpoint copy
   Tensor grads_;

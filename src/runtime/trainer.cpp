@@ -102,11 +102,10 @@ void require_supported(const Job& job, int world) {
   if (job.compress.method != CompressMethod::none) {
     unsupported("compress.method", std::string(to_string(job.compress.method)));
   }
-  if (!job.memory.pool && job.device.is_cuda()) {
-    unsupported("memory.pool", "false with device: cuda (the switch covers host memory so far)");
+  if (job.memory.offload.params) {
+    unsupported("memory.offload.params",
+                "true (parameter offload comes with ZeRO stage 3, which is not built yet)");
   }
-  if (job.memory.offload.optimizer || job.memory.offload.params)
-    unsupported("memory.offload", "on");
   if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
   if (job.logging.profile.steps != 0) unsupported("logging.profile.steps", "non-zero");
   if (!models::find_model(job.model.arch)) {
@@ -261,6 +260,9 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
     : req_(r), job_(r.job), comm_(comm) {
   require_supported(job_, comm.size());
   estimate_ = require_fits(job_);
+  // memory.pool: false on a GPU: plain cudaMalloc / cudaFree from the first tensor on
+  // (the host's switch is thrown in cmd_train, before any tensor).
+  if (job_.device.is_cuda()) kernels::set_pool_caching(job_.device, job_.memory.pool);
   micro_batches_ = job_.parallel.micro_batches;
   const int64_t batch = job_.data.micro_batch;
   policy_.compute = compute_dtype(job_.precision.dtype);
@@ -277,11 +279,12 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   const MasterMode mode = !policy_.half()                 ? MasterMode::fp32
                           : job_.precision.master_weights ? MasterMode::masters
                                                           : MasterMode::in_place;
-  weights_ = std::make_unique<MasterWeights>(*ex_, mode, counters_.seed, job_.device);
+  weights_ = std::make_unique<MasterWeights>(*ex_, mode, counters_.seed, job_.device,
+                                             job_.memory.offload.optimizer);
   const Tensor grads = weights_->grads();
   opt_ = optim::make_optimizer(job_.optimizer,
                                segments_of(weights_->layout(), job_.optimizer.no_decay),
-                               grads.numel(), job_.device);
+                               grads.numel(), weights_->optimizer_device());
   if (micro_batches_ > 1) {
     grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }
@@ -500,7 +503,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   // The schedule counts applied updates: a skipped step does not advance it.
   const double lr =
       optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, opt_->step_count(), total_steps_);
-  opt_->step(weights_->target(), grads, lr, static_cast<float>(unscale * clip));
+  weights_->step(*opt_, lr, static_cast<float>(unscale * clip));
   return loss;
 }
 

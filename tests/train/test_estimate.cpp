@@ -7,6 +7,7 @@
 // does not model (a loader's late allocations, the allocator's own books).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -209,4 +210,70 @@ TEST_CASE("dtrain train refuses a job whose estimate exceeds the machine, before
   CHECK_MESSAGE(r.log.find("master weights") != std::string::npos, r.log);
   CHECK_MESSAGE(r.log.find("does not fit") != std::string::npos, r.log);
   CHECK_FALSE(fs::exists(out));
+}
+
+// memory.offload.optimizer (CUDA; answered without a GPU): the masters and the
+// optimizer state leave the device's state for pinned host memory, which also holds
+// a copy of the gradients and a twin of the parameters; the activations stay. --fit
+// on CUDA reaches offload when checkpointing alone is not enough, and the key is
+// refused for device: cpu, where it would change nothing.
+TEST_CASE("dtrain estimate with optimizer offload, and --fit reaching for it") {
+  TempDir tmp("estimate-offload");
+  const fs::path job = tmp.path() / "gpt.yaml";
+  std::ofstream(job) << "run: {seed: 3}\n"
+                     << kFamilies[1].yaml << "precision: {dtype: bf16}\n"
+                     << "train: {steps: 2, log_every: 1}\nlogging: {console: false}\n";
+  auto estimate = [&](const std::vector<std::string>& extra, const std::string& name) {
+    std::vector<std::string> args = {"estimate", job.string(), "--json", "--device", "cuda"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = run_dtrain_command(args, tmp.path() / (name + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return last_json(r.log);
+  };
+  auto bytes_of = [](const nlohmann::json& items, const std::string& kind) {
+    for (const nlohmann::json& i : items)
+      if (i.at("kind") == kind) return i.at("bytes").get<double>();
+    return 0.0;
+  };
+  const nlohmann::json plain = estimate({}, "plain");
+  const nlohmann::json off = estimate({"--set", "memory.offload.optimizer=true"}, "offload");
+  const double masters = bytes_of(plain.at("state"), "master weights");
+  const double state = bytes_of(plain.at("state"), "optimizer state");
+  REQUIRE(masters > 0);
+  CHECK(state == 2 * masters);  // AdamW: two f32 buffers in the fp32 layout
+  CHECK(plain.at("host").empty());
+  CHECK(bytes_of(off.at("state"), "master weights") == 0);
+  CHECK(bytes_of(off.at("state"), "optimizer state") == 0);
+  CHECK(off.at("state_bytes").get<double>() ==
+        plain.at("state_bytes").get<double>() - masters - state);
+  CHECK(off.at("train_activation_bytes") == plain.at("train_activation_bytes"));
+  // Host: masters, state, the gradients' copy (each the fp32 layout) and the bf16 twin.
+  const double layout = bytes_of(off.at("host"), "master weights");
+  CHECK(layout >= masters);  // the host cache's classes: steps of a quarter power of two
+  CHECK(layout <= masters * 1.25);
+  CHECK(bytes_of(off.at("host"), "optimizer state") == 2 * layout);
+  CHECK(bytes_of(off.at("host"), "gradients (host copy)") == layout);
+  CHECK(bytes_of(off.at("host"), "parameters (host twin)") > 0.4 * layout);
+  CHECK(off.at("host_bytes").get<double>() > 4.4 * layout);
+
+  // A capacity between the offloaded and the checkpointed peaks: only offload fits.
+  const double checkpointed = estimate({"--set", "memory.checkpointing=block", "--set",
+                                        "data.micro_batch=1", "--set", "parallel.micro_batches=8"},
+                                       "smallest-checkpointed")
+                                  .at("peak_bytes")
+                                  .get<double>();
+  const double offloaded = off.at("peak_bytes").get<double>();
+  REQUIRE(offloaded < checkpointed);
+  const auto capacity = static_cast<int64_t>((offloaded + checkpointed) / 2);
+  const nlohmann::json fit = estimate({"--fit", std::to_string(capacity)}, "fit").at("fit");
+  CHECK(fit.at("fits").get<bool>());
+  const auto sets = fit.at("sets").get<std::vector<std::string>>();
+  CHECK_MESSAGE(std::find(sets.begin(), sets.end(), "memory.offload.optimizer=true") != sets.end(),
+                fit.dump());
+  CHECK(fit.at("peak_bytes").get<double>() <= static_cast<double>(capacity));
+
+  const RunResult cpu = run_dtrain_command(
+      {"estimate", job.string(), "--set", "memory.offload.optimizer=true"}, tmp.path() / "cpu.log");
+  CHECK_MESSAGE(cpu.rc == 2, cpu.describe());
+  CHECK_MESSAGE(cpu.log.find("memory.offload.optimizer") != std::string::npos, cpu.log);
 }

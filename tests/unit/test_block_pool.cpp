@@ -196,3 +196,38 @@ TEST_CASE("freeing an unknown pointer is an internal error") {
   int x = 0;
   CHECK_THROWS_AS(pool.free(&x), InternalError);
 }
+
+TEST_CASE("caching off (memory.pool: false): each request its own segment, freed at once") {
+  FakeSource src(64 * MiB);
+  BlockPool pool(src);
+  void* cached = pool.allocate(1000, kS1);  // a block of a 2 MiB segment
+  CHECK(src.allocs == 1);
+  pool.set_caching(false);
+  CHECK_FALSE(pool.caching());
+  void* a = pool.allocate(1000, kS1);
+  void* b = pool.allocate(3 * MiB + 1, kS1);
+  CHECK(src.allocs == 3);
+  CHECK(pool.block_size(a) == 1024);  // the 512 B size class, no segment rounding
+  CHECK(pool.block_size(b) == 3 * MiB + 512);
+  pool.record_use(b, kS2);  // ignored: the source's free waits for the device
+  MemoryStats s = pool.stats();
+  CHECK(s.current == 2 * 512 + 1024 + 3 * MiB + 512);
+  CHECK(s.reserved == 2 * MiB + 1024 + 3 * MiB + 512);
+  pool.free(b);
+  CHECK(src.frees == 1);  // straight back, no event
+  CHECK(src.recorded.empty());
+  pool.free(a);
+  CHECK(src.frees == 2);
+  pool.free(cached);  // allocated while caching: back into its segment, which is kept
+  CHECK(src.frees == 2);
+  s = pool.stats();
+  CHECK(s.current == 0);
+  CHECK(s.peak == 2 * 512 + 1024 + 3 * MiB + 512);
+  pool.release_cached();
+  CHECK(src.frees == 3);
+  CHECK(pool.stats().reserved == 0);
+  pool.set_caching(true);
+  void* c = pool.allocate(1000, kS1);
+  CHECK(src.allocs == 4);  // a new 2 MiB segment again
+  pool.free(c);
+}
