@@ -1,7 +1,8 @@
 // `dtrain estimate JOB.yaml [--set key.path=value ...] [--world N] [--device D] [--json]
 // [--fit SIZE]`: loads and
 // checks a job file as `dtrain train` would, then prints the memory one rank will
-// hold (runtime/estimate.h) without allocating a tensor or touching a device.
+// hold (runtime/estimate.h) without allocating a tensor or touching a device, and the
+// roofline step time (runtime/roofline.h), a lower bound from the device's peaks.
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -34,17 +35,34 @@ nlohmann::json to_json(const runtime::MemoryEstimate& e) {
       out.push_back({{"kind", i.kind}, {"bytes", i.bytes}, {"note", i.note}});
     return out;
   };
-  return {{"state", items(e.state)},
-          {"state_bytes", e.state_bytes},
-          {"host", items(e.host)},
-          {"host_bytes", e.host_bytes},
-          {"train_activation_bytes", e.train.peak},
-          {"train_peak_at", e.train_peak_at},
-          {"eval_activation_bytes", e.eval.peak},
-          {"eval_peak_at", e.eval_peak_at},
-          {"peak_bytes", e.peak_bytes},
-          {"peak_at", e.peak_at},
-          {"step_flops", e.step_flops}};
+  nlohmann::json out = {{"state", items(e.state)},
+                        {"state_bytes", e.state_bytes},
+                        {"host", items(e.host)},
+                        {"host_bytes", e.host_bytes},
+                        {"train_activation_bytes", e.train.peak},
+                        {"train_peak_at", e.train_peak_at},
+                        {"eval_activation_bytes", e.eval.peak},
+                        {"eval_peak_at", e.eval_peak_at},
+                        {"peak_bytes", e.peak_bytes},
+                        {"peak_at", e.peak_at},
+                        {"step_flops", e.step_flops}};
+  if (e.step_time) {
+    const runtime::StepTimeEstimate& t = *e.step_time;
+    out["step_seconds"] = t.seconds;  // the roofline's lower bound
+    out["step_time"] = {{"seconds", t.seconds},
+                        {"compute_bound_seconds", t.compute_bound_seconds},
+                        {"memory_bound_seconds", t.memory_bound_seconds},
+                        {"recompute_seconds", t.recompute_seconds},
+                        {"optimizer_seconds", t.optimizer_seconds},
+                        {"offload_seconds", t.offload_seconds},
+                        {"flops", t.flops},
+                        {"bytes", t.bytes},
+                        {"source", t.source}};
+  } else {
+    out["step_seconds"] = nullptr;
+    out["step_time_missing"] = e.step_time_missing;
+  }
+  return out;
 }
 
 int run_estimate(const EstimateArgs& args) {
@@ -61,7 +79,9 @@ int run_estimate(const EstimateArgs& args) {
                             job.model.arch),
                 "pick an architecture `dtrain train` can build");
   }
-  const runtime::MemoryEstimate e = runtime::estimate_memory(job);
+  runtime::EstimateOptions options;
+  options.step_time = true;  // only here: on the CPU it measures the host's peaks first
+  const runtime::MemoryEstimate e = runtime::estimate_memory(job, options);
   std::optional<runtime::FitAdvice> fit;
   size_t capacity = 0;
   if (!args.fit.empty()) {
@@ -89,7 +109,9 @@ int run_estimate(const EstimateArgs& args) {
 void add_estimate(CLI::App& app, Action& action) {
   auto args = std::make_shared<EstimateArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "estimate", "print the memory one rank of a job holds, without running it");
+      "estimate",
+      "print the memory one rank of a job holds and a lower bound on its step time, without "
+      "running it");
   cmd->add_option("job", args->job, "job file (YAML)")->required();
   cmd->add_option("--set", args->overrides,
                   "override a key, e.g. --set data.micro_batch=8 (repeatable)")

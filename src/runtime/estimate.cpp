@@ -12,6 +12,7 @@
 #include "kernels/device_info.h"
 #include "models/registry.h"
 #include "precision/options.h"
+#include "runtime/zero.h"
 
 namespace dtrain::runtime {
 namespace {
@@ -21,6 +22,14 @@ std::string human(size_t bytes) {
   if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
   if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
   return fmt::format("{:.1f} kB", b / 1e3);
+}
+
+// "0.123 s", "4.56 ms", "789 us": three significant figures.
+std::string seconds(double s) {
+  if (s == 0) return "0 s";
+  if (s >= 1) return fmt::format("{:.3g} s", s);
+  if (s >= 1e-3) return fmt::format("{:.3g} ms", s * 1e3);
+  return fmt::format("{:.3g} us", s * 1e6);
 }
 
 std::string where(const graph::Graph& g, const graph::ActivationPeak& p) {
@@ -46,7 +55,7 @@ int blocks_per_segment(const Job& job, const graph::Graph& graph) {
   return 0;
 }
 
-MemoryEstimate estimate_memory(const Job& job) {
+MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // Rounded as the allocator that will hold them counts: the host's caching allocator,
   // or the GPU's block pool.
   const graph::RoundBytes round =
@@ -71,7 +80,19 @@ MemoryEstimate estimate_memory(const Job& job) {
   add("gradients", ex.grads, "f32, every precision");
   add("buffers", ex.buffers, "batch-norm running statistics");
   add("workspace", ex.workspace, "shared by the ops, the largest one's");
-  const size_t f32_layout = ex.grads;  // the fp32 layout: masters and optimizer state alike
+  size_t f32_layout = ex.grads;  // the fp32 layout: masters and optimizer state alike
+  // ZeRO-1: masters and optimizer state hold this rank's shard of the layout; the last
+  // rank's is the largest (runtime/zero.h: it adds the tail).
+  const int world = job.parallel.data;
+  const bool sharded = job.parallel.zero_stage >= 1 && world > 1;
+  std::string shard_note;
+  if (sharded) {
+    const size_t elems =
+        graph::executor_bytes(g, job.device, [](size_t b) { return b; }).grads / sizeof(float);
+    const ShardRange last = shard_of(static_cast<int64_t>(elems), world - 1, world);
+    f32_layout = round(static_cast<size_t>(last.size()) * sizeof(float));
+    shard_note = fmt::format(" (ZeRO-{}: 1/{} of it)", job.parallel.zero_stage, world);
+  }
   // Offloaded (runtime/master_weights.h), the optimizer's side lives in pinned host
   // memory, rounded by the host cache's size classes: the masters, the state, a copy
   // of the gradients and a twin of the parameters the step writes before the upload.
@@ -85,19 +106,19 @@ MemoryEstimate estimate_memory(const Job& job) {
   const size_t host_layout = host.grads;
   if (policy.half() && job.precision.master_weights)
     add_optimizer("master weights", offload ? host_layout : f32_layout,
-                  "fp32 copy the optimizer steps");
+                  "fp32 copy the optimizer steps" + shard_note);
   const OptimizerOptions& o = job.optimizer;
   const int states = o.name == OptimizerName::sgd ? (o.momentum > 0 ? 1 : 0) : 2;
-  add_optimizer("optimizer state",
-                (offload ? host_layout : f32_layout) * static_cast<size_t>(states),
-                o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq");
+  add_optimizer(
+      "optimizer state", (offload ? host_layout : f32_layout) * static_cast<size_t>(states),
+      std::string(o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq") + shard_note);
   if (offload) {
     add_optimizer("gradients (host copy)", host_layout, "f32, downloaded for each step");
     add_optimizer("parameters (host twin)", host.params, "written by the CPU step, then uploaded");
     for (const MemoryItem& i : e.host) e.host_bytes += i.bytes;
   }
   if (job.parallel.micro_batches > 1)
-    add("gradient accumulation", f32_layout, "f32, over micro-batches");
+    add("gradient accumulation", ex.grads, "f32, over micro-batches");
   // Data: what the feed holds. Images: the loader's slots (prefetch + 1 with workers),
   // each a batch of f32 images and i32 labels, and the feed's label copy. Tokens: the
   // batch in use and the next one, each ids and labels i32 [batch, seq].
@@ -135,6 +156,13 @@ MemoryEstimate estimate_memory(const Job& job) {
   e.peak_bytes = e.state_bytes + std::max(e.train.peak, e.eval.peak);
   e.peak_at = train_higher ? e.train_peak_at : e.eval_peak_at + " (evaluation)";
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
+  if (options.step_time) {
+    try {
+      e.step_time = estimate_step_time(job, g);
+    } catch (const RunError& err) {  // a CPU whose peak dtrain cannot measure
+      e.step_time_missing = "no step time: " + err.message();
+    }
+  }
   return e;
 }
 
@@ -153,14 +181,26 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   const int64_t per_step = job.data.global_batch / job.parallel.data;  // samples per rank
   const bool checkpointed = job.memory.checkpointing != ActivationCheckpointing::none;
   const bool can_offload = job.device.is_cuda() && !job.memory.offload.optimizer;
+  // ZeRO-1 first where it applies: the same result (SGD and AdamW update each element
+  // alone) for about the same traffic; once tried, every later candidate keeps it.
+  const bool can_zero =
+      job.parallel.data > 1 && job.parallel.zero_stage == 0 &&
+      job.optimizer.name != OptimizerName::lamb && !job.memory.offload.optimizer &&
+      (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
+  bool use_zero = false;
   auto fits_with = [&](int64_t mb, bool add_checkpointing, bool add_offload) {
     Job changed = job;
     changed.data.micro_batch = mb;
     changed.parallel.micro_batches = static_cast<int>(per_step / mb);
     a.sets.clear();
+    if (use_zero && !add_offload) {
+      changed.parallel.zero_stage = 1;
+      a.sets = {"--set", "parallel.zero_stage=1"};
+    }
     if (mb != job.data.micro_batch) {
-      a.sets = {"--set", fmt::format("data.micro_batch={}", mb), "--set",
-                fmt::format("parallel.micro_batches={}", changed.parallel.micro_batches)};
+      a.sets.insert(a.sets.end(),
+                    {"--set", fmt::format("data.micro_batch={}", mb), "--set",
+                     fmt::format("parallel.micro_batches={}", changed.parallel.micro_batches)});
     }
     if (add_checkpointing) {
       changed.memory.checkpointing = ActivationCheckpointing::block;
@@ -175,6 +215,10 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
     return a.fits;
   };
   const int64_t job_mb = job.data.micro_batch;
+  if (can_zero) {
+    use_zero = true;
+    if (fits_with(job_mb, false, false)) return a;
+  }
   for (int64_t mb = job_mb - 1; 2 * mb >= job_mb; --mb)
     if (per_step % mb == 0 && fits_with(mb, false, false)) return a;
   if (!checkpointed) {
@@ -211,7 +255,8 @@ std::string format_fit(const FitAdvice& a, size_t capacity) {
   }
   return fmt::format(
       "does not fit in {} even at micro-batch 1 with checkpointing{} (peak {}: the model state "
-      "alone is {}); a smaller model, or ZeRO sharding (not yet available), are what is left\n",
+      "alone is {}); a smaller model, or ZeRO stages 2 and 3 (not yet available), are what is "
+      "left\n",
       human(capacity), a.estimate.host.empty() ? "" : " and optimizer offload",
       human(a.estimate.peak_bytes), human(a.estimate.state_bytes));
 }
@@ -279,6 +324,23 @@ std::string format_estimate(const MemoryEstimate& e) {
   }
   out += fmt::format("compute: {:.3g} FLOPs per step (forward + backward, every micro-batch)\n",
                      e.step_flops);
+  if (e.step_time) {
+    const StepTimeEstimate& t = *e.step_time;
+    const bool offload = t.offload_seconds > 0;
+    out += fmt::format(
+        "step time: >= {} per step (roofline lower bound: each op at the peak FLOP/s or "
+        "bandwidth, no communication, launch or framework time)\n"
+        "  {} compute-bound, {} memory-bound{}; of which {} recompute, {} optimizer{}\n"
+        "  peaks: {}\n",
+        seconds(t.seconds), seconds(t.compute_bound_seconds), seconds(t.memory_bound_seconds),
+        offload ? fmt::format(", {} PCIe transfers (gradients down, parameters up)",
+                              seconds(t.offload_seconds))
+                : std::string(),
+        seconds(t.recompute_seconds), seconds(t.optimizer_seconds),
+        offload ? " (the host's step included)" : "", t.source);
+  } else if (!e.step_time_missing.empty()) {
+    out += e.step_time_missing + "\n";
+  }
   return out;
 }
 

@@ -4,13 +4,17 @@
 // activations from graph::plan_activations (the executor's own release rule, replayed
 // from the specs), the shared workspace and the data pipeline's batch buffers. Every
 // allocation is rounded to the allocator's size class, as the allocator counts it.
+// Asked for (EstimateOptions::step_time: `dtrain estimate` only), also the roofline step
+// time (runtime/roofline.h), a lower bound.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "graph/memory_plan.h"
 #include "runtime/job.h"
+#include "runtime/roofline.h"
 
 namespace dtrain::runtime {
 
@@ -30,21 +34,33 @@ struct MemoryEstimate {
   size_t peak_bytes = 0;  // state + the larger of the two activation peaks
   std::string peak_at;
   double step_flops = 0;  // forward + backward (3x forward) per rank and step
+  // EstimateOptions::step_time: the roofline step time, or why there is none
+  // ("no step time: this CPU has ...") in step_time_missing.
+  std::optional<StepTimeEstimate> step_time;
+  std::string step_time_missing;
+};
+
+struct EstimateOptions {
+  // The roofline step time. On the CPU it measures the host's peaks first (about 0.3 s,
+  // once per process), so only `dtrain estimate` asks: not `dtrain train`'s check, not
+  // `dtrain validate`, not fit_memory's search.
+  bool step_time = false;
 };
 
 // memory.checkpointing as blocks per recomputed segment (0: none; block: 1; every_k:
 // memory.every_k; sqrt: ceil(sqrt(blocks))), for Executor::set_checkpointing.
 int blocks_per_segment(const Job& job, const graph::Graph& graph);
 
-MemoryEstimate estimate_memory(const Job& job);
+MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options = {});
 
 // The smallest change that brings the peak to at most `capacity` bytes: the job as it
-// is; else a smaller micro-batch (more accumulation micro-batches: the same global
-// batch, hence the same result) down to half the job's; else `block` activation
-// checkpointing (exact too, about a quarter more compute) at the largest micro-batch
-// that fits; on CUDA then optimizer offload (masters and optimizer state to host
+// is; else, with several data-parallel ranks, ZeRO-1 (sharded masters and optimizer
+// state: the same result; kept in every later candidate); else a smaller micro-batch (more
+// accumulation micro-batches: the same global batch, hence the same result) down to half the job's;
+// else `block` activation checkpointing (exact too, about a quarter more compute) at the largest
+// micro-batch that fits; on CUDA then optimizer offload (masters and optimizer state to host
 // memory), alone and with block checkpointing; else smaller micro-batches still.
-// ZeRO joins the search as it lands. `sets` are `--set` arguments `dtrain train`
+// ZeRO stages 2 and 3 join the search as they land. `sets` are `--set` arguments `dtrain train`
 // accepts.
 struct FitAdvice {
   bool fits = false;

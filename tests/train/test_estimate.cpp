@@ -277,3 +277,91 @@ TEST_CASE("dtrain estimate with optimizer offload, and --fit reaching for it") {
   CHECK_MESSAGE(cpu.rc == 2, cpu.describe());
   CHECK_MESSAGE(cpu.log.find("memory.offload.optimizer") != std::string::npos, cpu.log);
 }
+
+// The roofline step time (runtime/roofline.h) `dtrain estimate` prints: a lower bound
+// from the host's measured peaks (CPU) or a GPU datasheet's (--device cuda, whether or
+// not a GPU is here, so those figures are the same on every machine). Checked for what
+// it must do, never against a measured step time: checkpointing adds a recompute,
+// twice the micro-batches twice the graph's time, and optimizer offload a host step
+// and PCIe transfers.
+TEST_CASE("dtrain estimate prints a roofline step time that follows the job") {
+  TempDir tmp("estimate-step");
+  const fs::path job = tmp.path() / "gpt.yaml";
+  std::ofstream(job) << "run: {seed: 3}\n"
+                     << kFamilies[1].yaml
+                     << "train: {steps: 2, log_every: 1}\nlogging: {console: false}\n";
+  int runs = 0;
+  auto estimate = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"estimate", job.string(), "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r =
+        run_dtrain_command(args, tmp.path() / ("run" + std::to_string(runs++) + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return last_json(r.log);
+  };
+  auto graph_seconds = [](const nlohmann::json& j) {
+    return j.at("step_seconds").get<double>() -
+           j.at("step_time").at("optimizer_seconds").get<double>() -
+           j.at("step_time").at("offload_seconds").get<double>();
+  };
+
+  // CPU: the host's measured peaks, unless this CPU has no path dtrain measures.
+  const nlohmann::json cpu = estimate({});
+  if (cpu.at("step_seconds").is_null()) {
+    CHECK_MESSAGE(cpu.at("step_time_missing").get<std::string>().rfind("no step time: ", 0) == 0,
+                  cpu.dump());
+  } else {
+    CHECK(cpu.at("step_seconds").get<double>() > 0);
+    CHECK(cpu.at("step_time").at("source").get<std::string>().find("measured") !=
+          std::string::npos);
+    const nlohmann::json& t = cpu.at("step_time");
+    CHECK(t.at("compute_bound_seconds").get<double>() +
+              t.at("memory_bound_seconds").get<double>() ==
+          doctest::Approx(cpu.at("step_seconds").get<double>()));
+    CHECK(t.at("flops").get<double>() == doctest::Approx(cpu.at("step_flops").get<double>()));
+  }
+
+  const std::vector<std::string> cuda = {"--device", "cuda", "--set", "precision.dtype=bf16"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), cuda.begin(), cuda.end());
+    return estimate(extra);
+  };
+  const nlohmann::json plain = with({});
+  const double seconds = plain.at("step_seconds").get<double>();
+  CHECK(seconds > 0);
+  CHECK(plain.at("step_time").at("source").get<std::string>().find("datasheet") !=
+        std::string::npos);
+  CHECK(plain.at("step_time").at("recompute_seconds").get<double>() == 0);
+  CHECK(plain.at("step_time").at("offload_seconds").get<double>() == 0);
+
+  // Checkpointing: the blocks' forward once more.
+  const nlohmann::json ckpt = with({"--set", "memory.checkpointing=block"});
+  CHECK(ckpt.at("step_time").at("recompute_seconds").get<double>() > 0);
+  CHECK(ckpt.at("step_seconds").get<double>() ==
+        doctest::Approx(seconds + ckpt.at("step_time").at("recompute_seconds").get<double>()));
+
+  // Twice the micro-batches at the same micro-batch: twice the graph's time.
+  const nlohmann::json two = with({"--set", "data.global_batch=16", "--set", "data.micro_batch=8",
+                                   "--set", "parallel.micro_batches=2"});
+  CHECK(graph_seconds(two) == doctest::Approx(2 * graph_seconds(plain)));
+
+  // Offload: the same graph, the step on the host (at its bandwidth, not HBM's) and the
+  // gradients and parameters over PCIe.
+  const nlohmann::json off = with({"--set", "memory.offload.optimizer=true"});
+  CHECK(off.at("step_time").at("offload_seconds").get<double>() > 0);
+  CHECK(off.at("step_time").at("optimizer_seconds").get<double>() >
+        plain.at("step_time").at("optimizer_seconds").get<double>());
+  CHECK(off.at("step_seconds").get<double>() > seconds);
+  CHECK(graph_seconds(off) == doctest::Approx(graph_seconds(plain)).epsilon(1e-6));
+  CHECK(off.at("step_time").at("source").get<std::string>().find("PCIe") != std::string::npos);
+
+  // The table says what the figure is.
+  const RunResult text = run_dtrain_command(
+      {"estimate", job.string(), "--device", "cuda", "--set", "memory.offload.optimizer=true"},
+      tmp.path() / "text.log");
+  REQUIRE_MESSAGE(text.rc == 0, text.describe());
+  CHECK_MESSAGE(text.log.find("step time: >= ") != std::string::npos, text.log);
+  CHECK_MESSAGE(text.log.find("lower bound") != std::string::npos, text.log);
+  CHECK_MESSAGE(text.log.find("PCIe transfers") != std::string::npos, text.log);
+  CHECK_MESSAGE(text.log.find("compute: ") != std::string::npos, text.log);
+}

@@ -1,0 +1,31 @@
+// ZeRO's shards of the flat fp32 layout (the gradients', the masters' and the
+// optimizer state's, which is one layout): rank r of W owns the elements
+// [r * block, (r + 1) * block), block = total / W rounded down, and the last rank also
+// the tail [W * block, total). Equal blocks let one all-gather (and, for stage 2, one
+// reduce-scatter) serve every rank; the tail of fewer than W elements travels by
+// broadcast. A shard may cut a parameter tensor: SGD and AdamW update each element
+// alone, so a shard steps exactly the elements it owns (optim::shard_segments).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "dist/communicator.h"
+
+namespace dtrain::runtime {
+
+struct ShardRange {
+  int64_t begin = 0, end = 0;  // this rank's elements
+  int64_t block = 0;           // every rank's equal part (the last rank adds the tail)
+  int world = 1;               // 1: not sharded, [0, total)
+  int64_t size() const { return end - begin; }
+  bool sharded() const { return world > 1; }
+};
+
+ShardRange shard_of(int64_t total, int rank, int world);
+
+// `flat` [total] holds this rank's range correct on each rank: afterwards every rank
+// holds all of it (an all-gather of the equal blocks and a broadcast of the tail).
+void gather_shards(dist::Communicator& comm, Tensor flat, const ShardRange& mine);
+
+}  // namespace dtrain::runtime
