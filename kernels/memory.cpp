@@ -27,7 +27,7 @@ void copy(const Tensor& src, Tensor& dst, CopySync sync) {
   DTRAIN_CHECK(src.defined() && dst.defined(), "copy: undefined tensor");
   DTRAIN_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
                "copy: {} into {} (dtype and element count must match)", src.str(), dst.str());
-  if (src.nbytes() == 0) return;
+  if (src.nbytes() == 0 || src.raw() == dst.raw()) return;  // nothing to move
   if (src.device().is_cpu() && dst.device().is_cpu()) {
     std::memmove(dst.raw(), src.raw(), src.nbytes());
     return;

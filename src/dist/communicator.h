@@ -80,7 +80,8 @@ class Communicator {
   }
   // in [size * n] -> out [n]: out = the sum of every rank's r-th block (r = rank()).
   virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
-  // in [n] -> out [size * n], block r from rank r.
+  // in [n] -> out [size * n], block r from rank r. `in` may be out's own block (out
+  // viewed at rank() * n): gathered in place, without a send buffer.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   virtual void broadcast(Tensor& buf, int root) = 0;
   virtual void send(const Tensor& buf, int peer) = 0;

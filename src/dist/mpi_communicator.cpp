@@ -366,9 +366,13 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
   DTRAIN_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * s_->size,
                "all_gather: {} -> {} over {} ranks", in.str(), out.str(), s_->size);
   const int n = int_count(in, "all_gather");
-  enqueue("all_gather", out.nbytes(), [in, out, n](CommState& s) {
+  // In place: `in` is this rank's block of `out` (MPI forbids aliased buffers otherwise).
+  const bool in_place = static_cast<const char*>(in.raw()) ==
+                        static_cast<const char*>(out.raw()) + in.nbytes() * s_->rank;
+  enqueue("all_gather", out.nbytes(), [in, out, n, in_place](CommState& s) {
     const MPI_Datatype t = mpi_type(in.dtype());
-    DTRAIN_MPI_CHECK(MPI_Allgather(in.raw(), n, t, out.raw(), n, t, s.comm));
+    DTRAIN_MPI_CHECK(
+        MPI_Allgather(in_place ? MPI_IN_PLACE : in.raw(), n, t, out.raw(), n, t, s.comm));
   }).wait();
 }
 

@@ -126,6 +126,26 @@ void FlatStore::initialize(uint64_t seed) {
   for (size_t b = 0; b < buffers_.size(); ++b) kernels::copy(host[b].second, buffers_[b].second);
 }
 
+void FlatStore::initialize_range(uint64_t seed, int64_t begin, Tensor& out) const {
+  DTRAIN_CHECK(out.dtype() == DType::f32, "initialize_range writes f32, got {}",
+               dtype_name(out.dtype()));
+  const int64_t end = begin + out.numel();
+  Tensor host = out.device().is_cpu() ? out : Tensor::empty(out.shape(), DType::f32);
+  std::memset(host.raw(), 0, host.nbytes());
+  for (const FlatEntry& e : entries_) {
+    DTRAIN_CHECK(e.spec.dtype == DType::f32, "initialize_range: {} is {}", e.name,
+                 dtype_name(e.spec.dtype));
+    const int64_t lo = std::max(begin, e.offset);
+    const int64_t hi = std::min(end, e.offset + e.spec.shape.numel());
+    if (lo >= hi) continue;
+    const Philox rng(seed, rng_stream_id(kInitPurpose, 0, fnv1a(e.name)));
+    float* dst = host.data<float>() + (lo - begin);
+    for (int64_t x = lo; x < hi; ++x)
+      dst[x - lo] = init_value(e.spec, rng, static_cast<uint64_t>(x - e.offset));
+  }
+  if (!out.device().is_cpu()) kernels::copy(host, out);
+}
+
 int64_t FlatStore::buffer_elems(DType dtype) const {
   for (const auto& [dt, n] : sizes_) {
     if (dt == dtype) return n;

@@ -30,6 +30,10 @@ class FlatStore {
   // Each entry from its InitKind, keyed by (seed, name): computed on the host (so
   // every backend starts from the same bits) and copied to the device once.
   void initialize(uint64_t seed);
+  // Elements [begin, begin + out.numel()) of this store's f32 buffer as initialize()
+  // would write them (padding 0), into `out` (f32, any device), without allocating the
+  // store: a ZeRO shard of the fp32 master weights. Every entry must be f32.
+  void initialize_range(uint64_t seed, int64_t begin, Tensor& out) const;
   Device device() const { return device_; }
   const std::vector<FlatEntry>& entries() const { return entries_; }
   int size() const { return static_cast<int>(entries_.size()); }

@@ -255,14 +255,29 @@ fs::path checkpoint_path(const fs::path& dir, int64_t step) {
   return dir / fmt::format("step-{:08d}.dtckpt", step);
 }
 
+fs::path sharded_checkpoint_path(const fs::path& dir, int64_t step) {
+  return dir / fmt::format("step-{:08d}", step);
+}
+
+bool is_sharded_checkpoint(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(path / "manifest.dtckpt", ec);
+}
+
+void sync_directory(const fs::path& dir) { fsync_dir(dir); }
+
 std::vector<fs::path> list_checkpoints(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
   static const std::regex kName(R"(step-(\d+)\.dtckpt)");
+  static const std::regex kDir(R"(step-(\d+))");
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, kName)) found.emplace_back(std::stoll(m[1]), entry.path());
+    if (std::regex_match(name, m, kName) ||
+        (std::regex_match(name, m, kDir) && is_sharded_checkpoint(entry.path()))) {
+      found.emplace_back(std::stoll(m[1]), entry.path());
+    }
   }
   std::sort(found.begin(), found.end());
   std::vector<fs::path> out;
@@ -286,7 +301,7 @@ bool abandoned_temporary(const fs::path& file) {
 void prune_checkpoints(const fs::path& dir, int keep) {
   std::vector<fs::path> all = list_checkpoints(dir);
   for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < all.size(); ++i) {
-    fs::remove(all[i]);
+    fs::remove_all(all[i]);
   }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {

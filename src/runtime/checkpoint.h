@@ -37,9 +37,16 @@ Checkpoint read_checkpoint(const std::filesystem::path& file);
 
 // <dir>/step-00000123.dtckpt
 std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t step);
-// The checkpoints in `dir`, oldest first (by step).
+// <dir>/step-00000123: a sharded checkpoint's directory (runtime/train_state.h).
+std::filesystem::path sharded_checkpoint_path(const std::filesystem::path& dir, int64_t step);
+// Whether `path` is a sharded checkpoint: a directory holding manifest.dtckpt.
+bool is_sharded_checkpoint(const std::filesystem::path& path);
+// The checkpoints in `dir`, oldest first (by step): step-N.dtckpt files and complete
+// step-N directories (a step-N.partial directory, a save that did not finish, is not one).
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir);
 // Deletes all but the newest `keep` checkpoints (and stale temporary files).
 void prune_checkpoints(const std::filesystem::path& dir, int keep);
+// fsync of a directory (after a rename in it), or an Error naming it.
+void sync_directory(const std::filesystem::path& dir);
 
 }  // namespace dtrain::runtime

@@ -60,6 +60,32 @@ void FaultInjector::after_step(int64_t step) const {
   }
 }
 
+SaveFaultInjector::SaveFaultInjector(int rank) {
+  const char* spec = std::getenv("DTRAIN_TEST_SAVE_FAULT");
+  if (spec == nullptr || *spec == '\0') return;
+  int r = -1;
+  long long step = -1;
+  char phase[16] = {};
+  const std::string p = std::sscanf(spec, "%d:%lld:%15s", &r, &step, phase) == 3 ? phase : "";
+  if (step < 0 || (p != "shard" && p != "written" && p != "manifest" && p != "renamed")) {
+    throw Error(fmt::format("DTRAIN_TEST_SAVE_FAULT={} is not <rank>:<step>:<phase>", spec),
+                "phases: shard, written, manifest, renamed; or unset it");
+  }
+  if (r != rank) return;
+  step_ = step;
+  phase_ = p;
+}
+
+void SaveFaultInjector::at(int64_t step, std::string_view phase) const {
+  if (step != step_ || phase != phase_) return;
+  std::fprintf(stderr,
+               "dtrain: DTRAIN_TEST_SAVE_FAULT: ending this rank in the save of step %lld "
+               "(%s)\n",
+               static_cast<long long>(step), phase_.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
+}
+
 OverflowInjector::OverflowInjector(int rank) {
   const char* spec = std::getenv("DTRAIN_TEST_OVERFLOW");
   if (spec == nullptr || *spec == '\0') return;

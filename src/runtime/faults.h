@@ -4,6 +4,9 @@
 // to itself) or hang (sleeps forever). Unset, it does nothing. Not a user feature.
 #pragma once
 
+#include <string>
+#include <string_view>
+
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +22,22 @@ class FaultInjector {
   enum class Mode : uint8_t { none, exit0, exit1, abort, kill, hang };
   Mode mode_ = Mode::none;
   int64_t step_ = -1;
+};
+
+// Save-crash injection for the sharded-checkpoint tests: DTRAIN_TEST_SAVE_FAULT=
+// "<rank>:<step>:<phase>" ends that rank with exit status 1 when the save of `step`
+// reaches `phase`: "shard" (before writing its shard), "written" (its shard on disk,
+// before the ranks compare notes), "manifest" (rank 0: the manifest written, before
+// the rename), "renamed" (rank 0: after the rename). Unset, it does nothing. Not a
+// user feature.
+class SaveFaultInjector {
+ public:
+  explicit SaveFaultInjector(int rank);  // a malformed value is an Error naming it
+  void at(int64_t step, std::string_view phase) const;
+
+ private:
+  int64_t step_ = -1;
+  std::string phase_;
 };
 
 // Overflow injection for the loss-scaler tests: DTRAIN_TEST_OVERFLOW=

@@ -28,8 +28,13 @@ void copy_buffers(const graph::FlatStore& from, const graph::FlatStore& to) {
 }  // namespace
 
 MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device,
-                             bool offload)
-    : ex_(ex), mode_(mode), device_(device), offload_(offload), layout_(f32_layout(ex.params())) {
+                             bool offload, ShardRange shard)
+    : ex_(ex),
+      mode_(mode),
+      device_(device),
+      offload_(offload),
+      shard_(shard),
+      layout_(f32_layout(ex.params())) {
   for (size_t p = 0; p < layout_.entries().size(); ++p) {
     DTRAIN_CHECK(layout_.entries()[p].offset == ex.grads().entries()[p].offset &&
                      ex.grads().entries()[p].spec.dtype == DType::f32,
@@ -41,6 +46,30 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
       DTRAIN_CHECK(e.spec.dtype == DType::f32, "{} is {} in an fp32 run", e.name,
                    dtype_name(e.spec.dtype));
     }
+  }
+  if (!shard_.sharded()) shard_ = shard_of(grads_.numel(), 0, 1);
+  if (shard_.sharded()) {
+    DTRAIN_CHECK(!offload_ && mode_ != MasterMode::in_place,
+                 "ZeRO shards fp32 parameters or fp32 masters, without offload");
+    DTRAIN_CHECK(shard_.end <= grads_.numel(), "shard [{}, {}) of {} elements", shard_.begin,
+                 shard_.end, grads_.numel());
+    if (mode_ == MasterMode::fp32) {
+      target_.flat = ex.params().flat(DType::f32).view(shard_.begin, Shape{shard_.size()});
+      return;
+    }
+    shard_masters_ =
+        Tensor::empty(Shape{shard_.size()}, DType::f32, &kernels::device_allocator(device));
+    layout_.initialize_range(seed, shard_.begin, shard_masters_);
+    // Every half parameter from its f32 initial value, one tensor at a time.
+    for (int p = 0; p < ex.params().size(); ++p) {
+      const graph::FlatEntry& e = layout_.entries()[static_cast<size_t>(p)];
+      Tensor wide = Tensor::empty(e.spec.shape, DType::f32, &kernels::device_allocator(device));
+      layout_.initialize_range(seed, e.offset, wide);
+      Tensor dst = ex.params().view(p);
+      kernels::cast(wide, dst);
+    }
+    target_.flat = shard_masters_;
+    return;
   }
   // The parameters the optimizer writes: the executor's own, or their host twin.
   graph::FlatStore* params = &ex.params();
@@ -67,7 +96,7 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
       layout_.allocate(device);
     }
     layout_.initialize(seed);
-    publish(layout_);
+    publish(layout_.flat(DType::f32));
     target_.flat = layout_.flat(DType::f32);
     target_.copies = std::move(views);
   } else {
@@ -75,11 +104,12 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
   }
 }
 
-void MasterWeights::publish(const graph::FlatStore& from) {
+void MasterWeights::publish(const Tensor& flat) {
   graph::FlatStore& params = offload_ ? host_params_ : ex_.params();
-  for (int p = 0; p < from.size(); ++p) {
+  for (int p = 0; p < params.size(); ++p) {
+    const graph::FlatEntry& e = layout_.entries()[static_cast<size_t>(p)];
     Tensor dst = params.view(p);
-    kernels::cast(from.view(p), dst);
+    kernels::cast(flat.view(e.offset, e.spec.shape), dst);
   }
   if (offload_) upload();
 }
@@ -87,6 +117,21 @@ void MasterWeights::publish(const graph::FlatStore& from) {
 void MasterWeights::upload() { copy_buffers(host_params_, ex_.params()); }
 
 void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
+  if (shard_.sharded()) {
+    DTRAIN_CHECK(comm_ != nullptr, "ZeRO step before attach()");
+    opt.step(target_, grads_.view(shard_.begin, Shape{shard_.size()}), lr, grad_scale);
+    if (mode_ == MasterMode::fp32) {
+      gather_shards(*comm_, ex_.params().flat(DType::f32), shard_);
+      return;
+    }
+    // The gradients are spent: their buffer carries the gathered masters, which every
+    // rank then rounds into its half parameters.
+    Tensor mine = grads_.view(shard_.begin, Shape{shard_.size()});
+    kernels::copy(shard_masters_, mine);
+    gather_shards(*comm_, grads_, shard_);
+    publish(grads_);
+    return;
+  }
   if (!offload_) {
     opt.step(target_, grads_, lr, grad_scale);
     return;
@@ -96,8 +141,24 @@ void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
   upload();
 }
 
+Tensor MasterWeights::shard_params() const {
+  if (shard_masters_.defined()) return shard_masters_;
+  DTRAIN_CHECK(mode_ == MasterMode::fp32 && !offload_, "shard_params() of an unsharded layout");
+  return ex_.params().flat(DType::f32).view(shard_.begin, Shape{shard_.size()});
+}
+
+graph::FlatStore& MasterWeights::load_target() {
+  if (shard_.sharded() && mode_ == MasterMode::masters) {
+    wide_ = std::make_unique<graph::FlatStore>(layout_.entries());
+    wide_->allocate(device_);
+    return *wide_;
+  }
+  return state();
+}
+
 graph::FlatStore& MasterWeights::state() {
   if (mode_ == MasterMode::fp32) return offload_ ? host_params_ : ex_.params();
+  DTRAIN_CHECK(!shard_.sharded(), "sharded masters are saved by shard (shard_params())");
   if (mode_ == MasterMode::masters) return layout_;
   const graph::FlatStore& params = offload_ ? host_params_ : ex_.params();
   wide_ = std::make_unique<graph::FlatStore>(layout_.entries());
@@ -110,8 +171,15 @@ graph::FlatStore& MasterWeights::state() {
 }
 
 void MasterWeights::state_loaded() {
-  if (mode_ == MasterMode::masters) publish(layout_);
-  if (mode_ == MasterMode::in_place && wide_) publish(*wide_);
+  if (shard_.sharded() && mode_ == MasterMode::masters) {
+    DTRAIN_CHECK(wide_ != nullptr, "state_loaded() without load_target()");
+    const Tensor flat = wide_->flat(DType::f32);
+    kernels::copy(flat.view(shard_.begin, Shape{shard_.size()}), shard_masters_);
+    publish(flat);
+    return;
+  }
+  if (mode_ == MasterMode::masters) publish(layout_.flat(DType::f32));
+  if (mode_ == MasterMode::in_place && wide_) publish(wide_->flat(DType::f32));
   if (mode_ == MasterMode::fp32 && offload_) upload();
 }
 

@@ -23,13 +23,23 @@
 // CPU backend's fused step (the same kernels as a CPU job, so the same bits) and
 // uploads the parameters. The GPU keeps the parameters, the gradients and the
 // activations only.
+// ZeRO-1 (a ShardRange with world > 1): the optimizer steps only this rank's range of
+// the fp32 layout (its state is that range's; runtime/zero.h). fp32: the executor's
+// parameters in that range, then an all-gather of the parameter buffer. Masters:
+// this rank's range of the masters alone; after the step they are gathered through
+// the gradient buffer (spent by then) and published to the executor, so each rank
+// rounds every half parameter itself from the same f32 value. A checkpoint is saved
+// by shard (shard_params()); load_target() is the whole store one is read into (any
+// layout's), and state_loaded() keeps this rank's range.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "dist/communicator.h"
 #include "graph/executor.h"
 #include "optim/optimizer.h"
+#include "runtime/zero.h"
 
 namespace dtrain::runtime {
 
@@ -40,7 +50,13 @@ class MasterWeights {
   // ex: initialised from `seed` already. masters are initialised from the same seed in
   // f32 (an fp32 run's values, unrounded) and published into the executor.
   MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device,
-                bool offload = false);
+                bool offload = false, ShardRange shard = {});
+  // The data-parallel communicator the shards are gathered over (ZeRO; before step()).
+  void attach(dist::Communicator& comm) { comm_ = &comm; }
+  const ShardRange& shard() const { return shard_; }
+  // ZeRO: this rank's range of the fp32-layout parameters (its masters, or in fp32 the
+  // executor's own), what its checkpoint shard holds.
+  Tensor shard_params() const;
 
   MasterMode mode() const { return mode_; }
   bool offloaded() const { return offload_; }
@@ -57,22 +73,28 @@ class MasterWeights {
   void step(optim::Optimizer& opt, double lr, float grad_scale);
 
   // The parameters in the fp32 layout, ready to be saved or compared across ranks (for
-  // in_place: widened now into a temporary, dropped by release_state()).
+  // in_place: widened now into a temporary, dropped by release_state(); not for
+  // sharded masters, which are saved by shard).
   graph::FlatStore& state();
+  // The store a checkpoint's parameters are read into, then state_loaded().
+  graph::FlatStore& load_target();
   // After state() was overwritten from a checkpoint: the executor gets the values.
   void state_loaded();
   void release_state() { wide_.reset(); }
 
  private:
-  void publish(const graph::FlatStore& from);  // f32 layout -> executor, rounded
-  void upload();                               // offloaded: host twin -> executor
+  void publish(const Tensor& flat);  // f32 layout -> executor, rounded
+  void upload();                     // offloaded: host twin -> executor
 
   graph::Executor& ex_;
   MasterMode mode_;
   Device device_;
   bool offload_ = false;
-  graph::FlatStore host_params_;            // offloaded: the executor's parameters, in host memory
-  Tensor host_grads_;                       // offloaded: f32 gradients, in host memory
+  graph::FlatStore host_params_;  // offloaded: the executor's parameters, in host memory
+  Tensor host_grads_;             // offloaded: f32 gradients, in host memory
+  ShardRange shard_;
+  Tensor shard_masters_;  // ZeRO with masters: this rank's range of them
+  dist::Communicator* comm_ = nullptr;
   graph::FlatStore layout_;                 // masters (allocated) or the layout alone
   std::unique_ptr<graph::FlatStore> wide_;  // in_place: the widened checkpoint copy
   Tensor grads_;

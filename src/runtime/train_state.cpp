@@ -4,6 +4,12 @@
 // checkpoint does not depend on the device it was written from.
 #include "runtime/train_state.h"
 
+#include <array>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "core/checksum.h"
 #include "kernels/memory.h"
 #include "runtime/checkpoint.h"
 
@@ -15,13 +21,146 @@ namespace {
 
 constexpr DType kStoreTypes[] = {DType::f32, DType::f16, DType::bf16};
 
-nlohmann::json layout_of(const graph::FlatStore& store) {
+nlohmann::json layout_of(const std::vector<graph::FlatEntry>& entries) {
   nlohmann::json list = nlohmann::json::array();
-  for (const graph::FlatEntry& e : store.entries()) {
+  for (const graph::FlatEntry& e : entries) {
     list.push_back({e.name, std::string(dtype_name(e.spec.dtype)),
                     std::vector<int64_t>(e.spec.shape.begin(), e.spec.shape.end())});
   }
   return list;
+}
+
+nlohmann::json layout_of(const graph::FlatStore& store) { return layout_of(store.entries()); }
+
+// The training metadata of a checkpoint, single file or sharded.
+nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& buffers,
+                          OptimizerName opt, int64_t opt_step, const TrainCounters& c) {
+  nlohmann::json meta = {
+      {"format", "dtrain-train-state"},
+      {"step", c.step},
+      {"data_position", {{"epoch", c.position.epoch}, {"offset", c.position.offset}}},
+      {"seed", c.seed},
+      {"arch", c.arch},
+      {"config_hash", c.config_hash},
+      {"optimizer", {{"name", std::string(to_string(opt))}, {"step", opt_step}}},
+      {"params", std::move(params_layout)},
+      {"buffers", layout_of(buffers)}};
+  if (c.scaler) {
+    meta["loss_scaler"] = {{"scale", c.scaler->scale},
+                           {"clean_steps", c.scaler->clean_steps},
+                           {"overflows_left", c.scaler->overflows_left},
+                           {"skipped_steps", c.scaler->skipped_steps}};
+  }
+  return meta;
+}
+
+// Byte count and CRC-32C of a whole file.
+std::pair<int64_t, uint32_t> file_crc(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    throw Error(fmt::format("{}: cannot read it", file.string()),
+                "check the checkpoint directory's permissions");
+  }
+  std::vector<char> buf(size_t{4} << 20);
+  uint32_t crc = 0;
+  int64_t bytes = 0;
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto n = static_cast<size_t>(in.gcount());
+    crc = crc32c(buf.data(), n, crc);
+    bytes += static_cast<int64_t>(n);
+  }
+  return {bytes, crc};
+}
+
+std::string shard_file_name(int rank, int world) {
+  return fmt::format("rank-{:05d}-of-{:05d}.dtckpt", rank, world);
+}
+
+[[noreturn]] void bad_shard(const fs::path& file, const std::string& what) {
+  throw Error(fmt::format("{}: {}", file.string(), what),
+              "this sharded checkpoint is damaged or incomplete: resume from an earlier one "
+              "(--resume <checkpoint dir>/step-N), or verify it with the manifest's owner");
+}
+
+Checkpoint consolidate(const fs::path& dir) {
+  const fs::path manifest = dir / "manifest.dtckpt";
+  const Checkpoint man = read_checkpoint(manifest);  // its own checksums
+  try {
+    if (man.meta.at("format") != "dtrain-sharded-train-state")
+      bad_shard(manifest, "not the manifest of a sharded training checkpoint");
+    const nlohmann::json& sh = man.meta.at("sharded");
+    const int64_t total = sh.at("total");
+    const auto names = sh.at("optimizer_buffers").get<std::vector<std::string>>();
+    const nlohmann::json& shards = sh.at("shards");
+    const int world = sh.at("world");
+    if (total < 0 || world < 1 || shards.size() != static_cast<size_t>(world))
+      bad_shard(manifest, fmt::format("{} shards listed for a world of {}", shards.size(), world));
+    Tensor params = Tensor::empty({total}, DType::f32);
+    std::vector<Tensor> state;
+    for (size_t i = 0; i < names.size(); ++i) state.push_back(Tensor::empty({total}, DType::f32));
+    std::vector<NamedTensor> buffers;
+    int64_t covered = 0;
+    for (int index = 0; index < world; ++index) {
+      const nlohmann::json& e = shards.at(static_cast<size_t>(index));
+      const int rank = e.at("rank");
+      const int64_t begin = e.at("begin"), end = e.at("end");
+      const std::string name = e.at("file");
+      const fs::path file = dir / name;
+      if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
+        bad_shard(manifest, fmt::format("shard {} names the file \"{}\"", rank, name));
+      }
+      if (rank != index || begin != covered || end < begin || end > total) {
+        bad_shard(manifest, fmt::format("shard {} covers [{}, {}), expected to start at {}", rank,
+                                        begin, end, covered));
+      }
+      std::error_code ec;
+      if (!fs::is_regular_file(file, ec)) bad_shard(file, "this shard is missing");
+      const auto [bytes, crc] = file_crc(file);
+      if (bytes != e.at("bytes").get<int64_t>() || crc != e.at("crc32c").get<uint32_t>()) {
+        bad_shard(file, fmt::format("{} bytes with CRC-32C {:08x}; the manifest says {} bytes "
+                                    "with {:08x} (changed, truncated, or from another save)",
+                                    bytes, crc, e.at("bytes").get<int64_t>(),
+                                    e.at("crc32c").get<uint32_t>()));
+      }
+      const Checkpoint ck = read_checkpoint(file);
+      if (ck.meta.value("save_id", int64_t{-1}) != man.meta.at("save_id").get<int64_t>() ||
+          ck.meta.value("rank", -1) != rank || ck.meta.value("begin", int64_t{-1}) != begin ||
+          ck.meta.value("end", int64_t{-1}) != end) {
+        bad_shard(file, "this shard belongs to another save or another rank than the manifest's");
+      }
+      auto put = [&](const std::string& name, Tensor& whole) {
+        const Tensor& part = ck.get(name);
+        if (part.dtype() != DType::f32 || part.numel() != end - begin)
+          bad_shard(file,
+                    fmt::format("\"{}\" is {}, expected f32 [{}]", name, part.str(), end - begin));
+        std::memcpy(whole.data<float>() + begin, part.raw(), part.nbytes());
+      };
+      put("params", params);
+      for (size_t i = 0; i < names.size(); ++i) put("optim." + names[i], state[i]);
+      if (rank == 0) {
+        for (const NamedTensor& t : ck.tensors)
+          if (t.name.rfind("buffers.", 0) == 0) buffers.push_back(t);
+      }
+      covered = end;
+    }
+    if (covered != total)
+      bad_shard(manifest, fmt::format("the shards cover {} of {} elements", covered, total));
+    Checkpoint out;
+    out.file = dir;
+    out.meta = man.meta;
+    out.meta["format"] = "dtrain-train-state";
+    out.meta.erase("sharded");
+    out.meta.erase("save_id");
+    out.tensors.push_back({"params.f32", params});
+    for (NamedTensor& b : buffers) out.tensors.push_back(std::move(b));
+    for (size_t i = 0; i < names.size(); ++i)
+      out.tensors.push_back({"optim." + names[i], state[i]});
+    return out;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: malformed manifest: {}", manifest.string(), e.what()),
+                "the file passed its checksums but was not written by dtrain train");
+  }
 }
 
 void add_store(std::vector<NamedTensor>& out, const std::string& prefix,
@@ -64,34 +203,101 @@ void save_train_state(const fs::path& file, const graph::FlatStore& params,
   const optim::OptimizerState state = opt.state();
   for (const auto& [name, t] : state.buffers)
     tensors.push_back({"optim." + name, kernels::to_host(t)});
-  const nlohmann::json meta = {
-      {"format", "dtrain-train-state"},
-      {"step", c.step},
-      {"data_position", {{"epoch", c.position.epoch}, {"offset", c.position.offset}}},
-      {"seed", c.seed},
-      {"arch", c.arch},
-      {"config_hash", c.config_hash},
-      {"optimizer",
-       {{
-            "name",
-            std::string(to_string(opt.name())),
-        },
-        {"step", state.step}}},
-      {"params", layout_of(params)},
-      {"buffers", layout_of(buffers)}};
-  nlohmann::json full = meta;
-  if (c.scaler) {
-    full["loss_scaler"] = {{"scale", c.scaler->scale},
-                           {"clean_steps", c.scaler->clean_steps},
-                           {"overflows_left", c.scaler->overflows_left},
-                           {"skipped_steps", c.scaler->skipped_steps}};
+  write_checkpoint(file, train_meta(layout_of(params), buffers, opt.name(), state.step, c),
+                   tensors);
+}
+
+void save_sharded_state(const fs::path& dir, const ShardedSave& s, const TrainCounters& c) {
+  dist::Communicator& comm = *s.comm;
+  const int rank = comm.rank(), world = comm.size();
+  const fs::path partial = dir.string() + ".partial";
+  // One id for this save, chosen by rank 0 after it cleared the partial directory; the
+  // broadcast also holds every rank until that directory exists.
+  int64_t id = 0;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::remove_all(partial, ec);
+    fs::create_directories(partial, ec);
+    if (ec) {
+      throw Error(fmt::format("{}: cannot create it: {}", partial.string(), ec.message()),
+                  "check the disk space and permissions of the checkpoint directory");
+    }
+    std::random_device rd;
+    id = static_cast<int64_t>((uint64_t{rd()} << 31) ^ rd());
   }
-  write_checkpoint(file, full, tensors);
+  Tensor id_t = Tensor::wrap(&id, Shape{1}, DType::i64);
+  comm.broadcast(id_t, 0);
+
+  auto phase = [&](std::string_view name) {
+    if (s.at_phase) s.at_phase(name);
+  };
+  phase("shard");
+  std::vector<NamedTensor> tensors = {{"params", kernels::to_host(s.params)}};
+  if (rank == 0) add_store(tensors, "buffers", *s.buffers);
+  const optim::OptimizerState state = s.opt->state();
+  std::vector<std::string> names;
+  for (const auto& [name, t] : state.buffers) {
+    tensors.push_back({"optim." + name, kernels::to_host(t)});
+    names.push_back(name);
+  }
+  const fs::path mine = partial / shard_file_name(rank, world);
+  write_checkpoint(mine,
+                   {{"format", "dtrain-train-state-shard"},
+                    {"save_id", id},
+                    {"step", c.step},
+                    {"rank", rank},
+                    {"world", world},
+                    {"begin", s.begin},
+                    {"end", s.end}},
+                   tensors);  // fsynced, renamed into place
+  phase("written");
+  const auto [bytes, crc] = file_crc(mine);
+  std::array<int64_t, 4> row = {s.begin, s.end, bytes, static_cast<int64_t>(crc)};
+  std::vector<int64_t> rows(static_cast<size_t>(4 * world));
+  const Tensor row_t = Tensor::wrap(row.data(), Shape{4}, DType::i64);
+  Tensor rows_t = Tensor::wrap(rows.data(), Shape{4 * world}, DType::i64);
+  comm.all_gather(row_t, rows_t);  // after every rank's shard is on disk
+
+  if (rank == 0) {
+    nlohmann::json shards = nlohmann::json::array();
+    for (int r = 0; r < world; ++r) {
+      const int64_t* x = rows.data() + 4 * r;
+      shards.push_back({{"rank", r},
+                        {"file", shard_file_name(r, world)},
+                        {"begin", x[0]},
+                        {"end", x[1]},
+                        {"bytes", x[2]},
+                        {"crc32c", static_cast<uint32_t>(x[3])}});
+    }
+    nlohmann::json meta =
+        train_meta(layout_of(*s.layout), *s.buffers, s.opt->name(), state.step, c);
+    meta["format"] = "dtrain-sharded-train-state";
+    meta["save_id"] = id;
+    meta["sharded"] = {{"world", world},   {"zero_stage", s.zero_stage}, {"precision", s.precision},
+                       {"total", s.total}, {"optimizer_buffers", names}, {"shards", shards}};
+    write_checkpoint(partial / "manifest.dtckpt", meta, {});
+    phase("manifest");
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // the same step saved again (a resumed run): replaced whole
+    fs::rename(partial, dir, ec);
+    if (ec) {
+      throw Error(fmt::format("{}: cannot rename it to {}: {}", partial.string(), dir.string(),
+                              ec.message()),
+                  "check the checkpoint directory's permissions");
+    }
+    sync_directory(dir.parent_path());
+    phase("renamed");
+  }
+  comm.barrier();  // visible before any rank goes on (and prunes, or saves again)
+}
+
+Checkpoint read_any_checkpoint(const fs::path& path) {
+  return is_sharded_checkpoint(path) ? consolidate(path) : read_checkpoint(path);
 }
 
 TrainCounters load_train_state(const fs::path& file, graph::FlatStore& params,
                                graph::FlatStore& buffers, optim::Optimizer& opt) {
-  const Checkpoint ck = read_checkpoint(file);  // every checksum verified here
+  const Checkpoint ck = read_any_checkpoint(file);  // every checksum verified here
   try {
     if (ck.meta.at("format") != "dtrain-train-state") {
       throw Error(fmt::format("{}: not a training checkpoint", file.string()));
@@ -154,7 +360,7 @@ TrainCounters load_train_state(const fs::path& file, graph::FlatStore& params,
 
 fs::path resolve_resume(const std::string& resume, const fs::path& checkpoint_dir) {
   fs::path dir = resume == "latest" ? checkpoint_dir : fs::path(resume);
-  if (resume != "latest" && fs::is_regular_file(dir)) return dir;
+  if (resume != "latest" && (fs::is_regular_file(dir) || is_sharded_checkpoint(dir))) return dir;
   if (resume == "latest" && !fs::exists(dir)) return {};
   if (!fs::is_directory(dir)) {
     throw Error(fmt::format("--resume {}: no such checkpoint file or directory", resume),

@@ -6,13 +6,16 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 
 #include "data/sampler.h"
+#include "dist/communicator.h"
 #include "graph/executor.h"
 #include "optim/optimizer.h"
 #include "precision/loss_scaler.h"
+#include "runtime/checkpoint.h"
 
 namespace dtrain::runtime {
 
@@ -39,9 +42,42 @@ void save_train_state(const std::filesystem::path& file, const graph::FlatStore&
 TrainCounters load_train_state(const std::filesystem::path& file, graph::FlatStore& params,
                                graph::FlatStore& buffers, optim::Optimizer& opt);
 
+// Sharded checkpoints (ZeRO): a directory step-N/ with one shard file per rank,
+// rank-RRRRR-of-WWWWW.dtckpt, holding that rank's range of the fp32-layout parameters
+// (the masters) and of every optimizer buffer (rank 0's also the buffers), each blob
+// CRC-32C checked as in a single file; and manifest.dtckpt: the training metadata a
+// single file carries, the layout, the world and ZeRO stage it was written with, and
+// per shard its range, its byte count and the CRC-32C of its whole file, plus an id of
+// this save that every shard repeats (shards of two saves do not mix). Written into
+// step-N.partial/ (cleared first), every shard fsynced, then the manifest, then one
+// rename to step-N/ after a barrier: a crash at any point leaves the previous
+// checkpoint as it was, and the next save clears the partial directory.
+struct ShardedSave {
+  dist::Communicator* comm = nullptr;  // every rank of the data-parallel group
+  int64_t begin = 0, end = 0;          // this rank's range of the fp32 layout
+  Tensor params;                       // f32 [end - begin]: that range of the parameters
+  const std::vector<graph::FlatEntry>* layout = nullptr;  // the fp32 layout
+  int64_t total = 0;                                      // its elements, padding included
+  const graph::FlatStore* buffers = nullptr;              // replicated; rank 0 writes them
+  const optim::Optimizer* opt = nullptr;                  // this rank's shard of the state
+  int zero_stage = 0;
+  std::string precision;
+  // Called at each phase of the save ("shard", "written", "manifest", "renamed"): the
+  // crash tests end a rank there (runtime/faults.h).
+  std::function<void(std::string_view)> at_phase;
+};
+void save_sharded_state(const std::filesystem::path& dir, const ShardedSave& save,
+                        const TrainCounters& counters);
+
+// A checkpoint file, or a sharded directory assembled into the same form (whole
+// tensors "params.f32", "buffers.<dtype>", "optim.<buffer>" and a single file's meta),
+// after verifying the manifest and every shard; damage, a missing shard, or shards of
+// two saves are an Error naming the file and what is wrong.
+Checkpoint read_any_checkpoint(const std::filesystem::path& path);
+
 // "latest" -> the newest checkpoint in `checkpoint_dir` (empty when there is none
-// yet: a requeued job that never saved starts afresh); a directory -> its newest
-// (an error when empty); a file -> itself.
+// yet: a requeued job that never saved starts afresh); a sharded checkpoint or a
+// file -> itself; another directory -> its newest (an error when empty).
 std::filesystem::path resolve_resume(const std::string& resume,
                                      const std::filesystem::path& checkpoint_dir);
 

@@ -46,6 +46,7 @@
 #include "runtime/replicas.h"
 #include "runtime/signals.h"
 #include "runtime/train_state.h"
+#include "runtime/zero.h"
 
 namespace dtrain::runtime {
 
@@ -98,7 +99,24 @@ void require_supported(const Job& job, int world) {
     unsupported("parallel",
                 fmt::format("data {} x tensor {} x pipeline {}", p.data, p.tensor, p.pipeline));
   }
-  if (p.zero_stage != 0) unsupported("parallel.zero_stage", std::to_string(p.zero_stage));
+  if (p.zero_stage >= 2) {
+    unsupported(
+        "parallel.zero_stage",
+        fmt::format("{} (stage 1 is built: sharded optimizer state and masters)", p.zero_stage));
+  }
+  if (p.zero_stage == 1) {
+    if (job.optimizer.name == OptimizerName::lamb) {
+      unsupported("optimizer.name",
+                  "lamb with parallel.zero_stage 1 (its per-tensor trust ratio across shard "
+                  "boundaries is not built yet; sgd and adamw shard)");
+    }
+    if (job.memory.offload.optimizer)
+      unsupported("memory.offload.optimizer", "true with parallel.zero_stage 1 (not built yet)");
+    if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights) {
+      unsupported("precision.master_weights",
+                  "false with parallel.zero_stage 1 (ZeRO shards the fp32 masters)");
+    }
+  }
   if (job.compress.method != CompressMethod::none) {
     unsupported("compress.method", std::string(to_string(job.compress.method)));
   }
@@ -218,6 +236,8 @@ class TrainSession {
   void set_batch(const FeedBatch& b);
   void add_device_memory(nlohmann::json& line) const;
   nlohmann::json estimate_by_kind() const;
+  // ZeRO: an optimizer over the whole fp32 layout, for checkpoint I/O (else nullptr).
+  std::unique_ptr<optim::Optimizer> whole_optimizer() const;
   bool leader() const { return comm_.rank() == 0; }
   void note(const std::string& line);  // rank 0's console, and this rank's log
 
@@ -248,6 +268,7 @@ class TrainSession {
   std::unique_ptr<RankLog> rank_log_;
   FaultInjector faults_{comm_.rank()};
   OverflowInjector overflows_{comm_.rank()};
+  SaveFaultInjector save_faults_{comm_.rank()};
   bool inject_overflow_ = false;
   precision::LossScaler scaler_{job_.precision.loss_scale};
   MemoryEstimate estimate_;  // dtrain estimate's figures, for the summary
@@ -279,12 +300,22 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   const MasterMode mode = !policy_.half()                 ? MasterMode::fp32
                           : job_.precision.master_weights ? MasterMode::masters
                                                           : MasterMode::in_place;
+  // ZeRO-1: this rank steps its shard of the fp32 layout (runtime/zero.h).
+  const int64_t layout_elems = ex_->grads().flat(DType::f32).numel();
+  const ShardRange shard = job_.parallel.zero_stage >= 1 && comm_.size() > 1
+                               ? shard_of(layout_elems, comm_.rank(), comm_.size())
+                               : ShardRange{};
   weights_ = std::make_unique<MasterWeights>(*ex_, mode, counters_.seed, job_.device,
-                                             job_.memory.offload.optimizer);
+                                             job_.memory.offload.optimizer, shard);
   const Tensor grads = weights_->grads();
-  opt_ = optim::make_optimizer(job_.optimizer,
-                               segments_of(weights_->layout(), job_.optimizer.no_decay),
-                               grads.numel(), weights_->optimizer_device());
+  std::vector<optim::ParamSegment> segments =
+      segments_of(weights_->layout(), job_.optimizer.no_decay);
+  if (shard.sharded()) {
+    segments =
+        optim::shard_segments(segments, shard.begin, shard.end, optim::SegmentSplit::allowed);
+  }
+  opt_ = optim::make_optimizer(job_.optimizer, std::move(segments), weights_->shard().size(),
+                               weights_->optimizer_device());
   if (micro_batches_ > 1) {
     grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }
@@ -334,9 +365,18 @@ void TrainSession::resume_if_asked() {
     const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
     if (!file.empty()) {
       const std::string hash = counters_.config_hash;
-      counters_ = load_train_state(file, weights_->state(), ex_->buffers(), *opt_);
+      // ZeRO: the file holds whole buffers; this rank keeps its shard of the state.
+      std::unique_ptr<optim::Optimizer> whole = whole_optimizer();
+      counters_ =
+          load_train_state(file, weights_->load_target(), ex_->buffers(), whole ? *whole : *opt_);
       weights_->state_loaded();
       weights_->release_state();
+      if (whole) {
+        const ShardRange& sh = weights_->shard();
+        optim::OptimizerState mine = whole->state();
+        for (auto& [name, t] : mine.buffers) t = t.view(sh.begin, Shape{sh.size()});
+        opt_->load_state(mine);
+      }
       if (counters_.config_hash != hash) {
         note(
             fmt::format("note: {} was written by a different job file (the model "
@@ -364,6 +404,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     if (watchdog != nullptr) watchdog->add(*device_comm_);
   }
   grad_comm_ = device_comm_ ? device_comm_.get() : &comm_;
+  weights_->attach(*grad_comm_);
   std::vector<dist::GradRange> ranges;
   for (const graph::FlatEntry& e : weights_->layout())
     ranges.push_back({e.offset, e.spec.shape.numel()});
@@ -406,6 +447,20 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
         comm_.size(), micro_batches_, job_.data.micro_batch, buckets.size(), job_.comm.bucket_mb,
         algo_summary_, grad_comm_->backend(), job_.comm.overlap ? "on" : "off"));
   }
+  if (weights_->shard().sharded()) {
+    const ShardRange& sh = weights_->shard();
+    note(fmt::format(
+        "ZeRO-1: optimizer state{} sharded over {} ranks ({} elements each; "
+        "parameters all-gathered after each step, checkpoints saved by shard)",
+        weights_->mode() == MasterMode::masters ? " and fp32 masters" : "", sh.world, sh.block));
+  }
+}
+
+std::unique_ptr<optim::Optimizer> TrainSession::whole_optimizer() const {
+  if (!weights_->shard().sharded()) return nullptr;
+  return optim::make_optimizer(job_.optimizer,
+                               segments_of(weights_->layout(), job_.optimizer.no_decay),
+                               weights_->grads().numel(), weights_->optimizer_device());
 }
 
 // The estimate's bytes per kind ("parameters": ..., "activations (train)": ...).
@@ -649,7 +704,28 @@ void TrainSession::log_eval(const EvalResult& r) {
 
 // Every rank first proves its replica equals rank 0's (parameters, buffers, optimizer
 // state); rank 0 then writes. Its file is complete (renamed into place) when it returns.
+// ZeRO: every rank writes its own shard (runtime/train_state.h: a step-N directory);
+// only the replicated buffers are compared across ranks. Otherwise every rank first
+// proves its replica equals rank 0's and rank 0 writes one file.
 void TrainSession::save_checkpoint() {
+  if (weights_->shard().sharded()) {
+    check_replicas(comm_, {ex_->buffers().flat(DType::f32)}, "buffers");
+    ShardedSave save;
+    save.comm = &comm_;
+    save.begin = weights_->shard().begin;
+    save.end = weights_->shard().end;
+    save.params = weights_->shard_params();
+    save.layout = &weights_->layout();
+    save.total = weights_->grads().numel();
+    save.buffers = &ex_->buffers();
+    save.opt = opt_.get();
+    save.zero_stage = job_.parallel.zero_stage;
+    save.precision = std::string(to_string(job_.precision.dtype));
+    save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
+    save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
+    if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+    return;
+  }
   graph::FlatStore& params = weights_->state();
   std::vector<Tensor> state = {params.flat(DType::f32), ex_->buffers().flat(DType::f32)};
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);

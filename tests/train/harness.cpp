@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "runtime/checkpoint.h"
+#include "runtime/train_state.h"
 
 extern char** environ;
 
@@ -193,11 +194,12 @@ fs::path newest_checkpoint(const fs::path& ckpt_dir) {
 
 int64_t checkpoint_step(const fs::path& file) {
   if (file.empty()) return -1;
-  return runtime::read_checkpoint(file).meta.at("step").get<int64_t>();
+  return runtime::read_any_checkpoint(file).meta.at("step").get<int64_t>();
 }
 
 std::string compare_checkpoints(const fs::path& a, const fs::path& b) {
-  const runtime::Checkpoint ca = runtime::read_checkpoint(a), cb = runtime::read_checkpoint(b);
+  const runtime::Checkpoint ca = runtime::read_any_checkpoint(a),
+                            cb = runtime::read_any_checkpoint(b);
   for (const char* key : {"step", "data_position", "seed", "loss_scaler"}) {
     if (ca.meta.value(key, nlohmann::json()) != cb.meta.value(key, nlohmann::json())) {
       return std::string("meta.") + key + " differs";
@@ -207,7 +209,8 @@ std::string compare_checkpoints(const fs::path& a, const fs::path& b) {
 }
 
 std::string compare_checkpoint_state(const fs::path& a, const fs::path& b) {
-  const runtime::Checkpoint ca = runtime::read_checkpoint(a), cb = runtime::read_checkpoint(b);
+  const runtime::Checkpoint ca = runtime::read_any_checkpoint(a),
+                            cb = runtime::read_any_checkpoint(b);
   for (const char* key : {"optimizer", "params", "buffers"}) {
     if (ca.meta.value(key, nlohmann::json()) != cb.meta.value(key, nlohmann::json())) {
       return std::string("meta.") + key + " differs";

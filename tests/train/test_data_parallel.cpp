@@ -17,6 +17,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -199,6 +202,247 @@ TEST_CASE("a checkpoint resumes across layouts: 2 ranks <-> 1 rank x 2 micro-bat
                               newest_checkpoint(whole / "checkpoints")) == "");
     const auto losses = read_losses(out / "metrics.jsonl");
     CHECK(first_difference(losses, read_losses(whole / "metrics.jsonl")) == "");
+  }
+}
+
+// ZeRO-1 (parallel.zero_stage: 1): each rank steps its shard of the fp32 layout (SGD
+// and AdamW update each element alone; a shard may cut a tensor) and the parameters
+// are gathered after. The gradient is the all-reduced one of plain data parallelism,
+// so the global norm, the clipping and every update are the same numbers: losses and
+// the final checkpoint bit for bit, with clipping too, in fp32 and with bf16 masters.
+// Its checkpoint holds whole buffers, so it resumes as plain data parallelism on one
+// rank with two micro-batches and the other way round, continuing bit for bit.
+TEST_CASE("ZeRO-1 on 2 ranks trains exactly like plain data parallelism on 2 ranks") {
+  OneThread one;
+  TempDir tmp("zero1");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  struct Case {
+    const char* name;
+    fs::path job;
+    std::vector<std::string> extra;
+  };
+  const std::vector<Case> cases = {
+      {"resnet-sgd",
+       write_job(tmp.path(), "resnet"),
+       {"--set", "data.micro_batch=16", "--set", "train.steps=4", "--set", "comm.bucket_mb=0.02"}},
+      {"gpt2-adamw-clip",
+       lm_job(tmp.path(), "gpt2-tiny", tokens),
+       {"--set", "optimizer.clip_grad_norm=0.5"}},
+      {"gpt2-bf16", lm_job(tmp.path(), "gpt2-tiny", tokens), {"--set", "precision.dtype=bf16"}},
+      {"bert-adamw", lm_job(tmp.path(), "bert-mini", tokens), {}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const fs::path plain =
+        train(c.job, tmp.path(), std::string(c.name) + "-dp", {2, "ring"}, c.extra);
+    std::vector<std::string> zero = c.extra;
+    zero.insert(zero.end(), {"--set", "parallel.zero_stage=1"});
+    const fs::path z = train(c.job, tmp.path(), std::string(c.name) + "-zero1", {2, "ring"}, zero);
+    require_same(plain, z);
+  }
+}
+
+TEST_CASE("a ZeRO-1 checkpoint resumes as plain data parallelism and the other way round") {
+  OneThread one;
+  TempDir tmp("zero1resume");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  const std::vector<std::string> base = {"--set", "train.checkpoint.every=3", "--set",
+                                         "precision.dtype=bf16"};
+  std::vector<std::string> zero = base;
+  zero.insert(zero.end(), {"--set", "parallel.zero_stage=1"});
+  const fs::path whole = train(job, tmp.path(), "whole", {2, "ring"}, zero);
+  struct Leg {
+    Layout layout;
+    bool zero;
+  };
+  const std::pair<Leg, Leg> legs[] = {{{{2, "ring"}, true}, {{1, "native"}, false}},
+                                      {{{1, "native"}, false}, {{2, "ring"}, true}}};
+  for (const auto& [first, second] : legs) {
+    CAPTURE(first.zero);
+    const std::string name = first.zero ? "zero-then-plain" : "plain-then-zero";
+    std::vector<std::string> half = first.zero ? zero : base;
+    half.insert(half.end(), {"--set", "train.steps=3"});
+    const fs::path out = train(job, tmp.path(), name, first.layout, half);
+    std::vector<std::string> rest = second.zero ? zero : base;
+    rest.insert(rest.end(), {"--resume", "latest"});
+    train(job, tmp.path(), name, second.layout, rest);
+    CHECK(compare_checkpoints(newest_checkpoint(out / "checkpoints"),
+                              newest_checkpoint(whole / "checkpoints")) == "");
+    const auto losses = read_losses(out / "metrics.jsonl");
+    CHECK(first_difference(losses, read_losses(whole / "metrics.jsonl")) == "");
+  }
+}
+
+// A ZeRO checkpoint is a directory of one shard per rank and a manifest. Every kind of
+// damage is refused with exit 2 naming the file and what is wrong, touching nothing:
+// a flipped byte in a shard or in the manifest, a truncated or deleted shard, a shard
+// of another save. A save that did not finish (step-N.partial) is not a checkpoint.
+TEST_CASE("ZeRO checkpoints: shard files and a manifest, damage refused with the file named") {
+  OneThread one;
+  TempDir tmp("zero1damage");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  const std::vector<std::string> zero = {"--set", "parallel.zero_stage=1", "--set",
+                                         "train.checkpoint={every: 3, keep: 2}"};
+  const fs::path run = train(job, tmp.path(), "run", {2, "ring"}, zero);
+  const fs::path ckpts = run / "checkpoints";
+  const fs::path newest = newest_checkpoint(ckpts);
+  REQUIRE(newest.filename() == "step-00000006");
+  const fs::path shard0 = newest / "rank-00000-of-00002.dtckpt";
+  const fs::path shard1 = newest / "rank-00001-of-00002.dtckpt";
+  CHECK(fs::is_regular_file(newest / "manifest.dtckpt"));
+  CHECK(fs::is_regular_file(shard0));
+  CHECK(fs::is_regular_file(shard1));
+  CHECK(checkpoint_step(newest) == 6);
+  {
+    std::ifstream log(run / "logs" / "rank-0.log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    CHECK_MESSAGE(text.find("ZeRO-1: optimizer state sharded over 2 ranks") != std::string::npos,
+                  text);
+  }
+  // Each damage on a copy of the run; resumed on one rank from the damaged step-6.
+  auto refused = [&](const std::string& name, const std::function<void(const fs::path&)>& damage,
+                     const std::string& file, const std::string& what) {
+    CAPTURE(name);
+    const fs::path copy = tmp.path() / ("copy-" + name);
+    fs::copy(run, copy, fs::copy_options::recursive);
+    const fs::path ck = copy / "checkpoints" / "step-00000006";
+    damage(ck);
+    const auto before = snapshot(copy);
+    const RunResult r = run_dtrain({job.string(), "--set", "run.output_dir=" + copy.string(),
+                                    "--set", "train.steps=8", "--resume", ck.string()},
+                                   tmp.path() / (name + ".log"));
+    CHECK_MESSAGE(r.rc == 2, r.describe());
+    CHECK_MESSAGE(r.log.find((ck / file).string()) != std::string::npos, r.log);
+    CHECK_MESSAGE(r.log.find(what) != std::string::npos, r.log);
+    CHECK(changed_files(before, snapshot(copy)) == "");
+  };
+  auto flip = [](const fs::path& f, size_t at_from_end) {
+    std::string b = read_bytes(f);
+    b[b.size() - at_from_end] ^= 0x20;
+    write_bytes(f, b);
+  };
+  refused(
+      "flipped-shard", [&](const fs::path& ck) { flip(ck / shard1.filename(), 100); },
+      shard1.filename().string(), "the manifest says");
+  refused(
+      "flipped-manifest", [&](const fs::path& ck) { flip(ck / "manifest.dtckpt", 30); },
+      "manifest.dtckpt", "offset");
+  refused(
+      "truncated-shard",
+      [&](const fs::path& ck) {
+        std::string b = read_bytes(ck / shard0.filename());
+        b.resize(b.size() / 2);
+        write_bytes(ck / shard0.filename(), b);
+      },
+      shard0.filename().string(), "the manifest says");
+  refused(
+      "deleted-shard", [&](const fs::path& ck) { fs::remove(ck / shard1.filename()); },
+      shard1.filename().string(), "this shard is missing");
+  refused(
+      "mixed-saves",
+      [&](const fs::path& ck) {
+        fs::copy_file(ck.parent_path() / "step-00000003" / shard1.filename(),
+                      ck / shard1.filename(), fs::copy_options::overwrite_existing);
+      },
+      shard1.filename().string(), "from another save");
+
+  // A partial save is ignored by --resume latest: the run goes on from step 6.
+  const fs::path partial = ckpts / "step-00000009.partial";
+  fs::create_directories(partial);
+  write_bytes(partial / "rank-00000-of-00002.dtckpt", "junk");
+  CHECK(newest_checkpoint(ckpts) == newest);
+  std::vector<std::string> more = zero;
+  more.insert(more.end(), {"--set", "train.steps=9", "--resume", "latest"});
+  train(job, tmp.path(), "run", {2, "ring"}, more);
+  CHECK(newest_checkpoint(ckpts).filename() == "step-00000009");
+  CHECK_FALSE(fs::exists(partial));  // cleared by the save of step 9
+}
+
+// A rank that dies in any phase of a save leaves the previous checkpoint whole: the
+// run resumes from it and finishes with the losses of the uninterrupted run.
+TEST_CASE("a crash during a ZeRO save leaves the previous checkpoint, which resumes exactly") {
+  OneThread one;
+  TempDir tmp("zero1crash");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  const std::vector<std::string> zero = {"--set", "parallel.zero_stage=1",
+                                         "--set", "train.checkpoint.every=3",
+                                         "--set", "comm.timeout_s=5"};
+  const fs::path whole = train(job, tmp.path(), "whole", {2, "ring"}, zero);
+  const auto whole_losses = read_losses(whole / "metrics.jsonl");
+  const std::pair<const char*, const char*> faults[] = {
+      {"0", "shard"}, {"1", "written"}, {"0", "manifest"}, {"0", "renamed"}};
+  for (const auto& [rank, phase] : faults) {
+    const std::string name = std::string("crash-") + phase;
+    CAPTURE(name);
+    const fs::path out = tmp.path() / name;
+    setenv("DTRAIN_TEST_SAVE_FAULT", fmt::format("{}:6:{}", rank, phase).c_str(), 1);
+    std::vector<std::string> args = {
+        job.string(),         "--nproc", "2", "--set", "run.output_dir=" + out.string(), "--set",
+        "comm.allreduce=ring"};
+    args.insert(args.end(), zero.begin(), zero.end());
+    const RunResult r = run_dtrain(args, tmp.path() / (name + ".log"), 60);
+    unsetenv("DTRAIN_TEST_SAVE_FAULT");
+    CHECK_MESSAGE(r.rc != 0, r.describe());
+    // Before the rename the newest checkpoint is step 3; after it, step 6 is whole.
+    const int64_t expect = std::string(phase) == "renamed" ? 6 : 3;
+    const fs::path newest = newest_checkpoint(out / "checkpoints");
+    REQUIRE(!newest.empty());
+    CHECK(checkpoint_step(newest) == expect);
+    std::vector<std::string> rest = zero;
+    rest.insert(rest.end(), {"--resume", "latest"});
+    train(job, tmp.path(), name, {2, "ring"}, rest);
+    // The log holds the crashed run's steps, then the resumed run's from the checkpoint
+    // on: the last line of each step is what the run ended with.
+    std::map<int64_t, StepLoss> last;
+    for (const StepLoss& l : read_losses(out / "metrics.jsonl")) last[l.step] = l;
+    std::vector<StepLoss> losses;
+    for (const auto& [step, l] : last) losses.push_back(l);
+    CHECK(first_difference(losses, whole_losses) == "");
+    CHECK(compare_checkpoints(newest_checkpoint(out / "checkpoints"),
+                              newest_checkpoint(whole / "checkpoints")) == "");
+  }
+}
+
+// The memory ZeRO-1 saves, measured: rank 0's peak against plain data parallelism and
+// against dtrain estimate (which gives the largest rank's, the last: it adds the tail).
+TEST_CASE("ZeRO-1 lowers the measured peak as dtrain estimate says, within 3%") {
+  OneThread one;
+  TempDir tmp("zero1memory");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  auto peak = [&](const fs::path& run) {
+    std::ifstream metrics(run / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("summary", false)) return j.at("peak_host_bytes").get<double>();
+    }
+    return 0.0;
+  };
+  for (const char* dtype : {"fp32", "bf16"}) {
+    CAPTURE(dtype);
+    const std::vector<std::string> base = {"--set", std::string("precision.dtype=") + dtype};
+    std::vector<std::string> zero = base;
+    zero.insert(zero.end(), {"--set", "parallel.zero_stage=1"});
+    const double plain = peak(train(job, tmp.path(), std::string("plain-") + dtype, {2}, base));
+    const double sharded = peak(train(job, tmp.path(), std::string("zero-") + dtype, {2}, zero));
+    std::vector<std::string> est = {"estimate", job.string(), "--world", "2", "--json"};
+    est.insert(est.end(), zero.begin(), zero.end());
+    const RunResult r = run_dtrain_command(est, tmp.path() / (std::string("est-") + dtype));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    const nlohmann::json e = nlohmann::json::parse(r.log.substr(r.log.find('{')));
+    double masters = 0, state = 0;
+    for (const nlohmann::json& i : e.at("state")) {
+      if (i.at("kind") == "master weights") masters = i.at("bytes").get<double>();
+      if (i.at("kind") == "optimizer state") state = i.at("bytes").get<double>();
+    }
+    CHECK(sharded < plain);
+    // Half of AdamW's state (and of the masters) is gone, less the tail and rounding.
+    CHECK(plain - sharded > 0.9 * (state + masters));
+    const double estimated = e.at("peak_bytes").get<double>();
+    CHECK_MESSAGE(std::fabs(estimated / sharded - 1) < 0.03, estimated, " vs ", sharded);
   }
 }
 

@@ -365,3 +365,29 @@ TEST_CASE("dtrain estimate prints a roofline step time that follows the job") {
   CHECK_MESSAGE(text.log.find("PCIe transfers") != std::string::npos, text.log);
   CHECK_MESSAGE(text.log.find("compute: ") != std::string::npos, text.log);
 }
+
+// With several data-parallel ranks --fit reaches for ZeRO-1 first (the same result):
+// a capacity between the ZeRO-1 peak and the plain one is answered with it alone.
+TEST_CASE("dtrain estimate --fit suggests ZeRO-1 on several ranks") {
+  TempDir tmp("estimate-zero");
+  const fs::path job = tmp.path() / "gpt.yaml";
+  std::ofstream(job) << "run: {seed: 3}\n"
+                     << kFamilies[1].yaml << "train: {steps: 2, log_every: 1}\n"
+                     << "logging: {console: false}\n";
+  auto estimate = [&](const std::vector<std::string>& extra, const std::string& name) {
+    std::vector<std::string> args = {"estimate", job.string(), "--json", "--world", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = run_dtrain_command(args, tmp.path() / (name + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return last_json(r.log);
+  };
+  const double plain = estimate({}, "plain").at("peak_bytes").get<double>();
+  const double zero =
+      estimate({"--set", "parallel.zero_stage=1"}, "zero").at("peak_bytes").get<double>();
+  REQUIRE(zero < plain);
+  const auto capacity = static_cast<int64_t>((zero + plain) / 2);
+  const nlohmann::json fit = estimate({"--fit", std::to_string(capacity)}, "fit").at("fit");
+  CHECK(fit.at("fits").get<bool>());
+  CHECK(fit.at("sets").get<std::vector<std::string>>() ==
+        std::vector<std::string>{"--set", "parallel.zero_stage=1"});
+}
