@@ -171,35 +171,57 @@ nlohmann::json parse_header(const fs::path& file, const Raw& raw) {
   }
 }
 
-NamedTensor read_blob(const fs::path& file, const Raw& raw, const nlohmann::json& e) {
+// One header entry, checked against a file of `file_size` bytes.
+struct BlobEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  size_t offset = 0, bytes = 0;
+  uint32_t crc = 0;
+};
+
+BlobEntry parse_entry(const fs::path& file, const nlohmann::json& e, size_t file_size) {
   try {
-    const std::string name = e.at("name").get<std::string>();
-    const DType dt = parse_dtype(e.at("dtype").get<std::string>());
+    BlobEntry b;
+    b.name = e.at("name").get<std::string>();
+    b.dtype = parse_dtype(e.at("dtype").get<std::string>());
     const auto dims = e.at("shape").get<std::vector<int64_t>>();
-    const size_t offset = e.at("offset").get<size_t>(), bytes = e.at("bytes").get<size_t>();
-    Shape shape;
+    b.offset = e.at("offset").get<size_t>();
+    b.bytes = e.at("bytes").get<size_t>();
+    b.crc = e.at("crc32c").get<uint32_t>();
     for (int64_t d : dims) {
-      if (d < 0 || dims.size() > Shape::kMaxDims) bad(file, offset, name + ": bad shape");
-      shape.push_back(d);
+      if (d < 0 || dims.size() > Shape::kMaxDims) bad(file, b.offset, b.name + ": bad shape");
+      b.shape.push_back(d);
     }
-    if (static_cast<size_t>(shape.numel()) * dtype_size(dt) != bytes ||
-        offset + bytes > raw.bytes.size() - sizeof(kTrailer) || offset < kPrefix) {
-      bad(file, offset,
-          fmt::format("tensor \"{}\": {} bytes at this offset do not fit the file", name, bytes));
+    if (static_cast<size_t>(b.shape.numel()) * dtype_size(b.dtype) != b.bytes ||
+        b.offset + b.bytes > file_size - sizeof(kTrailer) || b.offset < kPrefix) {
+      bad(file, b.offset,
+          fmt::format("tensor \"{}\": {} bytes at this offset do not fit the file", b.name,
+                      b.bytes));
     }
-    if (crc32c(raw.at(offset), bytes) != e.at("crc32c").get<uint32_t>()) {
-      bad(file, offset,
-          fmt::format("tensor \"{}\": checksum mismatch (the data is corrupted)", name));
-    }
-    Tensor t = Tensor::empty(shape, dt);
-    std::memcpy(t.raw(), raw.at(offset), bytes);
-    return {name, t};
+    return b;
   } catch (const nlohmann::json::exception& ex) {
     bad(file, kPrefix, std::string("malformed tensor entry: ") + ex.what());
   } catch (const Error& ex) {
     if (ex.message().find(file.string()) == 0) throw;
     bad(file, kPrefix, ex.message());
   }
+}
+
+// The blob's bytes (already in `t`) against the entry's checksum.
+void check_blob(const fs::path& file, const BlobEntry& b, const Tensor& t) {
+  if (crc32c(t.raw(), b.bytes) != b.crc) {
+    bad(file, b.offset,
+        fmt::format("tensor \"{}\": checksum mismatch (the data is corrupted)", b.name));
+  }
+}
+
+NamedTensor read_blob(const fs::path& file, const Raw& raw, const nlohmann::json& e) {
+  const BlobEntry b = parse_entry(file, e, raw.bytes.size());
+  Tensor t = Tensor::empty(b.shape, b.dtype);
+  std::memcpy(t.raw(), raw.at(b.offset), b.bytes);
+  check_blob(file, b, t);
+  return {b.name, t};
 }
 
 size_t raw_header_bytes(const Raw& raw) {
@@ -240,6 +262,49 @@ Checkpoint read_checkpoint(const fs::path& file) {
   }
   used.emplace_back(raw.bytes.size() - sizeof(kTrailer), raw.bytes.size());
   check_padding(file, raw, used);
+  return ck;
+}
+
+Checkpoint read_checkpoint_blobs(const fs::path& file,
+                                 const std::function<bool(const std::string&)>& want) {
+  std::ifstream in(file, std::ios::binary | std::ios::ate);
+  if (!in) {
+    throw Error(fmt::format("{}: cannot open checkpoint: {}", file.string(), std::strerror(errno)),
+                "check the path given to --resume");
+  }
+  const auto size = static_cast<size_t>(in.tellg());
+  auto read_at = [&](size_t offset, size_t bytes, char* out) {
+    in.seekg(static_cast<std::streamoff>(offset));
+    in.read(out, static_cast<std::streamsize>(bytes));
+    if (!in) bad(file, offset, "short read");
+  };
+  // The prefix, the header and the end marker, laid out as parse_header expects them.
+  Raw head;
+  if (size < kPrefix + sizeof(kTrailer)) bad(file, 0, "not a dtrain checkpoint (too short)");
+  head.bytes.resize(kPrefix);
+  read_at(0, kPrefix, head.bytes.data());
+  uint32_t header_bytes = 0;
+  std::memcpy(&header_bytes, head.at(12), 4);
+  if (kPrefix + size_t{header_bytes} > size - sizeof(kTrailer))
+    bad(file, 12, "header longer than the file");
+  head.bytes.resize(kPrefix + header_bytes + sizeof(kTrailer));
+  read_at(kPrefix, header_bytes, head.bytes.data() + kPrefix);
+  read_at(size - sizeof(kTrailer), sizeof(kTrailer), head.bytes.data() + kPrefix + header_bytes);
+  const nlohmann::json header = parse_header(file, head);
+  if (!header.contains("meta") || !header.contains("tensors") || !header["tensors"].is_array()) {
+    bad(file, kPrefix, "header lacks \"meta\" or \"tensors\"");
+  }
+  Checkpoint ck;
+  ck.file = file;
+  ck.meta = header["meta"];
+  for (const nlohmann::json& e : header["tensors"]) {
+    const BlobEntry b = parse_entry(file, e, size);
+    if (!want(b.name)) continue;
+    Tensor t = Tensor::empty(b.shape, b.dtype);
+    read_at(b.offset, b.bytes, static_cast<char*>(t.raw()));
+    check_blob(file, b, t);
+    ck.tensors.push_back({b.name, t});
+  }
   return ck;
 }
 

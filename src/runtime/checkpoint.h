@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct Checkpoint {
 void write_checkpoint(const std::filesystem::path& file, const nlohmann::json& meta,
                       const std::vector<NamedTensor>& tensors);
 Checkpoint read_checkpoint(const std::filesystem::path& file);
+// The header and only the blobs `want` names, each read on its own and checked against
+// its CRC-32C (the rest of the file is not read: a caller that needs the whole file
+// intact checks it otherwise, as a sharded checkpoint's manifest does).
+Checkpoint read_checkpoint_blobs(const std::filesystem::path& file,
+                                 const std::function<bool(const std::string&)>& want);
 
 // <dir>/step-00000123.dtckpt
 std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t step);

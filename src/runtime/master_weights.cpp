@@ -1,6 +1,8 @@
 // See master_weights.h.
 #include "runtime/master_weights.h"
 
+#include <algorithm>
+
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
 
@@ -147,15 +149,6 @@ Tensor MasterWeights::shard_params() const {
   return ex_.params().flat(DType::f32).view(shard_.begin, Shape{shard_.size()});
 }
 
-graph::FlatStore& MasterWeights::load_target() {
-  if (shard_.sharded() && mode_ == MasterMode::masters) {
-    wide_ = std::make_unique<graph::FlatStore>(layout_.entries());
-    wide_->allocate(device_);
-    return *wide_;
-  }
-  return state();
-}
-
 graph::FlatStore& MasterWeights::state() {
   if (mode_ == MasterMode::fp32) return offload_ ? host_params_ : ex_.params();
   DTRAIN_CHECK(!shard_.sharded(), "sharded masters are saved by shard (shard_params())");
@@ -170,14 +163,53 @@ graph::FlatStore& MasterWeights::state() {
   return *wide_;
 }
 
-void MasterWeights::state_loaded() {
-  if (shard_.sharded() && mode_ == MasterMode::masters) {
-    DTRAIN_CHECK(wide_ != nullptr, "state_loaded() without load_target()");
-    const Tensor flat = wide_->flat(DType::f32);
-    kernels::copy(flat.view(shard_.begin, Shape{shard_.size()}), shard_masters_);
-    publish(flat);
+void MasterWeights::publish_piece(int64_t lo, const Tensor& piece) {
+  const int64_t hi = lo + piece.numel();
+  graph::FlatStore& params = offload_ ? host_params_ : ex_.params();
+  for (int p = 0; p < params.size(); ++p) {
+    const graph::FlatEntry& f = layout_.entries()[static_cast<size_t>(p)];
+    const graph::FlatEntry& e = params.entries()[static_cast<size_t>(p)];
+    const int64_t a = std::max(lo, f.offset), b = std::min(hi, f.offset + f.spec.shape.numel());
+    if (a >= b) continue;
+    Tensor dst = params.flat(e.spec.dtype).view(e.offset + (a - f.offset), Shape{b - a});
+    Tensor src = piece.view(a - lo, Shape{b - a});
+    if (!(dst.device() == src.device())) {  // a host piece for a device parameter
+      Tensor there =
+          Tensor::empty(src.shape(), DType::f32, &kernels::device_allocator(dst.device()));
+      kernels::copy(src, there);
+      src = there;
+    }
+    kernels::cast(src, dst);
+  }
+}
+
+void MasterWeights::load_piece(int64_t lo, const Tensor& piece) {
+  const int64_t n = piece.numel();
+  if (mode_ == MasterMode::fp32) {  // the parameters themselves (or their host twin)
+    Tensor dst = (offload_ ? host_params_ : ex_.params()).flat(DType::f32).view(lo, Shape{n});
+    kernels::copy(piece, dst);
     return;
   }
+  if (mode_ == MasterMode::masters) {
+    if (shard_.sharded()) {
+      const int64_t a = std::max(lo, shard_.begin), b = std::min(lo + n, shard_.end);
+      if (a < b) {
+        Tensor dst = shard_masters_.view(a - shard_.begin, Shape{b - a});
+        kernels::copy(piece.view(a - lo, Shape{b - a}), dst);
+      }
+    } else {
+      Tensor dst = layout_.flat(DType::f32).view(lo, Shape{n});
+      kernels::copy(piece, dst);
+    }
+  }
+  publish_piece(lo, piece);
+}
+
+void MasterWeights::finish_load() {
+  if (offload_) upload();
+}
+
+void MasterWeights::state_loaded() {
   if (mode_ == MasterMode::masters) publish(layout_.flat(DType::f32));
   if (mode_ == MasterMode::in_place && wide_) publish(wide_->flat(DType::f32));
   if (mode_ == MasterMode::fp32 && offload_) upload();

@@ -29,8 +29,8 @@
 // this rank's range of the masters alone; after the step they are gathered through
 // the gradient buffer (spent by then) and published to the executor, so each rank
 // rounds every half parameter itself from the same f32 value. A checkpoint is saved
-// by shard (shard_params()); load_target() is the whole store one is read into (any
-// layout's), and state_loaded() keeps this rank's range.
+// by shard (shard_params()) and read back piece by piece (load_piece()), from any
+// layout's checkpoint.
 #pragma once
 
 #include <memory>
@@ -76,15 +76,20 @@ class MasterWeights {
   // in_place: widened now into a temporary, dropped by release_state(); not for
   // sharded masters, which are saved by shard).
   graph::FlatStore& state();
-  // The store a checkpoint's parameters are read into, then state_loaded().
-  graph::FlatStore& load_target();
-  // After state() was overwritten from a checkpoint: the executor gets the values.
+  // After state() was overwritten (tests): the executor gets the values.
   void state_loaded();
+  // Resume (runtime/train_state.h, load_train_state_ranges): a piece [lo, lo + n) of
+  // the fp32-layout parameters from a checkpoint (f32, host), kept where this layout
+  // keeps them (masters, the shard of them, or the fp32 parameters) and rounded into
+  // the executor's compute-dtype parameters; finish_load() after the last piece.
+  void load_piece(int64_t lo, const Tensor& piece);
+  void finish_load();
   void release_state() { wide_.reset(); }
 
  private:
-  void publish(const Tensor& flat);  // f32 layout -> executor, rounded
-  void upload();                     // offloaded: host twin -> executor
+  void publish(const Tensor& flat);                     // f32 layout -> executor, rounded
+  void upload();                                        // offloaded: host twin -> executor
+  void publish_piece(int64_t lo, const Tensor& piece);  // f32 layout piece -> executor
 
   graph::Executor& ex_;
   MasterMode mode_;

@@ -83,69 +83,104 @@ std::string shard_file_name(int rank, int world) {
               "(--resume <checkpoint dir>/step-N), or verify it with the manifest's owner");
 }
 
+struct ShardRef {
+  int rank = 0;
+  int64_t begin = 0, end = 0;
+  fs::path file;
+};
+
+// The manifest's shards, each checked: a plain file name, the ranges tiling
+// [0, total) in rank order, the file present with the manifest's size and CRC-32C.
+std::vector<ShardRef> checked_shards(const fs::path& dir, const Checkpoint& man) {
+  const fs::path manifest = dir / "manifest.dtckpt";
+  if (man.meta.at("format") != "dtrain-sharded-train-state")
+    bad_shard(manifest, "not the manifest of a sharded training checkpoint");
+  const nlohmann::json& sh = man.meta.at("sharded");
+  const int64_t total = sh.at("total");
+  const nlohmann::json& shards = sh.at("shards");
+  const int world = sh.at("world");
+  if (total < 0 || world < 1 || shards.size() != static_cast<size_t>(world))
+    bad_shard(manifest, fmt::format("{} shards listed for a world of {}", shards.size(), world));
+  std::vector<ShardRef> out;
+  int64_t covered = 0;
+  for (int index = 0; index < world; ++index) {
+    const nlohmann::json& e = shards.at(static_cast<size_t>(index));
+    ShardRef r;
+    r.rank = e.at("rank");
+    r.begin = e.at("begin");
+    r.end = e.at("end");
+    const std::string name = e.at("file");
+    r.file = dir / name;
+    if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
+      bad_shard(manifest, fmt::format("shard {} names the file \"{}\"", r.rank, name));
+    }
+    if (r.rank != index || r.begin != covered || r.end < r.begin || r.end > total) {
+      bad_shard(manifest, fmt::format("shard {} covers [{}, {}), expected to start at {}", r.rank,
+                                      r.begin, r.end, covered));
+    }
+    std::error_code ec;
+    if (!fs::is_regular_file(r.file, ec)) bad_shard(r.file, "this shard is missing");
+    const auto [bytes, crc] = file_crc(r.file);
+    if (bytes != e.at("bytes").get<int64_t>() || crc != e.at("crc32c").get<uint32_t>()) {
+      bad_shard(r.file, fmt::format("{} bytes with CRC-32C {:08x}; the manifest says {} bytes "
+                                    "with {:08x} (changed, truncated, or from another save)",
+                                    bytes, crc, e.at("bytes").get<int64_t>(),
+                                    e.at("crc32c").get<uint32_t>()));
+    }
+    covered = r.end;
+    out.push_back(r);
+  }
+  if (covered != total)
+    bad_shard(manifest, fmt::format("the shards cover {} of {} elements", covered, total));
+  return out;
+}
+
+// One shard's blobs that `want` names, its meta checked against the manifest's.
+Checkpoint read_shard(const ShardRef& r, const Checkpoint& man,
+                      const std::function<bool(const std::string&)>& want) {
+  Checkpoint ck = read_checkpoint_blobs(r.file, want);
+  if (ck.meta.value("save_id", int64_t{-1}) != man.meta.at("save_id").get<int64_t>() ||
+      ck.meta.value("rank", -1) != r.rank || ck.meta.value("begin", int64_t{-1}) != r.begin ||
+      ck.meta.value("end", int64_t{-1}) != r.end) {
+    bad_shard(r.file, "this shard belongs to another save or another rank than the manifest's");
+  }
+  return ck;
+}
+
+// A shard's f32 range blob `name`, checked for its size.
+const Tensor& range_blob(const Checkpoint& ck, const ShardRef& r, const std::string& name) {
+  const Tensor& part = ck.get(name);
+  if (part.dtype() != DType::f32 || part.numel() != r.end - r.begin)
+    bad_shard(r.file,
+              fmt::format("\"{}\" is {}, expected f32 [{}]", name, part.str(), r.end - r.begin));
+  return part;
+}
+
 Checkpoint consolidate(const fs::path& dir) {
   const fs::path manifest = dir / "manifest.dtckpt";
   const Checkpoint man = read_checkpoint(manifest);  // its own checksums
   try {
-    if (man.meta.at("format") != "dtrain-sharded-train-state")
-      bad_shard(manifest, "not the manifest of a sharded training checkpoint");
+    const std::vector<ShardRef> shards = checked_shards(dir, man);
     const nlohmann::json& sh = man.meta.at("sharded");
     const int64_t total = sh.at("total");
     const auto names = sh.at("optimizer_buffers").get<std::vector<std::string>>();
-    const nlohmann::json& shards = sh.at("shards");
-    const int world = sh.at("world");
-    if (total < 0 || world < 1 || shards.size() != static_cast<size_t>(world))
-      bad_shard(manifest, fmt::format("{} shards listed for a world of {}", shards.size(), world));
     Tensor params = Tensor::empty({total}, DType::f32);
     std::vector<Tensor> state;
     for (size_t i = 0; i < names.size(); ++i) state.push_back(Tensor::empty({total}, DType::f32));
     std::vector<NamedTensor> buffers;
-    int64_t covered = 0;
-    for (int index = 0; index < world; ++index) {
-      const nlohmann::json& e = shards.at(static_cast<size_t>(index));
-      const int rank = e.at("rank");
-      const int64_t begin = e.at("begin"), end = e.at("end");
-      const std::string name = e.at("file");
-      const fs::path file = dir / name;
-      if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
-        bad_shard(manifest, fmt::format("shard {} names the file \"{}\"", rank, name));
-      }
-      if (rank != index || begin != covered || end < begin || end > total) {
-        bad_shard(manifest, fmt::format("shard {} covers [{}, {}), expected to start at {}", rank,
-                                        begin, end, covered));
-      }
-      std::error_code ec;
-      if (!fs::is_regular_file(file, ec)) bad_shard(file, "this shard is missing");
-      const auto [bytes, crc] = file_crc(file);
-      if (bytes != e.at("bytes").get<int64_t>() || crc != e.at("crc32c").get<uint32_t>()) {
-        bad_shard(file, fmt::format("{} bytes with CRC-32C {:08x}; the manifest says {} bytes "
-                                    "with {:08x} (changed, truncated, or from another save)",
-                                    bytes, crc, e.at("bytes").get<int64_t>(),
-                                    e.at("crc32c").get<uint32_t>()));
-      }
-      const Checkpoint ck = read_checkpoint(file);
-      if (ck.meta.value("save_id", int64_t{-1}) != man.meta.at("save_id").get<int64_t>() ||
-          ck.meta.value("rank", -1) != rank || ck.meta.value("begin", int64_t{-1}) != begin ||
-          ck.meta.value("end", int64_t{-1}) != end) {
-        bad_shard(file, "this shard belongs to another save or another rank than the manifest's");
-      }
+    for (const ShardRef& r : shards) {
+      const Checkpoint ck = read_shard(r, man, [](const std::string&) { return true; });
       auto put = [&](const std::string& name, Tensor& whole) {
-        const Tensor& part = ck.get(name);
-        if (part.dtype() != DType::f32 || part.numel() != end - begin)
-          bad_shard(file,
-                    fmt::format("\"{}\" is {}, expected f32 [{}]", name, part.str(), end - begin));
-        std::memcpy(whole.data<float>() + begin, part.raw(), part.nbytes());
+        const Tensor& part = range_blob(ck, r, name);
+        std::memcpy(whole.data<float>() + r.begin, part.raw(), part.nbytes());
       };
       put("params", params);
       for (size_t i = 0; i < names.size(); ++i) put("optim." + names[i], state[i]);
-      if (rank == 0) {
+      if (r.rank == 0) {
         for (const NamedTensor& t : ck.tensors)
           if (t.name.rfind("buffers.", 0) == 0) buffers.push_back(t);
       }
-      covered = end;
     }
-    if (covered != total)
-      bad_shard(manifest, fmt::format("the shards cover {} of {} elements", covered, total));
     Checkpoint out;
     out.file = dir;
     out.meta = man.meta;
@@ -182,8 +217,8 @@ void check_same(const Checkpoint& ck, const std::string& name, const Tensor& liv
   }
 }
 
-void check_layout(const Checkpoint& ck, const char* key, const graph::FlatStore& store) {
-  if (ck.meta.value(key, nlohmann::json()) != layout_of(store)) {
+void check_layout(const Checkpoint& ck, const char* key, const nlohmann::json& layout) {
+  if (ck.meta.value(key, nlohmann::json()) != layout) {
     throw Error(fmt::format("{}: the {} layout differs from this model's", ck.file.string(), key),
                 "the checkpoint was written for another model (check model.arch and its "
                 "options), or pass no --resume to start afresh");
@@ -295,65 +330,136 @@ Checkpoint read_any_checkpoint(const fs::path& path) {
   return is_sharded_checkpoint(path) ? consolidate(path) : read_checkpoint(path);
 }
 
-TrainCounters load_train_state(const fs::path& file, graph::FlatStore& params,
-                               graph::FlatStore& buffers, optim::Optimizer& opt) {
-  const Checkpoint ck = read_any_checkpoint(file);  // every checksum verified here
+namespace {
+
+TrainCounters counters_of(const Checkpoint& ck) {
+  const fs::path& file = ck.file;
+  TrainCounters c;
+  c.step = ck.meta.at("step");
+  c.position = {ck.meta.at("data_position").at("epoch"), ck.meta.at("data_position").at("offset")};
+  c.seed = ck.meta.at("seed");
+  c.arch = ck.meta.at("arch");
+  c.config_hash = ck.meta.at("config_hash");
+  if (ck.meta.contains("loss_scaler")) {
+    const nlohmann::json& ls = ck.meta.at("loss_scaler");
+    precision::LossScalerState st;
+    st.scale = ls.at("scale");
+    st.clean_steps = ls.at("clean_steps");
+    st.overflows_left = ls.at("overflows_left");
+    st.skipped_steps = ls.at("skipped_steps");
+    if (!(st.scale > 0) || st.clean_steps < 0 || st.skipped_steps < 0) {
+      throw Error(
+          fmt::format("{}: loss scaler state out of range (scale {})", file.string(), st.scale));
+    }
+    c.scaler = st;
+  }
+  return c;
+}
+
+void check_optimizer(const Checkpoint& ck, const optim::Optimizer& opt) {
+  const std::string opt_name = ck.meta.at("optimizer").at("name");
+  if (opt_name != to_string(opt.name())) {
+    throw Error(fmt::format("{}: written with optimizer {}, this job uses {}", ck.file.string(),
+                            opt_name, to_string(opt.name())),
+                "resume with the optimizer the run started with");
+  }
+}
+
+}  // namespace
+
+TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) {
+  optim::Optimizer& opt = *l.opt;
+  const optim::OptimizerState live = opt.state();  // views of the live [begin, end) buffers
+  DTRAIN_CHECK(opt.total_elems() == l.end - l.begin, "an optimizer of {} elements for [{}, {})",
+               opt.total_elems(), l.begin, l.end);
+  const graph::FlatStore layout(*l.layout);
+  const int64_t total = layout.buffer_elems(DType::f32);
+  // The buffers of a checkpoint (rank 0's shard, or the file) checked against ours.
+  auto check_buffers = [&](const Checkpoint& ck) {
+    for (DType dt : kStoreTypes) {
+      const Tensor mine = l.buffers->flat(dt);
+      if (mine.defined()) check_same(ck, "buffers." + std::string(dtype_name(dt)), mine);
+    }
+  };
+  auto load_buffers = [&](const Checkpoint& ck) {
+    for (DType dt : kStoreTypes) {
+      const Tensor mine = l.buffers->flat(dt);
+      if (mine.defined()) copy_into(ck.get("buffers." + std::string(dtype_name(dt))), mine);
+    }
+  };
+  // The part of a piece [lo, lo + n) of every state buffer that falls in [begin, end).
+  auto load_state_piece = [&](const Checkpoint& ck, const std::string& prefix, int64_t lo,
+                              int64_t at_in_blob) {
+    for (const auto& [name, t] : live.buffers) {
+      const Tensor& blob = ck.get(prefix + name);
+      const int64_t n = blob.numel() - at_in_blob;
+      const int64_t a = std::max(lo, l.begin), b = std::min(lo + n, l.end);
+      if (a >= b) continue;
+      copy_into(blob.view(at_in_blob + (a - lo), Shape{b - a}), t.view(a - l.begin, Shape{b - a}));
+    }
+  };
   try {
-    if (ck.meta.at("format") != "dtrain-train-state") {
-      throw Error(fmt::format("{}: not a training checkpoint", file.string()));
+    if (!is_sharded_checkpoint(path)) {
+      const Checkpoint ck = read_checkpoint(path);  // every checksum verified here
+      if (ck.meta.at("format") != "dtrain-train-state")
+        throw Error(fmt::format("{}: not a training checkpoint", path.string()));
+      check_layout(ck, "params", layout_of(*l.layout));
+      check_layout(ck, "buffers", layout_of(*l.buffers));
+      check_optimizer(ck, opt);
+      auto check_whole = [&](const std::string& name) {
+        const Tensor& saved = ck.get(name);
+        if (saved.dtype() != DType::f32 || saved.numel() != total) {
+          throw Error(fmt::format("{}: tensor \"{}\" is {}, this run needs f32 [{}]", path.string(),
+                                  name, saved.str(), total),
+                      "the checkpoint was written by a different model or optimizer "
+                      "configuration");
+        }
+      };
+      check_whole("params.f32");
+      for (const auto& [name, t] : live.buffers) check_whole("optim." + name);
+      check_buffers(ck);
+      l.params(0, ck.get("params.f32"));
+      load_state_piece(ck, "optim.", 0, 0);
+      load_buffers(ck);
+      optim::OptimizerState st = opt.state();
+      st.step = ck.meta.at("optimizer").at("step");
+      opt.load_state(st);
+      return counters_of(ck);
     }
-    check_layout(ck, "params", params);
-    check_layout(ck, "buffers", buffers);
-    const std::string opt_name = ck.meta.at("optimizer").at("name");
-    if (opt_name != to_string(opt.name())) {
-      throw Error(fmt::format("{}: written with optimizer {}, this job uses {}", file.string(),
-                              opt_name, to_string(opt.name())),
-                  "resume with the optimizer the run started with");
+    const fs::path manifest = path / "manifest.dtckpt";
+    const Checkpoint man = read_checkpoint(manifest);                // its own checksums
+    const std::vector<ShardRef> shards = checked_shards(path, man);  // every file's CRC
+    check_layout(man, "params", layout_of(*l.layout));
+    check_layout(man, "buffers", layout_of(*l.buffers));
+    check_optimizer(man, opt);
+    std::vector<std::string> names;
+    for (const auto& [name, t] : live.buffers) names.push_back(name);
+    if (man.meta.at("sharded").at("optimizer_buffers").get<std::vector<std::string>>() != names ||
+        man.meta.at("sharded").at("total").get<int64_t>() != total) {
+      bad_shard(manifest, "its optimizer buffers or layout size differ from this run's");
     }
-    optim::OptimizerState state = opt.state();
-    for (auto& [name, t] : state.buffers) check_same(ck, "optim." + name, t);
-    for (DType dt : kStoreTypes) {
-      for (const auto* store : {&params, &buffers}) {
-        const Tensor live = store->flat(dt);
-        if (live.defined())
-          check_same(ck, (store == &params ? "params." : "buffers.") + std::string(dtype_name(dt)),
-                     live);
+    for (const ShardRef& r : shards) {
+      const bool overlaps = r.begin < l.end && l.begin < r.end;
+      const Checkpoint ck = read_shard(r, man, [&](const std::string& name) {
+        return name == "params" || (overlaps && name.rfind("optim.", 0) == 0) ||
+               (r.rank == 0 && name.rfind("buffers.", 0) == 0);
+      });
+      l.params(r.begin, range_blob(ck, r, "params"));
+      if (overlaps) {
+        for (const std::string& name : names) range_blob(ck, r, "optim." + name);
+        load_state_piece(ck, "optim.", r.begin, 0);
+      }
+      if (r.rank == 0) {
+        check_buffers(ck);
+        load_buffers(ck);
       }
     }
-    // Everything fits: only now is live state overwritten.
-    for (DType dt : kStoreTypes) {
-      const std::string suffix = "." + std::string(dtype_name(dt));
-      if (params.flat(dt).defined()) copy_into(ck.get("params" + suffix), params.flat(dt));
-      if (buffers.flat(dt).defined()) copy_into(ck.get("buffers" + suffix), buffers.flat(dt));
-    }
-    optim::OptimizerState restored;
-    restored.step = ck.meta.at("optimizer").at("step");
-    for (auto& [name, t] : state.buffers)
-      restored.buffers.emplace_back(name, ck.get("optim." + name));
-    opt.load_state(restored);
-    TrainCounters c;
-    c.step = ck.meta.at("step");
-    c.position = {ck.meta.at("data_position").at("epoch"),
-                  ck.meta.at("data_position").at("offset")};
-    c.seed = ck.meta.at("seed");
-    c.arch = ck.meta.at("arch");
-    c.config_hash = ck.meta.at("config_hash");
-    if (ck.meta.contains("loss_scaler")) {
-      const nlohmann::json& ls = ck.meta.at("loss_scaler");
-      precision::LossScalerState st;
-      st.scale = ls.at("scale");
-      st.clean_steps = ls.at("clean_steps");
-      st.overflows_left = ls.at("overflows_left");
-      st.skipped_steps = ls.at("skipped_steps");
-      if (!(st.scale > 0) || st.clean_steps < 0 || st.skipped_steps < 0) {
-        throw Error(
-            fmt::format("{}: loss scaler state out of range (scale {})", file.string(), st.scale));
-      }
-      c.scaler = st;
-    }
-    return c;
+    optim::OptimizerState st = opt.state();
+    st.step = man.meta.at("optimizer").at("step");
+    opt.load_state(st);
+    return counters_of(man);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}: malformed training metadata: {}", file.string(), e.what()),
+    throw Error(fmt::format("{}: malformed training metadata: {}", path.string(), e.what()),
                 "the file passed its checksums but was not written by dtrain train");
   }
 }

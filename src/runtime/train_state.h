@@ -36,12 +36,6 @@ void save_train_state(const std::filesystem::path& file, const graph::FlatStore&
                       const graph::FlatStore& buffers, const optim::Optimizer& opt,
                       const TrainCounters& counters);
 
-// Verifies the file and that it matches this model and optimizer, then copies
-// everything in. Throws Error (naming the file and the mismatch) before touching
-// any state when it does not fit.
-TrainCounters load_train_state(const std::filesystem::path& file, graph::FlatStore& params,
-                               graph::FlatStore& buffers, optim::Optimizer& opt);
-
 // Sharded checkpoints (ZeRO): a directory step-N/ with one shard file per rank,
 // rank-RRRRR-of-WWWWW.dtckpt, holding that rank's range of the fp32-layout parameters
 // (the masters) and of every optimizer buffer (rank 0's also the buffers), each blob
@@ -68,6 +62,23 @@ struct ShardedSave {
 };
 void save_sharded_state(const std::filesystem::path& dir, const ShardedSave& save,
                         const TrainCounters& counters);
+
+// Resume for a rank that steps the range [begin, end) of the fp32 layout (the whole
+// layout without ZeRO), from a file or a sharded directory of any world size, stage
+// or precision. Everything is checked first (the layouts, the optimizer, the manifest,
+// every shard file's size and CRC-32C), then: `params` receives every piece of the
+// fp32-layout parameters in increasing order (lo = its first element; f32, host),
+// `opt` (made for [begin, end)) its range of every state buffer and the step, and
+// `buffers` the buffers. A sharded checkpoint is streamed: one shard's parameters at
+// a time, and of the optimizer state only the shards that overlap [begin, end).
+struct RangeLoad {
+  const std::vector<graph::FlatEntry>* layout = nullptr;  // the fp32 layout
+  int64_t begin = 0, end = 0;
+  std::function<void(int64_t lo, const Tensor& piece)> params;
+  graph::FlatStore* buffers = nullptr;
+  optim::Optimizer* opt = nullptr;
+};
+TrainCounters load_train_state_ranges(const std::filesystem::path& path, const RangeLoad& load);
 
 // A checkpoint file, or a sharded directory assembled into the same form (whole
 // tensors "params.f32", "buffers.<dtype>", "optim.<buffer>" and a single file's meta),

@@ -236,8 +236,6 @@ class TrainSession {
   void set_batch(const FeedBatch& b);
   void add_device_memory(nlohmann::json& line) const;
   nlohmann::json estimate_by_kind() const;
-  // ZeRO: an optimizer over the whole fp32 layout, for checkpoint I/O (else nullptr).
-  std::unique_ptr<optim::Optimizer> whole_optimizer() const;
   bool leader() const { return comm_.rank() == 0; }
   void note(const std::string& line);  // rank 0's console, and this rank's log
 
@@ -365,18 +363,17 @@ void TrainSession::resume_if_asked() {
     const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
     if (!file.empty()) {
       const std::string hash = counters_.config_hash;
-      // ZeRO: the file holds whole buffers; this rank keeps its shard of the state.
-      std::unique_ptr<optim::Optimizer> whole = whole_optimizer();
-      counters_ =
-          load_train_state(file, weights_->load_target(), ex_->buffers(), whole ? *whole : *opt_);
-      weights_->state_loaded();
-      weights_->release_state();
-      if (whole) {
-        const ShardRange& sh = weights_->shard();
-        optim::OptimizerState mine = whole->state();
-        for (auto& [name, t] : mine.buffers) t = t.view(sh.begin, Shape{sh.size()});
-        opt_->load_state(mine);
-      }
+      // Any layout's checkpoint (a file, or a sharded directory of any world size):
+      // every parameter piece, and this rank's range of the optimizer state.
+      RangeLoad load;
+      load.layout = &weights_->layout();
+      load.begin = weights_->shard().begin;
+      load.end = weights_->shard().end;
+      load.params = [this](int64_t lo, const Tensor& piece) { weights_->load_piece(lo, piece); };
+      load.buffers = &ex_->buffers();
+      load.opt = opt_.get();
+      counters_ = load_train_state_ranges(file, load);
+      weights_->finish_load();
       if (counters_.config_hash != hash) {
         note(
             fmt::format("note: {} was written by a different job file (the model "
@@ -454,13 +451,6 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
         "parameters all-gathered after each step, checkpoints saved by shard)",
         weights_->mode() == MasterMode::masters ? " and fp32 masters" : "", sh.world, sh.block));
   }
-}
-
-std::unique_ptr<optim::Optimizer> TrainSession::whole_optimizer() const {
-  if (!weights_->shard().sharded()) return nullptr;
-  return optim::make_optimizer(job_.optimizer,
-                               segments_of(weights_->layout(), job_.optimizer.no_decay),
-                               weights_->grads().numel(), weights_->optimizer_device());
 }
 
 // The estimate's bytes per kind ("parameters": ..., "activations (train)": ...).
