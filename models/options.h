@@ -51,6 +51,9 @@ struct ModelOptions {
   // count (not a job-file key: resolved from data.mlm_probability); unset means
   // masked_lm_predictions(seq_len, 0.15).
   std::optional<int> mlm_predictions;
+  // A safetensors file of the family's reference weights to start from (`dtrain ckpt
+  // export` writes one); read by the trainer, ignored by the graph builders.
+  std::optional<std::string> init_from;
 };
 
 // Masked-LM positions predicted per sequence of T tokens: round(probability * T),

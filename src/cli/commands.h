@@ -27,5 +27,6 @@ void add_validate(CLI::App& app, Action& action);
 void add_estimate(CLI::App& app, Action& action);
 void add_train(CLI::App& app, Action& action);
 void add_data(CLI::App& app, Action& action);  // data tokenize
+void add_ckpt(CLI::App& app, Action& action);  // ckpt inspect | verify | export
 
 }  // namespace dtrain::cli

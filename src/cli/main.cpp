@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   add_estimate(app, action);
   add_train(app, action);
   add_data(app, action);
+  add_ckpt(app, action);
   bool show_version = false;
   app.add_flag("--version", show_version, "print the version and exit");
   try {

@@ -85,7 +85,8 @@ Field model_section() {
        integer("vocab_size", AT(model.vocab_size), kPositive),
        integer("layers", AT(model.layers), kPositive),
        integer("hidden", AT(model.hidden), kPositive), integer("heads", AT(model.heads), kPositive),
-       integer("ffn", AT(model.ffn), kPositive), real("dropout", AT(model.dropout), kFraction)});
+       integer("ffn", AT(model.ffn), kPositive), real("dropout", AT(model.dropout), kFraction),
+       text("init_from", AT(model.init_from))});
 }
 
 Field data_section() {

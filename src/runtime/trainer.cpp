@@ -44,6 +44,7 @@
 #include "runtime/master_weights.h"
 #include "runtime/metrics.h"
 #include "runtime/replicas.h"
+#include "runtime/safetensors.h"
 #include "runtime/signals.h"
 #include "runtime/train_state.h"
 #include "runtime/zero.h"
@@ -234,6 +235,7 @@ class TrainSession {
   void log_eval(const EvalResult& r);
   void save_checkpoint();
   void set_batch(const FeedBatch& b);
+  void init_from(const std::string& path);
   void add_device_memory(nlohmann::json& line) const;
   nlohmann::json estimate_by_kind() const;
   bool leader() const { return comm_.rank() == 0; }
@@ -270,6 +272,7 @@ class TrainSession {
   bool inject_overflow_ = false;
   precision::LossScaler scaler_{job_.precision.loss_scale};
   MemoryEstimate estimate_;  // dtrain estimate's figures, for the summary
+  std::string init_note_;    // model.init_from's line, printed once the log is open
   Progress progress_{stderr};
   EvalResult last_eval_;
   bool have_eval_ = false;
@@ -317,6 +320,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   if (micro_batches_ > 1) {
     grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }
+  if (job_.model.init_from) init_from(*job_.model.init_from);
   language_model_ = is_language_model(find_arch(job_.model.arch)->family);
   source_ = DataSource::open(job_, counters_.seed, {comm_.rank(), comm_.size()});
   out_dir_ = job_.run.output_dir;
@@ -333,6 +337,9 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   }
   total_steps_ = job_.train.steps ? *job_.train.steps : *job_.train.epochs * per_epoch;
   open_run_dir();  // last: input refused above leaves the run directory untouched
+  if (!init_note_.empty()) {
+    note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);
+  }
 }
 
 void TrainSession::open_run_dir() {
@@ -351,6 +358,29 @@ void TrainSession::open_run_dir() {
   std::ofstream(out_dir_ / "job.yaml") << req_.resolved_yaml;
   if (job_.logging.jsonl)
     metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", resumed_);
+}
+
+// model.init_from: the weights (and batch-norm statistics) of a safetensors file under
+// the family's reference names replace the seeded ones; the optimizer starts fresh. A
+// resumed run then continues from its checkpoint instead (resume_if_asked, after).
+void TrainSession::init_from(const std::string& path) {
+  InitWeights w;
+  try {
+    w = load_init_weights(path, job_.model.arch, model_.graph.param_layout(),
+                          model_.graph.buffer_layout());
+  } catch (const Error& e) {
+    throw Error("model.init_from: " + e.message(), e.hint());
+  }
+  weights_->load_piece(0, w.params);
+  weights_->finish_load();
+  if (w.buffers.defined()) {
+    Tensor live = ex_->buffers().flat(DType::f32);
+    DTRAIN_CHECK(live.defined() && live.numel() == w.buffers.numel(),
+                 "init_from: buffers of {} elements for a store of {}", w.buffers.numel(),
+                 live.defined() ? live.numel() : 0);
+    kernels::copy(w.buffers, live);
+  }
+  init_note_ = fmt::format("initialised from {} ({} tensors)", path, w.tensors);
 }
 
 void TrainSession::note(const std::string& line) {

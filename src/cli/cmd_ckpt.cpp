@@ -1,0 +1,326 @@
+// `dtrain ckpt inspect|verify|export PATH`: what a checkpoint holds, whether every
+// checksum holds, and its model's weights as a safetensors file under PyTorch names.
+// PATH is a step-N.dtckpt file, a sharded step-N/ directory, or a checkpoint directory
+// (a run's output directory also works: its checkpoints/). Reading and checking are
+// runtime's (read_any_checkpoint verifies everything); nothing here writes a checkpoint.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "runtime/checkpoint.h"
+#include "runtime/export_names.h"
+#include "runtime/safetensors.h"
+#include "runtime/train_state.h"
+
+namespace dtrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CkptArgs {
+  std::string path;
+  bool json = false;
+  std::string out;            // export: --safetensors
+  std::string dtype = "f32";  // export: --dtype
+};
+
+bool is_one_checkpoint(const fs::path& p) {
+  return fs::is_regular_file(p) || runtime::is_sharded_checkpoint(p);
+}
+
+// The checkpoints a directory argument stands for: its own, else its checkpoints/'s.
+std::vector<fs::path> checkpoints_in(const fs::path& dir) {
+  if (!fs::is_directory(dir)) {
+    throw Error(fmt::format("{}: no such checkpoint file or directory", dir.string()),
+                "pass a step-N.dtckpt file, a step-N directory or a checkpoint directory");
+  }
+  std::vector<fs::path> all = runtime::list_checkpoints(dir);
+  if (all.empty() && fs::is_directory(dir / "checkpoints"))
+    all = runtime::list_checkpoints(dir / "checkpoints");
+  if (all.empty()) {
+    throw Error(fmt::format("{}: no checkpoint (step-N.dtckpt or step-N/) in it", dir.string()),
+                "pass a run's checkpoint directory (run.output_dir/checkpoints)");
+  }
+  return all;
+}
+
+int64_t bytes_on_disk(const fs::path& p) {
+  if (fs::is_regular_file(p)) return static_cast<int64_t>(fs::file_size(p));
+  int64_t n = 0;
+  for (const auto& e : fs::directory_iterator(p))
+    if (e.is_regular_file()) n += static_cast<int64_t>(e.file_size());
+  return n;
+}
+
+int64_t step_of_name(const fs::path& p) {
+  const std::string stem = p.stem().string();  // step-00000123
+  try {
+    return std::stoll(stem.substr(stem.find('-') + 1));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::string human_bytes(int64_t n) {
+  const double b = static_cast<double>(n);
+  if (n >= 1'000'000'000) return fmt::format("{:.2f} GB", b / 1e9);
+  if (n >= 1'000'000) return fmt::format("{:.2f} MB", b / 1e6);
+  if (n >= 1'000) return fmt::format("{:.1f} kB", b / 1e3);
+  return fmt::format("{} B", n);
+}
+
+std::vector<int64_t> dims(const Shape& s) { return {s.begin(), s.end()}; }
+
+nlohmann::json layout_json(const std::vector<graph::FlatEntry>& entries, int64_t* total) {
+  nlohmann::json list = nlohmann::json::array();
+  *total = 0;
+  for (const graph::FlatEntry& e : entries) {
+    list.push_back({{"name", e.name},
+                    {"dtype", dtype_name(e.spec.dtype)},
+                    {"shape", dims(e.spec.shape)},
+                    {"elements", e.spec.shape.numel()},
+                    {"offset", e.offset}});
+    *total += e.spec.shape.numel();
+  }
+  return list;
+}
+
+// One checkpoint, verified, as JSON (the text form prints the same fields).
+nlohmann::json describe(const fs::path& path) {
+  const runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
+  const nlohmann::json& m = ck.meta;
+  nlohmann::json out = {{"path", path.string()},
+                        {"kind", runtime::is_sharded_checkpoint(path) ? "sharded" : "file"},
+                        {"bytes", bytes_on_disk(path)}};
+  for (const char* key : {"format", "step", "data_position", "seed", "arch", "config_hash",
+                          "optimizer", "loss_scaler"})
+    out[key] = m.value(key, nlohmann::json());
+  if (runtime::is_sharded_checkpoint(path)) {
+    const runtime::Checkpoint man = runtime::read_checkpoint(path / "manifest.dtckpt");
+    nlohmann::json sh = man.meta.at("sharded");
+    for (nlohmann::json& s : sh.at("shards"))
+      s["elements"] = s.at("end").get<int64_t>() - s.at("begin").get<int64_t>();
+    out["sharded"] = sh;
+  }
+  int64_t params = 0, buffers = 0;
+  out["params"] = layout_json(runtime::layout_from_meta(m.at("params")), &params);
+  out["buffers"] =
+      layout_json(runtime::layout_from_meta(m.value("buffers", nlohmann::json::array())), &buffers);
+  out["parameters"] = params;
+  out["buffer_elements"] = buffers;
+  nlohmann::json stored = nlohmann::json::array();
+  for (const runtime::NamedTensor& t : ck.tensors) {
+    stored.push_back({{"name", t.name},
+                      {"dtype", dtype_name(t.tensor.dtype())},
+                      {"shape", dims(t.tensor.shape())},
+                      {"bytes", t.tensor.nbytes()}});
+  }
+  out["stored"] = stored;
+  return out;
+}
+
+std::string shape_text(const nlohmann::json& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + shape[i].dump();
+  return s + "]";
+}
+
+void print_layout(const char* what, const nlohmann::json& list, int64_t total) {
+  std::printf("%s: %zu tensors, %lld elements\n", what, list.size(), static_cast<long long>(total));
+  size_t width = 0;
+  for (const nlohmann::json& e : list)
+    width = std::max(width, e.at("name").get<std::string>().size());
+  for (const nlohmann::json& e : list) {
+    std::printf("  %-*s %-4s %-18s %lld\n", static_cast<int>(width),
+                e.at("name").get<std::string>().c_str(), e.at("dtype").get<std::string>().c_str(),
+                shape_text(e.at("shape")).c_str(),
+                static_cast<long long>(e.at("elements").get<int64_t>()));
+  }
+}
+
+void print_one(const nlohmann::json& d) {
+  std::printf("checkpoint: %s (%s, %s on disk, every checksum verified)\n",
+              d.at("path").get<std::string>().c_str(), d.at("kind").get<std::string>().c_str(),
+              human_bytes(d.at("bytes").get<int64_t>()).c_str());
+  std::printf("step: %s\n", d.at("step").dump().c_str());
+  const nlohmann::json& pos = d.at("data_position");
+  if (pos.is_object()) {
+    std::printf("data position: epoch %s, offset %s\n", pos.at("epoch").dump().c_str(),
+                pos.at("offset").dump().c_str());
+  }
+  std::printf("arch: %s\nseed: %s\n", d.at("arch").get<std::string>().c_str(),
+              d.at("seed").dump().c_str());
+  const nlohmann::json& opt = d.at("optimizer");
+  if (opt.is_object()) {
+    std::printf("optimizer: %s, step %s\n", opt.at("name").get<std::string>().c_str(),
+                opt.at("step").dump().c_str());
+  }
+  const nlohmann::json& ls = d.at("loss_scaler");
+  if (ls.is_object()) {
+    std::printf("loss scaler: scale %s, %s clean steps, %s overflows left, %s skipped steps\n",
+                ls.at("scale").dump().c_str(), ls.at("clean_steps").dump().c_str(),
+                ls.at("overflows_left").dump().c_str(), ls.at("skipped_steps").dump().c_str());
+  } else {
+    std::printf("loss scaler: none\n");
+  }
+  if (d.contains("sharded")) {
+    const nlohmann::json& sh = d.at("sharded");
+    std::printf("sharded: world %s, zero stage %s, precision %s, %s elements (padding included)\n",
+                sh.at("world").dump().c_str(), sh.at("zero_stage").dump().c_str(),
+                sh.at("precision").get<std::string>().c_str(), sh.at("total").dump().c_str());
+    for (const nlohmann::json& s : sh.at("shards")) {
+      std::printf("  rank %s: [%s, %s) %s elements, %s, %s\n", s.at("rank").dump().c_str(),
+                  s.at("begin").dump().c_str(), s.at("end").dump().c_str(),
+                  s.at("elements").dump().c_str(), s.at("file").get<std::string>().c_str(),
+                  human_bytes(s.at("bytes").get<int64_t>()).c_str());
+    }
+  }
+  print_layout("parameters", d.at("params"), d.at("parameters").get<int64_t>());
+  if (!d.at("buffers").empty())
+    print_layout("buffers", d.at("buffers"), d.at("buffer_elements").get<int64_t>());
+  std::printf("stored:");
+  for (const nlohmann::json& t : d.at("stored")) {
+    std::printf(" %s %s%s", t.at("name").get<std::string>().c_str(),
+                t.at("dtype").get<std::string>().c_str(), shape_text(t.at("shape")).c_str());
+  }
+  std::printf("\n");
+}
+
+// A checkpoint directory: step, kind, world, ZeRO stage and size of each (manifests
+// only: nothing but a sharded checkpoint's manifest is read).
+int list_dir(const fs::path& dir, bool json) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const fs::path& p : checkpoints_in(dir)) {
+    nlohmann::json row = {{"path", p.string()}, {"step", step_of_name(p)},
+                          {"kind", "file"},     {"world", nullptr},
+                          {"zero_stage", 0},    {"bytes", bytes_on_disk(p)}};
+    if (runtime::is_sharded_checkpoint(p)) {
+      const runtime::Checkpoint man = runtime::read_checkpoint(p / "manifest.dtckpt");
+      row["kind"] = "sharded";
+      row["step"] = man.meta.value("step", int64_t{-1});
+      row["world"] = man.meta.at("sharded").at("world");
+      row["zero_stage"] = man.meta.at("sharded").at("zero_stage");
+    }
+    list.push_back(row);
+  }
+  if (json) {
+    std::printf("%s\n", nlohmann::json{{"checkpoints", list}}.dump(2).c_str());
+    return kExitOk;
+  }
+  std::printf("%-10s %-8s %-6s %-5s %-12s %s\n", "step", "kind", "world", "zero", "size", "path");
+  for (const nlohmann::json& r : list) {
+    std::printf("%-10s %-8s %-6s %-5s %-12s %s\n", r.at("step").dump().c_str(),
+                r.at("kind").get<std::string>().c_str(),
+                r.at("world").is_null() ? "-" : r.at("world").dump().c_str(),
+                r.at("zero_stage").dump().c_str(),
+                human_bytes(r.at("bytes").get<int64_t>()).c_str(),
+                r.at("path").get<std::string>().c_str());
+  }
+  return kExitOk;
+}
+
+int run_inspect(const CkptArgs& a) {
+  const fs::path path = a.path;
+  if (!is_one_checkpoint(path)) return list_dir(path, a.json);
+  const nlohmann::json d = describe(path);
+  if (a.json) {
+    std::printf("%s\n", d.dump(2).c_str());
+  } else {
+    print_one(d);
+  }
+  return kExitOk;
+}
+
+// "ok: PATH (step 6, 5 tensors, 1.2 MB)" after every checksum, or the Error.
+std::string verify_one(const fs::path& path) {
+  const runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
+  return fmt::format("ok: {} (step {}, {} tensors, {} verified)", path.string(),
+                     ck.meta.value("step", nlohmann::json()).dump(), ck.tensors.size(),
+                     human_bytes(bytes_on_disk(path)));
+}
+
+int run_verify(const CkptArgs& a) {
+  const fs::path path = a.path;
+  if (is_one_checkpoint(path)) {
+    std::printf("%s\n", verify_one(path).c_str());
+    return kExitOk;
+  }
+  const std::vector<fs::path> all = checkpoints_in(path);
+  int damaged = 0;
+  for (const fs::path& p : all) {
+    try {
+      std::printf("%s\n", verify_one(p).c_str());
+    } catch (const Error& e) {
+      ++damaged;
+      std::printf("damaged: %s\n", e.message().c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (damaged > 0) {
+    throw Error(
+        fmt::format("{}: {} of {} checkpoints are damaged", path.string(), damaged, all.size()),
+        "resume from an undamaged one (--resume <its path>)");
+  }
+  return kExitOk;
+}
+
+int run_export(const CkptArgs& a) {
+  const fs::path path =
+      is_one_checkpoint(a.path) ? fs::path(a.path) : checkpoints_in(a.path).back();
+  const DType dtype = parse_dtype(a.dtype);
+  const runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
+  const runtime::ExportSummary s = runtime::export_safetensors(ck, a.out, dtype);
+  std::printf("wrote %s: %lld tensors, %lld elements in %s, %s (%s, step %s, from %s)\n",
+              a.out.c_str(), static_cast<long long>(s.tensors), static_cast<long long>(s.elements),
+              a.dtype.c_str(), human_bytes(s.bytes).c_str(), s.arch.c_str(),
+              ck.meta.value("step", nlohmann::json()).dump().c_str(), path.string().c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_ckpt(CLI::App& app, Action& action) {
+  CLI::App* ckpt = app.add_subcommand("ckpt", "inspect, verify or export checkpoints");
+  ckpt->require_subcommand(1);
+
+  auto inspect = std::make_shared<CkptArgs>();
+  CLI::App* cmd = ckpt->add_subcommand(
+      "inspect",
+      "print a checkpoint's step, data position, optimizer, shards and tensors (or list the "
+      "checkpoints of a directory)");
+  cmd->add_option("path", inspect->path,
+                  "a step-N.dtckpt file, a step-N/ directory or a "
+                  "checkpoint directory")
+      ->required();
+  cmd->add_flag("--json", inspect->json, "print JSON");
+  cmd->callback([inspect, &action] { action = [inspect] { return run_inspect(*inspect); }; });
+
+  auto verify = std::make_shared<CkptArgs>();
+  cmd = ckpt->add_subcommand(
+      "verify",
+      "check every checksum of a checkpoint (or of each in a directory); exit 2 on damage");
+  cmd->add_option("path", verify->path,
+                  "a checkpoint file, step-N/ directory or checkpoint directory")
+      ->required();
+  cmd->callback([verify, &action] { action = [verify] { return run_verify(*verify); }; });
+
+  auto exp = std::make_shared<CkptArgs>();
+  cmd = ckpt->add_subcommand(
+      "export",
+      "write a checkpoint's model weights as a safetensors file with PyTorch names "
+      "(torchvision ResNet / ViT, Hugging Face BERT / GPT-2)");
+  cmd->add_option("path", exp->path,
+                  "a checkpoint file, step-N/ directory, or a directory (its newest)")
+      ->required();
+  cmd->add_option("--safetensors", exp->out, "the file to write")->required();
+  cmd->add_option("--dtype", exp->dtype, "f32 (default), bf16 or f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  cmd->callback([exp, &action] { action = [exp] { return run_export(*exp); }; });
+}
+
+}  // namespace dtrain::cli

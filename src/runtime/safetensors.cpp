@@ -1,0 +1,342 @@
+// safetensors reading and writing, the checkpoint export and model.init_from's import.
+// The header is ordered (tensors in the order of their data); the data of each tensor
+// follows the previous one with no gap, as the format's own loader requires.
+#include "runtime/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+#include "data/atomic_file.h"
+#include "runtime/export_names.h"
+
+namespace dtrain::runtime {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // the format's own limit
+
+constexpr std::pair<DType, std::string_view> kDTypes[] = {
+    {DType::f32, "F32"}, {DType::f16, "F16"}, {DType::bf16, "BF16"}, {DType::f64, "F64"},
+    {DType::i64, "I64"}, {DType::i32, "I32"}, {DType::u8, "U8"}};
+
+std::string_view st_dtype(DType dt) {
+  for (const auto& [d, name] : kDTypes)
+    if (d == dt) return name;
+  DTRAIN_CHECK(false, "no safetensors dtype for {}", dtype_name(dt));
+  return {};
+}
+
+[[noreturn]] void bad_file(const fs::path& file, const std::string& what) {
+  throw Error(fmt::format("{}: {}", file.string(), what),
+              "the file is damaged, truncated, or not a safetensors file");
+}
+
+std::string read_all(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) {
+    throw Error(fmt::format("{}: cannot read it", file.string()),
+                "check the path (a .safetensors file) and its permissions");
+  }
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct Span {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+Span parse_entry(const fs::path& file, const std::string& name, const nlohmann::json& e) {
+  const std::string dt = e.at("dtype").get<std::string>();
+  const auto* found = std::find_if(std::begin(kDTypes), std::end(kDTypes),
+                                   [&](const auto& p) { return p.second == dt; });
+  if (found == std::end(kDTypes)) {
+    bad_file(file, fmt::format("tensor {} has dtype {}; dtrain reads F32, F16, BF16, F64, I64, "
+                               "I32 and U8",
+                               name, dt));
+  }
+  const auto dims = e.at("shape").get<std::vector<int64_t>>();
+  if (dims.size() > static_cast<size_t>(Shape::kMaxDims) ||
+      std::any_of(dims.begin(), dims.end(), [](int64_t d) { return d < 0; })) {
+    bad_file(file, fmt::format("tensor {} has shape {}", name, e.at("shape").dump()));
+  }
+  const auto offsets = e.at("data_offsets").get<std::vector<uint64_t>>();
+  if (offsets.size() != 2)
+    bad_file(file, fmt::format("tensor {}: data_offsets is not [b, e]", name));
+  Span s{name, found->first, Shape(dims.begin(), dims.end()), offsets[0], offsets[1]};
+  const auto bytes = static_cast<uint64_t>(s.shape.numel()) * dtype_size(s.dtype);
+  if (s.end < s.begin || s.end - s.begin != bytes) {
+    bad_file(file, fmt::format("tensor {} {} needs {} bytes, its data_offsets [{}, {}] hold {}",
+                               name, s.shape.str(), bytes, s.begin, s.end,
+                               s.end >= s.begin ? s.end - s.begin : 0));
+  }
+  return s;
+}
+
+// The tensors' spans, sorted by offset, checked to cover [0, data_bytes) with no gap.
+std::vector<Span> parse_header(const fs::path& file, const nlohmann::json& header,
+                               uint64_t data_bytes, std::map<std::string, std::string>& meta) {
+  if (!header.is_object()) bad_file(file, "the header is not a JSON object");
+  std::vector<Span> spans;
+  for (const auto& [name, e] : header.items()) {
+    if (name == "__metadata__") {
+      for (const auto& [k, v] : e.items())
+        meta[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      continue;
+    }
+    spans.push_back(parse_entry(file, name, e));
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  uint64_t at = 0;
+  for (const Span& s : spans) {
+    if (s.begin != at) {
+      bad_file(file, fmt::format("tensor {} starts at data byte {}, expected {} (a gap or an "
+                                 "overlap)",
+                                 s.name, s.begin, at));
+    }
+    at = s.end;
+  }
+  if (at != data_bytes) {
+    bad_file(file, fmt::format("the tensors hold {} data bytes, the file has {}", at, data_bytes));
+  }
+  return spans;
+}
+
+Tensor widen(const Tensor& t) {
+  if (t.dtype() == DType::f32) return t;
+  Tensor out = Tensor::empty(t.shape(), DType::f32);
+  float* dst = out.data<float>();
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = to_f32(t.data<bf16>()[i]);
+  } else {
+    DTRAIN_CHECK(t.dtype() == DType::f16, "widen {}", t.str());
+    for (int64_t i = 0; i < n; ++i) dst[i] = to_f32(t.data<f16>()[i]);
+  }
+  return out;
+}
+
+Tensor narrow(const Tensor& t, DType dt) {
+  if (dt == DType::f32) return t;
+  Tensor out = Tensor::empty(t.shape(), dt);
+  const float* src = t.data<float>();
+  const int64_t n = t.numel();
+  if (dt == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) out.data<bf16>()[i] = to_bf16(src[i]);
+  } else {
+    DTRAIN_CHECK(dt == DType::f16, "narrow to {}", dtype_name(dt));
+    for (int64_t i = 0; i < n; ++i) out.data<f16>()[i] = to_f16(src[i]);
+  }
+  return out;
+}
+
+std::vector<graph::FlatEntry> as_f32(std::vector<graph::FlatEntry> entries) {
+  for (graph::FlatEntry& e : entries) e.spec.dtype = DType::f32;
+  return graph::FlatStore(std::move(entries)).entries();
+}
+
+// Entry `e` of the store "<prefix>.<dtype>" of a checkpoint, as f32 in its own shape.
+Tensor entry_of(const Checkpoint& ck, const std::string& prefix, const graph::FlatEntry& e) {
+  const Tensor& flat = ck.get(prefix + "." + std::string(dtype_name(e.spec.dtype)));
+  if (e.offset + e.spec.shape.numel() > flat.numel()) {
+    throw Error(
+        fmt::format("{}: tensor {} lies past the end of {}.{} ({} elements)", ck.file.string(),
+                    e.name, prefix, dtype_name(e.spec.dtype), flat.numel()),
+        "the checkpoint's layout and its tensors disagree");
+  }
+  const Tensor v = flat.view(e.offset, e.spec.shape);
+  if (v.dtype() == DType::f32) {
+    Tensor copy = Tensor::empty(v.shape(), DType::f32);
+    std::memcpy(copy.raw(), v.raw(), v.nbytes());
+    return copy;
+  }
+  return widen(v);
+}
+
+struct Layouts {
+  std::string arch;
+  std::vector<graph::FlatEntry> params, buffers;
+};
+
+Layouts layouts_of(const Checkpoint& ck) {
+  try {
+    return {ck.meta.at("arch").get<std::string>(), layout_from_meta(ck.meta.at("params")),
+            layout_from_meta(ck.meta.value("buffers", nlohmann::json::array()))};
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: malformed training metadata: {}", ck.file.string(), e.what()),
+                "the file passed its checksums but was not written by dtrain train");
+  }
+}
+
+[[noreturn]] void init_error(const fs::path& file, const std::string& what,
+                             const std::string& hint) {
+  throw Error(fmt::format("{}: {}", file.string(), what), hint);
+}
+
+}  // namespace
+
+const Tensor* SafetensorsFile::find(std::string_view name) const {
+  for (const NamedTensor& t : tensors)
+    if (t.name == name) return &t.tensor;
+  return nullptr;
+}
+
+SafetensorsFile read_safetensors(const fs::path& file) {
+  const std::string bytes = read_all(file);
+  if (bytes.size() < 8)
+    bad_file(file, fmt::format("{} bytes, too short for a header", bytes.size()));
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);  // little-endian hosts only (x86-64, aarch64)
+  if (n > kMaxHeader || n > bytes.size() - 8) {
+    bad_file(file, fmt::format("the header claims {} bytes; the file has {} after the length", n,
+                               bytes.size() - 8));
+  }
+  SafetensorsFile out;
+  out.file = file;
+  std::vector<Span> spans;
+  try {
+    const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+    spans = parse_header(file, header, bytes.size() - 8 - n, out.metadata);
+  } catch (const nlohmann::json::exception& e) {
+    bad_file(file, fmt::format("malformed header: {}", e.what()));
+  }
+  const char* data = bytes.data() + 8 + n;
+  for (const Span& s : spans) {
+    Tensor t = Tensor::empty(s.shape, s.dtype);
+    std::memcpy(t.raw(), data + s.begin, s.end - s.begin);
+    out.tensors.push_back({s.name, std::move(t)});
+  }
+  return out;
+}
+
+void write_safetensors(const fs::path& file, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t at = 0;
+  std::vector<std::string_view> parts = {{}, {}};  // length and header, filled below
+  for (const NamedTensor& t : tensors) {
+    DTRAIN_CHECK(t.tensor.device().is_cpu(), "write_safetensors: {} is on {}", t.name,
+                 t.tensor.device().str());
+    header[t.name] = {
+        {"dtype", st_dtype(t.tensor.dtype())},
+        {"shape", std::vector<int64_t>(t.tensor.shape().begin(), t.tensor.shape().end())},
+        {"data_offsets", {at, at + t.tensor.nbytes()}}};
+    at += t.tensor.nbytes();
+    parts.emplace_back(static_cast<const char*>(t.tensor.raw()), t.tensor.nbytes());
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  const uint64_t n = text.size();
+  char length[8];
+  std::memcpy(length, &n, 8);
+  parts[0] = std::string_view(length, 8);
+  parts[1] = text;
+  write_file_atomic(file.string(), parts);
+}
+
+std::vector<NamedTensor> checkpoint_model_tensors(const Checkpoint& ck) {
+  const Layouts l = layouts_of(ck);
+  std::vector<NamedTensor> out;
+  for (const graph::FlatEntry& e : l.params) out.push_back({e.name, entry_of(ck, "params", e)});
+  for (const graph::FlatEntry& e : l.buffers) out.push_back({e.name, entry_of(ck, "buffers", e)});
+  return out;
+}
+
+ExportSummary export_safetensors(const Checkpoint& ck, const fs::path& out, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
+    throw Error(fmt::format("--dtype {}: expected f32, bf16 or f16", dtype_name(dtype)));
+  }
+  const Layouts l = layouts_of(ck);
+  const std::vector<NamedTensor> ours = checkpoint_model_tensors(ck);
+  const std::vector<ExportTensor> plan = export_plan(family_of(l.arch), l.params, l.buffers);
+  ExportSummary s;
+  s.arch = l.arch;
+  std::vector<NamedTensor> tensors;
+  for (const ExportTensor& t : plan) {
+    const size_t index = static_cast<size_t>(t.entry) +
+                         (t.store == StoreKind::buffers ? l.params.size() : size_t{0});
+    tensors.push_back({t.name, narrow(to_reference(t, ours[index].tensor), dtype)});
+    s.elements += t.shape.numel();
+  }
+  std::map<std::string, std::string> meta = {
+      {"format", "pt"},
+      {"source", "dtrain"},
+      {"arch", l.arch},
+      {"step", std::to_string(ck.meta.value("step", int64_t{0}))}};
+  write_safetensors(out, tensors, meta);
+  s.tensors = static_cast<int64_t>(tensors.size());
+  s.bytes = static_cast<int64_t>(fs::file_size(out));
+  return s;
+}
+
+InitWeights load_init_weights(const fs::path& file, std::string_view arch,
+                              const std::vector<graph::FlatEntry>& params,
+                              const std::vector<graph::FlatEntry>& buffers) {
+  const ModelFamily family = family_of(arch);
+  const std::vector<graph::FlatEntry> p32 = as_f32(params), b32 = as_f32(buffers);
+  const std::vector<ExportTensor> plan = export_plan(family, p32, b32);
+  const SafetensorsFile st = read_safetensors(file);
+  std::map<std::string, const ExportTensor*> wanted;
+  for (const ExportTensor& t : plan) wanted[t.name] = &t;
+  const std::string hint = fmt::format(
+      "model.init_from needs the tensors `dtrain ckpt export --safetensors` writes for a model "
+      "of this shape ({}: {} tensors, e.g. {}); check model.arch and its size keys",
+      arch, plan.size(), plan.empty() ? "" : plan.front().name);
+
+  InitWeights out;
+  out.params = Tensor::empty({graph::FlatStore(p32).buffer_elems(DType::f32)}, DType::f32);
+  std::memset(out.params.raw(), 0, out.params.nbytes());
+  if (!b32.empty()) {
+    out.buffers = Tensor::empty({graph::FlatStore(b32).buffer_elems(DType::f32)}, DType::f32);
+    std::memset(out.buffers.raw(), 0, out.buffers.nbytes());
+  }
+  std::set<std::string> seen;
+  for (const NamedTensor& t : st.tensors) {
+    const std::string name = canonical_import_name(family, t.name);
+    if (ignored_on_import(family, t.name) || ignored_on_import(family, name)) continue;
+    const auto it = wanted.find(name);
+    if (it == wanted.end()) {
+      init_error(file, fmt::format("tensor {} is not part of this model ({})", t.name, arch), hint);
+    }
+    if (!seen.insert(name).second) {
+      init_error(file, fmt::format("tensor {} appears twice", name), hint);
+    }
+    const ExportTensor& x = *it->second;
+    if (!(t.tensor.shape() == x.shape)) {
+      init_error(file,
+                 fmt::format("tensor {} has shape {}, this model needs {}", t.name,
+                             t.tensor.shape().str(), x.shape.str()),
+                 hint);
+    }
+    const DType dt = t.tensor.dtype();
+    if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16) {
+      init_error(file,
+                 fmt::format("tensor {} is {}; model.init_from reads F32, BF16 and F16", t.name,
+                             st_dtype(dt)),
+                 "export it again in one of those dtypes");
+    }
+    const bool is_param = x.store == StoreKind::params;
+    const graph::FlatEntry& e = (is_param ? p32 : b32)[static_cast<size_t>(x.entry)];
+    Tensor dst = (is_param ? out.params : out.buffers).view(e.offset, e.spec.shape);
+    from_reference(x, widen(t.tensor), dst);
+    ++out.tensors;
+  }
+  for (const ExportTensor& t : plan) {
+    if (!seen.contains(t.name)) {
+      init_error(file,
+                 fmt::format("no tensor {} {}, which this model needs", t.name, t.shape.str()),
+                 hint);
+    }
+  }
+  return out;
+}
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,65 @@
+// The safetensors format (Hugging Face): u64 little-endian header length N, N bytes
+// of JSON {"name": {"dtype", "shape", "data_offsets": [begin, end]}, ...,
+// "__metadata__": {string: string}} padded with spaces, then the tensors' bytes back
+// to back (offsets from the end of the header). Used to export a checkpoint's weights
+// under PyTorch names (runtime/export_names.h) and to start a job from such weights
+// (model.init_from). Reading checks every offset and size before returning; nothing
+// in a file is executed.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "graph/params.h"
+#include "runtime/checkpoint.h"
+
+namespace dtrain::runtime {
+
+struct SafetensorsFile {
+  std::filesystem::path file;
+  std::vector<NamedTensor> tensors;  // in the order of their data; host memory
+  std::map<std::string, std::string> metadata;
+  const Tensor* find(std::string_view name) const;  // nullptr when absent
+};
+
+// Every tensor of `file` (F32, F16, BF16, F64, I64, I32, U8: other dtypes, a short or
+// damaged file, overlapping or uncovered data are an Error naming the file and tensor).
+SafetensorsFile read_safetensors(const std::filesystem::path& file);
+// Written to a temporary file beside `file`, fsynced, renamed over it.
+void write_safetensors(const std::filesystem::path& file, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+// A checkpoint's (read_any_checkpoint's) parameters and buffers in f32, one tensor per
+// layout entry (its own shape), params first: widened from half when the run kept
+// half weights without masters.
+std::vector<NamedTensor> checkpoint_model_tensors(const Checkpoint& ck);
+
+struct ExportSummary {
+  std::string arch;
+  int64_t tensors = 0, elements = 0, bytes = 0;  // bytes: the whole file
+};
+// The checkpoint's model (parameters, and batch-norm running statistics) under the
+// reference implementation's names, in `dtype` (f32, bf16 or f16).
+ExportSummary export_safetensors(const Checkpoint& ck, const std::filesystem::path& out,
+                                 DType dtype);
+
+// model.init_from: a safetensors file with the reference names of `arch`'s family
+// (F32, BF16 or F16, widened to f32) -> whole f32 buffers in our flat layouts (offsets
+// as graph::FlatStore assigns them to these entries, whatever their dtype; padding 0).
+// A name the model lacks, a name of the model the file lacks, or another shape is an
+// Error naming the file and the tensor; tensors of the reference that dtrain does not
+// train (num_batches_tracked, tied copies: export_names.h) are skipped.
+struct InitWeights {
+  Tensor params;        // f32 [FlatStore(params).buffer_elems(f32)] with every entry made f32
+  Tensor buffers;       // the same for the buffers (undefined when there are none)
+  int64_t tensors = 0;  // read from the file
+};
+InitWeights load_init_weights(const std::filesystem::path& file, std::string_view arch,
+                              const std::vector<graph::FlatEntry>& params,
+                              const std::vector<graph::FlatEntry>& buffers);
+
+}  // namespace dtrain::runtime
