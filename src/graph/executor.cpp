@@ -25,7 +25,7 @@ std::vector<FlatEntry> f32_grad_layout(const Graph& graph) {
 
 }  // namespace
 
-Executor::Executor(const Graph& graph, Device device)
+Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer)
     : graph_(graph),
       device_(device),
       params_(graph.param_layout()),
@@ -48,10 +48,15 @@ Executor::Executor(const Graph& graph, Device device)
     }
   }
   params_.allocate(device_);
-  grads_.allocate(device_);
+  if (grad_buffer == GradBuffer::owned) grads_.allocate(device_);
   buffers_.allocate(device_);
   const size_t ws = graph.max_workspace_bytes(device_);
   if (ws > 0) workspace_ = alloc({{static_cast<int64_t>(ws)}, DType::u8});
+}
+
+Tensor Executor::grad_view(int param) {
+  if (grad_storage_) return grad_storage_(param);
+  return grads_.view(param);
 }
 
 Tensor Executor::alloc(const TensorSpec& s) const {
@@ -200,7 +205,7 @@ void Executor::backward(ValueId loss, float dloss) {
   }
 }
 
-std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& accumulate) const {
+std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& accumulate) {
   std::vector<Tensor> gp;
   accumulate = 0;
   for (size_t k = 0; k < n.params.size(); ++k) {
@@ -210,9 +215,9 @@ std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& a
     if (half.dtype != DType::f32) {  // the op writes its dtype; widened into grads_ after
       gp.push_back(alloc(half));
     } else if (first_user_[static_cast<size_t>(p)] == index) {
-      gp.push_back(grads_.view(p));
+      gp.push_back(grad_view(p));
     } else if (k < 32 && n.op->can_accumulate_param_grad(k)) {
-      gp.push_back(grads_.view(p));
+      gp.push_back(grad_view(p));
       accumulate |= 1u << k;
     } else {
       gp.push_back(alloc({grads_.entries()[static_cast<size_t>(p)].spec.shape,
@@ -229,7 +234,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   if (!reached) {  // the loss does not depend on this node: its contributions are zero
     for (int p : n.params) {
       if (first_user_[static_cast<size_t>(p)] != index) continue;
-      Tensor g = grads_.view(p);
+      Tensor g = grad_view(p);
       kernels::fill(g, 0.0f);
     }
   } else {
@@ -270,7 +275,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     ctx.batch = batch_;
     n.op->backward(ctx);
     for (size_t k = 0; k < n.params.size(); ++k) {
-      Tensor total = grads_.view(n.params[k]);
+      Tensor total = grad_view(n.params[k]);
       const bool first = first_user_[static_cast<size_t>(n.params[k])] == index;
       if (gp[k].dtype() != DType::f32) {  // a half weight gradient: widened, summed in f32
         if (first) {

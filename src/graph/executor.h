@@ -36,9 +36,14 @@ struct Hooks {
   std::function<void(int param)> grad_ready;  // index into params()
 };
 
+// Where parameter gradients live: the executor's own flat buffer (grads()), or storage
+// a caller provides per parameter through set_grad_storage (ZeRO-2's buckets).
+enum class GradBuffer : uint8_t { owned, external };
+
 class Executor {
  public:
-  explicit Executor(const Graph& graph, Device device = Device::cpu());
+  explicit Executor(const Graph& graph, Device device = Device::cpu(),
+                    GradBuffer grad_buffer = GradBuffer::owned);
 
   Device device() const { return device_; }
   FlatStore& params() { return params_; }
@@ -47,7 +52,14 @@ class Executor {
   // transient tensor, which is widened into grads() as the op finishes (summed in f32
   // over a tied parameter's users). Half runs thus keep no half gradient buffer, and
   // grads() is what the optimizer of their fp32 master weights reads.
-  FlatStore& grads() { return grads_; }
+  FlatStore& grads() { return grads_; }  // unallocated with GradBuffer::external
+  // With GradBuffer::external: where parameter p's f32 gradient is written (asked the
+  // first time backward writes it in each pass; the view must stay valid until
+  // grad_ready(p) and hold nothing meaningful before: the first writer overwrites it).
+  void set_grad_storage(std::function<Tensor(int param)> storage) {
+    grad_storage_ = std::move(storage);
+  }
+  Tensor grad_view(int param);  // parameter `param`'s gradient, wherever it lives
   FlatStore& buffers() { return buffers_; }
   void initialize(uint64_t seed);  // parameters and buffers, deterministically from the seed
   // How ops compute f32 GEMMs and convolutions (tf32: TF32 tensor cores on CUDA, the
@@ -73,6 +85,7 @@ class Executor {
   Hooks hooks;
 
  private:
+  std::function<Tensor(int)> grad_storage_;
   void backward_node(int index, std::vector<Tensor>& vgrad);
   void recompute(const Lifetimes& life, const Segment& segment);
   bool in_place_grad(const Lifetimes& life, const Node& n, size_t k, int step) const;
@@ -80,7 +93,7 @@ class Executor {
   // The gradient tensors node `index` writes: the param's own view for its first
   // user in backward order, and for a later user that can accumulate (its bit set in
   // `accumulate`); else a fresh temporary, added in afterwards.
-  std::vector<Tensor> grad_targets(const Node& n, int index, uint32_t& accumulate) const;
+  std::vector<Tensor> grad_targets(const Node& n, int index, uint32_t& accumulate);
 
   Tensor alloc(const TensorSpec& s) const;
   const Lifetimes& lifetimes(Mode mode);

@@ -43,7 +43,8 @@ class Tally {
 }  // namespace
 
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
-                                const RoundBytes& round, int blocks_per_segment) {
+                                const RoundBytes& round, int blocks_per_segment,
+                                const GradBuckets* buckets) {
   const auto& nodes = graph.nodes();
   const int n = static_cast<int>(nodes.size());
   const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment);
@@ -76,7 +77,45 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     const ValueId loss = nodes.back().outputs[0];
     has_grad[static_cast<size_t>(loss)] = 1;
     vgrad[static_cast<size_t>(loss)] = t.add(bytes_of(graph.value(loss).spec));
-    std::vector<size_t> param_dtype_size;
+    // ZeRO-2's buckets: opened by the first gradient written into them (the param's
+    // first user in backward), closed when every parameter's last user has run.
+    std::vector<int> last_user(graph.param_layout().size(), -1);
+    std::vector<int> bucket_pending;
+    std::vector<char> bucket_open;
+    if (buckets != nullptr) {
+      bucket_pending.assign(buckets->bytes.size(), 0);
+      bucket_open.assign(buckets->bytes.size(), 0);
+      for (int i = 0; i < n; ++i)
+        for (int p : nodes[static_cast<size_t>(i)].params)
+          if (last_user[static_cast<size_t>(p)] < 0) last_user[static_cast<size_t>(p)] = i;
+      for (size_t p = 0; p < last_user.size(); ++p)
+        if (last_user[p] >= 0) ++bucket_pending[static_cast<size_t>(buckets->bucket_of[p])];
+    }
+    // half: 0 the f32 parameters' (grad_targets hands out their view before the op
+    // runs), 1 the half ones' (widened into it after the op), -1 every one.
+    auto open_buckets = [&](const Node& node, int half) {
+      if (buckets == nullptr) return;
+      for (int p : node.params) {
+        const bool is_half = graph.param_layout()[static_cast<size_t>(p)].spec.dtype != DType::f32;
+        if (half >= 0 && is_half != (half == 1)) continue;
+        const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
+        if (!bucket_open[b]) {
+          t.add(buckets->bytes[b]);
+          bucket_open[b] = 1;
+        }
+      }
+    };
+    auto close_buckets = [&](int i, const Node& node) {
+      if (buckets == nullptr) return;
+      for (int p : node.params) {
+        if (last_user[static_cast<size_t>(p)] != i) continue;
+        const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
+        if (--bucket_pending[b] == 0) {
+          t.remove(buckets->bytes[b]);
+          bucket_open[b] = 0;
+        }
+      }
+    };
     for (int i = n - 1; i >= 0; --i) {
       const Node& node = nodes[static_cast<size_t>(i)];
       const int seg = life.segment_of[static_cast<size_t>(i)];
@@ -101,6 +140,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       }
       bool reached = false;
       for (ValueId v : node.outputs) reached = reached || has_grad[static_cast<size_t>(v)];
+      open_buckets(node, reached ? 0 : -1);  // grad_targets, or an unreached node's zeros
+      if (!reached && buckets != nullptr) t.mark(i, Phase::backward);
       if (reached) {
         size_t transient = 0;
         // grad_targets: half parameters write into a temporary of their dtype; an f32
@@ -148,6 +189,10 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
           op_temps += t.add(bytes_of(graph.value(node.inputs[0]).spec));
         t.mark(i, Phase::backward);
         t.remove(op_temps);
+        if (buckets != nullptr) {  // the half gradients' buckets, while din and gp are held
+          open_buckets(node, 1);
+          t.mark(i, Phase::backward);
+        }
         // Half weight gradients of a later user are widened through an f32 temporary.
         for (size_t k = 0; k < node.params.size(); ++k) {
           const FlatEntry& e = graph.param_layout()[static_cast<size_t>(node.params[k])];
@@ -187,6 +232,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       t.remove(saved[static_cast<size_t>(i)]);
       saved[static_cast<size_t>(i)] = 0;
       release(2 * n - 1 - i);
+      close_buckets(i, node);  // grad_ready: reduced into the shard, freed
     }
   }
   ActivationPeak p = t.peak();

@@ -34,9 +34,18 @@ struct ExecutorBytes {
 
 using RoundBytes = std::function<size_t(size_t)>;
 
+// ZeRO-2 (dist/zero_grads.h): parameter gradients live in buckets, one allocation each,
+// made when backward first writes one of the bucket's parameters and freed once its
+// last parameter's gradient is ready; they count with the step's activations.
+struct GradBuckets {
+  std::vector<int> bucket_of;  // per parameter
+  std::vector<size_t> bytes;   // per bucket, rounded
+};
+
 // blocks_per_segment: activation checkpointing as Executor::set_checkpointing.
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
-                                const RoundBytes& round, int blocks_per_segment = 0);
+                                const RoundBytes& round, int blocks_per_segment = 0,
+                                const GradBuckets* buckets = nullptr);
 ExecutorBytes executor_bytes(const Graph& graph, Device device, const RoundBytes& round);
 
 }  // namespace dtrain::graph

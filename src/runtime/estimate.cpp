@@ -9,6 +9,7 @@
 
 #include "core/allocator.h"
 #include "core/block_pool.h"
+#include "dist/ddp.h"
 #include "kernels/device_info.h"
 #include "models/registry.h"
 #include "precision/options.h"
@@ -77,22 +78,44 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   add("parameters", ex.params,
       policy.half() ? fmt::format("{} (normalisation parameters f32)", dtype_name(policy.compute))
                     : "f32");
-  add("gradients", ex.grads, "f32, every precision");
-  add("buffers", ex.buffers, "batch-norm running statistics");
-  add("workspace", ex.workspace, "shared by the ops, the largest one's");
   size_t f32_layout = ex.grads;  // the fp32 layout: masters and optimizer state alike
-  // ZeRO-1: masters and optimizer state hold this rank's shard of the layout; the last
-  // rank's is the largest (runtime/zero.h: it adds the tail).
+  // ZeRO: masters and optimizer state (stage 2: the gradients too) hold this rank's
+  // shard of the layout; the last rank's is the largest (runtime/zero.h: the tail).
   const int world = job.parallel.data;
   const bool sharded = job.parallel.zero_stage >= 1 && world > 1;
+  const bool zero2 = job.parallel.zero_stage >= 2 && world > 1;
+  std::vector<graph::FlatEntry> wide = g.param_layout();
+  for (graph::FlatEntry& e : wide) e.spec.dtype = DType::f32;
+  const graph::FlatStore f32_entries(wide);
+  const int64_t layout_elems = f32_entries.buffer_elems(DType::f32);
   std::string shard_note;
   if (sharded) {
-    const size_t elems =
-        graph::executor_bytes(g, job.device, [](size_t b) { return b; }).grads / sizeof(float);
-    const ShardRange last = shard_of(static_cast<int64_t>(elems), world - 1, world);
+    const ShardRange last = shard_of(layout_elems, world - 1, world);
     f32_layout = round(static_cast<size_t>(last.size()) * sizeof(float));
     shard_note = fmt::format(" (ZeRO-{}: 1/{} of it)", job.parallel.zero_stage, world);
   }
+  // ZeRO-2: no whole gradient buffer; backward writes into buckets (dist/zero_grads.h),
+  // counted with the step's activations (graph::GradBuckets).
+  graph::GradBuckets buckets;
+  if (zero2) {
+    add("gradients", f32_layout, "f32, this rank's shard" + shard_note);
+    std::vector<dist::GradRange> ranges;
+    for (const graph::FlatEntry& e : f32_entries.entries())
+      ranges.push_back({e.offset, e.spec.shape.numel()});
+    const std::vector<dist::Bucket> planned = dist::plan_buckets(
+        ranges, layout_elems, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
+    buckets.bucket_of.assign(ranges.size(), -1);
+    for (size_t b = 0; b < planned.size(); ++b) {
+      buckets.bytes.push_back(
+          round(static_cast<size_t>(planned[b].end - planned[b].begin) * sizeof(float)));
+      for (int p : planned[b].params)
+        buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(b);
+    }
+  } else {
+    add("gradients", ex.grads, "f32, every precision");
+  }
+  add("buffers", ex.buffers, "batch-norm running statistics");
+  add("workspace", ex.workspace, "shared by the ops, the largest one's");
   // Offloaded (runtime/master_weights.h), the optimizer's side lives in pinned host
   // memory, rounded by the host cache's size classes: the masters, the state, a copy
   // of the gradients and a twin of the parameters the step writes before the upload.
@@ -117,7 +140,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     add_optimizer("parameters (host twin)", host.params, "written by the CPU step, then uploaded");
     for (const MemoryItem& i : e.host) e.host_bytes += i.bytes;
   }
-  if (job.parallel.micro_batches > 1)
+  if (job.parallel.micro_batches > 1 && !zero2)  // ZeRO-2 accumulates in its shard
     add("gradient accumulation", ex.grads, "f32, over micro-batches");
   // Data: what the feed holds. Images: the loader's slots (prefetch + 1 with workers),
   // each a batch of f32 images and i32 labels, and the feed's label copy. Tokens: the
@@ -135,7 +158,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
              : fmt::format("2 batches of {} windows", batch));
   for (const MemoryItem& i : e.state) e.state_bytes += i.bytes;
 
-  e.train = graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g));
+  e.train = graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
+                                    zero2 ? &buckets : nullptr);
   std::vector<char> eval_pins(static_cast<size_t>(g.num_values()), 0);
   eval_pins[static_cast<size_t>(m.logits)] = 1;
   eval_pins[static_cast<size_t>(m.targets)] = 1;
@@ -181,21 +205,23 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   const int64_t per_step = job.data.global_batch / job.parallel.data;  // samples per rank
   const bool checkpointed = job.memory.checkpointing != ActivationCheckpointing::none;
   const bool can_offload = job.device.is_cuda() && !job.memory.offload.optimizer;
-  // ZeRO-1 first where it applies: the same result (SGD and AdamW update each element
-  // alone) for about the same traffic; once tried, every later candidate keeps it.
+  // ZeRO first where it applies: ZeRO-1 gives the same result (SGD and AdamW update
+  // each element alone) for about the same traffic, ZeRO-2 too with one micro-batch
+  // per rank (within rounding with more); the stage that was tried last stays in every
+  // later candidate.
   const bool can_zero =
-      job.parallel.data > 1 && job.parallel.zero_stage == 0 &&
+      job.parallel.data > 1 && job.parallel.zero_stage < 2 &&
       job.optimizer.name != OptimizerName::lamb && !job.memory.offload.optimizer &&
       (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
-  bool use_zero = false;
+  int use_zero = 0;
   auto fits_with = [&](int64_t mb, bool add_checkpointing, bool add_offload) {
     Job changed = job;
     changed.data.micro_batch = mb;
     changed.parallel.micro_batches = static_cast<int>(per_step / mb);
     a.sets.clear();
-    if (use_zero && !add_offload) {
-      changed.parallel.zero_stage = 1;
-      a.sets = {"--set", "parallel.zero_stage=1"};
+    if (use_zero > 0 && !add_offload) {
+      changed.parallel.zero_stage = use_zero;
+      a.sets = {"--set", fmt::format("parallel.zero_stage={}", use_zero)};
     }
     if (mb != job.data.micro_batch) {
       a.sets.insert(a.sets.end(),
@@ -216,8 +242,10 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   };
   const int64_t job_mb = job.data.micro_batch;
   if (can_zero) {
-    use_zero = true;
-    if (fits_with(job_mb, false, false)) return a;
+    for (int stage = job.parallel.zero_stage + 1; stage <= 2; ++stage) {
+      use_zero = stage;
+      if (fits_with(job_mb, false, false)) return a;
+    }
   }
   for (int64_t mb = job_mb - 1; 2 * mb >= job_mb; --mb)
     if (per_step % mb == 0 && fits_with(mb, false, false)) return a;
@@ -255,8 +283,8 @@ std::string format_fit(const FitAdvice& a, size_t capacity) {
   }
   return fmt::format(
       "does not fit in {} even at micro-batch 1 with checkpointing{} (peak {}: the model state "
-      "alone is {}); a smaller model, or ZeRO stages 2 and 3 (not yet available), are what is "
-      "left\n",
+      "alone is {}); a smaller model, more data-parallel ranks with ZeRO, or ZeRO-3 (not yet "
+      "available), are what is left\n",
       human(capacity), a.estimate.host.empty() ? "" : " and optimizer offload",
       human(a.estimate.peak_bytes), human(a.estimate.state_bytes));
 }

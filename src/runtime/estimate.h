@@ -54,13 +54,14 @@ int blocks_per_segment(const Job& job, const graph::Graph& graph);
 MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options = {});
 
 // The smallest change that brings the peak to at most `capacity` bytes: the job as it
-// is; else, with several data-parallel ranks, ZeRO-1 (sharded masters and optimizer
-// state: the same result; kept in every later candidate); else a smaller micro-batch (more
+// is; else, with several data-parallel ranks, ZeRO-1 then ZeRO-2 (sharded masters and
+// optimizer state, then gradients: the same result; kept in every later candidate);
+// else a smaller micro-batch (more
 // accumulation micro-batches: the same global batch, hence the same result) down to half the job's;
 // else `block` activation checkpointing (exact too, about a quarter more compute) at the largest
 // micro-batch that fits; on CUDA then optimizer offload (masters and optimizer state to host
 // memory), alone and with block checkpointing; else smaller micro-batches still.
-// ZeRO stages 2 and 3 join the search as they land. `sets` are `--set` arguments `dtrain train`
+// ZeRO-3 joins the search as it lands. `sets` are `--set` arguments `dtrain train`
 // accepts.
 struct FitAdvice {
   bool fits = false;

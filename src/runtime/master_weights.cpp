@@ -30,7 +30,7 @@ void copy_buffers(const graph::FlatStore& from, const graph::FlatStore& to) {
 }  // namespace
 
 MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device,
-                             bool offload, ShardRange shard)
+                             bool offload, ShardRange shard, Tensor shard_grads)
     : ex_(ex),
       mode_(mode),
       device_(device),
@@ -43,18 +43,26 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
                  "the executor's gradient {} is not in the fp32 layout", layout_.entries()[p].name);
   }
   grads_ = ex.grads().flat(DType::f32);
+  if (shard_grads.defined()) {  // ZeRO-2: the executor has no whole gradient buffer
+    DTRAIN_CHECK(shard.sharded() && shard_grads.numel() == shard.size(),
+                 "ZeRO-2 gradients of {} elements for a shard of {}", shard_grads.numel(),
+                 shard.size());
+    grads_ = std::move(shard_grads);
+    grads_sharded_ = true;
+  }
   if (mode_ == MasterMode::fp32) {
     for (const graph::FlatEntry& e : ex.params().entries()) {
       DTRAIN_CHECK(e.spec.dtype == DType::f32, "{} is {} in an fp32 run", e.name,
                    dtype_name(e.spec.dtype));
     }
   }
-  if (!shard_.sharded()) shard_ = shard_of(grads_.numel(), 0, 1);
+  const int64_t layout_elems = layout_.buffer_elems(DType::f32);
+  if (!shard_.sharded()) shard_ = shard_of(layout_elems, 0, 1);
   if (shard_.sharded()) {
     DTRAIN_CHECK(!offload_ && mode_ != MasterMode::in_place,
                  "ZeRO shards fp32 parameters or fp32 masters, without offload");
-    DTRAIN_CHECK(shard_.end <= grads_.numel(), "shard [{}, {}) of {} elements", shard_.begin,
-                 shard_.end, grads_.numel());
+    DTRAIN_CHECK(shard_.end <= layout_elems, "shard [{}, {}) of {} elements", shard_.begin,
+                 shard_.end, layout_elems);
     if (mode_ == MasterMode::fp32) {
       target_.flat = ex.params().flat(DType::f32).view(shard_.begin, Shape{shard_.size()});
       return;
@@ -121,9 +129,15 @@ void MasterWeights::upload() { copy_buffers(host_params_, ex_.params()); }
 void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
   if (shard_.sharded()) {
     DTRAIN_CHECK(comm_ != nullptr, "ZeRO step before attach()");
-    opt.step(target_, grads_.view(shard_.begin, Shape{shard_.size()}), lr, grad_scale);
+    opt.step(target_, grads_sharded_ ? grads_ : grads_.view(shard_.begin, Shape{shard_.size()}), lr,
+             grad_scale);
     if (mode_ == MasterMode::fp32) {
       gather_shards(*comm_, ex_.params().flat(DType::f32), shard_);
+      return;
+    }
+    if (grads_sharded_) {  // no whole buffer to gather through: pieces, rounded as they come
+      broadcast_shards(*comm_, shard_masters_, layout_.buffer_elems(DType::f32), gather_piece_,
+                       [this](int64_t lo, const Tensor& values) { publish_piece(lo, values); });
       return;
     }
     // The gradients are spent: their buffer carries the gathered masters, which every

@@ -31,6 +31,9 @@
 // rounds every half parameter itself from the same f32 value. A checkpoint is saved
 // by shard (shard_params()) and read back piece by piece (load_piece()), from any
 // layout's checkpoint.
+// ZeRO-2 (shard_grads given: f32 [shard size], kept by dist::ShardedGradSync): the
+// executor holds no whole gradient buffer, grads() is this rank's shard of it, and
+// the masters are passed around in pieces after the step (runtime::broadcast_shards).
 #pragma once
 
 #include <memory>
@@ -50,7 +53,7 @@ class MasterWeights {
   // ex: initialised from `seed` already. masters are initialised from the same seed in
   // f32 (an fp32 run's values, unrounded) and published into the executor.
   MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device,
-                bool offload = false, ShardRange shard = {});
+                bool offload = false, ShardRange shard = {}, Tensor shard_grads = {});
   // The data-parallel communicator the shards are gathered over (ZeRO; before step()).
   void attach(dist::Communicator& comm) { comm_ = &comm; }
   const ShardRange& shard() const { return shard_; }
@@ -64,7 +67,11 @@ class MasterWeights {
   Device optimizer_device() const { return offload_ ? Device::cpu() : device_; }
   // The fp32 layout of the gradients, the optimizer state and the checkpoint.
   const std::vector<graph::FlatEntry>& layout() const { return layout_.entries(); }
-  Tensor grads() const { return grads_; }  // f32, in layout(): the executor's
+  // f32, in layout(): the executor's (ZeRO-2: this rank's shard of it)
+  Tensor grads() const { return grads_; }
+  // ZeRO-2: each rank holds only its shard of the gradient; the pieces of the masters
+  // travel in pieces of this many elements after each step.
+  void set_gather_piece(int64_t elems) { gather_piece_ = elems; }
   // Where the optimizer writes (built once; the views stay valid).
   const optim::ParamTarget& target() const { return target_; }
   // One update: opt (built on optimizer_device()) reads grads() x grad_scale and
@@ -100,6 +107,8 @@ class MasterWeights {
   ShardRange shard_;
   Tensor shard_masters_;  // ZeRO with masters: this rank's range of them
   dist::Communicator* comm_ = nullptr;
+  bool grads_sharded_ = false;              // ZeRO-2: grads_ is the shard
+  int64_t gather_piece_ = 1 << 22;          // ZeRO-2: elements per broadcast piece
   graph::FlatStore layout_;                 // masters (allocated) or the layout alone
   std::unique_ptr<graph::FlatStore> wide_;  // in_place: the widened checkpoint copy
   Tensor grads_;

@@ -29,6 +29,7 @@
 #include "dist/allreduce.h"
 #include "dist/ddp.h"
 #include "dist/watchdog.h"
+#include "dist/zero_grads.h"
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
@@ -100,22 +101,22 @@ void require_supported(const Job& job, int world) {
     unsupported("parallel",
                 fmt::format("data {} x tensor {} x pipeline {}", p.data, p.tensor, p.pipeline));
   }
-  if (p.zero_stage >= 2) {
-    unsupported(
-        "parallel.zero_stage",
-        fmt::format("{} (stage 1 is built: sharded optimizer state and masters)", p.zero_stage));
+  if (p.zero_stage >= 3) {
+    unsupported("parallel.zero_stage",
+                fmt::format("{} (stages 1 and 2 are built: sharded optimizer state, masters "
+                            "and gradients; parameters stay whole)",
+                            p.zero_stage));
   }
-  if (p.zero_stage == 1) {
+  if (p.zero_stage >= 1) {
     if (job.optimizer.name == OptimizerName::lamb) {
       unsupported("optimizer.name",
-                  "lamb with parallel.zero_stage 1 (its per-tensor trust ratio across shard "
-                  "boundaries is not built yet; sgd and adamw shard)");
+                  "lamb with ZeRO (its per-tensor trust ratio across shard boundaries is not "
+                  "built yet; sgd and adamw shard)");
     }
     if (job.memory.offload.optimizer)
-      unsupported("memory.offload.optimizer", "true with parallel.zero_stage 1 (not built yet)");
+      unsupported("memory.offload.optimizer", "true with ZeRO (not built yet)");
     if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights) {
-      unsupported("precision.master_weights",
-                  "false with parallel.zero_stage 1 (ZeRO shards the fp32 masters)");
+      unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)");
     }
   }
   if (job.compress.method != CompressMethod::none) {
@@ -254,6 +255,9 @@ class TrainSession {
   std::unique_ptr<DataSource> source_;
   std::unique_ptr<DeviceFeed> train_;
   std::unique_ptr<dist::GradSync> sync_;
+  std::unique_ptr<dist::ShardedGradSync> zero_sync_;  // ZeRO-2 instead of sync_
+  bool zero2_ = false;
+  Tensor shard_grads_;  // ZeRO-2: this rank's shard of the summed gradient
   std::unique_ptr<BufferAverage> buffer_avg_;
   Tensor grad_acc_;
   bool language_model_ = false;
@@ -289,7 +293,11 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   const int64_t batch = job_.data.micro_batch;
   policy_.compute = compute_dtype(job_.precision.dtype);
   model_ = models::build_model(job_.model, batch, policy_);
-  ex_ = std::make_unique<graph::Executor>(model_.graph, job_.device);
+  // ZeRO-2 keeps no whole gradient buffer: backward writes into dist::ShardedGradSync's
+  // buckets (connect()), and each rank keeps its shard of the sum.
+  zero2_ = job_.parallel.zero_stage >= 2 && comm.size() > 1;
+  ex_ = std::make_unique<graph::Executor>(
+      model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
   ex_->set_checkpointing(blocks_per_segment(job_, model_.graph));
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
@@ -301,13 +309,19 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   const MasterMode mode = !policy_.half()                 ? MasterMode::fp32
                           : job_.precision.master_weights ? MasterMode::masters
                                                           : MasterMode::in_place;
-  // ZeRO-1: this rank steps its shard of the fp32 layout (runtime/zero.h).
-  const int64_t layout_elems = ex_->grads().flat(DType::f32).numel();
+  // ZeRO: this rank steps its shard of the fp32 layout (runtime/zero.h).
+  const int64_t layout_elems = ex_->grads().buffer_elems(DType::f32);
   const ShardRange shard = job_.parallel.zero_stage >= 1 && comm_.size() > 1
                                ? shard_of(layout_elems, comm_.rank(), comm_.size())
                                : ShardRange{};
+  if (zero2_) {
+    shard_grads_ =
+        Tensor::empty(Shape{shard.size()}, DType::f32, &kernels::device_allocator(job_.device));
+  }
   weights_ = std::make_unique<MasterWeights>(*ex_, mode, counters_.seed, job_.device,
-                                             job_.memory.offload.optimizer, shard);
+                                             job_.memory.offload.optimizer, shard, shard_grads_);
+  weights_->set_gather_piece(
+      std::max<int64_t>(1, static_cast<int64_t>(job_.comm.bucket_mb * 1024.0 * 1024.0 / 4)));
   const Tensor grads = weights_->grads();
   std::vector<optim::ParamSegment> segments =
       segments_of(weights_->layout(), job_.optimizer.no_decay);
@@ -317,7 +331,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   }
   opt_ = optim::make_optimizer(job_.optimizer, std::move(segments), weights_->shard().size(),
                                weights_->optimizer_device());
-  if (micro_batches_ > 1) {
+  if (micro_batches_ > 1 && !zero2_) {
     grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }
   if (job_.model.init_from) init_from(*job_.model.init_from);
@@ -435,18 +449,35 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   std::vector<dist::GradRange> ranges;
   for (const graph::FlatEntry& e : weights_->layout())
     ranges.push_back({e.offset, e.spec.shape.numel()});
-  sync_ = std::make_unique<dist::GradSync>(
-      *grad_comm_,
-      dist::plan_buckets(ranges, weights_->grads().numel(),
-                         static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0)),
-      ex_->grads().size(), job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
+  const int64_t layout_elems = ex_->grads().buffer_elems(DType::f32);
+  std::vector<dist::Bucket> planned = dist::plan_buckets(
+      ranges, layout_elems, static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0));
+  if (zero2_) {
+    std::vector<std::pair<int64_t, int64_t>> owners;
+    for (int r = 0; r < comm_.size(); ++r) {
+      const ShardRange s = shard_of(layout_elems, r, comm_.size());
+      owners.emplace_back(s.begin, s.end);
+    }
+    zero_sync_ =
+        std::make_unique<dist::ShardedGradSync>(*grad_comm_, planned, ranges, owners, shard_grads_);
+    ex_->set_grad_storage([this](int p) {
+      return zero_sync_->grad_view(p, weights_->layout()[static_cast<size_t>(p)].spec.shape);
+    });
+  }
+  sync_ =
+      std::make_unique<dist::GradSync>(*grad_comm_, std::move(planned), ex_->grads().size(),
+                                       job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
   const int last_param = ex_->grads().size() - 1;
   ex_->hooks.grad_ready = [this, last_param](int p) {
     if (inject_overflow_ && p == last_param) {  // DTRAIN_TEST_OVERFLOW, before the send
-      Tensor g = ex_->grads().view(p).view(0, Shape{1});
+      Tensor g = ex_->grad_view(p).view(0, Shape{1});
       kernels::fill(g, std::numeric_limits<float>::infinity());
     }
-    sync_->ready(p);
+    if (zero_sync_) {
+      zero_sync_->ready(p);
+    } else {
+      sync_->ready(p);
+    }
   };
   buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
 
@@ -476,10 +507,11 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   }
   if (weights_->shard().sharded()) {
     const ShardRange& sh = weights_->shard();
-    note(fmt::format(
-        "ZeRO-1: optimizer state{} sharded over {} ranks ({} elements each; "
-        "parameters all-gathered after each step, checkpoints saved by shard)",
-        weights_->mode() == MasterMode::masters ? " and fp32 masters" : "", sh.world, sh.block));
+    note(
+        fmt::format("ZeRO-{}: optimizer state{}{} sharded over {} ranks ({} elements each; "
+                    "parameters all-gathered after each step, checkpoints saved by shard)",
+                    zero2_ ? 2 : 1, weights_->mode() == MasterMode::masters ? ", fp32 masters" : "",
+                    zero2_ ? ", gradients" : "", sh.world, sh.block));
   }
 }
 
@@ -522,11 +554,12 @@ double TrainSession::train_step(const StopSignals& signals) {
     const FeedBatch& b = train_->next();
     set_batch(b);
     buffer_avg_->begin_micro(m);
+    if (zero_sync_) zero_sync_->begin_micro(m == 0);
     const auto g = static_cast<uint64_t>(m * comm_.size() + comm_.rank());
     ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step), {g * mb, mb});
     const bool last = m + 1 == micro_batches_;
     if (last) {
-      sync_->arm(grads, micro_batches_ > 1 ? grad_acc_ : Tensor());
+      if (!zero_sync_) sync_->arm(grads, micro_batches_ > 1 ? grad_acc_ : Tensor());
       inject_overflow_ = overflows_.due(counters_.step + 1);
     }
     // d loss = label count x loss scale: the sum over labels, scaled (undone below).
@@ -538,6 +571,10 @@ double TrainSession::train_step(const StopSignals& signals) {
     local.labelled += static_cast<double>(b.labelled);
     buffer_avg_->end_micro(m);
     counters_.position = b.next;
+    if (zero_sync_) {  // every micro-batch is reduced into the shard as backward runs
+      zero_sync_->finish();
+      continue;
+    }
     if (last) break;
     if (m == 0) {
       kernels::scale(1.0f, grads, grad_acc_);
@@ -545,7 +582,7 @@ double TrainSession::train_step(const StopSignals& signals) {
       kernels::axpy(1.0f, grads, grad_acc_);
     }
   }
-  sync_->finish();
+  if (!zero_sync_) sync_->finish();
   buffer_avg_->finish();
   local.stop = signals.requested() ? 1 : 0;
   const StepTotals total = agree_totals(local);
@@ -556,7 +593,11 @@ double TrainSession::train_step(const StopSignals& signals) {
   // reads each gradient times unscale x the clipping factor in its one pass. Every rank
   // holds the same summed gradient, so every rank finds the same overflow.
   const double unscale = total.labelled > 0 ? 1.0 / (total.labelled * scaler_.scale()) : 0.0;
-  const double norm = std::sqrt(optim::grad_sum_squares(grads)) * unscale;
+  // ZeRO-2: each rank holds its shard of the gradient; the norm adds the shards' parts.
+  const double sum_squares = zero_sync_
+                                 ? sum_over_ranks<1>(comm_, {optim::grad_sum_squares(grads)})[0]
+                                 : optim::grad_sum_squares(grads);
+  const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
   const precision::ScaleDecision d = scaler_.update(found_inf);
   ++counters_.step;
@@ -584,17 +625,20 @@ double TrainSession::train_step(const StopSignals& signals) {
 
 // The first parameter (in flat order) whose gradient holds inf or nan, or "" when none.
 std::string TrainSession::first_non_finite(const Tensor& grads) const {
+  // ZeRO-2: `grads` is this rank's shard [begin, end) of the layout.
+  const int64_t base = zero_sync_ ? weights_->shard().begin : 0;
   const Tensor host = kernels::to_host(grads);
   const float* g = host.data<float>();
   for (const graph::FlatEntry& e : weights_->layout()) {
-    const int64_t n = e.spec.shape.numel();
-    for (int64_t i = 0; i < n; ++i) {
-      if (!std::isfinite(g[e.offset + i])) {
-        return fmt::format("first in {}, element {} = {}", e.name, i, g[e.offset + i]);
+    const int64_t lo = std::max(e.offset, base);
+    const int64_t hi = std::min(e.offset + e.spec.shape.numel(), base + grads.numel());
+    for (int64_t x = lo; x < hi; ++x) {
+      if (!std::isfinite(g[x - base])) {
+        return fmt::format("first in {}, element {} = {}", e.name, x - e.offset, g[x - base]);
       }
     }
   }
-  return "the loss itself";
+  return zero_sync_ ? "not in this rank's shard of the gradient" : "the loss itself";
 }
 
 // An overflow the scaler cannot absorb (no scaling, or a dynamic scale at its minimum).
@@ -653,7 +697,7 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
   const double samples = static_cast<double>(job_.data.global_batch);
   const double lr = optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr,
                                  std::max<int64_t>(opt_->step_count() - 1, 0), total_steps_);
-  const dist::SyncStats comm = sync_->take_stats();
+  const dist::SyncStats comm = zero_sync_ ? zero_sync_->take_stats() : sync_->take_stats();
   if (rank_log_) {
     rank_log_->write(fmt::format(
         "step {} loss {:.6f} step_time {:.4f}s data_wait {:.4f}s "
@@ -736,7 +780,7 @@ void TrainSession::save_checkpoint() {
     save.end = weights_->shard().end;
     save.params = weights_->shard_params();
     save.layout = &weights_->layout();
-    save.total = weights_->grads().numel();
+    save.total = ex_->grads().buffer_elems(DType::f32);
     save.buffers = &ex_->buffers();
     save.opt = opt_.get();
     save.zero_stage = job_.parallel.zero_stage;

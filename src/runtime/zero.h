@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor.h"
 #include "dist/communicator.h"
@@ -27,5 +28,13 @@ ShardRange shard_of(int64_t total, int rank, int world);
 // `flat` [total] holds this rank's range correct on each rank: afterwards every rank
 // holds all of it (an all-gather of the equal blocks and a broadcast of the tail).
 void gather_shards(dist::Communicator& comm, Tensor flat, const ShardRange& mine);
+
+// Every rank's range of an f32-layout vector of `total` elements, from its owner, in
+// pieces of at most `piece` elements: `take(lo, values)` runs on every rank for each
+// piece in layout order (`values` on this rank's device, valid during the call). For
+// ZeRO-2, whose ranks hold no whole f32 buffer to gather into. `mine`: f32 [this
+// rank's size].
+void broadcast_shards(dist::Communicator& comm, const Tensor& mine, int64_t total, int64_t piece,
+                      const std::function<void(int64_t lo, const Tensor& values)>& take);
 
 }  // namespace dtrain::runtime
