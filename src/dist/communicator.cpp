@@ -140,10 +140,11 @@ class SelfCommunicator final : public Communicator {
     DTRAIN_CHECK(root == 0, "broadcast root {} in a group of one", root);
     count("broadcast", buf.nbytes());
   }
-  void reduce(Tensor buf, int root) override {
+  Handle reduce_async(Tensor buf, int root) override {
     check_self_buffer(buf, "reduce");
     DTRAIN_CHECK(root == 0, "reduce root {} in a group of one", root);
     count("reduce", buf.nbytes());
+    return completed_handle();
   }
   void send(const Tensor&, int peer) override {
     DTRAIN_CHECK(false, "send to rank {} in a group of one (self)", peer);

@@ -85,8 +85,9 @@ class Communicator {
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   virtual void broadcast(Tensor& buf, int root) = 0;
   // The sum over every rank's `buf` lands in root's `buf` (in place); the other ranks'
-  // `buf` is left as it was. ZeRO-2 sends each bucket's piece to the rank that owns it.
-  virtual void reduce(Tensor buf, int root) = 0;
+  // `buf` is left as it was. ZeRO sends each bucket's piece to the rank that owns it.
+  virtual Handle reduce_async(Tensor buf, int root) = 0;
+  void reduce(Tensor buf, int root) { reduce_async(std::move(buf), root).wait(); }
   virtual void send(const Tensor& buf, int peer) = 0;
   virtual void recv(Tensor& buf, int peer) = 0;
   virtual void barrier() = 0;

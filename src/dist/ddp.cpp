@@ -1,6 +1,8 @@
 // Bucket planning and the arm / ready / finish cycle of one optimizer step.
 #include "dist/ddp.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
@@ -66,13 +68,19 @@ void GradSync::set_algorithms(const std::vector<AllreduceAlgo>& per_bucket) {
   for (size_t b = 0; b < buckets_.size(); ++b) buckets_[b].algo = per_bucket[b];
 }
 
+void GradSync::set_owners(std::vector<std::pair<int64_t, int64_t>> ranges) {
+  DTRAIN_CHECK(static_cast<int>(ranges.size()) == comm_.size(), "{} owner ranges for {} ranks",
+               ranges.size(), comm_.size());
+  owners_ = std::move(ranges);
+}
+
 void GradSync::arm(Tensor grads, Tensor acc) {
   grads_ = std::move(grads);
   acc_ = std::move(acc);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     pending_[b] = static_cast<int>(buckets_[b].params.size());
     launched_[b] = 0;
-    handles_[b] = Handle();
+    handles_[b].clear();
   }
   armed_ = true;
 }
@@ -90,8 +98,17 @@ void GradSync::launch(size_t b) {
   Tensor g = range_of(grads_, buckets_[b]);
   if (acc_.defined()) kernels::axpy(1.0f, range_of(acc_, buckets_[b]), g);
   stats_.bytes += static_cast<uint64_t>(g.nbytes());
-  handles_[b] = comm_.all_reduce_async(g, ReduceOp::sum, buckets_[b].algo);
   launched_[b] = 1;
+  if (owners_.empty()) {
+    handles_[b].push_back(comm_.all_reduce_async(g, ReduceOp::sum, buckets_[b].algo));
+    return;
+  }
+  const Bucket& k = buckets_[b];
+  for (int r = 0; r < static_cast<int>(owners_.size()); ++r) {
+    const int64_t lo = std::max(k.begin, owners_[static_cast<size_t>(r)].first);
+    const int64_t hi = std::min(k.end, owners_[static_cast<size_t>(r)].second);
+    if (lo < hi) handles_[b].push_back(comm_.reduce_async(g.view(lo - k.begin, Shape{hi - lo}), r));
+  }
 }
 
 void GradSync::finish() {
@@ -105,7 +122,8 @@ void GradSync::finish() {
   // exposed time is what communication adds after backward has finished there.
   if (comm_.size() > 1 && !grads_.device().is_cpu()) kernels::synchronize(grads_.device());
   const Clock::time_point t0 = Clock::now();
-  for (Handle& h : handles_) h.wait();
+  for (std::vector<Handle>& hs : handles_)
+    for (Handle& h : hs) h.wait();
   stats_.exposed_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   armed_ = false;
   grads_ = Tensor();

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -49,6 +50,10 @@ class GradSync {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   void set_algorithms(const std::vector<AllreduceAlgo>& per_bucket);
+  // ZeRO-1: instead of all-reducing a bucket, reduce each part of it into the rank
+  // that owns that range (every rank's [begin, end), in rank order): afterwards only
+  // this rank's own range of `grads` holds the sum (the volume of a reduce-scatter).
+  void set_owners(std::vector<std::pair<int64_t, int64_t>> ranges);
 
   // Before the last micro-step's backward: `grads` is the flat f32 buffer backward
   // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
@@ -68,7 +73,8 @@ class GradSync {
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // per param
   std::vector<int> pending_;    // per bucket: gradients not yet ready
-  std::vector<Handle> handles_;
+  std::vector<std::vector<Handle>> handles_;
+  std::vector<std::pair<int64_t, int64_t>> owners_;
   std::vector<char> launched_;
   Overlap overlap_;
   Tensor grads_, acc_;

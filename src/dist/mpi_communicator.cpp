@@ -292,7 +292,7 @@ class MpiCommunicator final : public Communicator {
   void reduce_scatter(const Tensor& in, Tensor& out) override;
   void all_gather(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor& buf, int root) override;
-  void reduce(Tensor buf, int root) override;
+  Handle reduce_async(Tensor buf, int root) override;
   void send(const Tensor& buf, int peer) override;
   void recv(Tensor& buf, int peer) override;
   void barrier() override {
@@ -390,16 +390,16 @@ void MpiCommunicator::broadcast(Tensor& buf, int root) {
   }).wait();
 }
 
-void MpiCommunicator::reduce(Tensor buf, int root) {
+Handle MpiCommunicator::reduce_async(Tensor buf, int root) {
   check_comm_buffer(buf, "reduce");
   DTRAIN_CHECK(root >= 0 && root < s_->size, "reduce root {} of {}", root, s_->size);
   const int n = int_count(buf, "reduce");
   const bool mine = root == s_->rank;
-  enqueue("reduce", buf.nbytes(), [buf, n, root, mine](CommState& s) {
+  return enqueue("reduce", buf.nbytes(), [buf, n, root, mine](CommState& s) {
     const MPI_Datatype t = mpi_type(buf.dtype());
     DTRAIN_MPI_CHECK(MPI_Reduce(mine ? MPI_IN_PLACE : buf.raw(), mine ? buf.raw() : nullptr, n, t,
                                 MPI_SUM, root, s.comm));
-  }).wait();
+  });
 }
 
 void MpiCommunicator::send(const Tensor& buf, int peer) {

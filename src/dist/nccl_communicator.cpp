@@ -277,13 +277,16 @@ class NcclCommunicator final : public Communicator {
                                       nccl_type(buf.dtype()), root, s_->comm, st));
     }).wait();
   }
-  void reduce(Tensor buf, int root) override {
+  Handle reduce_async(Tensor buf, int root) override {
     check(buf, "reduce", false);
     DTRAIN_CHECK(root >= 0 && root < s_->size, "reduce root {} of {}", root, s_->size);
-    issue("reduce", buf.nbytes(), [this, buf, root](cudaStream_t st) {
-      DTRAIN_NCCL_CHECK(ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()),
-                                   nccl_type(buf.dtype()), ncclSum, root, s_->comm, st));
-    }).wait();
+    return issue(
+        "reduce", buf.nbytes(),
+        [this, buf, root](cudaStream_t st) {
+          DTRAIN_NCCL_CHECK(ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()),
+                                       nccl_type(buf.dtype()), ncclSum, root, s_->comm, st));
+        },
+        buf);
   }
   void send(const Tensor& buf, int peer) override {
     check(buf, "send", false);

@@ -229,6 +229,7 @@ class TrainSession {
   void connect(dist::Watchdog* watchdog);
   double train_step(const StopSignals& signals);
   std::string first_non_finite(const Tensor& grads) const;
+  Tensor own_grads() const;
   [[noreturn]] void fail_non_finite(double loss, const Tensor& grads) const;
   StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();
@@ -452,12 +453,12 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   const int64_t layout_elems = ex_->grads().buffer_elems(DType::f32);
   std::vector<dist::Bucket> planned = dist::plan_buckets(
       ranges, layout_elems, static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0));
+  std::vector<std::pair<int64_t, int64_t>> owners;  // ZeRO: every rank's range
+  for (int r = 0; weights_->shard().sharded() && r < comm_.size(); ++r) {
+    const ShardRange s = shard_of(layout_elems, r, comm_.size());
+    owners.emplace_back(s.begin, s.end);
+  }
   if (zero2_) {
-    std::vector<std::pair<int64_t, int64_t>> owners;
-    for (int r = 0; r < comm_.size(); ++r) {
-      const ShardRange s = shard_of(layout_elems, r, comm_.size());
-      owners.emplace_back(s.begin, s.end);
-    }
     zero_sync_ =
         std::make_unique<dist::ShardedGradSync>(*grad_comm_, planned, ranges, owners, shard_grads_);
     ex_->set_grad_storage([this](int p) {
@@ -467,6 +468,9 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   sync_ =
       std::make_unique<dist::GradSync>(*grad_comm_, std::move(planned), ex_->grads().size(),
                                        job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
+  // ZeRO-1: each bucket's parts are reduced into their owners (a reduce-scatter's
+  // volume) instead of all-reduced: a rank steps only its range.
+  if (weights_->shard().sharded() && !zero2_) sync_->set_owners(owners);
   const int last_param = ex_->grads().size() - 1;
   ex_->hooks.grad_ready = [this, last_param](int p) {
     if (inject_overflow_ && p == last_param) {  // DTRAIN_TEST_OVERFLOW, before the send
@@ -593,10 +597,11 @@ double TrainSession::train_step(const StopSignals& signals) {
   // reads each gradient times unscale x the clipping factor in its one pass. Every rank
   // holds the same summed gradient, so every rank finds the same overflow.
   const double unscale = total.labelled > 0 ? 1.0 / (total.labelled * scaler_.scale()) : 0.0;
-  // ZeRO-2: each rank holds its shard of the gradient; the norm adds the shards' parts.
-  const double sum_squares = zero_sync_
-                                 ? sum_over_ranks<1>(comm_, {optim::grad_sum_squares(grads)})[0]
-                                 : optim::grad_sum_squares(grads);
+  // ZeRO: each rank holds the sum only in its own range; the norm adds the ranges'.
+  const double sum_squares =
+      weights_->shard().sharded()
+          ? sum_over_ranks<1>(comm_, {optim::grad_sum_squares(own_grads())})[0]
+          : optim::grad_sum_squares(grads);
   const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
   const precision::ScaleDecision d = scaler_.update(found_inf);
@@ -606,7 +611,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   if (d.skip) {  // weights, optimizer state and buffers stay as the step found them
     buffer_avg_->discard();
     note(fmt::format("step {}: inf or nan in the gradients ({}); step skipped, loss scale {} -> {}",
-                     counters_.step, first_non_finite(grads), d.old_scale, d.new_scale));
+                     counters_.step, first_non_finite(own_grads()), d.old_scale, d.new_scale));
     return loss;
   }
   if (d.event == precision::ScaleEvent::grew && rank_log_) {
@@ -623,10 +628,19 @@ double TrainSession::train_step(const StopSignals& signals) {
   return loss;
 }
 
+// The gradient this rank holds summed: all of it, or with ZeRO its own range (ZeRO-2
+// keeps nothing else; ZeRO-1's other ranges hold this rank's own part only).
+Tensor TrainSession::own_grads() const {
+  const Tensor grads = weights_->grads();
+  const ShardRange& sh = weights_->shard();
+  if (!sh.sharded() || zero2_) return grads;
+  return grads.view(sh.begin, Shape{sh.size()});
+}
+
 // The first parameter (in flat order) whose gradient holds inf or nan, or "" when none.
 std::string TrainSession::first_non_finite(const Tensor& grads) const {
-  // ZeRO-2: `grads` is this rank's shard [begin, end) of the layout.
-  const int64_t base = zero_sync_ ? weights_->shard().begin : 0;
+  // ZeRO: `grads` is this rank's range [begin, end) of the layout (own_grads()).
+  const int64_t base = weights_->shard().sharded() ? weights_->shard().begin : 0;
   const Tensor host = kernels::to_host(grads);
   const float* g = host.data<float>();
   for (const graph::FlatEntry& e : weights_->layout()) {
@@ -638,12 +652,13 @@ std::string TrainSession::first_non_finite(const Tensor& grads) const {
       }
     }
   }
-  return zero_sync_ ? "not in this rank's shard of the gradient" : "the loss itself";
+  return weights_->shard().sharded() ? "not in this rank's shard of the gradient"
+                                     : "the loss itself";
 }
 
 // An overflow the scaler cannot absorb (no scaling, or a dynamic scale at its minimum).
 void TrainSession::fail_non_finite(double loss, const Tensor& grads) const {
-  const std::string where = first_non_finite(grads);
+  const std::string where = first_non_finite(own_grads());
   if (scaler_.mode() == LossScaleMode::none) {
     throw RunError(
         fmt::format("step {}: the loss is {} and the gradient holds inf or nan ({})",
