@@ -29,6 +29,7 @@ Handle completed_handle();
 class OpCounter {
  public:
   uint64_t issue(std::string op, size_t bytes);  // returns the op's sequence number
+  void set_ranks(int n) { ranks_ = n; }          // for CommStats::bus_bytes
   void finished(double seconds);                 // one operation done after `seconds`
   CommStats stats() const;
   OpRecord last() const;
@@ -39,6 +40,7 @@ class OpCounter {
   CommStats stats_;
   OpRecord last_;
   std::deque<OpRecord> pending_;  // issued, not finished (operations finish in issue order)
+  int ranks_ = 1;
 };
 
 // A contiguous host tensor of f32, f64, i32 or i64 (internal check: the caller's bug).

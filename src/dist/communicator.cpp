@@ -43,6 +43,13 @@ uint64_t OpCounter::issue(std::string op, size_t bytes) {
   std::lock_guard lock(mu_);
   stats_.calls += 1;
   stats_.bytes += bytes;
+  const double n = ranks_, share = n > 1 ? (n - 1) / n : 0.0;
+  const bool all_reduce = op.rfind("all_reduce", 0) == 0;
+  const bool collective =
+      op == "reduce" || op == "reduce_scatter" || op == "all_gather" || op == "broadcast";
+  stats_.bus_bytes += static_cast<double>(bytes) * (all_reduce   ? 2 * share
+                                                    : collective ? share
+                                                                 : 0.0);
   last_ = OpRecord{stats_.calls, std::move(op), bytes};
   pending_.push_back(last_);
   return stats_.calls;

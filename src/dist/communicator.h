@@ -43,6 +43,11 @@ struct CommStats {
   uint64_t bytes = 0;      // payload bytes of those operations (the buffer, once per call)
   double seconds = 0.0;    // time the operations spent running (on the comm thread)
   uint64_t completed = 0;  // operations finished (calls - completed: queued or running)
+  // Bytes each rank moves over its links, by the bus-bandwidth convention of NVIDIA's
+  // nccl-tests: all-reduce 2(n-1)/n of the buffer; reduce-scatter, all-gather, reduce
+  // and broadcast (n-1)/n (what a bandwidth-optimal algorithm sends per rank); n ranks.
+  // The ZeRO paper's volumes are in these units (DP 2 x params, ZeRO-1/2 the same).
+  double bus_bytes = 0.0;
 };
 
 // How the group's ranks sit on nodes (for hierarchical all-reduce).

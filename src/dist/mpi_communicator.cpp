@@ -265,6 +265,7 @@ class MpiCommunicator final : public Communicator {
       set_errors_return(s->comm);
       DTRAIN_MPI_CHECK(MPI_Comm_rank(s->comm, &s->rank));
       DTRAIN_MPI_CHECK(MPI_Comm_size(s->comm, &s->size));
+      s->counter.set_ranks(s->size);
     });
   }
   ~MpiCommunicator() override {

@@ -211,6 +211,7 @@ class NcclCommunicator final : public Communicator {
     Context::get(device).activate();
     DTRAIN_NCCL_CHECK(ncclCommUserRank(comm, &s_->rank));
     DTRAIN_NCCL_CHECK(ncclCommCount(comm, &s_->size));
+    s_->counter.set_ranks(s_->size);
     DTRAIN_CUDA_CHECK(cudaStreamCreateWithFlags(&s_->stream, cudaStreamNonBlocking));
     DTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&s_->ready, cudaEventDisableTiming));
     poller_ = std::thread([s = s_] { s->poll(); });

@@ -258,7 +258,8 @@ class TrainSession {
   std::unique_ptr<dist::GradSync> sync_;
   std::unique_ptr<dist::ShardedGradSync> zero_sync_;  // ZeRO-2 instead of sync_
   bool zero2_ = false;
-  Tensor shard_grads_;  // ZeRO-2: this rank's shard of the summed gradient
+  Tensor shard_grads_;   // ZeRO-2: this rank's shard of the summed gradient
+  double bus_mark_ = 0;  // grad_comm_'s bus bytes at the last logged window
   std::unique_ptr<BufferAverage> buffer_avg_;
   Tensor grad_acc_;
   bool language_model_ = false;
@@ -517,6 +518,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
                     zero2_ ? 2 : 1, weights_->mode() == MasterMode::masters ? ", fp32 masters" : "",
                     zero2_ ? ", gradients" : "", sh.world, sh.block));
   }
+  bus_mark_ = grad_comm_->stats().bus_bytes;  // start-up's collectives are not a step's
 }
 
 // The estimate's bytes per kind ("parameters": ..., "activations (train)": ...).
@@ -713,6 +715,9 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
   const double lr = optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr,
                                  std::max<int64_t>(opt_->step_count() - 1, 0), total_steps_);
   const dist::SyncStats comm = zero_sync_ ? zero_sync_->take_stats() : sync_->take_stats();
+  const double bus = grad_comm_->stats().bus_bytes;  // every collective of the window's steps
+  const double volume = bus - bus_mark_;
+  bus_mark_ = bus;
   if (rank_log_) {
     rank_log_->write(fmt::format(
         "step {} loss {:.6f} step_time {:.4f}s data_wait {:.4f}s "
@@ -732,6 +737,7 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
       line["tokens_per_s"] = samples * static_cast<double>(*job_.model.seq_len) / seconds;
     if (comm_.size() > 1) {  // this rank's figures, summed over the window's steps
       line["comm_bytes"] = comm.bytes;
+      line["comm_volume_bytes"] = volume;  // dist::CommStats::bus_bytes: the ZeRO paper's units
       line["comm_time_s"] = comm.comm_seconds;
       line["exposed_comm_s"] = comm.exposed_seconds;
       line["allreduce"] = algo_summary_;

@@ -460,8 +460,10 @@ TEST_CASE("ZeRO-1 and ZeRO-2 lower the measured peak as dtrain estimate says, wi
     const std::vector<std::string> base = {"--set", std::string("precision.dtype=") + dtype};
     std::vector<std::string> zero = base;
     zero.insert(zero.end(), {"--set", "parallel.zero_stage=1"});
-    const double plain = peak(train(job, tmp.path(), std::string("plain-") + dtype, {2}, base));
-    const double sharded = peak(train(job, tmp.path(), std::string("zero-") + dtype, {2}, zero));
+    const fs::path plain_run = train(job, tmp.path(), std::string("plain-") + dtype, {2}, base);
+    const fs::path zero1_run = train(job, tmp.path(), std::string("zero-") + dtype, {2}, zero);
+    const double plain = peak(plain_run);
+    const double sharded = peak(zero1_run);
     std::vector<std::string> est = {"estimate", job.string(), "--world", "2", "--json"};
     est.insert(est.end(), zero.begin(), zero.end());
     const RunResult r = run_dtrain_command(est, tmp.path() / (std::string("est-") + dtype));
@@ -482,7 +484,8 @@ TEST_CASE("ZeRO-1 and ZeRO-2 lower the measured peak as dtrain estimate says, wi
     // estimate replays them (graph::GradBuckets) and still gives the measured peak.
     std::vector<std::string> zero2 = base;
     zero2.insert(zero2.end(), {"--set", "parallel.zero_stage=2"});
-    const double stage2 = peak(train(job, tmp.path(), std::string("zero2-") + dtype, {2}, zero2));
+    const fs::path zero2_run = train(job, tmp.path(), std::string("zero2-") + dtype, {2}, zero2);
+    const double stage2 = peak(zero2_run);
     std::vector<std::string> est2 = {"estimate", job.string(), "--world", "2", "--json"};
     est2.insert(est2.end(), zero2.begin(), zero2.end());
     const RunResult r2 = run_dtrain_command(est2, tmp.path() / (std::string("est2-") + dtype));
@@ -497,6 +500,24 @@ TEST_CASE("ZeRO-1 and ZeRO-2 lower the measured peak as dtrain estimate says, wi
     CHECK(stage2 < plain);
     const double estimated2 = e2.at("peak_bytes").get<double>();
     CHECK_MESSAGE(std::fabs(estimated2 / stage2 - 1) < 0.03, estimated2, " vs ", stage2);
+
+    // Communication per step in the ZeRO paper's units (dist::CommStats::bus_bytes): plain
+    // data parallelism's all-reduce moves 2(n-1)/n of the gradient, i.e. all of it on 2
+    // ranks; ZeRO-1 and ZeRO-2 reduce each part into its owner and all-gather the
+    // parameters: the same volume (the paper's 2 Psi for both), a few scalars apart.
+    auto volume = [](const fs::path& run) {
+      std::ifstream metrics(run / "metrics.jsonl");
+      for (std::string line; std::getline(metrics, line);) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        if (j.value("step", 0) == 3 && j.contains("comm_volume_bytes"))
+          return j.at("comm_volume_bytes").get<double>();
+      }
+      return 0.0;
+    };
+    const double v0 = volume(plain_run), v1 = volume(zero1_run), v2 = volume(zero2_run);
+    CHECK(std::fabs(v0 / grads1 - 1) < 0.02);  // the gradient, once (allocator rounding apart)
+    CHECK(std::fabs(v1 / v0 - 1) < 1e-3);
+    CHECK(std::fabs(v2 / v0 - 1) < 1e-3);
   }
 }
 
