@@ -89,6 +89,7 @@ class Lamb final : public Optimizer {
   }
 
   bool steps_views() const override { return false; }
+  void set_segment_sums(SegmentSums combine) override { combine_ = std::move(combine); }
 
   void update(const ParamTarget& target, const Tensor& g, double lr, float grad_scale) override {
     Tensor p = target.flat;
@@ -119,6 +120,7 @@ class Lamb final : public Optimizer {
       ps[seg] += sums[2 * c];
       us[seg] += sums[2 * c + 1];
     }
+    if (combine_) combine_(ps, us);  // ZeRO: the other ranks' pieces of each tensor
     for (size_t s = 0; s < ratio_.size(); ++s) {
       const double pn = std::sqrt(ps[s]), un = std::sqrt(us[s]);
       ratio_[s] = (pn > 0 && un > 0) ? pn / un : 1.0;
@@ -129,6 +131,7 @@ class Lamb final : public Optimizer {
   Tensor sums_, sums_host_;      // f64 [C, 2] per-chunk (sum p^2, sum u^2)
   Tensor step_dev_, step_host_;  // f32 [C] lr x trust ratio
   std::vector<double> ratio_;    // per segment
+  SegmentSums combine_;
 };
 
 }  // namespace

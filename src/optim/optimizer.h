@@ -61,6 +61,12 @@ class Optimizer {
   }
   // Whether steps accept ParamTarget::views (false for LAMB).
   virtual bool steps_views() const { return true; }
+  // Optimizers with per-segment norms (LAMB's trust ratio): when a segment is a shard's
+  // piece of a tensor (ZeRO), `combine` receives this optimizer's per-segment sums
+  // (sum p^2, sum u^2, segments() order) and replaces them with the whole tensors'
+  // (the ranks' pieces added). Others ignore it.
+  using SegmentSums = std::function<void(std::vector<double>& p2, std::vector<double>& u2)>;
+  virtual void set_segment_sums(SegmentSums combine) { (void)combine; }
 
   int64_t step_count() const { return step_; }
   // Views of the live buffers (not copies): write them out, or copy to keep a snapshot.

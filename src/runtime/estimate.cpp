@@ -210,8 +210,7 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   // per rank (within rounding with more); the stage that was tried last stays in every
   // later candidate.
   const bool can_zero =
-      job.parallel.data > 1 && job.parallel.zero_stage < 2 &&
-      job.optimizer.name != OptimizerName::lamb && !job.memory.offload.optimizer &&
+      job.parallel.data > 1 && job.parallel.zero_stage < 2 && !job.memory.offload.optimizer &&
       (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
   int use_zero = 0;
   auto fits_with = [&](int64_t mb, bool add_checkpointing, bool add_offload) {

@@ -108,11 +108,6 @@ void require_supported(const Job& job, int world) {
                             p.zero_stage));
   }
   if (p.zero_stage >= 1) {
-    if (job.optimizer.name == OptimizerName::lamb) {
-      unsupported("optimizer.name",
-                  "lamb with ZeRO (its per-tensor trust ratio across shard boundaries is not "
-                  "built yet; sgd and adamw shard)");
-    }
     if (job.memory.offload.optimizer)
       unsupported("memory.offload.optimizer", "true with ZeRO (not built yet)");
     if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights) {
@@ -333,6 +328,32 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   }
   opt_ = optim::make_optimizer(job_.optimizer, std::move(segments), weights_->shard().size(),
                                weights_->optimizer_device());
+  if (shard.sharded()) {
+    // LAMB's trust ratio wants each whole tensor's norms: a tensor cut by a shard
+    // boundary adds the ranks' sums (one small all-reduce of every tensor's two sums; a
+    // tensor one rank holds whole gets zeros from the others, so its sums are exact).
+    std::vector<size_t> tensor_of;
+    for (const optim::ParamSegment& seg : opt_->segments()) {
+      size_t t = 0;
+      while (weights_->layout()[t].name != seg.name) ++t;
+      tensor_of.push_back(t);
+    }
+    const size_t tensors = weights_->layout().size();
+    opt_->set_segment_sums(
+        [this, tensor_of, tensors](std::vector<double>& p2, std::vector<double>& u2) {
+          std::vector<double> all(2 * tensors, 0.0);
+          for (size_t s = 0; s < tensor_of.size(); ++s) {
+            all[2 * tensor_of[s]] = p2[s];
+            all[2 * tensor_of[s] + 1] = u2[s];
+          }
+          Tensor t = Tensor::wrap(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::f64);
+          comm_.all_reduce(t);
+          for (size_t s = 0; s < tensor_of.size(); ++s) {
+            p2[s] = all[2 * tensor_of[s]];
+            u2[s] = all[2 * tensor_of[s] + 1];
+          }
+        });
+  }
   if (micro_batches_ > 1 && !zero2_) {
     grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
   }

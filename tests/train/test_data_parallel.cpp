@@ -234,6 +234,8 @@ TEST_CASE("ZeRO-1 and ZeRO-2 on 2 ranks train exactly like plain data parallelis
        {"--set", "optimizer.clip_grad_norm=0.5"}},
       {"gpt2-bf16", lm_job(tmp.path(), "gpt2-tiny", tokens), {"--set", "precision.dtype=bf16"}},
       {"bert-adamw", lm_job(tmp.path(), "bert-mini", tokens), {}},
+      // LAMB: a tensor cut by the shard boundary adds the two ranks' norm sums.
+      {"gpt2-lamb", lm_job(tmp.path(), "gpt2-tiny", tokens), {"--set", "optimizer.name=lamb"}},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
