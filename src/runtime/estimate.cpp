@@ -126,7 +126,12 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   };
   const graph::ExecutorBytes host = graph::executor_bytes(
       g, job.device, [](size_t b) { return CachingAllocator::size_class(b); });
-  const size_t host_layout = host.grads;
+  // ZeRO-Offload: the host holds this rank's shard of each (the largest rank's).
+  const size_t host_layout =
+      sharded ? CachingAllocator::size_class(
+                    static_cast<size_t>(shard_of(layout_elems, world - 1, world).size()) *
+                    sizeof(float))
+              : host.grads;
   if (policy.half() && job.precision.master_weights)
     add_optimizer("master weights", offload ? host_layout : f32_layout,
                   "fp32 copy the optimizer steps" + shard_note);
@@ -137,7 +142,13 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       std::string(o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq") + shard_note);
   if (offload) {
     add_optimizer("gradients (host copy)", host_layout, "f32, downloaded for each step");
-    add_optimizer("parameters (host twin)", host.params, "written by the CPU step, then uploaded");
+    if (!sharded) {
+      add_optimizer("parameters (host twin)", host.params,
+                    "written by the CPU step, then uploaded");
+    } else if (!policy.half()) {
+      add_optimizer("parameters (host shard)", host_layout,
+                    "this rank's range, stepped on the host, then uploaded");
+    }
     for (const MemoryItem& i : e.host) e.host_bytes += i.bytes;
   }
   if (job.parallel.micro_batches > 1 && !zero2)  // ZeRO-2 accumulates in its shard
@@ -178,6 +189,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   e.eval_peak_at = where(g, e.eval);
   const bool train_higher = e.train.peak >= e.eval.peak;
   e.peak_bytes = e.state_bytes + std::max(e.train.peak, e.eval.peak);
+  // On the CPU (the offload tests) host memory is the device's: the same peak.
+  if (job.device.is_cpu()) e.peak_bytes += e.host_bytes;
   e.peak_at = train_higher ? e.train_peak_at : e.eval_peak_at + " (evaluation)";
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
   if (options.step_time) {
@@ -210,7 +223,7 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   // per rank (within rounding with more); the stage that was tried last stays in every
   // later candidate.
   const bool can_zero =
-      job.parallel.data > 1 && job.parallel.zero_stage < 2 && !job.memory.offload.optimizer &&
+      job.parallel.data > 1 && job.parallel.zero_stage < 2 &&
       (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
   int use_zero = 0;
   auto fits_with = [&](int64_t mb, bool add_checkpointing, bool add_offload) {
@@ -218,7 +231,7 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
     changed.data.micro_batch = mb;
     changed.parallel.micro_batches = static_cast<int>(per_step / mb);
     a.sets.clear();
-    if (use_zero > 0 && !add_offload) {
+    if (use_zero > 0) {  // ZeRO-Offload when offload joins
       changed.parallel.zero_stage = use_zero;
       a.sets = {"--set", fmt::format("parallel.zero_stage={}", use_zero)};
     }

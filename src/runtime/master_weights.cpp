@@ -58,17 +58,27 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
   }
   const int64_t layout_elems = layout_.buffer_elems(DType::f32);
   if (!shard_.sharded()) shard_ = shard_of(layout_elems, 0, 1);
+  Allocator* host = device.is_cuda() ? &kernels::pinned_host_allocator()
+                                     : static_cast<Allocator*>(&host_allocator());
   if (shard_.sharded()) {
-    DTRAIN_CHECK(!offload_ && mode_ != MasterMode::in_place,
-                 "ZeRO shards fp32 parameters or fp32 masters, without offload");
+    DTRAIN_CHECK(mode_ != MasterMode::in_place, "ZeRO shards fp32 parameters or fp32 masters");
     DTRAIN_CHECK(shard_.end <= layout_elems, "shard [{}, {}) of {} elements", shard_.begin,
                  shard_.end, layout_elems);
+    // ZeRO-Offload: this rank's shard of what the optimizer steps, and of the gradient
+    // it reads, in host memory; the executor keeps whole parameters on the device.
+    if (offload_) host_grads_ = Tensor::empty(Shape{shard_.size()}, DType::f32, host);
+    const Tensor own = ex.params().flat(DType::f32);
     if (mode_ == MasterMode::fp32) {
-      target_.flat = ex.params().flat(DType::f32).view(shard_.begin, Shape{shard_.size()});
+      target_.flat = own.view(shard_.begin, Shape{shard_.size()});
+      if (offload_) {
+        shard_host_params_ = Tensor::empty(Shape{shard_.size()}, DType::f32, host);
+        kernels::copy(target_.flat, shard_host_params_);
+        target_.flat = shard_host_params_;
+      }
       return;
     }
-    shard_masters_ =
-        Tensor::empty(Shape{shard_.size()}, DType::f32, &kernels::device_allocator(device));
+    shard_masters_ = Tensor::empty(Shape{shard_.size()}, DType::f32,
+                                   offload_ ? host : &kernels::device_allocator(device));
     layout_.initialize_range(seed, shard_.begin, shard_masters_);
     // Every half parameter from its f32 initial value, one tensor at a time.
     for (int p = 0; p < ex.params().size(); ++p) {
@@ -83,10 +93,8 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
   }
   // The parameters the optimizer writes: the executor's own, or their host twin.
   graph::FlatStore* params = &ex.params();
-  Allocator* host = nullptr;
   if (offload_) {
-    host = device.is_cuda() ? &kernels::pinned_host_allocator()
-                            : static_cast<Allocator*>(&host_allocator());
+    twin_ = true;
     host_params_ = graph::FlatStore(ex.params().entries());
     host_params_.allocate_host(*host);
     copy_buffers(ex.params(), host_params_);  // the executor's initial bits
@@ -115,13 +123,13 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
 }
 
 void MasterWeights::publish(const Tensor& flat) {
-  graph::FlatStore& params = offload_ ? host_params_ : ex_.params();
+  graph::FlatStore& params = twin_ ? host_params_ : ex_.params();
   for (int p = 0; p < params.size(); ++p) {
     const graph::FlatEntry& e = layout_.entries()[static_cast<size_t>(p)];
     Tensor dst = params.view(p);
     kernels::cast(flat.view(e.offset, e.spec.shape), dst);
   }
-  if (offload_) upload();
+  if (twin_) upload();
 }
 
 void MasterWeights::upload() { copy_buffers(host_params_, ex_.params()); }
@@ -129,10 +137,19 @@ void MasterWeights::upload() { copy_buffers(host_params_, ex_.params()); }
 void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
   if (shard_.sharded()) {
     DTRAIN_CHECK(comm_ != nullptr, "ZeRO step before attach()");
-    opt.step(target_, grads_sharded_ ? grads_ : grads_.view(shard_.begin, Shape{shard_.size()}), lr,
-             grad_scale);
+    Tensor g = grads_sharded_ ? grads_ : grads_.view(shard_.begin, Shape{shard_.size()});
+    if (offload_) {  // this rank's range of the summed gradient to the host
+      kernels::copy(g, host_grads_);
+      g = host_grads_;
+    }
+    opt.step(target_, g, lr, grad_scale);
     if (mode_ == MasterMode::fp32) {
-      gather_shards(*comm_, ex_.params().flat(DType::f32), shard_);
+      Tensor flat = ex_.params().flat(DType::f32);
+      if (offload_) {  // the stepped range back into the executor, then gathered there
+        Tensor mine = flat.view(shard_.begin, Shape{shard_.size()});
+        kernels::copy(shard_host_params_, mine);
+      }
+      gather_shards(*comm_, flat, shard_);
       return;
     }
     if (grads_sharded_) {  // no whole buffer to gather through: pieces, rounded as they come
@@ -159,15 +176,16 @@ void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
 
 Tensor MasterWeights::shard_params() const {
   if (shard_masters_.defined()) return shard_masters_;
+  if (shard_host_params_.defined()) return shard_host_params_;
   DTRAIN_CHECK(mode_ == MasterMode::fp32 && !offload_, "shard_params() of an unsharded layout");
   return ex_.params().flat(DType::f32).view(shard_.begin, Shape{shard_.size()});
 }
 
 graph::FlatStore& MasterWeights::state() {
-  if (mode_ == MasterMode::fp32) return offload_ ? host_params_ : ex_.params();
+  if (mode_ == MasterMode::fp32) return twin_ ? host_params_ : ex_.params();
   DTRAIN_CHECK(!shard_.sharded(), "sharded masters are saved by shard (shard_params())");
   if (mode_ == MasterMode::masters) return layout_;
-  const graph::FlatStore& params = offload_ ? host_params_ : ex_.params();
+  const graph::FlatStore& params = twin_ ? host_params_ : ex_.params();
   wide_ = std::make_unique<graph::FlatStore>(layout_.entries());
   wide_->allocate(params.device());
   for (int p = 0; p < wide_->size(); ++p) {
@@ -179,7 +197,7 @@ graph::FlatStore& MasterWeights::state() {
 
 void MasterWeights::publish_piece(int64_t lo, const Tensor& piece) {
   const int64_t hi = lo + piece.numel();
-  graph::FlatStore& params = offload_ ? host_params_ : ex_.params();
+  graph::FlatStore& params = twin_ ? host_params_ : ex_.params();
   for (int p = 0; p < params.size(); ++p) {
     const graph::FlatEntry& f = layout_.entries()[static_cast<size_t>(p)];
     const graph::FlatEntry& e = params.entries()[static_cast<size_t>(p)];
@@ -200,8 +218,15 @@ void MasterWeights::publish_piece(int64_t lo, const Tensor& piece) {
 void MasterWeights::load_piece(int64_t lo, const Tensor& piece) {
   const int64_t n = piece.numel();
   if (mode_ == MasterMode::fp32) {  // the parameters themselves (or their host twin)
-    Tensor dst = (offload_ ? host_params_ : ex_.params()).flat(DType::f32).view(lo, Shape{n});
+    Tensor dst = (twin_ ? host_params_ : ex_.params()).flat(DType::f32).view(lo, Shape{n});
     kernels::copy(piece, dst);
+    if (shard_host_params_.defined()) {  // ZeRO-Offload: this rank's range on the host
+      const int64_t a = std::max(lo, shard_.begin), b = std::min(lo + n, shard_.end);
+      if (a < b) {
+        Tensor mine = shard_host_params_.view(a - shard_.begin, Shape{b - a});
+        kernels::copy(piece.view(a - lo, Shape{b - a}), mine);
+      }
+    }
     return;
   }
   if (mode_ == MasterMode::masters) {
@@ -220,13 +245,13 @@ void MasterWeights::load_piece(int64_t lo, const Tensor& piece) {
 }
 
 void MasterWeights::finish_load() {
-  if (offload_) upload();
+  if (twin_) upload();
 }
 
 void MasterWeights::state_loaded() {
   if (mode_ == MasterMode::masters) publish(layout_.flat(DType::f32));
   if (mode_ == MasterMode::in_place && wide_) publish(wide_->flat(DType::f32));
-  if (mode_ == MasterMode::fp32 && offload_) upload();
+  if (mode_ == MasterMode::fp32 && twin_) upload();
 }
 
 }  // namespace dtrain::runtime

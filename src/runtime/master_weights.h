@@ -34,6 +34,10 @@
 // ZeRO-2 (shard_grads given: f32 [shard size], kept by dist::ShardedGradSync): the
 // executor holds no whole gradient buffer, grads() is this rank's shard of it, and
 // the masters are passed around in pieces after the step (runtime::broadcast_shards).
+// ZeRO-Offload (a shard and offload): this rank's range of the masters (in fp32 of the
+// parameters), of the optimizer state and of the summed gradient live in host memory;
+// the step downloads the gradient's range, steps on the host, and the stepped range
+// goes back through the same gathers as above (the executor keeps whole parameters).
 #pragma once
 
 #include <memory>
@@ -105,7 +109,9 @@ class MasterWeights {
   graph::FlatStore host_params_;  // offloaded: the executor's parameters, in host memory
   Tensor host_grads_;             // offloaded: f32 gradients, in host memory
   ShardRange shard_;
-  Tensor shard_masters_;  // ZeRO with masters: this rank's range of them
+  Tensor shard_masters_;      // ZeRO with masters: this rank's range of them (host: offload)
+  Tensor shard_host_params_;  // ZeRO-Offload in fp32: this rank's range, on the host
+  bool twin_ = false;         // offload without ZeRO: host_params_ twins the executor's
   dist::Communicator* comm_ = nullptr;
   bool grads_sharded_ = false;              // ZeRO-2: grads_ is the shard
   int64_t gather_piece_ = 1 << 22;          // ZeRO-2: elements per broadcast piece

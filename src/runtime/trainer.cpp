@@ -108,8 +108,6 @@ void require_supported(const Job& job, int world) {
                             p.zero_stage));
   }
   if (p.zero_stage >= 1) {
-    if (job.memory.offload.optimizer)
-      unsupported("memory.offload.optimizer", "true with ZeRO (not built yet)");
     if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights) {
       unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)");
     }

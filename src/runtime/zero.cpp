@@ -41,7 +41,8 @@ void broadcast_shards(dist::Communicator& comm, const Tensor& mine, int64_t tota
   DTRAIN_CHECK(mine.numel() == me.size(), "a shard of {} for [{}, {})", mine.numel(), me.begin,
                me.end);
   piece = std::max<int64_t>(1, std::min(piece, total / world + total % world + 1));
-  Tensor buf = Tensor::empty(Shape{piece}, DType::f32, &kernels::device_allocator(mine.device()));
+  // On the communicator's device (`mine` may be in host memory: ZeRO-Offload).
+  Tensor buf = Tensor::empty(Shape{piece}, DType::f32, &kernels::device_allocator(comm.device()));
   for (int r = 0; r < world; ++r) {
     const ShardRange s = shard_of(total, r, world);
     for (int64_t lo = s.begin; lo < s.end; lo += piece) {

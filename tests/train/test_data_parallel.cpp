@@ -252,6 +252,32 @@ TEST_CASE("ZeRO-1 and ZeRO-2 on 2 ranks train exactly like plain data parallelis
   }
 }
 
+// ZeRO-Offload: ZeRO-1 and ZeRO-2 with memory.offload.optimizer (this rank's masters,
+// optimizer state and gradient range in host memory, stepped there). A GPU feature run
+// here through DTRAIN_TEST_OFFLOAD_ON_CPU (validation refuses it on the CPU otherwise):
+// the same code with memcpys for transfers, so the bits of plain data parallelism.
+TEST_CASE("ZeRO-Offload (stages 1 and 2) trains exactly like plain data parallelism") {
+  OneThread one;
+  TempDir tmp("zerooffload");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  setenv("DTRAIN_TEST_OFFLOAD_ON_CPU", "1", 1);
+  for (const char* dtype : {"fp32", "bf16"}) {
+    CAPTURE(dtype);
+    const std::vector<std::string> base = {"--set", std::string("precision.dtype=") + dtype};
+    const fs::path plain = train(job, tmp.path(), std::string("dp-") + dtype, {2, "ring"}, base);
+    for (const char* stage : {"1", "2"}) {
+      CAPTURE(stage);
+      std::vector<std::string> zero = base;
+      zero.insert(zero.end(), {"--set", std::string("parallel.zero_stage=") + stage, "--set",
+                               "memory.offload.optimizer=true"});
+      require_same(plain, train(job, tmp.path(), std::string("zo") + stage + "-" + dtype,
+                                {2, "ring"}, zero));
+    }
+  }
+  unsetenv("DTRAIN_TEST_OFFLOAD_ON_CPU");
+}
+
 // With two micro-batches per rank ZeRO-2 reduces each micro-batch's gradient into the
 // shard and adds them there: another order of the same sums, so within rounding.
 TEST_CASE("ZeRO-2 with accumulation stays within 1e-6 of plain data parallelism") {
