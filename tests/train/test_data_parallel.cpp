@@ -549,6 +549,35 @@ TEST_CASE("ZeRO-1 and ZeRO-2 lower the measured peak as dtrain estimate says, wi
   }
 }
 
+// The same on 4 ranks (oversubscribed): each rank holds a quarter of the state, and
+// the estimate for --world 4 gives rank 0's measured peak within 3%.
+TEST_CASE("ZeRO-1 and ZeRO-2 on 4 ranks: the estimate gives the measured peak within 3%") {
+  OneThread one;
+  TempDir tmp("zero4memory");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  for (const char* stage : {"1", "2"}) {
+    CAPTURE(stage);
+    const std::vector<std::string> zero = {"--set", std::string("parallel.zero_stage=") + stage,
+                                           "--set", "data.micro_batch=2"};
+    const fs::path run = train(job, tmp.path(), std::string("zero") + stage, {4, "ring"}, zero);
+    double measured = 0;
+    std::ifstream metrics(run / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("summary", false)) measured = j.at("peak_host_bytes").get<double>();
+    }
+    std::vector<std::string> est = {"estimate", job.string(), "--world", "4", "--json"};
+    est.insert(est.end(), zero.begin(), zero.end());
+    const RunResult r = run_dtrain_command(est, tmp.path() / (std::string("est") + stage));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    const nlohmann::json e = nlohmann::json::parse(r.log.substr(r.log.find('{')));
+    const double estimated = e.at("peak_bytes").get<double>();
+    CHECK(measured > 0);
+    CHECK_MESSAGE(std::fabs(estimated / measured - 1) < 0.03, estimated, " vs ", measured);
+  }
+}
+
 TEST_CASE("a data-parallel run logs per rank and reports its communication") {
   OneThread one;
   TempDir tmp("dplogs");
