@@ -42,6 +42,16 @@ std::vector<Bucket> plan_buckets(const std::vector<GradRange>& params, int64_t t
   return out;
 }
 
+std::vector<OwnedPart> owned_parts(const Bucket& b,
+                                   const std::vector<std::pair<int64_t, int64_t>>& owners) {
+  std::vector<OwnedPart> parts;
+  for (size_t r = 0; r < owners.size(); ++r) {
+    const int64_t lo = std::max(b.begin, owners[r].first), hi = std::min(b.end, owners[r].second);
+    if (lo < hi) parts.push_back({static_cast<int>(r), lo, hi});
+  }
+  return parts;
+}
+
 GradSync::GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap)
     : comm_(comm),
       buckets_(std::move(buckets)),
@@ -104,11 +114,8 @@ void GradSync::launch(size_t b) {
     return;
   }
   const Bucket& k = buckets_[b];
-  for (int r = 0; r < static_cast<int>(owners_.size()); ++r) {
-    const int64_t lo = std::max(k.begin, owners_[static_cast<size_t>(r)].first);
-    const int64_t hi = std::min(k.end, owners_[static_cast<size_t>(r)].second);
-    if (lo < hi) handles_[b].push_back(comm_.reduce_async(g.view(lo - k.begin, Shape{hi - lo}), r));
-  }
+  for (const OwnedPart& p : owned_parts(k, owners_))
+    handles_[b].push_back(comm_.reduce_async(g.view(p.lo - k.begin, Shape{p.hi - p.lo}), p.rank));
 }
 
 void GradSync::finish() {

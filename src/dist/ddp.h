@@ -35,6 +35,15 @@ struct Bucket {
 std::vector<Bucket> plan_buckets(const std::vector<GradRange>& params, int64_t total_elems,
                                  size_t bucket_bytes);
 
+// ZeRO: the parts of bucket `b` that each rank owns, `owners` being every rank's
+// [begin, end) of the layout in rank order; empty parts are left out.
+struct OwnedPart {
+  int rank = 0;
+  int64_t lo = 0, hi = 0;
+};
+std::vector<OwnedPart> owned_parts(const Bucket& b,
+                                   const std::vector<std::pair<int64_t, int64_t>>& owners);
+
 enum class Overlap : uint8_t { off, on };
 
 struct SyncStats {

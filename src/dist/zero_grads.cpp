@@ -65,15 +65,13 @@ void ShardedGradSync::reduce(size_t b) {
   Tensor& buf = buffers_[b];
   DTRAIN_CHECK(buf.defined(), "bucket {} reduced before any gradient was written", b);
   const int me = comm_.rank();
-  for (int r = 0; r < comm_.size(); ++r) {
-    const auto [rb, re] = ranges_[static_cast<size_t>(r)];
-    const int64_t lo = std::max(k.begin, rb), hi = std::min(k.end, re);
-    if (lo >= hi) continue;
-    Tensor part = buf.view(lo - k.begin, Shape{hi - lo});
-    comm_.reduce(part, r);
+  const int64_t mine = ranges_[static_cast<size_t>(me)].first;
+  for (const OwnedPart& p : owned_parts(k, ranges_)) {
+    Tensor part = buf.view(p.lo - k.begin, Shape{p.hi - p.lo});
+    comm_.reduce(part, p.rank);
     stats_.bytes += static_cast<uint64_t>(part.nbytes());
-    if (r != me) continue;
-    Tensor into = shard_.view(lo - rb, Shape{hi - lo});
+    if (p.rank != me) continue;
+    Tensor into = shard_.view(p.lo - mine, Shape{p.hi - p.lo});
     if (first_) {
       kernels::copy(part, into);
     } else {

@@ -59,18 +59,15 @@ FlatStore::FlatStore(std::vector<FlatEntry> entries) : entries_(std::move(entrie
 }
 
 void FlatStore::allocate(Device device) {
+  if (device.is_cpu()) return allocate_host(host_allocator());
   buffers_.clear();
   device_ = device;
-  for (const auto& [dt, n] : sizes_) {
+  for (const auto& [dt, n] : sizes_) {  // zeros made on the host, copied over
     Tensor host = Tensor::empty({n}, dt);
     std::memset(host.raw(), 0, host.nbytes());
-    if (device.is_cpu()) {
-      buffers_.emplace_back(dt, std::move(host));
-    } else {
-      Tensor t = Tensor::empty({n}, dt, &kernels::device_allocator(device));
-      kernels::copy(host, t);
-      buffers_.emplace_back(dt, std::move(t));
-    }
+    Tensor t = Tensor::empty({n}, dt, &kernels::device_allocator(device));
+    kernels::copy(host, t);
+    buffers_.emplace_back(dt, std::move(t));
   }
 }
 

@@ -123,12 +123,7 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
 }
 
 void MasterWeights::publish(const Tensor& flat) {
-  graph::FlatStore& params = twin_ ? host_params_ : ex_.params();
-  for (int p = 0; p < params.size(); ++p) {
-    const graph::FlatEntry& e = layout_.entries()[static_cast<size_t>(p)];
-    Tensor dst = params.view(p);
-    kernels::cast(flat.view(e.offset, e.spec.shape), dst);
-  }
+  publish_piece(0, flat);
   if (twin_) upload();
 }
 

@@ -387,15 +387,14 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       if (mine.defined()) copy_into(ck.get("buffers." + std::string(dtype_name(dt))), mine);
     }
   };
-  // The part of a piece [lo, lo + n) of every state buffer that falls in [begin, end).
-  auto load_state_piece = [&](const Checkpoint& ck, const std::string& prefix, int64_t lo,
-                              int64_t at_in_blob) {
+  // The part of every state buffer's piece starting at `lo` (the blobs "optim.<name>")
+  // that falls in [begin, end).
+  auto load_state_piece = [&](const Checkpoint& ck, int64_t lo) {
     for (const auto& [name, t] : live.buffers) {
-      const Tensor& blob = ck.get(prefix + name);
-      const int64_t n = blob.numel() - at_in_blob;
-      const int64_t a = std::max(lo, l.begin), b = std::min(lo + n, l.end);
+      const Tensor& blob = ck.get("optim." + name);
+      const int64_t a = std::max(lo, l.begin), b = std::min(lo + blob.numel(), l.end);
       if (a >= b) continue;
-      copy_into(blob.view(at_in_blob + (a - lo), Shape{b - a}), t.view(a - l.begin, Shape{b - a}));
+      copy_into(blob.view(a - lo, Shape{b - a}), t.view(a - l.begin, Shape{b - a}));
     }
   };
   try {
@@ -419,7 +418,7 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       for (const auto& [name, t] : live.buffers) check_whole("optim." + name);
       check_buffers(ck);
       l.params(0, ck.get("params.f32"));
-      load_state_piece(ck, "optim.", 0, 0);
+      load_state_piece(ck, 0);
       load_buffers(ck);
       optim::OptimizerState st = opt.state();
       st.step = ck.meta.at("optimizer").at("step");
@@ -447,7 +446,7 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       l.params(r.begin, range_blob(ck, r, "params"));
       if (overlaps) {
         for (const std::string& name : names) range_blob(ck, r, "optim." + name);
-        load_state_piece(ck, "optim.", r.begin, 0);
+        load_state_piece(ck, r.begin);
       }
       if (r.rank == 0) {
         check_buffers(ck);

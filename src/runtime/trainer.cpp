@@ -223,7 +223,7 @@ class TrainSession {
   double train_step(const StopSignals& signals);
   std::string first_non_finite(const Tensor& grads) const;
   Tensor own_grads() const;
-  [[noreturn]] void fail_non_finite(double loss, const Tensor& grads) const;
+  [[noreturn]] void fail_non_finite(double loss) const;
   StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();
   void log_window(double loss, double seconds, double wait);
@@ -478,19 +478,21 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     const ShardRange s = shard_of(layout_elems, r, comm_.size());
     owners.emplace_back(s.begin, s.end);
   }
+  const std::vector<dist::Bucket> buckets = planned;
   if (zero2_) {
-    zero_sync_ =
-        std::make_unique<dist::ShardedGradSync>(*grad_comm_, planned, ranges, owners, shard_grads_);
+    zero_sync_ = std::make_unique<dist::ShardedGradSync>(*grad_comm_, std::move(planned), ranges,
+                                                         owners, shard_grads_);
     ex_->set_grad_storage([this](int p) {
       return zero_sync_->grad_view(p, weights_->layout()[static_cast<size_t>(p)].spec.shape);
     });
+  } else {
+    sync_ = std::make_unique<dist::GradSync>(
+        *grad_comm_, std::move(planned), ex_->grads().size(),
+        job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
+    // ZeRO-1: each bucket's parts are reduced into their owners (a reduce-scatter's
+    // volume) instead of all-reduced: a rank steps only its range.
+    if (weights_->shard().sharded()) sync_->set_owners(owners);
   }
-  sync_ =
-      std::make_unique<dist::GradSync>(*grad_comm_, std::move(planned), ex_->grads().size(),
-                                       job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
-  // ZeRO-1: each bucket's parts are reduced into their owners (a reduce-scatter's
-  // volume) instead of all-reduced: a rank steps only its range.
-  if (weights_->shard().sharded() && !zero2_) sync_->set_owners(owners);
   const int last_param = ex_->grads().size() - 1;
   ex_->hooks.grad_ready = [this, last_param](int p) {
     if (inject_overflow_ && p == last_param) {  // DTRAIN_TEST_OVERFLOW, before the send
@@ -505,23 +507,28 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   };
   buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
 
-  const auto& buckets = sync_->buckets();
-  std::vector<AllreduceAlgo> algos(buckets.size(), job_.comm.allreduce);
-  if (comm_.size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
-    std::vector<size_t> bytes;
-    for (const dist::Bucket& b : buckets)
-      bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
-    const dist::AutoChoice choice = dist::tune_allreduce(*grad_comm_, bytes, 3);
-    note(dist::format_auto_choice(choice));
-    for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
-  } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
-    std::fill(algos.begin(), algos.end(), AllreduceAlgo::native);
+  // The all-reduce algorithm of each bucket: the job's, or with `auto` the fastest per
+  // bucket-size class measured now. ZeRO reduces into owners: nothing to choose.
+  if (weights_->shard().sharded()) {
+    algo_summary_ = "reduce to owners";
+  } else {
+    std::vector<AllreduceAlgo> algos(buckets.size(), job_.comm.allreduce);
+    if (comm_.size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
+      std::vector<size_t> bytes;
+      for (const dist::Bucket& b : buckets)
+        bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
+      const dist::AutoChoice choice = dist::tune_allreduce(*grad_comm_, bytes, 3);
+      note(dist::format_auto_choice(choice));
+      for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
+    } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
+      std::fill(algos.begin(), algos.end(), AllreduceAlgo::native);
+    }
+    sync_->set_algorithms(algos);
+    std::map<std::string, int> counts;
+    for (AllreduceAlgo a : algos) ++counts[std::string(to_string(a))];
+    for (const auto& [name, n] : counts)
+      algo_summary_ += fmt::format("{}{}", algo_summary_.empty() ? "" : "+", name);
   }
-  sync_->set_algorithms(algos);
-  std::map<std::string, int> counts;
-  for (AllreduceAlgo a : algos) ++counts[std::string(to_string(a))];
-  for (const auto& [name, n] : counts)
-    algo_summary_ += fmt::format("{}{}", algo_summary_.empty() ? "" : "+", name);
   if (comm_.size() > 1) {
     note(fmt::format(
         "data parallel: {} ranks x {} micro-batch(es) of {}; {} gradient bucket(s) (closed at "
@@ -628,7 +635,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   const precision::ScaleDecision d = scaler_.update(found_inf);
   ++counters_.step;
   counters_.scaler = scaler_.state();
-  if (d.event == precision::ScaleEvent::fatal) fail_non_finite(loss, grads);
+  if (d.event == precision::ScaleEvent::fatal) fail_non_finite(loss);
   if (d.skip) {  // weights, optimizer state and buffers stay as the step found them
     buffer_avg_->discard();
     note(fmt::format("step {}: inf or nan in the gradients ({}); step skipped, loss scale {} -> {}",
@@ -678,7 +685,7 @@ std::string TrainSession::first_non_finite(const Tensor& grads) const {
 }
 
 // An overflow the scaler cannot absorb (no scaling, or a dynamic scale at its minimum).
-void TrainSession::fail_non_finite(double loss, const Tensor& grads) const {
+void TrainSession::fail_non_finite(double loss) const {
   const std::string where = first_non_finite(own_grads());
   if (scaler_.mode() == LossScaleMode::none) {
     throw RunError(

@@ -137,6 +137,15 @@ fs::path write_job(const fs::path& dir, const std::string& run) {
   return job;
 }
 
+double summary_value(const fs::path& run_dir, const std::string& key) {
+  std::ifstream metrics(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("summary", false)) return j.value(key, 0.0);
+  }
+  return 0;
+}
+
 std::vector<StepLoss> read_losses(const fs::path& metrics_jsonl) {
   std::ifstream in(metrics_jsonl);
   std::vector<StepLoss> out;

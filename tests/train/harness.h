@@ -63,6 +63,8 @@ struct StepLoss {
   bool operator==(const StepLoss&) const = default;
 };
 std::vector<StepLoss> read_losses(const fs::path& metrics_jsonl);
+// `key` of the summary line of run_dir/metrics.jsonl (peak_host_bytes, ...); 0 when absent.
+double summary_value(const fs::path& run_dir, const std::string& key);
 size_t count_lines(const fs::path& file);
 
 std::string read_bytes(const fs::path& file);

@@ -32,15 +32,6 @@ const char* const kJobs[][2] = {
      "optimizer: {name: adamw, lr: 1.0e-3}\n"},
 };
 
-double measured_peak(const fs::path& run) {
-  std::ifstream metrics(run / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("summary", false)) return j.at("peak_host_bytes").get<double>();
-  }
-  return 0;
-}
-
 nlohmann::json estimate(const fs::path& job, const fs::path& dir, const std::string& policy) {
   const RunResult r = run_dtrain_command(
       {"estimate", job.string(), "--json", "--set", "memory.checkpointing=" + policy},
@@ -77,7 +68,7 @@ TEST_CASE("activation checkpointing repeats the losses and checkpoint of none, b
       CHECK(compare_checkpoints(ref, newest_checkpoint(tmp.path() / policy / "checkpoints")) == "");
       const nlohmann::json e = estimate(job, tmp.path(), policy);
       CHECK(e.at("train_activation_bytes").get<double>() < none_activations);
-      const double measured = measured_peak(tmp.path() / policy);
+      const double measured = summary_value(tmp.path() / policy, "peak_host_bytes");
       CHECK(std::abs(e.at("peak_bytes").get<double>() / measured - 1.0) <= 0.03);
     }
   }

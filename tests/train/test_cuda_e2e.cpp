@@ -167,16 +167,6 @@ TEST_CASE("a checkpoint written on the CPU resumes on CUDA") {
 // and the device's measured peak falls below the plain CUDA run's (the masters and the
 // optimizer state are on the host). memory.pool: false (cudaMalloc per tensor) changes
 // no arithmetic, so it repeats the pooled run exactly.
-namespace {
-double summary_value(const fs::path& run, const char* key) {
-  std::ifstream metrics(run / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("summary", false)) return j.value(key, 0.0);
-  }
-  return 0;
-}
-}  // namespace
 
 TEST_CASE("optimizer offload on CUDA follows the CPU, resumes exactly and frees device memory") {
   const std::pair<const Model*, const char*> cases[] = {

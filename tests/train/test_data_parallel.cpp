@@ -475,14 +475,7 @@ TEST_CASE("ZeRO-1 and ZeRO-2 lower the measured peak as dtrain estimate says, wi
   TempDir tmp("zero1memory");
   const TokenDir tokens = tokenize(tmp.path(), 300);
   const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
-  auto peak = [&](const fs::path& run) {
-    std::ifstream metrics(run / "metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.value("summary", false)) return j.at("peak_host_bytes").get<double>();
-    }
-    return 0.0;
-  };
+  auto peak = [](const fs::path& run) { return summary_value(run, "peak_host_bytes"); };
   for (const char* dtype : {"fp32", "bf16"}) {
     CAPTURE(dtype);
     const std::vector<std::string> base = {"--set", std::string("precision.dtype=") + dtype};
@@ -561,12 +554,7 @@ TEST_CASE("ZeRO-1 and ZeRO-2 on 4 ranks: the estimate gives the measured peak wi
     const std::vector<std::string> zero = {"--set", std::string("parallel.zero_stage=") + stage,
                                            "--set", "data.micro_batch=2"};
     const fs::path run = train(job, tmp.path(), std::string("zero") + stage, {4, "ring"}, zero);
-    double measured = 0;
-    std::ifstream metrics(run / "metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.value("summary", false)) measured = j.at("peak_host_bytes").get<double>();
-    }
+    const double measured = summary_value(run, "peak_host_bytes");
     std::vector<std::string> est = {"estimate", job.string(), "--world", "4", "--json"};
     est.insert(est.end(), zero.begin(), zero.end());
     const RunResult r = run_dtrain_command(est, tmp.path() / (std::string("est") + stage));

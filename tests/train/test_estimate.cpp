@@ -79,12 +79,7 @@ TEST_CASE("dtrain estimate is within 3% of the measured peak, every family, batc
         train.insert(train.end(), sets.begin(), sets.end());
         const RunResult t = run_dtrain(train, tmp.path() / (run + ".log"));
         REQUIRE_MESSAGE(t.rc == 0, t.describe());
-        double measured = 0;
-        std::ifstream metrics(tmp.path() / run / "metrics.jsonl");
-        for (std::string line; std::getline(metrics, line);) {
-          const nlohmann::json j = nlohmann::json::parse(line);
-          if (j.value("summary", false)) measured = j.at("peak_host_bytes").get<double>();
-        }
+        const double measured = summary_value(tmp.path() / run, "peak_host_bytes");
         REQUIRE(measured > 0);
         const double estimated = plan.at("peak_bytes").get<double>();
         MESSAGE(run, ": estimate ", estimated, " B, measured ", measured, " B, at ",
@@ -176,12 +171,7 @@ TEST_CASE("dtrain estimate --fit suggests a micro-batch that fits, and it does")
   train.insert(train.end(), want.begin(), want.end());
   const RunResult t = run_dtrain(train, tmp.path() / "run.log");
   REQUIRE_MESSAGE(t.rc == 0, t.describe());
-  double measured = 0;
-  std::ifstream metrics(tmp.path() / "run" / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("summary", false)) measured = j.at("peak_host_bytes").get<double>();
-  }
+  const double measured = summary_value(tmp.path() / "run", "peak_host_bytes");
   CHECK(measured > 0);
   CHECK(measured <= static_cast<double>(capacity));
   const nlohmann::json none = peak_of({"--fit", "1MB"}, "none").at("fit");

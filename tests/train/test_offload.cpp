@@ -45,15 +45,6 @@ fs::path train(const fs::path& job, const fs::path& dir, const std::string& name
   return dir / name;
 }
 
-double measured_peak(const fs::path& run) {
-  std::ifstream metrics(run / "metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line);
-    if (j.value("summary", false)) return j.at("peak_host_bytes").get<double>();
-  }
-  return 0;
-}
-
 }  // namespace
 
 TEST_CASE("optimizer offload repeats the plain run bit for bit, resumes, and is estimated") {
@@ -87,7 +78,8 @@ TEST_CASE("optimizer offload repeats the plain run bit for bit, resumes, and is 
     REQUIRE_MESSAGE(r.rc == 0, r.describe());
     const nlohmann::json e = nlohmann::json::parse(r.log.substr(r.log.find('{')));
     CHECK(e.at("host_bytes").get<double>() > 0);
-    const double estimated = e.at("peak_bytes").get<double>(), measured = measured_peak(off);
+    const double estimated = e.at("peak_bytes").get<double>(),
+                 measured = summary_value(off, "peak_host_bytes");
     CHECK_MESSAGE(std::fabs(estimated / measured - 1) < 0.03, estimated, " vs ", measured);
   }
 }
