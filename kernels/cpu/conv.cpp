@@ -2,7 +2,8 @@
 // created with format_tag::any, so oneDNN picks its blocked layouts (nChw16c,
 // OIhw16i16o...), ~2x faster than plain NCHW on 3x3 layers here; arguments are
 // reordered from/to the caller's NCHW/KCRS through workspace buffers. f16
-// (absent from oneDNN 2.6 on CPU) computes in f32 via those same reorders.
+// (absent from oneDNN 2.6 on CPU), and bf16 where this CPU has no oneDNN bf16 path
+// (dense_dnnl.h: bf16_compute), compute in f32 via those same reorders.
 #include "kernels/conv.h"
 
 #include "kernels/cpu/dense_dnnl.h"
@@ -36,7 +37,7 @@ struct ConvDescs {
 };
 
 ConvDescs make_descs(const Conv2dArgs& a, DType t) {
-  const dt user = to_dnnl(t), comp = t == DType::f16 ? dt::f32 : user;
+  const dt user = to_dnnl(t), comp = compute_type(user);
   const dnnl::memory::dims x{a.n, a.c, a.h, a.w}, y{a.n, a.k, a.out_h(), a.out_w()};
   const dnnl::memory::dims w =
       a.groups == 1 ? dnnl::memory::dims{a.k, a.c, a.r, a.s}

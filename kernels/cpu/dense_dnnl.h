@@ -48,6 +48,29 @@ inline dt to_dnnl(DType t) {
   return dt::undef;
 }
 
+// Whether oneDNN computes bf16 GEMMs and convolutions on this CPU (oneDNN 2.6 needs
+// AVX-512: avx512_core, emulated, or avx512_core_bf16 / AMX, native). Probed once by
+// asking for a small bf16 matmul; where it cannot, bf16 is widened like f16.
+inline bool bf16_compute() {
+  static const bool ok = [] {
+    try {
+      const md a({1, 16, 16}, dt::bf16, dnnl::memory::format_tag::abc);
+      const md c({1, 16, 16}, dt::f32, dnnl::memory::format_tag::abc);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+// The type a primitive computes a `user` argument in: f16 always, and bf16 where the
+// CPU has no bf16 path, widened to f32 (StagedArg::widen).
+inline dt compute_type(dt user) {
+  return user == dt::f16 || (user == dt::bf16 && !bf16_compute()) ? dt::f32 : user;
+}
+
 // Attributes for every primitive we build: scratchpad memory comes from us.
 inline dnnl::primitive_attr user_scratchpad_attr() {
   dnnl::primitive_attr attr;
@@ -89,10 +112,10 @@ enum class ArgDir : uint8_t { in, out, inout };
 
 // One primitive argument: the caller's memory layout and the primitive's. When
 // they differ, the argument is staged through a workspace buffer by reorders.
-// A dense f16 argument of an f32 primitive (oneDNN 2.6 has no f16 compute on the
-// CPU) is first widened by our vectorised converter into f32 in the caller's
-// layout (`wide`), since oneDNN's own f16 reorders take its slow reference path;
-// oneDNN then reorders only f32, where its layouts differ.
+// A dense f16 (or, without bf16_compute(), bf16) argument of an f32 primitive (oneDNN
+// 2.6 has no f16 compute on the CPU) is first widened by our vectorised converter into f32 in the
+// caller's layout (`wide`), since oneDNN's own f16 reorders take its slow reference path; oneDNN
+// then reorders only f32, where its layouts differ.
 struct StagedArg {
   int dnnl_arg = 0;
   ArgDir dir = ArgDir::in;
@@ -140,8 +163,8 @@ inline Pass make_pass(dnnl::primitive prim, const md& scratchpad,
     a.prim = s.prim;
     int64_t elems = 1;
     for (int64_t d : s.user.dims()) elems *= d;
-    if (s.user.data_type() == dt::f16 && s.prim.data_type() == dt::f32 &&
-        s.user.get_size() == static_cast<size_t>(elems) * 2) {
+    if ((s.user.data_type() == dt::f16 || s.user.data_type() == dt::bf16) &&
+        s.prim.data_type() == dt::f32 && s.user.get_size() == static_cast<size_t>(elems) * 2) {
       a.widen = true;
       a.wide = s.user;
       a.wide.data.data_type = dnnl_f32;
@@ -183,14 +206,19 @@ inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs
     prim_mem[i] =
         a.staged ? dnnl::memory(a.prim, eng, ws.take<char>(off, a.prim.get_size())) : user_mem[i];
   }
-  // f16 in: widen into the f32 copy of the caller's layout.
+  // f16 (bf16) in: widen into the f32 copy of the caller's layout.
   for (int i = 0; i < p.nargs; ++i) {
     const StagedArg& a = p.args[i];
     if (!a.widen || a.dir == ArgDir::out) continue;
-    const auto* src = static_cast<const f16*>(user_raw[static_cast<size_t>(i)]);
     auto* dst = static_cast<float*>(user_mem[i].get_data_handle());
-    parallel_for(0, a.wide_elems, kGrain,
-                 [&](int64_t lo, int64_t hi) { cpu_io::load_n(src + lo, dst + lo, hi - lo); });
+    const void* raw = user_raw[static_cast<size_t>(i)];
+    parallel_for(0, a.wide_elems, kGrain, [&](int64_t lo, int64_t hi) {
+      if (a.user.data_type() == dt::bf16) {
+        cpu_io::load_n(static_cast<const bf16*>(raw) + lo, dst + lo, hi - lo);
+      } else {
+        cpu_io::load_n(static_cast<const f16*>(raw) + lo, dst + lo, hi - lo);
+      }
+    });
   }
   const size_t scratch_bytes = std::max<size_t>(p.scratch_bytes, 1);
   dnnl::memory scratch(
@@ -216,14 +244,19 @@ inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs
     }
   }
   s.wait();
-  // f16 out: round the f32 result into the caller's buffer.
+  // f16 (bf16) out: round the f32 result into the caller's buffer.
   for (int i = 0; i < p.nargs; ++i) {
     const StagedArg& a = p.args[i];
     if (!a.widen || a.dir == ArgDir::in) continue;
     const auto* src = static_cast<const float*>(user_mem[i].get_data_handle());
-    auto* dst = static_cast<f16*>(user_raw[static_cast<size_t>(i)]);
-    parallel_for(0, a.wide_elems, kGrain,
-                 [&](int64_t lo, int64_t hi) { cpu_io::store_n(src + lo, dst + lo, hi - lo); });
+    void* raw = user_raw[static_cast<size_t>(i)];
+    parallel_for(0, a.wide_elems, kGrain, [&](int64_t lo, int64_t hi) {
+      if (a.user.data_type() == dt::bf16) {
+        cpu_io::store_n(src + lo, static_cast<bf16*>(raw) + lo, hi - lo);
+      } else {
+        cpu_io::store_n(src + lo, static_cast<f16*>(raw) + lo, hi - lo);
+      }
+    });
   }
 }
 

@@ -1,7 +1,8 @@
 // CPU GEMM through oneDNN matmul: transposes and batch strides (0 = broadcast)
 // become strided memory descriptors, alpha an output scale, beta a sum
-// post-op. bf16 runs natively (f32 accumulation); f16, which oneDNN 2.6 lacks
-// on CPU, is widened to dense f32 copies in the workspace and rounded back.
+// post-op. bf16 runs natively (f32 accumulation) where oneDNN has a bf16 path on this
+// CPU (AVX-512); f16, which oneDNN 2.6 lacks on CPU, and bf16 elsewhere (an AVX2-only
+// CPU) are widened to dense f32 copies in the workspace and rounded back.
 // Does not handle k == 0 through oneDNN (C = beta * C is done here).
 // A wide untransposed B (row-major [k, n], n >= 2304) is staged transposed: oneDNN
 // 2.6's brgemm runs such "NN"/"TN" products at 120-200 GF/s on this Zen 5 against
@@ -44,9 +45,9 @@ md user_md(int64_t batch, int64_t stride, int64_t rows, int64_t cols, Trans t, d
   return md({b, rows, cols}, type, dnnl::memory::dims{bs, 1, rows});
 }
 
-// The primitive's view: the same dims, dense f32 when the caller's type is f16.
+// The primitive's view: the same dims, dense f32 when the caller's type is widened.
 md prim_md(const md& user) {
-  if (user.data_type() != dt::f16) return user;
+  if (compute_type(user.data_type()) == user.data_type()) return user;
   return md(user.dims(), dt::f32, dnnl::memory::format_tag::abc);
 }
 
@@ -61,7 +62,7 @@ bool stage_b_transposed(const GemmArgs& g) {
 // B [1, k, n] stored column-major: each of the n columns is k contiguous values.
 md transposed_md(const md& user) {
   const dnnl::memory::dims d = user.dims();
-  const dt type = user.data_type() == dt::f16 ? dt::f32 : user.data_type();
+  const dt type = compute_type(user.data_type());
   return md(d, type, dnnl::memory::dims{d[1] * d[2], 1, d[1]});
 }
 
