@@ -306,11 +306,26 @@ void check_memory(const Checker& c) {
   // user feature.
   const char* test_cpu = std::getenv("DTRAIN_TEST_OFFLOAD_ON_CPU");
   const bool allow_cpu = test_cpu != nullptr && std::string(test_cpu) == "1";
+  if (mem.offload.params && c.job.device.is_cpu() && !allow_cpu) {
+    c.error("memory.offload.params",
+            "parameter offload moves this rank's shard of the parameters from GPU memory to "
+            "host memory; with device: cpu it already is in host memory, so the key would "
+            "change nothing",
+            "remove memory.offload.params, or set device: cuda");
+  }
   if (mem.offload.optimizer && c.job.device.is_cpu() && !allow_cpu) {
     c.error("memory.offload.optimizer",
             "optimizer offload moves the optimizer state from GPU memory to host memory; with "
             "device: cpu it already is in host memory, so the key would change nothing",
             "remove memory.offload.optimizer, or set device: cuda");
+  }
+  // The optimizer step writes the parameter shard: with the shard in host memory the
+  // step runs there too (ZeRO-Infinity's CPU variant, without NVMe).
+  if (mem.offload.params && !mem.offload.optimizer) {
+    c.error("memory.offload.params",
+            "parameter offload needs memory.offload.optimizer: true (the optimizer step writes "
+            "the offloaded parameters, so it runs in host memory too)",
+            "add memory.offload.optimizer: true");
   }
 }
 

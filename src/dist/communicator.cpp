@@ -147,6 +147,13 @@ class SelfCommunicator final : public Communicator {
     DTRAIN_CHECK(root == 0, "broadcast root {} in a group of one", root);
     count("broadcast", buf.nbytes());
   }
+  Handle all_gatherv_async(Tensor buf, std::vector<int64_t> counts) override {
+    check_self_buffer(buf, "all_gatherv");
+    DTRAIN_CHECK(counts.size() == 1 && counts[0] == buf.numel(), "all_gatherv: {} for {}",
+                 counts.size() == 1 ? counts[0] : -1, buf.str());
+    count("all_gather", buf.nbytes());
+    return completed_handle();
+  }
   Handle reduce_async(Tensor buf, int root) override {
     check_self_buffer(buf, "reduce");
     DTRAIN_CHECK(root == 0, "reduce root {} in a group of one", root);

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
 #include "dist/options.h"
@@ -89,6 +90,11 @@ class Communicator {
   // viewed at rank() * n): gathered in place, without a send buffer.
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   virtual void broadcast(Tensor& buf, int root) = 0;
+  // buf [sum of counts], in place: block r (after the blocks of the ranks before it)
+  // comes from rank r, which wrote it before the call; counts may be 0. Data movement
+  // only, so any dtype, halves included (MPI too). ZeRO-3 gathers a block's parameters
+  // with it while the previous block computes. Counted as an all-gather of the buffer.
+  virtual Handle all_gatherv_async(Tensor buf, std::vector<int64_t> counts) = 0;
   // The sum over every rank's `buf` lands in root's `buf` (in place); the other ranks'
   // `buf` is left as it was. ZeRO sends each bucket's piece to the rank that owns it.
   virtual Handle reduce_async(Tensor buf, int root) = 0;

@@ -294,6 +294,7 @@ class MpiCommunicator final : public Communicator {
   void all_gather(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor& buf, int root) override;
   Handle reduce_async(Tensor buf, int root) override;
+  Handle all_gatherv_async(Tensor buf, std::vector<int64_t> counts) override;
   void send(const Tensor& buf, int peer) override;
   void recv(Tensor& buf, int peer) override;
   void barrier() override {
@@ -400,6 +401,30 @@ Handle MpiCommunicator::reduce_async(Tensor buf, int root) {
     const MPI_Datatype t = mpi_type(buf.dtype());
     DTRAIN_MPI_CHECK(MPI_Reduce(mine ? MPI_IN_PLACE : buf.raw(), mine ? buf.raw() : nullptr, n, t,
                                 MPI_SUM, root, s.comm));
+  });
+}
+
+Handle MpiCommunicator::all_gatherv_async(Tensor buf, std::vector<int64_t> counts) {
+  DTRAIN_CHECK(buf.defined() && buf.device().is_cpu(), "all_gatherv: {} (the host's buffers)",
+               buf.str());
+  DTRAIN_CHECK(static_cast<int>(counts.size()) == s_->size, "all_gatherv: {} counts for {} ranks",
+               counts.size(), s_->size);
+  std::vector<int> n(counts.size()), at(counts.size());
+  int64_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    DTRAIN_CHECK(counts[r] >= 0 && total + counts[r] <= INT_MAX, "all_gatherv: count {} at {}",
+                 counts[r], total);
+    n[r] = static_cast<int>(counts[r]);
+    at[r] = static_cast<int>(total);
+    total += counts[r];
+  }
+  DTRAIN_CHECK(total == buf.numel(), "all_gatherv: counts sum to {} for {}", total, buf.str());
+  // Pure movement: a half buffer travels as 16-bit integers.
+  const DType d = buf.dtype();
+  const MPI_Datatype t = d == DType::f16 || d == DType::bf16 ? MPI_UINT16_T : mpi_type(d);
+  return enqueue("all_gather", buf.nbytes(), [buf, n, at, t](CommState& s) {
+    DTRAIN_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.raw(), n.data(),
+                                    at.data(), t, s.comm));
   });
 }
 

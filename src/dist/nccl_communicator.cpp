@@ -278,6 +278,32 @@ class NcclCommunicator final : public Communicator {
                                       nccl_type(buf.dtype()), root, s_->comm, st));
     }).wait();
   }
+  // One broadcast per rank's block, grouped: NCCL's all-gather wants equal blocks.
+  Handle all_gatherv_async(Tensor buf, std::vector<int64_t> counts) override {
+    check(buf, "all_gatherv", false);
+    DTRAIN_CHECK(static_cast<int>(counts.size()) == s_->size, "all_gatherv: {} counts for {} ranks",
+                 counts.size(), s_->size);
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    DTRAIN_CHECK(total == buf.numel(), "all_gatherv: counts sum to {} for {}", total, buf.str());
+    return issue(
+        "all_gather", buf.nbytes(),
+        [this, buf, counts](cudaStream_t st) {
+          const size_t elem = dtype_size(buf.dtype());
+          DTRAIN_NCCL_CHECK(ncclGroupStart());
+          int64_t at = 0;
+          for (int r = 0; r < s_->size; ++r) {
+            const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+            char* p = static_cast<char*>(buf.raw()) + static_cast<size_t>(at) * elem;
+            if (n > 0) {
+              DTRAIN_NCCL_CHECK(ncclBroadcast(p, p, n, nccl_type(buf.dtype()), r, s_->comm, st));
+            }
+            at += static_cast<int64_t>(n);
+          }
+          DTRAIN_NCCL_CHECK(ncclGroupEnd());
+        },
+        buf);
+  }
   Handle reduce_async(Tensor buf, int root) override {
     check(buf, "reduce", false);
     DTRAIN_CHECK(root >= 0 && root < s_->size, "reduce root {} of {}", root, s_->size);

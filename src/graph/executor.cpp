@@ -25,8 +25,10 @@ std::vector<FlatEntry> f32_grad_layout(const Graph& graph) {
 
 }  // namespace
 
-Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer)
-    : graph_(graph),
+Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
+                   ParamBuffer param_buffer)
+    : params_owned_(param_buffer == ParamBuffer::owned),
+      graph_(graph),
       device_(device),
       params_(graph.param_layout()),
       grads_(f32_grad_layout(graph)),
@@ -47,7 +49,7 @@ Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer)
       last_user_[p] = i;
     }
   }
-  params_.allocate(device_);
+  if (params_owned_) params_.allocate(device_);
   if (grad_buffer == GradBuffer::owned) grads_.allocate(device_);
   buffers_.allocate(device_);
   const size_t ws = graph.max_workspace_bytes(device_);
@@ -59,13 +61,29 @@ Tensor Executor::grad_view(int param) {
   return grads_.view(param);
 }
 
+Tensor Executor::param_view(int param) const {
+  if (params_owned_) return params_.view(param);
+  DTRAIN_CHECK(param_storage_, "external parameters without set_param_storage");
+  const Tensor t = param_storage_(param);
+  const FlatEntry& e = params_.entries()[static_cast<size_t>(param)];
+  DTRAIN_CHECK(t.shape() == e.spec.shape && t.dtype() == e.spec.dtype && t.device() == device_,
+               "parameter {}: storage gave {}", e.name, t.str());
+  return t;
+}
+
+std::vector<Tensor> Executor::param_views(const std::vector<int>& ids) const {
+  std::vector<Tensor> v;
+  for (int i : ids) v.push_back(param_view(i));
+  return v;
+}
+
 Tensor Executor::alloc(const TensorSpec& s) const {
   return Tensor::empty(s.shape, s.dtype, &kernels::device_allocator(device_));
 }
 
 void Executor::initialize(uint64_t seed) {
   seed_ = seed;
-  params_.initialize(seed);
+  if (params_owned_) params_.initialize(seed);
   buffers_.initialize(seed);
 }
 
@@ -155,7 +173,7 @@ void Executor::run_forward(int index, bool recompute) {
     out.push_back(held.defined() ? held : alloc(graph_.value(v).spec));
   }
   for (const TensorSpec& s : n.info.saved) saved.push_back(alloc(s));
-  std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
+  std::vector<Tensor> p = param_views(n.params), b = views(buffers_, n.buffers);
   OpContext ctx{mode_, seed_, step_, static_cast<uint32_t>(index), in, out, p, b, saved, ws,
                 {},    {},    {}};
   ctx.math = math_;
@@ -181,6 +199,7 @@ void Executor::set_checkpointing(int blocks_per_segment) {
 // The forward of a checkpointed segment again, just before its backward.
 void Executor::recompute(const Lifetimes& life, const Segment& segment) {
   for (int j = segment.first; j <= segment.last; ++j) {
+    if (hooks.pre_op) hooks.pre_op(j, Phase::recompute);
     run_forward(j, true);
     for (ValueId v : life.recompute_release[static_cast<size_t>(j)])
       values_[static_cast<size_t>(v)] = Tensor();
@@ -264,7 +283,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
         din.push_back(need ? alloc(graph_.value(v).spec) : Tensor());
       }
     }
-    std::vector<Tensor> p = views(params_, n.params), b = views(buffers_, n.buffers);
+    std::vector<Tensor> p = param_views(n.params), b = views(buffers_, n.buffers);
     const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
                                 workspace_.defined() ? workspace_.nbytes() : 0, device_};
     OpContext ctx{mode_, seed_, step_, static_cast<uint32_t>(index),       in,

@@ -29,7 +29,8 @@
 
 namespace dtrain::graph {
 
-enum class Phase : uint8_t { forward, backward };
+// recompute: a checkpointed segment's forward again, run inside backward.
+enum class Phase : uint8_t { forward, backward, recompute };
 
 struct Hooks {
   std::function<void(int node, Phase phase)> pre_op;
@@ -39,11 +40,16 @@ struct Hooks {
 // Where parameter gradients live: the executor's own flat buffer (grads()), or storage
 // a caller provides per parameter through set_grad_storage (ZeRO-2's buckets).
 enum class GradBuffer : uint8_t { owned, external };
+// Where parameters live: the executor's own flat buffer (params()), or views a caller
+// provides per parameter through set_param_storage (ZeRO-3's gathered blocks; params()
+// then holds the layout only, and initialize() sets the buffers alone).
+enum class ParamBuffer : uint8_t { owned, external };
 
 class Executor {
  public:
   explicit Executor(const Graph& graph, Device device = Device::cpu(),
-                    GradBuffer grad_buffer = GradBuffer::owned);
+                    GradBuffer grad_buffer = GradBuffer::owned,
+                    ParamBuffer param_buffer = ParamBuffer::owned);
 
   Device device() const { return device_; }
   FlatStore& params() { return params_; }
@@ -60,8 +66,15 @@ class Executor {
     grad_storage_ = std::move(storage);
   }
   Tensor grad_view(int param);  // parameter `param`'s gradient, wherever it lives
+  // With ParamBuffer::external: parameter p's values for the op about to run (asked
+  // after the pre_op hook of each node that uses it; valid until that node finished).
+  void set_param_storage(std::function<Tensor(int param)> storage) {
+    param_storage_ = std::move(storage);
+  }
+  Tensor param_view(int param) const;
   FlatStore& buffers() { return buffers_; }
-  void initialize(uint64_t seed);  // parameters and buffers, deterministically from the seed
+  // Parameters (when owned) and buffers, deterministically from the seed.
+  void initialize(uint64_t seed);
   // How ops compute f32 GEMMs and convolutions (tf32: TF32 tensor cores on CUDA, the
   // job's precision.tf32; no effect on the CPU). Default fp32.
   void set_math(kernels::MathMode math) { math_ = math; }
@@ -86,6 +99,9 @@ class Executor {
 
  private:
   std::function<Tensor(int)> grad_storage_;
+  std::function<Tensor(int)> param_storage_;
+  bool params_owned_ = true;
+  std::vector<Tensor> param_views(const std::vector<int>& ids) const;
   void backward_node(int index, std::vector<Tensor>& vgrad);
   void recompute(const Lifetimes& life, const Segment& segment);
   bool in_place_grad(const Lifetimes& life, const Node& n, size_t k, int step) const;

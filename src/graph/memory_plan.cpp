@@ -4,6 +4,7 @@
 #include "graph/memory_plan.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "graph/lifetimes.h"
 
@@ -44,7 +45,7 @@ class Tally {
 
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
                                 const RoundBytes& round, int blocks_per_segment,
-                                const GradBuckets* buckets) {
+                                const GradBuckets* buckets, const ParamGathers* gathers) {
   const auto& nodes = graph.nodes();
   const int n = static_cast<int>(nodes.size());
   const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment);
@@ -57,8 +58,42 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       value[static_cast<size_t>(v)] = 0;
     }
   };
+  // ZeRO-3's gathered units, as ShardedParams::before / end_pass hold them.
+  std::unique_ptr<GatherSchedule> schedule;
+  std::vector<size_t> unit_held;  // rounded bytes per unit, 0 when not held
+  if (gathers != nullptr) {
+    schedule = std::make_unique<GatherSchedule>(*gathers->units);
+    unit_held.assign(gathers->units->units().size(), 0);
+  }
+  auto gather = [&](int node, Phase phase) {
+    if (!schedule) return;
+    const GatherActions a = schedule->before(node, phase);
+    for (int u : a.release) {
+      t.remove(unit_held[static_cast<size_t>(u)]);
+      unit_held[static_cast<size_t>(u)] = 0;
+    }
+    auto hold = [&](int u) {
+      size_t& held = unit_held[static_cast<size_t>(u)];
+      if (held > 0) return;
+      const ParamUnit& pu = gathers->units->units()[static_cast<size_t>(u)];
+      held = t.add(static_cast<size_t>(pu.hi - pu.lo) * dtype_size(gathers->dtype));
+      for (int p : pu.wide)
+        held +=
+            t.add(bytes_of({gathers->f32_layout[static_cast<size_t>(p)].spec.shape, DType::f32}));
+    };
+    for (int u : a.acquire) hold(u);
+    for (int u : a.prefetch) hold(u);
+  };
+  auto end_pass = [&] {
+    if (!schedule) return;
+    for (int u : schedule->end_pass()) {
+      t.remove(unit_held[static_cast<size_t>(u)]);
+      unit_held[static_cast<size_t>(u)] = 0;
+    }
+  };
   for (int i = 0; i < n; ++i) {
     const Node& node = nodes[static_cast<size_t>(i)];
+    gather(i, Phase::forward);
     for (size_t o = 0; o < node.outputs.size(); ++o)
       value[static_cast<size_t>(node.outputs[o])] = t.add(bytes_of(node.info.outputs[o]));
     for (const TensorSpec& s : node.info.saved) saved[static_cast<size_t>(i)] += t.add(bytes_of(s));
@@ -122,6 +157,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i) {  // the recompute
         for (int j = life.segments[static_cast<size_t>(seg)].first; j <= i; ++j) {
           const Node& r = nodes[static_cast<size_t>(j)];
+          gather(j, Phase::recompute);
           for (size_t o = 0; o < r.outputs.size(); ++o) {
             size_t& held = value[static_cast<size_t>(r.outputs[o])];
             if (held == 0) held = t.add(bytes_of(r.info.outputs[o]));
@@ -161,6 +197,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             transient += t.add(bytes_of({e.spec.shape, DType::f32}));
           }
         }
+        gather(i, Phase::backward);    // the pre_op hook, after grad_targets
         std::vector<size_t> zero_out;  // outputs the loss ignores get a zero gradient
         for (ValueId v : node.outputs) {
           const auto vi = static_cast<size_t>(v);
@@ -235,6 +272,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       close_buckets(i, node);  // grad_ready: reduced into the shard, freed
     }
   }
+  end_pass();  // after backward, or after an evaluation's forward
   ActivationPeak p = t.peak();
   p.at_end = t.current();
   return p;

@@ -16,6 +16,7 @@
 
 #include "graph/executor.h"
 #include "graph/graph.h"
+#include "graph/param_units.h"
 
 namespace dtrain::graph {
 
@@ -42,10 +43,21 @@ struct GradBuckets {
   std::vector<size_t> bytes;   // per bucket, rounded
 };
 
+// ZeRO-3 (runtime/zero_params.h): each unit's gather buffer, one allocation of its
+// range in the compute dtype, made and freed as graph::GatherSchedule says before each
+// node (then released at the end of the pass), and one f32 allocation per wide
+// parameter of the unit (ParamUnit::wide); counted with the step's activations.
+struct ParamGathers {
+  const ParamUnits* units = nullptr;
+  DType dtype = DType::f32;
+  std::vector<FlatEntry> f32_layout;  // for the units' wide parameters
+};
+
 // blocks_per_segment: activation checkpointing as Executor::set_checkpointing.
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
                                 const RoundBytes& round, int blocks_per_segment = 0,
-                                const GradBuckets* buckets = nullptr);
+                                const GradBuckets* buckets = nullptr,
+                                const ParamGathers* gathers = nullptr);
 ExecutorBytes executor_bytes(const Graph& graph, Device device, const RoundBytes& round);
 
 }  // namespace dtrain::graph

@@ -75,23 +75,38 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     if (bytes > 0) e.state.push_back({std::move(kind), bytes, std::move(note)});
   };
   const graph::ExecutorBytes ex = graph::executor_bytes(g, job.device, round);
-  add("parameters", ex.params,
-      policy.half() ? fmt::format("{} (normalisation parameters f32)", dtype_name(policy.compute))
-                    : "f32");
   size_t f32_layout = ex.grads;  // the fp32 layout: masters and optimizer state alike
-  // ZeRO: masters and optimizer state (stage 2: the gradients too) hold this rank's
-  // shard of the layout; the last rank's is the largest (runtime/zero.h: the tail).
+  // ZeRO: masters and optimizer state (stage 2: the gradients too, stage 3: the
+  // parameters too) hold this rank's shard of the layout; the last rank's is the
+  // largest (runtime/zero.h: the tail).
   const int world = job.parallel.data;
   const bool sharded = job.parallel.zero_stage >= 1 && world > 1;
   const bool zero2 = job.parallel.zero_stage >= 2 && world > 1;
+  const bool zero3 = job.parallel.zero_stage >= 3 && world > 1;
   std::vector<graph::FlatEntry> wide = g.param_layout();
   for (graph::FlatEntry& e : wide) e.spec.dtype = DType::f32;
   const graph::FlatStore f32_entries(wide);
   const int64_t layout_elems = f32_entries.buffer_elems(DType::f32);
+  const int64_t last_shard = shard_of(layout_elems, world - 1, world).size();
+  if (zero3) {  // this rank's range, in the compute dtype, indexed as the fp32 layout
+    const size_t bytes = static_cast<size_t>(last_shard) * dtype_size(policy.compute);
+    const std::string note = fmt::format(
+        "{}, this rank's range (ZeRO-3: 1/{} of it; each block gathered before "
+        "use, counted with the activations)",
+        dtype_name(policy.compute), world);
+    if (job.memory.offload.params) {  // pinned host memory (runtime/zero_params.h)
+      e.host.push_back({"parameters", CachingAllocator::size_class(bytes), note});
+    } else {
+      add("parameters", round(bytes), note);
+    }
+  } else {
+    add("parameters", ex.params,
+        policy.half() ? fmt::format("{} (normalisation parameters f32)", dtype_name(policy.compute))
+                      : "f32");
+  }
   std::string shard_note;
   if (sharded) {
-    const ShardRange last = shard_of(layout_elems, world - 1, world);
-    f32_layout = round(static_cast<size_t>(last.size()) * sizeof(float));
+    f32_layout = round(static_cast<size_t>(last_shard) * sizeof(float));
     shard_note = fmt::format(" (ZeRO-{}: 1/{} of it)", job.parallel.zero_stage, world);
   }
   // ZeRO-2: no whole gradient buffer; backward writes into buckets (dist/zero_grads.h),
@@ -169,12 +184,16 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
              : fmt::format("2 batches of {} windows", batch));
   for (const MemoryItem& i : e.state) e.state_bytes += i.bytes;
 
+  // ZeRO-3: the gathered blocks, held as runtime/zero_params.h holds them.
+  const graph::ParamUnits units(g, f32_entries.entries(), m.loss);
+  const graph::ParamGathers gathers{&units, policy.compute, f32_entries.entries()};
   e.train = graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
-                                    zero2 ? &buckets : nullptr);
+                                    zero2 ? &buckets : nullptr, zero3 ? &gathers : nullptr);
   std::vector<char> eval_pins(static_cast<size_t>(g.num_values()), 0);
   eval_pins[static_cast<size_t>(m.logits)] = 1;
   eval_pins[static_cast<size_t>(m.targets)] = 1;
-  e.eval = graph::plan_activations(g, graph::Mode::eval, eval_pins, round);
+  e.eval = graph::plan_activations(g, graph::Mode::eval, eval_pins, round, 0, nullptr,
+                                   zero3 ? &gathers : nullptr);
   // After each evaluation forward the trainer reads the logits on the host as f32
   // (TrainSession::evaluate): half logits are widened into a copy then.
   const graph::TensorSpec& logits = g.value(m.logits).spec;
@@ -225,6 +244,9 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   const bool can_zero =
       job.parallel.data > 1 && job.parallel.zero_stage < 2 &&
       (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
+  const bool can_zero3 =
+      job.parallel.data > 1 && job.parallel.zero_stage < 3 && job.parallel.pipeline == 1 &&
+      (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
   int use_zero = 0;
   auto fits_with = [&](int64_t mb, bool add_checkpointing, bool add_offload) {
     Job changed = job;
@@ -265,6 +287,13 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
     for (int64_t mb = job_mb; mb >= 1; --mb)
       if (per_step % mb == 0 && fits_with(mb, true, false)) return a;
   }
+  // ZeRO-3: the parameters sharded too (the same result, half again the traffic),
+  // with the job's micro-batch, then with checkpointing.
+  if (can_zero3) {
+    use_zero = 3;
+    if (fits_with(job_mb, false, false)) return a;
+    if (!checkpointed && fits_with(job_mb, true, false)) return a;
+  }
   if (can_offload) {
     for (int64_t mb = job_mb; 2 * mb >= job_mb; --mb)
       if (per_step % mb == 0 && fits_with(mb, false, true)) return a;
@@ -295,8 +324,8 @@ std::string format_fit(const FitAdvice& a, size_t capacity) {
   }
   return fmt::format(
       "does not fit in {} even at micro-batch 1 with checkpointing{} (peak {}: the model state "
-      "alone is {}); a smaller model, more data-parallel ranks with ZeRO, or ZeRO-3 (not yet "
-      "available), are what is left\n",
+      "alone is {}); a smaller model, or more data-parallel ranks with ZeRO, are what is "
+      "left\n",
       human(capacity), a.estimate.host.empty() ? "" : " and optimizer offload",
       human(a.estimate.peak_bytes), human(a.estimate.state_bytes));
 }

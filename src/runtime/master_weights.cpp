@@ -30,7 +30,8 @@ void copy_buffers(const graph::FlatStore& from, const graph::FlatStore& to) {
 }  // namespace
 
 MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device,
-                             bool offload, ShardRange shard, Tensor shard_grads)
+                             bool offload, ShardRange shard, Tensor shard_grads,
+                             Tensor shard_params)
     : ex_(ex),
       mode_(mode),
       device_(device),
@@ -67,9 +68,19 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
     // ZeRO-Offload: this rank's shard of what the optimizer steps, and of the gradient
     // it reads, in host memory; the executor keeps whole parameters on the device.
     if (offload_) host_grads_ = Tensor::empty(Shape{shard_.size()}, DType::f32, host);
-    const Tensor own = ex.params().flat(DType::f32);
+    if (shard_params.defined()) {  // ZeRO-3
+      DTRAIN_CHECK(grads_sharded_ && shard_params.numel() == shard_.size(),
+                   "ZeRO-3 parameters of {} elements for a shard of {}", shard_params.numel(),
+                   shard_.size());
+      param_shard_ = std::move(shard_params);
+    }
     if (mode_ == MasterMode::fp32) {
-      target_.flat = own.view(shard_.begin, Shape{shard_.size()});
+      if (param_shard_.defined()) {
+        layout_.initialize_range(seed, shard_.begin, param_shard_);
+        target_.flat = param_shard_;
+      } else {
+        target_.flat = ex.params().flat(DType::f32).view(shard_.begin, Shape{shard_.size()});
+      }
       if (offload_) {
         shard_host_params_ = Tensor::empty(Shape{shard_.size()}, DType::f32, host);
         kernels::copy(target_.flat, shard_host_params_);
@@ -80,6 +91,11 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
     shard_masters_ = Tensor::empty(Shape{shard_.size()}, DType::f32,
                                    offload_ ? host : &kernels::device_allocator(device));
     layout_.initialize_range(seed, shard_.begin, shard_masters_);
+    target_.flat = shard_masters_;
+    if (param_shard_.defined()) {  // ZeRO-3: the range rounded, the rest is the others'
+      publish_piece(shard_.begin, shard_masters_);
+      return;
+    }
     // Every half parameter from its f32 initial value, one tensor at a time.
     for (int p = 0; p < ex.params().size(); ++p) {
       const graph::FlatEntry& e = layout_.entries()[static_cast<size_t>(p)];
@@ -88,7 +104,6 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
       Tensor dst = ex.params().view(p);
       kernels::cast(wide, dst);
     }
-    target_.flat = shard_masters_;
     return;
   }
   // The parameters the optimizer writes: the executor's own, or their host twin.
@@ -138,6 +153,10 @@ void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
       g = host_grads_;
     }
     opt.step(target_, g, lr, grad_scale);
+    if (param_shard_.defined()) {  // ZeRO-3: the next forward gathers what it needs
+      if (target_.flat.raw() != param_shard_.raw()) publish_piece(shard_.begin, target_.flat);
+      return;
+    }
     if (mode_ == MasterMode::fp32) {
       Tensor flat = ex_.params().flat(DType::f32);
       if (offload_) {  // the stepped range back into the executor, then gathered there
@@ -172,6 +191,7 @@ void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
 Tensor MasterWeights::shard_params() const {
   if (shard_masters_.defined()) return shard_masters_;
   if (shard_host_params_.defined()) return shard_host_params_;
+  if (param_shard_.defined()) return param_shard_;
   DTRAIN_CHECK(mode_ == MasterMode::fp32 && !offload_, "shard_params() of an unsharded layout");
   return ex_.params().flat(DType::f32).view(shard_.begin, Shape{shard_.size()});
 }
@@ -190,8 +210,23 @@ graph::FlatStore& MasterWeights::state() {
   return *wide_;
 }
 
+// A piece on another device than its destination goes through a temporary there.
 void MasterWeights::publish_piece(int64_t lo, const Tensor& piece) {
   const int64_t hi = lo + piece.numel();
+  if (param_shard_.defined()) {  // ZeRO-3: only this rank's range exists
+    const int64_t a = std::max(lo, shard_.begin), b = std::min(hi, shard_.end);
+    if (a >= b) return;
+    Tensor dst = param_shard_.view(a - shard_.begin, Shape{b - a});
+    Tensor src = piece.view(a - lo, Shape{b - a});
+    if (!(dst.device() == src.device())) {
+      Tensor there =
+          Tensor::empty(src.shape(), DType::f32, &kernels::device_allocator(dst.device()));
+      kernels::copy(src, there);
+      src = there;
+    }
+    kernels::cast(src, dst);
+    return;
+  }
   graph::FlatStore& params = twin_ ? host_params_ : ex_.params();
   for (int p = 0; p < params.size(); ++p) {
     const graph::FlatEntry& f = layout_.entries()[static_cast<size_t>(p)];
@@ -213,8 +248,12 @@ void MasterWeights::publish_piece(int64_t lo, const Tensor& piece) {
 void MasterWeights::load_piece(int64_t lo, const Tensor& piece) {
   const int64_t n = piece.numel();
   if (mode_ == MasterMode::fp32) {  // the parameters themselves (or their host twin)
-    Tensor dst = (twin_ ? host_params_ : ex_.params()).flat(DType::f32).view(lo, Shape{n});
-    kernels::copy(piece, dst);
+    if (param_shard_.defined()) {
+      publish_piece(lo, piece);  // ZeRO-3: this rank's range of them
+    } else {
+      Tensor dst = (twin_ ? host_params_ : ex_.params()).flat(DType::f32).view(lo, Shape{n});
+      kernels::copy(piece, dst);
+    }
     if (shard_host_params_.defined()) {  // ZeRO-Offload: this rank's range on the host
       const int64_t a = std::max(lo, shard_.begin), b = std::min(lo + n, shard_.end);
       if (a < b) {

@@ -34,6 +34,11 @@
 // ZeRO-2 (shard_grads given: f32 [shard size], kept by dist::ShardedGradSync): the
 // executor holds no whole gradient buffer, grads() is this rank's shard of it, and
 // the masters are passed around in pieces after the step (runtime::broadcast_shards).
+// ZeRO-3 (shard_params given: this rank's range of the layout in the compute dtype,
+// runtime/zero_params.h; the executor holds no parameters): fp32 steps that range in
+// place (or its host twin when offloaded, copied back); masters step their range and
+// round it into shard_params. Nothing is gathered after the step: the next forward
+// gathers each block as it needs it.
 // ZeRO-Offload (a shard and offload): this rank's range of the masters (in fp32 of the
 // parameters), of the optimizer state and of the summed gradient live in host memory;
 // the step downloads the gradient's range, steps on the host, and the stepped range
@@ -57,7 +62,8 @@ class MasterWeights {
   // ex: initialised from `seed` already. masters are initialised from the same seed in
   // f32 (an fp32 run's values, unrounded) and published into the executor.
   MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed, Device device,
-                bool offload = false, ShardRange shard = {}, Tensor shard_grads = {});
+                bool offload = false, ShardRange shard = {}, Tensor shard_grads = {},
+                Tensor shard_params = {});
   // The data-parallel communicator the shards are gathered over (ZeRO; before step()).
   void attach(dist::Communicator& comm) { comm_ = &comm; }
   const ShardRange& shard() const { return shard_; }
@@ -111,6 +117,7 @@ class MasterWeights {
   ShardRange shard_;
   Tensor shard_masters_;      // ZeRO with masters: this rank's range of them (host: offload)
   Tensor shard_host_params_;  // ZeRO-Offload in fp32: this rank's range, on the host
+  Tensor param_shard_;        // ZeRO-3: the parameters' range, in the compute dtype
   bool twin_ = false;         // offload without ZeRO: host_params_ twins the executor's
   dist::Communicator* comm_ = nullptr;
   bool grads_sharded_ = false;              // ZeRO-2: grads_ is the shard

@@ -49,6 +49,7 @@
 #include "runtime/signals.h"
 #include "runtime/train_state.h"
 #include "runtime/zero.h"
+#include "runtime/zero_params.h"
 
 namespace dtrain::runtime {
 
@@ -101,12 +102,6 @@ void require_supported(const Job& job, int world) {
     unsupported("parallel",
                 fmt::format("data {} x tensor {} x pipeline {}", p.data, p.tensor, p.pipeline));
   }
-  if (p.zero_stage >= 3) {
-    unsupported("parallel.zero_stage",
-                fmt::format("{} (stages 1 and 2 are built: sharded optimizer state, masters "
-                            "and gradients; parameters stay whole)",
-                            p.zero_stage));
-  }
   if (p.zero_stage >= 1) {
     if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights) {
       unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)");
@@ -114,10 +109,6 @@ void require_supported(const Job& job, int world) {
   }
   if (job.compress.method != CompressMethod::none) {
     unsupported("compress.method", std::string(to_string(job.compress.method)));
-  }
-  if (job.memory.offload.params) {
-    unsupported("memory.offload.params",
-                "true (parameter offload comes with ZeRO stage 3, which is not built yet)");
   }
   if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
   if (job.logging.profile.steps != 0) unsupported("logging.profile.steps", "non-zero");
@@ -250,9 +241,11 @@ class TrainSession {
   std::unique_ptr<DeviceFeed> train_;
   std::unique_ptr<dist::GradSync> sync_;
   std::unique_ptr<dist::ShardedGradSync> zero_sync_;  // ZeRO-2 instead of sync_
-  bool zero2_ = false;
-  Tensor shard_grads_;   // ZeRO-2: this rank's shard of the summed gradient
-  double bus_mark_ = 0;  // grad_comm_'s bus bytes at the last logged window
+  bool zero2_ = false, zero3_ = false;
+  std::unique_ptr<graph::ParamUnits> units_;    // ZeRO-3: the blocks gathered before use
+  std::unique_ptr<ShardedParams> zero_params_;  // ZeRO-3: this rank's parameters
+  Tensor shard_grads_;                          // ZeRO-2: this rank's shard of the summed gradient
+  double bus_mark_ = 0;                         // grad_comm_'s bus bytes at the last logged window
   std::unique_ptr<BufferAverage> buffer_avg_;
   Tensor grad_acc_;
   bool language_model_ = false;
@@ -290,9 +283,13 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   model_ = models::build_model(job_.model, batch, policy_);
   // ZeRO-2 keeps no whole gradient buffer: backward writes into dist::ShardedGradSync's
   // buckets (connect()), and each rank keeps its shard of the sum.
+  // ZeRO-3 keeps no whole parameter buffer either: each rank holds its range of the
+  // layout, and the executor sees a block's parameters while they are gathered.
   zero2_ = job_.parallel.zero_stage >= 2 && comm.size() > 1;
+  zero3_ = job_.parallel.zero_stage >= 3 && comm.size() > 1;
   ex_ = std::make_unique<graph::Executor>(
-      model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned);
+      model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
+      zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
   ex_->set_checkpointing(blocks_per_segment(job_, model_.graph));
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
@@ -313,8 +310,23 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
     shard_grads_ =
         Tensor::empty(Shape{shard.size()}, DType::f32, &kernels::device_allocator(job_.device));
   }
+  Tensor param_shard;
+  if (zero3_) {  // memory.offload.params: in (pinned) host memory, copied up per gather
+    Allocator* where = !job_.memory.offload.params ? &kernels::device_allocator(job_.device)
+                       : job_.device.is_cuda()     ? &kernels::pinned_host_allocator()
+                                                   : static_cast<Allocator*>(&host_allocator());
+    param_shard = Tensor::empty(Shape{shard.size()}, policy_.compute, where);
+  }
   weights_ = std::make_unique<MasterWeights>(*ex_, mode, counters_.seed, job_.device,
-                                             job_.memory.offload.optimizer, shard, shard_grads_);
+                                             job_.memory.offload.optimizer, shard, shard_grads_,
+                                             param_shard);
+  if (zero3_) {
+    units_ = std::make_unique<graph::ParamUnits>(model_.graph, weights_->layout(), model_.loss);
+    zero_params_ = std::make_unique<ShardedParams>(model_.graph, *units_, shard, param_shard,
+                                                   weights_->shard_params(), job_.device);
+    ex_->set_param_storage([this](int p) { return zero_params_->view(p); });
+    ex_->hooks.pre_op = [this](int node, graph::Phase phase) { zero_params_->before(node, phase); };
+  }
   weights_->set_gather_piece(
       std::max<int64_t>(1, static_cast<int64_t>(job_.comm.bucket_mb * 1024.0 * 1024.0 / 4)));
   const Tensor grads = weights_->grads();
@@ -467,6 +479,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   }
   grad_comm_ = device_comm_ ? device_comm_.get() : &comm_;
   weights_->attach(*grad_comm_);
+  if (zero_params_) zero_params_->attach(*grad_comm_);
   std::vector<dist::GradRange> ranges;
   for (const graph::FlatEntry& e : weights_->layout())
     ranges.push_back({e.offset, e.spec.shape.numel()});
@@ -538,11 +551,19 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   }
   if (weights_->shard().sharded()) {
     const ShardRange& sh = weights_->shard();
-    note(
-        fmt::format("ZeRO-{}: optimizer state{}{} sharded over {} ranks ({} elements each; "
-                    "parameters all-gathered after each step, checkpoints saved by shard)",
-                    zero2_ ? 2 : 1, weights_->mode() == MasterMode::masters ? ", fp32 masters" : "",
-                    zero2_ ? ", gradients" : "", sh.world, sh.block));
+    note(fmt::format(
+        "ZeRO-{}: optimizer state{}{} sharded over {} ranks ({} elements each; {}, "
+        "checkpoints saved by shard)",
+        zero3_   ? 3
+        : zero2_ ? 2
+                 : 1,
+        weights_->mode() == MasterMode::masters ? ", fp32 masters" : "",
+        zero3_   ? ", gradients, parameters"
+        : zero2_ ? ", gradients"
+                 : "",
+        sh.world, sh.block,
+        zero3_ ? fmt::format("{} parameter blocks gathered before use", units_->units().size())
+               : "parameters all-gathered after each step"));
   }
   bus_mark_ = grad_comm_->stats().bus_bytes;  // start-up's collectives are not a step's
 }
@@ -597,6 +618,7 @@ double TrainSession::train_step(const StopSignals& signals) {
     // d loss = label count x loss scale: the sum over labels, scaled (undone below).
     ex_->backward(model_.loss,
                   static_cast<float>(static_cast<double>(b.labelled) * scaler_.scale()));
+    if (zero_params_) zero_params_->end_pass();
     inject_overflow_ = false;
     train_->prefetch();  // the next batch moves while this one computes
     local.loss_sum += read_scalar(ex_->value(model_.loss)) * static_cast<double>(b.labelled);
@@ -711,6 +733,7 @@ EvalResult TrainSession::evaluate() {
     const FeedBatch& b = test.next();
     set_batch(b);
     ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
+    if (zero_params_) zero_params_->end_pass();
     if (k + 1 < test.batches_per_epoch()) test.prefetch();
     const Tensor logits = host_f32(ex_->value(model_.logits));
     const Tensor targets =

@@ -89,6 +89,14 @@ TEST_SUITE("gpu") {
     comm->all_gather(in, out2);
     CHECK(from_gpu(out2) == std::vector<float>{2, 4, 6, 8});
     comm->broadcast(out2, 0);
+    // ZeRO-3's gather (a group of broadcasts), bf16 included; a count that does not add
+    // up to the buffer is a caller's bug.
+    Tensor gv = on_gpu({5, 6, 7});
+    comm->all_gatherv_async(gv, {3}).wait();
+    CHECK(from_gpu(gv) == std::vector<float>{5, 6, 7});
+    Tensor half = Tensor::empty(Shape{9}, DType::bf16, &kernels::device_allocator(Device::cuda(0)));
+    comm->all_gatherv_async(half, {9}).wait();
+    CHECK_THROWS_AS(comm->all_gatherv_async(gv, {2}), InternalError);
     comm->barrier();
     for (DType d : {DType::f16, DType::bf16, DType::f64, DType::i64}) {
       Tensor t = Tensor::empty(Shape{7}, d, &kernels::device_allocator(Device::cuda(0)));

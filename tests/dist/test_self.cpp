@@ -59,6 +59,8 @@ TEST_CASE("self communicator: misuse is an internal error") {
   CHECK_THROWS_AS(comm->recv(t, 0), InternalError);
   CHECK_THROWS_AS(comm->all_reduce(t, ReduceOp::sum, AllreduceAlgo::auto_), InternalError);
   CHECK_THROWS_AS(comm->broadcast(t, 1), InternalError);
+  CHECK_THROWS_AS(comm->all_gatherv_async(t, {1}), InternalError);  // counts sum to 1, not 2
+  CHECK(comm->all_gatherv_async(t, {2}).test());
   std::vector<uint8_t> bytes(2);
   Tensor u8 = Tensor::wrap(bytes.data(), {2}, DType::u8);
   CHECK_THROWS_AS(comm->all_reduce(u8), InternalError);

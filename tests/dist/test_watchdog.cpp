@@ -31,6 +31,7 @@ class StuckComm final : public Communicator {
   void all_gather(const Tensor&, Tensor&) override {}
   void broadcast(Tensor&, int) override {}
   Handle reduce_async(Tensor, int) override { return {}; }
+  Handle all_gatherv_async(Tensor, std::vector<int64_t>) override { return {}; }
   void send(const Tensor&, int) override {}
   void recv(Tensor&, int) override {}
   void barrier() override {}

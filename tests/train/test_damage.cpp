@@ -165,7 +165,10 @@ TEST_CASE("bad input is refused before any output is written") {
        {"--set", "precision.dtype=bf16", "--set", "precision.master_weights=false", "--set",
         "optimizer.name=lamb"},
        "--set precision.master_weights=false: precision.master_weights"},
-      {"ZeRO stage 3", {"--set", "parallel.zero_stage=3"}, "parallel.zero_stage"},
+      {"ZeRO without master weights",
+       {"--set", "precision.dtype=bf16", "--set", "precision.master_weights=false", "--set",
+        "parallel.zero_stage=3"},
+       "precision.master_weights"},
       {"missing dataset", {"--set", "data.path=/nonexistent"}, "/nonexistent"},
   };
   if (!dtrain::kernels::query_cuda().available)

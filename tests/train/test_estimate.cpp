@@ -381,3 +381,39 @@ TEST_CASE("dtrain estimate --fit suggests ZeRO-1 on several ranks") {
   CHECK(fit.at("sets").get<std::vector<std::string>>() ==
         std::vector<std::string>{"--set", "parallel.zero_stage=1"});
 }
+
+// A deep model whose parameters outweigh its activations: no micro-batch or
+// checkpointing under ZeRO-2 brings it below a capacity just above ZeRO-3's peak, so
+// --fit answers with ZeRO-3 (two gathered blocks instead of every parameter).
+TEST_CASE("dtrain estimate --fit reaches ZeRO-3 when only sharded parameters fit") {
+  TempDir tmp("estimate-zero3");
+  const fs::path job = tmp.path() / "deep.yaml";
+  std::ofstream(job) << "run: {seed: 3}\n"
+                     << "model: {arch: gpt2, layers: 16, hidden: 128, heads: 2, seq_len: 8, "
+                        "max_positions: 8, vocab_size: 256}\n"
+                     << "data: {dataset: synthetic, global_batch: 8, micro_batch: 4}\n"
+                     << "optimizer: {name: adamw, lr: 1.0e-3}\n"
+                     << "comm: {bucket_mb: 0.25}\n"  // small: ZeRO-2 holds a bucket at a time
+                     << "train: {steps: 2}\n";
+  auto estimate = [&](const std::vector<std::string>& extra, const std::string& name) {
+    std::vector<std::string> args = {"estimate", job.string(), "--json", "--world", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = run_dtrain_command(args, tmp.path() / (name + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return last_json(r.log);
+  };
+  const double zero3 =
+      estimate({"--set", "parallel.zero_stage=3"}, "zero3").at("peak_bytes").get<double>();
+  const double zero2_smallest =
+      estimate({"--set", "parallel.zero_stage=2", "--set", "data.micro_batch=1", "--set",
+                "parallel.micro_batches=4", "--set", "memory.checkpointing=block"},
+               "zero2-small")
+          .at("peak_bytes")
+          .get<double>();
+  REQUIRE(zero3 * 1.01 < zero2_smallest);
+  const auto capacity = static_cast<int64_t>(zero3 * 1.01);
+  const nlohmann::json fit = estimate({"--fit", std::to_string(capacity)}, "fit").at("fit");
+  CHECK(fit.at("fits").get<bool>());
+  CHECK(fit.at("sets").get<std::vector<std::string>>() ==
+        std::vector<std::string>{"--set", "parallel.zero_stage=3"});
+}
