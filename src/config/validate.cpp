@@ -288,8 +288,11 @@ void check_compress(const Checker& c) {
                         to_string(algo)),
             "use allreduce: ring or auto");
   }
-  if (c.job.parallel.data == 1)
-    c.warn("compress.method", "compression with one data-parallel rank does nothing");
+  if (c.job.parallel.data == 1) {
+    c.error("compress.method",
+            fmt::format("{} compresses what ranks exchange, and parallel.data is 1", method),
+            "set parallel.data (and --nproc) to 2 or more, or remove compress.method");
+  }
 }
 
 void check_memory(const Checker& c) {

@@ -109,6 +109,10 @@ void GradSync::launch(size_t b) {
   if (acc_.defined()) kernels::axpy(1.0f, range_of(acc_, buckets_[b]), g);
   stats_.bytes += static_cast<uint64_t>(g.nbytes());
   launched_[b] = 1;
+  if (reducer_ && reducer_on_) {
+    reducer_(b, grads_);
+    return;
+  }
   if (owners_.empty()) {
     handles_[b].push_back(comm_.all_reduce_async(g, ReduceOp::sum, buckets_[b].algo));
     return;

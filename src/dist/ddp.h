@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +64,14 @@ class GradSync {
   // that owns that range (every rank's [begin, end), in rank order): afterwards only
   // this rank's own range of `grads` holds the sum (the volume of a reduce-scatter).
   void set_owners(std::vector<std::pair<int64_t, int64_t>> ranges);
+  // Gradient compression (src/compress): while on, a ready bucket goes to
+  // `reducer(b, grads)` (blocking, on the caller's thread; `grads` the whole flat
+  // buffer, the bucket's accumulation already added) instead of the all-reduce, and
+  // must leave the bucket's sum over the ranks there on every rank.
+  void set_reducer(std::function<void(size_t bucket, Tensor grads)> reducer) {
+    reducer_ = std::move(reducer);
+  }
+  void use_reducer(bool on) { reducer_on_ = on; }
 
   // Before the last micro-step's backward: `grads` is the flat f32 buffer backward
   // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
@@ -84,6 +93,8 @@ class GradSync {
   std::vector<int> pending_;    // per bucket: gradients not yet ready
   std::vector<std::vector<Handle>> handles_;
   std::vector<std::pair<int64_t, int64_t>> owners_;
+  std::function<void(size_t, Tensor)> reducer_;
+  bool reducer_on_ = false;
   std::vector<char> launched_;
   Overlap overlap_;
   Tensor grads_, acc_;

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 
+#include "compress/compressor.h"
 #include "core/allocator.h"
 #include "dist/allreduce.h"
 #include "dist/ddp.h"
@@ -107,8 +108,10 @@ void require_supported(const Job& job, int world) {
       unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)");
     }
   }
-  if (job.compress.method != CompressMethod::none) {
-    unsupported("compress.method", std::string(to_string(job.compress.method)));
+  if (job.compress.method != CompressMethod::none && job.device.is_cuda()) {
+    unsupported("compress.method", std::string(to_string(job.compress.method)) +
+                                       " with device: cuda (compression runs on the CPU "
+                                       "backend so far)");
   }
   if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
   if (job.logging.profile.steps != 0) unsupported("logging.profile.steps", "non-zero");
@@ -211,6 +214,8 @@ class TrainSession {
   void open_run_dir();
   void resume_if_asked();
   void connect(dist::Watchdog* watchdog);
+  void connect_compression(const std::vector<dist::Bucket>& buckets);
+  void adjust_residual(const precision::ScaleDecision& d);
   double train_step(const StopSignals& signals);
   std::string first_non_finite(const Tensor& grads) const;
   Tensor own_grads() const;
@@ -247,6 +252,7 @@ class TrainSession {
   Tensor shard_grads_;                          // ZeRO-2: this rank's shard of the summed gradient
   double bus_mark_ = 0;                         // grad_comm_'s bus bytes at the last logged window
   std::unique_ptr<BufferAverage> buffer_avg_;
+  std::unique_ptr<compress::Compressor> compressor_;  // compress.method, in GradSync's buckets
   Tensor grad_acc_;
   bool language_model_ = false;
   TrainCounters counters_;
@@ -505,6 +511,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     // ZeRO-1: each bucket's parts are reduced into their owners (a reduce-scatter's
     // volume) instead of all-reduced: a rank steps only its range.
     if (weights_->shard().sharded()) sync_->set_owners(owners);
+    if (job_.compress.method != CompressMethod::none) connect_compression(buckets);
   }
   const int last_param = ex_->grads().size() - 1;
   ex_->hooks.grad_ready = [this, last_param](int p) {
@@ -568,6 +575,48 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   bus_mark_ = grad_comm_->stats().bus_bytes;  // start-up's collectives are not a step's
 }
 
+// compress.method: each bucket goes through the compressor (src/compress) instead of
+// the all-reduce, after compress.warmup_steps dense steps (train_step switches it on).
+// Every rank plans the same buckets, so the same tensors compress everywhere.
+void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets) {
+  std::vector<compress::ParamInfo> params;
+  for (const graph::FlatEntry& e : weights_->layout()) {
+    const Shape& sh = e.spec.shape;
+    params.push_back({e.offset, sh.numel(), sh.rank() >= 2 ? sh[0] : 0});
+  }
+  std::vector<compress::BucketPlan> plans =
+      compress::plan_compression(job_.compress, buckets, params);
+  const AllreduceAlgo dense =
+      job_.comm.allreduce == AllreduceAlgo::auto_ ? AllreduceAlgo::ring : job_.comm.allreduce;
+  compressor_ = std::make_unique<compress::Compressor>(job_.compress, *grad_comm_, std::move(plans),
+                                                       ex_->grads().buffer_elems(DType::f32), dense,
+                                                       counters_.seed);
+  sync_->set_reducer([this](size_t b, Tensor grads) { compressor_->reduce(b, grads); });
+  int compressed = 0;
+  for (const compress::BucketPlan& p : compressor_->plans())
+    compressed += static_cast<int>(p.compressed.size());
+  const compress::Tally t = compressor_->per_step();
+  note(fmt::format(
+      "compression: {} on {} of {} parameter tensors, error feedback {}, {} dense "
+      "step(s) first; {} bytes sent per step per rank instead of {} ({:.1f}x)",
+      to_string(job_.compress.method), compressed, weights_->layout().size(),
+      job_.compress.error_feedback ? "on" : "off", job_.compress.warmup_steps, t.sent, t.dense,
+      static_cast<double>(t.dense) / static_cast<double>(std::max<uint64_t>(t.sent, 1))));
+}
+
+// The residual is kept in the scaled units of the gradients it came from: a new loss
+// scale rescales it, and a skipped step (inf or nan in the gradients, hence in what
+// the residual took in) drops it.
+void TrainSession::adjust_residual(const precision::ScaleDecision& d) {
+  if (!compressor_) return;
+  Tensor r = compressor_->residual();
+  if (d.skip) {
+    kernels::fill(r, -0.0f);  // -0: see Compressor's constructor
+  } else if (d.new_scale != d.old_scale) {
+    kernels::scale(static_cast<float>(d.new_scale / d.old_scale), r, r);
+  }
+}
+
 // The estimate's bytes per kind ("parameters": ..., "activations (train)": ...).
 nlohmann::json TrainSession::estimate_by_kind() const {
   nlohmann::json out = nlohmann::json::object();
@@ -602,6 +651,7 @@ StepTotals TrainSession::agree_totals(const StepTotals& local) {
 double TrainSession::train_step(const StopSignals& signals) {
   Tensor grads = weights_->grads();
   const int64_t mb = job_.data.micro_batch;
+  if (compressor_) sync_->use_reducer(counters_.step >= job_.compress.warmup_steps);
   StepTotals local;
   for (int m = 0; m < micro_batches_; ++m) {
     const FeedBatch& b = train_->next();
@@ -655,6 +705,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
   const precision::ScaleDecision d = scaler_.update(found_inf);
+  adjust_residual(d);
   ++counters_.step;
   counters_.scaler = scaler_.state();
   if (d.event == precision::ScaleEvent::fatal) fail_non_finite(loss);
@@ -790,6 +841,13 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
       line["comm_time_s"] = comm.comm_seconds;
       line["exposed_comm_s"] = comm.exposed_seconds;
       line["allreduce"] = algo_summary_;
+      if (compressor_) {  // what this rank put on the wire for its buckets, and the saving
+        const compress::Tally t = compressor_->take_tally();
+        if (t.sent > 0) {
+          line["comm_sent_bytes"] = t.sent;
+          line["compression_ratio"] = static_cast<double>(t.dense) / static_cast<double>(t.sent);
+        }
+      }
     }
     if (scaler_.mode() != LossScaleMode::none) {
       line["loss_scale"] = scaler_.scale();

@@ -1,0 +1,91 @@
+// Gradient compression with error feedback, one data-parallel bucket at a time: the
+// stage between "a bucket is ready" and the optimizer (dist::GradSync hands a bucket
+// here instead of all-reducing it). Methods (compress.method):
+//  - topk: each rank keeps the `ratio` largest-magnitude entries of its compressed
+//    elements (exact selection, kernels/compress.h), the ranks' (index, value) pairs
+//    are all-gathered and summed into a dense result in rank order;
+//  - onebit: the sign of every entry, 32 to a word, and per chunk of 1024 entries the
+//    mean magnitude; all-gathered, each rank's +-scale summed in rank order;
+//  - powersgd: per matrix M (a parameter of 2+ dimensions viewed as its first dim by
+//    the rest) P = M Q, P all-reduced (summed) and orthonormalised, Q = M^T P,
+//    Q all-reduced, the result P Q^T; Q warm-starts the next step.
+// Error feedback (compress.error_feedback): the residual, what this rank did not send,
+// is added to its next gradient: for every rank, the sum of what it sent over the steps
+// plus its residual is the sum of its gradients (exactly for topk, to rounding for the
+// others). Tensors that do not compress (1-D, small, or where PowerSGD's factors would
+// not be smaller) are summed exactly by an all-reduce in the same bucket.
+// Sums only, as GradSync: the caller scales. CPU buffers (the host backend) for now.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "compress/options.h"
+#include "dist/communicator.h"
+#include "dist/ddp.h"
+
+namespace dtrain::compress {
+
+// A parameter's elements [lo, hi) of the fp32 layout, PowerSGD's rows x cols.
+struct Piece {
+  int64_t lo = 0, hi = 0;
+  int64_t rows = 1, cols = 1;
+};
+
+struct BucketPlan {
+  std::vector<Piece> compressed, dense;
+};
+
+// Every parameter of the layout: offset, element count, and its first dimension
+// (0 for a 1-D tensor).
+struct ParamInfo {
+  int64_t offset = 0, numel = 0, rows = 0;
+};
+
+// Which parameters of each bucket compress: 2+-D tensors of at least `min_elems`
+// elements (PowerSGD: also rank * (rows + cols) < rows * cols); the rest stays dense.
+std::vector<BucketPlan> plan_compression(const CompressOptions& o,
+                                         const std::vector<dist::Bucket>& buckets,
+                                         const std::vector<ParamInfo>& params,
+                                         int64_t min_elems = 1024);
+
+// Bytes one rank contributes per step, compressed and as a dense all-reduce's payload.
+struct Tally {
+  uint64_t sent = 0, dense = 0;
+};
+
+class Compressor {
+ public:
+  Compressor(const CompressOptions& o, dist::Communicator& comm, std::vector<BucketPlan> plans,
+             int64_t layout_elems, AllreduceAlgo dense_algo, uint64_t seed);
+
+  // Bucket b of the flat f32 gradient `grads` (the whole layout, this rank's sum over
+  // its micro-batches): afterwards its compressed pieces hold the sum over the ranks of
+  // what each sent and its dense pieces the exact sum. Blocking; every rank calls it for
+  // the same buckets in the same order.
+  void reduce(size_t b, Tensor grads);
+  const std::vector<BucketPlan>& plans() const { return plans_; }
+  // This rank's error feedback, f32 [layout] (zeros where nothing compresses).
+  Tensor residual() const { return residual_; }
+  // PowerSGD: every matrix's Q, flat (the same on every rank); undefined otherwise.
+  Tensor powersgd_q() const { return q_; }
+  Tally take_tally();
+  // What one step sends per rank, for `dtrain validate` (the plans alone decide it).
+  Tally per_step() const;
+
+ private:
+  void dense(const BucketPlan& p, Tensor& grads);
+  void topk(const BucketPlan& p, float* g);
+  void onebit(const BucketPlan& p, float* g);
+  void powersgd(size_t b, const BucketPlan& p, float* g);
+
+  CompressOptions o_;
+  dist::Communicator& comm_;
+  std::vector<BucketPlan> plans_;
+  AllreduceAlgo dense_algo_;
+  Tensor residual_, q_;
+  std::vector<std::vector<int64_t>> q_at_;  // per bucket, per compressed piece: offset in q_
+  Tally tally_;
+};
+
+}  // namespace dtrain::compress

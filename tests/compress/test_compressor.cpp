@@ -1,0 +1,169 @@
+// Gradient compression's arithmetic on one rank (the self communicator: what a rank
+// sends is then what comes back): the kernels on hand-computed inputs, the
+// error-feedback invariant step by step and over many steps, top-k at ratio 1 and
+// PowerSGD at full rank giving back the gradient, and the bucket plan. Several ranks
+// are tested through training (tests/train/test_data_parallel.cpp).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "compress/compressor.h"
+#include "core/rng.h"
+#include "kernels/compress.h"
+
+using namespace dtrain;
+using namespace dtrain::compress;
+
+namespace {
+
+// Two matrices (16 x 96, 40 x 32) and a bias (24) laid out as a flat gradient.
+struct Layout {
+  std::vector<ParamInfo> params = {{0, 16 * 96, 16}, {1536, 40 * 32, 40}, {2816, 24, 0}};
+  int64_t total = 2816 + 32;
+  std::vector<dist::Bucket> buckets() const { return {{0, total, {2, 1, 0}, {}}}; }
+};
+
+std::vector<float> gradient(uint64_t step, int64_t n) {
+  const Philox rng(11, step);
+  std::vector<float> g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) g[static_cast<size_t>(i)] = rng.normal(static_cast<uint64_t>(i));
+  return g;
+}
+
+Compressor make(const CompressOptions& o, dist::Communicator& comm, const Layout& l) {
+  return Compressor(o, comm, plan_compression(o, l.buckets(), l.params, 1024), l.total,
+                    AllreduceAlgo::ring, 5);
+}
+
+}  // namespace
+
+TEST_CASE("kernels: top-k by magnitude with ties to the lower index") {
+  const float x[] = {1.0f, -3.0f, 3.0f, 2.0f, -0.5f};
+  int32_t idx[3];
+  float val[3];
+  kernels::topk_select(x, 5, 1, idx, val);
+  CHECK(idx[0] == 1);
+  CHECK(val[0] == -3.0f);
+  kernels::topk_select(x, 5, 3, idx, val);
+  CHECK(std::vector<int32_t>(idx, idx + 3) == std::vector<int32_t>{1, 2, 3});
+  CHECK(std::vector<float>(val, val + 3) == std::vector<float>{-3.0f, 3.0f, 2.0f});
+}
+
+TEST_CASE("kernels: 1-bit packing of a known vector, and back") {
+  const float x[] = {1.0f, -2.0f, 0.0f, -0.0f, 3.0f};
+  uint32_t words[1];
+  float scales[3];
+  kernels::sign_pack(x, 5, 2, words, scales);
+  CHECK(words[0] == 0b11101u);  // element i is bit i: +, -, +, + (-0 counts as +), +
+  CHECK(scales[0] == 1.5f);     // mean |x| per chunk of 2
+  CHECK(scales[1] == 0.0f);
+  CHECK(scales[2] == 3.0f);
+  float out[5];
+  kernels::sign_unpack(words, scales, 5, 2, out, false);
+  CHECK(std::vector<float>(out, out + 5) == std::vector<float>{1.5f, -1.5f, 0.0f, 0.0f, 3.0f});
+}
+
+TEST_CASE("kernels: orthonormal columns") {
+  std::vector<float> a = gradient(3, 12 * 4);
+  kernels::orthonormalize_columns(a.data(), 12, 4);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) {
+      double dot = 0;
+      for (int r = 0; r < 12; ++r) dot += static_cast<double>(a[r * 4 + i]) * a[r * 4 + j];
+      CHECK(std::fabs(dot - (i == j ? 1.0 : 0.0)) < 1e-5);
+    }
+}
+
+TEST_CASE("the plan compresses large 2-D tensors; PowerSGD only where its factors are smaller") {
+  const Layout l;
+  CompressOptions o;
+  o.method = CompressMethod::topk;
+  std::vector<BucketPlan> p = plan_compression(o, l.buckets(), l.params, 1024);
+  REQUIRE(p.size() == 1);
+  CHECK(p[0].compressed.size() == 2);
+  CHECK(p[0].dense.size() == 1);  // the bias
+  CHECK(p[0].compressed[1].rows == 40);
+  CHECK(p[0].compressed[1].cols == 32);
+  o.method = CompressMethod::powersgd;
+  o.rank = 16;  // 16 x (40 + 32) > 40 x 32: that matrix stays dense
+  p = plan_compression(o, l.buckets(), l.params, 1024);
+  CHECK(p[0].compressed.size() == 1);
+  CHECK(p[0].dense.size() == 2);
+}
+
+// Error feedback: what a rank sent plus its residual is what it had to send, each step
+// exactly for top-k (an entry is either sent or kept), and over 20 steps the sent sums
+// plus the last residual are the gradients' sum (to rounding) for every method.
+TEST_CASE("error feedback: sent + residual = the gradients, per step and over many steps") {
+  const Layout l;
+  auto self = dist::make_self_communicator();
+  for (CompressMethod m :
+       {CompressMethod::topk, CompressMethod::onebit, CompressMethod::powersgd}) {
+    CAPTURE(to_string(m));
+    CompressOptions o;
+    o.method = m;
+    o.ratio = 0.05;
+    o.rank = 2;
+    Compressor c = make(o, *self, l);
+    std::vector<double> sum_g(static_cast<size_t>(l.total)), sum_sent(sum_g.size());
+    std::vector<float> prev(static_cast<size_t>(l.total), 0.0f);
+    double scale = 0;
+    for (uint64_t t = 0; t < 20; ++t) {
+      std::vector<float> g = gradient(t, l.total);
+      std::vector<float> x(g.size());
+      for (size_t i = 0; i < g.size(); ++i) {
+        sum_g[i] += g[i];
+        x[i] = g[i] + prev[i];  // what this step had to send, residual included
+        scale = std::max(scale, std::fabs(static_cast<double>(g[i])));
+      }
+      Tensor gt = Tensor::wrap(g.data(), Shape{l.total}, DType::f32);
+      c.reduce(0, gt);  // one rank: g now holds what this rank sent
+      const float* r = c.residual().data<float>();
+      for (size_t i = 0; i < g.size(); ++i) sum_sent[i] += g[i];
+      if (m == CompressMethod::topk) {
+        size_t exact = 0;
+        for (size_t i = 0; i < g.size(); ++i) exact += g[i] + r[i] == x[i] ? 1 : 0;
+        CHECK(exact == g.size());
+      }
+      std::memcpy(prev.data(), r, prev.size() * sizeof(float));
+    }
+    double worst = 0;
+    for (size_t i = 0; i < sum_g.size(); ++i)
+      worst = std::max(worst, std::fabs(sum_sent[i] + prev[i] - sum_g[i]));
+    CHECK(worst < 1e-4 * scale * 20);
+    const Tally tally = c.take_tally();
+    CHECK(tally.sent < tally.dense / 4);  // compressed: the bias alone travels dense
+    CHECK(tally.dense == 20 * static_cast<uint64_t>(16 * 96 + 40 * 32 + 24) * 4);
+  }
+}
+
+TEST_CASE("top-k at ratio 1 and PowerSGD at full rank give the gradient back") {
+  const Layout l;
+  auto self = dist::make_self_communicator();
+  CompressOptions o;
+  o.method = CompressMethod::topk;
+  o.ratio = 1.0;
+  Compressor c = make(o, *self, l);
+  std::vector<float> g = gradient(4, l.total), want = g;
+  g[5] = want[5] = -0.0f;  // a negative zero survives: sums start from -0
+  c.reduce(0, Tensor::wrap(g.data(), Shape{l.total}, DType::f32));
+  CHECK(std::memcmp(g.data(), want.data(), g.size() * 4) == 0);
+  CHECK(std::signbit(g[5]));
+
+  // Full rank, forced: a plan compressing the 16 x 96 matrix at rank 16.
+  o.method = CompressMethod::powersgd;
+  o.rank = 16;
+  BucketPlan plan;
+  plan.compressed.push_back({0, 16 * 96, 16, 96});
+  plan.dense.push_back({1536, 2816 + 24, 1, 2816 + 24 - 1536});
+  Compressor p(o, *self, {plan}, l.total, AllreduceAlgo::ring, 5);
+  g = want;
+  p.reduce(0, Tensor::wrap(g.data(), Shape{l.total}, DType::f32));
+  double worst = 0;
+  for (size_t i = 0; i < 16 * 96; ++i)
+    worst = std::max(worst, static_cast<double>(std::fabs(g[i] - want[i])));
+  CHECK(worst < 1e-4);
+  CHECK(std::memcmp(g.data() + 1536, want.data() + 1536, (2816 + 24 - 1536) * 4) == 0);
+}
