@@ -3,6 +3,7 @@
 // then, for an architecture with a graph builder, a one-line model summary as a
 // YAML comment (so the output still loads). Builds the graph at batch 1 for that
 // but allocates no parameters and starts no communication; warnings go to stderr.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/launcher.h"
+#include "compress/compressor.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "dist/ddp.h"
@@ -136,6 +138,29 @@ std::string precision_lines(const Job& job) {
   return out;
 }
 
+// "# compression: ..." what each rank sends per step under compress.method, from the
+// trainer's plan (src/compress: which tensors compress, bucket by bucket).
+std::string compression_line(const Job& job, const graph::FlatStore& layout,
+                             const std::vector<dist::Bucket>& buckets) {
+  std::vector<compress::ParamInfo> params;
+  for (const graph::FlatEntry& e : layout.entries()) {
+    const Shape& sh = e.spec.shape;
+    params.push_back({e.offset, sh.numel(), sh.rank() >= 2 ? sh[0] : 0});
+  }
+  const std::vector<compress::BucketPlan> plans =
+      compress::plan_compression(job.compress, buckets, params);
+  int compressed = 0;
+  for (const compress::BucketPlan& p : plans) compressed += static_cast<int>(p.compressed.size());
+  const compress::Tally t = compress::bytes_per_step(job.compress, plans);
+  return fmt::format(
+      "# compression: {} on {} of {} parameter tensors; {} bytes sent per step per rank "
+      "instead of {} ({:.1f}x less), after {} dense step(s)\n",
+      to_string(job.compress.method), compressed, layout.size(),
+      with_commas(static_cast<int64_t>(t.sent)), with_commas(static_cast<int64_t>(t.dense)),
+      static_cast<double>(t.dense) / static_cast<double>(std::max<uint64_t>(t.sent, 1)),
+      job.compress.warmup_steps);
+}
+
 // The data-parallel layout as YAML comments: the split of the global batch, the
 // gradient buckets (from the model's flat gradient layout, as the trainer cuts
 // them), the all-reduce algorithm and where every rank sits. Empty for one rank.
@@ -164,6 +189,7 @@ std::string data_parallel_lines(const Job& job, int world) {
         "all-reduce {} over {}, overlap {}\n",
         buckets.size(), job.comm.bucket_mb, sizes, to_string(job.comm.allreduce),
         job.device.is_cuda() ? "nccl" : "mpi", job.comm.overlap ? "on" : "off");
+    if (job.compress.method != CompressMethod::none) out += compression_line(job, layout, buckets);
   }
   const auto places =
       dist::describe_grid(world, dist::degrees_of(p), job.comm.ranks_per_node.value_or(0));

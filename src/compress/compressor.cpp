@@ -283,18 +283,18 @@ Tally Compressor::take_tally() {
   return t;
 }
 
-Tally Compressor::per_step() const {
+Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans) {
   Tally t;
-  for (const BucketPlan& p : plans_) {
+  for (const BucketPlan& p : plans) {
     const auto dense = static_cast<uint64_t>(total(p.dense)) * 4;
     t.sent += dense;
     t.dense += dense + static_cast<uint64_t>(total(p.compressed)) * 4;
     const int64_t n = total(p.compressed);
     if (n == 0) continue;
-    switch (o_.method) {
+    switch (o.method) {
       case CompressMethod::topk:
         t.sent += static_cast<uint64_t>(
-                      std::clamp<int64_t>(std::llround(o_.ratio * static_cast<double>(n)), 1, n)) *
+                      std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(n)), 1, n)) *
                   8;
         break;
       case CompressMethod::onebit:
@@ -302,7 +302,7 @@ Tally Compressor::per_step() const {
         break;
       case CompressMethod::powersgd:
         for (const Piece& m : p.compressed)
-          t.sent += static_cast<uint64_t>((m.rows + m.cols) * rank_of(o_, m)) * 4;
+          t.sent += static_cast<uint64_t>((m.rows + m.cols) * rank_of(o, m)) * 4;
         break;
       case CompressMethod::none:
         break;

@@ -54,6 +54,10 @@ struct Tally {
   uint64_t sent = 0, dense = 0;
 };
 
+// What one step sends per rank under `plans` (the plans alone decide it): `dtrain
+// validate` prints it, the trainer's start-up note too.
+Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans);
+
 class Compressor {
  public:
   Compressor(const CompressOptions& o, dist::Communicator& comm, std::vector<BucketPlan> plans,
@@ -70,8 +74,6 @@ class Compressor {
   // PowerSGD: every matrix's Q, flat (the same on every rank); undefined otherwise.
   Tensor powersgd_q() const { return q_; }
   Tally take_tally();
-  // What one step sends per rank, for `dtrain validate` (the plans alone decide it).
-  Tally per_step() const;
 
  private:
   void dense(const BucketPlan& p, Tensor& grads);

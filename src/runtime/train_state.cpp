@@ -83,6 +83,20 @@ std::string shard_file_name(int rank, int world) {
               "(--resume <checkpoint dir>/step-N), or verify it with the manifest's owner");
 }
 
+// Blobs beyond the parameters, buffers and optimizer state (save_train_state's
+// `extra`): every name outside those three families.
+bool is_extra_blob(const std::string& name) {
+  return name != "params" && name.rfind("params.", 0) != 0 && name.rfind("optim.", 0) != 0 &&
+         name.rfind("buffers.", 0) != 0;
+}
+
+std::vector<const NamedTensor*> extra_blobs(const Checkpoint& ck) {
+  std::vector<const NamedTensor*> out;
+  for (const NamedTensor& t : ck.tensors)
+    if (is_extra_blob(t.name)) out.push_back(&t);
+  return out;
+}
+
 struct ShardRef {
   int rank = 0;
   int64_t begin = 0, end = 0;
@@ -231,13 +245,14 @@ void copy_into(const Tensor& from, Tensor to) { kernels::copy(from, to); }
 
 void save_train_state(const fs::path& file, const graph::FlatStore& params,
                       const graph::FlatStore& buffers, const optim::Optimizer& opt,
-                      const TrainCounters& c) {
+                      const TrainCounters& c, const std::vector<NamedTensor>& extra) {
   std::vector<NamedTensor> tensors;
   add_store(tensors, "params", params);
   add_store(tensors, "buffers", buffers);
   const optim::OptimizerState state = opt.state();
   for (const auto& [name, t] : state.buffers)
     tensors.push_back({"optim." + name, kernels::to_host(t)});
+  tensors.insert(tensors.end(), extra.begin(), extra.end());
   write_checkpoint(file, train_meta(layout_of(params), buffers, opt.name(), state.step, c),
                    tensors);
 }
@@ -275,6 +290,7 @@ void save_sharded_state(const fs::path& dir, const ShardedSave& s, const TrainCo
     tensors.push_back({"optim." + name, kernels::to_host(t)});
     names.push_back(name);
   }
+  tensors.insert(tensors.end(), s.extra.begin(), s.extra.end());
   const fs::path mine = partial / shard_file_name(rank, world);
   write_checkpoint(mine,
                    {{"format", "dtrain-train-state-shard"},
@@ -423,6 +439,7 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       optim::OptimizerState st = opt.state();
       st.step = ck.meta.at("optimizer").at("step");
       opt.load_state(st);
+      if (l.extra) l.extra(extra_blobs(ck));
       return counters_of(ck);
     }
     const fs::path manifest = path / "manifest.dtckpt";
@@ -437,11 +454,16 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
         man.meta.at("sharded").at("total").get<int64_t>() != total) {
       bad_shard(manifest, "its optimizer buffers or layout size differ from this run's");
     }
+    // Extra blobs (compression's state) are per rank: only a checkpoint of this world
+    // size has this rank's.
+    const bool same_world = static_cast<int>(shards.size()) == l.world && l.extra;
+    std::vector<Checkpoint> extra_of(2);  // this rank's shard's, rank 0's
     for (const ShardRef& r : shards) {
       const bool overlaps = r.begin < l.end && l.begin < r.end;
-      const Checkpoint ck = read_shard(r, man, [&](const std::string& name) {
+      const bool extra = same_world && (r.rank == l.rank || r.rank == 0);
+      Checkpoint ck = read_shard(r, man, [&](const std::string& name) {
         return name == "params" || (overlaps && name.rfind("optim.", 0) == 0) ||
-               (r.rank == 0 && name.rfind("buffers.", 0) == 0);
+               (r.rank == 0 && name.rfind("buffers.", 0) == 0) || (extra && is_extra_blob(name));
       });
       l.params(r.begin, range_blob(ck, r, "params"));
       if (overlaps) {
@@ -452,10 +474,21 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
         check_buffers(ck);
         load_buffers(ck);
       }
+      if (extra && r.rank == l.rank) extra_of[0] = ck;
+      if (extra && r.rank == 0) extra_of[1] = ck;
     }
     optim::OptimizerState st = opt.state();
     st.step = man.meta.at("optimizer").at("step");
     opt.load_state(st);
+    if (same_world) {
+      std::vector<const NamedTensor*> blobs = extra_blobs(extra_of[0]);
+      for (const NamedTensor* t : extra_blobs(extra_of[1])) {  // rank 0's replicated ones
+        bool have = false;
+        for (const NamedTensor* o : blobs) have = have || o->name == t->name;
+        if (!have) blobs.push_back(t);
+      }
+      l.extra(blobs);
+    }
     return counters_of(man);
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("{}: malformed training metadata: {}", path.string(), e.what()),

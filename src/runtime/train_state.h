@@ -32,9 +32,11 @@ struct TrainCounters {
 // `params`: the parameters the optimizer steps (the executor's for fp32, the fp32
 // master weights of a half-precision job: same names and layout either way, so a
 // checkpoint moves between precisions); `buffers`: the executor's.
+// `extra`: more blobs (gradient compression's state: runtime/trainer.cpp), written as
+// they are.
 void save_train_state(const std::filesystem::path& file, const graph::FlatStore& params,
                       const graph::FlatStore& buffers, const optim::Optimizer& opt,
-                      const TrainCounters& counters);
+                      const TrainCounters& counters, const std::vector<NamedTensor>& extra = {});
 
 // Sharded checkpoints (ZeRO): a directory step-N/ with one shard file per rank,
 // rank-RRRRR-of-WWWWW.dtckpt, holding that rank's range of the fp32-layout parameters
@@ -59,6 +61,7 @@ struct ShardedSave {
   // Called at each phase of the save ("shard", "written", "manifest", "renamed"): the
   // crash tests end a rank there (runtime/faults.h).
   std::function<void(std::string_view)> at_phase;
+  std::vector<NamedTensor> extra;  // more blobs of this rank's own (compression's state)
 };
 void save_sharded_state(const std::filesystem::path& dir, const ShardedSave& save,
                         const TrainCounters& counters);
@@ -77,6 +80,11 @@ struct RangeLoad {
   std::function<void(int64_t lo, const Tensor& piece)> params;
   graph::FlatStore* buffers = nullptr;
   optim::Optimizer* opt = nullptr;
+  // The extra blobs (save_train_state's `extra`, ShardedSave::extra): a single file's
+  // all; of a sharded checkpoint written by `world` ranks, this rank's shard's and those
+  // of rank 0's it lacks, none when written by another world size.
+  int rank = 0, world = 1;
+  std::function<void(const std::vector<const NamedTensor*>& extra)> extra;
 };
 TrainCounters load_train_state_ranges(const std::filesystem::path& path, const RangeLoad& load);
 

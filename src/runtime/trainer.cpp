@@ -216,6 +216,8 @@ class TrainSession {
   void connect(dist::Watchdog* watchdog);
   void connect_compression(const std::vector<dist::Bucket>& buckets);
   void adjust_residual(const precision::ScaleDecision& d);
+  std::vector<NamedTensor> compression_state(bool sharded);
+  void restore_compression();
   double train_step(const StopSignals& signals);
   std::string first_non_finite(const Tensor& grads) const;
   Tensor own_grads() const;
@@ -253,6 +255,7 @@ class TrainSession {
   double bus_mark_ = 0;                         // grad_comm_'s bus bytes at the last logged window
   std::unique_ptr<BufferAverage> buffer_avg_;
   std::unique_ptr<compress::Compressor> compressor_;  // compress.method, in GradSync's buckets
+  std::vector<NamedTensor> resumed_compression_;      // its state from the checkpoint, if any
   Tensor grad_acc_;
   bool language_model_ = false;
   TrainCounters counters_;
@@ -455,6 +458,11 @@ void TrainSession::resume_if_asked() {
       load.params = [this](int64_t lo, const Tensor& piece) { weights_->load_piece(lo, piece); };
       load.buffers = &ex_->buffers();
       load.opt = opt_.get();
+      load.rank = comm_.rank();
+      load.world = comm_.size();
+      load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
+        for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
+      };
       counters_ = load_train_state_ranges(file, load);
       weights_->finish_load();
       if (counters_.config_hash != hash) {
@@ -592,16 +600,83 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
                                                        ex_->grads().buffer_elems(DType::f32), dense,
                                                        counters_.seed);
   sync_->set_reducer([this](size_t b, Tensor grads) { compressor_->reduce(b, grads); });
+  if (resumed_) restore_compression();
   int compressed = 0;
   for (const compress::BucketPlan& p : compressor_->plans())
     compressed += static_cast<int>(p.compressed.size());
-  const compress::Tally t = compressor_->per_step();
+  const compress::Tally t = compress::bytes_per_step(job_.compress, compressor_->plans());
   note(fmt::format(
       "compression: {} on {} of {} parameter tensors, error feedback {}, {} dense "
       "step(s) first; {} bytes sent per step per rank instead of {} ({:.1f}x)",
       to_string(job_.compress.method), compressed, weights_->layout().size(),
       job_.compress.error_feedback ? "on" : "off", job_.compress.warmup_steps, t.sent, t.dense,
       static_cast<double>(t.dense) / static_cast<double>(std::max<uint64_t>(t.sent, 1))));
+}
+
+// Compression's state in a checkpoint: each rank's residual (they differ) and
+// PowerSGD's Q (the same on every rank). A single file (rank 0 writes it) holds every
+// rank's residual as rows of "compress.residual" [world, layout], sent to rank 0 here
+// (collective); a ZeRO shard holds its rank's own, and rank 0's shard the Q.
+std::vector<NamedTensor> TrainSession::compression_state(bool sharded) {
+  if (!compressor_) return {};
+  const Tensor mine = compressor_->residual();
+  const int64_t n = mine.numel();
+  std::vector<NamedTensor> out;
+  if (sharded) {
+    Tensor copy = Tensor::empty(Shape{n}, DType::f32);
+    std::memcpy(copy.raw(), mine.raw(), mine.nbytes());
+    out.push_back({"compress.residual", copy});
+  } else if (leader()) {
+    Tensor all = Tensor::empty(Shape{comm_.size(), n}, DType::f32);
+    std::memcpy(all.raw(), mine.raw(), mine.nbytes());
+    for (int r = 1; r < comm_.size(); ++r) {
+      Tensor row = all.view(r * n, Shape{n});
+      comm_.recv(row, r);
+    }
+    out.push_back({"compress.residual", all});
+  } else {
+    comm_.send(mine, 0);
+    return {};
+  }
+  if (leader() && compressor_->powersgd_q().defined()) {
+    const Tensor q = compressor_->powersgd_q();
+    Tensor copy = Tensor::empty(q.shape(), DType::f32);
+    std::memcpy(copy.raw(), q.raw(), q.nbytes());
+    out.push_back({"compress.q", copy});
+  }
+  return out;
+}
+
+// After a resume: this rank's residual and the Q from the checkpoint, when it holds
+// them for this world size and layout; otherwise compression starts afresh (said).
+void TrainSession::restore_compression() {
+  const Tensor residual = compressor_->residual();
+  const int64_t n = residual.numel();
+  bool got_residual = false, need_q = compressor_->powersgd_q().defined(), got_q = !need_q;
+  for (const NamedTensor& t : resumed_compression_) {
+    if (t.name == "compress.residual" && t.tensor.dtype() == DType::f32) {
+      Tensor row;
+      if (t.tensor.shape().rank() == 2 && t.tensor.shape()[0] == comm_.size() &&
+          t.tensor.shape()[1] == n) {
+        row = t.tensor.view(comm_.rank() * n, Shape{n});
+      } else if (t.tensor.shape().rank() == 1 && t.tensor.numel() == n) {
+        row = t.tensor;
+      }
+      if (row.defined()) {
+        std::memcpy(residual.raw(), row.raw(), row.nbytes());
+        got_residual = true;
+      }
+    }
+    if (need_q && t.name == "compress.q" && t.tensor.numel() == compressor_->powersgd_q().numel()) {
+      std::memcpy(compressor_->powersgd_q().raw(), t.tensor.raw(), t.tensor.nbytes());
+      got_q = true;
+    }
+  }
+  if (!got_residual || !got_q) {
+    note(
+        "note: the checkpoint holds no compression state for this layout (another world "
+        "size or method, or none): error feedback starts empty");
+  }
 }
 
 // The residual is kept in the scaled units of the gradients it came from: a new loss
@@ -914,6 +989,7 @@ void TrainSession::save_checkpoint() {
     save.zero_stage = job_.parallel.zero_stage;
     save.precision = std::string(to_string(job_.precision.dtype));
     save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
+    save.extra = compression_state(true);
     save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
     if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
     return;
@@ -922,9 +998,10 @@ void TrainSession::save_checkpoint() {
   std::vector<Tensor> state = {params.flat(DType::f32), ex_->buffers().flat(DType::f32)};
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
   check_replicas(comm_, state, "parameters, buffers and optimizer state");
+  const std::vector<NamedTensor> extra = compression_state(false);  // collective
   if (leader()) {
     const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
-    save_train_state(file, params, ex_->buffers(), *opt_, counters_);
+    save_train_state(file, params, ex_->buffers(), *opt_, counters_, extra);
     prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
   }
   weights_->release_state();
