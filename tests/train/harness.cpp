@@ -225,9 +225,24 @@ std::string compare_checkpoint_state(const fs::path& a, const fs::path& b) {
       return std::string("meta.") + key + " differs";
     }
   }
-  if (ca.tensors.size() != cb.tensors.size()) return "different tensor counts";
-  for (size_t i = 0; i < ca.tensors.size(); ++i) {
-    const runtime::NamedTensor &x = ca.tensors[i], &y = cb.tensors[i];
+  // Gradient compression's state ("compress.*": residuals, PowerSGD's Q) is compared
+  // when both runs kept one; a compressed run against a plain one compares the model.
+  auto compressed = [](const runtime::Checkpoint& c) {
+    for (const runtime::NamedTensor& t : c.tensors)
+      if (t.name.rfind("compress.", 0) == 0) return true;
+    return false;
+  };
+  const bool both = compressed(ca) && compressed(cb);
+  auto kept = [&](const runtime::Checkpoint& c) {
+    std::vector<const runtime::NamedTensor*> out;
+    for (const runtime::NamedTensor& t : c.tensors)
+      if (both || t.name.rfind("compress.", 0) != 0) out.push_back(&t);
+    return out;
+  };
+  const auto ta = kept(ca), tb = kept(cb);
+  if (ta.size() != tb.size()) return "different tensor counts";
+  for (size_t i = 0; i < ta.size(); ++i) {
+    const runtime::NamedTensor &x = *ta[i], &y = *tb[i];
     if (x.name != y.name || x.tensor.str() != y.tensor.str()) {
       return x.name + " (" + x.tensor.str() + ") vs " + y.name + " (" + y.tensor.str() + ")";
     }

@@ -84,7 +84,8 @@ int64_t checkpoint_step(const fs::path& file);
 // bytes) and the same step and data position; else what differs.
 std::string compare_checkpoints(const fs::path& a, const fs::path& b);
 // Only the model and optimizer state (tensors and optimizer step), not where the
-// run stood: for checking that a skipped step changed nothing.
+// run stood: for checking that a skipped step changed nothing. Compression's state
+// ("compress.*" blobs) counts only when both checkpoints hold it.
 std::string compare_checkpoint_state(const fs::path& a, const fs::path& b);
 
 // "step 3: 2.31 vs 2.30" for the first difference, "" when the lists match bit for bit.
