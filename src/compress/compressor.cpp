@@ -138,14 +138,21 @@ void Compressor::dense(const BucketPlan& p, Tensor& grads) {
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-void Compressor::topk(const BucketPlan& p, float* g) {
-  const int64_t n = total(p.compressed);
+// The compressed pieces' gradient, one after another, with this rank's residual added.
+std::vector<float> Compressor::input(const std::vector<Piece>& pieces, const float* g) const {
+  const int64_t n = total(pieces);
   std::vector<float> x(static_cast<size_t>(n)), res(static_cast<size_t>(n));
-  pack(p.compressed, g, x.data());
+  pack(pieces, g, x.data());
   if (o_.error_feedback) {
-    pack(p.compressed, residual_.data<float>(), res.data());
+    pack(pieces, residual_.data<float>(), res.data());
     for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] += res[static_cast<size_t>(i)];
   }
+  return x;
+}
+
+void Compressor::topk(const BucketPlan& p, float* g) {
+  const int64_t n = total(p.compressed);
+  std::vector<float> x = input(p.compressed, g);
   const int64_t k = std::clamp<int64_t>(std::llround(o_.ratio * static_cast<double>(n)), 1, n);
   std::vector<int32_t> idx(static_cast<size_t>(k));
   std::vector<float> val(static_cast<size_t>(k));
@@ -174,12 +181,7 @@ void Compressor::topk(const BucketPlan& p, float* g) {
 
 void Compressor::onebit(const BucketPlan& p, float* g) {
   const int64_t n = total(p.compressed);
-  std::vector<float> x(static_cast<size_t>(n)), res(static_cast<size_t>(n));
-  pack(p.compressed, g, x.data());
-  if (o_.error_feedback) {
-    pack(p.compressed, residual_.data<float>(), res.data());
-    for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] += res[static_cast<size_t>(i)];
-  }
+  std::vector<float> x = input(p.compressed, g);
   const int64_t nwords = (n + 31) / 32, nchunks = (n + kSignChunk - 1) / kSignChunk;
   std::vector<uint32_t> words(static_cast<size_t>(nwords));
   std::vector<float> scales(static_cast<size_t>(nchunks));

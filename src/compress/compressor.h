@@ -76,6 +76,7 @@ class Compressor {
   Tally take_tally();
 
  private:
+  std::vector<float> input(const std::vector<Piece>& pieces, const float* g) const;
   void dense(const BucketPlan& p, Tensor& grads);
   void topk(const BucketPlan& p, float* g);
   void onebit(const BucketPlan& p, float* g);
