@@ -10,6 +10,7 @@
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/batchnorm.h"
+#include "kernels/compress.h"
 #include "kernels/conv.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
@@ -129,5 +130,16 @@ void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, con
                   const Tensor& g, Tensor& m, Tensor& v, Tensor& sums);
 void lamb_update(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& step,
                  Tensor& p, const Tensor& m, const Tensor& v);
+
+// Gradient compression (kernels/compress.h). topk's workspace holds the radix sort's
+// keys and indices and CUB's own temporary storage (asked of CUB: needs the runtime).
+size_t topk_workspace_bytes(int64_t n);
+void topk_select(const Tensor& x, Tensor& indices, Tensor& values, Workspace ws);
+// An index outside [0, out.numel()) is skipped (not read back on the host).
+void scatter_add(const Tensor& indices, const Tensor& values, int64_t segment, Tensor& out);
+void clear_at(const Tensor& indices, Tensor& x);
+void sign_pack(const Tensor& x, int64_t chunk, Tensor& words, Tensor& scales);
+void sign_unpack(const Tensor& words, const Tensor& scales, int64_t chunk, Tensor& out, bool add);
+void orthonormalize_columns(Tensor& a);
 
 }  // namespace dtrain::kernels::cuda_ops

@@ -140,4 +140,12 @@ void lamb_update(const AdamStep&, const Tensor&, const Tensor&, const Tensor&, T
   no_cuda("lamb_update");
 }
 
+size_t topk_workspace_bytes(int64_t) { no_cuda("topk_workspace_bytes"); }
+void topk_select(const Tensor&, Tensor&, Tensor&, Workspace) { no_cuda("topk_select"); }
+void scatter_add(const Tensor&, const Tensor&, int64_t, Tensor&) { no_cuda("scatter_add"); }
+void clear_at(const Tensor&, Tensor&) { no_cuda("clear_at"); }
+void sign_pack(const Tensor&, int64_t, Tensor&, Tensor&) { no_cuda("sign_pack"); }
+void sign_unpack(const Tensor&, const Tensor&, int64_t, Tensor&, bool) { no_cuda("sign_unpack"); }
+void orthonormalize_columns(Tensor&) { no_cuda("orthonormalize_columns"); }
+
 }  // namespace dtrain::kernels::cuda_ops

@@ -13,7 +13,6 @@
 
 #include "cli/commands.h"
 #include "cli/launcher.h"
-#include "compress/compressor.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "dist/ddp.h"
@@ -21,6 +20,7 @@
 #include "graph/params.h"
 #include "models/registry.h"
 #include "runtime/estimate.h"
+#include "runtime/grad_compression.h"
 
 namespace dtrain::cli {
 namespace {
@@ -142,23 +142,17 @@ std::string precision_lines(const Job& job) {
 // trainer's plan (src/compress: which tensors compress, bucket by bucket).
 std::string compression_line(const Job& job, const graph::FlatStore& layout,
                              const std::vector<dist::Bucket>& buckets) {
-  std::vector<compress::ParamInfo> params;
-  for (const graph::FlatEntry& e : layout.entries()) {
-    const Shape& sh = e.spec.shape;
-    params.push_back({e.offset, sh.numel(), sh.rank() >= 2 ? sh[0] : 0});
-  }
-  const std::vector<compress::BucketPlan> plans =
-      compress::plan_compression(job.compress, buckets, params);
-  int compressed = 0;
-  for (const compress::BucketPlan& p : plans) compressed += static_cast<int>(p.compressed.size());
-  const compress::Tally t = compress::bytes_per_step(job.compress, plans);
+  const runtime::CompressionPlanSummary s = runtime::summarize_plan(
+      job.compress,
+      compress::plan_compression(job.compress, buckets,
+                                 runtime::compression_params(layout.entries())),
+      static_cast<int>(layout.size()));
   return fmt::format(
       "# compression: {} on {} of {} parameter tensors; {} bytes sent per step per rank "
       "instead of {} ({:.1f}x less), after {} dense step(s)\n",
-      to_string(job.compress.method), compressed, layout.size(),
-      with_commas(static_cast<int64_t>(t.sent)), with_commas(static_cast<int64_t>(t.dense)),
-      static_cast<double>(t.dense) / static_cast<double>(std::max<uint64_t>(t.sent, 1)),
-      job.compress.warmup_steps);
+      to_string(job.compress.method), s.compressed, s.tensors,
+      with_commas(static_cast<int64_t>(s.per_step.sent)),
+      with_commas(static_cast<int64_t>(s.per_step.dense)), s.ratio(), job.compress.warmup_steps);
 }
 
 // The data-parallel layout as YAML comments: the split of the global batch, the

@@ -3,10 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/rng.h"
 #include "kernels/compress.h"
+#include "kernels/elementwise.h"
+#include "kernels/memory.h"
 
 namespace dtrain::compress {
 
@@ -21,33 +22,25 @@ int64_t total(const std::vector<Piece>& pieces) {
   return n;
 }
 
-// The pieces' elements of `flat`, one after another, into `out` (and back).
-void pack(const std::vector<Piece>& pieces, const float* flat, float* out) {
-  for (const Piece& p : pieces) {
-    std::memcpy(out, flat + p.lo, static_cast<size_t>(p.hi - p.lo) * sizeof(float));
-    out += p.hi - p.lo;
-  }
-}
-void unpack(const std::vector<Piece>& pieces, const float* in, float* flat) {
-  for (const Piece& p : pieces) {
-    std::memcpy(flat + p.lo, in, static_cast<size_t>(p.hi - p.lo) * sizeof(float));
-    in += p.hi - p.lo;
-  }
+// Device-side copies, ordered on the device's stream (plain memmoves on the host).
+void copy(const Tensor& src, Tensor dst) {
+  kernels::copy(src, dst, kernels::CopySync::stream_ordered);
 }
 
-Tensor host(std::vector<float>& v) {
-  return Tensor::wrap(v.data(), Shape{static_cast<int64_t>(v.size())}, DType::f32);
+// The pieces' elements of `flat`, one after another, into `packed` (and back).
+void pack(const std::vector<Piece>& pieces, const Tensor& flat, const Tensor& packed) {
+  int64_t at = 0;
+  for (const Piece& p : pieces) {
+    copy(flat.view(p.lo, Shape{p.hi - p.lo}), packed.view(at, Shape{p.hi - p.lo}));
+    at += p.hi - p.lo;
+  }
 }
-
-// c[r, q] = a[r, k] b[k, q] (trans_a: a is [k, r]); f32, in a fixed order.
-void matmul(const float* a, const float* b, float* c, int64_t r, int64_t k, int64_t q,
-            bool trans_a) {
-  std::fill(c, c + r * q, 0.0f);
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t l = 0; l < k; ++l) {
-      const float x = trans_a ? a[l * r + i] : a[i * k + l];
-      for (int64_t j = 0; j < q; ++j) c[i * q + j] += x * b[l * q + j];
-    }
+void unpack(const std::vector<Piece>& pieces, const Tensor& packed, const Tensor& flat) {
+  int64_t at = 0;
+  for (const Piece& p : pieces) {
+    copy(packed.view(at, Shape{p.hi - p.lo}), flat.view(p.lo, Shape{p.hi - p.lo}));
+    at += p.hi - p.lo;
+  }
 }
 
 int64_t rank_of(const CompressOptions& o, const Piece& p) {
@@ -81,13 +74,13 @@ std::vector<BucketPlan> plan_compression(const CompressOptions& o,
 
 Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,
                        std::vector<BucketPlan> plans, int64_t layout_elems,
-                       AllreduceAlgo dense_algo, uint64_t seed)
-    : o_(o), comm_(comm), plans_(std::move(plans)), dense_algo_(dense_algo) {
+                       AllreduceAlgo dense_algo, uint64_t seed, Device device)
+    : o_(o), comm_(comm), plans_(std::move(plans)), dense_algo_(dense_algo), device_(device) {
   DTRAIN_CHECK(o.method != CompressMethod::none, "a compressor without a method");
   // -0: adding it changes no value, not even a -0 gradient (x + +0 would turn -0 into
   // +0), so an empty residual leaves the gradient's bits as they are.
-  residual_ = Tensor::empty(Shape{layout_elems}, DType::f32);
-  std::fill(residual_.data<float>(), residual_.data<float>() + layout_elems, -0.0f);
+  residual_ = scratch(layout_elems, DType::f32);
+  kernels::fill(residual_, -0.0f);
   if (o.method != CompressMethod::powersgd) return;
   int64_t n = 0;
   for (const BucketPlan& p : plans_) {
@@ -97,28 +90,40 @@ Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,
       n += m.cols * rank_of(o_, m);
     }
   }
-  q_ = Tensor::empty(Shape{std::max<int64_t>(n, 1)}, DType::f32);
+  Tensor q = Tensor::empty(Shape{std::max<int64_t>(n, 1)}, DType::f32);
   const Philox rng(seed, rng_stream_id(kPowerSgdPurpose, 0, 0));  // the same Q on every rank
-  for (int64_t i = 0; i < q_.numel(); ++i)
-    q_.data<float>()[i] = rng.normal(static_cast<uint64_t>(i));
+  for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] = rng.normal(static_cast<uint64_t>(i));
+  q_ = scratch(q.numel(), DType::f32);
+  kernels::copy(q, q_);
+}
+
+Tensor Compressor::scratch(int64_t n, DType dtype) const {
+  return Tensor::empty(Shape{n}, dtype, &kernels::device_allocator(device_));
+}
+
+void Compressor::gemm(const kernels::GemmArgs& args, const Tensor& a, const Tensor& b,
+                      Tensor c) const {
+  const size_t bytes = kernels::gemm_workspace_bytes(args, DType::f32, DType::f32, device_);
+  Tensor ws = scratch(static_cast<int64_t>(std::max<size_t>(bytes, 1)), DType::u8);
+  kernels::gemm(args, a, b, c, kernels::Workspace{ws.raw(), bytes, device_});
 }
 
 void Compressor::reduce(size_t b, Tensor grads) {
-  DTRAIN_CHECK(
-      grads.device().is_cpu() && grads.dtype() == DType::f32 && grads.numel() == residual_.numel(),
-      "compression of {} (host f32 [{}] expected)", grads.str(), residual_.numel());
+  DTRAIN_CHECK(grads.device() == device_ && grads.dtype() == DType::f32 &&
+                   grads.numel() == residual_.numel(),
+               "compression of {} (f32 [{}] on {} expected)", grads.str(), residual_.numel(),
+               device_.str());
   const BucketPlan& p = plans_.at(b);
-  float* g = grads.data<float>();
   if (!p.compressed.empty()) {
     switch (o_.method) {
       case CompressMethod::topk:
-        topk(p, g);
+        topk(p, grads);
         break;
       case CompressMethod::onebit:
-        onebit(p, g);
+        onebit(p, grads);
         break;
       case CompressMethod::powersgd:
-        powersgd(b, p, g);
+        powersgd(b, p, grads);
         break;
       case CompressMethod::none:
         break;
@@ -130,148 +135,137 @@ void Compressor::reduce(size_t b, Tensor grads) {
 void Compressor::dense(const BucketPlan& p, Tensor& grads) {
   const int64_t n = total(p.dense);
   if (n == 0) return;
-  std::vector<float> buf(static_cast<size_t>(n));
-  pack(p.dense, grads.data<float>(), buf.data());
-  comm_.all_reduce(host(buf), dist::ReduceOp::sum, dense_algo_);
-  unpack(p.dense, buf.data(), grads.data<float>());
+  Tensor buf = scratch(n, DType::f32);
+  pack(p.dense, grads, buf);
+  comm_.all_reduce(buf, dist::ReduceOp::sum, dense_algo_);
+  unpack(p.dense, buf, grads);
   tally_.sent += static_cast<uint64_t>(n) * 4;
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
 // The compressed pieces' gradient, one after another, with this rank's residual added.
-std::vector<float> Compressor::input(const std::vector<Piece>& pieces, const float* g) const {
+Tensor Compressor::input(const std::vector<Piece>& pieces, const Tensor& grads) const {
   const int64_t n = total(pieces);
-  std::vector<float> x(static_cast<size_t>(n)), res(static_cast<size_t>(n));
-  pack(pieces, g, x.data());
+  Tensor x = scratch(n, DType::f32);
+  pack(pieces, grads, x);
   if (o_.error_feedback) {
-    pack(pieces, residual_.data<float>(), res.data());
-    for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] += res[static_cast<size_t>(i)];
+    Tensor res = scratch(n, DType::f32);
+    pack(pieces, residual_, res);
+    kernels::add(x, res, x);
   }
   return x;
 }
 
-void Compressor::topk(const BucketPlan& p, float* g) {
+void Compressor::topk(const BucketPlan& p, Tensor& grads) {
   const int64_t n = total(p.compressed);
-  std::vector<float> x = input(p.compressed, g);
+  Tensor x = input(p.compressed, grads);
   const int64_t k = std::clamp<int64_t>(std::llround(o_.ratio * static_cast<double>(n)), 1, n);
-  std::vector<int32_t> idx(static_cast<size_t>(k));
-  std::vector<float> val(static_cast<size_t>(k));
-  kernels::topk_select(x.data(), n, k, idx.data(), val.data());
+  Tensor idx = scratch(k, DType::i32), val = scratch(k, DType::f32);
+  const size_t ws_bytes = kernels::topk_workspace_bytes(n, device_);
+  Tensor ws = scratch(static_cast<int64_t>(ws_bytes), DType::u8);
+  kernels::topk_select(x, idx, val, kernels::Workspace{ws.raw(), ws_bytes, device_});
   if (o_.error_feedback) {  // what was not sent: x with the sent entries taken out
-    for (int64_t j = 0; j < k; ++j) x[static_cast<size_t>(idx[static_cast<size_t>(j)])] = -0.0f;
-    unpack(p.compressed, x.data(), residual_.data<float>());
+    kernels::clear_at(idx, x);
+    unpack(p.compressed, x, residual_);
   }
   const int world = comm_.size();
-  std::vector<int32_t> all_idx(static_cast<size_t>(k) * static_cast<size_t>(world));
-  std::vector<float> all_val(all_idx.size());
-  Tensor ti = Tensor::wrap(idx.data(), Shape{k}, DType::i32);
-  Tensor to = Tensor::wrap(all_idx.data(), Shape{k * world}, DType::i32);
-  comm_.all_gather(ti, to);
-  Tensor tv = host(val), tw = host(all_val);
-  comm_.all_gather(tv, tw);
+  Tensor all_idx = scratch(k * world, DType::i32), all_val = scratch(k * world, DType::f32);
+  comm_.all_gather(idx, all_idx);
+  comm_.all_gather(val, all_val);
   // From -0, the identity of IEEE addition (-0 + x is x, even for x = -0), so that at
-  // ratio 1 the sum is exactly an all-reduce's.
-  std::vector<float> sum(static_cast<size_t>(n), -0.0f);
-  for (size_t j = 0; j < all_idx.size(); ++j)  // rank order: the same bits on every rank
-    sum[static_cast<size_t>(all_idx[j])] += all_val[j];
-  unpack(p.compressed, sum.data(), g);
+  // ratio 1 the sum is exactly an all-reduce's; the ranks' pairs added in rank order.
+  Tensor sum = scratch(n, DType::f32);
+  kernels::fill(sum, -0.0f);
+  kernels::scatter_add(all_idx, all_val, k, sum);
+  unpack(p.compressed, sum, grads);
   tally_.sent += static_cast<uint64_t>(k) * 8;
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-void Compressor::onebit(const BucketPlan& p, float* g) {
+void Compressor::onebit(const BucketPlan& p, Tensor& grads) {
   const int64_t n = total(p.compressed);
-  std::vector<float> x = input(p.compressed, g);
+  Tensor x = input(p.compressed, grads);
   const int64_t nwords = (n + 31) / 32, nchunks = (n + kSignChunk - 1) / kSignChunk;
-  std::vector<uint32_t> words(static_cast<size_t>(nwords));
-  std::vector<float> scales(static_cast<size_t>(nchunks));
-  kernels::sign_pack(x.data(), n, kSignChunk, words.data(), scales.data());
+  Tensor words = scratch(nwords, DType::i32), scales = scratch(nchunks, DType::f32);
+  kernels::sign_pack(x, kSignChunk, words, scales);
   if (o_.error_feedback) {  // residual = x - what this rank's bits and scales stand for
-    std::vector<float> mine(static_cast<size_t>(n));
-    kernels::sign_unpack(words.data(), scales.data(), n, kSignChunk, mine.data(), false);
-    for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] -= mine[static_cast<size_t>(i)];
-    unpack(p.compressed, x.data(), residual_.data<float>());
+    Tensor mine = scratch(n, DType::f32);
+    kernels::sign_unpack(words, scales, kSignChunk, mine, false);
+    kernels::axpy(-1.0f, mine, x);
+    unpack(p.compressed, x, residual_);
   }
   const int world = comm_.size();
-  std::vector<uint32_t> all_words(static_cast<size_t>(nwords * world));
-  std::vector<float> all_scales(static_cast<size_t>(nchunks * world));
-  Tensor tw = Tensor::wrap(words.data(), Shape{nwords}, DType::i32);
-  Tensor taw = Tensor::wrap(all_words.data(), Shape{nwords * world}, DType::i32);
-  comm_.all_gather(tw, taw);
-  Tensor ts = host(scales), tas = host(all_scales);
-  comm_.all_gather(ts, tas);
-  std::vector<float> sum(static_cast<size_t>(n));
-  for (int r = 0; r < world; ++r) {
-    kernels::sign_unpack(all_words.data() + r * nwords, all_scales.data() + r * nchunks, n,
-                         kSignChunk, sum.data(), r > 0);
+  Tensor all_words = scratch(nwords * world, DType::i32);
+  Tensor all_scales = scratch(nchunks * world, DType::f32);
+  comm_.all_gather(words, all_words);
+  comm_.all_gather(scales, all_scales);
+  Tensor sum = scratch(n, DType::f32);
+  for (int r = 0; r < world; ++r) {  // rank order: the same bits on every rank
+    kernels::sign_unpack(all_words.view(r * nwords, Shape{nwords}),
+                         all_scales.view(r * nchunks, Shape{nchunks}), kSignChunk, sum, r > 0);
   }
-  unpack(p.compressed, sum.data(), g);
+  unpack(p.compressed, sum, grads);
   tally_.sent += static_cast<uint64_t>(nwords + nchunks) * 4;
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-void Compressor::powersgd(size_t b, const BucketPlan& p, float* g) {
+void Compressor::powersgd(size_t b, const BucketPlan& p, Tensor& grads) {
+  using kernels::GemmArgs;
+  using kernels::Trans;
   // Every matrix's M (with its residual), then all P's in one buffer, all Q's in another.
-  std::vector<std::vector<float>> ms;
+  std::vector<Tensor> ms;
   int64_t p_elems = 0, q_elems = 0;
   for (const Piece& m : p.compressed) {
-    ms.emplace_back(static_cast<size_t>(m.hi - m.lo));
-    std::vector<float>& x = ms.back();
-    std::memcpy(x.data(), g + m.lo, x.size() * sizeof(float));
-    if (o_.error_feedback) {
-      const float* r = residual_.data<float>() + m.lo;
-      for (size_t i = 0; i < x.size(); ++i) x[i] += r[i];
-    }
+    ms.push_back(input({m}, grads).view(0, Shape{m.rows, m.cols}));
     p_elems += m.rows * rank_of(o_, m);
     q_elems += m.cols * rank_of(o_, m);
   }
-  std::vector<float> ps(static_cast<size_t>(p_elems)), qs(static_cast<size_t>(q_elems));
-  float* q_state = q_.data<float>();
+  Tensor ps = scratch(p_elems, DType::f32), qs = scratch(q_elems, DType::f32);
   int64_t at = 0;
   for (size_t i = 0; i < p.compressed.size(); ++i) {  // P = M Q (Q from the last step)
     const Piece& m = p.compressed[i];
     const int64_t q = rank_of(o_, m);
-    matmul(ms[i].data(), q_state + q_at_[b][i], ps.data() + at, m.rows, m.cols, q, false);
+    GemmArgs args;
+    args.m = m.rows, args.n = q, args.k = m.cols;
+    gemm(args, ms[i], q_.view(q_at_[b][i], Shape{m.cols, q}), ps.view(at, Shape{m.rows, q}));
     at += m.rows * q;
   }
-  comm_.all_reduce(host(ps), dist::ReduceOp::sum, dense_algo_);
+  comm_.all_reduce(ps, dist::ReduceOp::sum, dense_algo_);
   at = 0;
   int64_t qt = 0;
   for (size_t i = 0; i < p.compressed.size(); ++i) {  // orthonormal P, then Q = M^T P
     const Piece& m = p.compressed[i];
     const int64_t q = rank_of(o_, m);
-    kernels::orthonormalize_columns(ps.data() + at, m.rows, q);
-    matmul(ms[i].data(), ps.data() + at, qs.data() + qt, m.cols, m.rows, q, true);
+    Tensor pm = ps.view(at, Shape{m.rows, q}), qm = qs.view(qt, Shape{m.cols, q});
+    kernels::orthonormalize_columns(pm);
+    GemmArgs args;
+    args.trans_a = Trans::yes;
+    args.m = m.cols, args.n = q, args.k = m.rows;
+    gemm(args, ms[i], pm, qm);
     if (o_.error_feedback) {  // residual = M - P Q_mine^T: what this rank's Q leaves out
-      std::vector<float> approx(static_cast<size_t>(m.rows * m.cols));
-      // (P Q^T)[r, c] = sum_j P[r, j] Q[c, j]
-      for (int64_t r = 0; r < m.rows; ++r)
-        for (int64_t c = 0; c < m.cols; ++c) {
-          float s = 0;
-          for (int64_t j = 0; j < q; ++j)
-            s += ps[static_cast<size_t>(at + r * q + j)] * qs[static_cast<size_t>(qt + c * q + j)];
-          approx[static_cast<size_t>(r * m.cols + c)] = s;
-        }
-      float* res = residual_.data<float>() + m.lo;
-      for (size_t e = 0; e < approx.size(); ++e) res[e] = ms[i][e] - approx[e];
+      Tensor approx = scratch(m.rows * m.cols, DType::f32);
+      GemmArgs outer;
+      outer.trans_b = Trans::yes;
+      outer.m = m.rows, outer.n = m.cols, outer.k = q;
+      gemm(outer, pm, qm, approx.view(0, Shape{m.rows, m.cols}));
+      kernels::axpy(-1.0f, approx, ms[i]);
+      copy(ms[i], residual_.view(m.lo, Shape{m.rows, m.cols}));
     }
     at += m.rows * q;
     qt += m.cols * q;
   }
-  comm_.all_reduce(host(qs), dist::ReduceOp::sum, dense_algo_);
+  comm_.all_reduce(qs, dist::ReduceOp::sum, dense_algo_);
   at = 0;
   qt = 0;
   for (size_t i = 0; i < p.compressed.size(); ++i) {  // the sum: P Q^T; Q kept for next time
     const Piece& m = p.compressed[i];
     const int64_t q = rank_of(o_, m);
-    std::memcpy(q_state + q_at_[b][i], qs.data() + qt, static_cast<size_t>(m.cols * q) * 4);
-    for (int64_t r = 0; r < m.rows; ++r)
-      for (int64_t c = 0; c < m.cols; ++c) {
-        float s = 0;
-        for (int64_t j = 0; j < q; ++j)
-          s += ps[static_cast<size_t>(at + r * q + j)] * qs[static_cast<size_t>(qt + c * q + j)];
-        g[m.lo + r * m.cols + c] = s;
-      }
+    Tensor qm = qs.view(qt, Shape{m.cols, q});
+    copy(qm, q_.view(q_at_[b][i], Shape{m.cols, q}));
+    GemmArgs outer;
+    outer.trans_b = Trans::yes;
+    outer.m = m.rows, outer.n = m.cols, outer.k = q;
+    gemm(outer, ps.view(at, Shape{m.rows, q}), qm, grads.view(m.lo, Shape{m.rows, m.cols}));
     at += m.rows * q;
     qt += m.cols * q;
   }

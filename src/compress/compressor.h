@@ -14,7 +14,9 @@
 // plus its residual is the sum of its gradients (exactly for topk, to rounding for the
 // others). Tensors that do not compress (1-D, small, or where PowerSGD's factors would
 // not be smaller) are summed exactly by an all-reduce in the same bucket.
-// Sums only, as GradSync: the caller scales. CPU buffers (the host backend) for now.
+// Sums only, as GradSync: the caller scales. Device-neutral: the buffers live on the
+// gradients' device and every step is a kernel of kernels/compress.h or a GEMM
+// (PowerSGD's products), so the same code runs on the CPU and on CUDA.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include "compress/options.h"
 #include "dist/communicator.h"
 #include "dist/ddp.h"
+#include "kernels/gemm.h"
 
 namespace dtrain::compress {
 
@@ -60,8 +63,10 @@ Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& pl
 
 class Compressor {
  public:
+  // `device`: where the gradients, the residual and PowerSGD's Q live.
   Compressor(const CompressOptions& o, dist::Communicator& comm, std::vector<BucketPlan> plans,
-             int64_t layout_elems, AllreduceAlgo dense_algo, uint64_t seed);
+             int64_t layout_elems, AllreduceAlgo dense_algo, uint64_t seed,
+             Device device = Device::cpu());
 
   // Bucket b of the flat f32 gradient `grads` (the whole layout, this rank's sum over
   // its micro-batches): afterwards its compressed pieces hold the sum over the ranks of
@@ -69,23 +74,27 @@ class Compressor {
   // the same buckets in the same order.
   void reduce(size_t b, Tensor grads);
   const std::vector<BucketPlan>& plans() const { return plans_; }
-  // This rank's error feedback, f32 [layout] (zeros where nothing compresses).
+  // This rank's error feedback, f32 [layout] on the device (-0 where nothing compresses).
   Tensor residual() const { return residual_; }
-  // PowerSGD: every matrix's Q, flat (the same on every rank); undefined otherwise.
+  // PowerSGD: every matrix's Q, flat, on the device (the same on every rank);
+  // undefined otherwise.
   Tensor powersgd_q() const { return q_; }
   Tally take_tally();
 
  private:
-  std::vector<float> input(const std::vector<Piece>& pieces, const float* g) const;
+  Tensor scratch(int64_t n, DType dtype) const;
+  Tensor input(const std::vector<Piece>& pieces, const Tensor& grads) const;
+  void gemm(const kernels::GemmArgs& args, const Tensor& a, const Tensor& b, Tensor c) const;
   void dense(const BucketPlan& p, Tensor& grads);
-  void topk(const BucketPlan& p, float* g);
-  void onebit(const BucketPlan& p, float* g);
-  void powersgd(size_t b, const BucketPlan& p, float* g);
+  void topk(const BucketPlan& p, Tensor& grads);
+  void onebit(const BucketPlan& p, Tensor& grads);
+  void powersgd(size_t b, const BucketPlan& p, Tensor& grads);
 
   CompressOptions o_;
   dist::Communicator& comm_;
   std::vector<BucketPlan> plans_;
   AllreduceAlgo dense_algo_;
+  Device device_;
   Tensor residual_, q_;
   std::vector<std::vector<int64_t>> q_at_;  // per bucket, per compressed piece: offset in q_
   Tally tally_;

@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -25,7 +24,6 @@
 #include <map>
 #include <memory>
 
-#include "compress/compressor.h"
 #include "core/allocator.h"
 #include "dist/allreduce.h"
 #include "dist/ddp.h"
@@ -43,6 +41,7 @@
 #include "runtime/device_feed.h"
 #include "runtime/estimate.h"
 #include "runtime/faults.h"
+#include "runtime/grad_compression.h"
 #include "runtime/master_weights.h"
 #include "runtime/metrics.h"
 #include "runtime/replicas.h"
@@ -107,11 +106,6 @@ void require_supported(const Job& job, int world) {
     if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights) {
       unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)");
     }
-  }
-  if (job.compress.method != CompressMethod::none && job.device.is_cuda()) {
-    unsupported("compress.method", std::string(to_string(job.compress.method)) +
-                                       " with device: cuda (compression runs on the CPU "
-                                       "backend so far)");
   }
   if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
   if (job.logging.profile.steps != 0) unsupported("logging.profile.steps", "non-zero");
@@ -215,9 +209,6 @@ class TrainSession {
   void resume_if_asked();
   void connect(dist::Watchdog* watchdog);
   void connect_compression(const std::vector<dist::Bucket>& buckets);
-  void adjust_residual(const precision::ScaleDecision& d);
-  std::vector<NamedTensor> compression_state(bool sharded);
-  void restore_compression();
   double train_step(const StopSignals& signals);
   std::string first_non_finite(const Tensor& grads) const;
   Tensor own_grads() const;
@@ -254,8 +245,8 @@ class TrainSession {
   Tensor shard_grads_;                          // ZeRO-2: this rank's shard of the summed gradient
   double bus_mark_ = 0;                         // grad_comm_'s bus bytes at the last logged window
   std::unique_ptr<BufferAverage> buffer_avg_;
-  std::unique_ptr<compress::Compressor> compressor_;  // compress.method, in GradSync's buckets
-  std::vector<NamedTensor> resumed_compression_;      // its state from the checkpoint, if any
+  std::unique_ptr<GradCompression> compression_;  // compress.method, in GradSync's buckets
+  std::vector<NamedTensor> resumed_compression_;  // its state from the checkpoint, if any
   Tensor grad_acc_;
   bool language_model_ = false;
   TrainCounters counters_;
@@ -585,111 +576,18 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
 
 // compress.method: each bucket goes through the compressor (src/compress) instead of
 // the all-reduce, after compress.warmup_steps dense steps (train_step switches it on).
-// Every rank plans the same buckets, so the same tensors compress everywhere.
 void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets) {
-  std::vector<compress::ParamInfo> params;
-  for (const graph::FlatEntry& e : weights_->layout()) {
-    const Shape& sh = e.spec.shape;
-    params.push_back({e.offset, sh.numel(), sh.rank() >= 2 ? sh[0] : 0});
-  }
-  std::vector<compress::BucketPlan> plans =
-      compress::plan_compression(job_.compress, buckets, params);
   const AllreduceAlgo dense =
       job_.comm.allreduce == AllreduceAlgo::auto_ ? AllreduceAlgo::ring : job_.comm.allreduce;
-  compressor_ = std::make_unique<compress::Compressor>(job_.compress, *grad_comm_, std::move(plans),
-                                                       ex_->grads().buffer_elems(DType::f32), dense,
-                                                       counters_.seed);
-  sync_->set_reducer([this](size_t b, Tensor grads) { compressor_->reduce(b, grads); });
-  if (resumed_) restore_compression();
-  int compressed = 0;
-  for (const compress::BucketPlan& p : compressor_->plans())
-    compressed += static_cast<int>(p.compressed.size());
-  const compress::Tally t = compress::bytes_per_step(job_.compress, compressor_->plans());
-  note(fmt::format(
-      "compression: {} on {} of {} parameter tensors, error feedback {}, {} dense "
-      "step(s) first; {} bytes sent per step per rank instead of {} ({:.1f}x)",
-      to_string(job_.compress.method), compressed, weights_->layout().size(),
-      job_.compress.error_feedback ? "on" : "off", job_.compress.warmup_steps, t.sent, t.dense,
-      static_cast<double>(t.dense) / static_cast<double>(std::max<uint64_t>(t.sent, 1))));
-}
-
-// Compression's state in a checkpoint: each rank's residual (they differ) and
-// PowerSGD's Q (the same on every rank). A single file (rank 0 writes it) holds every
-// rank's residual as rows of "compress.residual" [world, layout], sent to rank 0 here
-// (collective); a ZeRO shard holds its rank's own, and rank 0's shard the Q.
-std::vector<NamedTensor> TrainSession::compression_state(bool sharded) {
-  if (!compressor_) return {};
-  const Tensor mine = compressor_->residual();
-  const int64_t n = mine.numel();
-  std::vector<NamedTensor> out;
-  if (sharded) {
-    Tensor copy = Tensor::empty(Shape{n}, DType::f32);
-    std::memcpy(copy.raw(), mine.raw(), mine.nbytes());
-    out.push_back({"compress.residual", copy});
-  } else if (leader()) {
-    Tensor all = Tensor::empty(Shape{comm_.size(), n}, DType::f32);
-    std::memcpy(all.raw(), mine.raw(), mine.nbytes());
-    for (int r = 1; r < comm_.size(); ++r) {
-      Tensor row = all.view(r * n, Shape{n});
-      comm_.recv(row, r);
-    }
-    out.push_back({"compress.residual", all});
-  } else {
-    comm_.send(mine, 0);
-    return {};
-  }
-  if (leader() && compressor_->powersgd_q().defined()) {
-    const Tensor q = compressor_->powersgd_q();
-    Tensor copy = Tensor::empty(q.shape(), DType::f32);
-    std::memcpy(copy.raw(), q.raw(), q.nbytes());
-    out.push_back({"compress.q", copy});
-  }
-  return out;
-}
-
-// After a resume: this rank's residual and the Q from the checkpoint, when it holds
-// them for this world size and layout; otherwise compression starts afresh (said).
-void TrainSession::restore_compression() {
-  const Tensor residual = compressor_->residual();
-  const int64_t n = residual.numel();
-  bool got_residual = false, need_q = compressor_->powersgd_q().defined(), got_q = !need_q;
-  for (const NamedTensor& t : resumed_compression_) {
-    if (t.name == "compress.residual" && t.tensor.dtype() == DType::f32) {
-      Tensor row;
-      if (t.tensor.shape().rank() == 2 && t.tensor.shape()[0] == comm_.size() &&
-          t.tensor.shape()[1] == n) {
-        row = t.tensor.view(comm_.rank() * n, Shape{n});
-      } else if (t.tensor.shape().rank() == 1 && t.tensor.numel() == n) {
-        row = t.tensor;
-      }
-      if (row.defined()) {
-        std::memcpy(residual.raw(), row.raw(), row.nbytes());
-        got_residual = true;
-      }
-    }
-    if (need_q && t.name == "compress.q" && t.tensor.numel() == compressor_->powersgd_q().numel()) {
-      std::memcpy(compressor_->powersgd_q().raw(), t.tensor.raw(), t.tensor.nbytes());
-      got_q = true;
-    }
-  }
-  if (!got_residual || !got_q) {
+  compression_ = std::make_unique<GradCompression>(
+      job_.compress, weights_->layout(), buckets, *grad_comm_, *sync_,
+      ex_->grads().buffer_elems(DType::f32), dense, counters_.seed, job_.device);
+  if (resumed_ && !compression_->restore(resumed_compression_, comm_.rank(), comm_.size())) {
     note(
         "note: the checkpoint holds no compression state for this layout (another world "
         "size or method, or none): error feedback starts empty");
   }
-}
-
-// The residual is kept in the scaled units of the gradients it came from: a new loss
-// scale rescales it, and a skipped step (inf or nan in the gradients, hence in what
-// the residual took in) drops it.
-void TrainSession::adjust_residual(const precision::ScaleDecision& d) {
-  if (!compressor_) return;
-  Tensor r = compressor_->residual();
-  if (d.skip) {
-    kernels::fill(r, -0.0f);  // -0: see Compressor's constructor
-  } else if (d.new_scale != d.old_scale) {
-    kernels::scale(static_cast<float>(d.new_scale / d.old_scale), r, r);
-  }
+  note(compression_->describe());
 }
 
 // The estimate's bytes per kind ("parameters": ..., "activations (train)": ...).
@@ -726,7 +624,7 @@ StepTotals TrainSession::agree_totals(const StepTotals& local) {
 double TrainSession::train_step(const StopSignals& signals) {
   Tensor grads = weights_->grads();
   const int64_t mb = job_.data.micro_batch;
-  if (compressor_) sync_->use_reducer(counters_.step >= job_.compress.warmup_steps);
+  if (compression_) compression_->begin_step(counters_.step);
   StepTotals local;
   for (int m = 0; m < micro_batches_; ++m) {
     const FeedBatch& b = train_->next();
@@ -780,7 +678,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
   const precision::ScaleDecision d = scaler_.update(found_inf);
-  adjust_residual(d);
+  if (compression_) compression_->adjust(d);
   ++counters_.step;
   counters_.scaler = scaler_.state();
   if (d.event == precision::ScaleEvent::fatal) fail_non_finite(loss);
@@ -916,8 +814,8 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
       line["comm_time_s"] = comm.comm_seconds;
       line["exposed_comm_s"] = comm.exposed_seconds;
       line["allreduce"] = algo_summary_;
-      if (compressor_) {  // what this rank put on the wire for its buckets, and the saving
-        const compress::Tally t = compressor_->take_tally();
+      if (compression_) {  // what this rank put on the wire for its buckets, and the saving
+        const compress::Tally t = compression_->take_tally();
         if (t.sent > 0) {
           line["comm_sent_bytes"] = t.sent;
           line["compression_ratio"] = static_cast<double>(t.dense) / static_cast<double>(t.sent);
@@ -989,7 +887,7 @@ void TrainSession::save_checkpoint() {
     save.zero_stage = job_.parallel.zero_stage;
     save.precision = std::string(to_string(job_.precision.dtype));
     save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
-    save.extra = compression_state(true);
+    if (compression_) save.extra = compression_->state(comm_, true);
     save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
     if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
     return;
@@ -998,7 +896,8 @@ void TrainSession::save_checkpoint() {
   std::vector<Tensor> state = {params.flat(DType::f32), ex_->buffers().flat(DType::f32)};
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
   check_replicas(comm_, state, "parameters, buffers and optimizer state");
-  const std::vector<NamedTensor> extra = compression_state(false);  // collective
+  std::vector<NamedTensor> extra;
+  if (compression_) extra = compression_->state(comm_, false);  // collective
   if (leader()) {
     const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
     save_train_state(file, params, ex_->buffers(), *opt_, counters_, extra);

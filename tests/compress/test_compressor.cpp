@@ -39,35 +39,49 @@ Compressor make(const CompressOptions& o, dist::Communicator& comm, const Layout
 
 }  // namespace
 
+// The same kernels against fp64 references, on the CPU and CUDA: the kernel table's
+// "compress" family (tests/kernels/cases_compress.cpp). Here: hand-computed results.
 TEST_CASE("kernels: top-k by magnitude with ties to the lower index") {
-  const float x[] = {1.0f, -3.0f, 3.0f, 2.0f, -0.5f};
-  int32_t idx[3];
-  float val[3];
-  kernels::topk_select(x, 5, 1, idx, val);
+  std::vector<float> x = {1.0f, -3.0f, 3.0f, 2.0f, -0.5f};
+  std::vector<int32_t> idx(3);
+  std::vector<float> val(3);
+  const Tensor tx = Tensor::wrap(x.data(), Shape{5}, DType::f32);
+  Tensor i1 = Tensor::wrap(idx.data(), Shape{1}, DType::i32);
+  Tensor v1 = Tensor::wrap(val.data(), Shape{1}, DType::f32);
+  std::vector<std::byte> scratch(kernels::topk_workspace_bytes(5));
+  const kernels::Workspace w{scratch.data(), scratch.size()};
+  kernels::topk_select(tx, i1, v1, w);
   CHECK(idx[0] == 1);
   CHECK(val[0] == -3.0f);
-  kernels::topk_select(x, 5, 3, idx, val);
-  CHECK(std::vector<int32_t>(idx, idx + 3) == std::vector<int32_t>{1, 2, 3});
-  CHECK(std::vector<float>(val, val + 3) == std::vector<float>{-3.0f, 3.0f, 2.0f});
+  Tensor i3 = Tensor::wrap(idx.data(), Shape{3}, DType::i32);
+  Tensor v3 = Tensor::wrap(val.data(), Shape{3}, DType::f32);
+  kernels::topk_select(tx, i3, v3, w);
+  CHECK(idx == std::vector<int32_t>{1, 2, 3});
+  CHECK(val == std::vector<float>{-3.0f, 3.0f, 2.0f});
 }
 
 TEST_CASE("kernels: 1-bit packing of a known vector, and back") {
-  const float x[] = {1.0f, -2.0f, 0.0f, -0.0f, 3.0f};
-  uint32_t words[1];
-  float scales[3];
-  kernels::sign_pack(x, 5, 2, words, scales);
-  CHECK(words[0] == 0b11101u);  // element i is bit i: +, -, +, + (-0 counts as +), +
-  CHECK(scales[0] == 1.5f);     // mean |x| per chunk of 2
+  std::vector<float> x = {1.0f, -2.0f, 0.0f, -0.0f, 3.0f};
+  std::vector<int32_t> words(1);
+  std::vector<float> scales(3), out(5);
+  Tensor tw = Tensor::wrap(words.data(), Shape{1}, DType::i32);
+  Tensor ts = Tensor::wrap(scales.data(), Shape{3}, DType::f32);
+  kernels::sign_pack(Tensor::wrap(x.data(), Shape{5}, DType::f32), 2, tw, ts);
+  CHECK(words[0] == 0b11101);  // element i is bit i: +, -, +, + (-0 counts as +), +
+  CHECK(scales[0] == 1.5f);    // mean |x| per chunk of 2
   CHECK(scales[1] == 0.0f);
   CHECK(scales[2] == 3.0f);
-  float out[5];
-  kernels::sign_unpack(words, scales, 5, 2, out, false);
-  CHECK(std::vector<float>(out, out + 5) == std::vector<float>{1.5f, -1.5f, 0.0f, 0.0f, 3.0f});
+  Tensor to = Tensor::wrap(out.data(), Shape{5}, DType::f32);
+  kernels::sign_unpack(tw, ts, 2, to, false);
+  CHECK(out == std::vector<float>{1.5f, -1.5f, 0.0f, 0.0f, 3.0f});
+  kernels::sign_unpack(tw, ts, 2, to, true);
+  CHECK(out == std::vector<float>{3.0f, -3.0f, 0.0f, 0.0f, 6.0f});
 }
 
 TEST_CASE("kernels: orthonormal columns") {
   std::vector<float> a = gradient(3, 12 * 4);
-  kernels::orthonormalize_columns(a.data(), 12, 4);
+  Tensor ta = Tensor::wrap(a.data(), Shape{12, 4}, DType::f32);
+  kernels::orthonormalize_columns(ta);
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 4; ++j) {
       double dot = 0;

@@ -91,6 +91,7 @@ std::vector<KernelCase> cases_cast();
 std::vector<KernelCase> cases_reduce();
 std::vector<KernelCase> cases_layout();
 std::vector<KernelCase> cases_optimizer();
+std::vector<KernelCase> cases_compress();
 
 std::vector<KernelCase> all_cases();  // the explicit registry, in the order above
 

@@ -8,7 +8,7 @@ std::vector<KernelCase> all_cases() {
   for (auto* family :
        {cases_gemm, cases_conv, cases_batchnorm, cases_pooling, cases_attention, cases_layernorm,
         cases_activation, cases_softmax, cases_embedding, cases_dropout, cases_elementwise,
-        cases_cast, cases_reduce, cases_layout, cases_optimizer}) {
+        cases_cast, cases_reduce, cases_layout, cases_optimizer, cases_compress}) {
     for (KernelCase& c : family()) all.push_back(std::move(c));
   }
   return all;
