@@ -27,6 +27,7 @@ struct CudaDeviceInfo {
   size_t total_memory = 0;
   int cc_major = 0, cc_minor = 0;
   int multiprocessors = 0;
+  std::string pci_bus_id;  // "00000000:3B:00.0", as NVML takes it
 };
 
 struct CudaInfo {

@@ -13,6 +13,7 @@ PKGS=(
   slurmctld slurmd slurm-client  # a real one-node SLURM for tests/slurm (srun --mpi=pmix)
   dataset-fashion-mnist
   fortunes  # ~2.6 MB of English text: the corpus for `dtrain data tokenize`
+  python3-venv  # test helpers only: the TensorBoard reader from PyPI (tests/scripts)
 )
 
 missing=()

@@ -29,7 +29,12 @@ CudaInfo query_cuda() {
   for (int i = 0; i < count; ++i) {
     cudaDeviceProp p{};
     DTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&p, i));
-    info.devices.push_back({i, p.name, p.totalGlobalMem, p.major, p.minor, p.multiProcessorCount});
+    // NVML's form of the PCI address ("domain:bus:device.function", hex): how
+    // runtime/monitor.cpp finds this device there whatever CUDA_VISIBLE_DEVICES says.
+    const std::string pci =
+        fmt::format("{:08X}:{:02X}:{:02X}.0", p.pciDomainID, p.pciBusID, p.pciDeviceID);
+    info.devices.push_back(
+        {i, p.name, p.totalGlobalMem, p.major, p.minor, p.multiProcessorCount, pci});
   }
   info.available = true;
   return info;

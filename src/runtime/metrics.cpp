@@ -8,13 +8,30 @@
 #include <cmath>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 
 #include "core/error.h"
+#include "data/atomic_file.h"
 
 namespace dtrain::runtime {
 
-MetricsLog::MetricsLog(const std::filesystem::path& file, bool append) : file_(file) {
-  f_ = std::fopen(file.c_str(), append ? "a" : "w");
+MetricsLog::MetricsLog(const std::filesystem::path& file, int64_t keep_through) : file_(file) {
+  if (keep_through >= 0) {
+    std::ifstream in(file);
+    std::string line, kept;
+    bool changed = false;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("step") &&
+          j["step"].is_number_integer() && j["step"].get<int64_t>() <= keep_through) {
+        kept += line + "\n";
+      } else {
+        changed = true;
+      }
+    }
+    if (changed) write_file_atomic(file.string(), {kept});
+  }
+  f_ = std::fopen(file.c_str(), keep_through >= 0 ? "a" : "w");
   if (f_ == nullptr) {
     throw Error(
         fmt::format("{}: cannot open the metrics file: {}", file.string(), std::strerror(errno)),

@@ -13,8 +13,11 @@ namespace dtrain::runtime {
 
 class MetricsLog {
  public:
-  // Appends when resuming (`append`), else starts the file afresh.
-  MetricsLog(const std::filesystem::path& file, bool append);
+  // keep_through < 0: starts the file afresh. Otherwise (a resume from that step) the
+  // file keeps its train and eval lines up to that step, and loses the later ones and
+  // the summary (the resumed run writes them again) and a torn last line, then
+  // appends: each step is in the file once.
+  MetricsLog(const std::filesystem::path& file, int64_t keep_through);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;

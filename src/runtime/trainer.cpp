@@ -44,9 +44,11 @@
 #include "runtime/grad_compression.h"
 #include "runtime/master_weights.h"
 #include "runtime/metrics.h"
+#include "runtime/monitor.h"
 #include "runtime/replicas.h"
 #include "runtime/safetensors.h"
 #include "runtime/signals.h"
+#include "runtime/tensorboard.h"
 #include "runtime/train_state.h"
 #include "runtime/zero.h"
 #include "runtime/zero_params.h"
@@ -107,7 +109,6 @@ void require_supported(const Job& job, int world) {
       unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)");
     }
   }
-  if (job.logging.tensorboard) unsupported("logging.tensorboard", "true");
   if (job.logging.profile.steps != 0) unsupported("logging.profile.steps", "non-zero");
   if (!models::find_model(job.model.arch)) {
     unsupported("model.arch", job.model.arch + " (no graph builder for it yet)");
@@ -224,6 +225,7 @@ class TrainSession {
   nlohmann::json estimate_by_kind() const;
   bool leader() const { return comm_.rank() == 0; }
   void note(const std::string& line);  // rank 0's console, and this rank's log
+  void publish(const nlohmann::json& line, std::string_view group);
 
   const TrainRequest& req_;
   const Job& job_;
@@ -257,6 +259,8 @@ class TrainSession {
   fs::path out_dir_, ckpt_dir_;
   bool resumed_ = false;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
+  std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)
   std::unique_ptr<RankLog> rank_log_;
   FaultInjector faults_{comm_.rank()};
   OverflowInjector overflows_{comm_.rank()};
@@ -384,6 +388,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   }
   total_steps_ = job_.train.steps ? *job_.train.steps : *job_.train.epochs * per_epoch;
   open_run_dir();  // last: input refused above leaves the run directory untouched
+  if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
   if (!init_note_.empty()) {
     note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);
   }
@@ -403,8 +408,25 @@ void TrainSession::open_run_dir() {
                                comm_.size(), comm_.backend(), getpid()));
   if (!leader()) return;
   std::ofstream(out_dir_ / "job.yaml") << req_.resolved_yaml;
+  const int64_t keep_through = resumed_ ? counters_.step : -1;
   if (job_.logging.jsonl)
-    metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", resumed_);
+    metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", keep_through);
+  if (job_.logging.tensorboard)
+    events_ = std::make_unique<EventWriter>(out_dir_ / "tensorboard", keep_through);
+  monitor_ = std::make_unique<SystemMonitor>(job_.device);
+}
+
+// A train or eval line to metrics.jsonl and, as scalars "<group>/<key>" (every number
+// in it but the step), to TensorBoard.
+void TrainSession::publish(const nlohmann::json& line, std::string_view group) {
+  if (metrics_) metrics_->write(line);
+  if (!events_) return;
+  std::vector<std::pair<std::string, double>> values;
+  for (const auto& [key, v] : line.items()) {
+    if (key == "step" || !v.is_number()) continue;
+    values.emplace_back(fmt::format("{}/{}", group, key), v.get<double>());
+  }
+  events_->scalars(counters_.step, values);
 }
 
 // model.init_from: the weights (and batch-norm statistics) of a safetensors file under
@@ -797,7 +819,7 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
         "comm {:.4f}s exposed {:.4f}s {} bytes",
         counters_.step, loss, seconds, wait, comm.comm_seconds, comm.exposed_seconds, comm.bytes));
   }
-  if (metrics_) {
+  if (leader()) {
     nlohmann::json line = {{"step", counters_.step},
                            {"epoch", counters_.position.epoch},
                            {"loss", loss},
@@ -827,7 +849,8 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
       line["skipped_steps"] = scaler_.state().skipped_steps;
     }
     add_device_memory(line);
-    metrics_->write(line);
+    monitor_->add_fields(line);
+    publish(line, "train");
   }
   if (job_.logging.console && leader()) {
     const double eta = seconds * static_cast<double>(total_steps_ - counters_.step);
@@ -842,7 +865,7 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
 void TrainSession::log_eval(const EvalResult& r) {
   last_eval_ = r;
   have_eval_ = true;
-  if (metrics_) {
+  if (leader()) {
     nlohmann::json line = {{"step", counters_.step},
                            {"eval", true},
                            {"test_loss", r.loss},
@@ -853,7 +876,7 @@ void TrainSession::log_eval(const EvalResult& r) {
     } else {
       line["test_samples"] = r.samples;
     }
-    metrics_->write(line);
+    publish(line, "eval");
   }
   const std::string text =
       language_model_
