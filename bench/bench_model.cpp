@@ -33,6 +33,7 @@
 #include "models/registry.h"
 #include "optim/optimizer.h"
 #include "runtime/master_weights.h"
+#include "runtime/profiler.h"
 
 namespace {
 
@@ -103,39 +104,6 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Per-node seconds summed over the measured steps, filled from pre_op intervals.
-class NodeTimer {
- public:
-  explicit NodeTimer(size_t nodes) : fwd_(nodes, 0.0), bwd_(nodes, 0.0) {}
-  void attach(graph::Executor& ex) {
-    device_ = ex.device();
-    ex.hooks.pre_op = [this](int node, Phase phase) {
-      kernels::synchronize(device_);  // a no-op on the CPU
-      close();
-      node_ = node;
-      phase_ = phase;
-      start_ = Clock::now();
-    };
-  }
-  void close() {  // ends the open interval (at the next hook, or after forward/backward)
-    if (node_ < 0) return;
-    std::vector<double>& v = phase_ == Phase::forward ? fwd_ : bwd_;
-    if (recording_) v[static_cast<size_t>(node_)] += since(start_);
-    node_ = -1;
-  }
-  void record(bool on) { recording_ = on; }
-  const std::vector<double>& fwd() const { return fwd_; }
-  const std::vector<double>& bwd() const { return bwd_; }
-
- private:
-  std::vector<double> fwd_, bwd_;
-  int node_ = -1;
-  Phase phase_ = Phase::forward;
-  Clock::time_point start_;
-  bool recording_ = false;
-  Device device_;
-};
-
 // Images uniform in [0, 1) or token ids uniform below the vocabulary, from a
 // fixed LCG (the values only need to be ordinary, not random); labels by shape.
 void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const ModelOptions& mo) {
@@ -179,7 +147,7 @@ struct StepTimes {
   std::vector<double> steps;  // each measured step, forward to the optimizer's end
 };
 
-StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer& timer,
+StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, runtime::Profiler* timer,
                     const Args& a) {
   OptimizerOptions o;
   if (a.optimizer == "adamw") {
@@ -204,16 +172,14 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, NodeTimer&
   StepTimes t;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     const bool rec = s >= a.warmup;
-    timer.record(rec);
+    if (timer && s == a.warmup) timer->attach(ex);  // the measured steps' ops only
     auto t0 = Clock::now();
     ex.forward(graph::Mode::train, static_cast<uint64_t>(s));
     kernels::synchronize(d);
-    timer.close();
     const double f = since(t0);
     t0 = Clock::now();
     ex.backward(m.loss);
     kernels::synchronize(d);
-    timer.close();
     const double b = since(t0);
     t0 = Clock::now();
     opt->step(weights.target(), grads, 1e-4);
@@ -293,14 +259,16 @@ nlohmann::json isolated_convs(const graph::Graph& g, const graph::FlatStore& par
           {"bwd_gflop_per_s", 2 * flops / (bwd_data + bwd_filter) / 1e9}};
 }
 
-nlohmann::json by_kind(const graph::Graph& g, const NodeTimer& t, int steps, double step_s) {
+nlohmann::json by_kind(const graph::Graph& g, const runtime::Profiler& t, int steps,
+                       double step_s) {
   std::map<std::string, std::pair<double, double>> kinds;  // kind -> (fwd, bwd) per step
   std::vector<std::pair<double, std::string>> nodes;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     auto& k = kinds[std::string(g.nodes()[i].op->kind())];
-    k.first += t.fwd()[i] / steps;
-    k.second += t.bwd()[i] / steps;
-    nodes.push_back({(t.fwd()[i] + t.bwd()[i]) / steps, g.nodes()[i].name});
+    k.first += t.forward_seconds()[i] / steps;
+    k.second += t.backward_seconds()[i] / steps;
+    nodes.push_back(
+        {(t.forward_seconds()[i] + t.backward_seconds()[i]) / steps, g.nodes()[i].name});
   }
   nlohmann::json out = nlohmann::json::object(), top = nlohmann::json::array();
   for (const auto& [kind, fb] : kinds) {
@@ -338,9 +306,11 @@ int main(int argc, char** argv) {
     graph::Executor ex(m.graph, a.device);
     ex.initialize(42);
     fill_inputs(ex, m, mo);
-    NodeTimer timer(m.graph.nodes().size());
-    if (a.profile) timer.attach(ex);
-    StepTimes st = run_steps(ex, m, timer, a);
+    // The trainer's profiler (runtime/profiler.h), timing only: one code path for the
+    // trace of logging.profile and this table.
+    runtime::Profiler timer(m.graph, ex.device(), 0);
+    timer.set_tracing(false);
+    StepTimes st = run_steps(ex, m, a.profile ? &timer : nullptr, a);
     const double step = st.forward + st.backward + st.optimizer;
     std::sort(st.steps.begin(), st.steps.end());
     const double median = st.steps[st.steps.size() / 2];

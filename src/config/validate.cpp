@@ -51,7 +51,8 @@ void check_train(const Checker& c) {
         "optimizer.schedule.warmup_steps",
         fmt::format("{} warm-up steps is more than train.steps ({})", s.warmup_steps, *t.steps));
   }
-  if (c.job.logging.profile.steps > 0 && t.steps && c.job.logging.profile.start >= *t.steps) {
+  // Profiled steps are numbered as logged, from 1 (start 0 means the first).
+  if (c.job.logging.profile.steps > 0 && t.steps && c.job.logging.profile.start > *t.steps) {
     c.warn("logging.profile.start", fmt::format("starts at step {}, after the last step ({})",
                                                 c.job.logging.profile.start, *t.steps));
   }

@@ -18,6 +18,7 @@ struct Handle::State {
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+  Handle::Timing timing;  // set by the worker before finish()
 
   void finish(std::exception_ptr e);
 };

@@ -19,6 +19,12 @@ void Handle::State::finish(std::exception_ptr e) {
   cv.notify_all();
 }
 
+Handle::Timing Handle::timing() const {
+  DTRAIN_CHECK(state_ != nullptr, "timing() on an empty Handle");
+  std::lock_guard lock(state_->mu);
+  return state_->timing;
+}
+
 void Handle::wait() {
   DTRAIN_CHECK(state_ != nullptr, "wait() on an empty Handle");
   std::unique_lock lock(state_->mu);

@@ -34,6 +34,13 @@ class Handle {
   void wait();
   bool test();
   bool valid() const { return state_ != nullptr; }
+  // After wait(): when the operation started running (steady_clock seconds since its
+  // epoch) and for how long (on NCCL: the device's time between its events); zeros
+  // for an operation that did not run (the self communicator's).
+  struct Timing {
+    double start = 0, seconds = 0;
+  };
+  Timing timing() const;
 
  private:
   std::shared_ptr<State> state_;

@@ -110,7 +110,13 @@ void GradSync::launch(size_t b) {
   stats_.bytes += static_cast<uint64_t>(g.nbytes());
   launched_[b] = 1;
   if (reducer_ && reducer_on_) {
+    const Clock::time_point t0 = Clock::now();
     reducer_(b, grads_);
+    if (trace_) {
+      trace_(b, std::chrono::duration<double>(t0.time_since_epoch()).count(),
+             std::chrono::duration<double>(Clock::now() - t0).count(),
+             static_cast<uint64_t>(g.nbytes()));
+    }
     return;
   }
   if (owners_.empty()) {
@@ -136,6 +142,13 @@ void GradSync::finish() {
   for (std::vector<Handle>& hs : handles_)
     for (Handle& h : hs) h.wait();
   stats_.exposed_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  if (trace_) {
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      for (const Handle& h : handles_[b]) {
+        const Handle::Timing t = h.timing();
+        if (t.seconds > 0) trace_(b, t.start, t.seconds, range_of(grads_, buckets_[b]).nbytes());
+      }
+  }
   armed_ = false;
   grads_ = Tensor();
   acc_ = Tensor();

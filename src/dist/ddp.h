@@ -72,6 +72,10 @@ class GradSync {
     reducer_ = std::move(reducer);
   }
   void use_reducer(bool on) { reducer_on_ = on; }
+  // The profiler's view: after each step's finish(), every bucket's exchange as (bucket,
+  // start in steady_clock seconds, seconds, payload bytes); empty: nothing is recorded.
+  using TraceFn = std::function<void(size_t bucket, double start, double seconds, uint64_t bytes)>;
+  void set_trace(TraceFn trace) { trace_ = std::move(trace); }
 
   // Before the last micro-step's backward: `grads` is the flat f32 buffer backward
   // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
@@ -94,6 +98,7 @@ class GradSync {
   std::vector<std::vector<Handle>> handles_;
   std::vector<std::pair<int64_t, int64_t>> owners_;
   std::function<void(size_t, Tensor)> reducer_;
+  TraceFn trace_;
   bool reducer_on_ = false;
   std::vector<char> launched_;
   Overlap overlap_;

@@ -339,8 +339,13 @@ class MpiCommunicator final : public Communicator {
       // after wait() is then free when it returns, not some time later on this thread
       // (which made measured peaks vary from run to run).
       fn = nullptr;
-      s->counter.finished(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      s->counter.finished(seconds);
+      {
+        std::lock_guard lock(state->mu);
+        state->timing = {std::chrono::duration<double>(t0.time_since_epoch()).count(), seconds};
+      }
       state->finish(error);
     });
     return Handle(state);

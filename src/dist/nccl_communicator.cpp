@@ -184,6 +184,14 @@ void NcclState::poll() {
       spare.push_back(front.start);
       spare.push_back(front.done);
     }
+    {  // seen done now: it started its device time before
+      const double now =
+          std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+              .count();
+      std::lock_guard lock(front.state->mu);
+      front.state->timing = {now - static_cast<double>(ms) / 1000.0,
+                             static_cast<double>(ms) / 1000.0};
+    }
     front.state->finish(nullptr);
   }
   abort_all();  // only the poller touches the communicators once the owner is gone

@@ -152,6 +152,7 @@ void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
     if (hooks.pre_op) hooks.pre_op(static_cast<int>(i), Phase::forward);
     run_forward(static_cast<int>(i), false);
+    if (hooks.post_op) hooks.post_op(static_cast<int>(i), Phase::forward);
     // An evaluation drops the saved tensors now; so does a checkpointed segment (its
     // recompute makes them again).
     if (mode == Mode::eval || life.segment_of[i] >= 0) saved_[i].clear();
@@ -201,6 +202,7 @@ void Executor::recompute(const Lifetimes& life, const Segment& segment) {
   for (int j = segment.first; j <= segment.last; ++j) {
     if (hooks.pre_op) hooks.pre_op(j, Phase::recompute);
     run_forward(j, true);
+    if (hooks.post_op) hooks.post_op(j, Phase::recompute);
     for (ValueId v : life.recompute_release[static_cast<size_t>(j)])
       values_[static_cast<size_t>(v)] = Tensor();
   }
@@ -319,6 +321,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
         acc = din[k];
       }
     }
+    if (hooks.post_op) hooks.post_op(index, Phase::backward);
   }
   // Every consumer of this node's outputs ran backward before it, so their
   // gradients and this node's saved tensors are dead: give the memory back now

@@ -34,6 +34,9 @@ enum class Phase : uint8_t { forward, backward, recompute };
 
 struct Hooks {
   std::function<void(int node, Phase phase)> pre_op;
+  // After the node's work is issued (on CUDA: enqueued, not necessarily finished): the
+  // profiler's span end. Not called for a backward node the loss does not reach.
+  std::function<void(int node, Phase phase)> post_op;
   std::function<void(int param)> grad_ready;  // index into params()
 };
 

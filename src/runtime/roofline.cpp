@@ -37,13 +37,9 @@ struct NodeCost {
 
 NodeCost node_cost(const graph::Graph& g, const graph::Node& n, const RooflinePeak& peak) {
   NodeCost c;
-  c.flops = n.info.flops;
-  for (graph::ValueId v : n.inputs) c.bytes += spec_bytes(g.value(v).spec);
-  for (graph::ValueId v : n.outputs) c.bytes += spec_bytes(g.value(v).spec);
-  for (int p : n.params) {
-    const graph::ParamSpec& s = g.param_layout()[static_cast<size_t>(p)].spec;
-    c.bytes += static_cast<double>(s.shape.numel()) * static_cast<double>(dtype_size(s.dtype));
-  }
+  const NodeWork w = node_work(g, n);
+  c.flops = w.flops;
+  c.bytes = w.bytes;
   // The output's dtype is the operands' (the graph's compute dtype for matrix ops).
   const bool half = !n.info.outputs.empty() && is_floating(n.info.outputs[0].dtype) &&
                     n.info.outputs[0].dtype != DType::f32;
@@ -52,6 +48,22 @@ NodeCost node_cost(const graph::Graph& g, const graph::Node& n, const RooflinePe
                                               : peak.matrix_f32_flops;
   return c;
 }
+
+}  // namespace
+
+NodeWork node_work(const graph::Graph& g, const graph::Node& n) {
+  NodeWork w;
+  w.flops = n.info.flops;
+  for (graph::ValueId v : n.inputs) w.bytes += spec_bytes(g.value(v).spec);
+  for (graph::ValueId v : n.outputs) w.bytes += spec_bytes(g.value(v).spec);
+  for (int p : n.params) {
+    const graph::ParamSpec& s = g.param_layout()[static_cast<size_t>(p)].spec;
+    w.bytes += static_cast<double>(s.shape.numel()) * static_cast<double>(dtype_size(s.dtype));
+  }
+  return w;
+}
+
+namespace {
 
 // What bounds a pass over `flops` and `bytes`: adds its time to `e` and returns it.
 double add_pass(StepTimeEstimate& e, double flops, double bytes, double flops_per_s,

@@ -30,6 +30,13 @@ struct RooflinePeak {
   double link_bytes_per_s = 0;
 };
 
+// A node's forward FLOPs (its op's count for the whole batch) and the bytes its kernels
+// move at least once: inputs, outputs and parameters. Backward counts twice both.
+struct NodeWork {
+  double flops = 0, bytes = 0;
+};
+NodeWork node_work(const graph::Graph& g, const graph::Node& n);
+
 // The peaks a job on `device` with compute dtype `compute` runs against. CPU: measured
 // once per process (about half a second). CUDA: the datasheet of the GPU query_cuda()
 // finds at device.index, else the H200's as a stated reference. `math`: tf32

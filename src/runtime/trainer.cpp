@@ -45,6 +45,7 @@
 #include "runtime/master_weights.h"
 #include "runtime/metrics.h"
 #include "runtime/monitor.h"
+#include "runtime/profiler.h"
 #include "runtime/replicas.h"
 #include "runtime/safetensors.h"
 #include "runtime/signals.h"
@@ -109,7 +110,6 @@ void require_supported(const Job& job, int world) {
       unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)");
     }
   }
-  if (job.logging.profile.steps != 0) unsupported("logging.profile.steps", "non-zero");
   if (!models::find_model(job.model.arch)) {
     unsupported("model.arch", job.model.arch + " (no graph builder for it yet)");
   }
@@ -226,6 +226,9 @@ class TrainSession {
   bool leader() const { return comm_.rank() == 0; }
   void note(const std::string& line);  // rank 0's console, and this rank's log
   void publish(const nlohmann::json& line, std::string_view group);
+  bool profiled(int64_t step) const;
+  void profile_before(int64_t step);
+  void profile_after(int64_t step, bool last);
 
   const TrainRequest& req_;
   const Job& job_;
@@ -261,6 +264,7 @@ class TrainSession {
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
   std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)
+  std::unique_ptr<Profiler> profiler_;      // logging.profile: every rank's trace
   std::unique_ptr<RankLog> rank_log_;
   FaultInjector faults_{comm_.rank()};
   OverflowInjector overflows_{comm_.rank()};
@@ -649,7 +653,10 @@ double TrainSession::train_step(const StopSignals& signals) {
   if (compression_) compression_->begin_step(counters_.step);
   StepTotals local;
   for (int m = 0; m < micro_batches_; ++m) {
-    const FeedBatch& b = train_->next();
+    const FeedBatch& b = [this]() -> const FeedBatch& {
+      const Profiler::Scope wait(profiler_.get(), "data wait", "data");
+      return train_->next();
+    }();
     set_batch(b);
     buffer_avg_->begin_micro(m);
     if (zero_sync_) zero_sync_->begin_micro(m == 0);
@@ -720,8 +727,54 @@ double TrainSession::train_step(const StopSignals& signals) {
   // The schedule counts applied updates: a skipped step does not advance it.
   const double lr =
       optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, opt_->step_count(), total_steps_);
-  weights_->step(*opt_, lr, static_cast<float>(unscale * clip));
+  {
+    const Profiler::Scope span(profiler_.get(), "optimizer", "optimizer",
+                               {{"name", std::string(to_string(job_.optimizer.name))}});
+    weights_->step(*opt_, lr, static_cast<float>(unscale * clip));
+  }
   return loss;
+}
+
+// logging.profile: steps are numbered as in metrics.jsonl (the first is 1; start 0
+// means the first step too).
+bool TrainSession::profiled(int64_t step) const {
+  const ProfileOptions& p = job_.logging.profile;
+  const int64_t first = std::max<int64_t>(p.start, 1);
+  return p.steps > 0 && step >= first && step < first + p.steps;
+}
+
+void TrainSession::profile_before(int64_t step) {
+  if (!profiled(step)) return;
+  if (!profiler_) {
+    profiler_ = std::make_unique<Profiler>(model_.graph, job_.device, comm_.rank());
+    if (sync_ && comm_.size() > 1) {
+      for (size_t b = 0; b < sync_->buckets().size(); ++b)
+        profiler_->name_track(Profiler::kBucketTrack0 + static_cast<int>(b),
+                              fmt::format("bucket {}", b));
+      sync_->set_trace([this](size_t b, double start, double seconds, uint64_t bytes) {
+        const double t0 = profiler_->from_steady(start);
+        profiler_->span(
+            fmt::format("bucket {}", b), "comm", Profiler::kBucketTrack0 + static_cast<int>(b), t0,
+            t0 + seconds,
+            {{"bytes", bytes}, {"algorithm", std::string(to_string(sync_->buckets()[b].algo))}});
+      });
+    }
+  }
+  if (!profiler_->attached()) profiler_->attach(*ex_);
+}
+
+// After the window's last step (or the run's, or a stop) the trace is written and the
+// executor's hooks are as before.
+void TrainSession::profile_after(int64_t step, bool last) {
+  if (!profiler_ || !profiler_->attached()) return;
+  if (profiled(step + 1) && !last) return;
+  profiler_->detach();
+  if (sync_) sync_->set_trace(nullptr);
+  const fs::path file = out_dir_ / fmt::format("trace-rank-{}.json", comm_.rank());
+  profiler_->write(file);
+  note(fmt::format("profile: steps {}-{} written to {} ({} events; open in Perfetto)",
+                   std::max<int64_t>(job_.logging.profile.start, 1), step, file.string(),
+                   profiler_->events()));
 }
 
 // The gradient this rank holds summed: all of it, or with ZeRO its own range (ZeRO-2
@@ -940,7 +993,13 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   double last_loss = NAN;
   int64_t window_losses = 0;  // steps of the window whose loss was finite
   while (counters_.step < total_steps_) {
-    last_loss = train_step(signals);
+    const int64_t next = counters_.step + 1;
+    profile_before(next);
+    {
+      const Profiler::Scope span(profiler_.get(), fmt::format("step {}", next), "step");
+      last_loss = train_step(signals);
+    }
+    profile_after(next, stop_agreed_ || next == total_steps_);
     faults_.after_step(counters_.step);
     if (std::isfinite(last_loss)) {  // a skipped step's loss may be inf: not averaged in
       window_loss += last_loss;

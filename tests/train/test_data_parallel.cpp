@@ -803,6 +803,38 @@ TEST_CASE("a data-parallel run logs per rank and reports its communication") {
   CHECK(first.at("exposed_comm_s").get<double>() >= 0);
 }
 
+TEST_CASE("a profiled data-parallel run traces every rank, each bucket's exchange on its track") {
+  OneThread one;
+  TempDir tmp("dpprofile");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const fs::path out =
+      train(job, tmp.path(), "run", {2, "ring"},
+            {"--set", "data.micro_batch=16", "--set", "train.steps=3", "--set",
+             "logging.profile={start: 2, steps: 1}", "--set", "comm.bucket_mb=0.05"});
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    const nlohmann::json trace =
+        nlohmann::json::parse(read_bytes(out / ("trace-rank-" + std::to_string(rank) + ".json")));
+    std::set<int> bucket_tracks;
+    double step_start = 0, step_end = 0;
+    for (const nlohmann::json& e : trace.at("traceEvents")) {
+      if (e.at("ph") != "X") continue;
+      CHECK(e.at("pid").get<int>() == rank);
+      if (e.value("cat", "") == "step") {
+        step_start = e.at("ts").get<double>();
+        step_end = step_start + e.at("dur").get<double>();
+      }
+      if (e.value("cat", "") != "comm") continue;
+      bucket_tracks.insert(e.at("tid").get<int>());
+      CHECK(e.at("args").at("bytes").get<double>() > 0);
+      CHECK(e.at("args").at("algorithm").get<std::string>() == "ring");
+    }
+    CHECK(bucket_tracks.size() > 1);  // several buckets, one track each
+    CHECK(*bucket_tracks.begin() >= 100);
+    CHECK(step_end > step_start);
+  }
+}
+
 TEST_CASE("bad data-parallel layouts exit 2 on every rank with one message") {
   OneThread one;
   TempDir tmp("dpbad");

@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "harness.h"
@@ -155,4 +156,142 @@ TEST_CASE("event files: framing read back, a torn tail and later steps cut on re
   write_bytes(first, damaged);
   CHECK(rt::read_event_records(first, &intact).size() == 3);
   CHECK_FALSE(intact);
+}
+
+namespace {
+
+struct Span {
+  std::string name, cat;
+  double ts = 0, dur = 0;
+  int tid = 0;
+  nlohmann::json args;
+};
+
+std::vector<Span> spans_of(const nlohmann::json& trace) {
+  std::vector<Span> out;
+  for (const nlohmann::json& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    out.push_back({e.at("name"), e.value("cat", ""), e.at("ts"), e.at("dur"), e.at("tid"),
+                   e.value("args", nlohmann::json::object())});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("logging.profile writes a Chrome trace of exactly the chosen steps") {
+  TempDir tmp("observability-profile");
+  const fs::path job = write_job(tmp.path());
+  const RunResult r = run_dtrain(
+      {job.string(), "--set", "train.steps=5", "--set", "logging.profile={start: 2, steps: 2}"},
+      tmp.path() / "r.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(r.log.find("profile: steps 2-3 written to") != std::string::npos, r.log);
+  const nlohmann::json trace =
+      nlohmann::json::parse(read_bytes(tmp.path() / "run" / "trace-rank-0.json"));
+  const std::vector<Span> spans = spans_of(trace);
+  std::vector<Span> steps;
+  for (const Span& s : spans)
+    if (s.cat == "step") steps.push_back(s);
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].name == "step 2");
+  CHECK(steps[1].name == "step 3");
+  std::map<std::string, int> per_cat;
+  std::map<int, int> forward_of_node;
+  double op_time = 0;
+  for (const Span& s : spans) {
+    CAPTURE(s.name);
+    ++per_cat[s.cat];
+    // Everything happened inside one of the two steps: nothing from steps 1, 4, 5.
+    bool inside = false;
+    for (const Span& st : steps) inside |= s.ts >= st.ts && s.ts + s.dur <= st.ts + st.dur + 1;
+    CHECK(inside);
+    CHECK(s.dur >= 0);
+    if (s.cat == "forward" || s.cat == "backward") {
+      CHECK(s.args.at("bytes").get<double>() > 0);
+      CHECK(s.args.at("flops").get<double>() >= 0);
+      CHECK(!s.args.at("op").get<std::string>().empty());
+      op_time += s.dur;
+    }
+    if (s.cat == "forward") ++forward_of_node[s.args.at("node").get<int>()];
+  }
+  CHECK(per_cat["optimizer"] == 2);
+  CHECK(per_cat["data"] == 2);
+  REQUIRE(!forward_of_node.empty());
+  // Every node of the graph ran forward once per step (ids 0..N-1, twice each).
+  CHECK(forward_of_node.begin()->first == 0);
+  CHECK(forward_of_node.rbegin()->first + 1 == static_cast<int>(forward_of_node.size()));
+  for (const auto& [node, n] : forward_of_node) CHECK(n == 2);
+  CHECK(per_cat["backward"] > 0);
+  CHECK(per_cat["backward"] <= per_cat["forward"]);
+  CHECK(op_time <= steps[0].dur + steps[1].dur);
+  // A memory counter after every op.
+  int counters = 0;
+  for (const nlohmann::json& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "C") continue;
+    ++counters;
+    CHECK(e.at("args").at("host_bytes").get<double>() > 0);
+  }
+  CHECK(counters == per_cat["forward"] + per_cat["backward"]);
+}
+
+TEST_CASE("dtrain bench: figures checked against fp64, JSON, --compare gates on a threshold") {
+  TempDir tmp("observability-bench");
+  const fs::path out = tmp.path() / "now.json";
+  const std::vector<std::string> quick = {"bench",   "--only",     "layernorm",
+                                          "--dtype", "fp32,bf16",  "--min-time",
+                                          "0.02",    "--max-time", "0.2"};
+  std::vector<std::string> args = quick;
+  args.insert(args.end(), {"--out", out.string()});
+  const RunResult r = run_dtrain_command(args, tmp.path() / "bench.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const nlohmann::json doc = nlohmann::json::parse(read_bytes(out));
+  CHECK(doc.at("schema") == "dtrain-bench/1");
+  CHECK(doc.at("machine").at("fp32_peak_gflops").get<double>() > 0);
+  CHECK(doc.at("machine").at("memory_gbytes_per_s").get<double>() > 0);
+  REQUIRE(doc.at("results").size() == 2);  // layer norm in fp32 and bf16
+  for (const nlohmann::json& f : doc.at("results")) {
+    CHECK(f.at("name") == "layernorm/bert-base");
+    CHECK(f.at("runs").get<int>() >= 1);
+    CHECK(f.at("seconds_p10").get<double>() <= f.at("seconds_median").get<double>());
+    CHECK(f.at("seconds_median").get<double>() <= f.at("seconds_p90").get<double>());
+    CHECK(f.at("gbytes_per_s").get<double>() > 0);
+    CHECK(f.at("check").at("ok").get<bool>());
+    CHECK(f.at("check").at("samples").get<int>() > 0);
+  }
+
+  // A baseline 10x faster than now: every figure is slower, exit 1 with the table.
+  nlohmann::json fast = doc;
+  for (nlohmann::json& f : fast["results"])
+    f["seconds_median"] = f["seconds_median"].get<double>() / 10;
+  write_bytes(tmp.path() / "fast.json", fast.dump());
+  args = quick;
+  args.insert(args.end(), {"--compare", (tmp.path() / "fast.json").string()});
+  RunResult c = run_dtrain_command(args, tmp.path() / "c1.log");
+  CHECK_MESSAGE(c.rc == 1, c.describe());
+  CHECK_MESSAGE(c.log.find("slower by more than 5%") != std::string::npos, c.log);
+  // 10x slower: nothing regressed.
+  nlohmann::json slow = doc;
+  for (nlohmann::json& f : slow["results"])
+    f["seconds_median"] = f["seconds_median"].get<double>() * 10;
+  write_bytes(tmp.path() / "slow.json", slow.dump());
+  args = quick;
+  args.insert(args.end(), {"--compare", (tmp.path() / "slow.json").string(), "--threshold", "20%"});
+  c = run_dtrain_command(args, tmp.path() / "c2.log");
+  CHECK_MESSAGE(c.rc == 0, c.describe());
+  CHECK_MESSAGE(c.log.find("layernorm/bert-base") != std::string::npos, c.log);
+
+  // Bad input is exit 2 naming what is wrong.
+  write_bytes(tmp.path() / "junk.json", "{\"results\": 3}");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+      {{"bench", "--compare", (tmp.path() / "junk.json").string()}, "not a dtrain bench file"},
+      {{"bench", "--compare", (tmp.path() / "none.json").string()}, "cannot read the baseline"},
+      {{"bench", "--suite", "models"}, "--suite models"},
+      {{"bench", "--dtype", "fp64"}, "--dtype"},
+      {{"bench", "--threshold", "lots"}, "--threshold"}};
+  for (const auto& [a, says] : bad) {
+    const RunResult b = run_dtrain_command(a, tmp.path() / "bad.log");
+    CHECK_MESSAGE(b.rc == 2, b.describe());
+    CHECK_MESSAGE(b.log.find(says) != std::string::npos, b.log);
+  }
 }

@@ -1,0 +1,160 @@
+// See profiler.h. The trace is Chrome's "JSON object format": complete events
+// ("ph": "X", microseconds), counters ("C") and thread names ("M"), one process per
+// rank (pid = rank).
+#include "runtime/profiler.h"
+
+#include "core/allocator.h"
+#include "data/atomic_file.h"
+#include "kernels/memory.h"
+#include "kernels/trace.h"
+#include "runtime/roofline.h"
+
+namespace dtrain::runtime {
+
+namespace {
+
+const char* phase_name(graph::Phase p) {
+  switch (p) {
+    case graph::Phase::forward:
+      return "forward";
+    case graph::Phase::backward:
+      return "backward";
+    case graph::Phase::recompute:
+      return "recompute";
+  }
+  return "?";
+}
+
+}  // namespace
+
+Profiler::Profiler(const graph::Graph& graph, Device device, int rank)
+    : graph_(graph),
+      device_(device),
+      rank_(rank),
+      origin_(std::chrono::steady_clock::now()),
+      fwd_(graph.nodes().size(), 0.0),
+      bwd_(graph.nodes().size(), 0.0) {
+  for (const graph::Node& n : graph.nodes()) {
+    const NodeWork w = node_work(graph, n);
+    node_flops_.push_back(w.flops);
+    node_bytes_.push_back(w.bytes);
+  }
+  events_.push_back({{"ph", "M"},
+                     {"name", "process_name"},
+                     {"pid", rank_},
+                     {"args", {{"name", fmt::format("rank {} ({})", rank_, device_.str())}}}});
+  name_track(kMainTrack, "training");
+}
+
+void Profiler::attach(graph::Executor& ex) {
+  DTRAIN_CHECK(ex_ == nullptr, "Profiler::attach twice");
+  ex_ = &ex;
+  saved_ = ex.hooks;
+  ex.hooks.pre_op = [this, before = saved_.pre_op](int node, graph::Phase phase) {
+    if (before) before(node, phase);  // ZeRO-3's gathers stay outside the op's span
+    op_begin(node, phase);
+  };
+  ex.hooks.post_op = [this, after = saved_.post_op](int node, graph::Phase phase) {
+    op_end(node, phase);
+    if (after) after(node, phase);
+  };
+}
+
+void Profiler::detach() {
+  if (!ex_) return;
+  ex_->hooks = saved_;
+  ex_ = nullptr;
+}
+
+double Profiler::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - origin_).count();
+}
+
+double Profiler::from_steady(double steady_seconds) const {
+  return steady_seconds - std::chrono::duration<double>(origin_.time_since_epoch()).count();
+}
+
+void Profiler::op_begin(int node, graph::Phase phase) {
+  kernels::synchronize(device_);  // the work before is done (a no-op on the CPU)
+  if (tracing_ && device_.is_cuda()) {
+    kernels::trace_range_push(graph_.nodes()[static_cast<size_t>(node)].name + " " +
+                              phase_name(phase));
+  }
+  op_start_ = now();
+}
+
+void Profiler::op_end(int node, graph::Phase phase) {
+  kernels::synchronize(device_);
+  const double end = now();
+  const auto i = static_cast<size_t>(node);
+  (phase == graph::Phase::backward ? bwd_ : fwd_)[i] += end - op_start_;
+  if (!tracing_) return;
+  if (device_.is_cuda()) kernels::trace_range_pop();
+  const graph::Node& n = graph_.nodes()[i];
+  const double k = phase == graph::Phase::backward ? 2.0 : 1.0;  // the roofline's rule
+  span(n.name, phase_name(phase), kMainTrack, op_start_, end,
+       {{"op", std::string(n.op->kind())},
+        {"flops", k * node_flops_[i]},
+        {"bytes", k * node_bytes_[i]},
+        {"node", node}});
+  // What the allocators hand out after each op: activations grow through forward and
+  // shrink through backward.
+  nlohmann::json mem = {{"host_bytes", host_allocator().stats().current}};
+  if (device_.is_cuda()) mem["device_bytes"] = kernels::device_allocator(device_).stats().current;
+  counter("memory", std::move(mem));
+}
+
+void Profiler::span(const std::string& name, const std::string& category, int track, double start,
+                    double end, nlohmann::json args) {
+  events_.push_back({{"ph", "X"},
+                     {"name", name},
+                     {"cat", category},
+                     {"pid", rank_},
+                     {"tid", track},
+                     {"ts", start * 1e6},
+                     {"dur", (end - start) * 1e6},
+                     {"args", std::move(args)}});
+}
+
+void Profiler::counter(const std::string& name, nlohmann::json values) {
+  events_.push_back({{"ph", "C"},
+                     {"name", name},
+                     {"pid", rank_},
+                     {"tid", kMainTrack},
+                     {"ts", now() * 1e6},
+                     {"args", std::move(values)}});
+}
+
+void Profiler::name_track(int track, const std::string& name) {
+  events_.push_back({{"ph", "M"},
+                     {"name", "thread_name"},
+                     {"pid", rank_},
+                     {"tid", track},
+                     {"args", {{"name", name}}}});
+}
+
+Profiler::Scope::Scope(Profiler* p, std::string name, std::string category, nlohmann::json args)
+    : p_(p && p->tracing_ && p->attached() ? p : nullptr),
+      name_(std::move(name)),
+      category_(std::move(category)),
+      args_(std::move(args)) {
+  if (!p_) return;
+  if (p_->device_.is_cuda()) kernels::trace_range_push(name_);
+  start_ = p_->now();
+}
+
+Profiler::Scope::~Scope() {
+  if (!p_) return;
+  if (p_->device_.is_cuda()) kernels::trace_range_pop();
+  p_->span(name_, category_, kMainTrack, start_, p_->now(),
+           args_.is_null() ? nlohmann::json::object() : std::move(args_));
+}
+
+void Profiler::write(const std::filesystem::path& file) const {
+  const nlohmann::json trace = {{"traceEvents", events_},
+                                {"displayTimeUnit", "ms"},
+                                {"otherData", {{"producer", "dtrain"}, {"rank", rank_}}}};
+  write_file_atomic(file.string(), {trace.dump()});
+}
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,92 @@
+// The profiler: one code path for the Chrome trace of a training run
+// (logging.profile: {start, steps} -> <output_dir>/trace-rank-N.json, opens in Perfetto
+// or chrome://tracing) and for bench_model's per-op table. While attached to an
+// executor it times every node's forward, backward and recompute (on CUDA the device
+// is synchronised at each op boundary so a span is the device's time, and each span
+// is also an NVTX range for Nsight); detached, the executor's hooks are what they were
+// and nothing is measured. Spans carry the op's kind, FLOPs and bytes (the roofline's
+// count, runtime/roofline.h); the trainer adds the step, the data-loader waits, the
+// optimizer, each gradient bucket's exchange on its own track, and memory counters.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/executor.h"
+
+namespace dtrain::runtime {
+
+class Profiler {
+ public:
+  // Tracks (Chrome trace thread ids): the training thread, then one per bucket.
+  static constexpr int kMainTrack = 1;
+  static constexpr int kBucketTrack0 = 100;
+
+  Profiler(const graph::Graph& graph, Device device, int rank);
+
+  // Installs the timing hooks on `ex` (chained after the ones there) / restores them.
+  void attach(graph::Executor& ex);
+  void detach();
+  bool attached() const { return ex_ != nullptr; }
+  // Spans go into the trace only while tracing (bench_model: timing alone).
+  void set_tracing(bool on) { tracing_ = on; }
+
+  // Seconds since the profiler's origin (steady clock), and a steady_clock time in
+  // seconds since its epoch converted to the same scale (GradSync's bucket times).
+  double now() const;
+  double from_steady(double steady_seconds) const;
+  // A finished span [start, end) in seconds on `track`.
+  void span(const std::string& name, const std::string& category, int track, double start,
+            double end, nlohmann::json args = nlohmann::json::object());
+  // A counter sample ("memory": {"host_bytes": ..., "device_bytes": ...}).
+  void counter(const std::string& name, nlohmann::json values);
+  void name_track(int track, const std::string& name);
+
+  // A span from construction to destruction on the main track (steps, data waits, the
+  // optimizer). Inactive (no timing at all) when the profiler is not tracing.
+  class Scope {
+   public:
+    Scope(Profiler* p, std::string name, std::string category, nlohmann::json args = {});
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Profiler* p_;
+    std::string name_, category_;
+    nlohmann::json args_;
+    double start_ = 0;
+  };
+
+  // Per-node seconds summed over every timed op since construction (forward and
+  // recompute in forward, backward in backward): bench_model's per-op table.
+  const std::vector<double>& forward_seconds() const { return fwd_; }
+  const std::vector<double>& backward_seconds() const { return bwd_; }
+
+  // The trace so far as Chrome's JSON object format; written atomically.
+  void write(const std::filesystem::path& file) const;
+  size_t events() const { return events_.size(); }
+
+ private:
+  void op_begin(int node, graph::Phase phase);
+  void op_end(int node, graph::Phase phase);
+
+  const graph::Graph& graph_;
+  Device device_;
+  int rank_;
+  std::chrono::steady_clock::time_point origin_;
+  graph::Executor* ex_ = nullptr;
+  graph::Hooks saved_;  // the executor's hooks before attach()
+  bool tracing_ = true;
+  double op_start_ = 0;
+  std::vector<double> fwd_, bwd_;
+  std::vector<double> node_flops_, node_bytes_;
+  nlohmann::json events_ = nlohmann::json::array();
+};
+
+}  // namespace dtrain::runtime
