@@ -3,20 +3,29 @@
 // the machine's measured peaks, then the suite's figures (runtime/bench.h), each with its
 // spread, share of peak and a check against fp64 sums; JSON written atomically; with
 // --compare a baseline/now/ratio table and exit 1 when a figure is slower than the
-// threshold. The models and comm suites are not built yet: asking for them is exit 2.
+// threshold. --suite models trains each built-in model for a few steps on synthetic
+// data (the real trainer, in this process) and reports the median step time with its
+// spread, samples and tokens per second, MFU, and the measured peak memory beside
+// `dtrain estimate`'s. The comm suite is not built yet: asking for it is exit 2.
 #include <fmt/format.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/commands.h"
+#include "config/config.h"
 #include "core/error.h"
 #include "data/atomic_file.h"
 #include "runtime/bench.h"
+#include "runtime/estimate.h"
+#include "runtime/trainer.h"
 
 namespace dtrain::cli {
 
@@ -26,10 +35,118 @@ struct BenchArgs {
   std::string suite = "kernels";
   std::string dtypes = "fp32";
   std::string device = "cpu";
-  std::string out, compare, threshold = "5%", only, models;
+  std::string out, compare, threshold = "5%", only;
+  std::string models = "resnet50,bert-base,vit-b16,gpt2";
   double min_time = 0.3, max_time = 3.0;
-  int steps = 0;
+  int steps = 5, warmup = 2;
 };
+
+// The models suite's jobs: configs/*-synthetic.yaml's models and batches (ViT-B/16 at
+// 224 x 224 beside them), synthetic data, no evaluation worth timing.
+std::string model_job(const std::string& model) {
+  if (model == "resnet50") {
+    return "model: {arch: resnet50, num_classes: 1000, image_size: 224, in_channels: 3, "
+           "stem: standard}\n"
+           "data: {dataset: synthetic, global_batch: 32, micro_batch: 32, workers: 1, "
+           "limit: {test: 32}}\n"
+           "optimizer: {name: sgd, lr: 0.1, momentum: 0.9, schedule: {name: constant}}\n";
+  }
+  if (model == "vit-b16") {
+    return "model: {arch: vit-base, num_classes: 1000, image_size: 224, in_channels: 3, "
+           "patch_size: 16}\n"
+           "data: {dataset: synthetic, global_batch: 8, micro_batch: 8, workers: 1, "
+           "limit: {test: 8}}\n"
+           "optimizer: {name: adamw, lr: 1.0e-4, weight_decay: 0.01, schedule: {name: "
+           "constant}}\n";
+  }
+  if (model == "bert-base" || model == "gpt2") {
+    const bool bert = model == "bert-base";
+    return fmt::format(
+        "model: {{arch: {}, seq_len: {}}}\n"
+        "data: {{dataset: synthetic, global_batch: {}, micro_batch: {}, limit: {{test: {}}}}}\n"
+        "optimizer: {{name: adamw, lr: 1.0e-4, weight_decay: 0.01, schedule: {{name: "
+        "constant}}}}\n",
+        model, bert ? 128 : 64, bert ? 8 : 4, bert ? 8 : 4, bert ? 8 : 4);
+  }
+  throw Error(fmt::format("--models: '{}' is not one of resnet50, bert-base, vit-b16, gpt2", model),
+              "use --models resnet50,bert-base,vit-b16,gpt2 (or a part of the list)");
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string t; std::getline(in, t, ',');)
+    if (!t.empty()) out.push_back(t);
+  return out;
+}
+
+// One model: warm-up + steps of the real trainer (world of one) in a scratch directory,
+// the step times from its metrics.jsonl, the peaks from its summary and the estimate.
+nlohmann::json bench_model_run(const std::string& model, DType dt, const BenchArgs& a,
+                               const runtime::BenchOptions& o, const nlohmann::json& machine) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      fmt::format("dtrain-bench-{}-{}-{}", model, dt == DType::bf16 ? "bf16" : "fp32", getpid());
+  std::filesystem::remove_all(dir);
+  const std::string text = fmt::format(
+      "run: {{output_dir: {}, seed: 42}}\n{}"
+      "train: {{steps: {}, log_every: 1}}\nlogging: {{console: false}}\n"
+      "precision: {{dtype: {}}}\ndevice: {}\n",
+      dir.string(), model_job(model), a.warmup + a.steps, dt == DType::bf16 ? "bf16" : "fp32",
+      o.device.str());
+  config::ValidateContext ctx;
+  runtime::TrainRequest req;
+  req.job = config::load_job_text(text, "bench:" + model, {}, ctx);
+  req.resolved_yaml = config::dump_job_yaml(req.job);
+  runtime::EstimateOptions eo;
+  eo.step_time = true;
+  const runtime::MemoryEstimate est = runtime::estimate_memory(req.job, eo);
+  const int rc = runtime::train(req);
+  if (rc != 0) throw RunError(fmt::format("bench: training {} ended with exit {}", model, rc));
+  std::vector<double> secs;
+  nlohmann::json summary;
+  std::ifstream metrics(dir / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("summary", false)) summary = j;
+    if (j.contains("step_time_s") && j.value("step", 0) > a.warmup)
+      secs.push_back(j["step_time_s"].get<double>());
+  }
+  std::filesystem::remove_all(dir);
+  if (secs.empty()) throw RunError("bench: no step times in the run's metrics");
+  runtime::Timing t = runtime::timing_of(secs);
+  const double batch = static_cast<double>(req.job.data.global_batch);
+  const double peak_gflops =
+      (machine.contains("gpu") ? machine["gpu"] : machine)
+          .value(dt == DType::bf16 && machine.value("bf16_peak_gflops", 0.0) > 0
+                     ? "bf16_peak_gflops"
+                     : "fp32_peak_gflops",
+                 0.0);
+  const bool cuda = o.device.is_cuda();
+  const double measured = summary.value(cuda ? "peak_device_bytes" : "peak_host_bytes", 0.0);
+  nlohmann::json r = {
+      {"suite", "models"},
+      {"name", "model/" + model},
+      {"dtype", dt == DType::bf16 ? "bf16" : "fp32"},
+      {"device", o.device.str()},
+      {"shape", fmt::format("batch {}", req.job.data.global_batch)},
+      {"runs", t.runs},
+      {"seconds_median", t.median},
+      {"seconds_p10", t.p10},
+      {"seconds_p90", t.p90},
+      {"spread", t.spread()},
+      {"samples_per_s", batch / t.median},
+      {"peak_bytes", measured},
+      {"estimate_peak_bytes", est.peak_bytes},
+      {"estimate_ratio", measured > 0 ? static_cast<double>(est.peak_bytes) / measured : 0.0}};
+  if (req.job.model.seq_len) r["tokens_per_s"] = batch * *req.job.model.seq_len / t.median;
+  if (est.step_time) {
+    r["flop_per_step"] = est.step_time->flops;
+    r["roofline_seconds"] = est.step_time->seconds;
+    if (peak_gflops > 0) r["mfu"] = est.step_time->flops / t.median / (peak_gflops * 1e9);
+  }
+  return r;
+}
 
 std::vector<DType> parse_dtypes(const std::string& text) {
   std::vector<DType> out;
@@ -90,15 +207,18 @@ std::string utc_now() {
 }
 
 int run_bench(const BenchArgs& a) {
-  if (a.suite != "kernels") {
-    throw Error(fmt::format("--suite {}: only the kernels suite is built so far", a.suite),
-                "use --suite kernels (bench/bench_model and bench/bench_allreduce time "
-                "models and all-reduce meanwhile)");
+  if (a.suite != "kernels" && a.suite != "models" && a.suite != "all") {
+    throw Error(fmt::format("--suite {}: the suites built are kernels and models (all: both; "
+                            "comm is not built yet)",
+                            a.suite),
+                "use --suite kernels, models or all (bench/bench_allreduce times all-reduce)");
   }
-  if (!a.models.empty() || a.steps != 0) {
-    throw Error("--models and --steps belong to the models suite, which is not built yet",
-                "leave them out");
+  if (a.steps < 1 || a.warmup < 0) {
+    throw Error(fmt::format("--steps {} --warmup {}: at least one timed step", a.steps, a.warmup),
+                "use --steps 5 --warmup 2");
   }
+  const std::vector<std::string> models = split_list(a.models);
+  for (const std::string& m : models) model_job(m);  // unknown names: exit 2 now
   runtime::BenchOptions o;
   o.device = Device::parse(a.device);
   o.dtypes = parse_dtypes(a.dtypes);
@@ -121,10 +241,27 @@ int run_bench(const BenchArgs& a) {
           : machine["bf16_path"].get<std::string>().c_str(),
       machine["memory_gbytes_per_s"].get<double>());
   std::fflush(stdout);
-  const nlohmann::json results = runtime::bench_kernels(o, machine, [](const std::string& line) {
+  auto print = [](const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
-  });
+  };
+  nlohmann::json results = nlohmann::json::array();
+  if (a.suite != "models") results = runtime::bench_kernels(o, machine, print);
+  if (a.suite != "kernels") {
+    for (DType dt : o.dtypes)
+      for (const std::string& m : models) {
+        if (!a.only.empty() && m.find(a.only) == std::string::npos) continue;
+        const nlohmann::json r = bench_model_run(m, dt, a, o, machine);
+        print(fmt::format(
+            "{:<34} {:<4} {:>9.3f} s  +-{:4.1f}%  {:8.1f} samples/s  MFU {:5.1f}%  "
+            "peak {:.0f} MB (estimate {:.0f} MB)",
+            r["name"].get<std::string>(), r["dtype"].get<std::string>(),
+            r["seconds_median"].get<double>(), 50.0 * r["spread"].get<double>(),
+            r["samples_per_s"].get<double>(), 100.0 * r.value("mfu", 0.0),
+            r["peak_bytes"].get<double>() / 1e6, r["estimate_peak_bytes"].get<double>() / 1e6));
+        results.push_back(r);
+      }
+  }
   const nlohmann::json doc = {{"schema", "dtrain-bench/1"}, {"created", utc_now()},
                               {"dtrain", DTRAIN_VERSION},   {"suite", a.suite},
                               {"machine", machine},         {"results", results}};
@@ -133,7 +270,8 @@ int run_bench(const BenchArgs& a) {
     std::printf("wrote %s\n", a.out.c_str());
   }
   bool checks_ok = true;
-  for (const nlohmann::json& r : results) checks_ok = checks_ok && r["check"]["ok"].get<bool>();
+  for (const nlohmann::json& r : results)
+    if (r.contains("check")) checks_ok = checks_ok && r["check"]["ok"].get<bool>();
   if (!checks_ok) {
     std::fprintf(stderr,
                  "error: a kernel's sampled outputs differ from the fp64 sums beyond the "
@@ -158,7 +296,7 @@ void add_bench(CLI::App& app, Action& action) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench", "time kernels at the built-in models' shapes against this machine's peaks");
-  cmd->add_option("--suite", args->suite, "kernels (models and comm are not built yet)");
+  cmd->add_option("--suite", args->suite, "kernels, models or all (comm is not built yet)");
   cmd->add_option("--dtype", args->dtypes, "comma list: fp32, bf16 (default fp32)");
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N (default cpu)");
   cmd->add_option("--out", args->out, "write the JSON here (atomically)");
@@ -168,8 +306,10 @@ void add_bench(CLI::App& app, Action& action) {
   cmd->add_option("--only", args->only, "only the figures whose name contains this");
   cmd->add_option("--min-time", args->min_time, "seconds per figure at least (0.3)");
   cmd->add_option("--max-time", args->max_time, "seconds per figure at most (3)");
-  cmd->add_option("--models", args->models, "models suite (not built yet)");
-  cmd->add_option("--steps", args->steps, "models suite (not built yet)");
+  cmd->add_option("--models", args->models,
+                  "models suite: comma list of resnet50, bert-base, vit-b16, gpt2 (all)");
+  cmd->add_option("--steps", args->steps, "models suite: timed steps per model (5)");
+  cmd->add_option("--warmup", args->warmup, "models suite: untimed steps first (2)");
   cmd->callback([args, &action] { action = [args] { return run_bench(*args); }; });
 }
 

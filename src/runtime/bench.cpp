@@ -346,6 +346,16 @@ std::vector<std::function<Figure()>> kernel_figures(DType dt, Device d) {
 
 }  // namespace
 
+Timing timing_of(const std::vector<double>& seconds) {
+  Timing t;
+  if (seconds.empty()) return t;
+  t.runs = static_cast<int>(seconds.size());
+  t.median = quantile(seconds, 0.5);
+  t.p10 = quantile(seconds, 0.1);
+  t.p90 = quantile(seconds, 0.9);
+  return t;
+}
+
 Timing time_repeated(const std::function<void()>& fn, const std::function<void()>& sync,
                      const BenchOptions& o) {
   fn();  // warm-up: first-touch pages, primitive creation, caches
@@ -360,10 +370,7 @@ Timing time_repeated(const std::function<void()>& fn, const std::function<void()
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     secs.push_back(s);
     total += s;
-    t.runs = static_cast<int>(secs.size());
-    t.median = quantile(secs, 0.5);
-    t.p10 = quantile(secs, 0.1);
-    t.p90 = quantile(secs, 0.9);
+    t = timing_of(secs);
     const bool stable = t.runs >= 5 && total >= o.min_seconds && t.spread() <= 0.05;
     if (stable || total >= o.max_seconds || t.runs >= 50) break;
   }

@@ -30,6 +30,8 @@ struct Timing {
   double median = 0, p10 = 0, p90 = 0;
   double spread() const { return median > 0 ? (p90 - p10) / median : 0; }
 };
+// The median and spread of given samples (seconds).
+Timing timing_of(const std::vector<double>& seconds);
 // `fn` once to warm up, then timed as above; `sync` ends each run (the device's work).
 Timing time_repeated(const std::function<void()>& fn, const std::function<void()>& sync,
                      const BenchOptions& o);
