@@ -14,6 +14,7 @@ PKGS=(
   dataset-fashion-mnist
   fortunes  # ~2.6 MB of English text: the corpus for `dtrain data tokenize`
   python3-venv  # test helpers only: the TensorBoard reader from PyPI (tests/scripts)
+  chromium      # test helper only: renders the run report headless (tests/scripts)
 )
 
 missing=()

@@ -86,6 +86,7 @@ class CudaAllocator final : public Allocator {
   }
   Device device() const override { return Device::cuda(ctx_.device()); }
   MemoryStats stats() const override { return pool_.stats(); }
+  void reset_peak() override { pool_.reset_peak(); }
   void set_caching(bool on) {
     ctx_.activate();
     pool_.set_caching(on);

@@ -21,8 +21,10 @@
 
 #include "cli/commands.h"
 #include "config/config.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "data/atomic_file.h"
+#include "kernels/memory.h"
 #include "runtime/bench.h"
 #include "runtime/estimate.h"
 #include "runtime/trainer.h"
@@ -101,6 +103,10 @@ nlohmann::json bench_model_run(const std::string& model, DType dt, const BenchAr
   runtime::EstimateOptions eo;
   eo.step_time = true;
   const runtime::MemoryEstimate est = runtime::estimate_memory(req.job, eo);
+  // Each model's own peak: the previous model's blocks are free by now.
+  host_allocator().release_cached();
+  host_allocator().reset_peak();
+  if (o.device.is_cuda()) kernels::device_allocator(o.device).reset_peak();
   const int rc = runtime::train(req);
   if (rc != 0) throw RunError(fmt::format("bench: training {} ended with exit {}", model, rc));
   std::vector<double> secs;

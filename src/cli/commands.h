@@ -29,5 +29,6 @@ void add_train(CLI::App& app, Action& action);
 void add_data(CLI::App& app, Action& action);  // data tokenize
 void add_ckpt(CLI::App& app, Action& action);  // ckpt inspect | verify | export
 void add_bench(CLI::App& app, Action& action);
+void add_report(CLI::App& app, Action& action);
 
 }  // namespace dtrain::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   add_version(app, action);
   add_info(app, action);
   add_bench(app, action);
+  add_report(app, action);
   add_validate(app, action);
   add_estimate(app, action);
   add_train(app, action);

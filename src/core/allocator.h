@@ -32,6 +32,9 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t bytes) = 0;
   virtual Device device() const = 0;
   virtual MemoryStats stats() const = 0;
+  // The peak starts again from what is in use now (dtrain bench between models); a
+  // no-op for an allocator that keeps no peak.
+  virtual void reset_peak() {}
 };
 
 // 64-byte aligned host memory straight from the C library.
@@ -62,7 +65,7 @@ class CachingAllocator final : public Allocator {
   Device device() const override { return upstream_.device(); }
   MemoryStats stats() const override;
   void release_cached();  // returns every cached block to the upstream allocator
-  void reset_peak();
+  void reset_peak() override;
   // false: no cache and no size classes: every request goes to the upstream allocator
   // at its size and every free straight back (memory.pool: false, for debugging). Set
   // it before anything is allocated: a block is returned by the rule it was taken with.

@@ -32,6 +32,7 @@
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
+#include "kernels/peak.h"
 #include "models/registry.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -47,6 +48,7 @@
 #include "runtime/monitor.h"
 #include "runtime/profiler.h"
 #include "runtime/replicas.h"
+#include "runtime/report.h"
 #include "runtime/safetensors.h"
 #include "runtime/signals.h"
 #include "runtime/tensorboard.h"
@@ -227,6 +229,7 @@ class TrainSession {
   void note(const std::string& line);  // rank 0's console, and this rank's log
   void publish(const nlohmann::json& line, std::string_view group);
   bool profiled(int64_t step) const;
+  double gpu_peak_flops();  // cached in gpu_peak_
   void profile_before(int64_t step);
   void profile_after(int64_t step, bool last);
 
@@ -265,6 +268,7 @@ class TrainSession {
   std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
   std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)
   std::unique_ptr<Profiler> profiler_;      // logging.profile: every rank's trace
+  double gpu_peak_ = -1;                    // gpu_peak_flops(); -1: not asked yet
   std::unique_ptr<RankLog> rank_log_;
   FaultInjector faults_{comm_.rank()};
   OverflowInjector overflows_{comm_.rank()};
@@ -735,6 +739,20 @@ double TrainSession::train_step(const StopSignals& signals) {
   return loss;
 }
 
+// The datasheet peak of the job's GPU in its compute dtype (0 when unknown).
+double TrainSession::gpu_peak_flops() {
+  if (gpu_peak_ >= 0) return gpu_peak_;
+  gpu_peak_ = 0;
+  const kernels::CudaInfo info = kernels::query_cuda();
+  if (!info.available || job_.device.index >= static_cast<int>(info.devices.size())) return 0;
+  const kernels::GpuDatasheet s =
+      kernels::gpu_datasheet(info.devices[static_cast<size_t>(job_.device.index)].name);
+  gpu_peak_ = compute_dtype(job_.precision.dtype) == DType::f32
+                  ? (job_.precision.tf32 ? s.tf32_tensor_flops : s.fp32_flops)
+                  : s.half_tensor_flops;
+  return gpu_peak_;
+}
+
 // logging.profile: steps are numbered as in metrics.jsonl (the first is 1; start 0
 // means the first step too).
 bool TrainSession::profiled(int64_t step) const {
@@ -881,6 +899,15 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
                            {"step_time_s", seconds},
                            {"data_wait_s", wait},
                            {"peak_host_bytes", host_allocator().stats().peak}};
+    // The model's FLOPs per step on this rank (forward and backward at twice forward,
+    // the roofline's count) over the step time; MFU where the peak is a datasheet's
+    // (CUDA): a CPU's must be measured, which `dtrain bench` does, not every run.
+    const double flops = 3.0 * model_.graph.forward_flops() * micro_batches_;
+    line["model_gflops_per_s"] = flops / seconds / 1e9;
+    if (job_.device.is_cuda()) {
+      const double peak = gpu_peak_flops();
+      if (peak > 0) line["mfu"] = flops / seconds / peak;
+    }
     if (language_model_)
       line["tokens_per_s"] = samples * static_cast<double>(*job_.model.seq_len) / seconds;
     if (comm_.size() > 1) {  // this rank's figures, summed over the window's steps
@@ -990,6 +1017,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   double window_loss = 0, window_wait = train_->wait_seconds();
   int64_t window_steps = 0;
   Clock::time_point window_start = Clock::now();
+  double window_excluded = 0;  // seconds of the window spent evaluating or saving
   double last_loss = NAN;
   int64_t window_losses = 0;  // steps of the window whose loss was finite
   while (counters_.step < total_steps_) {
@@ -1008,7 +1036,10 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     ++window_steps;
     const int64_t s = counters_.step;
     if (s % log_every == 0 || s == total_steps_) {
-      const double secs = seconds_since(window_start) / static_cast<double>(window_steps);
+      // Evaluations and checkpoints in the window are not training time.
+      const double secs =
+          (seconds_since(window_start) - window_excluded) / static_cast<double>(window_steps);
+      window_excluded = 0;
       log_window(window_losses > 0 ? window_loss / static_cast<double>(window_losses) : NAN, secs,
                  (train_->wait_seconds() - window_wait) / static_cast<double>(window_steps));
       window_loss = 0;
@@ -1018,10 +1049,12 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
       window_start = Clock::now();
     }
     const auto& ck = job_.train.checkpoint;
+    const Clock::time_point aside = Clock::now();
     if (job_.train.eval_every && s % *job_.train.eval_every == 0 && s != total_steps_) {
       log_eval(evaluate());
     }
     if (ck.every && s % *ck.every == 0 && s != total_steps_) save_checkpoint();
+    window_excluded += seconds_since(aside);
     if (stop_agreed_) {
       save_checkpoint();
       comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
@@ -1065,6 +1098,13 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   if (!leader()) return 0;
   if (metrics_) metrics_->write(summary);
   std::ofstream(out_dir_ / "summary.json") << summary.dump(2) << "\n";
+  if (metrics_) {  // the report reads metrics.jsonl; a failure to draw it fails nothing
+    try {
+      write_report(out_dir_, out_dir_ / "report.html");
+    } catch (const std::exception& e) {
+      note(fmt::format("note: report.html not written: {}", e.what()));
+    }
+  }
   progress_.print(fmt::format("done: {} steps in {}, test {}accuracy {:.2f}%, output in {}",
                               counters_.step, format_duration(secs),
                               language_model_ ? "token " : "", 100 * last_eval_.accuracy,

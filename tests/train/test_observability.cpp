@@ -14,6 +14,8 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
+#include <tuple>
 
 #include "harness.h"
 #include "runtime/tensorboard.h"
@@ -318,4 +320,88 @@ TEST_CASE("dtrain bench --suite models: step time, MFU and the peak beside the e
   // The measured peak of the real trainer beside dtrain estimate's (tested to 3% elsewhere).
   CHECK(m.at("estimate_ratio").get<double>() == doctest::Approx(1.0).epsilon(0.03));
   CHECK(m.at("roofline_seconds").get<double>() > 0);
+}
+
+namespace {
+
+// data-series -> data-points of every polyline in the report.
+std::map<std::string, std::vector<std::pair<int64_t, double>>> drawn_series(
+    const std::string& html) {
+  std::map<std::string, std::vector<std::pair<int64_t, double>>> out;
+  const std::string tag = "<polyline data-series=\"";
+  for (size_t at = html.find(tag); at != std::string::npos; at = html.find(tag, at + 1)) {
+    const size_t name_end = html.find('"', at + tag.size());
+    const std::string name = html.substr(at + tag.size(), name_end - at - tag.size());
+    const size_t p = html.find("data-points=\"", name_end) + 13;
+    std::istringstream pts(html.substr(p, html.find('"', p) - p));
+    for (std::string item; pts >> item;) {
+      const size_t colon = item.find(':');
+      out[name].emplace_back(std::stoll(item.substr(0, colon)), std::stod(item.substr(colon + 1)));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the run report: drawn from metrics.jsonl, self-contained, rendered by Chromium") {
+  TempDir tmp("observability-report");
+  const fs::path job = write_job(tmp.path());
+  const RunResult r =
+      run_dtrain({job.string(), "--set", "train.steps=6", "--set", "train.eval_every=2"},
+                 tmp.path() / "r.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const fs::path run = tmp.path() / "run";
+  const std::string html = read_bytes(run / "report.html");  // every run writes one
+  // Self-contained: no script, nothing fetched (the SVG namespace is a name, not a fetch).
+  CHECK(html.find("<script") == std::string::npos);
+  CHECK(html.find("src=") == std::string::npos);
+  CHECK(html.find("href=") == std::string::npos);
+  CHECK(html.find("url(") == std::string::npos);
+  CHECK(html.find("<svg") != std::string::npos);
+
+  // Every drawn point is metrics.jsonl's value at that step.
+  const auto drawn = drawn_series(html);
+  const std::vector<std::tuple<std::string, std::string, double, bool>> checks = {
+      {"train loss", "loss", 1.0, false},
+      {"test loss", "test_loss", 1.0, true},
+      {"test accuracy", "test_accuracy", 100.0, true},
+      {"lr", "lr", 1.0, false},
+      {"samples/s", "samples_per_s", 1.0, false}};
+  for (const auto& [series, key, scale, eval] : checks) {
+    CAPTURE(series);
+    REQUIRE(drawn.count(series) == 1);
+    std::vector<std::pair<int64_t, double>> want;
+    for (const nlohmann::json& j : read_lines(run / "metrics.jsonl")) {
+      if (j.value("summary", false) || j.value("eval", false) != eval || !j.contains(key)) continue;
+      want.emplace_back(j.at("step").get<int64_t>(), j.at(key).get<double>() * scale);
+    }
+    const auto& got = drawn.at(series);
+    REQUIRE(got.size() == want.size());
+    CHECK(want.size() == (eval ? 3u : 6u));  // evaluations at steps 2, 4 and the end
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK(got[i].first == want[i].first);
+      CHECK(got[i].second == doctest::Approx(want[i].second).epsilon(1e-8));
+    }
+  }
+
+  // `dtrain report` gives the same page; a directory without metrics is exit 2.
+  const RunResult again =
+      run_dtrain_command({"report", run.string(), "--out", (tmp.path() / "again.html").string()},
+                         tmp.path() / "report.log");
+  REQUIRE_MESSAGE(again.rc == 0, again.describe());
+  CHECK(read_bytes(tmp.path() / "again.html") == html);
+  const RunResult bad =
+      run_dtrain_command({"report", (tmp.path() / "nothing").string()}, tmp.path() / "bad.log");
+  CHECK_MESSAGE(bad.rc == 2, bad.describe());
+  CHECK_MESSAGE(bad.log.find("metrics.jsonl") != std::string::npos, bad.log);
+
+  // Headless Chromium draws it: a screenshot with the charts' lines in it.
+  const std::string cmd = std::string(DTRAIN_SOURCE_DIR) + "/tests/scripts/report-screenshot.sh " +
+                          (run / "report.html").string() + " " +
+                          (tmp.path() / "shot.png").string() + " > " +
+                          (tmp.path() / "shot.log").string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const bool drawn_ok = WIFEXITED(rc) && WEXITSTATUS(rc) == 0;
+  CHECK_MESSAGE(drawn_ok, read_bytes(tmp.path() / "shot.log"));
 }
