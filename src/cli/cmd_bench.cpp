@@ -122,12 +122,7 @@ nlohmann::json bench_model_run(const std::string& model, DType dt, const BenchAr
   if (secs.empty()) throw RunError("bench: no step times in the run's metrics");
   runtime::Timing t = runtime::timing_of(secs);
   const double batch = static_cast<double>(req.job.data.global_batch);
-  const double peak_gflops =
-      (machine.contains("gpu") ? machine["gpu"] : machine)
-          .value(dt == DType::bf16 && machine.value("bf16_peak_gflops", 0.0) > 0
-                     ? "bf16_peak_gflops"
-                     : "fp32_peak_gflops",
-                 0.0);
+  const double peak_gflops = runtime::bench_peak_gflops(machine, dt);
   const bool cuda = o.device.is_cuda();
   const double measured = summary.value(cuda ? "peak_device_bytes" : "peak_host_bytes", 0.0);
   nlohmann::json r = {

@@ -414,16 +414,19 @@ nlohmann::json bench_machine(const BenchOptions& o) {
   return m;
 }
 
+double bench_peak_gflops(const nlohmann::json& machine, DType dt) {
+  const nlohmann::json& peaks = machine.contains("gpu") ? machine["gpu"] : machine;
+  const double bf16 = peaks.value("bf16_peak_gflops", 0.0);
+  return dt == DType::bf16 && bf16 > 0 ? bf16 : peaks.value("fp32_peak_gflops", 0.0);
+}
+
 nlohmann::json bench_kernels(const BenchOptions& o, const nlohmann::json& machine,
                              const std::function<void(const std::string&)>& progress) {
   const nlohmann::json& peaks = machine.contains("gpu") ? machine["gpu"] : machine;
   nlohmann::json out = nlohmann::json::array();
   for (DType dt : o.dtypes) {
-    // bf16 without a bf16 path (an AVX2 CPU) runs widened to f32: the fp32 peak is then
-    // the denominator, and the figure says so.
-    const double bf16_peak = peaks.value("bf16_peak_gflops", 0.0);
-    const double peak =
-        dt == DType::bf16 && bf16_peak > 0 ? bf16_peak : peaks.value("fp32_peak_gflops", 0.0);
+    const bool bf16_widened = dt == DType::bf16 && peaks.value("bf16_peak_gflops", 0.0) <= 0;
+    const double peak = bench_peak_gflops(machine, dt);
     for (const auto& make : kernel_figures(dt, o.device)) {
       Figure f = make();
       if (!o.only.empty() && f.name.find(o.only) == std::string::npos) continue;
@@ -446,7 +449,7 @@ nlohmann::json bench_kernels(const BenchOptions& o, const nlohmann::json& machin
         r["gflop"] = f.flops / 1e9;
         r["gflops_per_s"] = f.flops / t.median / 1e9;
         if (peak > 0) r["peak_share"] = f.flops / t.median / 1e9 / peak;
-        if (dt == DType::bf16 && bf16_peak <= 0) r["peak"] = "fp32 (no bf16 path here)";
+        if (bf16_widened) r["peak"] = "fp32 (no bf16 path here)";
         rate = fmt::format("{:8.1f} GFLOP/s {:5.1f}% of peak", f.flops / t.median / 1e9,
                            100.0 * r.value("peak_share", 0.0));
       } else {

@@ -40,6 +40,10 @@ Timing time_repeated(const std::function<void()>& fn, const std::function<void()
 // bandwidth), library versions, and on CUDA the device with its datasheet peaks.
 nlohmann::json bench_machine(const BenchOptions& o);
 
+// The peak a `dt` figure is measured against, GFLOP/s: the GPU's section on CUDA, else
+// the host's; bf16 where there is a bf16 path, else fp32 (oneDNN then widens bf16).
+double bench_peak_gflops(const nlohmann::json& machine, DType dt);
+
 // GEMM and convolution at the shapes the built-in models use, attention and layer norm:
 // per figure its seconds, GFLOP/s (or GB/s) and share of the machine's peak, and a
 // check of sampled outputs against fp64 sums. `progress` gets a line per figure.

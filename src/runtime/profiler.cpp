@@ -157,4 +157,43 @@ void Profiler::write(const std::filesystem::path& file) const {
   write_file_atomic(file.string(), {trace.dump()});
 }
 
+ProfileWindow::ProfileWindow(const ProfileOptions& o, const graph::Graph& graph, Device device,
+                             int rank, std::filesystem::path file)
+    : o_(o), graph_(graph), device_(device), rank_(rank), file_(std::move(file)) {}
+
+bool ProfileWindow::covers(int64_t step) const {
+  const int64_t first = std::max<int64_t>(o_.start, 1);
+  return o_.steps > 0 && step >= first && step < first + o_.steps;
+}
+
+void ProfileWindow::before(int64_t step, graph::Executor& ex, dist::GradSync* sync) {
+  if (!covers(step)) return;
+  if (!profiler_) {
+    profiler_ = std::make_unique<Profiler>(graph_, device_, rank_);
+    if (sync) {
+      for (size_t b = 0; b < sync->buckets().size(); ++b)
+        profiler_->name_track(Profiler::kBucketTrack0 + static_cast<int>(b),
+                              fmt::format("bucket {}", b));
+      sync->set_trace([this, sync](size_t b, double start, double seconds, uint64_t bytes) {
+        const double t0 = profiler_->from_steady(start);
+        profiler_->span(
+            fmt::format("bucket {}", b), "comm", Profiler::kBucketTrack0 + static_cast<int>(b), t0,
+            t0 + seconds,
+            {{"bytes", bytes}, {"algorithm", std::string(to_string(sync->buckets()[b].algo))}});
+      });
+    }
+  }
+  if (!profiler_->attached()) profiler_->attach(ex);
+}
+
+std::string ProfileWindow::after(int64_t step, bool last, dist::GradSync* sync) {
+  if (!profiler_ || !profiler_->attached()) return {};
+  if (covers(step + 1) && !last) return {};
+  profiler_->detach();
+  if (sync) sync->set_trace(nullptr);
+  profiler_->write(file_);
+  return fmt::format("profile: steps {}-{} written to {} ({} events; open in Perfetto)",
+                     std::max<int64_t>(o_.start, 1), step, file_.string(), profiler_->events());
+}
+
 }  // namespace dtrain::runtime

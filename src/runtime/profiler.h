@@ -14,10 +14,13 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "dist/ddp.h"
 #include "graph/executor.h"
+#include "runtime/job.h"
 
 namespace dtrain::runtime {
 
@@ -87,6 +90,32 @@ class Profiler {
   std::vector<double> fwd_, bwd_;
   std::vector<double> node_flops_, node_bytes_;
   nlohmann::json events_ = nlohmann::json::array();
+};
+
+// logging.profile in a training run, the step's profiling stage: steps are numbered as
+// in metrics.jsonl (from 1; start 0 means the first). At the window's first step the
+// profiler is made and attached (with a data-parallel GradSync's bucket exchanges on
+// their tracks); after its last step (or the run's last, or a stop) it is detached and
+// the trace written to `file`.
+class ProfileWindow {
+ public:
+  ProfileWindow(const ProfileOptions& o, const graph::Graph& graph, Device device, int rank,
+                std::filesystem::path file);
+  bool covers(int64_t step) const;
+  // Before step `step`; `sync`: the buckets to trace (null: none, one rank).
+  void before(int64_t step, graph::Executor& ex, dist::GradSync* sync);
+  // After it: the note saying where the trace went when it was written, else "".
+  std::string after(int64_t step, bool last, dist::GradSync* sync);
+  // For Profiler::Scope: null before the window (a Scope is inactive unless attached).
+  Profiler* profiler() const { return profiler_.get(); }
+
+ private:
+  ProfileOptions o_;
+  const graph::Graph& graph_;
+  Device device_;
+  int rank_;
+  std::filesystem::path file_;
+  std::unique_ptr<Profiler> profiler_;
 };
 
 }  // namespace dtrain::runtime

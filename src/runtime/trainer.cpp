@@ -32,7 +32,6 @@
 #include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
-#include "kernels/peak.h"
 #include "models/registry.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -49,6 +48,7 @@
 #include "runtime/profiler.h"
 #include "runtime/replicas.h"
 #include "runtime/report.h"
+#include "runtime/roofline.h"
 #include "runtime/safetensors.h"
 #include "runtime/signals.h"
 #include "runtime/tensorboard.h"
@@ -228,10 +228,8 @@ class TrainSession {
   bool leader() const { return comm_.rank() == 0; }
   void note(const std::string& line);  // rank 0's console, and this rank's log
   void publish(const nlohmann::json& line, std::string_view group);
-  bool profiled(int64_t step) const;
   double gpu_peak_flops();  // cached in gpu_peak_
-  void profile_before(int64_t step);
-  void profile_after(int64_t step, bool last);
+  Profiler* profiler() const { return profile_ ? profile_->profiler() : nullptr; }
 
   const TrainRequest& req_;
   const Job& job_;
@@ -267,7 +265,7 @@ class TrainSession {
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
   std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)
-  std::unique_ptr<Profiler> profiler_;      // logging.profile: every rank's trace
+  std::unique_ptr<ProfileWindow> profile_;  // logging.profile: every rank's trace
   double gpu_peak_ = -1;                    // gpu_peak_flops(); -1: not asked yet
   std::unique_ptr<RankLog> rank_log_;
   FaultInjector faults_{comm_.rank()};
@@ -414,6 +412,11 @@ void TrainSession::open_run_dir() {
       out_dir_ / "logs" / fmt::format("rank-{}.log", comm_.rank()), resumed_);
   rank_log_->write(fmt::format("rank {} of {} ({} communicator), pid {}", comm_.rank(),
                                comm_.size(), comm_.backend(), getpid()));
+  if (job_.logging.profile.steps > 0) {  // every rank traces its own steps
+    profile_ = std::make_unique<ProfileWindow>(
+        job_.logging.profile, model_.graph, job_.device, comm_.rank(),
+        out_dir_ / fmt::format("trace-rank-{}.json", comm_.rank()));
+  }
   if (!leader()) return;
   std::ofstream(out_dir_ / "job.yaml") << req_.resolved_yaml;
   const int64_t keep_through = resumed_ ? counters_.step : -1;
@@ -658,7 +661,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   StepTotals local;
   for (int m = 0; m < micro_batches_; ++m) {
     const FeedBatch& b = [this]() -> const FeedBatch& {
-      const Profiler::Scope wait(profiler_.get(), "data wait", "data");
+      const Profiler::Scope wait(profiler(), "data wait", "data");
       return train_->next();
     }();
     set_batch(b);
@@ -732,67 +735,23 @@ double TrainSession::train_step(const StopSignals& signals) {
   const double lr =
       optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr, opt_->step_count(), total_steps_);
   {
-    const Profiler::Scope span(profiler_.get(), "optimizer", "optimizer",
+    const Profiler::Scope span(profiler(), "optimizer", "optimizer",
                                {{"name", std::string(to_string(job_.optimizer.name))}});
     weights_->step(*opt_, lr, static_cast<float>(unscale * clip));
   }
   return loss;
 }
 
-// The datasheet peak of the job's GPU in its compute dtype (0 when unknown).
+// The peak of the job's GPU in its compute dtype: its datasheet's, as the roofline
+// takes it (runtime/roofline.h).
 double TrainSession::gpu_peak_flops() {
   if (gpu_peak_ >= 0) return gpu_peak_;
-  gpu_peak_ = 0;
-  const kernels::CudaInfo info = kernels::query_cuda();
-  if (!info.available || job_.device.index >= static_cast<int>(info.devices.size())) return 0;
-  const kernels::GpuDatasheet s =
-      kernels::gpu_datasheet(info.devices[static_cast<size_t>(job_.device.index)].name);
-  gpu_peak_ = compute_dtype(job_.precision.dtype) == DType::f32
-                  ? (job_.precision.tf32 ? s.tf32_tensor_flops : s.fp32_flops)
-                  : s.half_tensor_flops;
+  const DType compute = compute_dtype(job_.precision.dtype);
+  const RooflinePeak p =
+      roofline_peak(job_.device, compute,
+                    job_.precision.tf32 ? kernels::MathMode::tf32 : kernels::MathMode::fp32);
+  gpu_peak_ = compute == DType::f32 ? p.matrix_f32_flops : p.matrix_half_flops;
   return gpu_peak_;
-}
-
-// logging.profile: steps are numbered as in metrics.jsonl (the first is 1; start 0
-// means the first step too).
-bool TrainSession::profiled(int64_t step) const {
-  const ProfileOptions& p = job_.logging.profile;
-  const int64_t first = std::max<int64_t>(p.start, 1);
-  return p.steps > 0 && step >= first && step < first + p.steps;
-}
-
-void TrainSession::profile_before(int64_t step) {
-  if (!profiled(step)) return;
-  if (!profiler_) {
-    profiler_ = std::make_unique<Profiler>(model_.graph, job_.device, comm_.rank());
-    if (sync_ && comm_.size() > 1) {
-      for (size_t b = 0; b < sync_->buckets().size(); ++b)
-        profiler_->name_track(Profiler::kBucketTrack0 + static_cast<int>(b),
-                              fmt::format("bucket {}", b));
-      sync_->set_trace([this](size_t b, double start, double seconds, uint64_t bytes) {
-        const double t0 = profiler_->from_steady(start);
-        profiler_->span(
-            fmt::format("bucket {}", b), "comm", Profiler::kBucketTrack0 + static_cast<int>(b), t0,
-            t0 + seconds,
-            {{"bytes", bytes}, {"algorithm", std::string(to_string(sync_->buckets()[b].algo))}});
-      });
-    }
-  }
-  if (!profiler_->attached()) profiler_->attach(*ex_);
-}
-
-// After the window's last step (or the run's, or a stop) the trace is written and the
-// executor's hooks are as before.
-void TrainSession::profile_after(int64_t step, bool last) {
-  if (!profiler_ || !profiler_->attached()) return;
-  if (profiled(step + 1) && !last) return;
-  profiler_->detach();
-  if (sync_) sync_->set_trace(nullptr);
-  const fs::path file = out_dir_ / fmt::format("trace-rank-{}.json", comm_.rank());
-  profiler_->write(file);
-  note(fmt::format("profile: steps {}-{} written to {} ({} events; open in Perfetto)",
-                   std::max<int64_t>(job_.logging.profile.start, 1), step, file.string(),
-                   profiler_->events()));
 }
 
 // The gradient this rank holds summed: all of it, or with ZeRO its own range (ZeRO-2
@@ -1022,12 +981,18 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   int64_t window_losses = 0;  // steps of the window whose loss was finite
   while (counters_.step < total_steps_) {
     const int64_t next = counters_.step + 1;
-    profile_before(next);
+    dist::GradSync* traced = comm_.size() > 1 ? sync_.get() : nullptr;
+    if (profile_) profile_->before(next, *ex_, traced);
     {
-      const Profiler::Scope span(profiler_.get(), fmt::format("step {}", next), "step");
+      const Profiler::Scope span(profiler(), profiler() ? fmt::format("step {}", next) : "",
+                                 "step");  // no formatting per step outside a profile
       last_loss = train_step(signals);
     }
-    profile_after(next, stop_agreed_ || next == total_steps_);
+    if (profile_) {
+      const std::string written =
+          profile_->after(next, stop_agreed_ || next == total_steps_, traced);
+      if (!written.empty()) note(written);
+    }
     faults_.after_step(counters_.step);
     if (std::isfinite(last_loss)) {  // a skipped step's loss may be inf: not averaged in
       window_loss += last_loss;
