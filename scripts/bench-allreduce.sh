@@ -3,32 +3,34 @@
 # (MPI_Allreduce), ring and hierarchical all-reduce of f32 buffers from MIN_BYTES
 # (4 KiB) to MAX_BYTES (256 MiB) in steps of x4, on 2 local ranks (one node of
 # two ranks: hierarchical reduces to ring-in-the-node) and on 4 local ranks with
-# --ranks-per-node 2 (2 emulated nodes of 2 ranks). Runs bench_allreduce under
-# mpirun (shared memory, --oversubscribe, one OpenMP thread per rank) and
-# combines its JSON into one file: per world size, per size and algorithm, the
-# median and best time, algbw and busbw (busbw = algbw x 2(n-1)/n, as
-# nccl-tests). ROUNDS > 1 repeats both world sizes alternately and keeps, per
-# size and algorithm, the round with the least median. Speed is reported, never
+# --ranks-per-node 2 (2 emulated nodes of 2 ranks). Runs `dtrain bench --suite
+# comm --only all_reduce` under mpirun (shared memory, --oversubscribe, one OpenMP
+# thread per rank) and combines its JSON into one file: per world size, per size
+# and algorithm, the median and best time, algbw and busbw (busbw = algbw x
+# 2(n-1)/n, as nccl-tests). ROUNDS > 1 repeats both world sizes alternately and
+# keeps, per size and algorithm, the round with the least median. Speed is reported, never
 # asserted. Timings of 4 ranks on fewer than 4 cores are oversubscribed.
 #
 # Usage: scripts/bench-allreduce.sh [out.json]   (default bench-allreduce.json)
-# Environment: BENCH_ALLREDUCE (default build/bench/bench_allreduce),
-# MIN_BYTES (4096), MAX_BYTES (268435456), REPS (5), WARMUP (2), ROUNDS (1),
+# Environment: DTRAIN (default build/src/cli/dtrain), MIN_BYTES (4096),
+# MAX_BYTES (268435456), MIN_TIME / MAX_TIME (seconds per figure: dtrain bench
+# times at least 5 runs and MIN_TIME, until the spread is under 5%, or MAX_TIME or
+# 50 runs; 0.3 and 3), ROUNDS (1),
 # WORLDS ("2 4"), KEEP_RUNS=1 keeps the per-run JSON.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-bench-allreduce.json}"
-BENCH="${BENCH_ALLREDUCE:-$ROOT/build/bench/bench_allreduce}"
+DTRAIN="${DTRAIN:-$ROOT/build/src/cli/dtrain}"
 MIN_BYTES="${MIN_BYTES:-4096}"
 MAX_BYTES="${MAX_BYTES:-268435456}"
-REPS="${REPS:-5}"
-WARMUP="${WARMUP:-2}"
+MIN_TIME="${MIN_TIME:-0.3}"
+MAX_TIME="${MAX_TIME:-3}"
 ROUNDS="${ROUNDS:-1}"
 WORLDS="${WORLDS:-2 4}"
 die() { echo "bench-allreduce: $*" >&2; exit 1; }
 
-[[ -x "$BENCH" ]] || die "no bench_allreduce at $BENCH (build it, or set BENCH_ALLREDUCE=path)"
+[[ -x "$DTRAIN" ]] || die "no dtrain at $DTRAIN (build it, or set DTRAIN=path)"
 command -v mpirun >/dev/null || die "mpirun not found (Open MPI)"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
@@ -63,8 +65,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
     echo "bench-allreduce: round $r/$ROUNDS, $n ranks ${extra[*]} (load $(cut -d' ' -f1 /proc/loadavg))" >&2
     json="$WORK/n$n-r$r.json"
     mpirun -np "$n" --oversubscribe --bind-to none -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
-      "$BENCH" --min-bytes "$MIN_BYTES" --max-bytes "$MAX_BYTES" --reps "$REPS" --warmup "$WARMUP" \
-      "${extra[@]}" --out "$json" >"$WORK/n$n-r$r.log" 2>&1 &
+      "$DTRAIN" bench --suite comm --only all_reduce --min-bytes "$MIN_BYTES" --max-bytes "$MAX_BYTES" \
+      --min-time "$MIN_TIME" --max-time "$MAX_TIME" "${extra[@]}" --out "$json" >"$WORK/n$n-r$r.log" 2>&1 &
     CHILD=$!
     wait "$CHILD" || die "$n ranks, round $r failed: $(tail -5 "$WORK/n$n-r$r.log")"
     CHILD=
@@ -78,12 +80,21 @@ import json, os, platform, subprocess, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 worlds = {}
 for run in runs:
-    b = run["bench"]
-    w = worlds.setdefault(str(b["ranks"]), {k: b[k] for k in ("ranks", "nodes", "ranks_per_node",
-                                                              "dtype", "reps", "warmup", "time")}
+    rows = [r for r in run["bench"]["results"] if r["op"] == "all_reduce"]
+    first = rows[0]
+    w = worlds.setdefault(str(first["ranks"]), {k: first[k] for k in ("ranks", "nodes",
+                                                                      "ranks_per_node", "dtype")}
                           | {"results": {}, "loadavg_after_rounds": []})
     w["loadavg_after_rounds"].append(run["loadavg"])
-    for row in b["results"]:
+    for r in rows:
+        row = {"bytes": r["bytes"], "algorithm": r["algorithm"],
+               "time_us": r["seconds_median"] * 1e6,
+               "best_time_us": min(r["seconds_runs"]) * 1e6,
+               "rep_times_us": [t * 1e6 for t in r["seconds_runs"]],
+               "algbw_gbs": r["algbw_gbytes_per_s"], "busbw_gbs": r["busbw_gbytes_per_s"],
+               "check_ok": r["check"]["ok"]}
+        if "speed_vs_native" in r:
+            row["speed_vs_native"] = r["speed_vs_native"]
         key = (row["bytes"], row["algorithm"])
         old = w["results"].get(key)
         if old is None or row["time_us"] < old["time_us"]:
@@ -96,11 +107,12 @@ def sh(cmd):
     return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
 doc = {
     "benchmark": "f32 all-reduce on one machine over shared memory (Open MPI vader), "
-                 "native / ring / hierarchical, bench_allreduce",
-    "method": "per size and algorithm: time_us = median of the timed runs per rank, max over "
-              "ranks (best_time_us = least run); with several rounds the round with the least "
-              "time_us is kept; busbw = algbw x 2(n-1)/n",
-    "setup": {"rounds": int("$ROUNDS"), "reps": int("$REPS"), "warmup": int("$WARMUP"),
+                 "native / ring / hierarchical, dtrain bench --suite comm",
+    "method": "per size and algorithm: each run after a barrier, its time the slowest "
+              "rank's; time_us = median of the runs (best_time_us = least run); with several "
+              "rounds the round with the least time_us is kept; busbw = algbw x 2(n-1)/n",
+    "setup": {"rounds": int("$ROUNDS"), "min_time_s": float("$MIN_TIME"),
+              "max_time_s": float("$MAX_TIME"),
               "mpirun": "-np N --oversubscribe --bind-to none, OMP_NUM_THREADS=1, "
                         "OMP_WAIT_POLICY=passive; 4 ranks: --ranks-per-node 2"},
     "machine": {"cpu": sh("lscpu | sed -n 's/^Model name: *//p'"), "cores": os.cpu_count(),

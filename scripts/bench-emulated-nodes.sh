@@ -11,7 +11,8 @@
 # self,vader,tcp with vader's single-copy mechanism off, tcp/oob restricted to
 # the veth subnet, the two names in /etc/hosts while the script runs.
 #
-# Each run is bench_allreduce --bytes BYTES --ranks-per-node 2; rounds
+# Each run is `dtrain bench --suite comm --only all_reduce --ranks-per-node 2` at
+# the one size BYTES; rounds
 # interleave the rates (and MCA variants) so that machine noise hits all alike.
 # Per rate, algorithm and variant it reports the best (least) and the median time
 # over every timed run of every round, the bandwidth bound of the algorithm on
@@ -27,9 +28,9 @@
 # /dev/shm segments on exit, failure or interrupt.
 #
 # Usage: scripts/bench-emulated-nodes.sh [out.json]   (default bench-emulated-nodes.json)
-# Environment: BENCH_ALLREDUCE (default build/bench/bench_allreduce), RATES
-# ("1gbit 4gbit"), BYTES (102000000), REPS (timed runs per algorithm per round, 4),
-# WARMUP (1), ROUNDS (2), VARIANTS ("default eager"), ALGORITHMS
+# Environment: DTRAIN (default build/src/cli/dtrain), RATES ("1gbit 4gbit"),
+# BYTES (102000000), MAX_TIME (seconds of timed runs per algorithm per round, after
+# one warm-up run: runs go on until this much is spent, at most 50; 4), ROUNDS (2), VARIANTS ("default eager"), ALGORITHMS
 # (native,ring,hierarchical), TBF_BURST (256kb), TBF_LATENCY (400ms),
 # SUBNET_PREFIX (10.231.77), RUN_TIMEOUT (seconds per mpirun, 900), KEEP_RUNS=1
 # keeps the per-run JSON.
@@ -37,11 +38,10 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-bench-emulated-nodes.json}"
-BENCH="${BENCH_ALLREDUCE:-$ROOT/build/bench/bench_allreduce}"
+DTRAIN="${DTRAIN:-$ROOT/build/src/cli/dtrain}"
 RATES="${RATES:-1gbit 4gbit}"
 BYTES="${BYTES:-102000000}"
-REPS="${REPS:-4}"
-WARMUP="${WARMUP:-1}"
+MAX_TIME="${MAX_TIME:-4}"
 ROUNDS="${ROUNDS:-2}"
 VARIANTS="${VARIANTS:-default eager}"
 ALGORITHMS="${ALGORITHMS:-native,ring,hierarchical}"
@@ -52,8 +52,8 @@ RUN_TIMEOUT="${RUN_TIMEOUT:-900}"
 die() { echo "bench-emulated-nodes: $*" >&2; exit 1; }
 
 [[ $(id -u) == 0 ]] || die "needs root (ip netns, tc, /etc/hosts)"
-[[ -x "$BENCH" ]] || die "no bench_allreduce at $BENCH (build it, or set BENCH_ALLREDUCE=path)"
-BENCH="$(readlink -f "$BENCH")"
+[[ -x "$DTRAIN" ]] || die "no dtrain at $DTRAIN (build it, or set DTRAIN=path)"
+DTRAIN="$(readlink -f "$DTRAIN")"
 for tool in ip tc unshare mpirun python3; do
   command -v "$tool" >/dev/null || die "$tool not found"
 done
@@ -155,8 +155,9 @@ run_bench() { # rate variant round
   # In the background and waited for, so that a signal reaches the trap at once.
   timeout "$RUN_TIMEOUT" ip netns exec "$NS_A" unshare --uts \
     bash -c 'hostname "$0"; exec "$@"' "$HOST_A" \
-    mpirun "${MPI_OPTS[@]}" $(variant_opts "$2") "$BENCH" --ranks-per-node 2 --bytes "$BYTES" \
-    --reps "$REPS" --warmup "$WARMUP" --algorithms "$ALGORITHMS" --out "$json" >"$log" 2>&1 &
+    mpirun "${MPI_OPTS[@]}" $(variant_opts "$2") "$DTRAIN" bench --suite comm --only all_reduce \
+    --ranks-per-node 2 --min-bytes "$BYTES" --max-bytes "$BYTES" --min-time "$MAX_TIME" \
+    --max-time "$MAX_TIME" --algorithms "$ALGORITHMS" --out "$json" >"$log" 2>&1 &
   CHILD=$!
   wait "$CHILD" || die "run rate=$1 variant=$2 round=$3 failed: $(tail -5 "$log")"
   CHILD=
@@ -204,10 +205,10 @@ for rate in dict.fromkeys(r["rate"] for r in runs):
         S = sel[0]["bench"]["results"][0]["bytes"]
         row = {"rate": rate, "variant": variant, "bytes": S, "algorithms": {}}
         for algo in dict.fromkeys(x["algorithm"] for r in sel for x in r["bench"]["results"]):
-            reps = [t / 1e6 for r in sel for x in r["bench"]["results"]
-                    if x["algorithm"] == algo for t in x["rep_times_us"]]
+            reps = [t for r in sel for x in r["bench"]["results"]
+                    if x["algorithm"] == algo for t in x["seconds_runs"]]
             a = {"best_s": min(reps), "median_s": statistics.median(reps),
-                 "runs_s": reps, "check_ok": all(x["check_ok"] for r in sel
+                 "runs_s": reps, "check_ok": all(x["check"]["ok"] for r in sel
                                                  for x in r["bench"]["results"] if x["algorithm"] == algo)}
             f = link_factor.get(algo)
             if f is not None:
@@ -227,12 +228,12 @@ def sh(cmd):
     return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
 doc = {
     "benchmark": "f32 all-reduce of one ~100 MB gradient, 4 ranks on 2 emulated nodes "
-                 "(network namespaces, veth, tbf), bench_allreduce --ranks-per-node 2",
+                 "(network namespaces, veth, tbf), dtrain bench --suite comm --ranks-per-node 2",
     "method": "rounds interleave rates and variants; best_s = least, median_s = median over "
               "every timed run of every round (each run: max over ranks after a barrier); "
               "bound_s = bytes each way on the link / link rate",
     "setup": {"ranks": n, "ranks_per_node": per_node, "rounds": int("$ROUNDS"),
-              "reps_per_round": int("$REPS"), "warmup": int("$WARMUP"),
+              "timed_seconds_per_round": float("$MAX_TIME"), "warmup": 1,
               "tbf": "rate RATE burst $TBF_BURST latency $TBF_LATENCY on both veth ends",
               "variants": {"default": "Open MPI TCP defaults (eager limit 64 KiB)",
                            "eager": "btl_tcp_eager_limit = btl_tcp_max_send_size = 2 MiB"},

@@ -6,7 +6,11 @@
 // threshold. --suite models trains each built-in model for a few steps on synthetic
 // data (the real trainer, in this process) and reports the median step time with its
 // spread, samples and tokens per second, MFU, and the measured peak memory beside
-// `dtrain estimate`'s. The comm suite is not built yet: asking for it is exit 2.
+// `dtrain estimate`'s. --suite comm times all-reduce (per algorithm), reduce-scatter
+// and all-gather across ranks: under mpirun or srun every rank runs it (rank 0 prints
+// and writes), or --nproc N starts N local ranks through mpirun as a child and merges
+// their figures (with --suite all, after this process's kernels and models, which
+// then have the machine's cores to themselves).
 #include <fmt/format.h>
 
 #include <unistd.h>
@@ -20,10 +24,14 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/launcher.h"
 #include "config/config.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "data/atomic_file.h"
+#include "dist/communicator.h"
+#include "dist/launcher.h"
+#include "kernels/device_info.h"
 #include "kernels/memory.h"
 #include "runtime/bench.h"
 #include "runtime/estimate.h"
@@ -41,6 +49,12 @@ struct BenchArgs {
   std::string models = "resnet50,bert-base,vit-b16,gpt2";
   double min_time = 0.3, max_time = 3.0;
   int steps = 5, warmup = 2;
+  // comm suite
+  int nproc = 0;
+  int64_t min_bytes = 4096, max_bytes = int64_t{64} << 20;
+  std::string algorithms;  // comma list; empty: the ones that apply
+  int ranks_per_node = 0;  // 0: the shared-memory split
+  bool child = false;      // one of the ranks --nproc started (no machine section)
 };
 
 // The models suite's jobs: configs/*-synthetic.yaml's models and batches (ViT-B/16 at
@@ -207,30 +221,89 @@ std::string utc_now() {
   return buf;
 }
 
-int run_bench(const BenchArgs& a) {
-  if (a.suite != "kernels" && a.suite != "models" && a.suite != "all") {
-    throw Error(fmt::format("--suite {}: the suites built are kernels and models (all: both; "
-                            "comm is not built yet)",
-                            a.suite),
-                "use --suite kernels, models or all (bench/bench_allreduce times all-reduce)");
+std::vector<AllreduceAlgo> parse_algorithms(const std::string& text) {
+  std::vector<AllreduceAlgo> out;
+  for (const std::string& t : split_list(text)) {
+    AllreduceAlgo algo = AllreduceAlgo::native;
+    if (!from_string(t, algo) || algo == AllreduceAlgo::auto_) {
+      throw Error(fmt::format("--algorithms: '{}' is not native, ring or hierarchical", t),
+                  "use --algorithms native,ring,hierarchical (or a part of the list)");
+    }
+    out.push_back(algo);
   }
-  if (a.steps < 1 || a.warmup < 0) {
-    throw Error(fmt::format("--steps {} --warmup {}: at least one timed step", a.steps, a.warmup),
-                "use --steps 5 --warmup 2");
-  }
-  const std::vector<std::string> models = split_list(a.models);
-  for (const std::string& m : models) model_job(m);  // unknown names: exit 2 now
-  runtime::BenchOptions o;
-  o.device = Device::parse(a.device);
-  o.dtypes = parse_dtypes(a.dtypes);
-  o.only = a.only;
-  o.min_seconds = a.min_time;
-  o.max_seconds = std::max(a.max_time, a.min_time);
-  const double threshold = parse_threshold(a.threshold);
-  nlohmann::json baseline;
-  if (!a.compare.empty()) baseline = read_baseline(a.compare);  // bad input before any timing
+  return out;
+}
 
-  const nlohmann::json machine = runtime::bench_machine(o);
+runtime::CommBenchOptions comm_options(const BenchArgs& a) {
+  runtime::CommBenchOptions c;
+  c.min_bytes = a.min_bytes;
+  c.max_bytes = a.max_bytes;
+  c.algorithms = parse_algorithms(a.algorithms);
+  if (c.min_bytes < 4 || c.min_bytes > c.max_bytes) {
+    throw Error(fmt::format("--min-bytes {} --max-bytes {}: sizes from at least 4 bytes up",
+                            c.min_bytes, c.max_bytes),
+                "e.g. --min-bytes 4096 --max-bytes 67108864");
+  }
+  return c;
+}
+
+// This rank's part of the comm suite, under a launcher: MPI over the world on the host,
+// NCCL over it on --device cuda (a GPU per local rank, as `dtrain train` picks).
+nlohmann::json comm_figures(const BenchArgs& a, runtime::BenchOptions o,
+                            const std::function<void(const std::string&)>& print) {
+  std::optional<int> per_node;
+  if (a.ranks_per_node > 0) per_node = a.ranks_per_node;
+  const std::unique_ptr<dist::Communicator> world =
+      dist::make_world_communicator(dist::WorldOptions{per_node});
+  if (world->size() < 2) {
+    throw Error("--suite comm: this launcher started one rank; the figures need several",
+                "use mpirun -np N (N >= 2), or --nproc N without a launcher");
+  }
+  std::unique_ptr<dist::Communicator> nccl;
+  dist::Communicator* comm = world.get();
+  if (o.device.is_cuda()) {
+    const int gpus = static_cast<int>(kernels::query_cuda().devices.size());
+    if (gpus > 1) o.device.index = dist::launcher_local_rank().value_or(0) % gpus;
+    nccl = dist::make_nccl_communicator(*world, o.device, per_node);
+    comm = nccl.get();
+  }
+  return runtime::bench_comm(*world, *comm, o, comm_options(a), print);
+}
+
+// The comm suite from one process: `--nproc` ranks under mpirun as a child (this same
+// binary with --child), their figures read back from the file rank 0 writes. Empty
+// and `rc` set when the child failed (it printed why).
+nlohmann::json comm_via_mpirun(const BenchArgs& a, int& rc) {
+  const std::filesystem::path tmp =
+      std::filesystem::temp_directory_path() / fmt::format("dtrain-bench-comm-{}.json", getpid());
+  std::vector<std::string> argv = local_mpirun(a.nproc, "bench");
+  argv.insert(
+      argv.end(),
+      {self_executable(), "bench", "--suite", "comm", "--child", "--out", tmp.string(), "--device",
+       a.device, "--dtype", a.dtypes, "--min-time", fmt::format("{}", a.min_time), "--max-time",
+       fmt::format("{}", a.max_time), "--min-bytes", std::to_string(a.min_bytes), "--max-bytes",
+       std::to_string(a.max_bytes)});
+  if (!a.algorithms.empty()) argv.insert(argv.end(), {"--algorithms", a.algorithms});
+  if (a.ranks_per_node > 0)
+    argv.insert(argv.end(), {"--ranks-per-node", std::to_string(a.ranks_per_node)});
+  if (!a.only.empty()) argv.insert(argv.end(), {"--only", a.only});
+  rc = run_and_wait(argv);
+  nlohmann::json results = nlohmann::json::array();
+  if (rc == 0) {
+    std::ifstream in(tmp);
+    const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+    if (doc.is_discarded() || !doc.contains("results")) {
+      throw RunError(fmt::format("bench: the comm ranks wrote no figures to {}", tmp.string()));
+    }
+    results = doc["results"];
+  } else {
+    std::fprintf(stderr, "bench: the comm suite's %d ranks ended with exit %d\n", a.nproc, rc);
+  }
+  std::filesystem::remove(tmp);
+  return results;
+}
+
+void print_machine(const nlohmann::json& machine) {
   std::printf(
       "machine: %s, %d threads; fp32 peak %.1f GFLOP/s (%s), bf16 %.1f (%s), "
       "memory %.1f GB/s\n",
@@ -242,41 +315,116 @@ int run_bench(const BenchArgs& a) {
           : machine["bf16_path"].get<std::string>().c_str(),
       machine["memory_gbytes_per_s"].get<double>());
   std::fflush(stdout);
+}
+
+int run_bench(const BenchArgs& a) {
+  if (a.suite != "kernels" && a.suite != "models" && a.suite != "comm" && a.suite != "all") {
+    throw Error(fmt::format("--suite {}: the suites are kernels, models, comm and all", a.suite),
+                "use --suite kernels, models, comm or all");
+  }
+  if (a.steps < 1 || a.warmup < 0) {
+    throw Error(fmt::format("--steps {} --warmup {}: at least one timed step", a.steps, a.warmup),
+                "use --steps 5 --warmup 2");
+  }
+  const std::vector<std::string> models = split_list(a.models);
+  for (const std::string& m : models) model_job(m);  // unknown names: exit 2 now
+  comm_options(a);                                   // and bad comm options
+  runtime::BenchOptions o;
+  o.device = Device::parse(a.device);
+  o.dtypes = parse_dtypes(a.dtypes);
+  o.only = a.only;
+  o.min_seconds = a.min_time;
+  o.max_seconds = std::max(a.max_time, a.min_time);
+  const double threshold = parse_threshold(a.threshold);
+  const int world = world_from_env();
+  if (a.nproc != 0) {
+    if (a.nproc < 2) {
+      throw Error(fmt::format("--nproc {}: the comm figures need at least 2 ranks", a.nproc),
+                  "use --nproc 2 or more");
+    }
+    if (a.ranks_per_node > 0 && a.nproc % a.ranks_per_node != 0) {
+      throw Error(
+          fmt::format("--ranks-per-node {} does not divide --nproc {}", a.ranks_per_node, a.nproc),
+          "use a number of ranks per node that divides the ranks");
+    }
+    if (a.suite == "kernels" || a.suite == "models") {
+      throw Error(
+          fmt::format("--nproc with --suite {}: --nproc starts the comm suite's ranks", a.suite),
+          "use --suite comm or all with --nproc, or drop --nproc");
+    }
+  }
+  if (world > 1 && a.suite != "comm") {
+    throw Error(fmt::format("--suite {} under a launcher ({} ranks): the kernels and models "
+                            "figures are one process's",
+                            a.suite, world),
+                "run `dtrain bench --suite all --nproc N` in one process, or --suite comm "
+                "under mpirun");
+  }
+  if (a.suite == "comm" && world == 1 && a.nproc == 0) {
+    throw Error("--suite comm: one process; the comm figures need several ranks",
+                "add --nproc 2 (local ranks through mpirun), or run it under mpirun -np N / srun");
+  }
+  const bool lead = world == 1 || dist::launcher_rank() == 0;
+  nlohmann::json baseline;
+  if (!a.compare.empty() && lead) baseline = read_baseline(a.compare);  // before any timing
+
   auto print = [](const std::string& line) {
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   };
+  nlohmann::json machine = nlohmann::json::object();
   nlohmann::json results = nlohmann::json::array();
-  if (a.suite != "models") results = runtime::bench_kernels(o, machine, print);
-  if (a.suite != "kernels") {
-    for (DType dt : o.dtypes)
-      for (const std::string& m : models) {
-        if (!a.only.empty() && m.find(a.only) == std::string::npos) continue;
-        const nlohmann::json r = bench_model_run(m, dt, a, o, machine);
-        print(fmt::format(
-            "{:<34} {:<4} {:>9.3f} s  +-{:4.1f}%  {:8.1f} samples/s  MFU {:5.1f}%  "
-            "peak {:.0f} MB (estimate {:.0f} MB)",
-            r["name"].get<std::string>(), r["dtype"].get<std::string>(),
-            r["seconds_median"].get<double>(), 50.0 * r["spread"].get<double>(),
-            r["samples_per_s"].get<double>(), 100.0 * r.value("mfu", 0.0),
-            r["peak_bytes"].get<double>() / 1e6, r["estimate_peak_bytes"].get<double>() / 1e6));
-        results.push_back(r);
-      }
+  if (world > 1) {
+    results = comm_figures(a, o, print);
+    if (lead && !a.child) {
+      machine = runtime::bench_machine(o);  // after the figures: the other ranks are idle
+      print_machine(machine);
+    }
+  } else {
+    machine = runtime::bench_machine(o);
+    print_machine(machine);
+    if (a.suite == "kernels" || a.suite == "all")
+      results = runtime::bench_kernels(o, machine, print);
+    if (a.suite == "models" || a.suite == "all") {
+      for (DType dt : o.dtypes)
+        for (const std::string& m : models) {
+          if (!a.only.empty() && m.find(a.only) == std::string::npos) continue;
+          const nlohmann::json r = bench_model_run(m, dt, a, o, machine);
+          print(fmt::format(
+              "{:<34} {:<4} {:>9.3f} s  +-{:4.1f}%  {:8.1f} samples/s  MFU {:5.1f}%  "
+              "peak {:.0f} MB (estimate {:.0f} MB)",
+              r["name"].get<std::string>(), r["dtype"].get<std::string>(),
+              r["seconds_median"].get<double>(), 50.0 * r["spread"].get<double>(),
+              r["samples_per_s"].get<double>(), 100.0 * r.value("mfu", 0.0),
+              r["peak_bytes"].get<double>() / 1e6, r["estimate_peak_bytes"].get<double>() / 1e6));
+          results.push_back(r);
+        }
+    }
+    if (a.nproc > 0) {
+      int rc = 0;
+      for (nlohmann::json& r : comm_via_mpirun(a, rc)) results.push_back(std::move(r));
+      if (rc != 0) return rc;
+    } else if (a.suite == "all") {
+      print("comm: not timed (one process; --nproc N times the collectives across N ranks)");
+    }
   }
+  runtime::add_comm_shares(results, machine);
+  bool checks_ok = true;
+  for (const nlohmann::json& r : results)
+    if (r.contains("check")) checks_ok = checks_ok && r["check"]["ok"].get<bool>();
+  if (!lead) return checks_ok ? kExitOk : kExitInternal;
+
   const nlohmann::json doc = {{"schema", "dtrain-bench/1"}, {"created", utc_now()},
                               {"dtrain", DTRAIN_VERSION},   {"suite", a.suite},
                               {"machine", machine},         {"results", results}};
   if (!a.out.empty()) {
     write_file_atomic(a.out, {doc.dump(2), "\n"});
-    std::printf("wrote %s\n", a.out.c_str());
+    if (!a.child) std::printf("wrote %s\n", a.out.c_str());
   }
-  bool checks_ok = true;
-  for (const nlohmann::json& r : results)
-    if (r.contains("check")) checks_ok = checks_ok && r["check"]["ok"].get<bool>();
   if (!checks_ok) {
     std::fprintf(stderr,
-                 "error: a kernel's sampled outputs differ from the fp64 sums beyond the "
-                 "tolerance (the check column); this is a dtrain bug\n");
+                 "error: a figure's sampled outputs differ from the exact or fp64 sums beyond "
+                 "the tolerance (the check column); this is a dtrain bug\n");
     return kExitInternal;
   }
   if (!baseline.is_null()) {
@@ -297,7 +445,7 @@ void add_bench(CLI::App& app, Action& action) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench", "time kernels at the built-in models' shapes against this machine's peaks");
-  cmd->add_option("--suite", args->suite, "kernels, models or all (comm is not built yet)");
+  cmd->add_option("--suite", args->suite, "kernels, models, comm or all (default kernels)");
   cmd->add_option("--dtype", args->dtypes, "comma list: fp32, bf16 (default fp32)");
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N (default cpu)");
   cmd->add_option("--out", args->out, "write the JSON here (atomically)");
@@ -311,6 +459,16 @@ void add_bench(CLI::App& app, Action& action) {
                   "models suite: comma list of resnet50, bert-base, vit-b16, gpt2 (all)");
   cmd->add_option("--steps", args->steps, "models suite: timed steps per model (5)");
   cmd->add_option("--warmup", args->warmup, "models suite: untimed steps first (2)");
+  cmd->add_option("--nproc", args->nproc,
+                  "comm suite: start N local ranks through mpirun (else run under mpirun/srun)");
+  cmd->add_option("--min-bytes", args->min_bytes, "comm suite: smallest buffer (4096)");
+  cmd->add_option("--max-bytes", args->max_bytes,
+                  "comm suite: largest buffer (67108864); sizes go up x4");
+  cmd->add_option("--algorithms", args->algorithms,
+                  "comm suite: all-reduce algorithms, comma list of native, ring, hierarchical");
+  cmd->add_option("--ranks-per-node", args->ranks_per_node,
+                  "comm suite: consecutive ranks that count as one node (hierarchical)");
+  cmd->add_flag("--child", args->child)->group("");  // one of the ranks --nproc started
   cmd->callback([args, &action] { action = [args] { return run_bench(*args); }; });
 }
 

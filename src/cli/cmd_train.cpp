@@ -3,12 +3,10 @@
 // to the runtime's trainer. Under a launcher (mpirun, srun) every rank runs this;
 // the ranks agree that each of them could start before training begins. --nproc N
 // starts N local ranks through mpirun itself. Exit codes: README.md.
-#include <unistd.h>
 
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
@@ -17,7 +15,6 @@
 #include "core/allocator.h"
 #include "dist/communicator.h"
 #include "dist/launcher.h"
-#include "dist/mpi_info.h"
 #include "dist/watchdog.h"
 #include "kernels/device_info.h"
 #include "runtime/startup.h"
@@ -33,33 +30,9 @@ struct TrainArgs {
   int nproc = 0;
 };
 
-// mpirun -np N ... <this binary> train JOB [--set ...] [--resume ...]: one OpenMP
-// thread per core share, passive waiting and no binding when the ranks outnumber
-// the cores (oversubscribed spinning pools run many times slower), root allowed.
-int exec_local_ranks(const TrainArgs& args) {
-  if (dist::launcher_world_size().value_or(1) > 1) {
-    throw Error("--nproc: this process already runs under a launcher as one of several ranks",
-                "drop --nproc under mpirun or srun");
-  }
-  if (!dist::query_mpi().built) {
-    throw Error(fmt::format("--nproc {}: this dtrain was built without MPI, which starts and "
-                            "connects the ranks",
-                            args.nproc),
-                "install Open MPI (scripts/install-deps.sh) and rebuild with -DDTRAIN_MPI=ON, or "
-                "drop --nproc to train in one process");
-  }
-  const std::string mpirun = mpirun_path();
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::string> argv = {mpirun, "-np", std::to_string(args.nproc), "--bind-to", "none"};
-  if (args.nproc > cores) argv.push_back("--oversubscribe");
-  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
-  const char* threads = std::getenv("OMP_NUM_THREADS");
-  argv.insert(argv.end(),
-              {"-x", fmt::format("OMP_NUM_THREADS={}",
-                                 threads != nullptr && *threads != '\0'
-                                     ? std::string(threads)
-                                     : std::to_string(std::max(1, cores / args.nproc)))});
-  if (args.nproc > cores) argv.insert(argv.end(), {"-x", "OMP_WAIT_POLICY=passive"});
+// mpirun -np N ... <this binary> train JOB [--set ...] [--resume ...] (local_mpirun).
+[[noreturn]] void exec_local_ranks(const TrainArgs& args) {
+  std::vector<std::string> argv = local_mpirun(args.nproc, "train");
   argv.insert(argv.end(), {self_executable(), "train", args.job});
   for (const std::string& o : args.overrides) argv.insert(argv.end(), {"--set", o});
   if (!args.resume.empty()) argv.insert(argv.end(), {"--resume", args.resume});
@@ -67,7 +40,7 @@ int exec_local_ranks(const TrainArgs& args) {
 }
 
 int run_train(const TrainArgs& args) {
-  if (args.nproc > 0) return exec_local_ranks(args);
+  if (args.nproc > 0) exec_local_ranks(args);
   const std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
   // Installed before start-up, so a signal while data loads is also a graceful stop.
   runtime::StopSignals signals;

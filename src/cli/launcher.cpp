@@ -1,14 +1,21 @@
 // Launcher environment variables and the exec of mpirun for --nproc.
 #include "cli/launcher.h"
 
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "core/error.h"
+#include "dist/launcher.h"
+#include "dist/mpi_info.h"
+
+extern char** environ;
 
 namespace dtrain::cli {
 
@@ -52,6 +59,52 @@ void exec_or_throw(const std::vector<std::string>& argv) {
   execvp(cargv[0], cargv.data());
   throw Error(fmt::format("--nproc: cannot run {}: {}", argv[0], std::strerror(errno)),
               "install openmpi-bin (mpirun), or start the ranks with your own launcher");
+}
+
+int run_and_wait(const std::vector<std::string>& argv) {
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  std::fflush(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, cargv[0], nullptr, nullptr, cargv.data(), environ);
+  if (rc != 0) {
+    throw Error(fmt::format("cannot run {}: {}", argv[0], std::strerror(rc)),
+                "install openmpi-bin (mpirun), or start the ranks with your own launcher");
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw RunError(fmt::format("waitpid: {}", std::strerror(errno)));
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+std::vector<std::string> local_mpirun(int nproc, const std::string& what) {
+  if (dist::launcher_world_size().value_or(1) > 1) {
+    throw Error("--nproc: this process already runs under a launcher as one of several ranks",
+                "drop --nproc under mpirun or srun");
+  }
+  if (!dist::query_mpi().built) {
+    throw Error(fmt::format("--nproc {}: this dtrain was built without MPI, which starts and "
+                            "connects the ranks",
+                            nproc),
+                fmt::format("install Open MPI (scripts/install-deps.sh) and rebuild with "
+                            "-DDTRAIN_MPI=ON, or drop --nproc to {} in one process",
+                            what));
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::string> argv = {mpirun_path(), "-np", std::to_string(nproc), "--bind-to",
+                                   "none"};
+  if (nproc > cores) argv.push_back("--oversubscribe");
+  if (geteuid() == 0) argv.push_back("--allow-run-as-root");
+  const char* threads = std::getenv("OMP_NUM_THREADS");
+  argv.insert(argv.end(), {"-x", fmt::format("OMP_NUM_THREADS={}",
+                                             threads != nullptr && *threads != '\0'
+                                                 ? std::string(threads)
+                                                 : std::to_string(std::max(1, cores / nproc)))});
+  if (nproc > cores) argv.insert(argv.end(), {"-x", "OMP_WAIT_POLICY=passive"});
+  return argv;
 }
 
 }  // namespace dtrain::cli

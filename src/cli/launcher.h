@@ -17,5 +17,15 @@ std::string mpirun_path();
 std::string self_executable();  // /proc/self/exe, resolved
 // execvp(argv); returns only by throwing (an Error naming the program).
 [[noreturn]] void exec_or_throw(const std::vector<std::string>& argv);
+// Runs argv as a child process and waits for it: its exit status, 128 + the signal
+// that ended it. An Error naming the program when it cannot start.
+int run_and_wait(const std::vector<std::string>& argv);
+
+// `mpirun -np N` on this machine, up to the program: no binding, one OpenMP thread per
+// core share (OMP_NUM_THREADS when set), and when the ranks outnumber the cores
+// --oversubscribe and passive waiting (oversubscribed spinning pools run many times
+// slower); root allowed. `what` names the command in errors ("train", "bench").
+// Errors when this process already runs under a launcher or dtrain lacks MPI.
+std::vector<std::string> local_mpirun(int nproc, const std::string& what);
 
 }  // namespace dtrain::cli

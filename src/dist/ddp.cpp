@@ -1,6 +1,8 @@
 // Bucket planning and the arm / ready / finish cycle of one optimizer step.
 #include "dist/ddp.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "core/error.h"
@@ -126,6 +128,12 @@ void GradSync::launch(size_t b) {
   const Bucket& k = buckets_[b];
   for (const OwnedPart& p : owned_parts(k, owners_))
     handles_[b].push_back(comm_.reduce_async(g.view(p.lo - k.begin, Shape{p.hi - p.lo}), p.rank));
+}
+
+std::string GradSync::exchange(size_t bucket) const {
+  if (reducer_on_) return "compressed";
+  if (!owners_.empty()) return "reduce(owners)";
+  return fmt::format("all_reduce({})", to_string(buckets_[bucket].algo));
 }
 
 void GradSync::finish() {

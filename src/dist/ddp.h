@@ -53,12 +53,26 @@ struct SyncStats {
   double exposed_seconds = 0;  // time finish() waited after backward
 };
 
-class GradSync {
+// What the profiler sees of a gradient exchange (GradSync, ZeRO-2's ShardedGradSync):
+// its buckets, how each is exchanged, and while a trace function is set, every bucket's
+// exchange of a step as (bucket, start in steady_clock seconds, seconds, payload bytes).
+class TracedBuckets {
+ public:
+  using TraceFn = std::function<void(size_t bucket, double start, double seconds, uint64_t bytes)>;
+  virtual ~TracedBuckets() = default;
+  virtual const std::vector<Bucket>& buckets() const = 0;
+  virtual std::string exchange(size_t bucket) const = 0;  // "all_reduce(ring)", ...
+  virtual void set_trace(TraceFn trace) = 0;              // null: record nothing
+};
+
+class GradSync : public TracedBuckets {
  public:
   // `algos`: the all-reduce algorithm of each bucket (auto resolved by the caller).
   GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap);
 
-  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const std::vector<Bucket>& buckets() const override { return buckets_; }
+  // all_reduce(<algorithm>), reduce(owners) under ZeRO-1, compressed while the reducer is on.
+  std::string exchange(size_t bucket) const override;
   void set_algorithms(const std::vector<AllreduceAlgo>& per_bucket);
   // ZeRO-1: instead of all-reducing a bucket, reduce each part of it into the rank
   // that owns that range (every rank's [begin, end), in rank order): afterwards only
@@ -72,10 +86,8 @@ class GradSync {
     reducer_ = std::move(reducer);
   }
   void use_reducer(bool on) { reducer_on_ = on; }
-  // The profiler's view: after each step's finish(), every bucket's exchange as (bucket,
-  // start in steady_clock seconds, seconds, payload bytes); empty: nothing is recorded.
-  using TraceFn = std::function<void(size_t bucket, double start, double seconds, uint64_t bytes)>;
-  void set_trace(TraceFn trace) { trace_ = std::move(trace); }
+  // The profiler's view (TracedBuckets): reported after each step's finish().
+  void set_trace(TraceFn trace) override { trace_ = std::move(trace); }
 
   // Before the last micro-step's backward: `grads` is the flat f32 buffer backward
   // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).

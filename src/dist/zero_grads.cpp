@@ -2,6 +2,7 @@
 #include "dist/zero_grads.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
@@ -66,10 +67,12 @@ void ShardedGradSync::reduce(size_t b) {
   DTRAIN_CHECK(buf.defined(), "bucket {} reduced before any gradient was written", b);
   const int me = comm_.rank();
   const int64_t mine = ranges_[static_cast<size_t>(me)].first;
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t bytes = 0;
   for (const OwnedPart& p : owned_parts(k, ranges_)) {
     Tensor part = buf.view(p.lo - k.begin, Shape{p.hi - p.lo});
     comm_.reduce(part, p.rank);
-    stats_.bytes += static_cast<uint64_t>(part.nbytes());
+    bytes += static_cast<uint64_t>(part.nbytes());
     if (p.rank != me) continue;
     Tensor into = shard_.view(p.lo - mine, Shape{p.hi - p.lo});
     if (first_) {
@@ -77,6 +80,12 @@ void ShardedGradSync::reduce(size_t b) {
     } else {
       kernels::axpy(1.0f, part, into);
     }
+  }
+  stats_.bytes += bytes;
+  if (trace_) {
+    const auto t1 = std::chrono::steady_clock::now();
+    trace_(b, std::chrono::duration<double>(t0.time_since_epoch()).count(),
+           std::chrono::duration<double>(t1 - t0).count(), bytes);
   }
   buf = Tensor();
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -19,7 +20,7 @@
 
 namespace dtrain::dist {
 
-class ShardedGradSync {
+class ShardedGradSync : public TracedBuckets {
  public:
   // params: every parameter's range of the layout (increasing offsets); ranges: every
   // rank's [begin, end) of it (tiling it, rank order); shard: f32 [this rank's size].
@@ -27,7 +28,10 @@ class ShardedGradSync {
                   const std::vector<GradRange>& params,
                   std::vector<std::pair<int64_t, int64_t>> ranges, Tensor shard);
 
-  const std::vector<Bucket>& buckets() const { return buckets_; }
+  const std::vector<Bucket>& buckets() const override { return buckets_; }
+  std::string exchange(size_t) const override { return "reduce(owners)"; }
+  // The profiler's view: each bucket's reduces, reported as the bucket is reduced.
+  void set_trace(TraceFn trace) override { trace_ = std::move(trace); }
   // Where parameter p's gradient is written (the executor's grad storage).
   Tensor grad_view(int param, const Shape& shape);
   // Before each micro-batch's backward: the first of a step overwrites the shard.
@@ -50,6 +54,7 @@ class ShardedGradSync {
   std::vector<int> pending_;    // per bucket
   std::vector<Tensor> buffers_;
   bool first_ = true;
+  TraceFn trace_;
   SyncStats stats_;
   CommStats comm_mark_;
 };

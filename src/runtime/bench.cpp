@@ -350,24 +350,19 @@ Timing timing_of(const std::vector<double>& seconds) {
   Timing t;
   if (seconds.empty()) return t;
   t.runs = static_cast<int>(seconds.size());
+  t.samples = seconds;
   t.median = quantile(seconds, 0.5);
   t.p10 = quantile(seconds, 0.1);
   t.p90 = quantile(seconds, 0.9);
   return t;
 }
 
-Timing time_repeated(const std::function<void()>& fn, const std::function<void()>& sync,
-                     const BenchOptions& o) {
-  fn();  // warm-up: first-touch pages, primitive creation, caches
-  sync();
+Timing time_samples(const std::function<double()>& sample, const BenchOptions& o) {
   std::vector<double> secs;
   double total = 0;
   Timing t;
   while (true) {
-    const Clock::time_point t0 = Clock::now();
-    fn();
-    sync();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double s = sample();
     secs.push_back(s);
     total += s;
     t = timing_of(secs);
@@ -375,6 +370,20 @@ Timing time_repeated(const std::function<void()>& fn, const std::function<void()
     if (stable || total >= o.max_seconds || t.runs >= 50) break;
   }
   return t;
+}
+
+Timing time_repeated(const std::function<void()>& fn, const std::function<void()>& sync,
+                     const BenchOptions& o) {
+  fn();  // warm-up: first-touch pages, primitive creation, caches
+  sync();
+  return time_samples(
+      [&] {
+        const Clock::time_point t0 = Clock::now();
+        fn();
+        sync();
+        return std::chrono::duration<double>(Clock::now() - t0).count();
+      },
+      o);
 }
 
 nlohmann::json bench_machine(const BenchOptions& o) {

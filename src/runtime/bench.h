@@ -12,6 +12,11 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "dist/options.h"
+
+namespace dtrain::dist {
+class Communicator;
+}
 
 namespace dtrain::runtime {
 
@@ -28,10 +33,14 @@ struct BenchOptions {
 struct Timing {
   int runs = 0;
   double median = 0, p10 = 0, p90 = 0;
+  std::vector<double> samples;  // every run, in order
   double spread() const { return median > 0 ? (p90 - p10) / median : 0; }
 };
 // The median and spread of given samples (seconds).
 Timing timing_of(const std::vector<double>& seconds);
+// Samples (seconds) taken until the rule above stops; `sample` runs and times one run.
+// Every rank of a group stops together when each sample is the same on every rank.
+Timing time_samples(const std::function<double()>& sample, const BenchOptions& o);
 // `fn` once to warm up, then timed as above; `sync` ends each run (the device's work).
 Timing time_repeated(const std::function<void()>& fn, const std::function<void()>& sync,
                      const BenchOptions& o);
@@ -49,6 +58,27 @@ double bench_peak_gflops(const nlohmann::json& machine, DType dt);
 // check of sampled outputs against fp64 sums. `progress` gets a line per figure.
 nlohmann::json bench_kernels(const BenchOptions& o, const nlohmann::json& machine,
                              const std::function<void(const std::string&)>& progress);
+
+// The comm suite: all-reduce per algorithm (native, ring, and hierarchical when the
+// ranks sit on several nodes of equal size, or those asked for), reduce-scatter and
+// all-gather, for buffers of min_bytes, 4 x min_bytes, ... up to max_bytes. Collective:
+// every rank of `host` calls it; `comm` is the communicator timed (`host` itself, or
+// NCCL over it), `host` agrees on the times (each run after a barrier; a run's time is
+// the slowest rank's). Per figure its seconds with spread, algorithm and bus bandwidth
+// (busbw = algbw x 2(n-1)/n for all-reduce, (n-1)/n for the other two, as NVIDIA's
+// nccl-tests count it), all-reduce's speed against native, and a check of the sums.
+// The result is the same JSON on every rank; `progress` is called on rank 0 only.
+struct CommBenchOptions {
+  int64_t min_bytes = 4096;
+  int64_t max_bytes = int64_t{64} << 20;
+  std::vector<AllreduceAlgo> algorithms;  // empty: the ones that apply (above)
+};
+nlohmann::json bench_comm(dist::Communicator& host, dist::Communicator& comm, const BenchOptions& o,
+                          const CommBenchOptions& c,
+                          const std::function<void(const std::string&)>& progress);
+// Each comm figure's bus bandwidth as a share of the machine's measured memory
+// bandwidth (ranks on one host move their bytes through memory), where it was measured.
+void add_comm_shares(nlohmann::json& results, const nlohmann::json& machine);
 
 // Baseline against now, figure by figure (matched by suite, name, dtype and device):
 // the table's rows and whether any figure is slower than 1 + threshold times the

@@ -166,7 +166,7 @@ bool ProfileWindow::covers(int64_t step) const {
   return o_.steps > 0 && step >= first && step < first + o_.steps;
 }
 
-void ProfileWindow::before(int64_t step, graph::Executor& ex, dist::GradSync* sync) {
+void ProfileWindow::before(int64_t step, graph::Executor& ex, dist::TracedBuckets* sync) {
   if (!covers(step)) return;
   if (!profiler_) {
     profiler_ = std::make_unique<Profiler>(graph_, device_, rank_);
@@ -176,17 +176,16 @@ void ProfileWindow::before(int64_t step, graph::Executor& ex, dist::GradSync* sy
                               fmt::format("bucket {}", b));
       sync->set_trace([this, sync](size_t b, double start, double seconds, uint64_t bytes) {
         const double t0 = profiler_->from_steady(start);
-        profiler_->span(
-            fmt::format("bucket {}", b), "comm", Profiler::kBucketTrack0 + static_cast<int>(b), t0,
-            t0 + seconds,
-            {{"bytes", bytes}, {"algorithm", std::string(to_string(sync->buckets()[b].algo))}});
+        profiler_->span(fmt::format("bucket {}", b), "comm",
+                        Profiler::kBucketTrack0 + static_cast<int>(b), t0, t0 + seconds,
+                        {{"bytes", bytes}, {"exchange", sync->exchange(b)}});
       });
     }
   }
   if (!profiler_->attached()) profiler_->attach(ex);
 }
 
-std::string ProfileWindow::after(int64_t step, bool last, dist::GradSync* sync) {
+std::string ProfileWindow::after(int64_t step, bool last, dist::TracedBuckets* sync) {
   if (!profiler_ || !profiler_->attached()) return {};
   if (covers(step + 1) && !last) return {};
   profiler_->detach();

@@ -94,18 +94,18 @@ class Profiler {
 
 // logging.profile in a training run, the step's profiling stage: steps are numbered as
 // in metrics.jsonl (from 1; start 0 means the first). At the window's first step the
-// profiler is made and attached (with a data-parallel GradSync's bucket exchanges on
-// their tracks); after its last step (or the run's last, or a stop) it is detached and
-// the trace written to `file`.
+// profiler is made and attached (with the bucket exchanges of data parallelism's
+// GradSync or ZeRO-2's ShardedGradSync on their tracks); after its last step (or the run's last, or
+// a stop) it is detached and the trace written to `file`.
 class ProfileWindow {
  public:
   ProfileWindow(const ProfileOptions& o, const graph::Graph& graph, Device device, int rank,
                 std::filesystem::path file);
   bool covers(int64_t step) const;
   // Before step `step`; `sync`: the buckets to trace (null: none, one rank).
-  void before(int64_t step, graph::Executor& ex, dist::GradSync* sync);
+  void before(int64_t step, graph::Executor& ex, dist::TracedBuckets* sync);
   // After it: the note saying where the trace went when it was written, else "".
-  std::string after(int64_t step, bool last, dist::GradSync* sync);
+  std::string after(int64_t step, bool last, dist::TracedBuckets* sync);
   // For Profiler::Scope: null before the window (a Scope is inactive unless attached).
   Profiler* profiler() const { return profiler_.get(); }
 

@@ -981,7 +981,9 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   int64_t window_losses = 0;  // steps of the window whose loss was finite
   while (counters_.step < total_steps_) {
     const int64_t next = counters_.step + 1;
-    dist::GradSync* traced = comm_.size() > 1 ? sync_.get() : nullptr;
+    dist::TracedBuckets* traced = nullptr;
+    if (comm_.size() > 1)
+      traced = zero_sync_ ? static_cast<dist::TracedBuckets*>(zero_sync_.get()) : sync_.get();
     if (profile_) profile_->before(next, *ex_, traced);
     {
       const Profiler::Scope span(profiler(), profiler() ? fmt::format("step {}", next) : "",

@@ -807,32 +807,118 @@ TEST_CASE("a profiled data-parallel run traces every rank, each bucket's exchang
   OneThread one;
   TempDir tmp("dpprofile");
   const fs::path job = write_job(tmp.path(), "resnet");
-  const fs::path out =
-      train(job, tmp.path(), "run", {2, "ring"},
-            {"--set", "data.micro_batch=16", "--set", "train.steps=3", "--set",
-             "logging.profile={start: 2, steps: 1}", "--set", "comm.bucket_mb=0.05"});
-  for (int rank = 0; rank < 2; ++rank) {
-    CAPTURE(rank);
-    const nlohmann::json trace =
-        nlohmann::json::parse(read_bytes(out / ("trace-rank-" + std::to_string(rank) + ".json")));
-    std::set<int> bucket_tracks;
-    double step_start = 0, step_end = 0;
-    for (const nlohmann::json& e : trace.at("traceEvents")) {
-      if (e.at("ph") != "X") continue;
-      CHECK(e.at("pid").get<int>() == rank);
-      if (e.value("cat", "") == "step") {
-        step_start = e.at("ts").get<double>();
-        step_end = step_start + e.at("dur").get<double>();
+  // Plain data parallelism (ring all-reduce, overlapped) and ZeRO-2 (each bucket's parts
+  // reduced into their owners as backward runs).
+  const std::vector<std::pair<std::string, std::string>> cases = {{"0", "all_reduce(ring)"},
+                                                                  {"2", "reduce(owners)"}};
+  for (const auto& [stage, exchange] : cases) {
+    CAPTURE(stage);
+    const fs::path out = train(job, tmp.path(), "zero" + stage, {2, "ring"},
+                               {"--set", "data.micro_batch=16", "--set", "train.steps=3", "--set",
+                                "logging.profile={start: 2, steps: 1}", "--set",
+                                "comm.bucket_mb=0.05", "--set", "parallel.zero_stage=" + stage});
+    for (int rank = 0; rank < 2; ++rank) {
+      CAPTURE(rank);
+      const nlohmann::json trace =
+          nlohmann::json::parse(read_bytes(out / ("trace-rank-" + std::to_string(rank) + ".json")));
+      std::set<int> bucket_tracks;
+      double step_start = 0, step_end = 0;
+      std::vector<std::pair<double, double>> comm;
+      for (const nlohmann::json& e : trace.at("traceEvents")) {
+        if (e.at("ph") != "X") continue;
+        CHECK(e.at("pid").get<int>() == rank);
+        if (e.value("cat", "") == "step") {
+          step_start = e.at("ts").get<double>();
+          step_end = step_start + e.at("dur").get<double>();
+        }
+        if (e.value("cat", "") != "comm") continue;
+        bucket_tracks.insert(e.at("tid").get<int>());
+        comm.emplace_back(e.at("ts").get<double>(),
+                          e.at("ts").get<double>() + e.at("dur").get<double>());
+        CHECK(e.at("args").at("bytes").get<double>() > 0);
+        CHECK(e.at("args").at("exchange").get<std::string>() == exchange);
       }
-      if (e.value("cat", "") != "comm") continue;
-      bucket_tracks.insert(e.at("tid").get<int>());
-      CHECK(e.at("args").at("bytes").get<double>() > 0);
-      CHECK(e.at("args").at("algorithm").get<std::string>() == "ring");
+      CHECK(bucket_tracks.size() > 1);  // several buckets, one track each
+      CHECK(*bucket_tracks.begin() >= 100);
+      CHECK(step_end > step_start);
+      for (const auto& [from, to] : comm) {  // the exchanges ran inside the traced step
+        CHECK(from >= step_start);
+        CHECK(to <= step_end);
+      }
     }
-    CHECK(bucket_tracks.size() > 1);  // several buckets, one track each
-    CHECK(*bucket_tracks.begin() >= 100);
-    CHECK(step_end > step_start);
   }
+}
+
+TEST_CASE("dtrain bench --suite comm: every collective's bus bandwidth, checked, per algorithm") {
+  TempDir tmp("dpbench");
+  const std::vector<std::string> quick = {
+      "bench", "--suite", "comm", "--min-time", "0.01", "--max-time", "0.1", "--min-bytes", "4096"};
+  std::vector<std::string> args = quick;
+  const fs::path two = tmp.path() / "two.json";
+  args.insert(args.end(), {"--nproc", "2", "--max-bytes", "65536", "--out", two.string()});
+  RunResult r = run_dtrain_command(args, tmp.path() / "two.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  nlohmann::json doc = nlohmann::json::parse(read_bytes(two));
+  CHECK(doc.at("schema") == "dtrain-bench/1");
+  CHECK(doc.at("machine").at("memory_gbytes_per_s").get<double>() > 0);
+  // 4, 16 and 64 KiB; all-reduce native and ring, reduce-scatter, all-gather.
+  std::set<std::string> names;
+  for (const nlohmann::json& f : doc.at("results")) {
+    const std::string name = f.at("name");
+    CAPTURE(name);
+    names.insert(name);
+    CHECK(f.at("suite") == "comm");
+    CHECK(f.at("ranks") == 2);
+    CHECK(f.at("check").at("ok").get<bool>());
+    CHECK(f.at("check").at("wrong_elements") == 0);
+    CHECK(f.at("seconds_p10").get<double>() <= f.at("seconds_median").get<double>());
+    CHECK(f.at("seconds_median").get<double>() <= f.at("seconds_p90").get<double>());
+    const double algbw = f.at("bytes").get<double>() / f.at("seconds_median").get<double>() / 1e9;
+    CHECK(f.at("algbw_gbytes_per_s").get<double>() == doctest::Approx(algbw));
+    // nccl-tests' bus factors for 2 ranks: all-reduce 2(n-1)/n = 1, the others 1/2.
+    const double factor = f.at("op") == "all_reduce" ? 1.0 : 0.5;
+    CHECK(f.at("busbw_gbytes_per_s").get<double>() == doctest::Approx(algbw * factor));
+    CHECK(f.at("bandwidth_share").get<double>() > 0);
+    if (f.at("algorithm") == "ring") CHECK(f.at("speed_vs_native").get<double>() > 0);
+  }
+  for (const char* size : {"4KiB", "16KiB", "64KiB"})
+    for (const char* figure :
+         {"all_reduce/native", "all_reduce/ring", "reduce_scatter/native", "all_gather/native"})
+      CHECK_MESSAGE(names.count(fmt::format("{}/{} x2", figure, size)) == 1, figure, size);
+  CHECK(names.size() == 12);
+  const nlohmann::json& first = doc.at("results")[0];
+  CHECK(first.at("bytes") == 4096);
+
+  // 4 ranks as 2 emulated nodes: hierarchical is timed and checked too, and --compare
+  // against the 2-rank baseline matches nothing (another world size is another figure).
+  args = quick;
+  const fs::path four = tmp.path() / "four.json";
+  args.insert(args.end(),
+              {"--nproc", "4", "--ranks-per-node", "2", "--max-bytes", "16384", "--algorithms",
+               "ring,hierarchical", "--out", four.string(), "--compare", two.string()});
+  r = run_dtrain_command(args, tmp.path() / "four.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(r.log.find("(not measured now)") != std::string::npos, r.log);
+  doc = nlohmann::json::parse(read_bytes(four));
+  names.clear();
+  for (const nlohmann::json& f : doc.at("results")) {
+    names.insert(f.at("name").get<std::string>());
+    CHECK(f.at("check").at("ok").get<bool>());
+    CHECK(f.at("nodes") == 2);
+    CHECK(f.at("ranks_per_node") == 2);
+    CHECK_FALSE(f.contains("speed_vs_native"));  // native was not asked for
+  }
+  CHECK(names.count("all_reduce/hierarchical/16KiB x4") == 1);
+  CHECK(names.count("all_reduce/native/16KiB x4") == 0);
+  CHECK(names.size() == 8);  // 4 and 16 KiB x (ring, hierarchical, reduce-scatter, all-gather)
+
+  // --compare against itself with room to spare passes and prints every figure.
+  args = quick;
+  args.insert(args.end(), {"--nproc", "2", "--max-bytes", "65536", "--compare", two.string(),
+                           "--threshold", "1000%"});
+  r = run_dtrain_command(args, tmp.path() / "again.log");
+  CHECK_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(r.log.find("comm/all_gather/native/64KiB x2 fp32 cpu") != std::string::npos, r.log);
 }
 
 TEST_CASE("bad data-parallel layouts exit 2 on every rank with one message") {
