@@ -37,10 +37,21 @@ Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
       pinned_{std::vector<char>(static_cast<size_t>(graph.num_values()), 0),
               std::vector<char>(static_cast<size_t>(graph.num_values()), 0)},
       saved_(graph.nodes().size()) {
+  end_ = static_cast<int>(graph.nodes().size());
+  in_grads_.resize(static_cast<size_t>(graph.num_values()));
+  user_ranges();
+  if (params_owned_) params_.allocate(device_);
+  if (grad_buffer == GradBuffer::owned) grads_.allocate(device_);
+  buffers_.allocate(device_);
+  const size_t ws = graph.max_workspace_bytes(device_);
+  if (ws > 0) workspace_ = alloc({{static_cast<int64_t>(ws)}, DType::u8});
+}
+
+void Executor::user_ranges() {
   first_user_.assign(static_cast<size_t>(params_.size()), -1);
   last_user_.assign(static_cast<size_t>(params_.size()), -1);
-  for (int i = static_cast<int>(graph.nodes().size()) - 1; i >= 0; --i) {
-    const Node& n = graph.nodes()[static_cast<size_t>(i)];
+  for (int i = end_ - 1; i >= begin_; --i) {
+    const Node& n = graph_.nodes()[static_cast<size_t>(i)];
     for (size_t k = 0; k < n.params.size(); ++k) {
       const auto p = static_cast<size_t>(n.params[k]);
       for (size_t j = 0; j < k; ++j)
@@ -49,12 +60,76 @@ Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
       last_user_[p] = i;
     }
   }
-  if (params_owned_) params_.allocate(device_);
-  if (grad_buffer == GradBuffer::owned) grads_.allocate(device_);
-  buffers_.allocate(device_);
-  const size_t ws = graph.max_workspace_bytes(device_);
-  if (ws > 0) workspace_ = alloc({{static_cast<int64_t>(ws)}, DType::u8});
 }
+
+void Executor::set_range(int begin, int end) {
+  const int n = static_cast<int>(graph_.nodes().size());
+  DTRAIN_CHECK(0 <= begin && begin < end && end <= n, "range [{}, {}) of {} nodes", begin, end, n);
+  DTRAIN_CHECK(blocks_per_segment_ == 0 || (begin == 0 && end == n),
+               "a node range with activation checkpointing");
+  begin_ = begin;
+  end_ = end;
+  user_ranges();
+}
+
+void Executor::set_slots(int n) {
+  DTRAIN_CHECK(n >= 1, "{} slots", n);
+  select_slot(0);
+  slots_.resize(static_cast<size_t>(n));
+}
+
+void Executor::select_slot(int k) {
+  DTRAIN_CHECK(k >= 0 && k < static_cast<int>(slots_.size()), "slot {} of {}", k, slots_.size());
+  if (k == slot_) return;
+  Slot& out = slots_[static_cast<size_t>(slot_)];
+  out.values.swap(values_);
+  out.saved.swap(saved_);
+  out.in_grads.swap(in_grads_);
+  out.batch = batch_;
+  Slot& in = slots_[static_cast<size_t>(k)];
+  values_.swap(in.values);
+  saved_.swap(in.saved);
+  in_grads_.swap(in.in_grads);
+  batch_ = in.batch;
+  values_.resize(static_cast<size_t>(graph_.num_values()));
+  saved_.resize(graph_.nodes().size());
+  in_grads_.resize(static_cast<size_t>(graph_.num_values()));
+  slot_ = k;
+}
+
+void Executor::set_value(ValueId v, Tensor t) {
+  const Value& val = graph_.value(v);
+  DTRAIN_CHECK(val.producer >= 0 && val.producer < begin_,
+               "set_value: \"{}\" is not made before node {}", val.name, begin_);
+  DTRAIN_CHECK(t.shape() == val.spec.shape && t.dtype() == val.spec.dtype && t.device() == device_,
+               "set_value: \"{}\" expects {}{} on {}, got {}", val.name, dtype_name(val.spec.dtype),
+               val.spec.shape.str(), device_.str(), t.str());
+  values_[static_cast<size_t>(v)] = std::move(t);
+}
+
+void Executor::release_unused() {
+  const int n = static_cast<int>(graph_.nodes().size());
+  const Lifetimes& life = lifetimes(mode_);
+  // The last step of this range that reads each value (forward reads are over).
+  std::vector<int> last(values_.size(), -1);
+  for (int i = begin_; mode_ == Mode::train && i < end_; ++i) {
+    const Node& node = graph_.nodes()[static_cast<size_t>(i)];
+    const int step = 2 * n - 1 - i;
+    if (keeps_inputs(node))
+      for (ValueId v : node.inputs)
+        last[static_cast<size_t>(v)] = std::max(last[static_cast<size_t>(v)], step);
+    if (keeps_outputs(node))
+      for (ValueId v : node.outputs)
+        last[static_cast<size_t>(v)] = std::max(last[static_cast<size_t>(v)], step);
+  }
+  for (size_t v = 0; v < values_.size(); ++v) {
+    if (!values_[v].defined() || graph_.value(static_cast<ValueId>(v)).producer < 0) continue;
+    if (life.last_use[v] < 0) continue;  // pinned, or read by nothing (the loss)
+    if (last[v] < 0) values_[v] = Tensor();
+  }
+}
+
+Tensor Executor::take_grad(ValueId v) { return std::move(in_grads_.at(static_cast<size_t>(v))); }
 
 Tensor Executor::grad_view(int param) {
   if (grad_storage_) return grad_storage_(param);
@@ -144,12 +219,13 @@ void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
   batch_ = batch;
   const kernels::Workspace ws{workspace_.defined() ? workspace_.raw() : nullptr,
                               workspace_.defined() ? workspace_.nbytes() : 0, device_};
-  // The previous step's values (pinned ones, the loss) and saved tensors go first.
+  // The previous step's values (pinned ones, the loss) and saved tensors go first;
+  // graph inputs and what earlier stages made (set_value) stay.
   for (size_t v = 0; v < values_.size(); ++v)
-    if (graph_.value(static_cast<ValueId>(v)).producer != -1) values_[v] = Tensor();
+    if (graph_.value(static_cast<ValueId>(v)).producer >= begin_) values_[v] = Tensor();
   for (auto& s : saved_) s.clear();
   const Lifetimes& life = lifetimes(mode);
-  for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+  for (size_t i = static_cast<size_t>(begin_); i < static_cast<size_t>(end_); ++i) {
     if (hooks.pre_op) hooks.pre_op(static_cast<int>(i), Phase::forward);
     run_forward(static_cast<int>(i), false);
     if (hooks.post_op) hooks.post_op(static_cast<int>(i), Phase::forward);
@@ -193,6 +269,9 @@ bool Executor::in_place_grad(const Lifetimes& life, const Node& n, size_t k, int
 
 void Executor::set_checkpointing(int blocks_per_segment) {
   DTRAIN_CHECK(blocks_per_segment >= 0, "blocks per segment {}", blocks_per_segment);
+  DTRAIN_CHECK(
+      blocks_per_segment == 0 || (begin_ == 0 && end_ == static_cast<int>(graph_.nodes().size())),
+      "activation checkpointing with a node range");
   blocks_per_segment_ = blocks_per_segment;
   life_stale_[0] = life_stale_[1] = true;
 }
@@ -208,21 +287,42 @@ void Executor::recompute(const Lifetimes& life, const Segment& segment) {
   }
 }
 
-void Executor::backward(ValueId loss, float dloss) {
-  const Value& lv = graph_.value(loss);
-  DTRAIN_CHECK(lv.spec.shape.numel() == 1 && lv.spec.dtype == DType::f32,
-               "backward from {} {}: the loss must be one f32", lv.name, lv.spec.shape.str());
+void Executor::backward(ValueId loss, float dloss) { backward({}, loss, dloss); }
+
+void Executor::backward(const std::vector<std::pair<ValueId, Tensor>>& seeds, ValueId loss,
+                        float dloss) {
   DTRAIN_CHECK(mode_ == Mode::train, "backward after an evaluation forward");
   std::vector<Tensor> vgrad(values_.size());
-  Tensor seed = alloc(lv.spec);
-  kernels::fill(seed, dloss);
-  vgrad[static_cast<size_t>(loss)] = seed;
+  if (loss >= 0) {
+    const Value& lv = graph_.value(loss);
+    DTRAIN_CHECK(lv.spec.shape.numel() == 1 && lv.spec.dtype == DType::f32,
+                 "backward from {} {}: the loss must be one f32", lv.name, lv.spec.shape.str());
+    DTRAIN_CHECK(lv.producer >= begin_ && lv.producer < end_, "the loss {} is not in the range",
+                 lv.name);
+    Tensor seed = alloc(lv.spec);
+    kernels::fill(seed, dloss);
+    vgrad[static_cast<size_t>(loss)] = seed;
+  }
+  for (const auto& [v, g] : seeds) {
+    const Value& val = graph_.value(v);
+    DTRAIN_CHECK(val.producer >= 0 && val.producer < end_ && g.shape() == val.spec.shape &&
+                     g.dtype() == val.spec.dtype && g.device() == device_,
+                 "backward seed for \"{}\": {}", val.name, g.str());
+    vgrad[static_cast<size_t>(v)] = g;
+  }
   const Lifetimes& life = lifetimes(Mode::train);
-  for (int i = static_cast<int>(graph_.nodes().size()) - 1; i >= 0; --i) {
+  for (int i = end_ - 1; i >= begin_; --i) {
     const int seg = life.segment_of[static_cast<size_t>(i)];
     if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i)
       recompute(life, life.segments[static_cast<size_t>(seg)]);
     backward_node(i, vgrad);
+  }
+  // What earlier stages made: their gradients go back; nothing of the micro-batch stays
+  // but pinned values and the loss.
+  for (size_t v = 0; v < values_.size(); ++v) {
+    const int producer = graph_.value(static_cast<ValueId>(v)).producer;
+    if (producer >= 0 && producer < begin_) in_grads_[v] = std::move(vgrad[v]);
+    if (producer >= 0 && life.last_use[v] >= 0) values_[v] = Tensor();
   }
 }
 

@@ -13,6 +13,14 @@
 // tensors. The loss (any value nothing reads) and values pinned with keep() stay
 // readable until the next forward. A backward that declared it does not keep a
 // value gets Tensor::meta (shape and dtype, no memory) in its place.
+// Pipeline stages (graph/stages.h): set_range limits forward and backward to a stage's
+// nodes; set_value supplies what earlier stages made, backward(seeds, ...) starts from
+// the gradients later stages sent back, and take_grad hands over the gradients of the
+// received values. Several micro-batches can be in flight (set_slots / select_slot:
+// each slot holds one micro-batch's values, saved tensors and batch key), as the
+// GPipe and 1F1B schedules need. Lifetimes stay the whole graph's: a stage runs a
+// subset of its steps in the same order, so every release and in-place gradient is
+// the one-rank run's, and the arithmetic (sums included) is bit for bit the same.
 // Everything lives on the executor's device: parameters, gradients, buffers,
 // activations (plain allocations from that device's caching pool for now; the memory
 // planner replaces that without changing this API) and the shared workspace. Inputs
@@ -86,6 +94,22 @@ class Executor {
   void set_checkpointing(int blocks_per_segment);
 
   void set_input(ValueId v, Tensor t);  // shape, dtype and device must match the graph input
+
+  // Pipeline stages. Runs nodes [begin, end) only (default: all). Not with activation
+  // checkpointing (a segment could straddle the cut). Parameters no node of the range
+  // uses get no gradient (grads() keeps what it held there).
+  void set_range(int begin, int end);
+  int range_begin() const { return begin_; }
+  int range_end() const { return end_; }
+  // Micro-batches held at once (1 by default); select_slot(k) makes slot k's values,
+  // saved tensors and batch key the current ones (forward, backward, value read them).
+  void set_slots(int n);
+  void select_slot(int k);
+  // A value made before the range (a node of an earlier stage): this micro-batch's.
+  void set_value(ValueId v, Tensor t);
+  // After a forward over the range (and the sends): drops the values no remaining step
+  // of this range reads (what only later stages needed).
+  void release_unused();
   // `batch`: which samples of the step's global batch the inputs hold (BatchKey).
   void forward(Mode mode, uint64_t step = 0, BatchKey batch = {});
   const Tensor& value(ValueId v) const;
@@ -97,6 +121,13 @@ class Executor {
   // the trainer passes the batch's label count to get a sum over labels). Overwrites
   // every parameter gradient.
   void backward(ValueId loss, float dloss = 1.0f);
+  // Backward over the range from `seeds`, the gradients of values later stages read
+  // (taken over: later contributions are added into them), and from `loss` when it is
+  // in the range (-1: none). Afterwards take_grad(v) hands over the gradient of each
+  // received value (undefined when no node reached it), and the micro-batch's values
+  // are released.
+  void backward(const std::vector<std::pair<ValueId, Tensor>>& seeds, ValueId loss, float dloss);
+  Tensor take_grad(ValueId v);
 
   Hooks hooks;
 
@@ -114,6 +145,8 @@ class Executor {
   // `accumulate`); else a fresh temporary, added in afterwards.
   std::vector<Tensor> grad_targets(const Node& n, int index, uint32_t& accumulate);
 
+  void backward_range(std::vector<Tensor>& vgrad);
+  void user_ranges();  // first_user_ / last_user_ over the range
   Tensor alloc(const TensorSpec& s) const;
   const Lifetimes& lifetimes(Mode mode);
   void release_after(const Lifetimes& life, int step);
@@ -129,6 +162,17 @@ class Executor {
   bool life_stale_[2] = {true, true};
   int blocks_per_segment_ = 0;
   std::vector<std::vector<Tensor>> saved_;
+  std::vector<Tensor> in_grads_;  // per value: a received value's gradient (backward)
+  int begin_ = 0, end_ = 0;       // the range of nodes run
+  // The micro-batches not current: values_, saved_, in_grads_, batch_ swapped in and out.
+  struct Slot {
+    std::vector<Tensor> values;
+    std::vector<std::vector<Tensor>> saved;
+    std::vector<Tensor> in_grads;
+    BatchKey batch;
+  };
+  std::vector<Slot> slots_{1};
+  int slot_ = 0;
   // Per param: the highest and lowest node index using it (= first and last in backward).
   std::vector<int> first_user_, last_user_;
   Tensor workspace_;
