@@ -18,6 +18,7 @@
 #include "dist/ddp.h"
 #include "dist/grid.h"
 #include "graph/params.h"
+#include "graph/stages.h"
 #include "models/registry.h"
 #include "runtime/estimate.h"
 #include "runtime/grad_compression.h"
@@ -184,6 +185,21 @@ std::string data_parallel_lines(const Job& job, int world) {
         buckets.size(), job.comm.bucket_mb, sizes, to_string(job.comm.allreduce),
         job.device.is_cuda() ? "nccl" : "mpi", job.comm.overlap ? "on" : "off");
     if (job.compress.method != CompressMethod::none) out += compression_line(job, layout, buckets);
+    if (p.pipeline > 1) {  // the stages as the trainer cuts them, for one micro-batch
+      const models::ModelGraph mb = models::build_model(job.model, job.data.micro_batch);
+      const std::vector<graph::Stage> stages = graph::plan_stages(mb.graph, p.pipeline);
+      out += fmt::format(
+          "# pipeline: {} stages, schedule {}, {} micro-batches per step (idle share in "
+          "theory (p - 1) / (m + p - 1) = {:.0f}%)\n",
+          p.pipeline, to_string(p.schedule), p.micro_batches,
+          100.0 * (p.pipeline - 1) / (p.micro_batches + p.pipeline - 1));
+      const std::string lines = graph::format_stages(mb.graph, stages);
+      for (size_t at = 0, next; at < lines.size(); at = next + 1) {
+        next = lines.find('\n', at);
+        if (next == std::string::npos) next = lines.size();
+        if (next > at) out += "# " + lines.substr(at, next - at) + "\n";
+      }
+    }
   }
   const auto places =
       dist::describe_grid(world, dist::degrees_of(p), job.comm.ranks_per_node.value_or(0));

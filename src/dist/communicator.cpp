@@ -172,6 +172,9 @@ class SelfCommunicator final : public Communicator {
   void recv(Tensor&, int peer) override {
     DTRAIN_CHECK(false, "recv from rank {} in a group of one (self)", peer);
   }
+  void exchange(const std::vector<PeerOp>& ops) override {
+    DTRAIN_CHECK(ops.empty(), "exchange with rank {} in a group of one (self)", ops.front().peer);
+  }
   void barrier() override { count("barrier", 0); }
   std::unique_ptr<Communicator> split(int, int) override {
     count("split", 0);

@@ -108,6 +108,17 @@ class Communicator {
   void reduce(Tensor buf, int root) { reduce_async(std::move(buf), root).wait(); }
   virtual void send(const Tensor& buf, int peer) = 0;
   virtual void recv(Tensor& buf, int peer) = 0;
+  // Point-to-point in one go: every send and receive of `ops` is posted at once and all
+  // are complete when it returns, so two neighbours may send to each other in one call
+  // (the pipeline schedules' exchanges) without either waiting for the other first.
+  // Between two ranks the messages match in the order given. Data movement only: any
+  // dtype. Counted as one operation of the bytes sent and received.
+  struct PeerOp {
+    bool send = true;
+    int peer = 0;
+    Tensor buf;
+  };
+  virtual void exchange(const std::vector<PeerOp>& ops) = 0;
   virtual void barrier() = 0;
   // Ranks with the same color form a new communicator, ordered by key then rank.
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;

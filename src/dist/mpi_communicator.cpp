@@ -297,6 +297,7 @@ class MpiCommunicator final : public Communicator {
   Handle all_gatherv_async(Tensor buf, std::vector<int64_t> counts) override;
   void send(const Tensor& buf, int peer) override;
   void recv(Tensor& buf, int peer) override;
+  void exchange(const std::vector<PeerOp>& ops) override;
   void barrier() override {
     enqueue("barrier", 0, [](CommState& s) { DTRAIN_MPI_CHECK(MPI_Barrier(s.comm)); }).wait();
   }
@@ -449,6 +450,33 @@ void MpiCommunicator::recv(Tensor& buf, int peer) {
   enqueue("recv", buf.nbytes(), [buf, n, peer](CommState& s) {
     DTRAIN_MPI_CHECK(MPI_Recv(buf.raw(), n, mpi_type(buf.dtype()), peer, kPointToPointTag, s.comm,
                               MPI_STATUS_IGNORE));
+  }).wait();
+}
+
+void MpiCommunicator::exchange(const std::vector<PeerOp>& ops) {
+  size_t bytes = 0;
+  for (const PeerOp& o : ops) {
+    check_peer(o.peer);
+    DTRAIN_CHECK(o.buf.defined() && o.buf.device().is_cpu(), "exchange: {}", o.buf.str());
+    DTRAIN_CHECK(o.buf.nbytes() <= static_cast<size_t>(INT_MAX),
+                 "exchange: {} bytes exceed an MPI count", o.buf.nbytes());
+    bytes += o.buf.nbytes();
+  }
+  if (ops.empty()) return;
+  enqueue("exchange", bytes, [ops](CommState& s) {
+    std::vector<MPI_Request> reqs(ops.size(), MPI_REQUEST_NULL);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const PeerOp& o = ops[i];
+      const int n = static_cast<int>(o.buf.nbytes());
+      if (o.send) {
+        DTRAIN_MPI_CHECK(
+            MPI_Isend(o.buf.raw(), n, MPI_BYTE, o.peer, kPointToPointTag, s.comm, &reqs[i]));
+      } else {
+        DTRAIN_MPI_CHECK(
+            MPI_Irecv(o.buf.raw(), n, MPI_BYTE, o.peer, kPointToPointTag, s.comm, &reqs[i]));
+      }
+    }
+    DTRAIN_MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE));
   }).wait();
 }
 

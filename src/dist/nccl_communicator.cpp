@@ -339,6 +339,26 @@ class NcclCommunicator final : public Communicator {
                                  nccl_type(buf.dtype()), peer, s_->comm, st));
     }).wait();
   }
+  void exchange(const std::vector<PeerOp>& ops) override {
+    size_t bytes = 0;
+    for (const PeerOp& o : ops) {
+      check(o.buf, "exchange", false);
+      check_peer(o.peer);
+      bytes += o.buf.nbytes();
+    }
+    if (ops.empty()) return;
+    issue("exchange", bytes, [this, ops](cudaStream_t st) {
+      DTRAIN_NCCL_CHECK(ncclGroupStart());
+      for (const PeerOp& o : ops) {
+        if (o.send) {
+          DTRAIN_NCCL_CHECK(ncclSend(o.buf.raw(), o.buf.nbytes(), ncclUint8, o.peer, s_->comm, st));
+        } else {
+          DTRAIN_NCCL_CHECK(ncclRecv(o.buf.raw(), o.buf.nbytes(), ncclUint8, o.peer, s_->comm, st));
+        }
+      }
+      DTRAIN_NCCL_CHECK(ncclGroupEnd());
+    }).wait();
+  }
   void barrier() override {
     Tensor one = Tensor::empty(Shape{1}, DType::i32, &kernels::device_allocator(device()));
     issue("barrier", 0, [this, one](cudaStream_t st) {

@@ -27,6 +27,7 @@
 #include "core/allocator.h"
 #include "dist/allreduce.h"
 #include "dist/ddp.h"
+#include "dist/grid.h"
 #include "dist/watchdog.h"
 #include "dist/zero_grads.h"
 #include "kernels/device_info.h"
@@ -45,6 +46,7 @@
 #include "runtime/master_weights.h"
 #include "runtime/metrics.h"
 #include "runtime/monitor.h"
+#include "runtime/pipeline.h"
 #include "runtime/profiler.h"
 #include "runtime/replicas.h"
 #include "runtime/report.h"
@@ -103,9 +105,22 @@ void require_device(const Device& device) {
 void require_supported(const Job& job, int world) {
   require_device(job.device);
   const ParallelOptions& p = job.parallel;
-  if (p.tensor != 1 || p.pipeline != 1 || p.data != world) {
+  if (p.tensor != 1 || p.data * p.pipeline != world) {
     unsupported("parallel",
                 fmt::format("data {} x tensor {} x pipeline {}", p.data, p.tensor, p.pipeline));
+  }
+  if (p.pipeline > 1) {  // what the first pipeline step leaves for later, refused by name
+    const auto later = [&](const std::string& key, const std::string& value) {
+      throw Error(fmt::format("{}: {} with parallel.pipeline > 1 is not supported yet", key, value),
+                  "pipeline stages run with zero_stage 0, no compression and no activation "
+                  "checkpointing, on the CPU; drop the key or parallel.pipeline");
+    };
+    if (p.zero_stage > 0) later("parallel.zero_stage", std::to_string(p.zero_stage));
+    if (job.compress.method != CompressMethod::none)
+      later("compress.method", std::string(to_string(job.compress.method)));
+    if (job.memory.checkpointing != ActivationCheckpointing::none)
+      later("memory.checkpointing", std::string(to_string(job.memory.checkpointing)));
+    if (job.device.is_cuda()) later("device", job.device.str());
   }
   if (p.zero_stage >= 1) {
     if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights) {
@@ -239,6 +254,13 @@ class TrainSession {
   models::ModelGraph model_;
   graph::DTypePolicy policy_;
   std::unique_ptr<graph::Executor> ex_;
+  std::vector<graph::Stage> stages_;         // parallel.pipeline > 1: the stage plan
+  std::unique_ptr<dist::ProcessGrid> grid_;  // pipeline x data groups (pipeline > 1)
+  std::unique_ptr<PipelineStage> pipeline_;  // this rank's stage
+  dist::GridCoord coord_;                    // this rank's place in the grid
+  std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
+  void pipeline_passes(StepTotals& local);
+  void gather_stages();  // every stage's parameters, state and buffers onto stage 0
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
@@ -302,6 +324,20 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
   ex_->set_checkpointing(blocks_per_segment(job_, model_.graph));
+  coord_ = dist::grid_coord(comm.rank(), dist::degrees_of(job_.parallel));
+  if (job_.parallel.pipeline > 1) {
+    stages_ = graph::plan_stages(model_.graph, job_.parallel.pipeline);
+    const std::vector<int> tied = graph::params_across_stages(model_.graph, stages_);
+    if (!tied.empty()) {
+      throw Error(
+          fmt::format("parallel.pipeline: {} is used on both sides of a stage cut (a tied weight: "
+                      "GPT-2's embedding and LM head, BERT's masked-LM decoder); weights tied "
+                      "across pipeline stages are not supported yet",
+                      model_.graph.param_layout()[static_cast<size_t>(tied[0])].name),
+          "use a model without tied embeddings across the cut (ResNet, ViT, BERT with "
+          "num_classes), or drop parallel.pipeline");
+    }
+  }
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
   ex_->keep(model_.targets, graph::Mode::eval);
   counters_.seed = static_cast<uint64_t>(job_.run.seed);
@@ -379,7 +415,8 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   }
   if (job_.model.init_from) init_from(*job_.model.init_from);
   language_model_ = is_language_model(find_arch(job_.model.arch)->family);
-  source_ = DataSource::open(job_, counters_.seed, {comm_.rank(), comm_.size()});
+  // Data-parallel ranks read their shares; the stages of one pipeline read the same.
+  source_ = DataSource::open(job_, counters_.seed, {coord_.dp, job_.parallel.data});
   out_dir_ = job_.run.output_dir;
   ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
                                                 : fs::path(job_.train.checkpoint.dir);
@@ -516,6 +553,23 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     if (watchdog != nullptr) watchdog->add(*device_comm_);
   }
   grad_comm_ = device_comm_ ? device_comm_.get() : &comm_;
+  if (job_.parallel.pipeline > 1) {  // stages talk over the pipeline group; gradients over data
+    grid_ = std::make_unique<dist::ProcessGrid>(comm_, dist::degrees_of(job_.parallel));
+    grad_comm_ = &grid_->group(dist::Axis::data);
+    dist::Communicator& pipe = grid_->group(dist::Axis::pipeline);
+    if (watchdog != nullptr) watchdog->add(pipe);
+    pipeline_ = std::make_unique<PipelineStage>(model_.graph, *ex_, stages_, pipe,
+                                                job_.parallel.schedule, micro_batches_);
+    // Parameters of other stages get no gradient here: zeros, once (the norm adds the
+    // stages' sums; the optimizer's update of them is never used or saved).
+    Tensor all = ex_->grads().flat(DType::f32);
+    kernels::fill(all, 0.0f);
+    note(fmt::format(
+        "pipeline: {} stages, schedule {}, {} micro-batch(es) of {}; this is stage "
+        "{}\n{}",
+        stages_.size(), to_string(job_.parallel.schedule), micro_batches_, job_.data.micro_batch,
+        pipeline_->stage(), graph::format_stages(model_.graph, stages_)));
+  }
   weights_->attach(*grad_comm_);
   if (zero_params_) zero_params_->attach(*grad_comm_);
   std::vector<dist::GradRange> ranges;
@@ -565,7 +619,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     algo_summary_ = "reduce to owners";
   } else {
     std::vector<AllreduceAlgo> algos(buckets.size(), job_.comm.allreduce);
-    if (comm_.size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
+    if (grad_comm_->size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
       std::vector<size_t> bytes;
       for (const dist::Bucket& b : buckets)
         bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
@@ -581,12 +635,13 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     for (const auto& [name, n] : counts)
       algo_summary_ += fmt::format("{}{}", algo_summary_.empty() ? "" : "+", name);
   }
-  if (comm_.size() > 1) {
+  if (grad_comm_->size() > 1) {
     note(fmt::format(
         "data parallel: {} ranks x {} micro-batch(es) of {}; {} gradient bucket(s) (closed at "
         "{} MB), all-reduce {} over {}, overlap {}",
-        comm_.size(), micro_batches_, job_.data.micro_batch, buckets.size(), job_.comm.bucket_mb,
-        algo_summary_, grad_comm_->backend(), job_.comm.overlap ? "on" : "off"));
+        grad_comm_->size(), micro_batches_, job_.data.micro_batch, buckets.size(),
+        job_.comm.bucket_mb, algo_summary_, grad_comm_->backend(),
+        job_.comm.overlap ? "on" : "off"));
   }
   if (weights_->shard().sharded()) {
     const ShardRange& sh = weights_->shard();
@@ -659,7 +714,8 @@ double TrainSession::train_step(const StopSignals& signals) {
   const int64_t mb = job_.data.micro_batch;
   if (compression_) compression_->begin_step(counters_.step);
   StepTotals local;
-  for (int m = 0; m < micro_batches_; ++m) {
+  if (pipeline_) pipeline_passes(local);
+  for (int m = 0; !pipeline_ && m < micro_batches_; ++m) {
     const FeedBatch& b = [this]() -> const FeedBatch& {
       const Profiler::Scope wait(profiler(), "data wait", "data");
       return train_->next();
@@ -667,7 +723,7 @@ double TrainSession::train_step(const StopSignals& signals) {
     set_batch(b);
     buffer_avg_->begin_micro(m);
     if (zero_sync_) zero_sync_->begin_micro(m == 0);
-    const auto g = static_cast<uint64_t>(m * comm_.size() + comm_.rank());
+    const auto g = static_cast<uint64_t>(m * job_.parallel.data + coord_.dp);
     ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step), {g * mb, mb});
     const bool last = m + 1 == micro_batches_;
     if (last) {
@@ -707,10 +763,14 @@ double TrainSession::train_step(const StopSignals& signals) {
   // holds the same summed gradient, so every rank finds the same overflow.
   const double unscale = total.labelled > 0 ? 1.0 / (total.labelled * scaler_.scale()) : 0.0;
   // ZeRO: each rank holds the sum only in its own range; the norm adds the ranges'.
+  // A pipeline: each stage holds its parameters' gradients (zeros elsewhere); the norm
+  // adds the stages' sums.
   const double sum_squares =
       weights_->shard().sharded()
           ? sum_over_ranks<1>(comm_, {optim::grad_sum_squares(own_grads())})[0]
-          : optim::grad_sum_squares(grads);
+      : pipeline_ ? sum_over_ranks<1>(grid_->group(dist::Axis::pipeline),
+                                      {optim::grad_sum_squares(grads)})[0]
+                  : optim::grad_sum_squares(grads);
   const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
   const precision::ScaleDecision d = scaler_.update(found_inf);
@@ -740,6 +800,62 @@ double TrainSession::train_step(const StopSignals& signals) {
     weights_->step(*opt_, lr, static_cast<float>(unscale * clip));
   }
   return loss;
+}
+
+// A pipeline step's forward and backward passes (runtime/pipeline.h): the same per
+// micro-batch work as train_step's loop, in the schedule's order. Each micro-batch's
+// inputs are copied (a schedule holds several while the feed moves on); buffers are
+// averaged around each forward; the gradient accumulates in micro-batch order, the
+// last micro-batch's backward arming the gradient sync as one rank's does.
+void TrainSession::pipeline_passes(StepTotals& local) {
+  Tensor grads = weights_->grads();
+  const int64_t mb = job_.data.micro_batch;
+  labelled_.assign(static_cast<size_t>(micro_batches_), 0);
+  PipelineStage::StepHooks hooks;
+  hooks.feed = [&](int m) {
+    const FeedBatch& b = [this]() -> const FeedBatch& {
+      const Profiler::Scope wait(profiler(), "data wait", "data");
+      return train_->next();
+    }();
+    const auto copy = [&](const Tensor& t) {
+      Tensor c = Tensor::empty(t.shape(), t.dtype(), &kernels::device_allocator(job_.device));
+      kernels::copy(t, c);
+      return c;
+    };
+    ex_->set_input(model_.input, copy(b.input));
+    ex_->set_input(model_.labels, copy(b.labels));
+    labelled_[static_cast<size_t>(m)] = b.labelled;
+    counters_.position = b.next;
+    train_->prefetch();
+    buffer_avg_->begin_micro(m);
+    const auto g = static_cast<uint64_t>(m * job_.parallel.data + coord_.dp);
+    return graph::BatchKey{g * static_cast<uint64_t>(mb), mb};
+  };
+  hooks.after_forward = [&](int m) { buffer_avg_->end_micro(m); };
+  hooks.dloss = [&](int m) {
+    return static_cast<float>(static_cast<double>(labelled_[static_cast<size_t>(m)]) *
+                              scaler_.scale());
+  };
+  hooks.before_backward = [&](int m) {
+    if (m + 1 < micro_batches_) return;
+    sync_->arm(grads, micro_batches_ > 1 ? grad_acc_ : Tensor());
+    inject_overflow_ = overflows_.due(counters_.step + 1);
+  };
+  hooks.after_backward = [&](int m) {
+    inject_overflow_ = false;
+    if (pipeline_->last()) {  // the loss and its labels are the last stage's
+      const auto n = static_cast<double>(labelled_[static_cast<size_t>(m)]);
+      local.loss_sum += read_scalar(ex_->value(model_.loss)) * n;
+      local.labelled += n;
+    }
+    if (m + 1 == micro_batches_) return;
+    if (m == 0) {
+      kernels::scale(1.0f, grads, grad_acc_);
+    } else {
+      kernels::axpy(1.0f, grads, grad_acc_);
+    }
+  };
+  pipeline_->train_step(static_cast<uint64_t>(counters_.step), model_.loss, hooks);
 }
 
 // The peak of the job's GPU in its compute dtype: its datasheet's, as the roofline
@@ -807,10 +923,16 @@ EvalResult TrainSession::evaluate() {
   double loss_sum = 0, correct = 0, samples = 0;
   for (int64_t k = 0; k < test.batches_per_epoch(); ++k) {
     const FeedBatch& b = test.next();
-    set_batch(b);
-    ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
+    if (pipeline_) {  // every stage forwards its part; the last one counts
+      pipeline_->eval_forward(static_cast<uint64_t>(counters_.step), [&] { set_batch(b); });
+      if (k + 1 < test.batches_per_epoch()) test.prefetch();
+      if (!pipeline_->last()) continue;
+    } else {
+      set_batch(b);
+      ex_->forward(graph::Mode::eval, static_cast<uint64_t>(counters_.step));
+    }
     if (zero_params_) zero_params_->end_pass();
-    if (k + 1 < test.batches_per_epoch()) test.prefetch();
+    if (k + 1 < test.batches_per_epoch() && !pipeline_) test.prefetch();
     const Tensor logits = host_f32(ex_->value(model_.logits));
     const Tensor targets =
         kernels::to_host(ex_->value(model_.targets));  // labels row for row with logits
@@ -957,7 +1079,12 @@ void TrainSession::save_checkpoint() {
   graph::FlatStore& params = weights_->state();
   std::vector<Tensor> state = {params.flat(DType::f32), ex_->buffers().flat(DType::f32)};
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
-  check_replicas(comm_, state, "parameters, buffers and optimizer state");
+  if (pipeline_) {  // data-parallel replicas of a stage agree; stage 0 of replica 0 writes
+    check_replicas(*grad_comm_, state, "parameters, buffers and optimizer state");
+    if (coord_.dp == 0) gather_stages();
+  } else {
+    check_replicas(comm_, state, "parameters, buffers and optimizer state");
+  }
   std::vector<NamedTensor> extra;
   if (compression_) extra = compression_->state(comm_, false);  // collective
   if (leader()) {
@@ -966,6 +1093,40 @@ void TrainSession::save_checkpoint() {
     prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
   }
   weights_->release_state();
+}
+
+// Each stage's parameters (f32: the masters, or the parameters of an fp32 run), their
+// optimizer state and its nodes' buffers travel to stage 0, into its copies of them
+// (which its own nodes never use), so that stage 0 writes the one-file checkpoint any
+// layout resumes from. A stage's parameters and buffers are a contiguous range of the
+// layout (the graph adds them in node order).
+void TrainSession::gather_stages() {
+  dist::Communicator& pipe = grid_->group(dist::Axis::pipeline);
+  const auto range = [&](const std::vector<graph::FlatEntry>& entries, int s) {
+    const graph::Stage& st = stages_[static_cast<size_t>(s)];
+    int64_t lo = -1, hi = -1;
+    for (const graph::FlatEntry& e : entries) {
+      if (e.node < st.begin || e.node >= st.end) continue;
+      if (lo < 0) lo = e.offset;
+      hi = e.offset + e.spec.shape.numel();
+    }
+    return std::pair<int64_t, int64_t>{lo, hi};
+  };
+  std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>> what = {
+      {weights_->state().flat(DType::f32), &weights_->layout()},
+      {ex_->buffers().flat(DType::f32), &ex_->buffers().entries()}};
+  for (const auto& [name, t] : opt_->state().buffers) what.emplace_back(t, &weights_->layout());
+  std::vector<dist::Communicator::PeerOp> ops;
+  for (const auto& [flat, entries] : what) {
+    if (!flat.defined()) continue;
+    for (int s = 1; s < pipe.size(); ++s) {
+      if (pipe.rank() != 0 && pipe.rank() != s) continue;
+      const auto [lo, hi] = range(*entries, s);
+      if (lo < 0) continue;
+      ops.push_back({pipe.rank() == s, pipe.rank() == 0 ? s : 0, flat.view(lo, Shape{hi - lo})});
+    }
+  }
+  pipe.exchange(ops);
 }
 
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
@@ -982,7 +1143,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   while (counters_.step < total_steps_) {
     const int64_t next = counters_.step + 1;
     dist::TracedBuckets* traced = nullptr;
-    if (comm_.size() > 1)
+    if (grad_comm_->size() > 1)
       traced = zero_sync_ ? static_cast<dist::TracedBuckets*>(zero_sync_.get()) : sync_.get();
     if (profile_) profile_->before(next, *ex_, traced);
     {
@@ -1056,6 +1217,32 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
                               {"state_bytes", estimate_.state_bytes},
                               {"train_activation_bytes", estimate_.train.peak},
                               {"peak_at", estimate_.peak_at}}}};
+  if (pipeline_) {  // every stage's figures (collective): memory, micro-batches held, waits
+    std::vector<double> mine = {
+        static_cast<double>(pipeline_->stage()), static_cast<double>(host_allocator().stats().peak),
+        static_cast<double>(pipeline_->max_in_flight()), pipeline_->exchange_seconds(),
+        static_cast<double>(pipeline_->bytes_moved())};
+    Tensor in = Tensor::wrap(mine.data(), Shape{5}, DType::f64);
+    Tensor all = Tensor::empty(Shape{5 * comm_.size()}, DType::f64);
+    comm_.all_gather(in, all);
+    const int p = pipeline_->stages(), m = micro_batches_;
+    nlohmann::json stages = nlohmann::json::array();
+    for (int r = 0; r < comm_.size(); ++r) {
+      const double* f = all.data<double>() + 5 * r;
+      stages.push_back({{"rank", r},
+                        {"stage", static_cast<int>(f[0])},
+                        {"peak_host_bytes", f[1]},
+                        {"max_micro_batches_in_flight", static_cast<int>(f[2])},
+                        {"exchange_seconds", f[3]},
+                        {"exchange_share", secs > 0 ? f[3] / secs : 0.0},
+                        {"exchange_bytes", f[4]}});
+    }
+    summary["pipeline"] = {{"stages", p},
+                           {"schedule", std::string(to_string(job_.parallel.schedule))},
+                           {"micro_batches", m},
+                           {"bubble_theory", static_cast<double>(p - 1) / (m + p - 1)},
+                           {"per_rank", stages}};
+  }
   if (scaler_.mode() != LossScaleMode::none) {
     summary["loss_scale"] = scaler_.scale();
     summary["skipped_steps"] = scaler_.state().skipped_steps;

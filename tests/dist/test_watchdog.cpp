@@ -34,6 +34,7 @@ class StuckComm final : public Communicator {
   Handle all_gatherv_async(Tensor, std::vector<int64_t>) override { return {}; }
   void send(const Tensor&, int) override {}
   void recv(Tensor&, int) override {}
+  void exchange(const std::vector<PeerOp>&) override {}
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int) override { return nullptr; }
   Topology topology() override { return {}; }

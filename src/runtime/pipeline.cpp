@@ -1,0 +1,189 @@
+// See pipeline.h.
+#include "runtime/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "kernels/elementwise.h"
+#include "kernels/memory.h"
+
+namespace dtrain::runtime {
+
+PipelineStage::PipelineStage(const graph::Graph& graph, graph::Executor& ex,
+                             std::vector<graph::Stage> stages, dist::Communicator& pipe,
+                             PipelineSchedule schedule, int micro_batches)
+    : graph_(graph),
+      ex_(ex),
+      stages_(std::move(stages)),
+      pipe_(pipe),
+      schedule_(schedule),
+      micro_(micro_batches),
+      stage_(pipe.rank()) {
+  DTRAIN_CHECK(static_cast<int>(stages_.size()) == pipe.size(), "{} stages for {} pipeline ranks",
+               stages_.size(), pipe.size());
+  const graph::Stage& mine = stages_[static_cast<size_t>(stage_)];
+  ex_.set_range(mine.begin, mine.end);
+  ex_.set_slots(micro_);
+  got_act_.resize(static_cast<size_t>(micro_));
+  got_grad_.resize(static_cast<size_t>(micro_));
+  out_grad_.resize(static_cast<size_t>(micro_));
+  alive_.assign(static_cast<size_t>(micro_), 0);
+}
+
+std::vector<graph::ValueId> PipelineStage::grad_values(int stage) const {
+  std::vector<graph::ValueId> out;
+  for (graph::ValueId v : stages_[static_cast<size_t>(stage)].receives)
+    if (graph_.value(v).requires_grad) out.push_back(v);
+  return out;
+}
+
+void PipelineStage::exchange(int send_fwd, int recv_fwd, int send_bwd, int recv_bwd) {
+  std::vector<dist::Communicator::PeerOp> ops;
+  Allocator* alloc = &kernels::device_allocator(ex_.device());
+  auto fresh = [&](graph::ValueId v) {
+    const graph::TensorSpec& s = graph_.value(v).spec;
+    return Tensor::empty(s.shape, s.dtype, alloc);
+  };
+  if (send_fwd >= 0 && !last()) {
+    ex_.select_slot(send_fwd);
+    for (graph::ValueId v : stages_[static_cast<size_t>(stage_) + 1].receives)
+      ops.push_back({true, stage_ + 1, ex_.value(v)});
+  }
+  if (recv_fwd >= 0 && !first()) {
+    std::vector<Tensor>& in = got_act_[static_cast<size_t>(recv_fwd)];
+    in.clear();
+    for (graph::ValueId v : stages_[static_cast<size_t>(stage_)].receives) {
+      in.push_back(fresh(v));
+      ops.push_back({false, stage_ - 1, in.back()});
+    }
+  }
+  if (send_bwd >= 0 && !first()) {
+    for (const Tensor& t : out_grad_[static_cast<size_t>(send_bwd)])
+      ops.push_back({true, stage_ - 1, t});
+  }
+  if (recv_bwd >= 0 && !last()) {
+    std::vector<Tensor>& in = got_grad_[static_cast<size_t>(recv_bwd)];
+    in.clear();
+    for (graph::ValueId v : grad_values(stage_ + 1)) {
+      in.push_back(fresh(v));
+      ops.push_back({false, stage_ + 1, in.back()});
+    }
+  }
+  if (ops.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  pipe_.exchange(ops);
+  exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const auto& o : ops) bytes_ += o.buf.nbytes();
+  if (send_fwd >= 0 && !last()) {
+    ex_.select_slot(send_fwd);
+    ex_.release_unused();  // what only later stages read has gone
+  }
+  if (send_bwd >= 0) out_grad_[static_cast<size_t>(send_bwd)].clear();
+}
+
+void PipelineStage::forward(int m, uint64_t step, const StepHooks& hooks, graph::Mode mode) {
+  ex_.select_slot(m);
+  const graph::BatchKey key = hooks.feed(m);
+  if (!first()) {
+    const std::vector<graph::ValueId>& rx = stages_[static_cast<size_t>(stage_)].receives;
+    std::vector<Tensor>& in = got_act_[static_cast<size_t>(m)];
+    DTRAIN_CHECK(in.size() == rx.size(), "stage {}: micro-batch {} forward before its receive",
+                 stage_, m);
+    for (size_t k = 0; k < rx.size(); ++k) ex_.set_value(rx[k], std::move(in[k]));
+    in.clear();
+  }
+  ex_.forward(mode, step, key);
+  if (hooks.after_forward) hooks.after_forward(m);
+  if (last()) ex_.release_unused();
+  alive_[static_cast<size_t>(m)] = 1;
+  max_in_flight_ =
+      std::max(max_in_flight_, static_cast<int>(std::count(alive_.begin(), alive_.end(), 1)));
+}
+
+void PipelineStage::backward(int m, graph::ValueId loss, const StepHooks& hooks) {
+  ex_.select_slot(m);
+  std::vector<std::pair<graph::ValueId, Tensor>> seeds;
+  if (!last()) {
+    const std::vector<graph::ValueId> vs = grad_values(stage_ + 1);
+    std::vector<Tensor>& in = got_grad_[static_cast<size_t>(m)];
+    DTRAIN_CHECK(in.size() == vs.size(), "stage {}: micro-batch {} backward before its receive",
+                 stage_, m);
+    for (size_t k = 0; k < vs.size(); ++k) seeds.emplace_back(vs[k], std::move(in[k]));
+    in.clear();
+  }
+  if (hooks.before_backward) hooks.before_backward(m);
+  ex_.backward(seeds, last() ? loss : -1, last() ? hooks.dloss(m) : 0.0f);
+  if (!first()) {
+    std::vector<Tensor>& out = out_grad_[static_cast<size_t>(m)];
+    out.clear();
+    for (graph::ValueId v : grad_values(stage_)) {
+      Tensor g = ex_.take_grad(v);
+      if (!g.defined()) {  // no node of this stage reached it: a zero gradient
+        const graph::TensorSpec& s = graph_.value(v).spec;
+        g = Tensor::empty(s.shape, s.dtype, &kernels::device_allocator(ex_.device()));
+        kernels::fill(g, 0.0f);
+      }
+      out.push_back(std::move(g));
+    }
+  }
+  if (hooks.after_backward) hooks.after_backward(m);
+  alive_[static_cast<size_t>(m)] = 0;
+}
+
+void PipelineStage::train_step(uint64_t step, graph::ValueId loss, const StepHooks& hooks) {
+  const int m = micro_;
+  const graph::Mode train = graph::Mode::train;
+  if (schedule_ == PipelineSchedule::gpipe) {
+    for (int i = 0; i < m; ++i) {
+      exchange(-1, i, -1, -1);
+      forward(i, step, hooks, train);
+      exchange(i, -1, -1, -1);
+    }
+    for (int i = 0; i < m; ++i) {
+      exchange(-1, -1, -1, i);
+      backward(i, loss, hooks);
+      exchange(-1, -1, i, -1);
+    }
+    return;
+  }
+  // 1F1B (PipeDream-Flush, as Megatron-LM schedules it): fill, steady state, drain.
+  const int warm = std::min(stages() - stage_ - 1, m);
+  const int steady = m - warm;
+  for (int i = 0; i < warm; ++i) {
+    exchange(-1, i, -1, -1);
+    forward(i, step, hooks, train);
+    exchange(i, -1, -1, -1);
+  }
+  if (steady > 0) exchange(-1, warm, -1, -1);
+  for (int i = 0; i < steady; ++i) {
+    const int f = warm + i;
+    forward(f, step, hooks, train);
+    exchange(f, -1, -1, i);  // this activation out, that gradient in: one exchange
+    backward(i, loss, hooks);
+    if (i + 1 == steady) {
+      exchange(-1, -1, i, -1);
+    } else {
+      exchange(-1, f + 1, i, -1);
+    }
+  }
+  for (int i = steady; i < m; ++i) {
+    exchange(-1, -1, -1, i);
+    backward(i, loss, hooks);
+    exchange(-1, -1, i, -1);
+  }
+}
+
+void PipelineStage::eval_forward(uint64_t step, const std::function<void()>& feed) {
+  StepHooks hooks;
+  hooks.feed = [&](int) {
+    feed();
+    return graph::BatchKey{};
+  };
+  exchange(-1, 0, -1, -1);
+  forward(0, step, hooks, graph::Mode::eval);
+  alive_[0] = 0;
+  exchange(0, -1, -1, -1);
+}
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,84 @@
+// Pipeline parallelism, one stage's side (parallel.pipeline): this rank runs the nodes
+// of its stage (graph/stages.h) for every micro-batch of a step, receiving activations
+// from the stage before and gradients from the stage after over the pipeline group's
+// point-to-point exchanges (Communicator::exchange: a send and a receive posted
+// together, so neighbours never wait on each other), in the order of a schedule:
+//  - gpipe: every micro-batch forward, then every backward (m micro-batches alive);
+//  - 1f1b: P - s - 1 forwards to fill the pipe, then one forward and one backward in
+//    turn, then the remaining backwards (at most P - s alive on stage s).
+// Backward runs in micro-batch order on every stage, so the gradients add up in the
+// order one rank accumulating the same micro-batches adds them: the result is the
+// one-rank run's, bit for bit. The executor holds one slot per micro-batch in flight.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "dist/options.h"
+#include "graph/executor.h"
+#include "graph/stages.h"
+
+namespace dtrain::runtime {
+
+class PipelineStage {
+ public:
+  // `pipe`: the pipeline group (rank s = stage s). Sets the executor's range and slots.
+  PipelineStage(const graph::Graph& graph, graph::Executor& ex, std::vector<graph::Stage> stages,
+                dist::Communicator& pipe, PipelineSchedule schedule, int micro_batches);
+
+  int stage() const { return stage_; }
+  int stages() const { return static_cast<int>(stages_.size()); }
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ + 1 == stages(); }
+  const std::vector<graph::Stage>& plan() const { return stages_; }
+  PipelineSchedule schedule() const { return schedule_; }
+
+  // What a step asks of the trainer per micro-batch m: before its forward, set the graph
+  // inputs and return the batch key; after it (buffers); d loss for its backward (the
+  // last stage's); before and after its backward (in micro-batch order), arm the
+  // gradient sync and accumulate.
+  struct StepHooks {
+    std::function<graph::BatchKey(int m)> feed;
+    std::function<void(int m)> after_forward;
+    std::function<float(int m)> dloss;
+    std::function<void(int m)> before_backward;
+    std::function<void(int m)> after_backward;
+  };
+  void train_step(uint64_t step, graph::ValueId loss, const StepHooks& hooks);
+  // One evaluation batch in slot 0: `feed` sets its inputs; receive, forward, send.
+  void eval_forward(uint64_t step, const std::function<void()>& feed);
+
+  // The most micro-batches this stage held at once (GPipe: all of them; 1F1B: at most
+  // the stages from here to the last).
+  int max_in_flight() const { return max_in_flight_; }
+  // Bytes of activations and gradients this rank sent and received (every step so far).
+  uint64_t bytes_moved() const { return bytes_; }
+  // Seconds this rank spent in exchanges with its neighbours (waiting included).
+  double exchange_seconds() const { return exchange_seconds_; }
+
+ private:
+  void forward(int m, uint64_t step, const StepHooks& hooks, graph::Mode mode);
+  void backward(int m, graph::ValueId loss, const StepHooks& hooks);
+  // The exchanges: the activations of micro-batch `send_fwd` to the next stage, the
+  // gradients of `send_bwd` to the one before; receiving `recv_fwd`'s activations and
+  // `recv_bwd`'s gradients (-1: none), all in one exchange.
+  void exchange(int send_fwd, int recv_fwd, int send_bwd, int recv_bwd);
+  std::vector<graph::ValueId> grad_values(int stage) const;  // what stage's gradient sends
+
+  const graph::Graph& graph_;
+  graph::Executor& ex_;
+  std::vector<graph::Stage> stages_;
+  dist::Communicator& pipe_;
+  PipelineSchedule schedule_;
+  int micro_ = 1, stage_ = 0;
+  // Per micro-batch slot: what the next stage sent back, what this stage sends back.
+  std::vector<std::vector<Tensor>> got_act_, got_grad_, out_grad_;
+  std::vector<char> alive_;
+  int max_in_flight_ = 0;
+  uint64_t bytes_ = 0;
+  double exchange_seconds_ = 0;
+};
+
+}  // namespace dtrain::runtime

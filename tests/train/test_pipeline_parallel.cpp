@@ -1,0 +1,207 @@
+// Pipeline parallelism end to end: `dtrain train --nproc N` with parallel.pipeline
+// (mpirun under the hood, one OpenMP thread per rank) against one rank accumulating
+// the same micro-batches. A pipeline computes exactly what that rank computes (every
+// stage runs its backward passes in micro-batch order), so losses and the final
+// checkpoint must match bit for bit: a batch-norm ResNet in 2 and 3 stages with GPipe
+// and 1F1B, a ViT with dropout, AdamW and clipping, bf16 with fp32 masters, and a
+// pipeline x data grid against plain data parallelism. Its checkpoint resumes on one
+// rank and the other way round; 1F1B holds at most P - s micro-batches on stage s
+// where GPipe holds all of them; refused layouts exit 2 with one message.
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+
+using namespace dtrain::train_test;
+
+namespace {
+
+struct OneThread {  // bitwise comparisons need the same kernels' thread split
+  OneThread() { setenv("OMP_NUM_THREADS", "1", 1); }
+};
+
+fs::path run(const fs::path& job, const fs::path& dir, const std::string& name, int ranks,
+             std::vector<std::string> extra) {
+  const fs::path out = dir / name;
+  std::vector<std::string> args = {job.string(), "--set", "run.output_dir=" + out.string()};
+  if (ranks > 1) args.insert(args.end(), {"--nproc", std::to_string(ranks)});
+  args.insert(args.end(), extra.begin(), extra.end());
+  const RunResult r = run_dtrain(args, dir / (name + ".log"));
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  return out;
+}
+
+void require_same(const fs::path& a, const fs::path& b) {
+  const auto la = read_losses(a / "metrics.jsonl"), lb = read_losses(b / "metrics.jsonl");
+  REQUIRE(!la.empty());
+  CHECK_MESSAGE(first_difference(la, lb).empty(), a.filename().string(), " vs ",
+                b.filename().string(), ": ", first_difference(la, lb));
+  CHECK(compare_checkpoints(newest_checkpoint(a / "checkpoints"),
+                            newest_checkpoint(b / "checkpoints")) == "");
+}
+
+// A 3-layer ViT with dropout on the Fashion-MNIST slice, AdamW with clipping.
+fs::path vit_job(const fs::path& dir) {
+  const fs::path job = dir / "vit.yaml";
+  std::ofstream(job) << "run: {seed: 2}\n"
+                     << "model: {arch: vit-tiny, image_size: 28, patch_size: 7, in_channels: 1,\n"
+                     << "        num_classes: 10, layers: 3, hidden: 32, heads: 2, ffn: 64,\n"
+                     << "        dropout: 0.1}\n"
+                     << "data: {dataset: fashion-mnist, global_batch: 16, micro_batch: 4,\n"
+                     << "       workers: 1, limit: {train: 200, test: 32}}\n"
+                     << "optimizer: {name: adamw, lr: 0.003, weight_decay: 0.01,\n"
+                     << "            clip_grad_norm: 0.5}\n"
+                     << "train: {steps: 6, log_every: 1}\n"
+                     << "logging: {console: false}\n";
+  return job;
+}
+
+nlohmann::json summary_of(const fs::path& run_dir) {
+  return nlohmann::json::parse(read_bytes(run_dir / "summary.json"));
+}
+
+}  // namespace
+
+TEST_CASE("a ResNet in 2 and 3 pipeline stages trains exactly like one rank, GPipe and 1F1B") {
+  OneThread one;
+  TempDir tmp("pp-resnet");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> micro = {"--set", "data.micro_batch=8"};  // 4 per step
+  const fs::path whole = run(job, tmp.path(), "one", 1, micro);
+  for (const auto& [stages, schedule] :
+       std::vector<std::pair<int, std::string>>{{2, "gpipe"}, {2, "1f1b"}, {3, "1f1b"}}) {
+    CAPTURE(stages);
+    CAPTURE(schedule);
+    std::vector<std::string> extra = micro;
+    extra.insert(extra.end(), {"--set", fmt::format("parallel.pipeline={}", stages), "--set",
+                               "parallel.schedule=" + schedule});
+    const fs::path out =
+        run(job, tmp.path(), fmt::format("pp{}-{}", stages, schedule), stages, extra);
+    require_same(out, whole);
+    // The console names the stages and what crosses each cut.
+    const std::string log = read_bytes(tmp.path() / fmt::format("pp{}-{}.log", stages, schedule));
+    CHECK(log.find(fmt::format("pipeline: {} stages, schedule {}", stages, schedule)) !=
+          std::string::npos);
+    CHECK(log.find("receives 1 value(s)") != std::string::npos);
+  }
+}
+
+TEST_CASE("a ViT with dropout, AdamW and clipping in 3 stages, and bf16 in 2: bit for bit") {
+  OneThread one;
+  TempDir tmp("pp-vit");
+  const fs::path vit = vit_job(tmp.path());
+  require_same(run(vit, tmp.path(), "vit-pp3", 3, {"--set", "parallel.pipeline=3"}),
+               run(vit, tmp.path(), "vit-one", 1, {}));
+  const fs::path resnet = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> bf16 = {"--set", "precision.dtype=bf16", "--set",
+                                         "data.micro_batch=16"};
+  std::vector<std::string> piped = bf16;
+  piped.insert(piped.end(), {"--set", "parallel.pipeline=2"});
+  require_same(run(resnet, tmp.path(), "bf16-pp2", 2, piped),
+               run(resnet, tmp.path(), "bf16-one", 1, bf16));
+}
+
+TEST_CASE("2 pipeline stages x 2 data-parallel ranks train exactly like 2 data-parallel ranks") {
+  OneThread one;
+  TempDir tmp("pp-grid");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> micro = {"--set", "data.micro_batch=8"};  // 2 per rank
+  std::vector<std::string> grid = micro;
+  grid.insert(grid.end(), {"--set", "parallel.pipeline=2", "--set", "parallel.data=2"});
+  require_same(run(job, tmp.path(), "grid", 4, grid), run(job, tmp.path(), "dp2", 2, micro));
+}
+
+TEST_CASE("a pipeline checkpoint resumes on one rank and the other way round, bit for bit") {
+  OneThread one;
+  TempDir tmp("pp-resume");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> base = {
+      "--set", "data.micro_batch=8", "--set", "train.steps=6", "--set", "train.checkpoint.every=3"};
+  const fs::path whole = run(job, tmp.path(), "whole", 1, base);
+  for (const int first : {2, 1}) {
+    CAPTURE(first);
+    const int second = first == 2 ? 1 : 2;
+    const auto layout = [&](int ranks) {
+      std::vector<std::string> a = base;
+      if (ranks == 2) a.insert(a.end(), {"--set", "parallel.pipeline=2"});
+      return a;
+    };
+    const std::string name = fmt::format("from-{}", first);
+    std::vector<std::string> half = layout(first);
+    half.insert(half.end(), {"--set", "train.steps=3"});
+    const fs::path out = run(job, tmp.path(), name, first, half);
+    std::vector<std::string> rest = layout(second);
+    rest.insert(rest.end(), {"--resume", "latest"});
+    run(job, tmp.path(), name, second, rest);
+    require_same(out, whole);
+  }
+}
+
+TEST_CASE("1F1B holds at most P - s micro-batches on stage s, GPipe all of them") {
+  OneThread one;
+  TempDir tmp("pp-memory");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    CAPTURE(schedule);
+    const fs::path out = run(job, tmp.path(), schedule, 3,
+                             {"--set", "data.micro_batch=4", "--set", "parallel.pipeline=3",
+                              "--set", "parallel.schedule=" + schedule, "--set", "train.steps=2"});
+    const nlohmann::json p = summary_of(out).at("pipeline");
+    CHECK(p.at("stages") == 3);
+    CHECK(p.at("micro_batches") == 8);
+    CHECK(p.at("bubble_theory").get<double>() == doctest::Approx(2.0 / 10.0));
+    REQUIRE(p.at("per_rank").size() == 3);
+    for (const nlohmann::json& r : p.at("per_rank")) {
+      const int s = r.at("stage");
+      CHECK(r.at("rank") == s);  // data = 1: rank r is stage r
+      CHECK(r.at("max_micro_batches_in_flight") == (schedule == "gpipe" ? 8 : 3 - s));
+      CHECK(r.at("peak_host_bytes").get<double>() > 0);
+      CHECK(r.at("exchange_bytes").get<double>() > 0);
+      CHECK(r.at("exchange_share").get<double>() >= 0);
+      CHECK(r.at("exchange_share").get<double>() < 1);
+    }
+  }
+}
+
+TEST_CASE("pipeline layouts not supported yet exit 2 on every rank with one message") {
+  OneThread one;
+  TempDir tmp("pp-bad");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const fs::path gpt = tmp.path() / "gpt.yaml";
+  std::ofstream(gpt) << "run: {output_dir: " << (tmp.path() / "gpt").string() << ", seed: 2}\n"
+                     << "model: {arch: gpt2-tiny, seq_len: 16, layers: 2}\n"
+                     << "data: {dataset: synthetic, global_batch: 4, micro_batch: 2,\n"
+                     << "       limit: {test: 4}}\n"
+                     << "optimizer: {name: adamw, lr: 0.003}\n"
+                     << "train: {steps: 2}\n"
+                     << "logging: {console: false}\n";
+  struct Case {
+    fs::path job;
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {gpt, {}, "transformer.word_embeddings.weight is used on both sides of a stage cut"},
+      {job, {"--set", "parallel.zero_stage=1"}, "parallel.zero_stage: 1 with parallel.pipeline"},
+      {job, {"--set", "memory.checkpointing=block"}, "memory.checkpointing: block"},
+      {job, {"--set", "compress.method=topk"}, "compress.method: topk"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.expect);
+    std::vector<std::string> args = {c.job.string(), "--nproc", "2", "--set",
+                                     "parallel.pipeline=2"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const RunResult r = run_dtrain(args, tmp.path() / "bad.log");
+    CHECK(r.rc == 2);
+    size_t count = 0;
+    for (size_t at = r.log.find("error:"); at != std::string::npos;
+         at = r.log.find("error:", at + 1))
+      ++count;
+    CHECK_MESSAGE(count == 1, r.log);
+    CHECK_MESSAGE(r.log.find(c.expect) != std::string::npos, r.log);
+  }
+}
