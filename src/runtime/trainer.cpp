@@ -254,13 +254,17 @@ class TrainSession {
   models::ModelGraph model_;
   graph::DTypePolicy policy_;
   std::unique_ptr<graph::Executor> ex_;
-  std::vector<graph::Stage> stages_;         // parallel.pipeline > 1: the stage plan
-  std::unique_ptr<dist::ProcessGrid> grid_;  // pipeline x data groups (pipeline > 1)
-  std::unique_ptr<PipelineStage> pipeline_;  // this rank's stage
-  dist::GridCoord coord_;                    // this rank's place in the grid
-  std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
+  std::vector<graph::Stage> stages_;              // parallel.pipeline > 1: the stage plan
+  std::unique_ptr<dist::ProcessGrid> grid_;       // pipeline x data groups (pipeline > 1)
+  std::unique_ptr<PipelineStage> pipeline_;       // this rank's stage
+  dist::GridCoord coord_;                         // this rank's place in the grid
+  std::vector<int64_t> labelled_;                 // per micro-batch of a pipeline step
+  std::vector<int> tied_;                         // parameters tied across stages
+  std::pair<int, int> tie_pair_{-1, -1};          // the two stages that hold them
+  std::unique_ptr<dist::Communicator> tie_comm_;  // those two stages (pipeline ranks)
   void pipeline_passes(StepTotals& local);
   void gather_stages();  // every stage's parameters, state and buffers onto stage 0
+  double stage_sum_squares() const;
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
@@ -327,15 +331,26 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   coord_ = dist::grid_coord(comm.rank(), dist::degrees_of(job_.parallel));
   if (job_.parallel.pipeline > 1) {
     stages_ = graph::plan_stages(model_.graph, job_.parallel.pipeline);
-    const std::vector<int> tied = graph::params_across_stages(model_.graph, stages_);
-    if (!tied.empty()) {
-      throw Error(
-          fmt::format("parallel.pipeline: {} is used on both sides of a stage cut (a tied weight: "
-                      "GPT-2's embedding and LM head, BERT's masked-LM decoder); weights tied "
-                      "across pipeline stages are not supported yet",
-                      model_.graph.param_layout()[static_cast<size_t>(tied[0])].name),
-          "use a model without tied embeddings across the cut (ResNet, ViT, BERT with "
-          "num_classes), or drop parallel.pipeline");
+    // A weight tied across a cut (GPT-2's embedding and LM head, BERT's masked-LM
+    // decoder): both stages hold it, each computes its users' part of the gradient, and
+    // the two parts are summed between them after each step's backward (connect()).
+    tied_ = graph::params_across_stages(model_.graph, stages_);
+    for (int p : tied_) {
+      std::vector<int> users;
+      for (size_t k = 0; k < stages_.size(); ++k)
+        for (int i = stages_[k].begin; i < stages_[k].end; ++i)
+          for (int q : model_.graph.nodes()[static_cast<size_t>(i)].params)
+            if (q == p && (users.empty() || users.back() != static_cast<int>(k)))
+              users.push_back(static_cast<int>(k));
+      const std::pair<int, int> pair{users.front(), users.back()};
+      if (users.size() != 2 || (tie_pair_.first >= 0 && pair != tie_pair_)) {
+        throw Error(fmt::format("parallel.pipeline: {} is used by stages {}; a weight tied across "
+                                "more than two stages (or two pairs of them) is not supported yet",
+                                model_.graph.param_layout()[static_cast<size_t>(p)].name,
+                                fmt::join(users, ", ")),
+                    "use fewer pipeline stages");
+      }
+      tie_pair_ = pair;
     }
   }
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
@@ -560,6 +575,12 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     if (watchdog != nullptr) watchdog->add(pipe);
     pipeline_ = std::make_unique<PipelineStage>(model_.graph, *ex_, stages_, pipe,
                                                 job_.parallel.schedule, micro_batches_);
+    if (!tied_.empty()) {  // collective over the pipeline group
+      const bool member = pipe.rank() == tie_pair_.first || pipe.rank() == tie_pair_.second;
+      tie_comm_ = pipe.split(member ? 0 : 1, pipe.rank());
+      if (!member) tie_comm_.reset();
+      if (watchdog != nullptr && tie_comm_) watchdog->add(*tie_comm_);
+    }
     // Parameters of other stages get no gradient here: zeros, once (the norm adds the
     // stages' sums; the optimizer's update of them is never used or saved).
     Tensor all = ex_->grads().flat(DType::f32);
@@ -752,6 +773,12 @@ double TrainSession::train_step(const StopSignals& signals) {
     }
   }
   if (!zero_sync_) sync_->finish();
+  if (tie_comm_) {  // a tied weight's two parts of the gradient, summed on both stages
+    for (int p : tied_) {
+      const graph::FlatEntry& e = weights_->layout()[static_cast<size_t>(p)];
+      tie_comm_->all_reduce(grads.view(e.offset, Shape{e.spec.shape.numel()}));
+    }
+  }
   buffer_avg_->finish();
   local.stop = signals.requested() ? 1 : 0;
   const StepTotals total = agree_totals(local);
@@ -768,8 +795,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   const double sum_squares =
       weights_->shard().sharded()
           ? sum_over_ranks<1>(comm_, {optim::grad_sum_squares(own_grads())})[0]
-      : pipeline_ ? sum_over_ranks<1>(grid_->group(dist::Axis::pipeline),
-                                      {optim::grad_sum_squares(grads)})[0]
+      : pipeline_ ? sum_over_ranks<1>(grid_->group(dist::Axis::pipeline), {stage_sum_squares()})[0]
                   : optim::grad_sum_squares(grads);
   const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
@@ -800,6 +826,20 @@ double TrainSession::train_step(const StopSignals& signals) {
     weights_->step(*opt_, lr, static_cast<float>(unscale * clip));
   }
   return loss;
+}
+
+// This stage's share of the gradient's sum of squares: its parameters' (zeros elsewhere),
+// a weight tied across stages counted on the later of its two stages only.
+double TrainSession::stage_sum_squares() const {
+  const Tensor grads = weights_->grads();
+  double sum = optim::grad_sum_squares(grads);
+  if (tie_comm_ && pipeline_->stage() == tie_pair_.first) {
+    for (int p : tied_) {
+      const graph::FlatEntry& e = weights_->layout()[static_cast<size_t>(p)];
+      sum -= optim::grad_sum_squares(grads.view(e.offset, Shape{e.spec.shape.numel()}));
+    }
+  }
+  return sum;
 }
 
 // A pipeline step's forward and backward passes (runtime/pipeline.h): the same per
