@@ -65,11 +65,20 @@ void Executor::user_ranges() {
 void Executor::set_range(int begin, int end) {
   const int n = static_cast<int>(graph_.nodes().size());
   DTRAIN_CHECK(0 <= begin && begin < end && end <= n, "range [{}, {}) of {} nodes", begin, end, n);
-  DTRAIN_CHECK(blocks_per_segment_ == 0 || (begin == 0 && end == n),
-               "a node range with activation checkpointing");
   begin_ = begin;
   end_ = end;
   user_ranges();
+  check_segments();
+}
+
+void Executor::check_segments() {
+  if (blocks_per_segment_ == 0) return;
+  for (const Segment& s : lifetimes(Mode::train).segments) {
+    const bool inside = s.first >= begin_ && s.last < end_;
+    const bool outside = s.last < begin_ || s.first >= end_;
+    DTRAIN_CHECK(inside || outside, "checkpointed nodes {}-{} straddle the range [{}, {})", s.first,
+                 s.last, begin_, end_);
+  }
 }
 
 void Executor::set_slots(int n) {
@@ -112,6 +121,17 @@ void Executor::release_unused() {
   const Lifetimes& life = lifetimes(mode_);
   // The last step of this range that reads each value (forward reads are over).
   std::vector<int> last(values_.size(), -1);
+  // A checkpointed segment's recompute reads its inputs from outside it again.
+  for (const Segment& seg : life.segments) {
+    if (mode_ != Mode::train || seg.first < begin_ || seg.last >= end_) continue;
+    const int step = 2 * n - 1 - seg.last;
+    for (int i = seg.first; i <= seg.last; ++i)
+      for (ValueId v : graph_.nodes()[static_cast<size_t>(i)].inputs) {
+        const int p = graph_.value(v).producer;
+        if (p < seg.first || p > seg.last)
+          last[static_cast<size_t>(v)] = std::max(last[static_cast<size_t>(v)], step);
+      }
+  }
   for (int i = begin_; mode_ == Mode::train && i < end_; ++i) {
     const Node& node = graph_.nodes()[static_cast<size_t>(i)];
     const int step = 2 * n - 1 - i;
@@ -202,7 +222,7 @@ void Executor::keep(ValueId v, Mode mode) {
 const Lifetimes& Executor::lifetimes(Mode mode) {
   const auto m = static_cast<size_t>(mode == Mode::train ? 0 : 1);
   if (life_stale_[m]) {
-    life_[m] = plan_lifetimes(graph_, mode, pinned_[m], blocks_per_segment_);
+    life_[m] = plan_lifetimes(graph_, mode, pinned_[m], blocks_per_segment_, cuts_);
     life_stale_[m] = false;
   }
   return life_[m];
@@ -267,13 +287,12 @@ bool Executor::in_place_grad(const Lifetimes& life, const Node& n, size_t k, int
   return grad_in_place_ok(graph_, life, v, step) && values_[static_cast<size_t>(v)].defined();
 }
 
-void Executor::set_checkpointing(int blocks_per_segment) {
+void Executor::set_checkpointing(int blocks_per_segment, std::vector<int> cuts) {
   DTRAIN_CHECK(blocks_per_segment >= 0, "blocks per segment {}", blocks_per_segment);
-  DTRAIN_CHECK(
-      blocks_per_segment == 0 || (begin_ == 0 && end_ == static_cast<int>(graph_.nodes().size())),
-      "activation checkpointing with a node range");
+  cuts_ = std::move(cuts);
   blocks_per_segment_ = blocks_per_segment;
   life_stale_[0] = life_stale_[1] = true;
+  check_segments();
 }
 
 // The forward of a checkpointed segment again, just before its backward.

@@ -90,14 +90,15 @@ class Executor {
   // job's precision.tf32; no effect on the CPU). Default fp32.
   void set_math(kernels::MathMode math) { math_ = math; }
   // Activation checkpointing (graph/lifetimes.h): segments of k consecutive model
-  // blocks are recomputed in backward; 0 (the default) keeps every activation.
-  void set_checkpointing(int blocks_per_segment);
+  // blocks are recomputed in backward; 0 (the default) keeps every activation. `cuts`:
+  // blocks where segments start afresh (the pipeline stages' first blocks).
+  void set_checkpointing(int blocks_per_segment, std::vector<int> cuts = {});
 
   void set_input(ValueId v, Tensor t);  // shape, dtype and device must match the graph input
 
-  // Pipeline stages. Runs nodes [begin, end) only (default: all). Not with activation
-  // checkpointing (a segment could straddle the cut). Parameters no node of the range
-  // uses get no gradient (grads() keeps what it held there).
+  // Pipeline stages. Runs nodes [begin, end) only (default: all). With activation
+  // checkpointing, no segment may straddle `begin` or `end` (set_checkpointing's cuts). Parameters
+  // no node of the range uses get no gradient (grads() keeps what it held there).
   void set_range(int begin, int end);
   int range_begin() const { return begin_; }
   int range_end() const { return end_; }
@@ -161,6 +162,8 @@ class Executor {
   Lifetimes life_[2];            // per Mode (train, eval); recomputed when pins change
   bool life_stale_[2] = {true, true};
   int blocks_per_segment_ = 0;
+  std::vector<int> cuts_;
+  void check_segments();  // none straddles the range
   std::vector<std::vector<Tensor>> saved_;
   std::vector<Tensor> in_grads_;  // per value: a received value's gradient (backward)
   int begin_ = 0, end_ = 0;       // the range of nodes run

@@ -17,7 +17,7 @@ namespace {
 
 // Segments of `k` consecutive blocks, in node order. Blocks are contiguous node ranges
 // (a builder adds a block's nodes one after another).
-std::vector<Segment> segments_of(const Graph& graph, int k) {
+std::vector<Segment> segments_of(const Graph& graph, int k, const std::vector<int>& cuts) {
   std::vector<Segment> out;
   if (k <= 0) return out;
   const auto& nodes = graph.nodes();
@@ -28,7 +28,13 @@ std::vector<Segment> segments_of(const Graph& graph, int k) {
       current = -1;
       continue;
     }
-    const int seg = b / k;
+    // Counted from the last cut at or before b, each cut opening a fresh numbering.
+    int from = 0, part = 0;
+    for (size_t c = 0; c < cuts.size() && cuts[c] <= b; ++c) {
+      from = cuts[c];
+      part = static_cast<int>(c) + 1;
+    }
+    const int seg = part * graph.num_blocks() + (b - from) / k;
     if (seg != current || out.empty() || out.back().last != i - 1) {
       out.push_back({i, i});
       current = seg;
@@ -47,7 +53,7 @@ bool grad_in_place_ok(const Graph& graph, const Lifetimes& life, ValueId v, int 
 }
 
 Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned,
-                         int blocks_per_segment) {
+                         int blocks_per_segment, const std::vector<int>& cuts) {
   const auto& nodes = graph.nodes();
   const int n = static_cast<int>(nodes.size());
   const auto values = static_cast<size_t>(graph.num_values());
@@ -57,7 +63,7 @@ Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>&
   life.last_use.assign(values, -1);
   life.segment_of.assign(static_cast<size_t>(n), -1);
   life.recompute_release.assign(static_cast<size_t>(n), {});
-  if (train) life.segments = segments_of(graph, blocks_per_segment);
+  if (train) life.segments = segments_of(graph, blocks_per_segment, cuts);
   for (size_t s = 0; s < life.segments.size(); ++s)
     for (int i = life.segments[s].first; i <= life.segments[s].last; ++i)
       life.segment_of[static_cast<size_t>(i)] = static_cast<int>(s);

@@ -51,7 +51,9 @@ bool grad_in_place_ok(const Graph& graph, const Lifetimes& life, ValueId v, int 
 
 // pinned: per value (graph.num_values() entries, or empty: none pinned).
 // blocks_per_segment: 0 no checkpointing; k: segments of k consecutive blocks.
+// cuts: blocks where segments start afresh (pipeline stages' first blocks: no segment
+// straddles a stage), in increasing order; empty: none.
 Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned,
-                         int blocks_per_segment = 0);
+                         int blocks_per_segment = 0, const std::vector<int>& cuts = {});
 
 }  // namespace dtrain::graph

@@ -112,14 +112,12 @@ void require_supported(const Job& job, int world) {
   if (p.pipeline > 1) {  // what the first pipeline step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.pipeline > 1 is not supported yet", key, value),
-                  "pipeline stages run with zero_stage 0, no compression and no activation "
-                  "checkpointing, on the CPU; drop the key or parallel.pipeline");
+                  "pipeline stages run with zero_stage 0 and no compression, on the CPU; drop "
+                  "the key or parallel.pipeline");
     };
     if (p.zero_stage > 0) later("parallel.zero_stage", std::to_string(p.zero_stage));
     if (job.compress.method != CompressMethod::none)
       later("compress.method", std::string(to_string(job.compress.method)));
-    if (job.memory.checkpointing != ActivationCheckpointing::none)
-      later("memory.checkpointing", std::string(to_string(job.memory.checkpointing)));
     if (job.device.is_cuda()) later("device", job.device.str());
   }
   if (p.zero_stage >= 1) {
@@ -327,10 +325,11 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
       zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
-  ex_->set_checkpointing(blocks_per_segment(job_, model_.graph));
   coord_ = dist::grid_coord(comm.rank(), dist::degrees_of(job_.parallel));
+  std::vector<int> cuts;  // checkpointed segments restart at each stage's first block
   if (job_.parallel.pipeline > 1) {
     stages_ = graph::plan_stages(model_.graph, job_.parallel.pipeline);
+    for (size_t k = 1; k < stages_.size(); ++k) cuts.push_back(stages_[k].first_block);
     // A weight tied across a cut (GPT-2's embedding and LM head, BERT's masked-LM
     // decoder): both stages hold it, each computes its users' part of the gradient, and
     // the two parts are summed between them after each step's backward (connect()).
@@ -353,6 +352,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       tie_pair_ = pair;
     }
   }
+  ex_->set_checkpointing(blocks_per_segment(job_, model_.graph), cuts);
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
   ex_->keep(model_.targets, graph::Mode::eval);
   counters_.seed = static_cast<uint64_t>(job_.run.seed);
