@@ -25,6 +25,7 @@
 
 #include "corpus.h"
 #include "harness.h"
+#include "same_run.h"
 
 using namespace dtrain::train_test;
 
@@ -48,15 +49,6 @@ fs::path train(const fs::path& job, const fs::path& dir, const std::string& name
   const RunResult r = run_dtrain(args, dir / (name + ".log"));
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
   return out;
-}
-
-void require_same(const fs::path& a, const fs::path& b) {
-  const auto la = read_losses(a / "metrics.jsonl"), lb = read_losses(b / "metrics.jsonl");
-  REQUIRE(!la.empty());
-  CHECK_MESSAGE(first_difference(la, lb).empty(), a.filename().string(), " vs ",
-                b.filename().string(), ": ", first_difference(la, lb));
-  CHECK(compare_checkpoints(newest_checkpoint(a / "checkpoints"),
-                            newest_checkpoint(b / "checkpoints")) == "");
 }
 
 double max_relative(const std::vector<StepLoss>& a, const std::vector<StepLoss>& b) {
@@ -84,10 +76,6 @@ fs::path lm_job(const fs::path& dir, const std::string& arch, const TokenDir& t)
                      << "logging: {console: false}\n";
   return job;
 }
-
-struct OneThread {  // bitwise comparisons need the same kernels' thread split
-  OneThread() { setenv("OMP_NUM_THREADS", "1", 1); }
-};
 
 }  // namespace
 

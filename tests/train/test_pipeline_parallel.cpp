@@ -18,14 +18,11 @@
 
 #include "corpus.h"
 #include "harness.h"
+#include "same_run.h"
 
 using namespace dtrain::train_test;
 
 namespace {
-
-struct OneThread {  // bitwise comparisons need the same kernels' thread split
-  OneThread() { setenv("OMP_NUM_THREADS", "1", 1); }
-};
 
 fs::path run(const fs::path& job, const fs::path& dir, const std::string& name, int ranks,
              std::vector<std::string> extra) {
@@ -36,15 +33,6 @@ fs::path run(const fs::path& job, const fs::path& dir, const std::string& name, 
   const RunResult r = run_dtrain(args, dir / (name + ".log"));
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
   return out;
-}
-
-void require_same(const fs::path& a, const fs::path& b) {
-  const auto la = read_losses(a / "metrics.jsonl"), lb = read_losses(b / "metrics.jsonl");
-  REQUIRE(!la.empty());
-  CHECK_MESSAGE(first_difference(la, lb).empty(), a.filename().string(), " vs ",
-                b.filename().string(), ": ", first_difference(la, lb));
-  CHECK(compare_checkpoints(newest_checkpoint(a / "checkpoints"),
-                            newest_checkpoint(b / "checkpoints")) == "");
 }
 
 // A 3-layer ViT with dropout on the Fashion-MNIST slice, AdamW with clipping.
