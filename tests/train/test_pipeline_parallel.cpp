@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -227,6 +228,40 @@ TEST_CASE("activation checkpointing in pipeline stages: the same bits, a lower p
     for (size_t r = 0; r < 2; ++r)
       CHECK(a[r].at("peak_host_bytes").get<double>() < b[r].at("peak_host_bytes").get<double>());
   }
+}
+
+// A stage that hangs leaves its neighbour waiting in an exchange: the watchdog ends
+// every rank within comm.timeout_s, naming the exchange and the missing stage, and the
+// newest checkpoint (written by stage 0) resumes.
+TEST_CASE("a pipeline stage that hangs ends every rank within the timeout") {
+  OneThread one;
+  TempDir tmp("pp-fault");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const fs::path out = tmp.path() / "hang";
+  setenv("DTRAIN_TEST_FAULT", "1:3:hang", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult r =
+      run_dtrain({job.string(), "--nproc", "2", "--set", "run.output_dir=" + out.string(), "--set",
+                  "parallel.pipeline=2", "--set", "train.steps=50", "--set",
+                  "train.checkpoint.every=2", "--set", "comm.timeout_s=5"},
+                 tmp.path() / "hang.log", 25);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  unsetenv("DTRAIN_TEST_FAULT");
+  CHECK_MESSAGE(r.rc != 0, r.describe());
+  CHECK_MESSAGE(took < 20.0, "ended after ", took, " s: ", r.describe());
+  // One micro-batch of 32 (its warning says stages idle): the 32 x 16 x 14 x 14 f32
+  // activation crossing the cut.
+  CHECK_MESSAGE(
+      r.log.find("exchange of 401408 bytes has not finished after 5 s") != std::string::npos,
+      r.log);
+  CHECK_MESSAGE(r.log.find("missing peer: rank 1 (pid") != std::string::npos, r.log);
+  const fs::path newest = newest_checkpoint(out / "checkpoints");
+  REQUIRE(!newest.empty());
+  const RunResult check = run_dtrain(
+      {job.string(), "--set", "run.output_dir=" + (tmp.path() / "check").string(), "--set",
+       "train.steps=" + std::to_string(checkpoint_step(newest)), "--resume", newest.string()},
+      tmp.path() / "check.log");
+  CHECK_MESSAGE(check.rc == 0, check.describe());
 }
 
 TEST_CASE("pipeline layouts not supported yet exit 2 on every rank with one message") {
