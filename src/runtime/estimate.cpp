@@ -212,6 +212,17 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (job.device.is_cpu()) e.peak_bytes += e.host_bytes;
   e.peak_at = train_higher ? e.train_peak_at : e.eval_peak_at + " (evaluation)";
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
+  if (job.parallel.pipeline > 1) {
+    e.caveat = fmt::format(
+        "parallel.pipeline = {}: every stage holds the whole model's state (as above); the "
+        "activations above are one rank running the whole graph, while a stage runs its "
+        "part for up to {} micro-batches at once ({}), which this estimate does not model yet",
+        job.parallel.pipeline,
+        job.parallel.schedule == PipelineSchedule::gpipe
+            ? job.parallel.micro_batches
+            : std::min(job.parallel.pipeline, job.parallel.micro_batches),
+        to_string(job.parallel.schedule));
+  }
   if (options.step_time) {
     try {
       e.step_time = estimate_step_time(job, g);
@@ -393,6 +404,7 @@ std::string format_estimate(const MemoryEstimate& e) {
   }
   out += fmt::format("compute: {:.3g} FLOPs per step (forward + backward, every micro-batch)\n",
                      e.step_flops);
+  if (!e.caveat.empty()) out += "note: " + e.caveat + "\n";
   if (e.step_time) {
     const StepTimeEstimate& t = *e.step_time;
     const bool offload = t.offload_seconds > 0;

@@ -38,6 +38,9 @@ struct MemoryEstimate {
   // ("no step time: this CPU has ...") in step_time_missing.
   std::optional<StepTimeEstimate> step_time;
   std::string step_time_missing;
+  // What the figures above leave out, said in the table (a pipeline's stages: each holds
+  // the whole model's state, and its activations are not modelled per stage yet).
+  std::string caveat;
 };
 
 struct EstimateOptions {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
@@ -73,8 +75,23 @@ void PipelineStage::exchange(int send_fwd, int recv_fwd, int send_bwd, int recv_
   if (ops.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
   pipe_.exchange(ops);
-  exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (const auto& o : ops) bytes_ += o.buf.nbytes();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  exchange_seconds_ += secs;
+  uint64_t moved = 0;
+  for (const auto& o : ops) moved += o.buf.nbytes();
+  bytes_ += moved;
+  if (trace_) {
+    std::string name;
+    const auto part = [&](bool on, const char* what, int m) {
+      if (on) name += fmt::format("{}{} {}", name.empty() ? "" : ", ", what, m);
+    };
+    part(send_fwd >= 0 && !last(), "send act", send_fwd);
+    part(recv_fwd >= 0 && !first(), "recv act", recv_fwd);
+    part(send_bwd >= 0 && !first(), "send grad", send_bwd);
+    part(recv_bwd >= 0 && !last(), "recv grad", recv_bwd);
+    trace_(name, "exchange", std::chrono::duration<double>(t0.time_since_epoch()).count(), secs,
+           moved);
+  }
   if (send_fwd >= 0 && !last()) {
     ex_.select_slot(send_fwd);
     ex_.release_unused();  // what only later stages read has gone
@@ -93,7 +110,13 @@ void PipelineStage::forward(int m, uint64_t step, const StepHooks& hooks, graph:
     for (size_t k = 0; k < rx.size(); ++k) ex_.set_value(rx[k], std::move(in[k]));
     in.clear();
   }
+  const auto t0 = std::chrono::steady_clock::now();
   ex_.forward(mode, step, key);
+  if (trace_) {
+    trace_(fmt::format("forward {}", m), "pipeline",
+           std::chrono::duration<double>(t0.time_since_epoch()).count(),
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0);
+  }
   if (hooks.after_forward) hooks.after_forward(m);
   if (last()) ex_.release_unused();
   alive_[static_cast<size_t>(m)] = 1;
@@ -113,7 +136,13 @@ void PipelineStage::backward(int m, graph::ValueId loss, const StepHooks& hooks)
     in.clear();
   }
   if (hooks.before_backward) hooks.before_backward(m);
+  const auto t0 = std::chrono::steady_clock::now();
   ex_.backward(seeds, last() ? loss : -1, last() ? hooks.dloss(m) : 0.0f);
+  if (trace_) {
+    trace_(fmt::format("backward {}", m), "pipeline",
+           std::chrono::duration<double>(t0.time_since_epoch()).count(),
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0);
+  }
   if (!first()) {
     std::vector<Tensor>& out = out_grad_[static_cast<size_t>(m)];
     out.clear();

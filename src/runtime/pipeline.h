@@ -58,6 +58,13 @@ class PipelineStage {
   // Seconds this rank spent in exchanges with its neighbours (waiting included).
   double exchange_seconds() const { return exchange_seconds_; }
 
+  // The profiler's view: each micro-batch's forward and backward on this stage ("forward
+  // 3") and each exchange ("send act 3, recv grad 1"), as (name, category "pipeline" or
+  // "exchange", start in steady_clock seconds, seconds, bytes); null: nothing recorded.
+  using TraceFn = std::function<void(const std::string& name, const std::string& category,
+                                     double start, double seconds, uint64_t bytes)>;
+  void set_trace(TraceFn trace) { trace_ = std::move(trace); }
+
  private:
   void forward(int m, uint64_t step, const StepHooks& hooks, graph::Mode mode);
   void backward(int m, graph::ValueId loss, const StepHooks& hooks);
@@ -79,6 +86,7 @@ class PipelineStage {
   int max_in_flight_ = 0;
   uint64_t bytes_ = 0;
   double exchange_seconds_ = 0;
+  TraceFn trace_;
 };
 
 }  // namespace dtrain::runtime

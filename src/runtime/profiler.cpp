@@ -126,6 +126,7 @@ void Profiler::counter(const std::string& name, nlohmann::json values) {
 }
 
 void Profiler::name_track(int track, const std::string& name) {
+  if (!named_.insert(track).second) return;  // named once
   events_.push_back({{"ph", "M"},
                      {"name", "thread_name"},
                      {"pid", rank_},

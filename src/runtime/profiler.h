@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,8 +27,11 @@ namespace dtrain::runtime {
 
 class Profiler {
  public:
-  // Tracks (Chrome trace thread ids): the training thread, then one per bucket.
+  // Tracks (Chrome trace thread ids): the training thread, a pipeline stage's micro-batch
+  // passes and its exchanges with the neighbouring stages, then one per bucket.
   static constexpr int kMainTrack = 1;
+  static constexpr int kPipelineTrack = 2;
+  static constexpr int kExchangeTrack = 3;
   static constexpr int kBucketTrack0 = 100;
 
   Profiler(const graph::Graph& graph, Device device, int rank);
@@ -90,6 +94,7 @@ class Profiler {
   std::vector<double> fwd_, bwd_;
   std::vector<double> node_flops_, node_bytes_;
   nlohmann::json events_ = nlohmann::json::array();
+  std::set<int> named_;  // tracks given a name
 };
 
 // logging.profile in a training run, the step's profiling stage: steps are numbered as

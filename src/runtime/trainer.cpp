@@ -575,6 +575,18 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     if (watchdog != nullptr) watchdog->add(pipe);
     pipeline_ = std::make_unique<PipelineStage>(model_.graph, *ex_, stages_, pipe,
                                                 job_.parallel.schedule, micro_batches_);
+    pipeline_->set_trace([this](const std::string& name, const std::string& category, double start,
+                                double secs, uint64_t bytes) {
+      Profiler* p = profiler();
+      if (p == nullptr || !p->attached()) return;
+      const bool exchange = category == "exchange";
+      const int track = exchange ? Profiler::kExchangeTrack : Profiler::kPipelineTrack;
+      p->name_track(track, exchange ? "pipeline exchanges" : "pipeline micro-batches");
+      const double t0 = p->from_steady(start);
+      nlohmann::json args = {{"stage", pipeline_->stage()}};
+      if (exchange) args["bytes"] = bytes;
+      p->span(name, category, track, t0, t0 + secs, std::move(args));
+    });
     if (!tied_.empty()) {  // collective over the pipeline group
       const bool member = pipe.rank() == tie_pair_.first || pipe.rank() == tie_pair_.second;
       tie_comm_ = pipe.split(member ? 0 : 1, pipe.rank());

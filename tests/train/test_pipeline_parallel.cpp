@@ -16,6 +16,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "corpus.h"
 #include "harness.h"
@@ -187,7 +188,42 @@ TEST_CASE("1F1B holds at most P - s micro-batches on stage s, GPipe all of them"
     CAPTURE(schedule);
     const fs::path out = run(job, tmp.path(), schedule, 3,
                              {"--set", "data.micro_batch=4", "--set", "parallel.pipeline=3",
-                              "--set", "parallel.schedule=" + schedule, "--set", "train.steps=2"});
+                              "--set", "parallel.schedule=" + schedule, "--set", "train.steps=2",
+                              "--set", "logging.profile={start: 2, steps: 1}"});
+    // Each stage's trace: every micro-batch's forward and backward, and the exchanges
+    // with its neighbours on their own track, inside the traced step.
+    for (int s = 0; s < 3; ++s) {
+      CAPTURE(s);
+      const nlohmann::json trace =
+          nlohmann::json::parse(read_bytes(out / fmt::format("trace-rank-{}.json", s)));
+      double from = 0, to = 0;
+      int forwards = 0, backwards = 0, exchanges = 0;
+      std::vector<std::pair<double, double>> spans;
+      for (const nlohmann::json& e : trace.at("traceEvents")) {
+        if (e.at("ph") != "X") continue;
+        const std::string cat = e.value("cat", "");
+        const double t = e.at("ts").get<double>(), d = e.at("dur").get<double>();
+        if (cat == "step") std::tie(from, to) = std::pair{t, t + d};
+        if (cat == "pipeline") {
+          const std::string name = e.at("name");
+          forwards += name.rfind("forward ", 0) == 0 ? 1 : 0;
+          backwards += name.rfind("backward ", 0) == 0 ? 1 : 0;
+          spans.emplace_back(t, t + d);
+        }
+        if (cat == "exchange") {
+          ++exchanges;
+          CHECK(e.at("args").at("bytes").get<double>() > 0);
+          spans.emplace_back(t, t + d);
+        }
+      }
+      CHECK(forwards == 8);
+      CHECK(backwards == 8);
+      CHECK(exchanges >= 8);  // at least one per micro-batch's activations or gradients
+      for (const auto& [a, b] : spans) {
+        CHECK(a >= from);
+        CHECK(b <= to + 1);  // microseconds, rounded
+      }
+    }
     const nlohmann::json p = summary_of(out).at("pipeline");
     CHECK(p.at("stages") == 3);
     CHECK(p.at("micro_batches") == 8);
