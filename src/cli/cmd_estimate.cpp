@@ -46,6 +46,18 @@ nlohmann::json to_json(const runtime::MemoryEstimate& e) {
                         {"peak_bytes", e.peak_bytes},
                         {"peak_at", e.peak_at},
                         {"step_flops", e.step_flops}};
+  if (!e.stages.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const runtime::MemoryEstimate::Stage& st : e.stages)
+      stages.push_back({{"stage", st.stage},
+                        {"in_flight", st.in_flight},
+                        {"train_activation_bytes", st.train},
+                        {"eval_activation_bytes", st.eval},
+                        {"peak_bytes", st.peak},
+                        {"train_peak_at", st.at}});
+    out["pipeline_stages"] = stages;
+    out["caveat"] = e.caveat;
+  }
   if (e.step_time) {
     const runtime::StepTimeEstimate& t = *e.step_time;
     out["step_seconds"] = t.seconds;  // the roofline's lower bound

@@ -45,10 +45,15 @@ class Tally {
 
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
                                 const RoundBytes& round, int blocks_per_segment,
-                                const GradBuckets* buckets, const ParamGathers* gathers) {
+                                const GradBuckets* buckets, const ParamGathers* gathers,
+                                const StageRange* stage, const std::vector<int>& cuts) {
   const auto& nodes = graph.nodes();
   const int n = static_cast<int>(nodes.size());
-  const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment);
+  DTRAIN_CHECK(stage == nullptr || (buckets == nullptr && gathers == nullptr),
+               "a pipeline stage's plan with ZeRO buckets or gathers");
+  const int lo = stage != nullptr ? stage->begin : 0;
+  const int hi = stage != nullptr ? stage->end : n;
+  const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment, cuts);
   Tally t(round);
   std::vector<size_t> value(static_cast<size_t>(graph.num_values()), 0);  // rounded bytes held
   std::vector<size_t> saved(nodes.size(), 0);
@@ -91,7 +96,11 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       unit_held[static_cast<size_t>(u)] = 0;
     }
   };
-  for (int i = 0; i < n; ++i) {
+  if (stage != nullptr) {  // what the stage before sent, received before the forward
+    for (ValueId v : stage->receives)
+      value[static_cast<size_t>(v)] = t.add(bytes_of(graph.value(v).spec));
+  }
+  for (int i = lo; i < hi; ++i) {
     const Node& node = nodes[static_cast<size_t>(i)];
     gather(i, Phase::forward);
     for (size_t o = 0; o < node.outputs.size(); ++o)
@@ -104,14 +113,48 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     }
     release(i);
   }
+  if (stage != nullptr) {  // Executor::release_unused: what no later step of the stage reads
+    std::vector<int> last(value.size(), -1);
+    for (const Segment& seg : life.segments) {
+      if (mode != Mode::train || seg.first < lo || seg.last >= hi) continue;
+      for (int i = seg.first; i <= seg.last; ++i)
+        for (ValueId v : nodes[static_cast<size_t>(i)].inputs) {
+          const int p = graph.value(v).producer;
+          if (p < seg.first || p > seg.last) last[static_cast<size_t>(v)] = 1;
+        }
+    }
+    for (int i = lo; mode == Mode::train && i < hi; ++i) {
+      const Node& node = nodes[static_cast<size_t>(i)];
+      if (keeps_inputs(node))
+        for (ValueId v : node.inputs) last[static_cast<size_t>(v)] = 1;
+      if (keeps_outputs(node))
+        for (ValueId v : node.outputs) last[static_cast<size_t>(v)] = 1;
+    }
+    for (size_t v = 0; v < value.size(); ++v) {
+      if (value[v] == 0 || graph.value(static_cast<ValueId>(v)).producer < 0) continue;
+      if (life.last_use[v] < 0 || last[v] >= 0) continue;
+      t.remove(value[v]);
+      value[v] = 0;
+    }
+    t.mark(hi - 1, Phase::forward);
+  }
+  const size_t after_forward = t.current();
   if (mode == Mode::train) {
     // Which values get a gradient: the loss (the last node's output), then every input
     // that requires one of a node reached by backward.
     std::vector<size_t> vgrad(value.size(), 0);
     std::vector<char> has_grad(value.size(), 0);
     const ValueId loss = nodes.back().outputs[0];
-    has_grad[static_cast<size_t>(loss)] = 1;
-    vgrad[static_cast<size_t>(loss)] = t.add(bytes_of(graph.value(loss).spec));
+    if (hi == n) {
+      has_grad[static_cast<size_t>(loss)] = 1;
+      vgrad[static_cast<size_t>(loss)] = t.add(bytes_of(graph.value(loss).spec));
+    }
+    if (stage != nullptr) {  // the next stage's gradients, received before the backward
+      for (ValueId v : stage->grad_seeds) {
+        has_grad[static_cast<size_t>(v)] = 1;
+        vgrad[static_cast<size_t>(v)] = t.add(bytes_of(graph.value(v).spec));
+      }
+    }
     // ZeRO-2's buckets: opened by the first gradient written into them (the param's
     // first user in backward), closed when every parameter's last user has run.
     std::vector<int> last_user(graph.param_layout().size(), -1);
@@ -151,7 +194,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         }
       }
     };
-    for (int i = n - 1; i >= 0; --i) {
+    for (int i = hi - 1; i >= lo; --i) {
       const Node& node = nodes[static_cast<size_t>(i)];
       const int seg = life.segment_of[static_cast<size_t>(i)];
       if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i) {  // the recompute
@@ -185,7 +228,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         for (size_t k = 0; k < node.params.size(); ++k) {
           const FlatEntry& e = graph.param_layout()[static_cast<size_t>(node.params[k])];
           const bool later = [&] {
-            for (int j = i + 1; j < n; ++j) {
+            for (int j = i + 1; j < hi; ++j) {
               const auto& ps = nodes[static_cast<size_t>(j)].params;
               if (std::find(ps.begin(), ps.end(), node.params[k]) != ps.end()) return true;
             }
@@ -234,7 +277,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         for (size_t k = 0; k < node.params.size(); ++k) {
           const FlatEntry& e = graph.param_layout()[static_cast<size_t>(node.params[k])];
           bool first = true;
-          for (int j = i + 1; j < n && first; ++j) {
+          for (int j = i + 1; j < hi && first; ++j) {
             const auto& ps = nodes[static_cast<size_t>(j)].params;
             first = std::find(ps.begin(), ps.end(), node.params[k]) == ps.end();
           }
@@ -275,6 +318,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
   end_pass();  // after backward, or after an evaluation's forward
   ActivationPeak p = t.peak();
   p.at_end = t.current();
+  if (stage != nullptr) p.held_after_forward = after_forward;
   return p;
 }
 

@@ -25,6 +25,19 @@ struct ActivationPeak {
   int node = -1;    // the node running then
   Phase phase = Phase::forward;
   size_t at_end = 0;  // still held after the step (pinned values, the loss)
+  // A pipeline stage (StageRange): what one micro-batch holds from the end of its
+  // forward (after Executor::release_unused) until its backward starts.
+  size_t held_after_forward = 0;
+};
+
+// A pipeline stage's part of one micro-batch (graph/stages.h, Executor::set_range): its
+// nodes, the values it receives (allocated as they arrive, before its forward), and
+// the values whose gradient arrives from the next stage before its backward (the next
+// stage's receives that take one). The loss seeds backward only on the stage holding it.
+struct StageRange {
+  int begin = 0, end = 0;
+  std::vector<ValueId> receives;
+  std::vector<ValueId> grad_seeds;
 };
 
 // The executor's persistent allocations: parameters, f32 parameter gradients,
@@ -54,10 +67,14 @@ struct ParamGathers {
 };
 
 // blocks_per_segment: activation checkpointing as Executor::set_checkpointing.
+// stage: one micro-batch over a pipeline stage (cuts: the stages' first blocks, as
+// Executor::set_checkpointing takes them); not with buckets or gathers.
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
                                 const RoundBytes& round, int blocks_per_segment = 0,
                                 const GradBuckets* buckets = nullptr,
-                                const ParamGathers* gathers = nullptr);
+                                const ParamGathers* gathers = nullptr,
+                                const StageRange* stage = nullptr,
+                                const std::vector<int>& cuts = {});
 ExecutorBytes executor_bytes(const Graph& graph, Device device, const RoundBytes& round);
 
 }  // namespace dtrain::graph

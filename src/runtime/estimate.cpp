@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/block_pool.h"
 #include "dist/ddp.h"
+#include "graph/stages.h"
 #include "kernels/device_info.h"
 #include "models/registry.h"
 #include "precision/options.h"
@@ -55,6 +56,71 @@ int blocks_per_segment(const Job& job, const graph::Graph& graph) {
   }
   return 0;
 }
+
+namespace {
+
+// A pipeline's stages (runtime/pipeline.h): stage s replays its nodes for one micro-batch
+// (graph::StageRange); with K of them in flight (GPipe: every micro-batch; 1F1B: P - s),
+// K - 1 hold what a forward leaves for its backward while one runs its own peak, and
+// each of the step's micro-batch slots keeps the copies of its inputs. The worst stage's becomes
+// the estimate's training activations; its evaluation (one micro-batch, slot 0) runs
+// beside the other slots' input copies.
+void pipeline_activations(const Job& job, const models::ModelGraph& m,
+                          const graph::RoundBytes& round, const std::vector<char>& eval_pins,
+                          MemoryEstimate& e) {
+  const graph::Graph& g = m.graph;
+  const int P = job.parallel.pipeline, micro = job.parallel.micro_batches;
+  const std::vector<graph::Stage> stages = graph::plan_stages(g, P);
+  std::vector<int> cuts;
+  for (size_t k = 1; k < stages.size(); ++k) cuts.push_back(stages[k].first_block);
+  const auto bytes = [&](graph::ValueId v) {
+    const graph::TensorSpec& s = g.value(v).spec;
+    return round(static_cast<size_t>(s.shape.numel()) * dtype_size(s.dtype));
+  };
+  const size_t copies = bytes(m.input) + bytes(m.labels);  // per slot (TrainSession)
+  graph::ActivationPeak worst_train, worst_eval;
+  for (int s = 0; s < P; ++s) {
+    graph::StageRange r;
+    r.begin = stages[static_cast<size_t>(s)].begin;
+    r.end = stages[static_cast<size_t>(s)].end;
+    r.receives = stages[static_cast<size_t>(s)].receives;
+    if (s + 1 < P) {
+      for (graph::ValueId v : stages[static_cast<size_t>(s) + 1].receives)
+        if (g.value(v).requires_grad) r.grad_seeds.push_back(v);
+    }
+    const graph::ActivationPeak one = graph::plan_activations(
+        g, graph::Mode::train, {}, round, blocks_per_segment(job, g), nullptr, nullptr, &r, cuts);
+    graph::ActivationPeak eval =
+        graph::plan_activations(g, graph::Mode::eval, eval_pins, round, 0, nullptr, nullptr, &r);
+    const int k = job.parallel.schedule == PipelineSchedule::gpipe ? micro : std::min(P - s, micro);
+    graph::ActivationPeak train = one;
+    // Every slot keeps its micro-batch's input copies until the next step replaces them;
+    // an evaluation sets slot 0's inputs from the feed itself.
+    train.peak = static_cast<size_t>(k - 1) * one.held_after_forward + one.peak +
+                 static_cast<size_t>(micro) * copies;
+    eval.peak += static_cast<size_t>(micro - 1) * copies;
+    MemoryEstimate::Stage st;
+    st.stage = s;
+    st.in_flight = k;
+    st.train = train.peak;
+    st.eval = eval.peak;
+    st.peak = e.state_bytes + std::max(st.train, st.eval);
+    if (job.device.is_cpu()) st.peak += e.host_bytes;
+    st.at = train.node >= 0 ? g.nodes()[static_cast<size_t>(train.node)].name : "";
+    e.stages.push_back(st);
+    if (train.peak > worst_train.peak) worst_train = train;
+    if (eval.peak > worst_eval.peak) worst_eval = eval;
+  }
+  e.train = worst_train;
+  e.eval = worst_eval;
+  e.caveat = fmt::format(
+      "parallel.pipeline = {}: the activations are the worst stage's (its nodes for up to {} "
+      "micro-batch(es) at once, {}); every stage holds the whole model's state for now",
+      P, job.parallel.schedule == PipelineSchedule::gpipe ? micro : std::min(P, micro),
+      to_string(job.parallel.schedule));
+}
+
+}  // namespace
 
 MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // Rounded as the allocator that will hold them counts: the host's caching allocator,
@@ -194,6 +260,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   eval_pins[static_cast<size_t>(m.targets)] = 1;
   e.eval = graph::plan_activations(g, graph::Mode::eval, eval_pins, round, 0, nullptr,
                                    zero3 ? &gathers : nullptr);
+  if (job.parallel.pipeline > 1) pipeline_activations(job, m, round, eval_pins, e);
   // After each evaluation forward the trainer reads the logits on the host as f32
   // (TrainSession::evaluate): half logits are widened into a copy then.
   const graph::TensorSpec& logits = g.value(m.logits).spec;
@@ -212,17 +279,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (job.device.is_cpu()) e.peak_bytes += e.host_bytes;
   e.peak_at = train_higher ? e.train_peak_at : e.eval_peak_at + " (evaluation)";
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
-  if (job.parallel.pipeline > 1) {
-    e.caveat = fmt::format(
-        "parallel.pipeline = {}: every stage holds the whole model's state (as above); the "
-        "activations above are one rank running the whole graph, while a stage runs its "
-        "part for up to {} micro-batches at once ({}), which this estimate does not model yet",
-        job.parallel.pipeline,
-        job.parallel.schedule == PipelineSchedule::gpipe
-            ? job.parallel.micro_batches
-            : std::min(job.parallel.pipeline, job.parallel.micro_batches),
-        to_string(job.parallel.schedule));
-  }
+
   if (options.step_time) {
     try {
       e.step_time = estimate_step_time(job, g);
@@ -252,8 +309,9 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   // each element alone) for about the same traffic, ZeRO-2 too with one micro-batch
   // per rank (within rounding with more); the stage that was tried last stays in every
   // later candidate.
+  // (Not with a pipeline yet: the trainer refuses ZeRO there.)
   const bool can_zero =
-      job.parallel.data > 1 && job.parallel.zero_stage < 2 &&
+      job.parallel.data > 1 && job.parallel.zero_stage < 2 && job.parallel.pipeline == 1 &&
       (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
   const bool can_zero3 =
       job.parallel.data > 1 && job.parallel.zero_stage < 3 && job.parallel.pipeline == 1 &&
@@ -404,6 +462,12 @@ std::string format_estimate(const MemoryEstimate& e) {
   }
   out += fmt::format("compute: {:.3g} FLOPs per step (forward + backward, every micro-batch)\n",
                      e.step_flops);
+  for (const MemoryEstimate::Stage& s : e.stages) {
+    out += fmt::format(
+        "  stage {}: {} micro-batch(es) in flight, activations {} (train, at {}), "
+        "{} (eval), peak {}\n",
+        s.stage, s.in_flight, human(s.train), s.at, human(s.eval), human(s.peak));
+  }
   if (!e.caveat.empty()) out += "note: " + e.caveat + "\n";
   if (e.step_time) {
     const StepTimeEstimate& t = *e.step_time;

@@ -38,9 +38,16 @@ struct MemoryEstimate {
   // ("no step time: this CPU has ...") in step_time_missing.
   std::optional<StepTimeEstimate> step_time;
   std::string step_time_missing;
-  // What the figures above leave out, said in the table (a pipeline's stages: each holds
-  // the whole model's state, and its activations are not modelled per stage yet).
-  std::string caveat;
+  // parallel.pipeline > 1: each stage's activations (its part of the graph for up to
+  // `in_flight` micro-batches at once, plus the copies of their inputs) on top of the
+  // state, which every stage holds whole for now; train above is the worst stage's.
+  struct Stage {
+    int stage = 0, in_flight = 1;
+    size_t train = 0, eval = 0, peak = 0;  // peak: state + the larger activations
+    std::string at;                        // where its training peak is
+  };
+  std::vector<Stage> stages;
+  std::string caveat;  // what the figures leave out, said under the table
 };
 
 struct EstimateOptions {

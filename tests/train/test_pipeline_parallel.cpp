@@ -241,6 +241,73 @@ TEST_CASE("1F1B holds at most P - s micro-batches on stage s, GPipe all of them"
   }
 }
 
+// dtrain estimate's pipeline stages (graph::StageRange, runtime/estimate.cpp): each stage
+// replays its nodes for one micro-batch, K - 1 micro-batches hold what a forward leaves
+// for its backward and every slot its input copies; against each rank's measured peak
+// (synthetic data: nothing outside the estimate's items).
+TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%") {
+  OneThread one;
+  TempDir tmp("pp-estimate");
+  const fs::path resnet = tmp.path() / "resnet.yaml";
+  std::ofstream(resnet) << "run: {seed: 1}\n"
+                        << "model: {arch: resnet18, stem: small, width: 0.25, image_size: 32,\n"
+                        << "        num_classes: 10}\n"
+                        << "data: {dataset: synthetic, global_batch: 32, micro_batch: 4,\n"
+                        << "       workers: 1, limit: {test: 32}}\n"
+                        << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                        << "train: {steps: 3, log_every: 1}\n"
+                        << "logging: {console: false}\n";
+  const fs::path vit = tmp.path() / "vit.yaml";
+  std::ofstream(vit) << "run: {seed: 1}\n"
+                     << "model: {arch: vit-tiny, image_size: 64, patch_size: 8, num_classes: 10,\n"
+                     << "        layers: 3, hidden: 96, heads: 3, ffn: 384}\n"
+                     << "data: {dataset: synthetic, global_batch: 16, micro_batch: 4,\n"
+                     << "       workers: 1, limit: {test: 16}}\n"
+                     << "optimizer: {name: adamw, lr: 1.0e-3}\n"
+                     << "train: {steps: 3, log_every: 1}\n"
+                     << "logging: {console: false}\n";
+  struct Case {
+    fs::path job;
+    std::string name;
+    std::vector<std::string> sets;
+  };
+  const std::vector<Case> cases = {
+      {resnet, "resnet-gpipe", {"--set", "parallel.schedule=gpipe"}},
+      {resnet, "resnet-1f1b", {"--set", "parallel.schedule=1f1b"}},
+      {resnet,
+       "resnet-ckpt",
+       {"--set", "parallel.schedule=gpipe", "--set", "memory.checkpointing=block"}},
+      {vit, "vit-gpipe", {"--set", "parallel.schedule=gpipe"}},
+      {vit, "vit-1f1b", {"--set", "parallel.schedule=1f1b"}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    std::vector<std::string> sets = c.sets;
+    sets.insert(sets.end(), {"--set", "parallel.pipeline=3"});
+    const fs::path out = run(c.job, tmp.path(), c.name, 3, sets);
+    std::vector<std::string> args = {"estimate", c.job.string(), "--world", "3", "--json"};
+    args.insert(args.end(), sets.begin(), sets.end());
+    const RunResult e = run_dtrain_command(args, tmp.path() / (c.name + "-estimate.log"));
+    REQUIRE_MESSAGE(e.rc == 0, e.describe());
+    const nlohmann::json est = nlohmann::json::parse(e.log.substr(e.log.find('{')));
+    const nlohmann::json& stages = est.at("pipeline_stages");
+    REQUIRE(stages.size() == 3);
+    const bool gpipe =
+        c.name.find("gpipe") != std::string::npos || c.name.find("ckpt") != std::string::npos;
+    const nlohmann::json summary = summary_of(out);
+    const int micro = c.job == vit ? 4 : 8;
+    REQUIRE(summary.at("pipeline").at("per_rank").size() == 3);
+    for (const nlohmann::json& r : summary.at("pipeline").at("per_rank")) {
+      const int s = r.at("stage");
+      CAPTURE(s);
+      const nlohmann::json& st = stages[static_cast<size_t>(s)];
+      CHECK(st.at("in_flight") == (gpipe ? micro : 3 - s));
+      const double measured = r.at("peak_host_bytes").get<double>();
+      CHECK(std::abs(st.at("peak_bytes").get<double>() / measured - 1.0) <= 0.03);
+    }
+  }
+}
+
 // Activation checkpointing inside the stages: segments restart at each stage's first
 // block, so none straddles a cut; recomputing gives the same bits, and each stage holds
 // less (GPipe keeps every micro-batch's activations alive).
