@@ -22,6 +22,7 @@
 #include "models/registry.h"
 #include "runtime/estimate.h"
 #include "runtime/grad_compression.h"
+#include "runtime/pipeline.h"
 
 namespace dtrain::cli {
 namespace {
@@ -187,7 +188,7 @@ std::string data_parallel_lines(const Job& job, int world) {
     if (job.compress.method != CompressMethod::none) out += compression_line(job, layout, buckets);
     if (p.pipeline > 1) {  // the stages as the trainer cuts them, for one micro-batch
       const models::ModelGraph mb = models::build_model(job.model, job.data.micro_batch);
-      const std::vector<graph::Stage> stages = graph::plan_stages(mb.graph, p.pipeline);
+      const std::vector<graph::Stage> stages = runtime::job_stages(p, mb.graph);
       out += fmt::format(
           "# pipeline: {} stages, schedule {}, {} micro-batches per step (idle share in "
           "theory (p - 1) / (m + p - 1) = {:.0f}%)\n",

@@ -40,6 +40,24 @@ Field betas_field() {
   return leaf("betas", AT(optimizer.betas), read, print);
 }
 
+// parallel.pipeline_blocks: [3, 5], the model blocks of each stage in order.
+Field pipeline_blocks_field() {
+  auto read = [](const ConfigNode& n, const std::string& path) {
+    if (n.kind != ConfigNode::Kind::list || n.items.empty()) {
+      fail(n.loc, path,
+           fmt::format("expected a list of positive block counts, got {}", describe(n)),
+           "e.g. pipeline_blocks: [3, 5] (one entry per stage, summing to the model's blocks)");
+    }
+    std::vector<int> blocks;
+    for (size_t i = 0; i < n.items.size(); ++i)
+      blocks.push_back(
+          static_cast<int>(read_int(n.items[i], fmt::format("{}[{}]", path, i), kPositive)));
+    return blocks;
+  };
+  auto print = [](const std::vector<int>& b) { return fmt::format("[{}]", fmt::join(b, ", ")); };
+  return leaf("pipeline_blocks", AT(parallel.pipeline_blocks), read, print);
+}
+
 Field device_field() {
   auto read = [](const ConfigNode& n, const std::string& path) {
     const std::string s = read_string(n, path);
@@ -154,12 +172,13 @@ Field precision_section() {
 }
 
 Field parallel_section() {
-  return section("parallel", {integer_or_auto("data", AT(parallel.data), kPositive),
-                              integer("tensor", AT(parallel.tensor), kPositive),
-                              integer("pipeline", AT(parallel.pipeline), kPositive),
-                              enumeration("schedule", AT(parallel.schedule)),
-                              integer("micro_batches", AT(parallel.micro_batches), kPositive),
-                              integer("zero_stage", AT(parallel.zero_stage), IntRange{0, 3})});
+  return section("parallel",
+                 {integer_or_auto("data", AT(parallel.data), kPositive),
+                  integer("tensor", AT(parallel.tensor), kPositive),
+                  integer("pipeline", AT(parallel.pipeline), kPositive),
+                  enumeration("schedule", AT(parallel.schedule)), pipeline_blocks_field(),
+                  integer("micro_batches", AT(parallel.micro_batches), kPositive),
+                  integer("zero_stage", AT(parallel.zero_stage), IntRange{0, 3})});
 }
 
 Field comm_section() {

@@ -138,6 +138,12 @@ void check_grid(const Checker& c) {
             fmt::format("ZeRO-{} does not combine with pipeline parallelism", p.zero_stage),
             "pipeline stages accumulate gradients over micro-batches; use zero_stage 0 or 1");
   }
+  if (p.pipeline_blocks && static_cast<int>(p.pipeline_blocks->size()) != p.pipeline) {
+    c.error("parallel.pipeline_blocks",
+            fmt::format("{} entries for parallel.pipeline = {} stages", p.pipeline_blocks->size(),
+                        p.pipeline),
+            "give one block count per stage, or leave the key out to balance by FLOPs");
+  }
   if (p.pipeline > 1 && p.micro_batches < p.pipeline) {
     c.warn("parallel.micro_batches",
            fmt::format("{} micro-batches for {} pipeline stages leaves stages idle",

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/enum_names.h"
 
@@ -52,6 +53,8 @@ struct ParallelOptions {
   int tensor = 1;
   int pipeline = 1;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  // Model blocks per pipeline stage, by hand (graph/stages.h); unset: balanced by FLOPs.
+  std::optional<std::vector<int>> pipeline_blocks;
   int micro_batches = 1;  // micro-batches per optimizer step on each data-parallel rank
   int zero_stage = 0;     // 1: optimizer state, 2: + gradients, 3: + parameters sharded
 };

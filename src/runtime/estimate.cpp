@@ -14,6 +14,7 @@
 #include "kernels/device_info.h"
 #include "models/registry.h"
 #include "precision/options.h"
+#include "runtime/pipeline.h"
 #include "runtime/zero.h"
 
 namespace dtrain::runtime {
@@ -70,7 +71,7 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
                           MemoryEstimate& e) {
   const graph::Graph& g = m.graph;
   const int P = job.parallel.pipeline, micro = job.parallel.micro_batches;
-  const std::vector<graph::Stage> stages = graph::plan_stages(g, P);
+  const std::vector<graph::Stage> stages = job_stages(job.parallel, g);
   std::vector<int> cuts;
   for (size_t k = 1; k < stages.size(); ++k) cuts.push_back(stages[k].first_block);
   const auto bytes = [&](graph::ValueId v) {

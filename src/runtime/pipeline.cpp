@@ -12,6 +12,11 @@
 
 namespace dtrain::runtime {
 
+std::vector<graph::Stage> job_stages(const ParallelOptions& parallel, const graph::Graph& graph) {
+  if (parallel.pipeline_blocks) return graph::stages_from_blocks(graph, *parallel.pipeline_blocks);
+  return graph::plan_stages(graph, parallel.pipeline);
+}
+
 PipelineStage::PipelineStage(const graph::Graph& graph, graph::Executor& ex,
                              std::vector<graph::Stage> stages, dist::Communicator& pipe,
                              PipelineSchedule schedule, int micro_batches)

@@ -22,6 +22,9 @@
 
 namespace dtrain::runtime {
 
+// The job's stages: parallel.pipeline_blocks by hand, else balanced by FLOPs.
+std::vector<graph::Stage> job_stages(const ParallelOptions& parallel, const graph::Graph& graph);
+
 class PipelineStage {
  public:
   // `pipe`: the pipeline group (rank s = stage s). Sets the executor's range and slots.

@@ -328,7 +328,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   coord_ = dist::grid_coord(comm.rank(), dist::degrees_of(job_.parallel));
   std::vector<int> cuts;  // checkpointed segments restart at each stage's first block
   if (job_.parallel.pipeline > 1) {
-    stages_ = graph::plan_stages(model_.graph, job_.parallel.pipeline);
+    stages_ = job_stages(job_.parallel, model_.graph);
     for (size_t k = 1; k < stages_.size(); ++k) cuts.push_back(stages_[k].first_block);
     // A weight tied across a cut (GPT-2's embedding and LM head, BERT's masked-LM
     // decoder): both stages hold it, each computes its users' part of the gradient, and

@@ -83,6 +83,11 @@ TEST_CASE("a ResNet in 2 and 3 pipeline stages trains exactly like one rank, GPi
   const fs::path job = write_job(tmp.path(), "resnet");
   const std::vector<std::string> micro = {"--set", "data.micro_batch=8"};  // 4 per step
   const fs::path whole = run(job, tmp.path(), "one", 1, micro);
+  // By hand too: parallel.pipeline_blocks moves the cut, not the result.
+  std::vector<std::string> by_hand = micro;
+  by_hand.insert(by_hand.end(),
+                 {"--set", "parallel.pipeline=2", "--set", "parallel.pipeline_blocks=[3, 5]"});
+  require_same(run(job, tmp.path(), "pp2-blocks", 2, by_hand), whole);
   for (const auto& [stages, schedule] :
        std::vector<std::pair<int, std::string>>{{2, "gpipe"}, {2, "1f1b"}, {3, "1f1b"}}) {
     CAPTURE(stages);
