@@ -117,35 +117,12 @@ void Executor::set_value(ValueId v, Tensor t) {
 }
 
 void Executor::release_unused() {
-  const int n = static_cast<int>(graph_.nodes().size());
   const Lifetimes& life = lifetimes(mode_);
-  // The last step of this range that reads each value (forward reads are over).
-  std::vector<int> last(values_.size(), -1);
-  // A checkpointed segment's recompute reads its inputs from outside it again.
-  for (const Segment& seg : life.segments) {
-    if (mode_ != Mode::train || seg.first < begin_ || seg.last >= end_) continue;
-    const int step = 2 * n - 1 - seg.last;
-    for (int i = seg.first; i <= seg.last; ++i)
-      for (ValueId v : graph_.nodes()[static_cast<size_t>(i)].inputs) {
-        const int p = graph_.value(v).producer;
-        if (p < seg.first || p > seg.last)
-          last[static_cast<size_t>(v)] = std::max(last[static_cast<size_t>(v)], step);
-      }
-  }
-  for (int i = begin_; mode_ == Mode::train && i < end_; ++i) {
-    const Node& node = graph_.nodes()[static_cast<size_t>(i)];
-    const int step = 2 * n - 1 - i;
-    if (keeps_inputs(node))
-      for (ValueId v : node.inputs)
-        last[static_cast<size_t>(v)] = std::max(last[static_cast<size_t>(v)], step);
-    if (keeps_outputs(node))
-      for (ValueId v : node.outputs)
-        last[static_cast<size_t>(v)] = std::max(last[static_cast<size_t>(v)], step);
-  }
+  const std::vector<char> read = read_after_forward(graph_, life, mode_, begin_, end_);
   for (size_t v = 0; v < values_.size(); ++v) {
     if (!values_[v].defined() || graph_.value(static_cast<ValueId>(v)).producer < 0) continue;
     if (life.last_use[v] < 0) continue;  // pinned, or read by nothing (the loss)
-    if (last[v] < 0) values_[v] = Tensor();
+    if (!read[v]) values_[v] = Tensor();
   }
 }
 

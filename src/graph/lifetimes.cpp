@@ -47,6 +47,29 @@ std::vector<Segment> segments_of(const Graph& graph, int k, const std::vector<in
 
 }  // namespace
 
+std::vector<char> read_after_forward(const Graph& graph, const Lifetimes& life, Mode mode,
+                                     int begin, int end) {
+  std::vector<char> read(static_cast<size_t>(graph.num_values()), 0);
+  if (mode != Mode::train) return read;
+  const auto& nodes = graph.nodes();
+  for (const Segment& seg : life.segments) {  // the recompute reads the segment's inputs
+    if (seg.first < begin || seg.last >= end) continue;
+    for (int i = seg.first; i <= seg.last; ++i)
+      for (ValueId v : nodes[static_cast<size_t>(i)].inputs) {
+        const int p = graph.value(v).producer;
+        if (p < seg.first || p > seg.last) read[static_cast<size_t>(v)] = 1;
+      }
+  }
+  for (int i = begin; i < end; ++i) {
+    const Node& node = nodes[static_cast<size_t>(i)];
+    if (keeps_inputs(node))
+      for (ValueId v : node.inputs) read[static_cast<size_t>(v)] = 1;
+    if (keeps_outputs(node))
+      for (ValueId v : node.outputs) read[static_cast<size_t>(v)] = 1;
+  }
+  return read;
+}
+
 bool grad_in_place_ok(const Graph& graph, const Lifetimes& life, ValueId v, int step) {
   if (graph.value(v).producer < 0) return false;         // the caller's input
   return life.last_use[static_cast<size_t>(v)] == step;  // -1 (pinned, unread) never matches

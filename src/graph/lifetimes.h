@@ -49,6 +49,12 @@ struct Lifetimes {
 // pinned, not an inner value of a checkpointed segment read again later.
 bool grad_in_place_ok(const Graph& graph, const Lifetimes& life, ValueId v, int step);
 
+// After a forward over nodes [begin, end) (a pipeline stage, Executor::release_unused):
+// per value, whether a later step of that range still reads it: a backward that keeps
+// it, or the recompute of a checkpointed segment inside the range. Nothing in eval.
+std::vector<char> read_after_forward(const Graph& graph, const Lifetimes& life, Mode mode,
+                                     int begin, int end);
+
 // pinned: per value (graph.num_values() entries, or empty: none pinned).
 // blocks_per_segment: 0 no checkpointing; k: segments of k consecutive blocks.
 // cuts: blocks where segments start afresh (pipeline stages' first blocks: no segment

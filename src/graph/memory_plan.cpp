@@ -114,25 +114,10 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     release(i);
   }
   if (stage != nullptr) {  // Executor::release_unused: what no later step of the stage reads
-    std::vector<int> last(value.size(), -1);
-    for (const Segment& seg : life.segments) {
-      if (mode != Mode::train || seg.first < lo || seg.last >= hi) continue;
-      for (int i = seg.first; i <= seg.last; ++i)
-        for (ValueId v : nodes[static_cast<size_t>(i)].inputs) {
-          const int p = graph.value(v).producer;
-          if (p < seg.first || p > seg.last) last[static_cast<size_t>(v)] = 1;
-        }
-    }
-    for (int i = lo; mode == Mode::train && i < hi; ++i) {
-      const Node& node = nodes[static_cast<size_t>(i)];
-      if (keeps_inputs(node))
-        for (ValueId v : node.inputs) last[static_cast<size_t>(v)] = 1;
-      if (keeps_outputs(node))
-        for (ValueId v : node.outputs) last[static_cast<size_t>(v)] = 1;
-    }
+    const std::vector<char> read = read_after_forward(graph, life, mode, lo, hi);
     for (size_t v = 0; v < value.size(); ++v) {
       if (value[v] == 0 || graph.value(static_cast<ValueId>(v)).producer < 0) continue;
-      if (life.last_use[v] < 0 || last[v] >= 0) continue;
+      if (life.last_use[v] < 0 || read[v]) continue;
       t.remove(value[v]);
       value[v] = 0;
     }

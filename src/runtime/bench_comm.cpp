@@ -137,11 +137,8 @@ nlohmann::json bench_comm(dist::Communicator& host, dist::Communicator& comm, co
   const int n = comm.size();
   const dist::Topology topo = comm.topology();
   const std::vector<AllreduceAlgo> algos = algorithms(topo, c);
-  if (c.min_bytes < 4 || c.min_bytes > c.max_bytes) {
-    throw Error(fmt::format("--min-bytes {} --max-bytes {}: sizes from at least 4 bytes up",
-                            c.min_bytes, c.max_bytes),
-                "e.g. --min-bytes 4096 --max-bytes 67108864");
-  }
+  DTRAIN_CHECK(c.min_bytes >= 4 && c.min_bytes <= c.max_bytes, "comm sizes {} .. {}", c.min_bytes,
+               c.max_bytes);  // the command line's check came first
   const Device device = comm.device();
   nlohmann::json out = nlohmann::json::array();
   for (DType dt : o.dtypes) {

@@ -5,16 +5,92 @@
 #include <chrono>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
+#include "optim/clip.h"
 
 namespace dtrain::runtime {
 
 std::vector<graph::Stage> job_stages(const ParallelOptions& parallel, const graph::Graph& graph) {
   if (parallel.pipeline_blocks) return graph::stages_from_blocks(graph, *parallel.pipeline_blocks);
   return graph::plan_stages(graph, parallel.pipeline);
+}
+
+TiedWeights::TiedWeights(const graph::Graph& graph, const std::vector<graph::Stage>& stages)
+    : tied_(graph::params_across_stages(graph, stages)) {
+  for (int p : tied_) {
+    std::vector<int> users;
+    for (size_t k = 0; k < stages.size(); ++k)
+      for (int i = stages[k].begin; i < stages[k].end; ++i)
+        for (int q : graph.nodes()[static_cast<size_t>(i)].params)
+          if (q == p && (users.empty() || users.back() != static_cast<int>(k)))
+            users.push_back(static_cast<int>(k));
+    const std::pair<int, int> pair{users.front(), users.back()};
+    if (users.size() != 2 || (pair_.first >= 0 && pair != pair_)) {
+      throw Error(
+          fmt::format("parallel.pipeline: {} is used by stages {}; a weight tied across "
+                      "more than two stages (or two pairs of them) is not supported yet",
+                      graph.param_layout()[static_cast<size_t>(p)].name, fmt::join(users, ", ")),
+          "use fewer pipeline stages");
+    }
+    pair_ = pair;
+  }
+}
+
+void TiedWeights::connect(dist::Communicator& pipe) {
+  if (tied_.empty()) return;
+  const bool member = pipe.rank() == pair_.first || pipe.rank() == pair_.second;
+  comm_ = pipe.split(member ? 0 : 1, pipe.rank());
+  if (!member) comm_.reset();
+}
+
+void TiedWeights::sum(const Tensor& grads, const std::vector<graph::FlatEntry>& layout) {
+  if (!comm_) return;
+  for (int p : tied_) {
+    const graph::FlatEntry& e = layout[static_cast<size_t>(p)];
+    comm_->all_reduce(grads.view(e.offset, Shape{e.spec.shape.numel()}));
+  }
+}
+
+double TiedWeights::uncounted_squares(const Tensor& grads,
+                                      const std::vector<graph::FlatEntry>& layout,
+                                      int stage) const {
+  if (!comm_ || stage != pair_.first) return 0;
+  double sum = 0;
+  for (int p : tied_) {
+    const graph::FlatEntry& e = layout[static_cast<size_t>(p)];
+    sum += optim::grad_sum_squares(grads.view(e.offset, Shape{e.spec.shape.numel()}));
+  }
+  return sum;
+}
+
+void gather_to_first_stage(
+    dist::Communicator& pipe, const std::vector<graph::Stage>& stages,
+    const std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>>& flats) {
+  const auto range = [&](const std::vector<graph::FlatEntry>& entries, int s) {
+    const graph::Stage& st = stages[static_cast<size_t>(s)];
+    int64_t lo = -1, hi = -1;
+    for (const graph::FlatEntry& e : entries) {
+      if (e.node < st.begin || e.node >= st.end) continue;
+      if (lo < 0) lo = e.offset;
+      hi = e.offset + e.spec.shape.numel();
+    }
+    return std::pair<int64_t, int64_t>{lo, hi};
+  };
+  std::vector<dist::Communicator::PeerOp> ops;
+  for (const auto& [flat, entries] : flats) {
+    if (!flat.defined()) continue;
+    for (int s = 1; s < pipe.size(); ++s) {
+      if (pipe.rank() != 0 && pipe.rank() != s) continue;
+      const auto [lo, hi] = range(*entries, s);
+      if (lo < 0) continue;
+      ops.push_back({pipe.rank() == s, pipe.rank() == 0 ? s : 0, flat.view(lo, Shape{hi - lo})});
+    }
+  }
+  pipe.exchange(ops);
 }
 
 PipelineStage::PipelineStage(const graph::Graph& graph, graph::Executor& ex,
@@ -36,13 +112,14 @@ PipelineStage::PipelineStage(const graph::Graph& graph, graph::Executor& ex,
   got_grad_.resize(static_cast<size_t>(micro_));
   out_grad_.resize(static_cast<size_t>(micro_));
   alive_.assign(static_cast<size_t>(micro_), 0);
-}
-
-std::vector<graph::ValueId> PipelineStage::grad_values(int stage) const {
-  std::vector<graph::ValueId> out;
-  for (graph::ValueId v : stages_[static_cast<size_t>(stage)].receives)
-    if (graph_.value(v).requires_grad) out.push_back(v);
-  return out;
+  const auto with_grad = [&](int s) {
+    std::vector<graph::ValueId> out;
+    for (graph::ValueId v : stages_[static_cast<size_t>(s)].receives)
+      if (graph_.value(v).requires_grad) out.push_back(v);
+    return out;
+  };
+  if (!first()) grads_out_ = with_grad(stage_);
+  if (!last()) grads_in_ = with_grad(stage_ + 1);
 }
 
 void PipelineStage::exchange(int send_fwd, int recv_fwd, int send_bwd, int recv_bwd) {
@@ -72,7 +149,7 @@ void PipelineStage::exchange(int send_fwd, int recv_fwd, int send_bwd, int recv_
   if (recv_bwd >= 0 && !last()) {
     std::vector<Tensor>& in = got_grad_[static_cast<size_t>(recv_bwd)];
     in.clear();
-    for (graph::ValueId v : grad_values(stage_ + 1)) {
+    for (graph::ValueId v : grads_in_) {
       in.push_back(fresh(v));
       ops.push_back({false, stage_ + 1, in.back()});
     }
@@ -133,7 +210,7 @@ void PipelineStage::backward(int m, graph::ValueId loss, const StepHooks& hooks)
   ex_.select_slot(m);
   std::vector<std::pair<graph::ValueId, Tensor>> seeds;
   if (!last()) {
-    const std::vector<graph::ValueId> vs = grad_values(stage_ + 1);
+    const std::vector<graph::ValueId>& vs = grads_in_;
     std::vector<Tensor>& in = got_grad_[static_cast<size_t>(m)];
     DTRAIN_CHECK(in.size() == vs.size(), "stage {}: micro-batch {} backward before its receive",
                  stage_, m);
@@ -151,7 +228,7 @@ void PipelineStage::backward(int m, graph::ValueId loss, const StepHooks& hooks)
   if (!first()) {
     std::vector<Tensor>& out = out_grad_[static_cast<size_t>(m)];
     out.clear();
-    for (graph::ValueId v : grad_values(stage_)) {
+    for (graph::ValueId v : grads_out_) {
       Tensor g = ex_.take_grad(v);
       if (!g.defined()) {  // no node of this stage reached it: a zero gradient
         const graph::TensorSpec& s = graph_.value(v).spec;

@@ -12,7 +12,9 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -24,6 +26,40 @@ namespace dtrain::runtime {
 
 // The job's stages: parallel.pipeline_blocks by hand, else balanced by FLOPs.
 std::vector<graph::Stage> job_stages(const ParallelOptions& parallel, const graph::Graph& graph);
+
+// Weights tied across a cut (GPT-2's embedding and LM head, BERT's masked-LM decoder):
+// both stages hold the weight, each computes its users' part of the gradient, and the
+// two parts are summed between them after each step's backward. The gradient's norm
+// counts the weight on the later stage only. A weight used by more than two stages, or
+// two pairs of stages, is an Error naming parallel.pipeline.
+class TiedWeights {
+ public:
+  TiedWeights(const graph::Graph& graph, const std::vector<graph::Stage>& stages);
+  bool empty() const { return tied_.empty(); }
+  // Collective over the pipeline group: the two stages' own group (watched by the caller).
+  void connect(dist::Communicator& pipe);
+  dist::Communicator* comm() const { return comm_.get(); }  // null off the two stages
+  // `grads` in `layout` (f32): the tied weights' parts summed on both stages.
+  void sum(const Tensor& grads, const std::vector<graph::FlatEntry>& layout);
+  // What this stage subtracts from its gradient's sum of squares: the tied weights' on
+  // the earlier of the two stages, 0 elsewhere.
+  double uncounted_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,
+                           int stage) const;
+
+ private:
+  std::vector<int> tied_;
+  std::pair<int, int> pair_{-1, -1};
+  std::unique_ptr<dist::Communicator> comm_;
+};
+
+// Each stage's range of every flat f32 tensor in `flats` (each with its layout: a
+// stage's entries are a contiguous range, the graph adding them in node order) travels
+// to stage 0, into its copies (which its own nodes never use): collective over `pipe`.
+// The trainer gathers parameters, optimizer state and buffers so stage 0 writes the
+// one-file checkpoint any layout resumes from.
+void gather_to_first_stage(
+    dist::Communicator& pipe, const std::vector<graph::Stage>& stages,
+    const std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>>& flats);
 
 class PipelineStage {
  public:
@@ -75,7 +111,6 @@ class PipelineStage {
   // gradients of `send_bwd` to the one before; receiving `recv_fwd`'s activations and
   // `recv_bwd`'s gradients (-1: none), all in one exchange.
   void exchange(int send_fwd, int recv_fwd, int send_bwd, int recv_bwd);
-  std::vector<graph::ValueId> grad_values(int stage) const;  // what stage's gradient sends
 
   const graph::Graph& graph_;
   graph::Executor& ex_;
@@ -83,6 +118,9 @@ class PipelineStage {
   dist::Communicator& pipe_;
   PipelineSchedule schedule_;
   int micro_ = 1, stage_ = 0;
+  // What travels back: the received values that take a gradient, of this stage and the
+  // next (what this stage sends back and what it gets back).
+  std::vector<graph::ValueId> grads_out_, grads_in_;
   // Per micro-batch slot: what the next stage sent back, what this stage sends back.
   std::vector<std::vector<Tensor>> got_act_, got_grad_, out_grad_;
   std::vector<char> alive_;

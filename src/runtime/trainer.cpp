@@ -252,16 +252,13 @@ class TrainSession {
   models::ModelGraph model_;
   graph::DTypePolicy policy_;
   std::unique_ptr<graph::Executor> ex_;
-  std::vector<graph::Stage> stages_;              // parallel.pipeline > 1: the stage plan
-  std::unique_ptr<dist::ProcessGrid> grid_;       // pipeline x data groups (pipeline > 1)
-  std::unique_ptr<PipelineStage> pipeline_;       // this rank's stage
-  dist::GridCoord coord_;                         // this rank's place in the grid
-  std::vector<int64_t> labelled_;                 // per micro-batch of a pipeline step
-  std::vector<int> tied_;                         // parameters tied across stages
-  std::pair<int, int> tie_pair_{-1, -1};          // the two stages that hold them
-  std::unique_ptr<dist::Communicator> tie_comm_;  // those two stages (pipeline ranks)
+  std::vector<graph::Stage> stages_;         // parallel.pipeline > 1: the stage plan
+  std::unique_ptr<dist::ProcessGrid> grid_;  // pipeline x data groups (pipeline > 1)
+  std::unique_ptr<PipelineStage> pipeline_;  // this rank's stage
+  dist::GridCoord coord_;                    // this rank's place in the grid
+  std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
+  std::unique_ptr<TiedWeights> tied_;        // weights tied across stages (pipeline)
   void pipeline_passes(StepTotals& local);
-  void gather_stages();  // every stage's parameters, state and buffers onto stage 0
   double stage_sum_squares() const;
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
   std::unique_ptr<optim::Optimizer> opt_;
@@ -330,27 +327,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   if (job_.parallel.pipeline > 1) {
     stages_ = job_stages(job_.parallel, model_.graph);
     for (size_t k = 1; k < stages_.size(); ++k) cuts.push_back(stages_[k].first_block);
-    // A weight tied across a cut (GPT-2's embedding and LM head, BERT's masked-LM
-    // decoder): both stages hold it, each computes its users' part of the gradient, and
-    // the two parts are summed between them after each step's backward (connect()).
-    tied_ = graph::params_across_stages(model_.graph, stages_);
-    for (int p : tied_) {
-      std::vector<int> users;
-      for (size_t k = 0; k < stages_.size(); ++k)
-        for (int i = stages_[k].begin; i < stages_[k].end; ++i)
-          for (int q : model_.graph.nodes()[static_cast<size_t>(i)].params)
-            if (q == p && (users.empty() || users.back() != static_cast<int>(k)))
-              users.push_back(static_cast<int>(k));
-      const std::pair<int, int> pair{users.front(), users.back()};
-      if (users.size() != 2 || (tie_pair_.first >= 0 && pair != tie_pair_)) {
-        throw Error(fmt::format("parallel.pipeline: {} is used by stages {}; a weight tied across "
-                                "more than two stages (or two pairs of them) is not supported yet",
-                                model_.graph.param_layout()[static_cast<size_t>(p)].name,
-                                fmt::join(users, ", ")),
-                    "use fewer pipeline stages");
-      }
-      tie_pair_ = pair;
-    }
+    tied_ = std::make_unique<TiedWeights>(model_.graph, stages_);  // summed in train_step
   }
   ex_->set_checkpointing(blocks_per_segment(job_, model_.graph), cuts);
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
@@ -587,12 +564,8 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       if (exchange) args["bytes"] = bytes;
       p->span(name, category, track, t0, t0 + secs, std::move(args));
     });
-    if (!tied_.empty()) {  // collective over the pipeline group
-      const bool member = pipe.rank() == tie_pair_.first || pipe.rank() == tie_pair_.second;
-      tie_comm_ = pipe.split(member ? 0 : 1, pipe.rank());
-      if (!member) tie_comm_.reset();
-      if (watchdog != nullptr && tie_comm_) watchdog->add(*tie_comm_);
-    }
+    tied_->connect(pipe);  // collective over the pipeline group
+    if (watchdog != nullptr && tied_->comm() != nullptr) watchdog->add(*tied_->comm());
     // Parameters of other stages get no gradient here: zeros, once (the norm adds the
     // stages' sums; the optimizer's update of them is never used or saved).
     Tensor all = ex_->grads().flat(DType::f32);
@@ -785,12 +758,7 @@ double TrainSession::train_step(const StopSignals& signals) {
     }
   }
   if (!zero_sync_) sync_->finish();
-  if (tie_comm_) {  // a tied weight's two parts of the gradient, summed on both stages
-    for (int p : tied_) {
-      const graph::FlatEntry& e = weights_->layout()[static_cast<size_t>(p)];
-      tie_comm_->all_reduce(grads.view(e.offset, Shape{e.spec.shape.numel()}));
-    }
-  }
+  if (tied_) tied_->sum(grads, weights_->layout());  // both parts, on both stages
   buffer_avg_->finish();
   local.stop = signals.requested() ? 1 : 0;
   const StepTotals total = agree_totals(local);
@@ -844,14 +812,8 @@ double TrainSession::train_step(const StopSignals& signals) {
 // a weight tied across stages counted on the later of its two stages only.
 double TrainSession::stage_sum_squares() const {
   const Tensor grads = weights_->grads();
-  double sum = optim::grad_sum_squares(grads);
-  if (tie_comm_ && pipeline_->stage() == tie_pair_.first) {
-    for (int p : tied_) {
-      const graph::FlatEntry& e = weights_->layout()[static_cast<size_t>(p)];
-      sum -= optim::grad_sum_squares(grads.view(e.offset, Shape{e.spec.shape.numel()}));
-    }
-  }
-  return sum;
+  return optim::grad_sum_squares(grads) -
+         tied_->uncounted_squares(grads, weights_->layout(), pipeline_->stage());
 }
 
 // A pipeline step's forward and backward passes (runtime/pipeline.h): the same per
@@ -1133,7 +1095,13 @@ void TrainSession::save_checkpoint() {
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
   if (pipeline_) {  // data-parallel replicas of a stage agree; stage 0 of replica 0 writes
     check_replicas(*grad_comm_, state, "parameters, buffers and optimizer state");
-    if (coord_.dp == 0) gather_stages();
+    if (coord_.dp == 0) {  // stage 0 then holds the whole model and writes the file
+      std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>> flats = {
+          {state[0], &weights_->layout()}, {state[1], &ex_->buffers().entries()}};
+      for (const auto& [name, t] : opt_->state().buffers)
+        flats.emplace_back(t, &weights_->layout());
+      gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_, flats);
+    }
   } else {
     check_replicas(comm_, state, "parameters, buffers and optimizer state");
   }
@@ -1145,40 +1113,6 @@ void TrainSession::save_checkpoint() {
     prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
   }
   weights_->release_state();
-}
-
-// Each stage's parameters (f32: the masters, or the parameters of an fp32 run), their
-// optimizer state and its nodes' buffers travel to stage 0, into its copies of them
-// (which its own nodes never use), so that stage 0 writes the one-file checkpoint any
-// layout resumes from. A stage's parameters and buffers are a contiguous range of the
-// layout (the graph adds them in node order).
-void TrainSession::gather_stages() {
-  dist::Communicator& pipe = grid_->group(dist::Axis::pipeline);
-  const auto range = [&](const std::vector<graph::FlatEntry>& entries, int s) {
-    const graph::Stage& st = stages_[static_cast<size_t>(s)];
-    int64_t lo = -1, hi = -1;
-    for (const graph::FlatEntry& e : entries) {
-      if (e.node < st.begin || e.node >= st.end) continue;
-      if (lo < 0) lo = e.offset;
-      hi = e.offset + e.spec.shape.numel();
-    }
-    return std::pair<int64_t, int64_t>{lo, hi};
-  };
-  std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>> what = {
-      {weights_->state().flat(DType::f32), &weights_->layout()},
-      {ex_->buffers().flat(DType::f32), &ex_->buffers().entries()}};
-  for (const auto& [name, t] : opt_->state().buffers) what.emplace_back(t, &weights_->layout());
-  std::vector<dist::Communicator::PeerOp> ops;
-  for (const auto& [flat, entries] : what) {
-    if (!flat.defined()) continue;
-    for (int s = 1; s < pipe.size(); ++s) {
-      if (pipe.rank() != 0 && pipe.rank() != s) continue;
-      const auto [lo, hi] = range(*entries, s);
-      if (lo < 0) continue;
-      ops.push_back({pipe.rank() == s, pipe.rank() == 0 ? s : 0, flat.view(lo, Shape{hi - lo})});
-    }
-  }
-  pipe.exchange(ops);
 }
 
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {

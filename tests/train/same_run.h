@@ -7,6 +7,9 @@
 
 #include <cstdlib>
 
+#include <string>
+#include <vector>
+
 #include "harness.h"
 
 namespace dtrain::train_test {
@@ -22,6 +25,19 @@ inline void require_same(const fs::path& a, const fs::path& b) {
                 b.filename().string(), ": ", first_difference(la, lb));
   CHECK(compare_checkpoints(newest_checkpoint(a / "checkpoints"),
                             newest_checkpoint(b / "checkpoints")) == "");
+}
+
+// `dtrain train args...` must exit 2 with exactly one "error:" line that says `expect`
+// (every rank refuses, one message).
+inline void check_refused(const std::vector<std::string>& args, const fs::path& log,
+                          const std::string& expect) {
+  const RunResult r = run_dtrain(args, log);
+  CHECK(r.rc == 2);
+  size_t count = 0;
+  for (size_t at = r.log.find("error:"); at != std::string::npos; at = r.log.find("error:", at + 1))
+    ++count;
+  CHECK_MESSAGE(count == 1, r.log);
+  CHECK_MESSAGE(r.log.find(expect) != std::string::npos, r.log);
 }
 
 }  // namespace dtrain::train_test
