@@ -28,6 +28,17 @@ struct AttentionArgs {
   // s-th of the step's global batch passes s*H*Tq*Tk, so a sample's mask does not
   // depend on how the global batch is split into ranks and micro-batches.
   uint64_t offset = 0;
+  // Tensor parallelism: these h heads are heads [head_first, head_first + h) of
+  // heads_total (0: h), and the mask numbering above uses the whole model's heads
+  // (b*heads_total + head_first + h for b*H + h), so a rank's heads draw the masks
+  // they draw on one rank.
+  int64_t heads_total = 0, head_first = 0;
+  // The stream word of element (b*h + local head, i, j) = bh, in the numbering above.
+  uint64_t dropout_word(int64_t bh, int64_t i, int64_t j) const {
+    const int64_t ht = heads_total > 0 ? heads_total : h;
+    const int64_t g = (bh / h) * ht + head_first + bh % h;
+    return offset + static_cast<uint64_t>((g * tq + i) * tk + j);
+  }
 };
 
 // CPU: per-thread tiles. CUDA: Di [B, H, Tq] f32 for backward (kernels/cuda/attention.cu).

@@ -14,6 +14,15 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
 // dout [n, dim] -> dtable [vocab, dim] += scattered rows (caller zeroes dtable first)
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 
+// Tensor parallelism (a vocabulary-parallel embedding; CPU only): `table` holds rows
+// [first, first + table rows) of a vocabulary of `total`. An id of another rank's rows
+// gives a zero row in forward and adds nothing in backward; an id outside [0, total)
+// is an Error as above.
+void embedding_forward_share(const Tensor& ids, const Tensor& table, int64_t first, int64_t total,
+                             Tensor& out);
+void embedding_backward_share(const Tensor& ids, const Tensor& dout, int64_t first, int64_t total,
+                              Tensor& dtable);
+
 // The ids for gathering the labelled positions of each sequence (a masked-LM head):
 // labels i32 [B, T] (ignore_index: not predicted) -> ids i32 [B * R], the flat
 // positions b * T + j of sequence b's first R labelled tokens in order (padding: b * T),

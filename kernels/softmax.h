@@ -30,4 +30,28 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& 
                                     const Tensor& targets, const Tensor& lse, const Tensor& dloss,
                                     Tensor& dlogits);
 
+// Vocabulary-parallel cross-entropy (tensor parallelism; CPU only): this rank's logits
+// are classes [first, first + args.classes) of `total`, and args.rows rows. The ranks'
+// partial results meet in two all-reduces the caller makes between the calls: the row
+// maxima (max), then the row sums (sum). Targets are checked against `total`.
+struct ClassShare {
+  int64_t first = 0, total = 0;
+};
+// -> row_max f32 [rows]: the max of this rank's logits of each row.
+void cross_entropy_row_max(const CrossEntropyArgs& args, const Tensor& logits, Tensor& row_max);
+// row_max: every rank's maximum -> sums f32 [rows, 3]: sum_j exp(x_j - max), the
+// target's logit (0 where another rank holds it) and sum_j x_j, over this rank's classes.
+void cross_entropy_row_sums(const CrossEntropyArgs& args, const ClassShare& share,
+                            const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                            Tensor& sums);
+// sums: every rank's, added -> loss f32 [1] and lse f32 [rows] as
+// softmax_cross_entropy_forward computes them over all the classes.
+void cross_entropy_finish(const CrossEntropyArgs& args, const ClassShare& share,
+                          const Tensor& targets, const Tensor& row_max, const Tensor& sums,
+                          Tensor& loss, Tensor& lse);
+// softmax_cross_entropy_backward's dlogits for this rank's classes.
+void cross_entropy_share_backward(const CrossEntropyArgs& args, const ClassShare& share,
+                                  const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                  const Tensor& dloss, Tensor& dlogits);
+
 }  // namespace dtrain::kernels

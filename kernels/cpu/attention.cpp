@@ -301,7 +301,7 @@ struct Problem {
   void dropout_tile(int64_t bh, int64_t i0, int64_t nq, uint32_t* words) const {
     if (a.dropout == 0.0f) return;
     const Philox rng(a.seed, a.stream);
-    const uint64_t first = a.offset + static_cast<uint64_t>((bh * a.tq + i0) * a.tk);
+    const uint64_t first = a.dropout_word(bh, i0, 0);
     const int64_t end = live_end(i0, nq);
     if (end == a.tk) {
       rng.words(first, nq * a.tk, words);
@@ -608,6 +608,8 @@ void check_shapes(std::string_view op, const AttentionArgs& a, const Tensor& q, 
                a.d);
   DTRAIN_CHECK(a.dropout >= 0.0f && a.dropout < 1.0f, "{}: dropout {} is outside [0, 1)", op,
                a.dropout);
+  DTRAIN_CHECK(a.heads_total == 0 || (a.head_first >= 0 && a.head_first + a.h <= a.heads_total),
+               "{}: heads [{}, {}) of {}", op, a.head_first, a.head_first + a.h, a.heads_total);
   require_dtype(op, "q", q, {DType::f32, DType::f16, DType::bf16});
   require_dtype(op, "k", k, {q.dtype()});
   require_dtype(op, "v", v, {q.dtype()});

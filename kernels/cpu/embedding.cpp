@@ -6,6 +6,7 @@
 // go to kernels/cuda/embedding.cu (same order of adds; ids not read on the host).
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
@@ -93,6 +94,65 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
     cpu_io::dispatch_float(dtable.dtype(), [&](auto tag) {
       using T = decltype(tag);
       scatter_add(id, n, vocab, dim, static_cast<const T*>(dout.raw()),
+                  static_cast<T*>(dtable.raw()));
+    });
+  });
+}
+
+void embedding_forward_share(const Tensor& ids, const Tensor& table, int64_t first, int64_t total,
+                             Tensor& out) {
+  same_device("embedding_forward_share", {&ids, &table, &out});
+  DTRAIN_CHECK(ids.device().is_cpu(), "embedding_forward_share: CPU tensors only");
+  require_dtype("embedding_forward_share", "ids", ids, {DType::i32, DType::i64});
+  DTRAIN_CHECK(table.rank() == 2 && out.dtype() == table.dtype() && first >= 0 &&
+                   first + table.dim(0) <= total,
+               "embedding_forward_share: table {} rows from {} of {}, out {}", table.str(), first,
+               total, out.str());
+  const int64_t n = ids.numel(), rows = table.dim(0), dim = table.dim(1);
+  require_numel("embedding_forward_share", "out", out, n * dim);
+  const size_t row_bytes = static_cast<size_t>(dim) * dtype_size(table.dtype());
+  const auto* src = static_cast<const char*>(table.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  with_ids(ids, [&](const auto* id) {
+    check_ids(id, n, total);
+    parallel_for(0, n, std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1)),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t i = lo; i < hi; ++i) {
+                     const int64_t row = static_cast<int64_t>(id[i]) - first;
+                     if (row >= 0 && row < rows) {
+                       std::memcpy(dst + i * row_bytes, src + row * row_bytes, row_bytes);
+                     } else {
+                       std::memset(dst + i * row_bytes, 0, row_bytes);  // +0 in every dtype
+                     }
+                   }
+                 });
+  });
+}
+
+void embedding_backward_share(const Tensor& ids, const Tensor& dout, int64_t first, int64_t total,
+                              Tensor& dtable) {
+  same_device("embedding_backward_share", {&ids, &dout, &dtable});
+  DTRAIN_CHECK(ids.device().is_cpu(), "embedding_backward_share: CPU tensors only");
+  require_dtype("embedding_backward_share", "ids", ids, {DType::i32, DType::i64});
+  require_dtype("embedding_backward_share", "dtable", dtable,
+                {DType::f32, DType::f16, DType::bf16});
+  DTRAIN_CHECK(dtable.rank() == 2 && dout.dtype() == dtable.dtype() && first >= 0 &&
+                   first + dtable.dim(0) <= total,
+               "embedding_backward_share: dtable {} rows from {} of {}, dout {}", dtable.str(),
+               first, total, dout.str());
+  const int64_t n = ids.numel(), rows = dtable.dim(0), dim = dtable.dim(1);
+  require_numel("embedding_backward_share", "dout", dout, n * dim);
+  with_ids(ids, [&](const auto* id) {
+    check_ids(id, n, total);
+    // The ids as rows of this table; another rank's rows become -1, which no task owns.
+    std::vector<int64_t> local(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = static_cast<int64_t>(id[i]) - first;
+      local[static_cast<size_t>(i)] = row >= 0 && row < rows ? row : -1;
+    }
+    cpu_io::dispatch_float(dtable.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      scatter_add(local.data(), n, rows, dim, static_cast<const T*>(dout.raw()),
                   static_cast<T*>(dtable.raw()));
     });
   });

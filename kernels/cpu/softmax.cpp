@@ -60,13 +60,15 @@ void softmax_grad_rows(int64_t rows, int64_t cols, const T* y, const T* dy, T* d
   });
 }
 
-void check_targets(const CrossEntropyArgs& a, const Tensor& targets) {
+// classes: all of them (a vocabulary-parallel rank holds only some).
+void check_targets(const CrossEntropyArgs& a, const Tensor& targets, int64_t classes = 0) {
+  if (classes == 0) classes = a.classes;
   const int32_t* t = targets.data<int32_t>();
   for (int64_t r = 0; r < a.rows; ++r) {
-    if (t[r] == a.ignore_index || (t[r] >= 0 && t[r] < a.classes)) continue;
+    if (t[r] == a.ignore_index || (t[r] >= 0 && t[r] < classes)) continue;
     throw Error(
-        fmt::format("cross-entropy: target {} at row {} is outside [0, {})", t[r], r, a.classes),
-        fmt::format("labels must be class indices below {} or the ignore index {}", a.classes,
+        fmt::format("cross-entropy: target {} at row {} is outside [0, {})", t[r], r, classes),
+        fmt::format("labels must be class indices below {} or the ignore index {}", classes,
                     a.ignore_index));
   }
 }
@@ -107,14 +109,16 @@ void xent_forward(const CrossEntropyArgs& a, const T* x, const int32_t* t, float
   loss[0] = counted == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(counted));
 }
 
-// dlogits_j = dloss / count * (p_j - q_j); ignored rows get 0.
+// dlogits_j = dloss / count * (p_j - q_j); ignored rows get 0. share: the logits are
+// classes [first, first + a.classes) of total (vocabulary-parallel).
 template <typename T>
 void xent_backward(const CrossEntropyArgs& a, const T* x, const int32_t* t, const float* lse,
-                   float dloss, T* dx) {
+                   float dloss, T* dx, ClassShare share = {}) {
   int64_t counted = 0;
   for (int64_t r = 0; r < a.rows; ++r) counted += t[r] != a.ignore_index;
   const float g = counted == 0 ? 0.0f : dloss / static_cast<float>(counted);
-  const float off = a.label_smoothing / static_cast<float>(a.classes);
+  const int64_t total = share.total > 0 ? share.total : a.classes;
+  const float off = a.label_smoothing / static_cast<float>(total);
   const float on = 1.0f - a.label_smoothing + off;
   parallel_for(0, a.rows, rows_per_task(a.classes), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
@@ -122,7 +126,7 @@ void xent_backward(const CrossEntropyArgs& a, const T* x, const int32_t* t, cons
       T* dr = dx + r * a.classes;
       const bool ignored = t[r] == a.ignore_index;
       for (int64_t j = 0; j < a.classes; ++j) {
-        const float q = j == t[r] ? on : off;
+        const float q = j + share.first == t[r] ? on : off;
         cpu_io::store(dr, j, ignored ? 0.0f : g * (std::exp(load(xr, j) - lse[r]) - q));
       }
     }
@@ -210,6 +214,116 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& 
     using T = decltype(tag);
     xent_backward(args, static_cast<const T*>(logits.raw()), targets.data<int32_t>(),
                   lse.data<float>(), dloss.data<float>()[0], static_cast<T*>(dlogits.raw()));
+  });
+}
+
+namespace {
+
+void check_share(std::string_view op, const CrossEntropyArgs& a, const ClassShare& share,
+                 const Tensor& logits, const Tensor& targets) {
+  DTRAIN_CHECK(logits.device().is_cpu() && targets.device().is_cpu(), "{}: CPU tensors only", op);
+  DTRAIN_CHECK(share.first >= 0 && share.first + a.classes <= share.total,
+               "{}: classes [{}, {}) of {}", op, share.first, share.first + a.classes, share.total);
+  require_dtype(op, "logits", logits, {DType::f32, DType::f16, DType::bf16});
+  require_dtype(op, "targets", targets, {DType::i32});
+  require_numel(op, "logits", logits, a.rows * a.classes);
+  require_numel(op, "targets", targets, a.rows);
+}
+
+}  // namespace
+
+void cross_entropy_row_max(const CrossEntropyArgs& a, const Tensor& logits, Tensor& row_max) {
+  DTRAIN_CHECK(logits.device().is_cpu(), "cross_entropy_row_max: CPU tensors only");
+  require_dtype("cross_entropy_row_max", "row_max", row_max, {DType::f32});
+  require_numel("cross_entropy_row_max", "logits", logits, a.rows * a.classes);
+  require_numel("cross_entropy_row_max", "row_max", row_max, a.rows);
+  float* mx = row_max.data<float>();
+  cpu_io::dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(logits.raw());
+    parallel_for(0, a.rows, rows_per_task(a.classes), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        float m = -INFINITY;
+        for (int64_t j = 0; j < a.classes; ++j) m = std::max(m, load(x + r * a.classes, j));
+        mx[r] = m;
+      }
+    });
+  });
+}
+
+void cross_entropy_row_sums(const CrossEntropyArgs& a, const ClassShare& share,
+                            const Tensor& logits, const Tensor& targets, const Tensor& row_max,
+                            Tensor& sums) {
+  check_share("cross_entropy_row_sums", a, share, logits, targets);
+  require_numel("cross_entropy_row_sums", "row_max", row_max, a.rows);
+  require_dtype("cross_entropy_row_sums", "sums", sums, {DType::f32});
+  require_numel("cross_entropy_row_sums", "sums", sums, 3 * a.rows);
+  check_targets(a, targets, share.total);
+  const float* mx = row_max.data<float>();
+  const int32_t* t = targets.data<int32_t>();
+  float* out = sums.data<float>();
+  cpu_io::dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(logits.raw());
+    parallel_for(0, a.rows, rows_per_task(a.classes), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* xr = x + r * a.classes;
+        float e = 0.0f, all = 0.0f;
+        if (!std::isinf(mx[r])) {
+          for (int64_t j = 0; j < a.classes; ++j) e += std::exp(load(xr, j) - mx[r]);
+        }
+        if (a.label_smoothing != 0.0f) {
+          for (int64_t j = 0; j < a.classes; ++j) all += load(xr, j);
+        }
+        const int64_t local = static_cast<int64_t>(t[r]) - share.first;
+        out[3 * r] = e;
+        out[3 * r + 1] =
+            t[r] != a.ignore_index && local >= 0 && local < a.classes ? load(xr, local) : 0.0f;
+        out[3 * r + 2] = all;
+      }
+    });
+  });
+}
+
+void cross_entropy_finish(const CrossEntropyArgs& a, const ClassShare& share, const Tensor& targets,
+                          const Tensor& row_max, const Tensor& sums, Tensor& loss, Tensor& lse) {
+  require_numel("cross_entropy_finish", "targets", targets, a.rows);
+  require_numel("cross_entropy_finish", "row_max", row_max, a.rows);
+  require_numel("cross_entropy_finish", "sums", sums, 3 * a.rows);
+  require_numel("cross_entropy_finish", "loss", loss, 1);
+  require_numel("cross_entropy_finish", "lse", lse, a.rows);
+  const int32_t* t = targets.data<int32_t>();
+  const float* mx = row_max.data<float>();
+  const float* s = sums.data<float>();
+  float* l = lse.data<float>();
+  double total = 0.0;  // rows in order, in double (the loss is one number; no threads)
+  int64_t counted = 0;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    l[r] = std::isinf(mx[r]) ? mx[r] : mx[r] + std::log(s[3 * r]);
+    if (t[r] == a.ignore_index) continue;
+    double row = l[r] - (1.0 - a.label_smoothing) * s[3 * r + 1];
+    if (a.label_smoothing != 0.0f)
+      row -= static_cast<double>(a.label_smoothing) / share.total * s[3 * r + 2];
+    total += row;
+    ++counted;
+  }
+  loss.data<float>()[0] =
+      counted == 0 ? 0.0f : static_cast<float>(total / static_cast<double>(counted));
+}
+
+void cross_entropy_share_backward(const CrossEntropyArgs& a, const ClassShare& share,
+                                  const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                  const Tensor& dloss, Tensor& dlogits) {
+  check_share("cross_entropy_share_backward", a, share, logits, targets);
+  require_numel("cross_entropy_share_backward", "lse", lse, a.rows);
+  require_numel("cross_entropy_share_backward", "dlogits", dlogits, a.rows * a.classes);
+  DTRAIN_CHECK(
+      dlogits.dtype() == logits.dtype() && dloss.numel() == 1 && dloss.dtype() == DType::f32,
+      "cross_entropy_share_backward: dlogits {}, dloss {}", dlogits.str(), dloss.str());
+  cpu_io::dispatch_float(logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    xent_backward(a, static_cast<const T*>(logits.raw()), targets.data<int32_t>(),
+                  lse.data<float>(), dloss.data<float>()[0], static_cast<T*>(dlogits.raw()), share);
   });
 }
 

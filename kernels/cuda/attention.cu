@@ -41,7 +41,8 @@ __device__ bool visible(const AttnShape& s, const uint8_t* mask, int64_t b, int6
 // M_ij: the dropout multiplier of probability (bh, i, j), as the CPU draws it.
 __device__ float keep_of(const AttnShape& s, int64_t bh, int64_t i, int64_t j) {
   if (s.dropout == 0.0f) return 1.0f;
-  const auto n = s.offset + static_cast<uint64_t>((bh * s.tq + i) * s.tk + j);
+  const int64_t g = (bh / s.h) * s.heads_total + s.head_first + bh % s.h;  // the model's head
+  const auto n = s.offset + static_cast<uint64_t>((g * s.tq + i) * s.tk + j);
   const philox::Words w = philox::block(s.seed, s.stream, n / 4);
   return philox::u32_to_uniform(w.w[n % 4]) >= s.dropout ? 1.0f / (1.0f - s.dropout) : 0.0f;
 }

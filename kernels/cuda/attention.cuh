@@ -19,7 +19,8 @@ struct AttnShape {
   bool causal;    // query i sees keys j <= i + (tk - tq)
   float dropout;  // 0: none; else P_ij kept iff uniform(((b*H + h)*Tq + i)*Tk + j) >= dropout
   uint64_t seed, stream;
-  uint64_t offset;  // added to every element's word index (AttentionArgs::offset)
+  uint64_t offset;                  // added to every element's word index (AttentionArgs::offset)
+  int64_t heads_total, head_first;  // AttentionArgs' (heads_total already resolved: >= h)
 };
 
 // q [B,H,Tq,D], k/v [B,H,Tk,D], key_mask u8 [B,Tk] or null -> out [B,H,Tq,D], lse [B,H,Tq]

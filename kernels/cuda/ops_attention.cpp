@@ -12,8 +12,19 @@ namespace {
 
 AttnShape shape_of(const AttentionArgs& a) {
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.d));
-  return {a.b,       a.h,    a.tq,     a.tk,    a.d, scale, a.causal == Causal::yes,
-          a.dropout, a.seed, a.stream, a.offset};
+  return {a.b,
+          a.h,
+          a.tq,
+          a.tk,
+          a.d,
+          scale,
+          a.causal == Causal::yes,
+          a.dropout,
+          a.seed,
+          a.stream,
+          a.offset,
+          a.heads_total > 0 ? a.heads_total : a.h,
+          a.head_first};
 }
 
 const uint8_t* mask_of(const Tensor& m) {

@@ -107,6 +107,47 @@ std::vector<ValueId> Graph::add(const std::string& name, std::unique_ptr<Op> op,
   return nodes_.back().outputs;
 }
 
+void Graph::replace_ops(std::vector<std::unique_ptr<Op>> ops) {
+  DTRAIN_CHECK(ops.size() == nodes_.size(), "replace_ops: {} ops for {} nodes", ops.size(),
+               nodes_.size());
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    Node& node = nodes_[n];
+    if (ops[n]) {
+      ops[n]->bind_policy(policy_);
+      node.op = std::move(ops[n]);
+    }
+    std::vector<TensorSpec> specs;
+    for (ValueId v : node.inputs) specs.push_back(value(v).spec);
+    OpInfo info;
+    try {
+      info = node.op->infer(specs);
+    } catch (const Error& e) {
+      throw Error(fmt::format("graph node \"{}\": {}", node.name, e.message()), e.hint());
+    }
+    for (ParamSpec& p : info.params) p.dtype = policy_.param(p.group);
+    for (ParamSpec& b : info.buffers) b.dtype = DType::f32;
+    DTRAIN_CHECK(
+        info.params.size() == node.params.size() && info.buffers.size() == node.buffers.size() &&
+            info.outputs.size() == node.outputs.size(),
+        "replace_ops: node {} changed its number of parameters, buffers or outputs", node.name);
+    std::vector<Tie> ties;
+    for (size_t i = 0; i < info.params.size(); ++i) {
+      FlatEntry& e = params_[static_cast<size_t>(node.params[i])];
+      if (e.node == static_cast<int>(n)) {
+        e.spec = info.params[i];
+      } else {
+        ties.push_back({static_cast<int>(i), node.params[i]});
+      }
+    }
+    check_ties(node.name, info, ties);
+    for (size_t i = 0; i < info.buffers.size(); ++i)
+      buffers_[static_cast<size_t>(node.buffers[i])].spec = info.buffers[i];
+    for (size_t i = 0; i < info.outputs.size(); ++i)
+      values_[static_cast<size_t>(node.outputs[i])].spec = info.outputs[i];
+    node.info = std::move(info);
+  }
+}
+
 void Graph::begin_block() {
   DTRAIN_CHECK(open_block_ < 0, "begin_block inside block {}", open_block_);
   open_block_ = blocks_++;

@@ -56,6 +56,12 @@ class Graph {
   ValueId add1(const std::string& name, std::unique_ptr<Op> op, const std::vector<ValueId>& inputs,
                const std::vector<Tie>& ties = {});
 
+  // A graph pass (graph/tensor_parallel.h): node i's op becomes ops[i] where that is
+  // not null, and every node is inferred again in order, its parameters' and outputs'
+  // specs following; names, edges and ties stay. Throws Error naming a node whose new
+  // shapes do not fit (a tied parameter whose two users no longer agree).
+  void replace_ops(std::vector<std::unique_ptr<Op>> ops);
+
   // Model builders mark their repeated blocks (a residual block, a transformer layer):
   // nodes added between begin_block and end_block carry the block's index. Activation
   // checkpointing recomputes whole blocks (graph/lifetimes.h: segments).

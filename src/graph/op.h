@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "graph/tensor_share.h"
 #include "kernels/common.h"
 
 namespace dtrain::graph {
@@ -43,6 +44,9 @@ struct ParamSpec {
   int64_t fan_in = 1;  // for kaiming_*
   ParamGroup group = ParamGroup::weight;
   DType dtype = DType::f32;  // parameters: set by the graph's DTypePolicy; buffers: f32
+  // Tensor parallelism: `shape` is this rank's part of the whole tensor, cut so;
+  // initialisation draws each element as the whole tensor's (graph/params.h).
+  ParamSplit split = {};
 };
 
 // The dtype policy of a whole graph (precision.dtype), decided here and nowhere
@@ -149,6 +153,9 @@ class Op {
   // overwrite it. For a tied parameter this spares a temporary of the parameter's
   // size and a pass to add it in (an embedding table tied to an output layer).
   virtual bool can_accumulate_param_grad(size_t /*k*/) const { return false; }
+  // Tensor parallelism (graph/tensor_parallel.h): the op computing one rank's part
+  // in `share`'s role, or null when it has no such form.
+  virtual std::unique_ptr<Op> tensor_share(const TpShare& /*share*/) const { return nullptr; }
 
  protected:
   virtual OpInfo do_infer(std::span<const TensorSpec> inputs) const = 0;

@@ -48,6 +48,18 @@ float init_value(const ParamSpec& s, const Philox& rng, uint64_t i) {
 
 }  // namespace
 
+uint64_t whole_index(const ParamSpec& s, int64_t j) {
+  if (!s.split.split()) return static_cast<uint64_t>(j);
+  const int d = s.split.dim;
+  int64_t inner = 1;
+  for (int k = d + 1; k < s.shape.rank(); ++k) inner *= s.shape[k];
+  const int64_t extent = s.shape[d], per_chunk = extent / s.split.chunks;
+  const int64_t o = j / (extent * inner), l = j / inner % extent, i = j % inner;
+  const int64_t g =
+      l / per_chunk * (s.split.total / s.split.chunks) + s.split.begin + l % per_chunk;
+  return static_cast<uint64_t>((o * s.split.total + g) * inner + i);
+}
+
 FlatStore::FlatStore(std::vector<FlatEntry> entries) : entries_(std::move(entries)) {
   for (FlatEntry& e : entries_) {
     auto it = std::find_if(sizes_.begin(), sizes_.end(),
@@ -103,7 +115,7 @@ void FlatStore::initialize(uint64_t seed) {
     DTRAIN_CHECK(v.defined(), "flat store not allocated");
     const int64_t n = v.numel();
     for (int64_t j = 0; j < n; ++j) {
-      const float x = init_value(e.spec, rng, static_cast<uint64_t>(j));
+      const float x = init_value(e.spec, rng, whole_index(e.spec, j));
       switch (v.dtype()) {
         case DType::f32:
           v.data<float>()[j] = x;
@@ -138,7 +150,7 @@ void FlatStore::initialize_range(uint64_t seed, int64_t begin, Tensor& out) cons
     const Philox rng(seed, rng_stream_id(kInitPurpose, 0, fnv1a(e.name)));
     float* dst = host.data<float>() + (lo - begin);
     for (int64_t x = lo; x < hi; ++x)
-      dst[x - lo] = init_value(e.spec, rng, static_cast<uint64_t>(x - e.offset));
+      dst[x - lo] = init_value(e.spec, rng, whole_index(e.spec, x - e.offset));
   }
   if (!out.device().is_cpu()) kernels::copy(host, out);
 }

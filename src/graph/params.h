@@ -18,6 +18,11 @@ struct FlatEntry {
   int64_t offset = 0;  // elements into the flat buffer of spec.dtype
 };
 
+// Element j of a parameter of spec `s` as an element of the whole tensor (itself
+// unless tensor parallelism cut it): what its initial value is keyed by, so a rank's
+// part starts as that part of the one-rank model.
+uint64_t whole_index(const ParamSpec& s, int64_t j);
+
 class FlatStore {
  public:
   FlatStore() = default;

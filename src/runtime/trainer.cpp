@@ -53,6 +53,7 @@
 #include "runtime/roofline.h"
 #include "runtime/safetensors.h"
 #include "runtime/signals.h"
+#include "runtime/tensor_parallel.h"
 #include "runtime/tensorboard.h"
 #include "runtime/train_state.h"
 #include "runtime/zero.h"
@@ -105,9 +106,21 @@ void require_device(const Device& device) {
 void require_supported(const Job& job, int world) {
   require_device(job.device);
   const ParallelOptions& p = job.parallel;
-  if (p.tensor != 1 || p.data * p.pipeline != world) {
+  if (p.data * p.pipeline * p.tensor != world) {
     unsupported("parallel",
                 fmt::format("data {} x tensor {} x pipeline {}", p.data, p.tensor, p.pipeline));
+  }
+  if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
+    const auto later = [&](const std::string& key, const std::string& value) {
+      throw Error(fmt::format("{}: {} with parallel.tensor > 1 is not supported yet", key, value),
+                  "tensor-parallel ranks run with zero_stage 0, no compression and SGD or "
+                  "AdamW, on the CPU; drop the key or parallel.tensor");
+    };
+    if (p.zero_stage > 0) later("parallel.zero_stage", std::to_string(p.zero_stage));
+    if (job.compress.method != CompressMethod::none)
+      later("compress.method", std::string(to_string(job.compress.method)));
+    if (job.device.is_cuda()) later("device", job.device.str());
+    if (job.optimizer.name == OptimizerName::lamb) later("optimizer.name", "lamb");
   }
   if (p.pipeline > 1) {  // what the first pipeline step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
@@ -252,12 +265,19 @@ class TrainSession {
   models::ModelGraph model_;
   graph::DTypePolicy policy_;
   std::unique_ptr<graph::Executor> ex_;
-  std::vector<graph::Stage> stages_;         // parallel.pipeline > 1: the stage plan
-  std::unique_ptr<dist::ProcessGrid> grid_;  // pipeline x data groups (pipeline > 1)
-  std::unique_ptr<PipelineStage> pipeline_;  // this rank's stage
-  dist::GridCoord coord_;                    // this rank's place in the grid
-  std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
-  std::unique_ptr<TiedWeights> tied_;        // weights tied across stages (pipeline)
+  std::vector<graph::Stage> stages_;            // parallel.pipeline > 1: the stage plan
+  std::unique_ptr<dist::ProcessGrid> grid_;     // pipeline x data groups (pipeline > 1)
+  std::unique_ptr<PipelineStage> pipeline_;     // this rank's stage
+  dist::GridCoord coord_;                       // this rank's place in the grid
+  std::vector<int64_t> labelled_;               // per micro-batch of a pipeline step
+  std::unique_ptr<TiedWeights> tied_;           // weights tied across stages (pipeline)
+  std::shared_ptr<CommTensorGroup> tp_group_;   // parallel.tensor > 1: the split ops' group
+  graph::TensorParallelPlan tp_plan_;           // what the pass split on this rank
+  std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
+  bool tensor_split() const { return tp_group_ != nullptr; }
+  double tensor_sum_squares_here() const;
+  void save_whole(std::vector<Tensor>& state);
+  void resume_whole(const fs::path& file);
   void pipeline_passes(StepTotals& local);
   double stage_sum_squares() const;
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
@@ -312,6 +332,12 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   const int64_t batch = job_.data.micro_batch;
   policy_.compute = compute_dtype(job_.precision.dtype);
   model_ = models::build_model(job_.model, batch, policy_);
+  coord_ = dist::grid_coord(comm.rank(), dist::degrees_of(job_.parallel));
+  if (job_.parallel.tensor > 1) {  // the split graph's ops reach the group once connected
+    whole_layout_ = whole_f32_layout(model_.graph);
+    tp_group_ = std::make_shared<CommTensorGroup>(coord_.tp, job_.parallel.tensor);
+    tp_plan_ = graph::split_tensor_parallel(model_.graph, tp_group_);
+  }
   // ZeRO-2 keeps no whole gradient buffer: backward writes into dist::ShardedGradSync's
   // buckets (connect()), and each rank keeps its shard of the sum.
   // ZeRO-3 keeps no whole parameter buffer either: each rank holds its range of the
@@ -322,7 +348,6 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
       zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
-  coord_ = dist::grid_coord(comm.rank(), dist::degrees_of(job_.parallel));
   std::vector<int> cuts;  // checkpointed segments restart at each stage's first block
   if (job_.parallel.pipeline > 1) {
     stages_ = job_stages(job_.parallel, model_.graph);
@@ -497,6 +522,54 @@ void TrainSession::note(const std::string& line) {
   if (rank_log_) rank_log_->write(line);
 }
 
+// Tensor parallelism: the checkpoint holds the one-rank model; every rank reads it
+// whole and keeps its parts.
+void TrainSession::resume_whole(const fs::path& file) {
+  graph::FlatStore params(whole_layout_);
+  params.allocate();
+  Tensor flat = params.flat(DType::f32);
+  std::unique_ptr<optim::Optimizer> opt =
+      optim::make_optimizer(job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay),
+                            params.buffer_elems(DType::f32), Device::cpu());
+  RangeLoad load;
+  load.layout = &whole_layout_;
+  load.begin = 0;
+  load.end = params.buffer_elems(DType::f32);
+  load.params = [&](int64_t lo, const Tensor& piece) {
+    Tensor dst = flat.view(lo, Shape{piece.numel()});
+    kernels::copy(piece, dst);
+  };
+  load.buffers = &ex_->buffers();
+  load.opt = opt.get();
+  load.rank = 0;
+  load.world = 1;
+  const std::string hash = counters_.config_hash;
+  counters_ = load_train_state_ranges(file, load);
+  Tensor local = Tensor::empty(Shape{weights_->grads().numel()}, DType::f32);
+  kernels::fill(local, 0.0f);
+  whole_to_local(flat, whole_layout_, weights_->layout(), local);
+  weights_->load_piece(0, local);
+  weights_->finish_load();
+  optim::OptimizerState mine = opt_->state();
+  const optim::OptimizerState whole = opt->state();
+  for (size_t b = 0; b < mine.buffers.size(); ++b)
+    whole_to_local(whole.buffers[b].second, whole_layout_, weights_->layout(),
+                   mine.buffers[b].second);
+  mine.step = opt->step_count();
+  opt_->load_state(mine);
+  if (counters_.config_hash != hash) {
+    note(
+        fmt::format("note: {} was written by a different job file (the model matches, so "
+                    "training continues with this job's settings)",
+                    file.string()));
+    counters_.config_hash = hash;
+  }
+  if (counters_.scaler) scaler_.load(*counters_.scaler);
+  note(fmt::format("resumed from {} at step {} (tensor rank {} takes its parts)", file.string(),
+                   counters_.step, coord_.tp));
+  resumed_ = true;
+}
+
 void TrainSession::resume_if_asked() {
   if (req_.resume) {
     const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
@@ -504,6 +577,10 @@ void TrainSession::resume_if_asked() {
       const std::string hash = counters_.config_hash;
       // Any layout's checkpoint (a file, or a sharded directory of any world size):
       // every parameter piece, and this rank's range of the optimizer state.
+      if (tensor_split()) {
+        resume_whole(file);
+        return;
+      }
       RangeLoad load;
       load.layout = &weights_->layout();
       load.begin = weights_->shard().begin;
@@ -545,9 +622,19 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     if (watchdog != nullptr) watchdog->add(*device_comm_);
   }
   grad_comm_ = device_comm_ ? device_comm_.get() : &comm_;
-  if (job_.parallel.pipeline > 1) {  // stages talk over the pipeline group; gradients over data
+  if (job_.parallel.pipeline > 1 || job_.parallel.tensor > 1) {  // gradients over the data group
     grid_ = std::make_unique<dist::ProcessGrid>(comm_, dist::degrees_of(job_.parallel));
     grad_comm_ = &grid_->group(dist::Axis::data);
+  }
+  if (tensor_split()) {
+    dist::Communicator& tensor = grid_->group(dist::Axis::tensor);
+    if (watchdog != nullptr) watchdog->add(tensor);
+    tp_group_->attach(tensor);
+    note(fmt::format("tensor parallel: {} ranks; this is tensor rank {}, holding\n{}",
+                     tensor.size(), tensor.rank(),
+                     graph::format_tensor_plan(model_.graph, tp_plan_)));
+  }
+  if (job_.parallel.pipeline > 1) {  // stages talk over the pipeline group
     dist::Communicator& pipe = grid_->group(dist::Axis::pipeline);
     if (watchdog != nullptr) watchdog->add(pipe);
     pipeline_ = std::make_unique<PipelineStage>(model_.graph, *ex_, stages_, pipe,
@@ -760,6 +847,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   if (!zero_sync_) sync_->finish();
   if (tied_) tied_->sum(grads, weights_->layout());  // both parts, on both stages
   buffer_avg_->finish();
+  if (coord_.tp != 0) local.loss_sum = local.labelled = 0;  // tensor ranks share one loss
   local.stop = signals.requested() ? 1 : 0;
   const StepTotals total = agree_totals(local);
   stop_agreed_ = total.stop > 0;
@@ -772,11 +860,20 @@ double TrainSession::train_step(const StopSignals& signals) {
   // ZeRO: each rank holds the sum only in its own range; the norm adds the ranges'.
   // A pipeline: each stage holds its parameters' gradients (zeros elsewhere); the norm
   // adds the stages' sums.
-  const double sum_squares =
-      weights_->shard().sharded()
-          ? sum_over_ranks<1>(comm_, {optim::grad_sum_squares(own_grads())})[0]
-      : pipeline_ ? sum_over_ranks<1>(grid_->group(dist::Axis::pipeline), {stage_sum_squares()})[0]
-                  : optim::grad_sum_squares(grads);
+  // Tensor parallelism: split gradients add over the tensor group, replicated ones
+  // count on one of its ranks.
+  double sum_squares = 0;
+  if (weights_->shard().sharded()) {
+    sum_squares = sum_over_ranks<1>(comm_, {optim::grad_sum_squares(own_grads())})[0];
+  } else if (pipeline_) {
+    sum_squares = sum_over_ranks<1>(grid_->group(dist::Axis::pipeline), {stage_sum_squares()})[0];
+  } else if (tensor_split()) {
+    sum_squares = tensor_sum_squares_here();
+  } else {
+    sum_squares = optim::grad_sum_squares(grads);
+  }
+  if (tensor_split())
+    sum_squares = sum_over_ranks<1>(grid_->group(dist::Axis::tensor), {sum_squares})[0];
   const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
   const precision::ScaleDecision d = scaler_.update(found_inf);
@@ -812,8 +909,14 @@ double TrainSession::train_step(const StopSignals& signals) {
 // a weight tied across stages counted on the later of its two stages only.
 double TrainSession::stage_sum_squares() const {
   const Tensor grads = weights_->grads();
-  return optim::grad_sum_squares(grads) -
-         tied_->uncounted_squares(grads, weights_->layout(), pipeline_->stage());
+  const double all = tensor_split() ? tensor_sum_squares_here() : optim::grad_sum_squares(grads);
+  return all - tied_->uncounted_squares(grads, weights_->layout(), pipeline_->stage());
+}
+
+// This tensor rank's share of the gradient's sum of squares: its split parts, and the
+// replicated parameters on tensor rank 0 only.
+double TrainSession::tensor_sum_squares_here() const {
+  return tensor_sum_squares(weights_->grads(), weights_->layout(), coord_.tp == 0);
 }
 
 // A pipeline step's forward and backward passes (runtime/pipeline.h): the same per
@@ -952,11 +1055,20 @@ EvalResult TrainSession::evaluate() {
         kernels::to_host(ex_->value(model_.targets));  // labels row for row with logits
     const int64_t rows = targets.numel(), classes = logits.numel() / rows;
     const int32_t* labels = targets.data<int32_t>();
+    // Vocabulary-split logits (tensor parallelism): the whole row's argmax, agreed.
+    std::vector<int64_t> top;
+    if (tensor_split() && !tp_plan_.vocab_values.empty() &&
+        tp_plan_.vocab_values[0] == model_.logits) {
+      top = split_argmax(logits.reshape({rows, classes}), tp_plan_.vocab_begin, *tp_group_);
+    }
+    if (coord_.tp != 0) continue;  // tensor ranks share one loss and one count
     int64_t counted = 0;
     for (int64_t i = 0; i < rows; ++i) {
       if (labels[i] < 0) continue;
       const float* row = logits.data<float>() + i * classes;
-      correct += std::max_element(row, row + classes) - row == labels[i] ? 1 : 0;
+      const int64_t best =
+          top.empty() ? std::max_element(row, row + classes) - row : top[static_cast<size_t>(i)];
+      correct += best == labels[i] ? 1 : 0;
       ++counted;
     }
     // The graph's loss is the mean over the counted labels of this batch.
@@ -1103,16 +1215,52 @@ void TrainSession::save_checkpoint() {
       gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_, flats);
     }
   } else {
-    check_replicas(comm_, state, "parameters, buffers and optimizer state");
+    check_replicas(tensor_split() ? *grad_comm_ : comm_, state,
+                   "parameters, buffers and optimizer state");
   }
   std::vector<NamedTensor> extra;
   if (compression_) extra = compression_->state(comm_, false);  // collective
+  if (tensor_split()) {  // the one-rank model's tensors, from every tensor rank's parts
+    if (coord_.dp == 0 && coord_.pp == 0) save_whole(state);
+    weights_->release_state();
+    return;
+  }
   if (leader()) {
     const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
     save_train_state(file, params, ex_->buffers(), *opt_, counters_, extra);
     prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
   }
   weights_->release_state();
+}
+
+// Tensor parallelism: the checkpoint is the one-rank model's (any layout resumes it).
+// Each tensor rank adds its parts into zeroed whole tensors (replicated ones from rank
+// 0 only) and one sum over the tensor group assembles them, exactly; the leader writes.
+// state: this rank's parameters, buffers and optimizer buffers (save_checkpoint's).
+void TrainSession::save_whole(std::vector<Tensor>& state) {
+  dist::Communicator& tensor = grid_->group(dist::Axis::tensor);
+  const auto assemble = [&](const Tensor& local, Tensor& whole) {
+    kernels::fill(whole, 0.0f);
+    add_local_to_whole(local, weights_->layout(), whole_layout_, coord_.tp == 0, whole);
+    tensor.all_reduce(whole);
+  };
+  graph::FlatStore params(whole_layout_);
+  params.allocate();
+  Tensor flat = params.flat(DType::f32);
+  assemble(state[0], flat);
+  std::unique_ptr<optim::Optimizer> opt =
+      optim::make_optimizer(job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay),
+                            params.buffer_elems(DType::f32), Device::cpu());
+  optim::OptimizerState whole = opt->state();
+  const optim::OptimizerState mine = opt_->state();
+  for (size_t b = 0; b < whole.buffers.size(); ++b)
+    assemble(mine.buffers[b].second, whole.buffers[b].second);
+  whole.step = opt_->step_count();
+  opt->load_state(whole);
+  if (!leader()) return;
+  save_train_state(checkpoint_path(ckpt_dir_, counters_.step), params, ex_->buffers(), *opt,
+                   counters_, {});
+  prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
 }
 
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {

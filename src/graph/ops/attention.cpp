@@ -22,6 +22,17 @@ class SelfAttention final : public Op {
       : heads_(heads), causal_(causal), mask_(mask), dropout_(dropout) {}
   std::string_view kind() const override { return "self_attention"; }
 
+  // Tensor parallelism: heads [begin, begin + count) of total, the mask drawn as the
+  // whole layer draws it for those heads.
+  std::unique_ptr<Op> tensor_share(const TpShare& share) const override {
+    if (share.role != TpRole::heads || heads_total_ != 0 || share.total != heads_) return nullptr;
+    auto op = std::make_unique<SelfAttention>(*this);
+    op->heads_ = share.count;
+    op->heads_total_ = share.total;
+    op->head_first_ = share.begin;
+    return op;
+  }
+
  protected:
   struct Dims {
     int64_t b, t, c, d;
@@ -37,7 +48,10 @@ class SelfAttention final : public Op {
       a.dropout = dropout_;
       a.seed = ctx.seed;
       a.stream = rng_stream_id(kAttentionDropoutPurpose, 0, (ctx.step << 16) | ctx.op_index);
-      a.offset = ctx.batch.word_offset(a.b * a.h * a.tq * a.tk);
+      a.heads_total = heads_total_;
+      a.head_first = head_first_;
+      const int64_t all_heads = heads_total_ > 0 ? heads_total_ : heads_;
+      a.offset = ctx.batch.word_offset(a.b * all_heads * a.tq * a.tk);
     }
     return a;
   }
@@ -116,6 +130,7 @@ class SelfAttention final : public Op {
 
  private:
   int64_t heads_;
+  int64_t heads_total_ = 0, head_first_ = 0;  // a tensor-parallel share of the heads
   kernels::Causal causal_;
   KeyMask mask_;
   float dropout_;

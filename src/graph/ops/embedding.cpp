@@ -6,6 +6,8 @@
 #include "graph/ops.h"
 #include "kernels/elementwise.h"
 
+#include <optional>
+
 namespace dtrain::graph {
 namespace {
 
@@ -16,6 +18,15 @@ class TokenEmbedding final : public Op {
   // The word table's gradient is a scatter-add: it can go on top of a tied output
   // layer's contribution (BERT's decoder, GPT-2's head) instead of into a temporary.
   bool can_accumulate_param_grad(size_t k) const override { return k == 0; }
+
+  // Tensor parallelism: word-table rows [begin, begin + count) of the vocabulary; each
+  // rank looks up its own ids (zeros for the others') and the rows meet in one sum.
+  std::unique_ptr<Op> tensor_share(const TpShare& share) const override {
+    if (share.role != TpRole::vocab || tp_ || share.total != d_.vocab) return nullptr;
+    auto op = std::make_unique<TokenEmbedding>(*this);
+    op->tp_ = share;
+    return op;
+  }
 
  protected:
   int num_inputs() const override { return type_ids_ == TypeIds::input ? 2 : 1; }
@@ -42,7 +53,8 @@ class TokenEmbedding final : public Op {
       info.params.push_back(
           {name, {rows, c}, InitKind::normal, d_.init_std, 1, ParamGroup::embedding});
     };
-    table("word_embeddings.weight", d_.vocab);
+    table("word_embeddings.weight", tp_ ? tp_->count : d_.vocab);
+    if (tp_) info.params[0].split = {0, d_.vocab, tp_->begin, 1};
     table("position_embeddings.weight", d_.positions);
     if (d_.types > 0) table("token_type_embeddings.weight", d_.types);
     if (type_ids_ == TypeIds::input) {
@@ -56,7 +68,13 @@ class TokenEmbedding final : public Op {
   void do_forward(OpContext& ctx) const override {
     const int64_t b = ctx.inputs[0].dim(0), t = ctx.inputs[0].dim(1), c = d_.channels;
     Tensor y = ctx.outputs[0].reshape({b * t, c});
-    kernels::embedding_forward(ctx.inputs[0].reshape({b * t}), ctx.params[0], y);
+    if (tp_) {  // x + 0 = x: the sum is exactly the one-rank lookup
+      kernels::embedding_forward_share(ctx.inputs[0].reshape({b * t}), ctx.params[0], tp_->begin,
+                                       d_.vocab, y);
+      tp_->group->all_reduce(y, GroupReduce::sum);
+    } else {
+      kernels::embedding_forward(ctx.inputs[0].reshape({b * t}), ctx.params[0], y);
+    }
     kernels::bias_add({b, t * c, 1}, y, ctx.params[1].view(0, {t * c}), y);
     if (d_.types == 0) return;
     if (type_ids_ == TypeIds::none) {  // every token is type 0
@@ -73,7 +91,12 @@ class TokenEmbedding final : public Op {
     const int64_t b = ctx.inputs[0].dim(0), t = ctx.inputs[0].dim(1), c = d_.channels;
     const Tensor dy = ctx.grad_outputs[0].reshape({b * t, c});
     if (!ctx.accumulates(0)) kernels::fill(ctx.grad_params[0], 0.0f);
-    kernels::embedding_backward(ctx.inputs[0].reshape({b * t}), dy, ctx.grad_params[0]);
+    if (tp_) {
+      kernels::embedding_backward_share(ctx.inputs[0].reshape({b * t}), dy, tp_->begin, d_.vocab,
+                                        ctx.grad_params[0]);
+    } else {
+      kernels::embedding_backward(ctx.inputs[0].reshape({b * t}), dy, ctx.grad_params[0]);
+    }
     kernels::fill(ctx.grad_params[1], 0.0f);  // rows t >= T stay 0
     Tensor dpos = ctx.grad_params[1].view(0, {t * c});
     kernels::bias_add_backward({b, t * c, 1}, dy, dpos);
@@ -90,6 +113,7 @@ class TokenEmbedding final : public Op {
  private:
   EmbeddingDims d_;
   TypeIds type_ids_;
+  std::optional<TpShare> tp_;
 };
 
 class ClassTokenPositions final : public Op {

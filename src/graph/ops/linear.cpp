@@ -2,6 +2,9 @@
 // is the GEMM's epilogue (one pass over y instead of two), and so is a following
 // tanh-GELU in linear_gelu (backward: dz = gelu'(z) dy from the saved z, then the
 // linear backward on dz).
+// Tensor parallelism (graph/tensor_share.h): a column share holds some output
+// features (all-reducing the input gradient in backward), a row share some input
+// features (all-reducing the output before its bias in forward).
 #include <optional>
 
 #include "graph/ops.h"
@@ -16,8 +19,24 @@ namespace {
 class Linear final : public Op {
  public:
   Linear(int64_t in, int64_t out, Bias bias, std::optional<NormalInit> init, bool gelu)
-      : in_(in), out_(out), bias_(bias), init_(init), gelu_(gelu) {}
+      : in_(in), out_(out), fan_in_(in), bias_(bias), init_(init), gelu_(gelu) {}
   std::string_view kind() const override { return gelu_ ? "linear_gelu" : "linear"; }
+
+  std::unique_ptr<Op> tensor_share(const TpShare& share) const override {
+    if (tp_) return nullptr;
+    auto op = std::make_unique<Linear>(*this);
+    op->tp_ = share;
+    if (share.role == TpRole::column || share.role == TpRole::vocab) {
+      if (share.total * share.chunks != out_) return nullptr;
+      op->out_ = share.count * share.chunks;
+      op->tp_->role = TpRole::column;
+    } else if (share.role == TpRole::row && !gelu_ && share.total == in_) {
+      op->in_ = share.count;
+    } else {
+      return nullptr;
+    }
+    return op;
+  }
 
  protected:
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
@@ -29,14 +48,21 @@ class Linear final : public Op {
     y[-1] = out_;
     OpInfo info;
     info.outputs = {{y, in[0].dtype}};
+    // Kaiming's fan is the whole layer's, so a share initialises as its part of it.
     if (init_) {
-      info.params.push_back({"weight", {out_, in_}, InitKind::normal, init_->std, in_});
+      info.params.push_back({"weight", {out_, in_}, InitKind::normal, init_->std, fan_in_});
     } else {
-      info.params.push_back({"weight", {out_, in_}, InitKind::kaiming_uniform, 0, in_});
+      info.params.push_back({"weight", {out_, in_}, InitKind::kaiming_uniform, 0, fan_in_});
     }
     if (bias_ == Bias::yes) {
       const InitKind b = init_ ? InitKind::zeros : InitKind::kaiming_uniform;
-      info.params.push_back({"bias", {out_}, b, 0, in_, ParamGroup::bias});
+      info.params.push_back({"bias", {out_}, b, 0, fan_in_, ParamGroup::bias});
+    }
+    if (tp_ && tp_->role == TpRole::column) {  // output features: the weight's rows, the bias
+      for (ParamSpec& p : info.params)
+        p.split = {0, tp_->total * tp_->chunks, tp_->begin, tp_->chunks};
+    } else if (tp_) {  // row: the weight's columns; the bias is added once, after the sum
+      info.params[0].split = {1, tp_->total, tp_->begin, 1};
     }
     info.flops = 2.0 * static_cast<double>(x.numel()) * static_cast<double>(out_);
     if (gelu_) {
@@ -57,7 +83,7 @@ class Linear final : public Op {
   // y [rows, out] = x [rows, in] . W^T (+ b, fused into the GEMM)
   kernels::GemmArgs fwd(int64_t rows) const {
     kernels::GemmArgs g{kernels::Trans::no, kernels::Trans::yes, rows, out_, in_};
-    if (bias_ == Bias::yes) g.epilogue = kernels::Epilogue::bias;
+    if (bias_ == Bias::yes && !row()) g.epilogue = kernels::Epilogue::bias;
     if (gelu_) g.epilogue = kernels::Epilogue::bias_gelu;
     return g;
   }
@@ -75,12 +101,18 @@ class Linear final : public Op {
     return g;
   }
 
+  bool row() const { return tp_ && tp_->role == TpRole::row; }
+
   void do_forward(OpContext& ctx) const override {
     const int64_t rows = ctx.inputs[0].numel() / in_;
     const Tensor no_bias;
     kernels::gemm(with_math(fwd(rows), ctx), ctx.inputs[0], ctx.params[0], ctx.outputs[0],
-                  ctx.workspace, bias_ == Bias::yes ? ctx.params[1] : no_bias,
+                  ctx.workspace, bias_ == Bias::yes && !row() ? ctx.params[1] : no_bias,
                   gelu_ ? ctx.saved[0] : no_bias);
+    if (!row()) return;
+    tp_->group->all_reduce(ctx.outputs[0], GroupReduce::sum);
+    if (bias_ == Bias::yes)
+      kernels::bias_add({rows, out_, 1}, ctx.outputs[0], ctx.params[1], ctx.outputs[0]);
   }
 
   void do_backward(OpContext& ctx) const override {
@@ -95,6 +127,8 @@ class Linear final : public Op {
     if (ctx.grad_inputs[0].defined()) {
       kernels::gemm(with_math(bwd_data(rows), ctx), dy, ctx.params[0], ctx.grad_inputs[0],
                     ctx.workspace);
+      // A column share's input gradient is its features' part of the sum.
+      if (tp_ && !row()) tp_->group->all_reduce(ctx.grad_inputs[0], GroupReduce::sum);
     }
     kernels::gemm(with_math(bwd_weight(rows), ctx), dy, ctx.inputs[0], ctx.grad_params[0],
                   ctx.workspace);
@@ -103,9 +137,11 @@ class Linear final : public Op {
 
  private:
   int64_t in_, out_;
+  int64_t fan_in_;  // the whole layer's input features
   Bias bias_;
   std::optional<NormalInit> init_;
   bool gelu_;
+  std::optional<TpShare> tp_;
 };
 
 }  // namespace

@@ -1,0 +1,124 @@
+// Tensor parallelism's runtime side (runtime/tensor_parallel.h).
+#include "runtime/tensor_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernels/elementwise.h"
+#include "kernels/memory.h"
+#include "optim/clip.h"
+
+namespace dtrain::runtime {
+
+void CommTensorGroup::attach(dist::Communicator& comm) {
+  DTRAIN_CHECK(comm.size() == size_ && comm.rank() == rank_,
+               "tensor group: rank {} of {} attached to a communicator's rank {} of {}", rank_,
+               size_, comm.rank(), comm.size());
+  comm_ = &comm;
+}
+
+void CommTensorGroup::all_reduce(Tensor& t, graph::GroupReduce op) {
+  DTRAIN_CHECK(comm_ != nullptr, "tensor group used before start-up attached its communicator");
+  const dist::ReduceOp how =
+      op == graph::GroupReduce::max ? dist::ReduceOp::max : dist::ReduceOp::sum;
+  if (t.dtype() == DType::f32 || comm_->backend() == "nccl") {
+    comm_->all_reduce(t, how);
+    return;
+  }
+  Tensor wide = Tensor::empty(t.shape(), DType::f32, &kernels::device_allocator(t.device()));
+  kernels::cast(t, wide);
+  comm_->all_reduce(wide, how);
+  kernels::cast(wide, t);
+}
+
+std::vector<graph::FlatEntry> whole_f32_layout(const graph::Graph& g) {
+  std::vector<graph::FlatEntry> entries = g.param_layout();
+  for (graph::FlatEntry& e : entries) e.spec.dtype = DType::f32;
+  return graph::FlatStore(std::move(entries)).entries();
+}
+
+namespace {
+
+// Calls fn(local element, whole element) over every element of a split entry's part,
+// or of a replicated entry when `replicated`.
+template <typename Fn>
+void for_each_pair(const std::vector<graph::FlatEntry>& local_layout,
+                   const std::vector<graph::FlatEntry>& whole_layout, bool replicated, Fn&& fn) {
+  DTRAIN_CHECK(local_layout.size() == whole_layout.size(), "{} split entries for {} whole ones",
+               local_layout.size(), whole_layout.size());
+  for (size_t i = 0; i < local_layout.size(); ++i) {
+    const graph::FlatEntry& l = local_layout[i];
+    const graph::FlatEntry& w = whole_layout[i];
+    DTRAIN_CHECK(l.name == w.name, "entry {}: {} vs {}", i, l.name, w.name);
+    if (!l.spec.split.split() && !replicated) continue;
+    const int64_t n = l.spec.shape.numel();
+    for (int64_t j = 0; j < n; ++j)
+      fn(l.offset + j, w.offset + static_cast<int64_t>(graph::whole_index(l.spec, j)));
+  }
+}
+
+}  // namespace
+
+void add_local_to_whole(const Tensor& local, const std::vector<graph::FlatEntry>& local_layout,
+                        const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
+                        Tensor& whole) {
+  const Tensor src = kernels::to_host(local);
+  DTRAIN_CHECK(src.dtype() == DType::f32 && whole.dtype() == DType::f32 && whole.device().is_cpu(),
+               "add_local_to_whole: f32 buffers, the whole one on the host");
+  const float* s = src.data<float>();
+  float* d = whole.data<float>();
+  for_each_pair(local_layout, whole_layout, replicated,
+                [&](int64_t lo, int64_t wo) { d[wo] += s[lo]; });
+}
+
+void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
+                    const std::vector<graph::FlatEntry>& local_layout, Tensor& local) {
+  DTRAIN_CHECK(
+      whole.dtype() == DType::f32 && local.dtype() == DType::f32 && whole.device().is_cpu(),
+      "whole_to_local: f32 buffers, the whole one on the host");
+  Tensor dst = local.device().is_cpu() ? local : kernels::to_host(local);
+  const float* s = whole.data<float>();
+  float* d = dst.data<float>();
+  for_each_pair(local_layout, whole_layout, true, [&](int64_t lo, int64_t wo) { d[lo] = s[wo]; });
+  if (!local.device().is_cpu()) kernels::copy(dst, local);
+}
+
+double tensor_sum_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,
+                          bool replicated) {
+  double sum = 0;
+  for (const graph::FlatEntry& e : layout) {
+    if (!e.spec.split.split() && !replicated) continue;
+    sum += optim::grad_sum_squares(grads.view(e.offset, Shape{e.spec.shape.numel()}));
+  }
+  return sum;
+}
+
+std::vector<int64_t> split_argmax(const Tensor& logits, int64_t begin, graph::TensorGroup& group) {
+  const int64_t rows = logits.dim(0), count = logits.dim(1);
+  Tensor best = Tensor::empty({rows}, DType::f32);
+  Tensor index = Tensor::empty({rows}, DType::f32);  // minus the whole index: max = first
+  std::vector<int64_t> local(static_cast<size_t>(rows));
+  const float* x = logits.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * count;
+    const int64_t j = std::max_element(row, row + count) - row;
+    best.data<float>()[r] = row[j];
+    local[static_cast<size_t>(r)] = begin + j;
+  }
+  group.all_reduce(best, graph::GroupReduce::max);
+  for (int64_t r = 0; r < rows; ++r) {
+    // Ties across ranks: the lowest whole index, as std::max_element over the whole row.
+    index.data<float>()[r] =
+        x[r * count + (local[static_cast<size_t>(r)] - begin)] == best.data<float>()[r]
+            ? -static_cast<float>(local[static_cast<size_t>(r)])
+            : -std::numeric_limits<float>::infinity();
+  }
+  group.all_reduce(index, graph::GroupReduce::max);
+  std::vector<int64_t> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    out[static_cast<size_t>(r)] = static_cast<int64_t>(-index.data<float>()[r]);
+  return out;
+}
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,60 @@
+// Tensor parallelism in the trainer (graph/tensor_parallel.h splits the graph): the
+// ops' group over the grid's tensor communicator, and the moves between this rank's
+// split layout and the one-rank model's whole layout that checkpoints, the gradient
+// norm and evaluation need. Both layouts list the same parameters in the same order
+// (the pass keeps nodes and names); a split entry maps element by element through
+// graph::whole_index.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "graph/params.h"
+#include "graph/tensor_parallel.h"
+
+namespace dtrain::runtime {
+
+// The TensorGroup the split ops hold: its place is known when the graph is split
+// (before start-up is agreed), its communicator attached afterwards (a collective
+// before then is an internal error). Half tensors are summed in f32 (MPI moves no
+// halves) and rounded once, as the one-rank GEMM rounds its f32 sum.
+class CommTensorGroup final : public graph::TensorGroup {
+ public:
+  CommTensorGroup(int rank, int size) : rank_(rank), size_(size) {}
+  void attach(dist::Communicator& comm);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce(Tensor& t, graph::GroupReduce op) override;
+
+ private:
+  int rank_, size_;
+  dist::Communicator* comm_ = nullptr;
+};
+
+// The fp32 layout (MasterWeights') of a graph before the split: the one-rank model's.
+std::vector<graph::FlatEntry> whole_f32_layout(const graph::Graph& g);
+
+// Adds this rank's parts of `local` (an f32 flat buffer of `local_layout`) into
+// `whole` (f32, of `whole_layout`, zeroed by the caller), replicated entries only when
+// `replicated` is set (one rank of the group): summed over the tensor group, every
+// element then comes from exactly one rank, exactly.
+void add_local_to_whole(const Tensor& local, const std::vector<graph::FlatEntry>& local_layout,
+                        const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
+                        Tensor& whole);
+// This rank's parts of `whole` into `local` (the reverse; padding untouched).
+void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
+                    const std::vector<graph::FlatEntry>& local_layout, Tensor& local);
+
+// Sum of squares of `grads` (f32 flat, `layout`) over the split entries, and over the
+// replicated ones too when `replicated` is set: summed over the tensor group (with
+// `replicated` on one rank only) it is the whole gradient's.
+double tensor_sum_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,
+                          bool replicated);
+
+// Top-1 over vocabulary-split logits: for each row of `logits` (f32 [rows, count],
+// classes [begin, begin + count) of the whole), the whole row's first argmax, agreed
+// over `group` (two all-reduces). Collective.
+std::vector<int64_t> split_argmax(const Tensor& logits, int64_t begin, graph::TensorGroup& group);
+
+}  // namespace dtrain::runtime
