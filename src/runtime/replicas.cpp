@@ -68,9 +68,9 @@ void check_replicas(dist::Communicator& comm, const std::vector<Tensor>& tensors
   const int64_t* c = all.data<int64_t>();
   for (int r = 1; r < comm.size(); ++r) {
     DTRAIN_CHECK(c[r] == c[0],
-                 "data-parallel replicas diverged: the {} of rank {} (CRC-32C {:08x}) differ from "
-                 "rank 0's ({:08x})",
-                 what, r, static_cast<uint32_t>(c[r]), static_cast<uint32_t>(c[0]));
+                 "replicas diverged: the {} of rank {} of a group of {} (CRC-32C {:08x}) differ "
+                 "from its rank 0's ({:08x})",
+                 what, r, comm.size(), static_cast<uint32_t>(c[r]), static_cast<uint32_t>(c[0]));
   }
 }
 

@@ -1221,6 +1221,18 @@ void TrainSession::save_checkpoint() {
   std::vector<NamedTensor> extra;
   if (compression_) extra = compression_->state(comm_, false);  // collective
   if (tensor_split()) {  // the one-rank model's tensors, from every tensor rank's parts
+    // Replicated parameters (layer norms, biases after a row split) and their optimizer
+    // state must be the same bits on every tensor rank: each computes them whole.
+    std::vector<Tensor> replicated;
+    for (size_t k = 0; k < state.size(); ++k) {
+      if (k == 1 || !state[k].defined()) continue;  // [1]: the buffers, checked above
+      for (const graph::FlatEntry& e : weights_->layout()) {
+        if (!e.spec.split.split())
+          replicated.push_back(state[k].view(e.offset, Shape{e.spec.shape.numel()}));
+      }
+    }
+    check_replicas(grid_->group(dist::Axis::tensor), replicated,
+                   "replicated parameters and their optimizer state");
     if (coord_.dp == 0 && coord_.pp == 0) save_whole(state);
     weights_->release_state();
     return;

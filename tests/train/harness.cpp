@@ -253,6 +253,39 @@ std::string compare_checkpoint_state(const fs::path& a, const fs::path& b) {
   return "";
 }
 
+std::string checkpoints_within(const fs::path& a, const fs::path& b, double tol) {
+  const runtime::Checkpoint ca = runtime::read_any_checkpoint(a),
+                            cb = runtime::read_any_checkpoint(b);
+  for (const char* key : {"step", "data_position", "params"}) {
+    if (ca.meta.value(key, nlohmann::json()) != cb.meta.value(key, nlohmann::json())) {
+      return std::string("meta.") + key + " differs";
+    }
+  }
+  if (ca.tensors.size() != cb.tensors.size()) return "different tensor counts";
+  for (size_t i = 0; i < ca.tensors.size(); ++i) {
+    const runtime::NamedTensor &x = ca.tensors[i], &y = cb.tensors[i];
+    if (x.name != y.name || x.tensor.str() != y.tensor.str()) {
+      return x.name + " (" + x.tensor.str() + ") vs " + y.name + " (" + y.tensor.str() + ")";
+    }
+    if (x.tensor.dtype() != DType::f32) {
+      if (std::memcmp(x.tensor.raw(), y.tensor.raw(), x.tensor.nbytes()) != 0)
+        return "tensor " + x.name + " differs";
+      continue;
+    }
+    double diff = 0, scale = 1e-6;
+    for (int64_t k = 0; k < x.tensor.numel(); ++k) {
+      const double u = x.tensor.data<float>()[k], v = y.tensor.data<float>()[k];
+      diff = std::max(diff, std::fabs(u - v));
+      scale = std::max(scale, std::fabs(u));
+    }
+    if (!(diff <= tol * scale)) {
+      return fmt::format("tensor {}: max difference {:.3e} against max magnitude {:.3e}", x.name,
+                         diff, scale);
+    }
+  }
+  return "";
+}
+
 std::string first_far(const std::vector<StepLoss>& ref, const std::vector<StepLoss>& other,
                       double first_tol, double rest_tol) {
   if (other.empty() || other.size() > ref.size()) {

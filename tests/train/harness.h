@@ -88,6 +88,12 @@ std::string compare_checkpoints(const fs::path& a, const fs::path& b);
 // ("compress.*" blobs) counts only when both checkpoints hold it.
 std::string compare_checkpoint_state(const fs::path& a, const fs::path& b);
 
+// Checkpoints of the same model and step that need not be bitwise equal (another
+// order of the same sums): "" when every tensor x of `a` and its twin y of `b` have
+// max|x - y| <= tol * max(max|x|, 1e-6) and the step and data position are equal;
+// else the first tensor that is not, with its distance.
+std::string checkpoints_within(const fs::path& a, const fs::path& b, double tol);
+
 // "step 3: 2.31 vs 2.30" for the first difference, "" when the lists match bit for bit.
 std::string first_difference(const std::vector<StepLoss>& a, const std::vector<StepLoss>& b);
 
