@@ -56,8 +56,12 @@ nlohmann::json to_json(const runtime::MemoryEstimate& e) {
                         {"peak_bytes", st.peak},
                         {"train_peak_at", st.at}});
     out["pipeline_stages"] = stages;
-    out["caveat"] = e.caveat;
   }
+  if (!e.caveat.empty()) out["caveat"] = e.caveat;
+  out["comm_bytes_per_step"] = {{"data", e.comm.data},
+                                {"tensor", e.comm.tensor},
+                                {"tensor_all_reduces", e.comm.tensor_calls},
+                                {"pipeline", e.comm.pipeline}};
   if (e.step_time) {
     const runtime::StepTimeEstimate& t = *e.step_time;
     out["step_seconds"] = t.seconds;  // the roofline's lower bound

@@ -19,6 +19,7 @@
 #include "dist/grid.h"
 #include "graph/params.h"
 #include "graph/stages.h"
+#include "graph/tensor_parallel.h"
 #include "models/registry.h"
 #include "runtime/estimate.h"
 #include "runtime/grad_compression.h"
@@ -186,8 +187,27 @@ std::string data_parallel_lines(const Job& job, int world) {
         buckets.size(), job.comm.bucket_mb, sizes, to_string(job.comm.allreduce),
         job.device.is_cuda() ? "nccl" : "mpi", job.comm.overlap ? "on" : "off");
     if (job.compress.method != CompressMethod::none) out += compression_line(job, layout, buckets);
+    // The graph as the trainer splits it (tensor rank 0's part) and cuts it.
+    models::ModelGraph mb = models::build_model(job.model, job.data.micro_batch);
+    if (p.tensor > 1) {
+      const graph::TensorParallelPlan plan =
+          graph::split_tensor_parallel(mb.graph, graph::placeholder_group(0, p.tensor));
+      int column = 0, row = 0, heads = 0;
+      for (const graph::TensorParallelPlan::Split& sp : plan.splits) {
+        column += sp.share.role == graph::TpRole::column;
+        row += sp.share.role == graph::TpRole::row;
+        heads += sp.share.role == graph::TpRole::heads;
+      }
+      out += fmt::format(
+          "# tensor parallel: {} ranks per group; {} column-split and {} row-split linear "
+          "layers, {} attention(s) split by heads{}; the rest replicated\n",
+          p.tensor, column, row, heads,
+          plan.vocab_total > 0
+              ? fmt::format(", the vocabulary split ({} of {} rows on tensor rank 0)",
+                            plan.vocab_count, plan.vocab_total)
+              : std::string());
+    }
     if (p.pipeline > 1) {  // the stages as the trainer cuts them, for one micro-batch
-      const models::ModelGraph mb = models::build_model(job.model, job.data.micro_batch);
       const std::vector<graph::Stage> stages = runtime::job_stages(p, mb.graph);
       out += fmt::format(
           "# pipeline: {} stages, schedule {}, {} micro-batches per step (idle share in "

@@ -11,6 +11,7 @@
 #include "core/block_pool.h"
 #include "dist/ddp.h"
 #include "graph/stages.h"
+#include "graph/tensor_parallel.h"
 #include "kernels/device_info.h"
 #include "models/registry.h"
 #include "precision/options.h"
@@ -121,6 +122,68 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
       to_string(job.parallel.schedule));
 }
 
+// MemoryEstimate::Comm for the (split) graph `g`: the collectives the split ops make
+// (graph/tensor_parallel.h) over the worst pipeline stage's nodes, and that stage's
+// exchanges.
+MemoryEstimate::Comm communication(const Job& job, const graph::Graph& g,
+                                   const graph::TensorParallelPlan& plan, size_t layout_bytes) {
+  MemoryEstimate::Comm c;
+  const ParallelOptions& p = job.parallel;
+  const double micro = p.micro_batches;
+  const auto ring = [](int n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; };
+  c.data = static_cast<double>(layout_bytes) * ring(p.data);
+  const auto bytes = [&](graph::ValueId v) {
+    const graph::TensorSpec& s = g.value(v).spec;
+    return static_cast<double>(s.shape.numel()) * static_cast<double>(dtype_size(s.dtype));
+  };
+  std::vector<graph::Stage> stages;
+  if (p.pipeline > 1) {
+    stages = job_stages(p, g);
+  } else {
+    stages.push_back({});
+    stages[0].end = static_cast<int>(g.nodes().size());
+  }
+  const bool recompute = blocks_per_segment(job, g) > 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    double tensor = 0;
+    int64_t calls = 0;
+    for (const graph::TensorParallelPlan::Split& split : plan.splits) {
+      if (split.node < stages[s].begin || split.node >= stages[s].end) continue;
+      const graph::Node& n = g.nodes()[static_cast<size_t>(split.node)];
+      const int again = recompute && n.block >= 0 ? 2 : 1;  // checkpointing forwards twice
+      const std::string_view kind = n.op->kind();
+      if (split.share.role == graph::TpRole::row || kind == "token_embedding") {
+        tensor += again * bytes(n.outputs[0]);
+        calls += again;
+      } else if (kind == "softmax_cross_entropy") {  // row maxima, then three sums per row
+        tensor += again * 16.0 *
+                  static_cast<double>(g.value(n.inputs[0]).spec.shape.numel() /
+                                      g.value(n.inputs[0]).spec.shape[-1]);
+        calls += 2 * again;
+      } else if ((split.share.role == graph::TpRole::column ||
+                  split.share.role == graph::TpRole::vocab) &&
+                 kind != "token_embedding" && g.value(n.inputs[0]).requires_grad) {
+        tensor += bytes(n.inputs[0]);  // backward: the input gradient's parts summed
+        ++calls;
+      }
+    }
+    c.tensor = std::max(c.tensor, tensor * micro * ring(p.tensor));
+    c.tensor_calls = std::max(c.tensor_calls, calls * p.micro_batches);
+    if (p.pipeline > 1) {
+      double moved = 0;  // activations in, their gradients back; the next stage's the same
+      for (graph::ValueId v : stages[s].receives)
+        moved += bytes(v) * (g.value(v).requires_grad ? 2 : 1);
+      if (s + 1 < stages.size()) {
+        for (graph::ValueId v : stages[s + 1].receives)
+          moved += bytes(v) * (g.value(v).requires_grad ? 2 : 1);
+      }
+      c.pipeline = std::max(c.pipeline, moved * micro);
+    }
+  }
+  if (p.tensor == 1) c.tensor_calls = 0;
+  return c;
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
@@ -135,7 +198,18 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   const int64_t batch = job.data.micro_batch;
   graph::DTypePolicy policy;
   policy.compute = compute_dtype(job.precision.dtype);
-  const models::ModelGraph m = models::build_model(job.model, batch, policy);
+  models::ModelGraph m = models::build_model(job.model, batch, policy);
+  // Tensor parallelism: rank 0's part (it holds the largest share of a vocabulary).
+  graph::TensorParallelPlan tp_plan;
+  int64_t whole_elems = 0;  // the one-rank model's fp32 layout (a tensor-parallel save's)
+  if (job.parallel.tensor > 1) {
+    std::vector<graph::FlatEntry> whole = m.graph.param_layout();
+    for (graph::FlatEntry& w : whole) w.spec.dtype = DType::f32;
+    whole_elems = graph::FlatStore(whole).buffer_elems(DType::f32);
+  }
+  if (job.parallel.tensor > 1)
+    tp_plan =
+        graph::split_tensor_parallel(m.graph, graph::placeholder_group(0, job.parallel.tensor));
   const graph::Graph& g = m.graph;
   MemoryEstimate e;
   auto add = [&](std::string kind, size_t bytes, std::string note) {
@@ -280,6 +354,26 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (job.device.is_cpu()) e.peak_bytes += e.host_bytes;
   e.peak_at = train_higher ? e.train_peak_at : e.eval_peak_at + " (evaluation)";
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
+  e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
+  if (job.parallel.tensor > 1) {
+    // A save assembles the one-rank model's parameters and optimizer state on every
+    // tensor rank (TrainSession::save_whole), on top of the state and what the last
+    // step or evaluation left held.
+    const size_t save =
+        round(static_cast<size_t>(whole_elems) * sizeof(float)) * static_cast<size_t>(1 + states);
+    size_t at_save = e.state_bytes + std::max(e.train.at_end, e.eval.at_end) + save;
+    if (job.device.is_cpu()) at_save += e.host_bytes;
+    if (at_save > e.peak_bytes) {
+      e.peak_bytes = at_save;
+      e.peak_at = "a checkpoint save (the whole model's parameters and optimizer state)";
+    }
+    const std::string note = fmt::format(
+        "parallel.tensor = {}: the figures are tensor rank 0's part of the model; a checkpoint "
+        "save assembles the whole model's parameters and optimizer state ({}) on each tensor "
+        "rank for the moment",
+        job.parallel.tensor, human(save));
+    e.caveat = e.caveat.empty() ? note : e.caveat + "; " + note;
+  }
 
   if (options.step_time) {
     try {
@@ -469,6 +563,19 @@ std::string format_estimate(const MemoryEstimate& e) {
         "{} (eval), peak {}\n",
         s.stage, s.in_flight, human(s.train), s.at, human(s.eval), human(s.peak));
   }
+  std::string comm;
+  if (e.comm.data > 0)
+    comm +=
+        fmt::format(", data {} (the gradient all-reduce)", human(static_cast<size_t>(e.comm.data)));
+  if (e.comm.tensor > 0) {
+    comm += fmt::format(", tensor {} ({} all-reduces of activations and their gradients)",
+                        human(static_cast<size_t>(e.comm.tensor)), e.comm.tensor_calls);
+  }
+  if (e.comm.pipeline > 0) {
+    comm += fmt::format(", pipeline {} (the busiest stage's sends and receives)",
+                        human(static_cast<size_t>(e.comm.pipeline)));
+  }
+  if (!comm.empty()) out += "communication per step and rank:" + comm.substr(1) + "\n";
   if (!e.caveat.empty()) out += "note: " + e.caveat + "\n";
   if (e.step_time) {
     const StepTimeEstimate& t = *e.step_time;

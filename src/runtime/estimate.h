@@ -47,6 +47,15 @@ struct MemoryEstimate {
     std::string at;                        // where its training peak is
   };
   std::vector<Stage> stages;
+  // Bytes one rank moves per optimizer step over each axis of the grid, in nccl-tests'
+  // bus convention (an all-reduce 2(n-1)/n of its buffer, a send or receive its bytes):
+  // data, the gradient all-reduce; tensor, the split layers' all-reduces of activations
+  // and their gradients (tensor_calls of them); pipeline, the busiest stage's sends and
+  // receives. 0 on an axis of degree 1.
+  struct Comm {
+    double data = 0, tensor = 0, pipeline = 0;
+    int64_t tensor_calls = 0;
+  } comm;
   std::string caveat;  // what the figures leave out, said under the table
 };
 

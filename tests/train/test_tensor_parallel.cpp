@@ -11,7 +11,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "harness.h"
 #include "same_run.h"
@@ -171,4 +173,42 @@ TEST_CASE("layouts tensor parallelism does not take yet exit 2 naming the key") 
   const fs::path resnet = write_job(tmp.path(), "resnet");
   check_refused({resnet.string(), "--nproc", "2", "--set", "parallel.tensor=2"},
                 tmp.path() / "resnet.log", "parallel.tensor");
+}
+
+// Rank 0's measured peak (the summary's peak_host_bytes: its host allocator's high
+// water) against `dtrain estimate`'s for the same layout. With tensor parallelism the
+// final checkpoint save, which assembles the one-rank model, is the peak here.
+TEST_CASE("dtrain estimate gives a tensor rank's measured peak within 3%, and its traffic") {
+  OneThread one;
+  TempDir tmp("tp-estimate");
+  const fs::path job = tmp.path() / "gpt.yaml";
+  std::ofstream(job) << "run: {seed: 1}\n"
+                     << "model: {arch: gpt2-tiny, layers: 2, hidden: 128, heads: 4, ffn: 512,\n"
+                     << "        seq_len: 64, max_positions: 64, vocab_size: 1001, dropout: 0.1}\n"
+                     << "data: {dataset: synthetic, global_batch: 8, micro_batch: 8,\n"
+                     << "       limit: {test: 8}}\n"
+                     << "optimizer: {name: adamw, lr: 1.0e-3}\n"
+                     << "train: {steps: 3, log_every: 1}\n"
+                     << "logging: {console: false}\n";
+  double last_tensor_bytes = 0;
+  for (const int tensor : {1, 2, 4}) {
+    CAPTURE(tensor);
+    const std::vector<std::string> sets = {"--set", fmt::format("parallel.tensor={}", tensor)};
+    const fs::path out = run(job, tmp.path(), fmt::format("tp{}", tensor), tensor, sets);
+    std::vector<std::string> args = {"estimate", job.string(), "--world", std::to_string(tensor),
+                                     "--json"};
+    args.insert(args.end(), sets.begin(), sets.end());
+    const RunResult e = run_dtrain_command(args, tmp.path() / fmt::format("est{}.log", tensor));
+    REQUIRE_MESSAGE(e.rc == 0, e.describe());
+    const nlohmann::json est = nlohmann::json::parse(e.log.substr(e.log.find('{')));
+    const double measured = summary_value(out, "peak_host_bytes");
+    CHECK(std::abs(est.at("peak_bytes").get<double>() / measured - 1.0) <= 0.03);
+    // Per micro-batch: the embedding, two row layers per block and the loss's two in
+    // forward; two column layers per block and the head's input in backward.
+    const nlohmann::json& comm = est.at("comm_bytes_per_step");
+    CHECK(comm.at("tensor_all_reduces") == (tensor == 1 ? 0 : 1 + 4 + 2 + 4 + 1));
+    const double bytes = comm.at("tensor").get<double>();
+    CHECK(bytes >= last_tensor_bytes);  // 2(n-1)/n of the same buffers grows with n
+    last_tensor_bytes = bytes;
+  }
 }
