@@ -25,6 +25,7 @@ void add_version(CLI::App& app, Action& action);
 void add_info(CLI::App& app, Action& action);
 void add_validate(CLI::App& app, Action& action);
 void add_estimate(CLI::App& app, Action& action);
+void add_plan(CLI::App& app, Action& action);  // the layout planner
 void add_train(CLI::App& app, Action& action);
 void add_data(CLI::App& app, Action& action);  // data tokenize
 void add_ckpt(CLI::App& app, Action& action);  // ckpt inspect | verify | export

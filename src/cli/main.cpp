@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   add_report(app, action);
   add_validate(app, action);
   add_estimate(app, action);
+  add_plan(app, action);
   add_train(app, action);
   add_data(app, action);
   add_ckpt(app, action);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/job.h"
+#include "runtime/plan.h"
 
 namespace dtrain::config {
 
@@ -44,5 +45,8 @@ void validate_job(const Job& job, const ValidateContext& ctx, const SourceMap* w
 
 // Every key in schema order with its resolved value; loads back to the same Job.
 std::string dump_job_yaml(const Job& job);
+
+// A cluster file for `dtrain plan` (config/cluster.cpp has the format).
+runtime::Cluster load_cluster_file(const std::string& path);
 
 }  // namespace dtrain::config

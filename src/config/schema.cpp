@@ -172,13 +172,13 @@ Field precision_section() {
 }
 
 Field parallel_section() {
-  return section("parallel",
-                 {integer_or_auto("data", AT(parallel.data), kPositive),
-                  integer("tensor", AT(parallel.tensor), kPositive),
-                  integer("pipeline", AT(parallel.pipeline), kPositive),
-                  enumeration("schedule", AT(parallel.schedule)), pipeline_blocks_field(),
-                  integer("micro_batches", AT(parallel.micro_batches), kPositive),
-                  integer("zero_stage", AT(parallel.zero_stage), IntRange{0, 3})});
+  return section("parallel", {integer_or_auto("data", AT(parallel.data), kPositive),
+                              integer("tensor", AT(parallel.tensor), kPositive),
+                              integer("pipeline", AT(parallel.pipeline), kPositive),
+                              enumeration("schedule", AT(parallel.schedule)),
+                              pipeline_blocks_field(), enumeration("order", AT(parallel.order)),
+                              integer("micro_batches", AT(parallel.micro_batches), kPositive),
+                              integer("zero_stage", AT(parallel.zero_stage), IntRange{0, 3})});
 }
 
 Field comm_section() {

@@ -54,7 +54,36 @@ std::vector<OwnedPart> owned_parts(const Bucket& b,
   return parts;
 }
 
-GradSync::GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap)
+std::vector<Bucket> plan_buckets_of(const std::vector<GradRange>& params,
+                                    const std::vector<int>& which, size_t bucket_bytes) {
+  constexpr int64_t kPadding = 16;  // f32 elements between 64-byte aligned tensors
+  std::vector<int> order = which;
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return params[static_cast<size_t>(a)].offset < params[static_cast<size_t>(b)].offset;
+  });
+  std::vector<Bucket> out;
+  Bucket cur;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const GradRange& p = params[static_cast<size_t>(*it)];
+    if (cur.params.empty()) cur.end = p.offset + p.numel;
+    cur.params.push_back(*it);
+    cur.begin = p.offset;
+    const auto next = std::next(it);
+    const bool adjacent =
+        next != order.rend() && p.offset - (params[static_cast<size_t>(*next)].offset +
+                                            params[static_cast<size_t>(*next)].numel) <=
+                                    kPadding;
+    const auto bytes = static_cast<size_t>(cur.end - cur.begin) * sizeof(float);
+    if (bytes >= bucket_bytes || !adjacent) {
+      out.push_back(std::move(cur));
+      cur = Bucket{};
+    }
+  }
+  return out;
+}
+
+GradSync::GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap,
+                   Unbucketed unbucketed)
     : comm_(comm),
       buckets_(std::move(buckets)),
       bucket_of_(static_cast<size_t>(num_params), -1),
@@ -70,7 +99,7 @@ GradSync::GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_para
       bucket_of_[static_cast<size_t>(p)] = static_cast<int>(b);
     }
   }
-  for (size_t p = 0; p < bucket_of_.size(); ++p)
+  for (size_t p = 0; p < bucket_of_.size() && unbucketed == Unbucketed::refused; ++p)
     DTRAIN_CHECK(bucket_of_[p] >= 0, "param {} in no bucket", p);
 }
 
@@ -100,6 +129,7 @@ void GradSync::arm(Tensor grads, Tensor acc) {
 void GradSync::ready(int param) {
   if (!armed_) return;  // an accumulation micro-step: nothing moves
   const int b = bucket_of_.at(static_cast<size_t>(param));
+  if (b < 0) return;  // not summed here (Unbucketed::skipped)
   if (--pending_[static_cast<size_t>(b)] == 0 && overlap_ == Overlap::on) {
     launch(static_cast<size_t>(b));
   }

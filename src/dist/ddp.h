@@ -65,10 +65,22 @@ class TracedBuckets {
   virtual void set_trace(TraceFn trace) = 0;              // null: record nothing
 };
 
+// Buckets over some of the parameters only, `which` (indices into `params`, a pipeline
+// stage's): each spans its parameters' elements from the first one's offset to the last
+// one's end, closing at `bucket_bytes` or where the next parameter is not adjacent (more
+// than alignment padding between), so nothing outside `which` is sent.
+std::vector<Bucket> plan_buckets_of(const std::vector<GradRange>& params,
+                                    const std::vector<int>& which, size_t bucket_bytes);
+
+// Parameters in no bucket: an error (every gradient must be summed), or skipped (a
+// pipeline stage's buckets hold its own parameters; the others get no gradient there).
+enum class Unbucketed : uint8_t { refused, skipped };
+
 class GradSync : public TracedBuckets {
  public:
   // `algos`: the all-reduce algorithm of each bucket (auto resolved by the caller).
-  GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap);
+  GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap,
+           Unbucketed unbucketed = Unbucketed::refused);
 
   const std::vector<Bucket>& buckets() const override { return buckets_; }
   // all_reduce(<algorithm>), reduce(owners) under ZeRO-1, compressed while the reducer is on.

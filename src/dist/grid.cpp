@@ -20,7 +20,7 @@ std::string_view to_string(Axis axis) {
 }
 
 GridDegrees degrees_of(const ParallelOptions& parallel) {
-  return {parallel.pipeline, parallel.data, parallel.tensor};
+  return {parallel.pipeline, parallel.data, parallel.tensor, parallel.order};
 }
 
 void check_grid(int world, const GridDegrees& d) {
@@ -42,10 +42,13 @@ void check_grid(int world, const GridDegrees& d) {
 
 GridCoord grid_coord(int rank, const GridDegrees& d) {
   DTRAIN_CHECK(rank >= 0 && rank < d.product(), "rank {} of a {}-rank grid", rank, d.product());
+  if (d.order == GridOrder::dp_pp_tp)
+    return {(rank / d.tensor) % d.pipeline, rank / (d.pipeline * d.tensor), rank % d.tensor};
   return {rank / (d.data * d.tensor), (rank / d.tensor) % d.data, rank % d.tensor};
 }
 
 int grid_rank(const GridCoord& c, const GridDegrees& d) {
+  if (d.order == GridOrder::dp_pp_tp) return (c.dp * d.pipeline + c.pp) * d.tensor + c.tp;
   return (c.pp * d.data + c.dp) * d.tensor + c.tp;
 }
 

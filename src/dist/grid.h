@@ -1,7 +1,8 @@
 // The process grid: the world factored into pipeline x data x tensor groups,
-// tensor innermost (rank = (pp * data + dp) * tensor + tp), so a tensor group
-// stays inside a node. A value passed around, never a global. The placement
-// arithmetic is pure (for `dtrain validate --world N`, no MPI needed).
+// tensor innermost (rank = (pp * data + dp) * tensor + tp, or with order dp_pp_tp
+// (dp * pipeline + pp) * tensor + tp), so a tensor group stays inside a node. A value passed
+// around, never a global. The placement arithmetic is pure (for `dtrain validate --world N`, no MPI
+// needed).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,7 @@ std::string_view to_string(Axis axis);
 
 struct GridDegrees {
   int pipeline = 1, data = 1, tensor = 1;
+  GridOrder order = GridOrder::pp_dp_tp;  // how ranks are numbered (dist/options.h)
   int product() const { return pipeline * data * tensor; }
 };
 GridDegrees degrees_of(const ParallelOptions& parallel);

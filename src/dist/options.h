@@ -48,6 +48,20 @@ inline const auto& enum_names(AllreduceAlgo) { return kAllreduceAlgoNames; }
 // world size = pipeline x data x tensor (tensor innermost, so it stays inside a node).
 // When the job leaves data out it is world / (tensor x pipeline); when it leaves
 // micro_batches out it is global_batch / (micro_batch x data).
+// How ranks are numbered over the grid, outermost axis first; tensor is always innermost
+// (a tensor group stays inside a node). pp_dp_tp: a pipeline's stages are data x tensor
+// ranks apart, its replicas' stage groups neighbours (Megatron's order); dp_pp_tp: a
+// replica's stages are neighbours, inside a node when pipeline x tensor fits in one, and
+// the gradient all-reduce of each stage goes between nodes.
+enum class GridOrder : uint8_t { pp_dp_tp, dp_pp_tp };
+inline constexpr std::pair<GridOrder, std::string_view> kGridOrderNames[] = {
+    {GridOrder::pp_dp_tp, "pp_dp_tp"}, {GridOrder::dp_pp_tp, "dp_pp_tp"}};
+inline std::string_view to_string(GridOrder v) { return enum_name(kGridOrderNames, v); }
+inline bool from_string(std::string_view text, GridOrder& out) {
+  return enum_parse(kGridOrderNames, text, out);
+}
+inline const auto& enum_names(GridOrder) { return kGridOrderNames; }
+
 struct ParallelOptions {
   int data = 1;  // `auto` in the job file: the world size / (tensor x pipeline)
   int tensor = 1;
@@ -57,6 +71,7 @@ struct ParallelOptions {
   std::optional<std::vector<int>> pipeline_blocks;
   int micro_batches = 1;  // micro-batches per optimizer step on each data-parallel rank
   int zero_stage = 0;     // 1: optimizer state, 2: + gradients, 3: + parameters sharded
+  GridOrder order = GridOrder::pp_dp_tp;
 };
 
 struct CommOptions {

@@ -131,7 +131,7 @@ MemoryEstimate::Comm communication(const Job& job, const graph::Graph& g,
   const ParallelOptions& p = job.parallel;
   const double micro = p.micro_batches;
   const auto ring = [](int n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; };
-  c.data = static_cast<double>(layout_bytes) * ring(p.data);
+  c.data = static_cast<double>(layout_bytes) * ring(p.data);  // a pipeline: its stage's, below
   const auto bytes = [&](graph::ValueId v) {
     const graph::TensorSpec& s = g.value(v).spec;
     return static_cast<double>(s.shape.numel()) * static_cast<double>(dtype_size(s.dtype));
@@ -170,6 +170,9 @@ MemoryEstimate::Comm communication(const Job& job, const graph::Graph& g,
     c.tensor = std::max(c.tensor, tensor * micro * ring(p.tensor));
     c.tensor_calls = std::max(c.tensor_calls, calls * p.micro_batches);
     if (p.pipeline > 1) {
+      if (s == 0) c.data = 0;  // each stage sums its own parameters' gradients
+      c.data = std::max(c.data,
+                        static_cast<double>(stages[s].param_elems) * sizeof(float) * ring(p.data));
       double moved = 0;  // activations in, their gradients back; the next stage's the same
       for (graph::ValueId v : stages[s].receives)
         moved += bytes(v) * (g.value(v).requires_grad ? 2 : 1);
@@ -355,6 +358,19 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   e.peak_at = train_higher ? e.train_peak_at : e.eval_peak_at + " (evaluation)";
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
   e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
+  e.forward_flops = g.forward_flops();
+  e.forward_param_bytes = static_cast<double>(ex.params);
+  e.forward_ops = static_cast<int64_t>(g.nodes().size());
+  if (job.parallel.pipeline > 1) {  // the stage with the most FLOPs
+    e.forward_flops = 0;
+    for (const graph::Stage& st : job_stages(job.parallel, g)) {
+      if (st.flops <= e.forward_flops) continue;
+      e.forward_flops = st.flops;
+      e.forward_param_bytes =
+          static_cast<double>(st.param_elems) * static_cast<double>(dtype_size(policy.compute));
+      e.forward_ops = st.end - st.begin;
+    }
+  }
   if (job.parallel.tensor > 1) {
     // A save assembles the one-rank model's parameters and optimizer state on every
     // tensor rank (TrainSession::save_whole), on top of the state and what the last

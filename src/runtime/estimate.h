@@ -34,6 +34,13 @@ struct MemoryEstimate {
   size_t peak_bytes = 0;  // state + the larger of the two activation peaks
   std::string peak_at;
   double step_flops = 0;  // forward + backward (3x forward) per rank and step
+  // Forward FLOPs of one micro-batch on this rank: its part of the graph (tensor
+  // parallelism), the worst stage's nodes (a pipeline).
+  double forward_flops = 0;
+  // The same part's parameter bytes (in the compute dtype) and op count: what each
+  // micro-batch reads again and launches again, whatever its size (dtrain plan).
+  double forward_param_bytes = 0;
+  int64_t forward_ops = 0;
   // EstimateOptions::step_time: the roofline step time, or why there is none
   // ("no step time: this CPU has ...") in step_time_missing.
   std::optional<StepTimeEstimate> step_time;

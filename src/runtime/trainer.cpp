@@ -669,8 +669,19 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   for (const graph::FlatEntry& e : weights_->layout())
     ranges.push_back({e.offset, e.spec.shape.numel()});
   const int64_t layout_elems = ex_->grads().buffer_elems(DType::f32);
-  std::vector<dist::Bucket> planned = dist::plan_buckets(
-      ranges, layout_elems, static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0));
+  const auto bucket_bytes = static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0);
+  std::vector<dist::Bucket> planned = dist::plan_buckets(ranges, layout_elems, bucket_bytes);
+  if (pipeline_) {  // a stage sums its own parameters' gradients only (the rest are zeros)
+    const graph::Stage& mine = stages_[static_cast<size_t>(pipeline_->stage())];
+    std::vector<char> used(ranges.size(), 0);
+    for (int n = mine.begin; n < mine.end; ++n)
+      for (int p : model_.graph.nodes()[static_cast<size_t>(n)].params)
+        used[static_cast<size_t>(p)] = 1;
+    std::vector<int> own;
+    for (size_t p = 0; p < used.size(); ++p)
+      if (used[p]) own.push_back(static_cast<int>(p));
+    planned = dist::plan_buckets_of(ranges, own, bucket_bytes);
+  }
   std::vector<std::pair<int64_t, int64_t>> owners;  // ZeRO: every rank's range
   for (int r = 0; weights_->shard().sharded() && r < comm_.size(); ++r) {
     const ShardRange s = shard_of(layout_elems, r, comm_.size());
@@ -686,7 +697,8 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   } else {
     sync_ = std::make_unique<dist::GradSync>(
         *grad_comm_, std::move(planned), ex_->grads().size(),
-        job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off);
+        job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off,
+        pipeline_ ? dist::Unbucketed::skipped : dist::Unbucketed::refused);
     // ZeRO-1: each bucket's parts are reduced into their owners (a reduce-scatter's
     // volume) instead of all-reduced: a rank steps only its range.
     if (weights_->shard().sharded()) sync_->set_owners(owners);

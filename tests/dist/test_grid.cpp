@@ -52,3 +52,13 @@ TEST_CASE("a grid over the self communicator: every group is a no-op of size 1")
   CHECK_THROWS_AS(ProcessGrid(*self, {1, 2, 1}), dtrain::Error);
   CHECK(degrees_of(dtrain::ParallelOptions{}).product() == 1);
 }
+
+TEST_CASE("grid order dp_pp_tp: a replica's stages are neighbours, tensor still innermost") {
+  const GridDegrees d{2, 3, 2, dtrain::GridOrder::dp_pp_tp};
+  for (int r = 0; r < d.product(); ++r) CHECK(grid_rank(grid_coord(r, d), d) == r);
+  CHECK(grid_coord(0, d) == GridCoord{0, 0, 0});
+  CHECK(grid_coord(1, d) == GridCoord{0, 0, 1});
+  CHECK(grid_coord(2, d) == GridCoord{1, 0, 0});  // the next stage of replica 0
+  CHECK(grid_coord(4, d) == GridCoord{0, 1, 0});  // replica 1 starts after 2 x 2 ranks
+  CHECK(grid_coord(11, d) == GridCoord{1, 2, 1});
+}

@@ -3,10 +3,11 @@
 // is the same model (the split parts start as their parts of the one-rank weights,
 // dropout draws the one-rank masks) computed with the sums in another order, so losses
 // stay within 1e-5 over 20 steps and the final checkpoint (the one-rank model's,
-// assembled from the parts) within 1e-4: GPT-2, BERT masked-LM and ViT with tensor 2 and 4, with
-// and without dropout, on a vocabulary the ranks split unevenly; data x tensor with accumulation
-// and the 2 x 2 x 2 pipeline x data x tensor grid; a checkpoint resumes across layouts; layouts not
-// supported yet exit 2 with one message.
+// assembled from the parts) within 1e-4: GPT-2, BERT masked-LM and ViT with tensor 2
+// and 4, with and without dropout, on a vocabulary the ranks split unevenly; data x
+// tensor with accumulation and the 2 x 2 x 2 pipeline x data x tensor grid in both rank
+// orders; a checkpoint resumes across layouts; the estimate's peak and traffic; layouts
+// not supported yet exit 2 with one message.
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -121,6 +122,9 @@ TEST_CASE("data x tensor with accumulation, and the 2 x 2 x 2 pipeline x data x 
   const std::string log = read_bytes(tmp.path() / "pp2-dp2-tp2.log");
   CHECK(log.find("pipeline: 2 stages") != std::string::npos);
   CHECK(log.find("tensor parallel: 2 ranks") != std::string::npos);
+  // The other rank numbering (a replica's stages neighbours): the same numbers.
+  grid.insert(grid.end(), {"--set", "parallel.order=dp_pp_tp"});
+  require_close(run(job, tmp.path(), "dp2-pp2-tp2", 8, grid), whole);
 }
 
 TEST_CASE("a tensor-parallel checkpoint resumes on one rank, and one rank's on tensor 2") {
