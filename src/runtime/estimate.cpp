@@ -378,6 +378,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     const size_t save =
         round(static_cast<size_t>(whole_elems) * sizeof(float)) * static_cast<size_t>(1 + states);
     size_t at_save = e.state_bytes + std::max(e.train.at_end, e.eval.at_end) + save;
+    // ZeRO: the shards are gathered into this rank's whole part first.
+    if (sharded)
+      at_save += round(static_cast<size_t>(layout_elems) * sizeof(float)) *
+                 static_cast<size_t>(1 + states);
     if (job.device.is_cpu()) at_save += e.host_bytes;
     if (at_save > e.peak_bytes) {
       e.peak_bytes = at_save;

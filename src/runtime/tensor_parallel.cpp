@@ -85,11 +85,13 @@ void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& wh
 }
 
 double tensor_sum_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,
-                          bool replicated) {
+                          bool replicated, int64_t base) {
   double sum = 0;
   for (const graph::FlatEntry& e : layout) {
     if (!e.spec.split.split() && !replicated) continue;
-    sum += optim::grad_sum_squares(grads.view(e.offset, Shape{e.spec.shape.numel()}));
+    const int64_t lo = std::max(e.offset, base);
+    const int64_t hi = std::min(e.offset + e.spec.shape.numel(), base + grads.numel());
+    if (lo < hi) sum += optim::grad_sum_squares(grads.view(lo - base, Shape{hi - lo}));
   }
   return sum;
 }

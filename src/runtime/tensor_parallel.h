@@ -49,8 +49,10 @@ void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& wh
 // Sum of squares of `grads` (f32 flat, `layout`) over the split entries, and over the
 // replicated ones too when `replicated` is set: summed over the tensor group (with
 // `replicated` on one rank only) it is the whole gradient's.
+// `grads` may be a range of the flat buffer starting at element `base` (a ZeRO shard):
+// entries count for their part inside it.
 double tensor_sum_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,
-                          bool replicated);
+                          bool replicated, int64_t base = 0);
 
 // Top-1 over vocabulary-split logits: for each row of `logits` (f32 [rows, count],
 // classes [begin, begin + count) of the whole), the whole row's first argmax, agreed

@@ -113,10 +113,12 @@ void require_supported(const Job& job, int world) {
   if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.tensor > 1 is not supported yet", key, value),
-                  "tensor-parallel ranks run with zero_stage 0, no compression and SGD or "
-                  "AdamW, on the CPU; drop the key or parallel.tensor");
+                  "tensor-parallel ranks run with zero_stage 0-2 (0 in a pipeline), no "
+                  "compression and SGD or AdamW, on the CPU; drop the key or parallel.tensor");
     };
-    if (p.zero_stage > 0) later("parallel.zero_stage", std::to_string(p.zero_stage));
+    if (p.zero_stage > 2) later("parallel.zero_stage", std::to_string(p.zero_stage));
+    if (p.zero_stage > 0 && p.pipeline > 1)
+      later("parallel.zero_stage", std::to_string(p.zero_stage) + " with parallel.pipeline > 1");
     if (job.compress.method != CompressMethod::none)
       later("compress.method", std::string(to_string(job.compress.method)));
     if (job.device.is_cuda()) later("device", job.device.str());
@@ -277,6 +279,8 @@ class TrainSession {
   bool tensor_split() const { return tp_group_ != nullptr; }
   double tensor_sum_squares_here() const;
   void save_whole(std::vector<Tensor>& state);
+  void save_tensor_parts(std::vector<Tensor>& state);
+  Tensor gather_shards(const Tensor& shard) const;
   void resume_whole(const fs::path& file);
   void pipeline_passes(StepTotals& local);
   double stage_sum_squares() const;
@@ -342,8 +346,8 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   // buckets (connect()), and each rank keeps its shard of the sum.
   // ZeRO-3 keeps no whole parameter buffer either: each rank holds its range of the
   // layout, and the executor sees a block's parameters while they are gathered.
-  zero2_ = job_.parallel.zero_stage >= 2 && comm.size() > 1;
-  zero3_ = job_.parallel.zero_stage >= 3 && comm.size() > 1;
+  zero2_ = job_.parallel.zero_stage >= 2 && job_.parallel.data > 1;
+  zero3_ = job_.parallel.zero_stage >= 3 && job_.parallel.data > 1;
   ex_ = std::make_unique<graph::Executor>(
       model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
       zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned);
@@ -366,8 +370,10 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                                                           : MasterMode::in_place;
   // ZeRO: this rank steps its shard of the fp32 layout (runtime/zero.h).
   const int64_t layout_elems = ex_->grads().buffer_elems(DType::f32);
-  const ShardRange shard = job_.parallel.zero_stage >= 1 && comm_.size() > 1
-                               ? shard_of(layout_elems, comm_.rank(), comm_.size())
+  // Over the data axis (with tensor parallelism each tensor rank shards its own part).
+  const int data = job_.parallel.data;
+  const ShardRange shard = job_.parallel.zero_stage >= 1 && data > 1
+                               ? shard_of(layout_elems, coord_.dp, data)
                                : ShardRange{};
   if (zero2_) {
     shard_grads_ =
@@ -420,7 +426,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
             all[2 * tensor_of[s] + 1] = u2[s];
           }
           Tensor t = Tensor::wrap(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::f64);
-          comm_.all_reduce(t);
+          (grid_ ? grid_->group(dist::Axis::data) : comm_).all_reduce(t);
           for (size_t s = 0; s < tensor_of.size(); ++s) {
             p2[s] = all[2 * tensor_of[s]];
             u2[s] = all[2 * tensor_of[s] + 1];
@@ -545,16 +551,22 @@ void TrainSession::resume_whole(const fs::path& file) {
   load.world = 1;
   const std::string hash = counters_.config_hash;
   counters_ = load_train_state_ranges(file, load);
-  Tensor local = Tensor::empty(Shape{weights_->grads().numel()}, DType::f32);
+  Tensor local = Tensor::empty(Shape{ex_->grads().buffer_elems(DType::f32)}, DType::f32);
   kernels::fill(local, 0.0f);
   whole_to_local(flat, whole_layout_, weights_->layout(), local);
   weights_->load_piece(0, local);
   weights_->finish_load();
   optim::OptimizerState mine = opt_->state();
   const optim::OptimizerState whole = opt->state();
-  for (size_t b = 0; b < mine.buffers.size(); ++b)
-    whole_to_local(whole.buffers[b].second, whole_layout_, weights_->layout(),
-                   mine.buffers[b].second);
+  // ZeRO: this rank's optimizer holds its shard [begin, end) of the local layout.
+  const ShardRange& sh = weights_->shard();
+  Tensor part = Tensor::empty(Shape{ex_->grads().buffer_elems(DType::f32)}, DType::f32);
+  for (size_t b = 0; b < mine.buffers.size(); ++b) {
+    kernels::fill(part, 0.0f);
+    whole_to_local(whole.buffers[b].second, whole_layout_, weights_->layout(), part);
+    kernels::copy(sh.sharded() ? part.view(sh.begin, Shape{sh.size()}) : part,
+                  mine.buffers[b].second);
+  }
   mine.step = opt->step_count();
   opt_->load_state(mine);
   if (counters_.config_hash != hash) {
@@ -683,8 +695,8 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     planned = dist::plan_buckets_of(ranges, own, bucket_bytes);
   }
   std::vector<std::pair<int64_t, int64_t>> owners;  // ZeRO: every rank's range
-  for (int r = 0; weights_->shard().sharded() && r < comm_.size(); ++r) {
-    const ShardRange s = shard_of(layout_elems, r, comm_.size());
+  for (int r = 0; weights_->shard().sharded() && r < grad_comm_->size(); ++r) {
+    const ShardRange s = shard_of(layout_elems, r, grad_comm_->size());
     owners.emplace_back(s.begin, s.end);
   }
   const std::vector<dist::Bucket> buckets = planned;
@@ -875,8 +887,11 @@ double TrainSession::train_step(const StopSignals& signals) {
   // Tensor parallelism: split gradients add over the tensor group, replicated ones
   // count on one of its ranks.
   double sum_squares = 0;
-  if (weights_->shard().sharded()) {
-    sum_squares = sum_over_ranks<1>(comm_, {optim::grad_sum_squares(own_grads())})[0];
+  if (weights_->shard().sharded()) {  // the data ranks' shards (and the tensor ranks' parts)
+    const double own = tensor_split() ? tensor_sum_squares(own_grads(), weights_->layout(),
+                                                           coord_.tp == 0, weights_->shard().begin)
+                                      : optim::grad_sum_squares(own_grads());
+    sum_squares = sum_over_ranks<1>(comm_, {own})[0];
   } else if (pipeline_) {
     sum_squares = sum_over_ranks<1>(grid_->group(dist::Axis::pipeline), {stage_sum_squares()})[0];
   } else if (tensor_split()) {
@@ -884,7 +899,7 @@ double TrainSession::train_step(const StopSignals& signals) {
   } else {
     sum_squares = optim::grad_sum_squares(grads);
   }
-  if (tensor_split())
+  if (tensor_split() && !weights_->shard().sharded())
     sum_squares = sum_over_ranks<1>(grid_->group(dist::Axis::tensor), {sum_squares})[0];
   const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
@@ -1195,7 +1210,7 @@ void TrainSession::log_eval(const EvalResult& r) {
 // only the replicated buffers are compared across ranks. Otherwise every rank first
 // proves its replica equals rank 0's and rank 0 writes one file.
 void TrainSession::save_checkpoint() {
-  if (weights_->shard().sharded()) {
+  if (weights_->shard().sharded() && !tensor_split()) {
     check_replicas(comm_, {ex_->buffers().flat(DType::f32)}, "buffers");
     ShardedSave save;
     save.comm = &comm_;
@@ -1212,6 +1227,13 @@ void TrainSession::save_checkpoint() {
     if (compression_) save.extra = compression_->state(comm_, true);
     save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
     if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+    return;
+  }
+  if (weights_->shard().sharded()) {  // ZeRO with tensor parallelism: the shards gathered
+    std::vector<Tensor> state = {gather_shards(weights_->shard_params()),
+                                 ex_->buffers().flat(DType::f32)};
+    for (const auto& [name, t] : opt_->state().buffers) state.push_back(gather_shards(t));
+    save_tensor_parts(state);
     return;
   }
   graph::FlatStore& params = weights_->state();
@@ -1232,21 +1254,8 @@ void TrainSession::save_checkpoint() {
   }
   std::vector<NamedTensor> extra;
   if (compression_) extra = compression_->state(comm_, false);  // collective
-  if (tensor_split()) {  // the one-rank model's tensors, from every tensor rank's parts
-    // Replicated parameters (layer norms, biases after a row split) and their optimizer
-    // state must be the same bits on every tensor rank: each computes them whole.
-    std::vector<Tensor> replicated;
-    for (size_t k = 0; k < state.size(); ++k) {
-      if (k == 1 || !state[k].defined()) continue;  // [1]: the buffers, checked above
-      for (const graph::FlatEntry& e : weights_->layout()) {
-        if (!e.spec.split.split())
-          replicated.push_back(state[k].view(e.offset, Shape{e.spec.shape.numel()}));
-      }
-    }
-    check_replicas(grid_->group(dist::Axis::tensor), replicated,
-                   "replicated parameters and their optimizer state");
-    if (coord_.dp == 0 && coord_.pp == 0) save_whole(state);
-    weights_->release_state();
+  if (tensor_split()) {
+    save_tensor_parts(state);
     return;
   }
   if (leader()) {
@@ -1255,6 +1264,39 @@ void TrainSession::save_checkpoint() {
     prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
   }
   weights_->release_state();
+}
+
+// The full layout from every data rank's shard [begin, end) of it (ZeRO): f32, on the host.
+Tensor TrainSession::gather_shards(const Tensor& shard) const {
+  dist::Communicator& data = grid_->group(dist::Axis::data);
+  const int64_t total = ex_->grads().buffer_elems(DType::f32);
+  Tensor full = Tensor::empty(Shape{total}, DType::f32);
+  kernels::fill(full, 0.0f);
+  std::vector<int64_t> counts;
+  for (int r = 0; r < data.size(); ++r) counts.push_back(shard_of(total, r, data.size()).size());
+  const ShardRange& mine = weights_->shard();
+  Tensor dst = full.view(mine.begin, Shape{mine.size()});
+  kernels::copy(shard, dst);
+  data.all_gatherv_async(full, counts).wait();
+  return full;
+}
+
+// Tensor parallelism: the replicated parameters and their optimizer state checked the
+// same bits on every tensor rank (each computes them whole), then the one-rank model
+// written (save_whole). state: this rank's full parameters, buffers, optimizer buffers.
+void TrainSession::save_tensor_parts(std::vector<Tensor>& state) {
+  std::vector<Tensor> replicated;
+  for (size_t k = 0; k < state.size(); ++k) {
+    if (k == 1 || !state[k].defined()) continue;  // [1]: the buffers, checked elsewhere
+    for (const graph::FlatEntry& e : weights_->layout()) {
+      if (!e.spec.split.split())
+        replicated.push_back(state[k].view(e.offset, Shape{e.spec.shape.numel()}));
+    }
+  }
+  check_replicas(grid_->group(dist::Axis::tensor), replicated,
+                 "replicated parameters and their optimizer state");
+  if (coord_.dp == 0 && coord_.pp == 0) save_whole(state);
+  if (!weights_->shard().sharded()) weights_->release_state();
 }
 
 // Tensor parallelism: the checkpoint is the one-rank model's (any layout resumes it).
@@ -1276,9 +1318,8 @@ void TrainSession::save_whole(std::vector<Tensor>& state) {
       optim::make_optimizer(job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay),
                             params.buffer_elems(DType::f32), Device::cpu());
   optim::OptimizerState whole = opt->state();
-  const optim::OptimizerState mine = opt_->state();
   for (size_t b = 0; b < whole.buffers.size(); ++b)
-    assemble(mine.buffers[b].second, whole.buffers[b].second);
+    assemble(state[2 + b], whole.buffers[b].second);  // the optimizer's, in its order
   whole.step = opt_->step_count();
   opt->load_state(whole);
   if (!leader()) return;

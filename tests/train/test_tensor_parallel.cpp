@@ -15,6 +15,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "harness.h"
 #include "same_run.h"
@@ -106,7 +107,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("data x tensor with accumulation, and the 2 x 2 x 2 pipeline x data x tensor grid") {
+TEST_CASE("data x tensor with accumulation and ZeRO-1/2, and the 2 x 2 x 2 grid") {
   OneThread one;
   TempDir tmp("tp-grid");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
@@ -115,6 +116,11 @@ TEST_CASE("data x tensor with accumulation, and the 2 x 2 x 2 pipeline x data x 
   std::vector<std::string> dt = micro;
   dt.insert(dt.end(), {"--set", "parallel.data=2", "--set", "parallel.tensor=2"});
   require_close(run(job, tmp.path(), "dp2-tp2", 4, dt), whole);
+  for (const std::string zero : {"1", "2"}) {  // each tensor rank shards its part over data
+    std::vector<std::string> z = dt;
+    z.insert(z.end(), {"--set", "parallel.zero_stage=" + zero});
+    require_close(run(job, tmp.path(), "dp2-tp2-zero" + zero, 4, z), whole);
+  }
   std::vector<std::string> grid = dt;
   grid.insert(grid.end(), {"--set", "parallel.pipeline=2", "--set", "parallel.schedule=1f1b"});
   const fs::path out = run(job, tmp.path(), "pp2-dp2-tp2", 8, grid);
@@ -127,28 +133,43 @@ TEST_CASE("data x tensor with accumulation, and the 2 x 2 x 2 pipeline x data x 
   require_close(run(job, tmp.path(), "dp2-pp2-tp2", 8, grid), whole);
 }
 
-TEST_CASE("a tensor-parallel checkpoint resumes on one rank, and one rank's on tensor 2") {
+TEST_CASE(
+    "a tensor-parallel checkpoint resumes on one rank, and one rank's on tensor 2, "
+    "ZeRO over the data axis included") {
   OneThread one;
   TempDir tmp("tp-resume");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
-  const std::vector<std::string> base = {"--set", "train.steps=8", "--set",
-                                         "train.checkpoint.every=4"};
+  const std::vector<std::string> base = {
+      "--set", "train.steps=8", "--set", "train.checkpoint.every=4", "--set", "data.micro_batch=2"};
   const fs::path whole = run(job, tmp.path(), "whole", 1, base);
-  for (const int first : {2, 1}) {
-    CAPTURE(first);
-    const int second = first == 2 ? 1 : 2;
-    const auto layout = [&](int ranks) {
-      std::vector<std::string> a = base;
-      if (ranks == 2) a.insert(a.end(), {"--set", "parallel.tensor=2"});
-      return a;
-    };
-    const std::string name = fmt::format("from-{}", first);
-    std::vector<std::string> half = layout(first);
+  struct Layout {
+    std::string name;
+    int ranks;
+    std::vector<std::string> sets;
+  };
+  const Layout one_rank{"one", 1, {}};
+  const Layout tp2{"tp2", 2, {"--set", "parallel.tensor=2"}};
+  const Layout zero1{
+      "dp2-tp2-zero1",
+      4,
+      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=1"}};
+  const Layout zero2{
+      "dp2-tp2-zero2",
+      4,
+      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=2"}};
+  for (const auto& [first, second] : std::vector<std::pair<Layout, Layout>>{
+           {tp2, one_rank}, {one_rank, tp2}, {zero2, one_rank}, {one_rank, zero1}}) {
+    CAPTURE(first.name);
+    CAPTURE(second.name);
+    const std::string name = first.name + "-then-" + second.name;
+    std::vector<std::string> half = base;
+    half.insert(half.end(), first.sets.begin(), first.sets.end());
     half.insert(half.end(), {"--set", "train.steps=4"});
-    const fs::path out = run(job, tmp.path(), name, first, half);
-    std::vector<std::string> rest = layout(second);
+    const fs::path out = run(job, tmp.path(), name, first.ranks, half);
+    std::vector<std::string> rest = base;
+    rest.insert(rest.end(), second.sets.begin(), second.sets.end());
     rest.insert(rest.end(), {"--resume", "latest"});
-    run(job, tmp.path(), name, second, rest);
+    run(job, tmp.path(), name, second.ranks, rest);
     require_close(out, whole);
   }
 }
@@ -168,8 +189,8 @@ TEST_CASE("layouts tensor parallelism does not take yet exit 2 naming the key") 
     for (const std::string& s : sets) a.insert(a.end(), {"--set", s});
     return a;
   };
-  check_refused(args("zero", {"parallel.data=1", "parallel.zero_stage=1"}), tmp.path() / "zero.log",
-                "parallel.zero_stage: 1 with parallel.tensor > 1");
+  check_refused(args("zero", {"parallel.data=1", "parallel.zero_stage=3"}), tmp.path() / "zero.log",
+                "parallel.zero_stage: 3 with parallel.tensor > 1");
   check_refused(args("heads", {"model.heads=1", "model.hidden=32"}), tmp.path() / "heads.log",
                 "model.heads");
   check_refused(args("lamb", {"optimizer.name=lamb"}), tmp.path() / "lamb.log",
@@ -195,14 +216,22 @@ TEST_CASE("dtrain estimate gives a tensor rank's measured peak within 3%, and it
                      << "train: {steps: 3, log_every: 1}\n"
                      << "logging: {console: false}\n";
   double last_tensor_bytes = 0;
-  for (const int tensor : {1, 2, 4}) {
+  // tensor x data with ZeRO-1 last: each tensor rank's part sharded over 2 data ranks.
+  for (const auto& [tensor, data, zero] :
+       std::vector<std::tuple<int, int, int>>{{1, 1, 0}, {2, 1, 0}, {4, 1, 0}, {2, 2, 1}}) {
     CAPTURE(tensor);
-    const std::vector<std::string> sets = {"--set", fmt::format("parallel.tensor={}", tensor)};
-    const fs::path out = run(job, tmp.path(), fmt::format("tp{}", tensor), tensor, sets);
-    std::vector<std::string> args = {"estimate", job.string(), "--world", std::to_string(tensor),
+    CAPTURE(zero);
+    const std::string name = fmt::format("tp{}-dp{}-zero{}", tensor, data, zero);
+    const std::vector<std::string> sets = {"--set", fmt::format("parallel.tensor={}", tensor),
+                                           "--set", fmt::format("parallel.data={}", data),
+                                           "--set", fmt::format("parallel.zero_stage={}", zero),
+                                           "--set", fmt::format("data.micro_batch={}", 8 / data)};
+    const int ranks = tensor * data;
+    const fs::path out = run(job, tmp.path(), name, ranks, sets);
+    std::vector<std::string> args = {"estimate", job.string(), "--world", std::to_string(ranks),
                                      "--json"};
     args.insert(args.end(), sets.begin(), sets.end());
-    const RunResult e = run_dtrain_command(args, tmp.path() / fmt::format("est{}.log", tensor));
+    const RunResult e = run_dtrain_command(args, tmp.path() / (name + "-estimate.log"));
     REQUIRE_MESSAGE(e.rc == 0, e.describe());
     const nlohmann::json est = nlohmann::json::parse(e.log.substr(e.log.find('{')));
     const double measured = summary_value(out, "peak_host_bytes");
@@ -211,6 +240,8 @@ TEST_CASE("dtrain estimate gives a tensor rank's measured peak within 3%, and it
     // forward; two column layers per block and the head's input in backward.
     const nlohmann::json& comm = est.at("comm_bytes_per_step");
     CHECK(comm.at("tensor_all_reduces") == (tensor == 1 ? 0 : 1 + 4 + 2 + 4 + 1));
+    CHECK((comm.at("data").get<double>() > 0) == (data > 1));
+    if (data > 1) continue;
     const double bytes = comm.at("tensor").get<double>();
     CHECK(bytes >= last_tensor_bytes);  // 2(n-1)/n of the same buffers grows with n
     last_tensor_bytes = bytes;
