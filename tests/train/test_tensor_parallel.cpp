@@ -135,7 +135,7 @@ TEST_CASE("data x tensor with accumulation and ZeRO-1/2, and the 2 x 2 x 2 grid"
 
 TEST_CASE(
     "a tensor-parallel checkpoint resumes on one rank, and one rank's on tensor 2, "
-    "ZeRO over the data axis included") {
+    "ZeRO over the data axis and the 2 x 2 x 2 grid included") {
   OneThread one;
   TempDir tmp("tp-resume");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
@@ -157,8 +157,16 @@ TEST_CASE(
       "dp2-tp2-zero2",
       4,
       {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=2"}};
-  for (const auto& [first, second] : std::vector<std::pair<Layout, Layout>>{
-           {tp2, one_rank}, {one_rank, tp2}, {zero2, one_rank}, {one_rank, zero1}}) {
+  const Layout grid{
+      "pp2-dp2-tp2",
+      8,
+      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.pipeline=2"}};
+  for (const auto& [first, second] : std::vector<std::pair<Layout, Layout>>{{tp2, one_rank},
+                                                                            {one_rank, tp2},
+                                                                            {zero2, one_rank},
+                                                                            {one_rank, zero1},
+                                                                            {grid, one_rank},
+                                                                            {one_rank, grid}}) {
     CAPTURE(first.name);
     CAPTURE(second.name);
     const std::string name = first.name + "-then-" + second.name;
