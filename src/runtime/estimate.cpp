@@ -16,25 +16,25 @@
 #include "models/registry.h"
 #include "precision/options.h"
 #include "runtime/pipeline.h"
+#include "runtime/tensor_parallel.h"
 #include "runtime/zero.h"
 
 namespace dtrain::runtime {
-namespace {
 
-std::string human(size_t bytes) {
-  const double b = static_cast<double>(bytes);
+std::string format_bytes(double b) {
   if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
   if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
   return fmt::format("{:.1f} kB", b / 1e3);
 }
 
-// "0.123 s", "4.56 ms", "789 us": three significant figures.
-std::string seconds(double s) {
+std::string format_seconds(double s) {
   if (s == 0) return "0 s";
   if (s >= 1) return fmt::format("{:.3g} s", s);
   if (s >= 1e-3) return fmt::format("{:.3g} ms", s * 1e3);
   return fmt::format("{:.3g} us", s * 1e6);
 }
+
+namespace {
 
 std::string where(const graph::Graph& g, const graph::ActivationPeak& p) {
   if (p.node == -2) return "the accuracy count (half logits widened to f32)";
@@ -206,13 +206,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   graph::TensorParallelPlan tp_plan;
   int64_t whole_elems = 0;  // the one-rank model's fp32 layout (a tensor-parallel save's)
   if (job.parallel.tensor > 1) {
-    std::vector<graph::FlatEntry> whole = m.graph.param_layout();
-    for (graph::FlatEntry& w : whole) w.spec.dtype = DType::f32;
-    whole_elems = graph::FlatStore(whole).buffer_elems(DType::f32);
-  }
-  if (job.parallel.tensor > 1)
+    whole_elems = graph::FlatStore(whole_f32_layout(m.graph)).buffer_elems(DType::f32);
     tp_plan =
         graph::split_tensor_parallel(m.graph, graph::placeholder_group(0, job.parallel.tensor));
+  }
   const graph::Graph& g = m.graph;
   MemoryEstimate e;
   auto add = [&](std::string kind, size_t bytes, std::string note) {
@@ -391,7 +388,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
         "parallel.tensor = {}: the figures are tensor rank 0's part of the model; a checkpoint "
         "save assembles the whole model's parameters and optimizer state ({}) on each tensor "
         "rank for the moment",
-        job.parallel.tensor, human(save));
+        job.parallel.tensor, format_bytes(save));
     e.caveat = e.caveat.empty() ? note : e.caveat + "; " + note;
   }
 
@@ -498,20 +495,20 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
 
 std::string format_fit(const FitAdvice& a, size_t capacity) {
   if (a.fits && a.sets.empty())
-    return fmt::format("fits in {} as it is (peak {})\n", human(capacity),
-                       human(a.estimate.peak_bytes));
+    return fmt::format("fits in {} as it is (peak {})\n", format_bytes(capacity),
+                       format_bytes(a.estimate.peak_bytes));
   std::string sets;
   for (size_t i = 0; i + 1 < a.sets.size(); i += 2) sets += " " + a.sets[i] + " " + a.sets[i + 1];
   if (a.fits) {
     return fmt::format("fits in {} with:{} (peak {}; the same global batch and result)\n",
-                       human(capacity), sets, human(a.estimate.peak_bytes));
+                       format_bytes(capacity), sets, format_bytes(a.estimate.peak_bytes));
   }
   return fmt::format(
       "does not fit in {} even at micro-batch 1 with checkpointing{} (peak {}: the model state "
       "alone is {}); a smaller model, or more data-parallel ranks with ZeRO, are what is "
       "left\n",
-      human(capacity), a.estimate.host.empty() ? "" : " and optimizer offload",
-      human(a.estimate.peak_bytes), human(a.estimate.state_bytes));
+      format_bytes(capacity), a.estimate.host.empty() ? "" : " and optimizer offload",
+      format_bytes(a.estimate.peak_bytes), format_bytes(a.estimate.state_bytes));
 }
 
 size_t rank_capacity(const Job& job, int local_ranks) {
@@ -562,18 +559,18 @@ size_t parse_bytes(const std::string& text, const std::string& what) {
 std::string format_estimate(const MemoryEstimate& e) {
   std::string out = "memory per rank (estimate)\n";
   for (const MemoryItem& i : e.state)
-    out += fmt::format("  {:<22} {:>10}  {}\n", i.kind, human(i.bytes), i.note);
-  out += fmt::format("  {:<22} {:>10}\n", "state total", human(e.state_bytes));
-  out += fmt::format("  {:<22} {:>10}  at {}\n", "activations (train)", human(e.train.peak),
+    out += fmt::format("  {:<22} {:>10}  {}\n", i.kind, format_bytes(i.bytes), i.note);
+  out += fmt::format("  {:<22} {:>10}\n", "state total", format_bytes(e.state_bytes));
+  out += fmt::format("  {:<22} {:>10}  at {}\n", "activations (train)", format_bytes(e.train.peak),
                      e.train_peak_at);
-  out += fmt::format("  {:<22} {:>10}  at {}\n", "activations (eval)", human(e.eval.peak),
+  out += fmt::format("  {:<22} {:>10}  at {}\n", "activations (eval)", format_bytes(e.eval.peak),
                      e.eval_peak_at);
-  out += fmt::format("  {:<22} {:>10}  at {}\n", "peak", human(e.peak_bytes), e.peak_at);
+  out += fmt::format("  {:<22} {:>10}  at {}\n", "peak", format_bytes(e.peak_bytes), e.peak_at);
   if (!e.host.empty()) {
     out += "host memory per rank (memory.offload.optimizer, pinned)\n";
     for (const MemoryItem& i : e.host)
-      out += fmt::format("  {:<22} {:>10}  {}\n", i.kind, human(i.bytes), i.note);
-    out += fmt::format("  {:<22} {:>10}\n", "host total", human(e.host_bytes));
+      out += fmt::format("  {:<22} {:>10}  {}\n", i.kind, format_bytes(i.bytes), i.note);
+    out += fmt::format("  {:<22} {:>10}\n", "host total", format_bytes(e.host_bytes));
   }
   out += fmt::format("compute: {:.3g} FLOPs per step (forward + backward, every micro-batch)\n",
                      e.step_flops);
@@ -581,19 +578,20 @@ std::string format_estimate(const MemoryEstimate& e) {
     out += fmt::format(
         "  stage {}: {} micro-batch(es) in flight, activations {} (train, at {}), "
         "{} (eval), peak {}\n",
-        s.stage, s.in_flight, human(s.train), s.at, human(s.eval), human(s.peak));
+        s.stage, s.in_flight, format_bytes(s.train), s.at, format_bytes(s.eval),
+        format_bytes(s.peak));
   }
   std::string comm;
   if (e.comm.data > 0)
-    comm +=
-        fmt::format(", data {} (the gradient all-reduce)", human(static_cast<size_t>(e.comm.data)));
+    comm += fmt::format(", data {} (the gradient all-reduce)",
+                        format_bytes(static_cast<size_t>(e.comm.data)));
   if (e.comm.tensor > 0) {
     comm += fmt::format(", tensor {} ({} all-reduces of activations and their gradients)",
-                        human(static_cast<size_t>(e.comm.tensor)), e.comm.tensor_calls);
+                        format_bytes(static_cast<size_t>(e.comm.tensor)), e.comm.tensor_calls);
   }
   if (e.comm.pipeline > 0) {
     comm += fmt::format(", pipeline {} (the busiest stage's sends and receives)",
-                        human(static_cast<size_t>(e.comm.pipeline)));
+                        format_bytes(static_cast<size_t>(e.comm.pipeline)));
   }
   if (!comm.empty()) out += "communication per step and rank:" + comm.substr(1) + "\n";
   if (!e.caveat.empty()) out += "note: " + e.caveat + "\n";
@@ -605,11 +603,12 @@ std::string format_estimate(const MemoryEstimate& e) {
         "bandwidth, no communication, launch or framework time)\n"
         "  {} compute-bound, {} memory-bound{}; of which {} recompute, {} optimizer{}\n"
         "  peaks: {}\n",
-        seconds(t.seconds), seconds(t.compute_bound_seconds), seconds(t.memory_bound_seconds),
+        format_seconds(t.seconds), format_seconds(t.compute_bound_seconds),
+        format_seconds(t.memory_bound_seconds),
         offload ? fmt::format(", {} PCIe transfers (gradients down, parameters up)",
-                              seconds(t.offload_seconds))
+                              format_seconds(t.offload_seconds))
                 : std::string(),
-        seconds(t.recompute_seconds), seconds(t.optimizer_seconds),
+        format_seconds(t.recompute_seconds), format_seconds(t.optimizer_seconds),
         offload ? " (the host's step included)" : "", t.source);
   } else if (!e.step_time_missing.empty()) {
     out += e.step_time_missing + "\n";

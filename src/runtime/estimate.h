@@ -79,6 +79,11 @@ int blocks_per_segment(const Job& job, const graph::Graph& graph);
 
 MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options = {});
 
+// "2.61 GB", "12.3 MB", "4.5 kB"; "0.123 s", "4.56 ms", "789 us" (three significant
+// figures): the estimate's and the planner's tables.
+std::string format_bytes(double bytes);
+std::string format_seconds(double seconds);
+
 // The smallest change that brings the peak to at most `capacity` bytes: the job as it
 // is; else, with several data-parallel ranks, ZeRO-1 then ZeRO-2 (sharded masters and
 // optimizer state, then gradients: the same result; kept in every later candidate);

@@ -30,22 +30,6 @@ std::vector<int64_t> micro_sizes(int64_t per_rank) {
   return out;
 }
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
-  int u = 0;
-  while (b >= 1000 && u < 4) {
-    b /= 1000;
-    ++u;
-  }
-  return fmt::format("{:.3g} {}", b, units[u]);
-}
-
-std::string human_seconds(double s) {
-  if (s >= 1) return fmt::format("{:.3g} s", s);
-  if (s >= 1e-3) return fmt::format("{:.3g} ms", s * 1e3);
-  return fmt::format("{:.3g} us", s * 1e6);
-}
-
 // The step time of a layout whose estimate is `e` (runtime/plan.h's model).
 void model_step(const Cluster& c, const Job& v, const MemoryEstimate& e, LayoutPlan& l) {
   const double rate = c.peak_flops * c.efficiency;
@@ -151,8 +135,8 @@ PlanResult plan_layouts(const Job& job, const Cluster& cluster) {
               model_step(cluster, v, e, l);
               if (!l.fits) {
                 l.why =
-                    fmt::format("needs {} of {}", human_bytes(static_cast<double>(l.peak_bytes)),
-                                human_bytes(cluster.memory_bytes));
+                    fmt::format("needs {} of {}", format_bytes(static_cast<double>(l.peak_bytes)),
+                                format_bytes(cluster.memory_bytes));
               }
               l.sets = {fmt::format("parallel.pipeline={}", p),
                         fmt::format("parallel.data={}", d),
@@ -188,9 +172,9 @@ std::string format_plan(const PlanResult& plan, const Cluster& c, int top) {
   std::string out = fmt::format(
       "{} layouts of {} devices ({} node(s) x {}; {} and {:.3g} TFLOP/s x {} each; links "
       "{}/s inside a node, {}/s between nodes) estimated, {} fit\n",
-      plan.considered, c.world(), c.nodes, c.devices_per_node, human_bytes(c.memory_bytes),
-      c.peak_flops / 1e12, c.efficiency, human_bytes(c.intra.bandwidth),
-      human_bytes(c.inter.bandwidth),
+      plan.considered, c.world(), c.nodes, c.devices_per_node, format_bytes(c.memory_bytes),
+      c.peak_flops / 1e12, c.efficiency, format_bytes(c.intra.bandwidth),
+      format_bytes(c.inter.bandwidth),
       std::count_if(plan.layouts.begin(), plan.layouts.end(),
                     [](const LayoutPlan& l) { return l.fits; }));
   out += fmt::format("  {:>3} {:>14} {:>4} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}\n",
@@ -204,9 +188,9 @@ std::string format_plan(const PlanResult& plan, const Cluster& c, int top) {
         fmt::format("{}{} x {} x {}", l.order == GridOrder::dp_pp_tp ? "*" : "", l.pipeline, l.data,
                     l.tensor),
         l.zero_stage, fmt::format("{}x{}", l.micro_batches, l.micro_batch),
-        l.checkpointing ? "block" : "none", human_bytes(static_cast<double>(l.peak_bytes)),
-        human_seconds(l.step), l.samples_per_s, human_bytes(l.comm.data),
-        human_bytes(l.comm.tensor), human_bytes(l.comm.pipeline),
+        l.checkpointing ? "block" : "none", format_bytes(static_cast<double>(l.peak_bytes)),
+        format_seconds(l.step), l.samples_per_s, format_bytes(l.comm.data),
+        format_bytes(l.comm.tensor), format_bytes(l.comm.pipeline),
         l.fits ? l.why : "does not fit: " + l.why);
   }
   out += "run the first with:\n  dtrain train JOB.yaml --nproc " + std::to_string(c.world());

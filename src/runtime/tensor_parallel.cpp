@@ -84,6 +84,35 @@ void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& wh
   if (!local.device().is_cpu()) kernels::copy(dst, local);
 }
 
+WholeModel make_whole_model(const std::vector<graph::FlatEntry>& whole_layout,
+                            const OptimizerOptions& options,
+                            std::vector<optim::ParamSegment> segments) {
+  WholeModel m{graph::FlatStore(whole_layout), nullptr};
+  m.params.allocate();
+  m.opt = optim::make_optimizer(options, std::move(segments), m.params.buffer_elems(DType::f32),
+                                Device::cpu());
+  return m;
+}
+
+WholeModel assemble_whole(dist::Communicator& tensor, const std::vector<Tensor>& state,
+                          const std::vector<graph::FlatEntry>& local_layout,
+                          const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
+                          const OptimizerOptions& options,
+                          std::vector<optim::ParamSegment> segments, int64_t step) {
+  WholeModel m = make_whole_model(whole_layout, options, std::move(segments));
+  const auto assemble = [&](const Tensor& local, Tensor whole) {
+    kernels::fill(whole, 0.0f);
+    add_local_to_whole(local, local_layout, whole_layout, replicated, whole);
+    tensor.all_reduce(whole);
+  };
+  assemble(state[0], m.params.flat(DType::f32));
+  optim::OptimizerState whole = m.opt->state();
+  for (size_t b = 0; b < whole.buffers.size(); ++b) assemble(state[2 + b], whole.buffers[b].second);
+  whole.step = step;
+  m.opt->load_state(whole);
+  return m;
+}
+
 double tensor_sum_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,
                           bool replicated, int64_t base) {
   double sum = 0;

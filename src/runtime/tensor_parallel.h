@@ -12,6 +12,7 @@
 #include "dist/communicator.h"
 #include "graph/params.h"
 #include "graph/tensor_parallel.h"
+#include "optim/optimizer.h"
 
 namespace dtrain::runtime {
 
@@ -45,6 +46,25 @@ void add_local_to_whole(const Tensor& local, const std::vector<graph::FlatEntry>
 // This rank's parts of `whole` into `local` (the reverse; padding untouched).
 void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
                     const std::vector<graph::FlatEntry>& local_layout, Tensor& local);
+
+// The one-rank model's fp32 parameters and optimizer, on the host: what a
+// tensor-parallel checkpoint holds (runtime/train_state.h writes and reads it).
+struct WholeModel {
+  graph::FlatStore params;  // allocated, zeros
+  std::unique_ptr<optim::Optimizer> opt;
+};
+WholeModel make_whole_model(const std::vector<graph::FlatEntry>& whole_layout,
+                            const OptimizerOptions& options,
+                            std::vector<optim::ParamSegment> segments);
+// Collective over `tensor`: the whole model from every tensor rank's parts. `state`:
+// this rank's full parameters, then any entry (skipped), then its optimizer buffers in
+// the optimizer's order, f32 in `local_layout`; `replicated`: this rank adds the
+// replicated entries (one rank of the group). `step`: the optimizer's step count.
+WholeModel assemble_whole(dist::Communicator& tensor, const std::vector<Tensor>& state,
+                          const std::vector<graph::FlatEntry>& local_layout,
+                          const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
+                          const OptimizerOptions& options,
+                          std::vector<optim::ParamSegment> segments, int64_t step);
 
 // Sum of squares of `grads` (f32 flat, `layout`) over the split entries, and over the
 // replicated ones too when `replicated` is set: summed over the tensor group (with

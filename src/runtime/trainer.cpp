@@ -281,7 +281,7 @@ class TrainSession {
   void save_whole(std::vector<Tensor>& state);
   void save_tensor_parts(std::vector<Tensor>& state);
   Tensor gather_shards(const Tensor& shard) const;
-  void resume_whole(const fs::path& file);
+  TrainCounters resume_whole(const fs::path& file);
   void pipeline_passes(StepTotals& local);
   double stage_sum_squares() const;
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
@@ -530,56 +530,39 @@ void TrainSession::note(const std::string& line) {
 
 // Tensor parallelism: the checkpoint holds the one-rank model; every rank reads it
 // whole and keeps its parts.
-void TrainSession::resume_whole(const fs::path& file) {
-  graph::FlatStore params(whole_layout_);
-  params.allocate();
-  Tensor flat = params.flat(DType::f32);
-  std::unique_ptr<optim::Optimizer> opt =
-      optim::make_optimizer(job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay),
-                            params.buffer_elems(DType::f32), Device::cpu());
+TrainCounters TrainSession::resume_whole(const fs::path& file) {
+  WholeModel whole = make_whole_model(whole_layout_, job_.optimizer,
+                                      segments_of(whole_layout_, job_.optimizer.no_decay));
+  Tensor flat = whole.params.flat(DType::f32);
   RangeLoad load;
   load.layout = &whole_layout_;
   load.begin = 0;
-  load.end = params.buffer_elems(DType::f32);
+  load.end = flat.numel();
   load.params = [&](int64_t lo, const Tensor& piece) {
     Tensor dst = flat.view(lo, Shape{piece.numel()});
     kernels::copy(piece, dst);
   };
   load.buffers = &ex_->buffers();
-  load.opt = opt.get();
-  load.rank = 0;
-  load.world = 1;
-  const std::string hash = counters_.config_hash;
-  counters_ = load_train_state_ranges(file, load);
-  Tensor local = Tensor::empty(Shape{ex_->grads().buffer_elems(DType::f32)}, DType::f32);
-  kernels::fill(local, 0.0f);
-  whole_to_local(flat, whole_layout_, weights_->layout(), local);
-  weights_->load_piece(0, local);
-  weights_->finish_load();
-  optim::OptimizerState mine = opt_->state();
-  const optim::OptimizerState whole = opt->state();
+  load.opt = whole.opt.get();
+  const TrainCounters counters = load_train_state_ranges(file, load);
+  const int64_t elems = ex_->grads().buffer_elems(DType::f32);
+  Tensor part = Tensor::empty(Shape{elems}, DType::f32);
+  kernels::fill(part, 0.0f);
+  whole_to_local(flat, whole_layout_, weights_->layout(), part);
+  weights_->load_piece(0, part);
   // ZeRO: this rank's optimizer holds its shard [begin, end) of the local layout.
+  optim::OptimizerState mine = opt_->state();
+  const optim::OptimizerState saved = whole.opt->state();
   const ShardRange& sh = weights_->shard();
-  Tensor part = Tensor::empty(Shape{ex_->grads().buffer_elems(DType::f32)}, DType::f32);
   for (size_t b = 0; b < mine.buffers.size(); ++b) {
     kernels::fill(part, 0.0f);
-    whole_to_local(whole.buffers[b].second, whole_layout_, weights_->layout(), part);
+    whole_to_local(saved.buffers[b].second, whole_layout_, weights_->layout(), part);
     kernels::copy(sh.sharded() ? part.view(sh.begin, Shape{sh.size()}) : part,
                   mine.buffers[b].second);
   }
-  mine.step = opt->step_count();
+  mine.step = whole.opt->step_count();
   opt_->load_state(mine);
-  if (counters_.config_hash != hash) {
-    note(
-        fmt::format("note: {} was written by a different job file (the model matches, so "
-                    "training continues with this job's settings)",
-                    file.string()));
-    counters_.config_hash = hash;
-  }
-  if (counters_.scaler) scaler_.load(*counters_.scaler);
-  note(fmt::format("resumed from {} at step {} (tensor rank {} takes its parts)", file.string(),
-                   counters_.step, coord_.tp));
-  resumed_ = true;
+  return counters;
 }
 
 void TrainSession::resume_if_asked() {
@@ -588,11 +571,8 @@ void TrainSession::resume_if_asked() {
     if (!file.empty()) {
       const std::string hash = counters_.config_hash;
       // Any layout's checkpoint (a file, or a sharded directory of any world size):
-      // every parameter piece, and this rank's range of the optimizer state.
-      if (tensor_split()) {
-        resume_whole(file);
-        return;
-      }
+      // every parameter piece, and this rank's range of the optimizer state; tensor
+      // parallelism takes its parts of the one-rank model.
       RangeLoad load;
       load.layout = &weights_->layout();
       load.begin = weights_->shard().begin;
@@ -605,7 +585,7 @@ void TrainSession::resume_if_asked() {
       load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
         for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
       };
-      counters_ = load_train_state_ranges(file, load);
+      counters_ = tensor_split() ? resume_whole(file) : load_train_state_ranges(file, load);
       weights_->finish_load();
       if (counters_.config_hash != hash) {
         note(
@@ -615,7 +595,9 @@ void TrainSession::resume_if_asked() {
         counters_.config_hash = hash;
       }
       if (counters_.scaler) scaler_.load(*counters_.scaler);
-      note(fmt::format("resumed from {} at step {}", file.string(), counters_.step));
+      note(fmt::format(
+          "resumed from {} at step {}{}", file.string(), counters_.step,
+          tensor_split() ? fmt::format(" (tensor rank {} takes its parts)", coord_.tp) : ""));
       resumed_ = true;
     } else {
       note("no checkpoint yet; starting from step 0");
@@ -1304,27 +1286,12 @@ void TrainSession::save_tensor_parts(std::vector<Tensor>& state) {
 // 0 only) and one sum over the tensor group assembles them, exactly; the leader writes.
 // state: this rank's parameters, buffers and optimizer buffers (save_checkpoint's).
 void TrainSession::save_whole(std::vector<Tensor>& state) {
-  dist::Communicator& tensor = grid_->group(dist::Axis::tensor);
-  const auto assemble = [&](const Tensor& local, Tensor& whole) {
-    kernels::fill(whole, 0.0f);
-    add_local_to_whole(local, weights_->layout(), whole_layout_, coord_.tp == 0, whole);
-    tensor.all_reduce(whole);
-  };
-  graph::FlatStore params(whole_layout_);
-  params.allocate();
-  Tensor flat = params.flat(DType::f32);
-  assemble(state[0], flat);
-  std::unique_ptr<optim::Optimizer> opt =
-      optim::make_optimizer(job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay),
-                            params.buffer_elems(DType::f32), Device::cpu());
-  optim::OptimizerState whole = opt->state();
-  for (size_t b = 0; b < whole.buffers.size(); ++b)
-    assemble(state[2 + b], whole.buffers[b].second);  // the optimizer's, in its order
-  whole.step = opt_->step_count();
-  opt->load_state(whole);
+  WholeModel whole = assemble_whole(
+      grid_->group(dist::Axis::tensor), state, weights_->layout(), whole_layout_, coord_.tp == 0,
+      job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay), opt_->step_count());
   if (!leader()) return;
-  save_train_state(checkpoint_path(ckpt_dir_, counters_.step), params, ex_->buffers(), *opt,
-                   counters_, {});
+  save_train_state(checkpoint_path(ckpt_dir_, counters_.step), whole.params, ex_->buffers(),
+                   *whole.opt, counters_, {});
   prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
 }
 

@@ -76,8 +76,8 @@ TEST_CASE("dtrain plan: every runnable layout of the world, its arithmetic and i
   CHECK(dp->comm.data > 0);
   CHECK(dp->comm.tensor == 0);
 
-  // A slower link between... a faster device never makes a step slower; a tiny memory
-  // fits nothing, and the layouts then come by peak.
+  // A faster device makes the best step faster; a tiny memory fits nothing, and the
+  // layouts then come by peak.
   Cluster fast = c;
   fast.peak_flops *= 10;
   const PlanResult quick = plan_layouts(job, fast);

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,30 @@ inline void require_same(const fs::path& a, const fs::path& b) {
                 b.filename().string(), ": ", first_difference(la, lb));
   CHECK(compare_checkpoints(newest_checkpoint(a / "checkpoints"),
                             newest_checkpoint(b / "checkpoints")) == "");
+}
+
+// `dtrain train JOB --set run.output_dir=DIR/NAME [--nproc RANKS] EXTRA...`, which must
+// succeed (its console in DIR/NAME.log); returns the run directory.
+inline fs::path run_job(const fs::path& job, const fs::path& dir, const std::string& name,
+                        int ranks, const std::vector<std::string>& extra) {
+  const fs::path out = dir / name;
+  std::vector<std::string> args = {job.string(), "--set", "run.output_dir=" + out.string()};
+  if (ranks > 1) args.insert(args.end(), {"--nproc", std::to_string(ranks)});
+  args.insert(args.end(), extra.begin(), extra.end());
+  const RunResult r = run_dtrain(args, dir / (name + ".log"));
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  return out;
+}
+
+// `dtrain estimate JOB --world WORLD --json SETS...`'s JSON (its console in `log`).
+inline nlohmann::json estimate_json(const fs::path& job, int world,
+                                    const std::vector<std::string>& sets, const fs::path& log) {
+  std::vector<std::string> args = {"estimate", job.string(), "--world", std::to_string(world),
+                                   "--json"};
+  args.insert(args.end(), sets.begin(), sets.end());
+  const RunResult e = run_dtrain_command(args, log);
+  REQUIRE_MESSAGE(e.rc == 0, e.describe());
+  return nlohmann::json::parse(e.log.substr(e.log.find('{')));
 }
 
 // `dtrain train args...` must exit 2 with exactly one "error:" line that says `expect`

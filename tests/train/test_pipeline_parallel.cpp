@@ -26,17 +26,6 @@ using namespace dtrain::train_test;
 
 namespace {
 
-fs::path run(const fs::path& job, const fs::path& dir, const std::string& name, int ranks,
-             std::vector<std::string> extra) {
-  const fs::path out = dir / name;
-  std::vector<std::string> args = {job.string(), "--set", "run.output_dir=" + out.string()};
-  if (ranks > 1) args.insert(args.end(), {"--nproc", std::to_string(ranks)});
-  args.insert(args.end(), extra.begin(), extra.end());
-  const RunResult r = run_dtrain(args, dir / (name + ".log"));
-  REQUIRE_MESSAGE(r.rc == 0, r.describe());
-  return out;
-}
-
 // A 3-layer ViT with dropout on the Fashion-MNIST slice, AdamW with clipping.
 fs::path vit_job(const fs::path& dir) {
   const fs::path job = dir / "vit.yaml";
@@ -82,12 +71,12 @@ TEST_CASE("a ResNet in 2 and 3 pipeline stages trains exactly like one rank, GPi
   TempDir tmp("pp-resnet");
   const fs::path job = write_job(tmp.path(), "resnet");
   const std::vector<std::string> micro = {"--set", "data.micro_batch=8"};  // 4 per step
-  const fs::path whole = run(job, tmp.path(), "one", 1, micro);
+  const fs::path whole = run_job(job, tmp.path(), "one", 1, micro);
   // By hand too: parallel.pipeline_blocks moves the cut, not the result.
   std::vector<std::string> by_hand = micro;
   by_hand.insert(by_hand.end(),
                  {"--set", "parallel.pipeline=2", "--set", "parallel.pipeline_blocks=[3, 5]"});
-  require_same(run(job, tmp.path(), "pp2-blocks", 2, by_hand), whole);
+  require_same(run_job(job, tmp.path(), "pp2-blocks", 2, by_hand), whole);
   for (const auto& [stages, schedule] :
        std::vector<std::pair<int, std::string>>{{2, "gpipe"}, {2, "1f1b"}, {3, "1f1b"}}) {
     CAPTURE(stages);
@@ -96,7 +85,7 @@ TEST_CASE("a ResNet in 2 and 3 pipeline stages trains exactly like one rank, GPi
     extra.insert(extra.end(), {"--set", fmt::format("parallel.pipeline={}", stages), "--set",
                                "parallel.schedule=" + schedule});
     const fs::path out =
-        run(job, tmp.path(), fmt::format("pp{}-{}", stages, schedule), stages, extra);
+        run_job(job, tmp.path(), fmt::format("pp{}-{}", stages, schedule), stages, extra);
     require_same(out, whole);
     // The console names the stages and what crosses each cut.
     const std::string log = read_bytes(tmp.path() / fmt::format("pp{}-{}.log", stages, schedule));
@@ -110,15 +99,15 @@ TEST_CASE("a ViT with dropout, AdamW and clipping in 3 stages, and bf16 in 2: bi
   OneThread one;
   TempDir tmp("pp-vit");
   const fs::path vit = vit_job(tmp.path());
-  require_same(run(vit, tmp.path(), "vit-pp3", 3, {"--set", "parallel.pipeline=3"}),
-               run(vit, tmp.path(), "vit-one", 1, {}));
+  require_same(run_job(vit, tmp.path(), "vit-pp3", 3, {"--set", "parallel.pipeline=3"}),
+               run_job(vit, tmp.path(), "vit-one", 1, {}));
   const fs::path resnet = write_job(tmp.path(), "resnet");
   const std::vector<std::string> bf16 = {"--set", "precision.dtype=bf16", "--set",
                                          "data.micro_batch=16"};
   std::vector<std::string> piped = bf16;
   piped.insert(piped.end(), {"--set", "parallel.pipeline=2"});
-  require_same(run(resnet, tmp.path(), "bf16-pp2", 2, piped),
-               run(resnet, tmp.path(), "bf16-one", 1, bf16));
+  require_same(run_job(resnet, tmp.path(), "bf16-pp2", 2, piped),
+               run_job(resnet, tmp.path(), "bf16-one", 1, bf16));
 }
 
 // A weight tied across the cut: each stage computes its users' part of the gradient and
@@ -132,8 +121,9 @@ TEST_CASE("GPT-2 and BERT masked-LM with the embedding tied across the cut, with
   for (const std::string arch : {"gpt2-tiny", "bert-mini"}) {
     CAPTURE(arch);
     const fs::path job = lm_job(tmp.path(), arch, tokens);
-    const fs::path one_rank = run(job, tmp.path(), arch + "-one", 1, {});
-    const fs::path piped = run(job, tmp.path(), arch + "-pp2", 2, {"--set", "parallel.pipeline=2"});
+    const fs::path one_rank = run_job(job, tmp.path(), arch + "-one", 1, {});
+    const fs::path piped =
+        run_job(job, tmp.path(), arch + "-pp2", 2, {"--set", "parallel.pipeline=2"});
     const auto a = read_losses(one_rank / "metrics.jsonl"),
                b = read_losses(piped / "metrics.jsonl");
     REQUIRE(a.size() == 8);
@@ -156,7 +146,8 @@ TEST_CASE("2 pipeline stages x 2 data-parallel ranks train exactly like 2 data-p
   const std::vector<std::string> micro = {"--set", "data.micro_batch=8"};  // 2 per rank
   std::vector<std::string> grid = micro;
   grid.insert(grid.end(), {"--set", "parallel.pipeline=2", "--set", "parallel.data=2"});
-  require_same(run(job, tmp.path(), "grid", 4, grid), run(job, tmp.path(), "dp2", 2, micro));
+  require_same(run_job(job, tmp.path(), "grid", 4, grid),
+               run_job(job, tmp.path(), "dp2", 2, micro));
 }
 
 TEST_CASE("a pipeline checkpoint resumes on one rank and the other way round, bit for bit") {
@@ -165,7 +156,7 @@ TEST_CASE("a pipeline checkpoint resumes on one rank and the other way round, bi
   const fs::path job = write_job(tmp.path(), "resnet");
   const std::vector<std::string> base = {
       "--set", "data.micro_batch=8", "--set", "train.steps=6", "--set", "train.checkpoint.every=3"};
-  const fs::path whole = run(job, tmp.path(), "whole", 1, base);
+  const fs::path whole = run_job(job, tmp.path(), "whole", 1, base);
   for (const int first : {2, 1}) {
     CAPTURE(first);
     const int second = first == 2 ? 1 : 2;
@@ -177,10 +168,10 @@ TEST_CASE("a pipeline checkpoint resumes on one rank and the other way round, bi
     const std::string name = fmt::format("from-{}", first);
     std::vector<std::string> half = layout(first);
     half.insert(half.end(), {"--set", "train.steps=3"});
-    const fs::path out = run(job, tmp.path(), name, first, half);
+    const fs::path out = run_job(job, tmp.path(), name, first, half);
     std::vector<std::string> rest = layout(second);
     rest.insert(rest.end(), {"--resume", "latest"});
-    run(job, tmp.path(), name, second, rest);
+    run_job(job, tmp.path(), name, second, rest);
     require_same(out, whole);
   }
 }
@@ -191,10 +182,11 @@ TEST_CASE("1F1B holds at most P - s micro-batches on stage s, GPipe all of them"
   const fs::path job = write_job(tmp.path(), "resnet");
   for (const std::string schedule : {"gpipe", "1f1b"}) {
     CAPTURE(schedule);
-    const fs::path out = run(job, tmp.path(), schedule, 3,
-                             {"--set", "data.micro_batch=4", "--set", "parallel.pipeline=3",
-                              "--set", "parallel.schedule=" + schedule, "--set", "train.steps=2",
-                              "--set", "logging.profile={start: 2, steps: 1}"});
+    const fs::path out =
+        run_job(job, tmp.path(), schedule, 3,
+                {"--set", "data.micro_batch=4", "--set", "parallel.pipeline=3", "--set",
+                 "parallel.schedule=" + schedule, "--set", "train.steps=2", "--set",
+                 "logging.profile={start: 2, steps: 1}"});
     // Each stage's trace: every micro-batch's forward and backward, and the exchanges
     // with its neighbours on their own track, inside the traced step.
     for (int s = 0; s < 3; ++s) {
@@ -289,12 +281,9 @@ TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%"
     CAPTURE(c.name);
     std::vector<std::string> sets = c.sets;
     sets.insert(sets.end(), {"--set", "parallel.pipeline=3"});
-    const fs::path out = run(c.job, tmp.path(), c.name, 3, sets);
-    std::vector<std::string> args = {"estimate", c.job.string(), "--world", "3", "--json"};
-    args.insert(args.end(), sets.begin(), sets.end());
-    const RunResult e = run_dtrain_command(args, tmp.path() / (c.name + "-estimate.log"));
-    REQUIRE_MESSAGE(e.rc == 0, e.describe());
-    const nlohmann::json est = nlohmann::json::parse(e.log.substr(e.log.find('{')));
+    const fs::path out = run_job(c.job, tmp.path(), c.name, 3, sets);
+    const nlohmann::json est =
+        estimate_json(c.job, 3, sets, tmp.path() / (c.name + "-estimate.log"));
     const nlohmann::json& stages = est.at("pipeline_stages");
     REQUIRE(stages.size() == 3);
     const bool gpipe =
@@ -323,13 +312,13 @@ TEST_CASE("activation checkpointing in pipeline stages: the same bits, a lower p
   const std::vector<std::string> base = {"--set", "data.micro_batch=4",
                                          "--set", "parallel.pipeline=2",
                                          "--set", "parallel.schedule=gpipe"};
-  const fs::path whole = run(job, tmp.path(), "one", 1, {"--set", "data.micro_batch=4"});
-  const fs::path plain = run(job, tmp.path(), "plain", 2, base);
+  const fs::path whole = run_job(job, tmp.path(), "one", 1, {"--set", "data.micro_batch=4"});
+  const fs::path plain = run_job(job, tmp.path(), "plain", 2, base);
   for (const std::string rule : {"block", "sqrt"}) {
     CAPTURE(rule);
     std::vector<std::string> args = base;
     args.insert(args.end(), {"--set", "memory.checkpointing=" + rule});
-    const fs::path out = run(job, tmp.path(), rule, 2, args);
+    const fs::path out = run_job(job, tmp.path(), rule, 2, args);
     require_same(out, whole);
     const nlohmann::json a = summary_of(out).at("pipeline").at("per_rank");
     const nlohmann::json b = summary_of(plain).at("pipeline").at("per_rank");

@@ -30,17 +30,6 @@ constexpr double kTol = 1e-5;
 // 20 steps the largest difference is about 2e-5 of the largest weight here.
 constexpr double kWeightTol = 1e-4;
 
-fs::path run(const fs::path& job, const fs::path& dir, const std::string& name, int ranks,
-             std::vector<std::string> extra) {
-  const fs::path out = dir / name;
-  std::vector<std::string> args = {job.string(), "--set", "run.output_dir=" + out.string()};
-  if (ranks > 1) args.insert(args.end(), {"--nproc", std::to_string(ranks)});
-  args.insert(args.end(), extra.begin(), extra.end());
-  const RunResult r = run_dtrain(args, dir / (name + ".log"));
-  REQUIRE_MESSAGE(r.rc == 0, r.describe());
-  return out;
-}
-
 // Width 32 with 4 heads and an MLP of 64: every split is 2 or 4 ways; 101 tokens split
 // unevenly (51 + 50, 26 + 25 + 25 + 25). Synthetic data, AdamW with clipping.
 fs::path job_for(const fs::path& dir, const std::string& arch) {
@@ -89,12 +78,12 @@ TEST_CASE(
       CAPTURE(dropout);
       const std::vector<std::string> set = {"--set", "model.dropout=" + dropout};
       const std::string base = arch + "-p" + dropout;
-      const fs::path whole = run(job, tmp.path(), base + "-one", 1, set);
+      const fs::path whole = run_job(job, tmp.path(), base + "-one", 1, set);
       for (const int tensor : {2, 4}) {
         std::vector<std::string> extra = set;
         extra.insert(extra.end(), {"--set", fmt::format("parallel.tensor={}", tensor)});
         const std::string name = fmt::format("{}-tp{}", base, tensor);
-        require_close(run(job, tmp.path(), name, tensor, extra), whole);
+        require_close(run_job(job, tmp.path(), name, tensor, extra), whole);
         if (tensor == 2 && dropout == "0.1") {  // the console says what each rank holds
           const std::string log = read_bytes(tmp.path() / (name + ".log"));
           CHECK(log.find("tensor parallel: 2 ranks") != std::string::npos);
@@ -112,25 +101,25 @@ TEST_CASE("data x tensor with accumulation and ZeRO-1/2, and the 2 x 2 x 2 grid"
   TempDir tmp("tp-grid");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
   const std::vector<std::string> micro = {"--set", "data.micro_batch=1", "--set", "train.steps=8"};
-  const fs::path whole = run(job, tmp.path(), "one", 1, micro);
+  const fs::path whole = run_job(job, tmp.path(), "one", 1, micro);
   std::vector<std::string> dt = micro;
   dt.insert(dt.end(), {"--set", "parallel.data=2", "--set", "parallel.tensor=2"});
-  require_close(run(job, tmp.path(), "dp2-tp2", 4, dt), whole);
+  require_close(run_job(job, tmp.path(), "dp2-tp2", 4, dt), whole);
   for (const std::string zero : {"1", "2"}) {  // each tensor rank shards its part over data
     std::vector<std::string> z = dt;
     z.insert(z.end(), {"--set", "parallel.zero_stage=" + zero});
-    require_close(run(job, tmp.path(), "dp2-tp2-zero" + zero, 4, z), whole);
+    require_close(run_job(job, tmp.path(), "dp2-tp2-zero" + zero, 4, z), whole);
   }
   std::vector<std::string> grid = dt;
   grid.insert(grid.end(), {"--set", "parallel.pipeline=2", "--set", "parallel.schedule=1f1b"});
-  const fs::path out = run(job, tmp.path(), "pp2-dp2-tp2", 8, grid);
+  const fs::path out = run_job(job, tmp.path(), "pp2-dp2-tp2", 8, grid);
   require_close(out, whole);
   const std::string log = read_bytes(tmp.path() / "pp2-dp2-tp2.log");
   CHECK(log.find("pipeline: 2 stages") != std::string::npos);
   CHECK(log.find("tensor parallel: 2 ranks") != std::string::npos);
   // The other rank numbering (a replica's stages neighbours): the same numbers.
   grid.insert(grid.end(), {"--set", "parallel.order=dp_pp_tp"});
-  require_close(run(job, tmp.path(), "dp2-pp2-tp2", 8, grid), whole);
+  require_close(run_job(job, tmp.path(), "dp2-pp2-tp2", 8, grid), whole);
 }
 
 TEST_CASE(
@@ -141,7 +130,7 @@ TEST_CASE(
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
   const std::vector<std::string> base = {
       "--set", "train.steps=8", "--set", "train.checkpoint.every=4", "--set", "data.micro_batch=2"};
-  const fs::path whole = run(job, tmp.path(), "whole", 1, base);
+  const fs::path whole = run_job(job, tmp.path(), "whole", 1, base);
   struct Layout {
     std::string name;
     int ranks;
@@ -173,11 +162,11 @@ TEST_CASE(
     std::vector<std::string> half = base;
     half.insert(half.end(), first.sets.begin(), first.sets.end());
     half.insert(half.end(), {"--set", "train.steps=4"});
-    const fs::path out = run(job, tmp.path(), name, first.ranks, half);
+    const fs::path out = run_job(job, tmp.path(), name, first.ranks, half);
     std::vector<std::string> rest = base;
     rest.insert(rest.end(), second.sets.begin(), second.sets.end());
     rest.insert(rest.end(), {"--resume", "latest"});
-    run(job, tmp.path(), name, second.ranks, rest);
+    run_job(job, tmp.path(), name, second.ranks, rest);
     require_close(out, whole);
   }
 }
@@ -192,10 +181,10 @@ TEST_CASE("bf16 with fp32 masters and activation checkpointing, tensor 2, within
   const std::vector<std::string> bf16 = {"--set", "precision.dtype=bf16",
                                          "--set", "memory.checkpointing=block",
                                          "--set", "train.steps=10"};
-  const fs::path whole = run(job, tmp.path(), "one", 1, bf16);
+  const fs::path whole = run_job(job, tmp.path(), "one", 1, bf16);
   std::vector<std::string> split = bf16;
   split.insert(split.end(), {"--set", "parallel.tensor=2"});
-  const fs::path out = run(job, tmp.path(), "tp2", 2, split);
+  const fs::path out = run_job(job, tmp.path(), "tp2", 2, split);
   const auto a = read_losses(whole / "metrics.jsonl"), b = read_losses(out / "metrics.jsonl");
   REQUIRE(a.size() == b.size());
   CHECK_MESSAGE(first_far(a, b, 1e-3, 1e-3).empty(), first_far(a, b, 1e-3, 1e-3));
@@ -255,13 +244,9 @@ TEST_CASE("dtrain estimate gives a tensor rank's measured peak within 3%, and it
                                            "--set", fmt::format("parallel.zero_stage={}", zero),
                                            "--set", fmt::format("data.micro_batch={}", 8 / data)};
     const int ranks = tensor * data;
-    const fs::path out = run(job, tmp.path(), name, ranks, sets);
-    std::vector<std::string> args = {"estimate", job.string(), "--world", std::to_string(ranks),
-                                     "--json"};
-    args.insert(args.end(), sets.begin(), sets.end());
-    const RunResult e = run_dtrain_command(args, tmp.path() / (name + "-estimate.log"));
-    REQUIRE_MESSAGE(e.rc == 0, e.describe());
-    const nlohmann::json est = nlohmann::json::parse(e.log.substr(e.log.find('{')));
+    const fs::path out = run_job(job, tmp.path(), name, ranks, sets);
+    const nlohmann::json est =
+        estimate_json(job, ranks, sets, tmp.path() / (name + "-estimate.log"));
     const double measured = summary_value(out, "peak_host_bytes");
     CHECK(std::abs(est.at("peak_bytes").get<double>() / measured - 1.0) <= 0.03);
     // Per micro-batch: the embedding, two row layers per block and the loss's two in
