@@ -90,7 +90,7 @@ TEST_CASE("kernels: orthonormal columns") {
     }
 }
 
-TEST_CASE("the plan compresses large 2-D tensors; PowerSGD only where its factors are smaller") {
+TEST_CASE("the plan compresses large 2-D tensors, PowerSGD only where its factors are smaller") {
   const Layout l;
   CompressOptions o;
   o.method = CompressMethod::topk;

@@ -85,7 +85,7 @@ TEST_CASE("derived defaults: data parallel size, micro-batching, presets, loss s
   CHECK(bf.precision.loss_scale.mode == LossScaleMode::none);
 }
 
-TEST_CASE("integers may be written as integral reals; fractions are refused") {
+TEST_CASE("integers may be written as integral reals, fractions are refused") {
   CHECK(*load("model: {arch: resnet50}\ntrain: {steps: 1e3}\n").train.steps == 1000);
   CHECK(has(error_of("model: {arch: resnet50}\ntrain: {steps: 2.5}\n"),
             "job.yaml:2:16: train.steps: expected a positive integer, got 2.5"));

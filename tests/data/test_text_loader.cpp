@@ -99,7 +99,7 @@ TEST_CASE("causal LM: labels are the inputs shifted by one, windows at stride T"
   CHECK(offsets.size() > 3);
 }
 
-TEST_CASE("an epoch visits every window once; epochs reshuffle") {
+TEST_CASE("an epoch visits every window once, epochs reshuffle") {
   const auto shard = make_shard(64 * 8 + 1);
   const TextBatchConfig c = causal(8, 4);
   TextBatches tb(shard, c);

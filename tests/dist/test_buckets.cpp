@@ -10,7 +10,7 @@
 using namespace dtrain;
 using namespace dtrain::dist;
 
-TEST_CASE("buckets over every parameter tile the buffer; over some, only their spans") {
+TEST_CASE("buckets over every parameter tile the buffer, over some, only their spans") {
   // Five tensors of 100, 16-element alignment gaps (offsets 0, 112, 224, 336, 448).
   std::vector<GradRange> params;
   for (int64_t i = 0; i < 5; ++i) params.push_back({i * 112, 100});

@@ -253,7 +253,7 @@ TEST_CASE("split: colour groups ordered by key") {
   CHECK(v[0] == ref);
 }
 
-TEST_CASE("stats count calls, bytes and time; last_op names the algorithm") {
+TEST_CASE("stats count calls, bytes and time, last_op names the algorithm") {
   Communicator& w = test_world();
   auto comm = w.split(0, w.rank());
   CHECK(comm->last_op().seq == 0);

@@ -54,9 +54,11 @@ int node_of(const Graph& g, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("units follow the blocks; a tied parameter belongs to its first user's") {
+TEST_CASE("units follow the blocks, a tied parameter belongs to its first user's") {
   Blocks m;
-  const ParamUnits u(m.g, m.g.param_layout(), m.loss);
+  // The flat layout's offsets (the graph's own entries have none assigned yet).
+  const FlatStore store(m.g.param_layout());
+  const ParamUnits u(m.g, store.entries(), m.loss);
   REQUIRE(u.units().size() == 4);  // stem, block 0, block 1, head
   CHECK(u.unit_of(m.g.param_index("in.weight")) == 0);
   CHECK(u.unit_of(m.g.param_index("fc0.bias")) == 1);
@@ -65,7 +67,7 @@ TEST_CASE("units follow the blocks; a tied parameter belongs to its first user's
   CHECK(u.needs(node_of(m.g, "out")) == std::vector<int>{0, 3});
   CHECK(u.needs(node_of(m.g, "act0")).empty());
   // Each unit spans exactly its parameters' part of the layout.
-  const auto& layout = m.g.param_layout();
+  const auto& layout = store.entries();
   const FlatEntry& w = layout[static_cast<size_t>(m.g.param_index("fc0.weight"))];
   const FlatEntry& b = layout[static_cast<size_t>(m.g.param_index("fc0.bias"))];
   CHECK(u.units()[1].lo == w.offset);

@@ -182,7 +182,7 @@ TEST_CASE("tensor-parallel ranks compute the one-rank step: GPT-2, BERT and ViT,
   }
 }
 
-TEST_CASE("the tensor-parallel plan: Megatron's pairs, heads and the vocabulary; what it refuses") {
+TEST_CASE("the tensor-parallel plan: Megatron's pairs, heads and the vocabulary, what it refuses") {
   const ModelGraph gpt = build_model(tiny("gpt2-tiny"), kBatch);
   const graph::TensorParallelPlan plan = graph::plan_tensor_parallel(gpt.graph, 4, 3);
   const std::string text = graph::format_tensor_plan(gpt.graph, plan);

@@ -157,7 +157,7 @@ TEST_CASE("parameter counts match the published BERT-base, ViT-B/16 and GPT-2 sm
   CHECK(tables == 1);
 }
 
-TEST_CASE("transformer graphs: shapes of inputs, labels, logits; positions vs seq_len") {
+TEST_CASE("transformer graphs: shapes of inputs, labels, logits, positions vs seq_len") {
   const ModelGraph bert = build_model(preset("bert-base"), 2);
   CHECK(bert.graph.value(bert.input).spec == graph::TensorSpec{{2, 128}, DType::i32});
   CHECK(bert.graph.value(bert.labels).spec == graph::TensorSpec{{2, 128}, DType::i32});

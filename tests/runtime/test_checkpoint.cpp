@@ -120,7 +120,7 @@ TEST_CASE("a blob with a flipped bit fails its own checksum, by name") {
   CHECK(error_of(file).find("tensor \"data.permutation\": checksum mismatch") != std::string::npos);
 }
 
-TEST_CASE("retention keeps the newest K; rewriting a step replaces it atomically") {
+TEST_CASE("retention keeps the newest K, rewriting a step replaces it atomically") {
   const fs::path dir = fresh_dir("keep");
   for (int step : {10, 30, 20, 40, 50})
     write_checkpoint(checkpoint_path(dir, step), {{"step", step}}, {});

@@ -143,7 +143,7 @@ TEST_CASE("freed neighbours coalesce and release_cached returns whole segments")
   CHECK(src.frees == 1);
 }
 
-TEST_CASE("medium requests split 20 MiB segments; large ones get their own") {
+TEST_CASE("medium requests split 20 MiB segments, large ones get their own") {
   FakeSource src(1024 * MiB);
   BlockPool pool(src);
   void* m1 = pool.allocate(3 * MiB, kS1);
