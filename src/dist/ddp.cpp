@@ -158,6 +158,18 @@ void GradSync::launch(size_t b) {
   const Bucket& k = buckets_[b];
   for (const OwnedPart& p : owned_parts(k, owners_))
     handles_[b].push_back(comm_.reduce_async(g.view(p.lo - k.begin, Shape{p.hi - p.lo}), p.rank));
+  // What lies outside the owners' span (a pipeline stage's copy of a weight tied to an
+  // earlier stage, which that stage steps) is summed on every rank.
+  const int64_t lo = owners_.front().first, hi = owners_.back().second;
+  if (k.begin < lo) {
+    const int64_t n = std::min(k.end, lo) - k.begin;
+    handles_[b].push_back(comm_.all_reduce_async(g.view(0, Shape{n}), ReduceOp::sum, k.algo));
+  }
+  if (k.end > hi) {
+    const int64_t from = std::max(k.begin, hi);
+    handles_[b].push_back(
+        comm_.all_reduce_async(g.view(from - k.begin, Shape{k.end - from}), ReduceOp::sum, k.algo));
+  }
 }
 
 std::string GradSync::exchange(size_t bucket) const {

@@ -89,6 +89,8 @@ class GradSync : public TracedBuckets {
   // ZeRO-1: instead of all-reducing a bucket, reduce each part of it into the rank
   // that owns that range (every rank's [begin, end), in rank order): afterwards only
   // this rank's own range of `grads` holds the sum (the volume of a reduce-scatter).
+  // The ranges are contiguous; a bucket's part outside them is all-reduced (a pipeline
+  // stage's copy of a weight an earlier stage steps: runtime/pipeline.h).
   void set_owners(std::vector<std::pair<int64_t, int64_t>> ranges);
   // Gradient compression (src/compress): while on, a ready bucket goes to
   // `reducer(b, grads)` (blocking, on the caller's thread; `grads` the whole flat

@@ -67,9 +67,11 @@ namespace {
 // each of the step's micro-batch slots keeps the copies of its inputs. The worst stage's becomes
 // the estimate's training activations; its evaluation (one micro-batch, slot 0) runs
 // beside the other slots' input copies.
+// stage_state[s]: stage s's state bytes (the masters and optimizer state of its span).
+// The estimate's peak becomes the highest stage's.
 void pipeline_activations(const Job& job, const models::ModelGraph& m,
                           const graph::RoundBytes& round, const std::vector<char>& eval_pins,
-                          MemoryEstimate& e) {
+                          const std::vector<size_t>& stage_state, MemoryEstimate& e) {
   const graph::Graph& g = m.graph;
   const int P = job.parallel.pipeline, micro = job.parallel.micro_batches;
   const std::vector<graph::Stage> stages = job_stages(job.parallel, g);
@@ -106,7 +108,7 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
     st.in_flight = k;
     st.train = train.peak;
     st.eval = eval.peak;
-    st.peak = e.state_bytes + std::max(st.train, st.eval);
+    st.peak = stage_state[static_cast<size_t>(s)] + std::max(st.train, st.eval);
     if (job.device.is_cpu()) st.peak += e.host_bytes;
     st.at = train.node >= 0 ? g.nodes()[static_cast<size_t>(train.node)].name : "";
     e.stages.push_back(st);
@@ -117,7 +119,8 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
   e.eval = worst_eval;
   e.caveat = fmt::format(
       "parallel.pipeline = {}: the activations are the worst stage's (its nodes for up to {} "
-      "micro-batch(es) at once, {}); every stage holds the whole model's state for now",
+      "micro-batch(es) at once, {}); each stage holds the whole model's parameters and "
+      "gradients, and the masters and optimizer state of its own parameters",
       P, job.parallel.schedule == PipelineSchedule::gpipe ? micro : std::min(P, micro),
       to_string(job.parallel.schedule));
 }
@@ -228,7 +231,18 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   for (graph::FlatEntry& e : wide) e.spec.dtype = DType::f32;
   const graph::FlatStore f32_entries(wide);
   const int64_t layout_elems = f32_entries.buffer_elems(DType::f32);
-  const int64_t last_shard = shard_of(layout_elems, world - 1, world).size();
+  // A pipeline stage steps its span of the layout (runtime/pipeline.h; ZeRO shards it):
+  // the masters and optimizer state are the largest stage's here, each stage's below.
+  std::vector<int64_t> spans = {layout_elems};
+  if (job.parallel.pipeline > 1) {
+    spans.clear();
+    for (const auto& [lo, hi] :
+         stage_spans(f32_entries.entries(), job_stages(job.parallel, g), layout_elems))
+      spans.push_back(hi - lo);
+  }
+  std::vector<int64_t> ranges;  // each stage's largest shard of its span
+  for (int64_t span : spans) ranges.push_back(shard_of(span, world - 1, world).size());
+  const int64_t last_shard = *std::max_element(ranges.begin(), ranges.end());
   if (zero3) {  // this rank's range, in the compute dtype, indexed as the fp32 layout
     const size_t bytes = static_cast<size_t>(last_shard) * dtype_size(policy.compute);
     const std::string note = fmt::format(
@@ -250,11 +264,16 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     f32_layout = round(static_cast<size_t>(last_shard) * sizeof(float));
     shard_note = fmt::format(" (ZeRO-{}: 1/{} of it)", job.parallel.zero_stage, world);
   }
+  const size_t whole_grads = f32_layout;  // the gradients are whole in a pipeline stage
+  if (job.parallel.pipeline > 1) {
+    f32_layout = round(static_cast<size_t>(last_shard) * sizeof(float));
+    shard_note += ", the largest pipeline stage's parameters";
+  }
   // ZeRO-2: no whole gradient buffer; backward writes into buckets (dist/zero_grads.h),
   // counted with the step's activations (graph::GradBuckets).
   graph::GradBuckets buckets;
   if (zero2) {
-    add("gradients", f32_layout, "f32, this rank's shard" + shard_note);
+    add("gradients", whole_grads, "f32, this rank's shard" + shard_note);
     std::vector<dist::GradRange> ranges;
     for (const graph::FlatEntry& e : f32_entries.entries())
       ranges.push_back({e.offset, e.spec.shape.numel()});
@@ -288,11 +307,13 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                     static_cast<size_t>(shard_of(layout_elems, world - 1, world).size()) *
                     sizeof(float))
               : host.grads;
-  if (policy.half() && job.precision.master_weights)
+  const bool masters = policy.half() && job.precision.master_weights;
+  if (masters)
     add_optimizer("master weights", offload ? host_layout : f32_layout,
                   "fp32 copy the optimizer steps" + shard_note);
   const OptimizerOptions& o = job.optimizer;
   const int states = o.name == OptimizerName::sgd ? (o.momentum > 0 ? 1 : 0) : 2;
+  const auto ranged_items = static_cast<size_t>(states + (masters ? 1 : 0));
   add_optimizer(
       "optimizer state", (offload ? host_layout : f32_layout) * static_cast<size_t>(states),
       std::string(o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq") + shard_note);
@@ -335,7 +356,14 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   eval_pins[static_cast<size_t>(m.targets)] = 1;
   e.eval = graph::plan_activations(g, graph::Mode::eval, eval_pins, round, 0, nullptr,
                                    zero3 ? &gathers : nullptr);
-  if (job.parallel.pipeline > 1) pipeline_activations(job, m, round, eval_pins, e);
+  if (job.parallel.pipeline > 1) {
+    std::vector<size_t> stage_state;
+    for (int64_t r : ranges) {
+      stage_state.push_back(e.state_bytes - ranged_items * f32_layout +
+                            ranged_items * round(static_cast<size_t>(r) * sizeof(float)));
+    }
+    pipeline_activations(job, m, round, eval_pins, stage_state, e);
+  }
   // After each evaluation forward the trainer reads the logits on the host as f32
   // (TrainSession::evaluate): half logits are widened into a copy then.
   const graph::TensorSpec& logits = g.value(m.logits).spec;
@@ -353,6 +381,13 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // On the CPU (the offload tests) host memory is the device's: the same peak.
   if (job.device.is_cpu()) e.peak_bytes += e.host_bytes;
   e.peak_at = train_higher ? e.train_peak_at : e.eval_peak_at + " (evaluation)";
+  for (const MemoryEstimate::Stage& st : e.stages) {  // a pipeline: the highest stage's
+    if (st.stage == 0 || st.peak > e.peak_bytes) {
+      e.peak_bytes = st.peak;
+      e.peak_at = fmt::format("pipeline stage {}: {}", st.stage,
+                              st.train >= st.eval ? st.at : std::string("evaluation"));
+    }
+  }
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
   e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
   e.forward_flops = g.forward_flops();
@@ -421,13 +456,17 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   // each element alone) for about the same traffic, ZeRO-2 too with one micro-batch
   // per rank (within rounding with more); the stage that was tried last stays in every
   // later candidate.
-  // (Not with a pipeline yet: the trainer refuses ZeRO there.)
+  // The stages the trainer takes: ZeRO-1 in a pipeline (without tensor parallelism),
+  // up to ZeRO-2 with tensor parallelism.
+  const int zero_max = job.parallel.pipeline > 1 ? (job.parallel.tensor > 1 ? 0 : 1)
+                       : job.parallel.tensor > 1 ? 2
+                                                 : 3;
+  const bool half_ok =
+      compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights;
   const bool can_zero =
-      job.parallel.data > 1 && job.parallel.zero_stage < 2 && job.parallel.pipeline == 1 &&
-      (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
+      job.parallel.data > 1 && job.parallel.zero_stage < std::min(2, zero_max) && half_ok;
   const bool can_zero3 =
-      job.parallel.data > 1 && job.parallel.zero_stage < 3 && job.parallel.pipeline == 1 &&
-      (compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights);
+      job.parallel.data > 1 && job.parallel.zero_stage < 3 && zero_max >= 3 && half_ok;
   int use_zero = 0;
   auto fits_with = [&](int64_t mb, bool add_checkpointing, bool add_offload) {
     Job changed = job;
@@ -457,7 +496,7 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   };
   const int64_t job_mb = job.data.micro_batch;
   if (can_zero) {
-    for (int stage = job.parallel.zero_stage + 1; stage <= 2; ++stage) {
+    for (int stage = job.parallel.zero_stage + 1; stage <= std::min(2, zero_max); ++stage) {
       use_zero = stage;
       if (fits_with(job_mb, false, false)) return a;
     }

@@ -58,11 +58,12 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
     }
   }
   const int64_t layout_elems = layout_.buffer_elems(DType::f32);
-  if (!shard_.sharded()) shard_ = shard_of(layout_elems, 0, 1);
+  if (!shard_.ranged()) shard_ = shard_of(layout_elems, 0, 1);
   Allocator* host = device.is_cuda() ? &kernels::pinned_host_allocator()
                                      : static_cast<Allocator*>(&host_allocator());
-  if (shard_.sharded()) {
-    DTRAIN_CHECK(mode_ != MasterMode::in_place, "ZeRO shards fp32 parameters or fp32 masters");
+  if (shard_.ranged()) {
+    DTRAIN_CHECK(mode_ != MasterMode::in_place,
+                 "ZeRO and pipeline stages step a range of fp32 parameters or fp32 masters");
     DTRAIN_CHECK(shard_.end <= layout_elems, "shard [{}, {}) of {} elements", shard_.begin,
                  shard_.end, layout_elems);
     // ZeRO-Offload: this rank's shard of what the optimizer steps, and of the gradient
@@ -96,7 +97,8 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
       publish_piece(shard_.begin, shard_masters_);
       return;
     }
-    // Every half parameter from its f32 initial value, one tensor at a time.
+    // Every half parameter from its f32 initial value, one tensor at a time (a pipeline
+    // stage's too: the other stages' are never used here, but they are defined).
     for (int p = 0; p < ex.params().size(); ++p) {
       const graph::FlatEntry& e = layout_.entries()[static_cast<size_t>(p)];
       Tensor wide = Tensor::empty(e.spec.shape, DType::f32, &kernels::device_allocator(device));
@@ -145,8 +147,8 @@ void MasterWeights::publish(const Tensor& flat) {
 void MasterWeights::upload() { copy_buffers(host_params_, ex_.params()); }
 
 void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
-  if (shard_.sharded()) {
-    DTRAIN_CHECK(comm_ != nullptr, "ZeRO step before attach()");
+  if (shard_.ranged()) {
+    DTRAIN_CHECK(comm_ != nullptr || !shard_.sharded(), "ZeRO step before attach()");
     Tensor g = grads_sharded_ ? grads_ : grads_.view(shard_.begin, Shape{shard_.size()});
     if (offload_) {  // this rank's range of the summed gradient to the host
       kernels::copy(g, host_grads_);
@@ -163,20 +165,24 @@ void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
         Tensor mine = flat.view(shard_.begin, Shape{shard_.size()});
         kernels::copy(shard_host_params_, mine);
       }
-      gather_shards(*comm_, flat, shard_);
+      if (shard_.sharded()) gather_shards(*comm_, flat, shard_);
       return;
     }
     if (grads_sharded_) {  // no whole buffer to gather through: pieces, rounded as they come
-      broadcast_shards(*comm_, shard_masters_, layout_.buffer_elems(DType::f32), gather_piece_,
+      broadcast_shards(*comm_, shard_masters_, shard_, gather_piece_,
                        [this](int64_t lo, const Tensor& values) { publish_piece(lo, values); });
       return;
     }
+    if (!shard_.sharded()) {  // a pipeline stage alone: its range rounded into its parameters
+      publish_piece(shard_.begin, shard_masters_);
+      return;
+    }
     // The gradients are spent: their buffer carries the gathered masters, which every
-    // rank then rounds into its half parameters.
+    // rank then rounds into its half parameters (the span's: a pipeline stage's own).
     Tensor mine = grads_.view(shard_.begin, Shape{shard_.size()});
     kernels::copy(shard_masters_, mine);
     gather_shards(*comm_, grads_, shard_);
-    publish(grads_);
+    publish_piece(shard_.base, grads_.view(shard_.base, Shape{shard_.span}));
     return;
   }
   if (!offload_) {
@@ -198,7 +204,7 @@ Tensor MasterWeights::shard_params() const {
 
 graph::FlatStore& MasterWeights::state() {
   if (mode_ == MasterMode::fp32) return twin_ ? host_params_ : ex_.params();
-  DTRAIN_CHECK(!shard_.sharded(), "sharded masters are saved by shard (shard_params())");
+  DTRAIN_CHECK(!shard_.ranged(), "ranged masters are saved by shard (shard_params())");
   if (mode_ == MasterMode::masters) return layout_;
   const graph::FlatStore& params = twin_ ? host_params_ : ex_.params();
   wide_ = std::make_unique<graph::FlatStore>(layout_.entries());
@@ -264,7 +270,7 @@ void MasterWeights::load_piece(int64_t lo, const Tensor& piece) {
     return;
   }
   if (mode_ == MasterMode::masters) {
-    if (shard_.sharded()) {
+    if (shard_.ranged()) {
       const int64_t a = std::max(lo, shard_.begin), b = std::min(lo + n, shard_.end);
       if (a < b) {
         Tensor dst = shard_masters_.view(a - shard_.begin, Shape{b - a});

@@ -31,6 +31,10 @@
 // rounds every half parameter itself from the same f32 value. A checkpoint is saved
 // by shard (shard_params()) and read back piece by piece (load_piece()), from any
 // layout's checkpoint.
+// A pipeline stage (a ShardRange `staged` over its span, runtime/pipeline.h) steps its
+// span as ZeRO-1 steps a shard: its masters and optimizer state are the span's, and
+// the stepped range is rounded into its parameters (ZeRO-1 over its data ranks: its
+// shard of the span, gathered over the span).
 // ZeRO-2 (shard_grads given: f32 [shard size], kept by dist::ShardedGradSync): the
 // executor holds no whole gradient buffer, grads() is this rank's shard of it, and
 // the masters are passed around in pieces after the step (runtime::broadcast_shards).

@@ -10,7 +10,6 @@
 #include "core/error.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
-#include "optim/clip.h"
 
 namespace dtrain::runtime {
 
@@ -55,16 +54,42 @@ void TiedWeights::sum(const Tensor& grads, const std::vector<graph::FlatEntry>& 
   }
 }
 
-double TiedWeights::uncounted_squares(const Tensor& grads,
-                                      const std::vector<graph::FlatEntry>& layout,
-                                      int stage) const {
-  if (!comm_ || stage != pair_.first) return 0;
-  double sum = 0;
-  for (int p : tied_) {
-    const graph::FlatEntry& e = layout[static_cast<size_t>(p)];
-    sum += optim::grad_sum_squares(grads.view(e.offset, Shape{e.spec.shape.numel()}));
+void TiedWeights::publish(graph::FlatStore& params) {
+  if (!comm_) return;
+  // Rank 0 of the pair is the earlier stage. Point to point: half parameters travel as
+  // they are (the exchange moves any dtype).
+  std::vector<dist::Communicator::PeerOp> ops;
+  const bool sends = comm_->rank() == 0;
+  for (int p : tied_) ops.push_back({sends, sends ? 1 : 0, params.view(p)});
+  comm_->exchange(ops);
+}
+
+std::vector<std::pair<int64_t, int64_t>> stage_spans(const std::vector<graph::FlatEntry>& layout,
+                                                     const std::vector<graph::Stage>& stages,
+                                                     int64_t total) {
+  const auto stage_of = [&](int node) {
+    size_t s = 0;
+    while (s + 1 < stages.size() && node >= stages[s].end) ++s;
+    return static_cast<int>(s);
+  };
+  std::vector<int64_t> start(stages.size() + 1, -1);
+  start[stages.size()] = total;
+  int last = 0;
+  int64_t at = 0;
+  for (const graph::FlatEntry& e : layout) {
+    const int s = stage_of(e.node);
+    DTRAIN_CHECK(s >= last && e.offset >= at, "{} (stage {}) after stage {}'s parameters", e.name,
+                 s, last);
+    if (start[static_cast<size_t>(s)] < 0) start[static_cast<size_t>(s)] = e.offset;
+    last = s;
+    at = e.offset;
   }
-  return sum;
+  start[0] = 0;
+  for (size_t s = stages.size(); s-- > 1;)  // a stage without parameters: an empty span
+    if (start[s] < 0) start[s] = start[s + 1];
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (size_t s = 0; s < stages.size(); ++s) spans.emplace_back(start[s], start[s + 1]);
+  return spans;
 }
 
 void gather_to_first_stage(

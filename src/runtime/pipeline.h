@@ -27,11 +27,23 @@ namespace dtrain::runtime {
 // The job's stages: parallel.pipeline_blocks by hand, else balanced by FLOPs.
 std::vector<graph::Stage> job_stages(const ParallelOptions& parallel, const graph::Graph& graph);
 
+// Each stage's span of the fp32 parameter layout (`layout`, `total` elements with its
+// padding): what the stage's optimizer steps and its checkpoint shard holds. A
+// parameter is the stage's of its first user (FlatEntry::node); the graph adds them in
+// node order, so the spans are contiguous and tile [0, total) in stage order (a stage
+// without parameters of its own has an empty span). A weight tied to a later stage is
+// in the earlier stage's span.
+std::vector<std::pair<int64_t, int64_t>> stage_spans(const std::vector<graph::FlatEntry>& layout,
+                                                     const std::vector<graph::Stage>& stages,
+                                                     int64_t total);
+
 // Weights tied across a cut (GPT-2's embedding and LM head, BERT's masked-LM decoder):
 // both stages hold the weight, each computes its users' part of the gradient, and the
-// two parts are summed between them after each step's backward. The gradient's norm
-// counts the weight on the later stage only. A weight used by more than two stages, or
-// two pairs of stages, is an Error naming parallel.pipeline.
+// two parts are summed between them after each step's backward. The earlier stage owns
+// the weight (it is in that stage's span): its optimizer steps it, the gradient's norm
+// counts it there, and after each step it sends the updated weight, as the model holds
+// it, to the later stage (publish). A weight used by more than two stages, or two pairs
+// of stages, is an Error naming parallel.pipeline.
 class TiedWeights {
  public:
   TiedWeights(const graph::Graph& graph, const std::vector<graph::Stage>& stages);
@@ -41,10 +53,9 @@ class TiedWeights {
   dist::Communicator* comm() const { return comm_.get(); }  // null off the two stages
   // `grads` in `layout` (f32): the tied weights' parts summed on both stages.
   void sum(const Tensor& grads, const std::vector<graph::FlatEntry>& layout);
-  // What this stage subtracts from its gradient's sum of squares: the tied weights' on
-  // the earlier of the two stages, 0 elsewhere.
-  double uncounted_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,
-                           int stage) const;
+  // After the earlier stage's step: its parameters of the tied weights (the executor's,
+  // in their compute dtype) into the later stage's copies.
+  void publish(graph::FlatStore& params);
 
  private:
   std::vector<int> tied_;
@@ -55,8 +66,9 @@ class TiedWeights {
 // Each stage's range of every flat f32 tensor in `flats` (each with its layout: a
 // stage's entries are a contiguous range, the graph adding them in node order) travels
 // to stage 0, into its copies (which its own nodes never use): collective over `pipe`.
-// The trainer gathers parameters, optimizer state and buffers so stage 0 writes the
-// one-file checkpoint any layout resumes from.
+// A pipeline checkpoint is written by shard (each stage its span); stage 0 first
+// gathers the buffers (batch norm's statistics), which its shard carries. With tensor
+// parallelism the whole state gathers there, and the one-rank model is written.
 void gather_to_first_stage(
     dist::Communicator& pipe, const std::vector<graph::Stage>& stages,
     const std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>>& flats);

@@ -127,10 +127,13 @@ void require_supported(const Job& job, int world) {
   if (p.pipeline > 1) {  // what the first pipeline step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.pipeline > 1 is not supported yet", key, value),
-                  "pipeline stages run with zero_stage 0 and no compression, on the CPU; drop "
-                  "the key or parallel.pipeline");
+                  "pipeline stages run with zero_stage 0 or 1, fp32 masters, no compression, on "
+                  "the CPU; drop the key or parallel.pipeline");
     };
-    if (p.zero_stage > 0) later("parallel.zero_stage", std::to_string(p.zero_stage));
+    if (p.zero_stage > 1) later("parallel.zero_stage", std::to_string(p.zero_stage));
+    // A stage steps its own span of the fp32 layout (its masters), as ZeRO steps a shard.
+    if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights)
+      later("precision.master_weights", "false");
     if (job.compress.method != CompressMethod::none)
       later("compress.method", std::string(to_string(job.compress.method)));
     if (job.device.is_cuda()) later("device", job.device.str());
@@ -267,23 +270,25 @@ class TrainSession {
   models::ModelGraph model_;
   graph::DTypePolicy policy_;
   std::unique_ptr<graph::Executor> ex_;
-  std::vector<graph::Stage> stages_;            // parallel.pipeline > 1: the stage plan
-  std::unique_ptr<dist::ProcessGrid> grid_;     // pipeline x data groups (pipeline > 1)
-  std::unique_ptr<PipelineStage> pipeline_;     // this rank's stage
-  dist::GridCoord coord_;                       // this rank's place in the grid
-  std::vector<int64_t> labelled_;               // per micro-batch of a pipeline step
-  std::unique_ptr<TiedWeights> tied_;           // weights tied across stages (pipeline)
+  std::vector<graph::Stage> stages_;         // parallel.pipeline > 1: the stage plan
+  std::unique_ptr<dist::ProcessGrid> grid_;  // pipeline x data groups (pipeline > 1)
+  std::unique_ptr<PipelineStage> pipeline_;  // this rank's stage
+  dist::GridCoord coord_;                    // this rank's place in the grid
+  std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
+  std::unique_ptr<TiedWeights> tied_;        // weights tied across stages (pipeline)
+  // A pipeline's checkpoint writers, in span order (stage, then data rank): every ZeRO
+  // rank, or each stage's first data replica (the others hold a group they never use).
+  std::unique_ptr<dist::Communicator> save_comm_;
   std::shared_ptr<CommTensorGroup> tp_group_;   // parallel.tensor > 1: the split ops' group
   graph::TensorParallelPlan tp_plan_;           // what the pass split on this rank
   std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
   bool tensor_split() const { return tp_group_ != nullptr; }
-  double tensor_sum_squares_here() const;
   void save_whole(std::vector<Tensor>& state);
   void save_tensor_parts(std::vector<Tensor>& state);
-  Tensor gather_shards(const Tensor& shard) const;
+  Tensor whole_of(const Tensor& range) const;
+  void save_by_shard();
   TrainCounters resume_whole(const fs::path& file);
   void pipeline_passes(StepTotals& local);
-  double stage_sum_squares() const;
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
@@ -368,13 +373,23 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   const MasterMode mode = !policy_.half()                 ? MasterMode::fp32
                           : job_.precision.master_weights ? MasterMode::masters
                                                           : MasterMode::in_place;
-  // ZeRO: this rank steps its shard of the fp32 layout (runtime/zero.h).
+  // ZeRO: this rank steps its shard of the fp32 layout (runtime/zero.h), over the data
+  // axis (with tensor parallelism each tensor rank shards its own part). A pipeline
+  // stage steps its own span of the layout (runtime/pipeline.h), and ZeRO shards that.
   const int64_t layout_elems = ex_->grads().buffer_elems(DType::f32);
-  // Over the data axis (with tensor parallelism each tensor rank shards its own part).
   const int data = job_.parallel.data;
-  const ShardRange shard = job_.parallel.zero_stage >= 1 && data > 1
-                               ? shard_of(layout_elems, coord_.dp, data)
-                               : ShardRange{};
+  std::pair<int64_t, int64_t> span{0, layout_elems};
+  if (job_.parallel.pipeline > 1) {
+    span =
+        stage_spans(ex_->grads().entries(), stages_, layout_elems)[static_cast<size_t>(coord_.pp)];
+  }
+  ShardRange shard;
+  if (job_.parallel.zero_stage >= 1 && data > 1) {
+    shard = shard_of(span.second - span.first, coord_.dp, data, span.first);
+  } else if (job_.parallel.pipeline > 1) {
+    shard = shard_of(span.second - span.first, 0, 1, span.first);
+  }
+  shard.staged = job_.parallel.pipeline > 1;
   if (zero2_) {
     shard_grads_ =
         Tensor::empty(Shape{shard.size()}, DType::f32, &kernels::device_allocator(job_.device));
@@ -401,7 +416,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   const Tensor grads = weights_->grads();
   std::vector<optim::ParamSegment> segments =
       segments_of(weights_->layout(), job_.optimizer.no_decay);
-  if (shard.sharded()) {
+  if (shard.ranged()) {
     segments =
         optim::shard_segments(segments, shard.begin, shard.end, optim::SegmentSplit::allowed);
   }
@@ -550,14 +565,15 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   kernels::fill(part, 0.0f);
   whole_to_local(flat, whole_layout_, weights_->layout(), part);
   weights_->load_piece(0, part);
-  // ZeRO: this rank's optimizer holds its shard [begin, end) of the local layout.
+  // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
+  // local layout.
   optim::OptimizerState mine = opt_->state();
   const optim::OptimizerState saved = whole.opt->state();
   const ShardRange& sh = weights_->shard();
   for (size_t b = 0; b < mine.buffers.size(); ++b) {
     kernels::fill(part, 0.0f);
     whole_to_local(saved.buffers[b].second, whole_layout_, weights_->layout(), part);
-    kernels::copy(sh.sharded() ? part.view(sh.begin, Shape{sh.size()}) : part,
+    kernels::copy(sh.ranged() ? part.view(sh.begin, Shape{sh.size()}) : part,
                   mine.buffers[b].second);
   }
   mine.step = whole.opt->step_count();
@@ -647,8 +663,13 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     });
     tied_->connect(pipe);  // collective over the pipeline group
     if (watchdog != nullptr && tied_->comm() != nullptr) watchdog->add(*tied_->comm());
-    // Parameters of other stages get no gradient here: zeros, once (the norm adds the
-    // stages' sums; the optimizer's update of them is never used or saved).
+    if (!tensor_split()) {  // collective over every rank
+      const bool writes = weights_->shard().sharded() || coord_.dp == 0;
+      save_comm_ = comm_.split(writes ? 0 : 1, coord_.pp * job_.parallel.data + coord_.dp);
+      if (watchdog != nullptr) watchdog->add(*save_comm_);
+    }
+    // Parameters of other stages get no gradient here: zeros, once (never summed, stepped
+    // or saved here: this stage's range is its span, runtime/pipeline.h).
     Tensor all = ex_->grads().flat(DType::f32);
     kernels::fill(all, 0.0f);
     note(fmt::format(
@@ -678,7 +699,8 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   }
   std::vector<std::pair<int64_t, int64_t>> owners;  // ZeRO: every rank's range
   for (int r = 0; weights_->shard().sharded() && r < grad_comm_->size(); ++r) {
-    const ShardRange s = shard_of(layout_elems, r, grad_comm_->size());
+    const ShardRange& mine = weights_->shard();
+    const ShardRange s = shard_of(mine.span, r, grad_comm_->size(), mine.base);
     owners.emplace_back(s.begin, s.end);
   }
   const std::vector<dist::Bucket> buckets = planned;
@@ -863,26 +885,23 @@ double TrainSession::train_step(const StopSignals& signals) {
   // reads each gradient times unscale x the clipping factor in its one pass. Every rank
   // holds the same summed gradient, so every rank finds the same overflow.
   const double unscale = total.labelled > 0 ? 1.0 / (total.labelled * scaler_.scale()) : 0.0;
-  // ZeRO: each rank holds the sum only in its own range; the norm adds the ranges'.
-  // A pipeline: each stage holds its parameters' gradients (zeros elsewhere); the norm
-  // adds the stages' sums.
-  // Tensor parallelism: split gradients add over the tensor group, replicated ones
-  // count on one of its ranks.
-  double sum_squares = 0;
-  if (weights_->shard().sharded()) {  // the data ranks' shards (and the tensor ranks' parts)
-    const double own = tensor_split() ? tensor_sum_squares(own_grads(), weights_->layout(),
-                                                           coord_.tp == 0, weights_->shard().begin)
-                                      : optim::grad_sum_squares(own_grads());
-    sum_squares = sum_over_ranks<1>(comm_, {own})[0];
-  } else if (pipeline_) {
-    sum_squares = sum_over_ranks<1>(grid_->group(dist::Axis::pipeline), {stage_sum_squares()})[0];
-  } else if (tensor_split()) {
-    sum_squares = tensor_sum_squares_here();
-  } else {
-    sum_squares = optim::grad_sum_squares(grads);
+  // Each rank counts the range it steps (runtime/zero.h): ZeRO's shard holds the sum
+  // there only, a pipeline stage its span (a weight tied to a later stage counts on
+  // the earlier one, which steps it); the norm adds the ranges', over every rank that
+  // holds a distinct one. Tensor parallelism: split gradients add over the tensor group,
+  // replicated ones count on one of its ranks.
+  const Tensor own = own_grads();
+  double sum_squares = tensor_split() ? tensor_sum_squares(own, weights_->layout(), coord_.tp == 0,
+                                                           weights_->shard().begin)
+                                      : optim::grad_sum_squares(own);
+  if (weights_->shard().sharded()) {  // every rank's: data shards, stages, tensor parts
+    sum_squares = sum_over_ranks<1>(comm_, {sum_squares})[0];
+  } else {  // data replicas hold the same sums
+    if (pipeline_)
+      sum_squares = sum_over_ranks<1>(grid_->group(dist::Axis::pipeline), {sum_squares})[0];
+    if (tensor_split())
+      sum_squares = sum_over_ranks<1>(grid_->group(dist::Axis::tensor), {sum_squares})[0];
   }
-  if (tensor_split() && !weights_->shard().sharded())
-    sum_squares = sum_over_ranks<1>(grid_->group(dist::Axis::tensor), {sum_squares})[0];
   const double norm = std::sqrt(sum_squares) * unscale;
   const bool found_inf = !std::isfinite(loss) || !std::isfinite(norm);
   const precision::ScaleDecision d = scaler_.update(found_inf);
@@ -911,21 +930,8 @@ double TrainSession::train_step(const StopSignals& signals) {
                                {{"name", std::string(to_string(job_.optimizer.name))}});
     weights_->step(*opt_, lr, static_cast<float>(unscale * clip));
   }
+  if (tied_) tied_->publish(ex_->params());  // the earlier stage's step, to the later one
   return loss;
-}
-
-// This stage's share of the gradient's sum of squares: its parameters' (zeros elsewhere),
-// a weight tied across stages counted on the later of its two stages only.
-double TrainSession::stage_sum_squares() const {
-  const Tensor grads = weights_->grads();
-  const double all = tensor_split() ? tensor_sum_squares_here() : optim::grad_sum_squares(grads);
-  return all - tied_->uncounted_squares(grads, weights_->layout(), pipeline_->stage());
-}
-
-// This tensor rank's share of the gradient's sum of squares: its split parts, and the
-// replicated parameters on tensor rank 0 only.
-double TrainSession::tensor_sum_squares_here() const {
-  return tensor_sum_squares(weights_->grads(), weights_->layout(), coord_.tp == 0);
 }
 
 // A pipeline step's forward and backward passes (runtime/pipeline.h): the same per
@@ -996,19 +1002,20 @@ double TrainSession::gpu_peak_flops() {
   return gpu_peak_;
 }
 
-// The gradient this rank holds summed: all of it, or with ZeRO its own range (ZeRO-2
-// keeps nothing else; ZeRO-1's other ranges hold this rank's own part only).
+// The gradient of the range this rank steps, summed: all of it, with ZeRO its shard
+// (ZeRO-2 keeps nothing else; ZeRO-1's other ranges hold this rank's own part only), in
+// a pipeline its stage's span (or its shard of it).
 Tensor TrainSession::own_grads() const {
   const Tensor grads = weights_->grads();
   const ShardRange& sh = weights_->shard();
-  if (!sh.sharded() || zero2_) return grads;
+  if (!sh.ranged() || zero2_) return grads;
   return grads.view(sh.begin, Shape{sh.size()});
 }
 
 // The first parameter (in flat order) whose gradient holds inf or nan, or "" when none.
 std::string TrainSession::first_non_finite(const Tensor& grads) const {
   // ZeRO: `grads` is this rank's range [begin, end) of the layout (own_grads()).
-  const int64_t base = weights_->shard().sharded() ? weights_->shard().begin : 0;
+  const int64_t base = weights_->shard().ranged() ? weights_->shard().begin : 0;
   const Tensor host = kernels::to_host(grads);
   const float* g = host.data<float>();
   for (const graph::FlatEntry& e : weights_->layout()) {
@@ -1020,8 +1027,8 @@ std::string TrainSession::first_non_finite(const Tensor& grads) const {
       }
     }
   }
-  return weights_->shard().sharded() ? "not in this rank's shard of the gradient"
-                                     : "the loss itself";
+  return weights_->shard().ranged() ? "not in this rank's range of the gradient"
+                                    : "the loss itself";
 }
 
 // An overflow the scaler cannot absorb (no scaling, or a dynamic scale at its minimum).
@@ -1188,78 +1195,105 @@ void TrainSession::log_eval(const EvalResult& r) {
 
 // Every rank first proves its replica equals rank 0's (parameters, buffers, optimizer
 // state); rank 0 then writes. Its file is complete (renamed into place) when it returns.
-// ZeRO: every rank writes its own shard (runtime/train_state.h: a step-N directory);
-// only the replicated buffers are compared across ranks. Otherwise every rank first
-// proves its replica equals rank 0's and rank 0 writes one file.
+// A rank that steps a range of the layout (ZeRO's shard, a pipeline stage's span, or
+// the stage's shard) writes that range by shard (runtime/train_state.h: a step-N
+// directory): every ZeRO rank, or one data replica of each stage; data replicas prove
+// they agree first (a stage's all of it, ZeRO's the buffers). Tensor parallelism writes
+// the one-rank model (save_tensor_parts).
 void TrainSession::save_checkpoint() {
-  if (weights_->shard().sharded() && !tensor_split()) {
-    check_replicas(comm_, {ex_->buffers().flat(DType::f32)}, "buffers");
-    ShardedSave save;
-    save.comm = &comm_;
-    save.begin = weights_->shard().begin;
-    save.end = weights_->shard().end;
-    save.params = weights_->shard_params();
-    save.layout = &weights_->layout();
-    save.total = ex_->grads().buffer_elems(DType::f32);
-    save.buffers = &ex_->buffers();
-    save.opt = opt_.get();
-    save.zero_stage = job_.parallel.zero_stage;
-    save.precision = std::string(to_string(job_.precision.dtype));
-    save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
-    if (compression_) save.extra = compression_->state(comm_, true);
-    save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
-    if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+  const ShardRange& sh = weights_->shard();
+  if (sh.ranged() && !tensor_split()) {
+    save_by_shard();
     return;
   }
-  if (weights_->shard().sharded()) {  // ZeRO with tensor parallelism: the shards gathered
-    std::vector<Tensor> state = {gather_shards(weights_->shard_params()),
-                                 ex_->buffers().flat(DType::f32)};
-    for (const auto& [name, t] : opt_->state().buffers) state.push_back(gather_shards(t));
-    save_tensor_parts(state);
-    return;
-  }
-  graph::FlatStore& params = weights_->state();
-  std::vector<Tensor> state = {params.flat(DType::f32), ex_->buffers().flat(DType::f32)};
-  for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
-  if (pipeline_) {  // data-parallel replicas of a stage agree; stage 0 of replica 0 writes
-    check_replicas(*grad_comm_, state, "parameters, buffers and optimizer state");
-    if (coord_.dp == 0) {  // stage 0 then holds the whole model and writes the file
-      std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>> flats = {
-          {state[0], &weights_->layout()}, {state[1], &ex_->buffers().entries()}};
-      for (const auto& [name, t] : opt_->state().buffers)
-        flats.emplace_back(t, &weights_->layout());
-      gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_, flats);
-    }
-  } else {
-    check_replicas(tensor_split() ? *grad_comm_ : comm_, state,
+  // This rank's whole layout (a range stepped here widened to it, ZeRO's shards gathered).
+  graph::FlatStore* params = sh.ranged() ? nullptr : &weights_->state();
+  std::vector<Tensor> state = {
+      params ? params->flat(DType::f32) : whole_of(weights_->shard_params()),
+      ex_->buffers().flat(DType::f32)};
+  for (const auto& [name, t] : opt_->state().buffers)
+    state.push_back(sh.ranged() ? whole_of(t) : t);
+  if (!sh.sharded()) {
+    check_replicas(tensor_split() || pipeline_ ? *grad_comm_ : comm_, state,
                    "parameters, buffers and optimizer state");
   }
-  std::vector<NamedTensor> extra;
-  if (compression_) extra = compression_->state(comm_, false);  // collective
+  if (pipeline_ && coord_.dp == 0) {  // stage 0 then holds the whole state
+    std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>> flats = {
+        {state[0], &weights_->layout()}, {state[1], &ex_->buffers().entries()}};
+    for (size_t k = 2; k < state.size(); ++k) flats.emplace_back(state[k], &weights_->layout());
+    gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_, flats);
+  }
   if (tensor_split()) {
     save_tensor_parts(state);
     return;
   }
+  std::vector<NamedTensor> extra;
+  if (compression_) extra = compression_->state(comm_, false);  // collective
   if (leader()) {
     const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
-    save_train_state(file, params, ex_->buffers(), *opt_, counters_, extra);
+    save_train_state(file, *params, ex_->buffers(), *opt_, counters_, extra);
     prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
   }
   weights_->release_state();
 }
 
-// The full layout from every data rank's shard [begin, end) of it (ZeRO): f32, on the host.
-Tensor TrainSession::gather_shards(const Tensor& shard) const {
-  dist::Communicator& data = grid_->group(dist::Axis::data);
+// A range of the layout by shard: ZeRO's, or a pipeline stage's span (each stage's
+// first data replica writes it, stage 0's shard carrying every stage's buffers).
+void TrainSession::save_by_shard() {
+  const ShardRange& sh = weights_->shard();
+  dist::Communicator& data = pipeline_ ? grid_->group(dist::Axis::data) : comm_;
+  std::vector<Tensor> replicated = {ex_->buffers().flat(DType::f32)};
+  if (!sh.sharded()) {  // a stage's data replicas hold the same range
+    replicated.push_back(weights_->shard_params());
+    for (const auto& [name, t] : opt_->state().buffers) replicated.push_back(t);
+  }
+  check_replicas(data, replicated,
+                 sh.sharded() ? "buffers" : "parameters, buffers and optimizer state");
+  if (!sh.sharded() && coord_.dp != 0) return;
+  graph::FlatStore buffers(ex_->buffers().entries());  // every stage's, on stage 0
+  if (pipeline_) {
+    buffers.allocate(ex_->buffers().device());
+    Tensor all = buffers.flat(DType::f32);
+    if (all.defined()) {
+      kernels::copy(ex_->buffers().flat(DType::f32), all);
+      if (coord_.dp == 0)
+        gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_,
+                              {{all, &buffers.entries()}});
+    }
+  }
+  ShardedSave save;
+  save.comm = save_comm_ ? save_comm_.get() : &comm_;
+  save.begin = sh.begin;
+  save.end = sh.end;
+  save.params = weights_->shard_params();
+  save.layout = &weights_->layout();
+  save.total = ex_->grads().buffer_elems(DType::f32);
+  save.buffers = pipeline_ ? &buffers : &ex_->buffers();
+  save.opt = opt_.get();
+  save.zero_stage = sh.sharded() ? job_.parallel.zero_stage : 0;
+  save.precision = std::string(to_string(job_.precision.dtype));
+  save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
+  if (compression_) save.extra = compression_->state(comm_, true);
+  save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
+  if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+}
+
+// The whole layout (f32, host) from the range this rank steps: zeros elsewhere, and
+// with ZeRO every data rank's shard of the span gathered over the data group.
+Tensor TrainSession::whole_of(const Tensor& range) const {
+  const ShardRange& mine = weights_->shard();
   const int64_t total = ex_->grads().buffer_elems(DType::f32);
   Tensor full = Tensor::empty(Shape{total}, DType::f32);
   kernels::fill(full, 0.0f);
-  std::vector<int64_t> counts;
-  for (int r = 0; r < data.size(); ++r) counts.push_back(shard_of(total, r, data.size()).size());
-  const ShardRange& mine = weights_->shard();
   Tensor dst = full.view(mine.begin, Shape{mine.size()});
-  kernels::copy(shard, dst);
-  data.all_gatherv_async(full, counts).wait();
+  kernels::copy(range, dst);
+  if (mine.sharded()) {
+    dist::Communicator& data = grid_ ? grid_->group(dist::Axis::data) : comm_;
+    std::vector<int64_t> counts;
+    for (int r = 0; r < data.size(); ++r)
+      counts.push_back(shard_of(mine.span, r, data.size(), mine.base).size());
+    data.all_gatherv_async(full.view(mine.base, Shape{mine.span}), counts).wait();
+  }
   return full;
 }
 

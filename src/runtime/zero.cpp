@@ -7,13 +7,15 @@
 
 namespace dtrain::runtime {
 
-ShardRange shard_of(int64_t total, int rank, int world) {
+ShardRange shard_of(int64_t span, int rank, int world, int64_t base) {
   DTRAIN_CHECK(world >= 1 && rank >= 0 && rank < world, "rank {} of {}", rank, world);
   ShardRange s;
   s.world = world;
-  s.block = total / world;
-  s.begin = rank * s.block;
-  s.end = rank + 1 == world ? total : s.begin + s.block;
+  s.base = base;
+  s.span = span;
+  s.block = span / world;
+  s.begin = base + rank * s.block;
+  s.end = rank + 1 == world ? base + span : s.begin + s.block;
   return s;
 }
 
@@ -21,30 +23,32 @@ void gather_shards(dist::Communicator& comm, Tensor flat, const ShardRange& mine
   if (!mine.sharded()) return;
   DTRAIN_CHECK(comm.size() == mine.world, "a shard of {} ranks gathered over {}", mine.world,
                comm.size());
-  const int64_t total = flat.numel();
+  DTRAIN_CHECK(mine.base + mine.span <= flat.numel(), "a span [{}, {}) of {} elements", mine.base,
+               mine.base + mine.span, flat.numel());
   const int64_t blocks = mine.block * mine.world;
   if (mine.block > 0) {  // in place: no send buffer
     const Tensor own = flat.view(mine.begin, Shape{mine.block});
-    Tensor all = flat.view(0, Shape{blocks});
+    Tensor all = flat.view(mine.base, Shape{blocks});
     comm.all_gather(own, all);
   }
-  if (total > blocks) {
-    Tensor tail = flat.view(blocks, Shape{total - blocks});
+  if (mine.span > blocks) {
+    Tensor tail = flat.view(mine.base + blocks, Shape{mine.span - blocks});
     comm.broadcast(tail, mine.world - 1);
   }
 }
 
-void broadcast_shards(dist::Communicator& comm, const Tensor& mine, int64_t total, int64_t piece,
+void broadcast_shards(dist::Communicator& comm, const Tensor& mine, const ShardRange& me,
+                      int64_t piece,
                       const std::function<void(int64_t lo, const Tensor& values)>& take) {
   const int world = comm.size();
-  const ShardRange me = shard_of(total, comm.rank(), world);
-  DTRAIN_CHECK(mine.numel() == me.size(), "a shard of {} for [{}, {})", mine.numel(), me.begin,
-               me.end);
-  piece = std::max<int64_t>(1, std::min(piece, total / world + total % world + 1));
+  DTRAIN_CHECK(world == me.world && mine.numel() == me.size(), "a shard of {} for [{}, {}) of {}",
+               mine.numel(), me.begin, me.end, me.world);
+  const int64_t span = me.span;
+  piece = std::max<int64_t>(1, std::min(piece, span / world + span % world + 1));
   // On the communicator's device (`mine` may be in host memory: ZeRO-Offload).
   Tensor buf = Tensor::empty(Shape{piece}, DType::f32, &kernels::device_allocator(comm.device()));
   for (int r = 0; r < world; ++r) {
-    const ShardRange s = shard_of(total, r, world);
+    const ShardRange s = shard_of(span, r, world, me.base);
     for (int64_t lo = s.begin; lo < s.end; lo += piece) {
       const int64_t n = std::min(piece, s.end - lo);
       Tensor values = buf.view(0, Shape{n});

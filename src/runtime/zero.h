@@ -19,22 +19,32 @@ struct ShardRange {
   int64_t begin = 0, end = 0;  // this rank's elements
   int64_t block = 0;           // every rank's equal part (the last rank adds the tail)
   int world = 1;               // 1: not sharded, [0, total)
+  // The span the world divides: [base, base + span) of the layout; the whole layout
+  // unless `staged`: a pipeline stage's parameters (runtime/pipeline.h, stage_spans),
+  // the rest of the layout being the other stages' (neither stepped nor saved here).
+  int64_t base = 0, span = 0;
+  bool staged = false;
   int64_t size() const { return end - begin; }
   bool sharded() const { return world > 1; }
+  // This rank steps part of the layout only (ZeRO, a pipeline stage, or both).
+  bool ranged() const { return sharded() || staged; }
 };
 
-ShardRange shard_of(int64_t total, int rank, int world);
+// Rank `rank` of `world`'s part of [base, base + span).
+ShardRange shard_of(int64_t span, int rank, int world, int64_t base = 0);
 
-// `flat` [total] holds this rank's range correct on each rank: afterwards every rank
-// holds all of it (an all-gather of the equal blocks and a broadcast of the tail).
+// `flat` (the whole layout) holds this rank's range correct on each rank: afterwards
+// every rank holds all of mine's span (an all-gather of the equal blocks and a
+// broadcast of the tail).
 void gather_shards(dist::Communicator& comm, Tensor flat, const ShardRange& mine);
 
 // Every rank's range of an f32-layout vector of `total` elements, from its owner, in
 // pieces of at most `piece` elements: `take(lo, values)` runs on every rank for each
 // piece in layout order (`values` on this rank's device, valid during the call). For
 // ZeRO-2, whose ranks hold no whole f32 buffer to gather into. `mine`: f32 [this
-// rank's size].
-void broadcast_shards(dist::Communicator& comm, const Tensor& mine, int64_t total, int64_t piece,
+// rank's size], `me` its range (the span it divides is what travels).
+void broadcast_shards(dist::Communicator& comm, const Tensor& mine, const ShardRange& me,
+                      int64_t piece,
                       const std::function<void(int64_t lo, const Tensor& values)>& take);
 
 }  // namespace dtrain::runtime

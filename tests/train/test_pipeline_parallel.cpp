@@ -4,10 +4,12 @@
 // stage runs its backward passes in micro-batch order), so losses and the final
 // checkpoint must match bit for bit: a batch-norm ResNet in 2 and 3 stages with GPipe
 // and 1F1B, a ViT with dropout, AdamW and clipping, bf16 with fp32 masters, and a
-// pipeline x data grid against plain data parallelism. Its checkpoint resumes on one
-// rank and the other way round; 1F1B holds at most P - s micro-batches on stage s
-// where GPipe holds all of them; a weight tied across the cut (GPT-2, BERT masked-LM)
-// trains within 1e-5; refused layouts exit 2 with one message.
+// pipeline x data grid against plain data parallelism, with ZeRO-1 over its data axis
+// too. Each stage steps and saves its own span of the parameters: the checkpoint is a
+// shard per stage (and data rank under ZeRO), and resumes on one rank and the other
+// way round; 1F1B holds at most P - s micro-batches on stage s where GPipe holds all
+// of them; a weight tied across the cut (GPT-2, BERT masked-LM) trains within 1e-5;
+// refused layouts exit 2 with one message.
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -150,29 +152,89 @@ TEST_CASE("2 pipeline stages x 2 data-parallel ranks train exactly like 2 data-p
                run_job(job, tmp.path(), "dp2", 2, micro));
 }
 
-TEST_CASE("a pipeline checkpoint resumes on one rank and the other way round, bit for bit") {
+// ZeRO-1 over a pipeline's data axis: each stage's data ranks shard its span (the
+// gradient reduced into each range's owner, the stepped parameters gathered back), and a
+// weight tied across the cut is stepped by the earlier stage's owner and sent on. SGD
+// and AdamW update each element alone, so the shards compute the replicas' bits.
+TEST_CASE("ZeRO-1 over a pipeline's data axis trains exactly like its replicas, tied weights too") {
+  OneThread one;
+  TempDir tmp("pp-zero");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> micro = {"--set", "data.micro_batch=8"};  // 2 per rank
+  const fs::path dp2 = run_job(job, tmp.path(), "dp2", 2, micro);
+  for (const std::string order : {"pp_dp_tp", "dp_pp_tp"}) {
+    CAPTURE(order);
+    std::vector<std::string> grid = micro;
+    grid.insert(grid.end(), {"--set", "parallel.pipeline=2", "--set", "parallel.data=2", "--set",
+                             "parallel.zero_stage=1", "--set", "parallel.order=" + order});
+    require_same(run_job(job, tmp.path(), "zero-" + order, 4, grid), dp2);
+    const std::string log = read_bytes(tmp.path() / ("zero-" + order + ".log"));
+    CHECK(log.find("ZeRO-1") != std::string::npos);
+  }
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path gpt = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  const std::vector<std::string> grid = {"--set", "parallel.pipeline=2", "--set", "parallel.data=2",
+                                         "--set", "precision.dtype=bf16"};
+  std::vector<std::string> zero = grid;
+  zero.insert(zero.end(), {"--set", "parallel.zero_stage=1"});
+  require_same(run_job(gpt, tmp.path(), "gpt-zero", 4, zero),
+               run_job(gpt, tmp.path(), "gpt-replicas", 4, grid));
+}
+
+// A stage saves its own span (one data replica of it; under ZeRO every data rank its
+// shard of the span): a step-N directory of shards and a manifest, which any layout
+// resumes from. 2 stages against one rank; 2 stages x 2 data ranks with ZeRO-1 against
+// 2 plain data-parallel ranks (the same sums in the same order, unlike one rank
+// accumulating 4 micro-batches). 4 steps: 2 data ranks would start the 200 samples'
+// next epoch earlier than one rank at step 6.
+TEST_CASE(
+    "a pipeline checkpoint is a shard per stage and resumes on one rank and back, bit for bit") {
   OneThread one;
   TempDir tmp("pp-resume");
   const fs::path job = write_job(tmp.path(), "resnet");
   const std::vector<std::string> base = {
-      "--set", "data.micro_batch=8", "--set", "train.steps=6", "--set", "train.checkpoint.every=3"};
-  const fs::path whole = run_job(job, tmp.path(), "whole", 1, base);
-  for (const int first : {2, 1}) {
-    CAPTURE(first);
-    const int second = first == 2 ? 1 : 2;
-    const auto layout = [&](int ranks) {
-      std::vector<std::string> a = base;
-      if (ranks == 2) a.insert(a.end(), {"--set", "parallel.pipeline=2"});
-      return a;
-    };
-    const std::string name = fmt::format("from-{}", first);
-    std::vector<std::string> half = layout(first);
-    half.insert(half.end(), {"--set", "train.steps=3"});
-    const fs::path out = run_job(job, tmp.path(), name, first, half);
-    std::vector<std::string> rest = layout(second);
-    rest.insert(rest.end(), {"--resume", "latest"});
-    run_job(job, tmp.path(), name, second, rest);
-    require_same(out, whole);
+      "--set", "data.micro_batch=8", "--set", "train.steps=4", "--set", "train.checkpoint.every=2"};
+  struct Layout {
+    std::string name;
+    int ranks, shards;
+    std::vector<std::string> sets;
+    int other_ranks;  // the layout it resumes from and into: plain data parallelism
+  };
+  const std::vector<Layout> layouts = {{"pp2", 2, 2, {"--set", "parallel.pipeline=2"}, 1},
+                                       {"pp2-dp2-zero1",
+                                        4,
+                                        4,
+                                        {"--set", "parallel.pipeline=2", "--set", "parallel.data=2",
+                                         "--set", "parallel.zero_stage=1"},
+                                        2}};
+  for (const Layout& grid : layouts) {
+    const fs::path whole = run_job(job, tmp.path(), grid.name + "-other", grid.other_ranks, base);
+    for (const bool grid_first : {true, false}) {
+      CAPTURE(grid.name);
+      CAPTURE(grid_first);
+      const auto with = [&](bool on_grid) {
+        std::vector<std::string> a = base;
+        if (on_grid) a.insert(a.end(), grid.sets.begin(), grid.sets.end());
+        return a;
+      };
+      const auto ranks = [&](bool on_grid) { return on_grid ? grid.ranks : grid.other_ranks; };
+      const std::string name = fmt::format("{}-{}", grid.name, grid_first ? "first" : "second");
+      std::vector<std::string> half = with(grid_first);
+      half.insert(half.end(), {"--set", "train.steps=2"});
+      const fs::path out = run_job(job, tmp.path(), name, ranks(grid_first), half);
+      if (grid_first) {  // one shard per writer, each its range of the layout, in order
+        const fs::path step2 = newest_checkpoint(out / "checkpoints");
+        CHECK(fs::is_regular_file(step2 / "manifest.dtckpt"));
+        for (int r = 0; r < grid.shards; ++r) {
+          CHECK(fs::is_regular_file(step2 /
+                                    fmt::format("rank-{:05}-of-{:05}.dtckpt", r, grid.shards)));
+        }
+      }
+      std::vector<std::string> rest = with(!grid_first);
+      rest.insert(rest.end(), {"--resume", "latest"});
+      run_job(job, tmp.path(), name, ranks(!grid_first), rest);
+      require_same(out, whole);
+    }
   }
 }
 
@@ -267,7 +329,10 @@ TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%"
     fs::path job;
     std::string name;
     std::vector<std::string> sets;
+    int stages = 3, data = 1;
   };
+  // A stage holds the masters and optimizer state of its own span (ZeRO-1: its shard of
+  // it); the last case's bf16 masters and AdamW state are most of a stage's state.
   const std::vector<Case> cases = {
       {resnet, "resnet-gpipe", {"--set", "parallel.schedule=gpipe"}},
       {resnet, "resnet-1f1b", {"--set", "parallel.schedule=1f1b"}},
@@ -276,26 +341,33 @@ TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%"
        {"--set", "parallel.schedule=gpipe", "--set", "memory.checkpointing=block"}},
       {vit, "vit-gpipe", {"--set", "parallel.schedule=gpipe"}},
       {vit, "vit-1f1b", {"--set", "parallel.schedule=1f1b"}},
+      {vit,
+       "vit-1f1b-bf16-zero1",
+       {"--set", "parallel.schedule=1f1b", "--set", "precision.dtype=bf16", "--set",
+        "parallel.data=2", "--set", "parallel.zero_stage=1"},
+       2,
+       2},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
     std::vector<std::string> sets = c.sets;
-    sets.insert(sets.end(), {"--set", "parallel.pipeline=3"});
-    const fs::path out = run_job(c.job, tmp.path(), c.name, 3, sets);
+    sets.insert(sets.end(), {"--set", fmt::format("parallel.pipeline={}", c.stages)});
+    const int world = c.stages * c.data;
+    const fs::path out = run_job(c.job, tmp.path(), c.name, world, sets);
     const nlohmann::json est =
-        estimate_json(c.job, 3, sets, tmp.path() / (c.name + "-estimate.log"));
+        estimate_json(c.job, world, sets, tmp.path() / (c.name + "-estimate.log"));
     const nlohmann::json& stages = est.at("pipeline_stages");
-    REQUIRE(stages.size() == 3);
+    REQUIRE(stages.size() == static_cast<size_t>(c.stages));
     const bool gpipe =
         c.name.find("gpipe") != std::string::npos || c.name.find("ckpt") != std::string::npos;
     const nlohmann::json summary = summary_of(out);
-    const int micro = c.job == vit ? 4 : 8;
-    REQUIRE(summary.at("pipeline").at("per_rank").size() == 3);
+    const int micro = (c.job == vit ? 4 : 8) / c.data;
+    REQUIRE(summary.at("pipeline").at("per_rank").size() == static_cast<size_t>(world));
     for (const nlohmann::json& r : summary.at("pipeline").at("per_rank")) {
       const int s = r.at("stage");
       CAPTURE(s);
       const nlohmann::json& st = stages[static_cast<size_t>(s)];
-      CHECK(st.at("in_flight") == (gpipe ? micro : 3 - s));
+      CHECK(st.at("in_flight") == (gpipe ? micro : std::min(micro, c.stages - s)));
       const double measured = r.at("peak_host_bytes").get<double>();
       CHECK(std::abs(st.at("peak_bytes").get<double>() / measured - 1.0) <= 0.03);
     }
@@ -371,7 +443,12 @@ TEST_CASE("pipeline layouts not supported yet exit 2 on every rank with one mess
     std::string expect;
   };
   const std::vector<Case> cases = {
-      {job, {"--set", "parallel.zero_stage=1"}, "parallel.zero_stage: 1 with parallel.pipeline"},
+      {job,
+       {"--set", "parallel.zero_stage=2"},
+       "ZeRO-2 does not combine with pipeline parallelism"},
+      {job,
+       {"--set", "precision.dtype=bf16", "--set", "precision.master_weights=false"},
+       "precision.master_weights: false with parallel.pipeline"},
       {job, {"--set", "compress.method=topk"}, "compress.method: topk"},
   };
   for (const Case& c : cases) {
