@@ -208,8 +208,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // Tensor parallelism: rank 0's part (it holds the largest share of a vocabulary).
   graph::TensorParallelPlan tp_plan;
   int64_t whole_elems = 0;  // the one-rank model's fp32 layout (a tensor-parallel save's)
+  std::vector<graph::FlatEntry> whole_entries;
   if (job.parallel.tensor > 1) {
-    whole_elems = graph::FlatStore(whole_f32_layout(m.graph)).buffer_elems(DType::f32);
+    whole_entries = whole_f32_layout(m.graph);
+    whole_elems = graph::FlatStore(whole_entries).buffer_elems(DType::f32);
     tp_plan =
         graph::split_tensor_parallel(m.graph, graph::placeholder_group(0, job.parallel.tensor));
   }
@@ -404,25 +406,34 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     }
   }
   if (job.parallel.tensor > 1) {
-    // A save assembles the one-rank model's parameters and optimizer state on every
-    // tensor rank (TrainSession::save_whole), on top of the state and what the last
-    // step or evaluation left held.
+    // A save writes the one-rank model's layout by shard: each tensor rank assembles its
+    // range of its stage's span (runtime::assemble_range) in a range-sized buffer and
+    // keeps the range's parameters and optimizer state, on top of the state and what
+    // the last step or evaluation left held.
+    int64_t whole_span = whole_elems;
+    if (job.parallel.pipeline > 1) {
+      whole_span = 0;
+      for (const auto& [lo, hi] :
+           stage_spans(whole_entries, job_stages(job.parallel, g), whole_elems))
+        whole_span = std::max(whole_span, hi - lo);
+    }
+    const int64_t range = shard_of(whole_span, job.parallel.tensor - 1, job.parallel.tensor).size();
     const size_t save =
-        round(static_cast<size_t>(whole_elems) * sizeof(float)) * static_cast<size_t>(1 + states);
+        round(static_cast<size_t>(range) * sizeof(float)) * static_cast<size_t>(2 + states);
     size_t at_save = e.state_bytes + std::max(e.train.at_end, e.eval.at_end) + save;
-    // ZeRO: the shards are gathered into this rank's whole part first.
-    if (sharded)
+    // A range stepped here (ZeRO's shard, a stage's span) is widened to the whole local
+    // layout first (ZeRO's shards gathered).
+    if (sharded || job.parallel.pipeline > 1)
       at_save += round(static_cast<size_t>(layout_elems) * sizeof(float)) *
                  static_cast<size_t>(1 + states);
     if (job.device.is_cpu()) at_save += e.host_bytes;
     if (at_save > e.peak_bytes) {
       e.peak_bytes = at_save;
-      e.peak_at = "a checkpoint save (the whole model's parameters and optimizer state)";
+      e.peak_at = "a checkpoint save (this rank's range of the whole model)";
     }
     const std::string note = fmt::format(
         "parallel.tensor = {}: the figures are tensor rank 0's part of the model; a checkpoint "
-        "save assembles the whole model's parameters and optimizer state ({}) on each tensor "
-        "rank for the moment",
+        "save assembles each tensor rank's range of the whole model ({})",
         job.parallel.tensor, format_bytes(save));
     e.caveat = e.caveat.empty() ? note : e.caveat + "; " + note;
   }
@@ -456,11 +467,9 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   // each element alone) for about the same traffic, ZeRO-2 too with one micro-batch
   // per rank (within rounding with more); the stage that was tried last stays in every
   // later candidate.
-  // The stages the trainer takes: ZeRO-1 in a pipeline (without tensor parallelism),
-  // up to ZeRO-2 with tensor parallelism.
-  const int zero_max = job.parallel.pipeline > 1 ? (job.parallel.tensor > 1 ? 0 : 1)
-                       : job.parallel.tensor > 1 ? 2
-                                                 : 3;
+  // The stages the trainer takes: ZeRO-1 in a pipeline, up to ZeRO-2 with tensor
+  // parallelism.
+  const int zero_max = job.parallel.pipeline > 1 ? 1 : job.parallel.tensor > 1 ? 2 : 3;
   const bool half_ok =
       compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights;
   const bool can_zero =

@@ -41,10 +41,12 @@ std::vector<graph::FlatEntry> whole_f32_layout(const graph::Graph& g) {
 namespace {
 
 // Calls fn(local element, whole element) over every element of a split entry's part,
-// or of a replicated entry when `replicated`.
+// or of a replicated entry when `replicated`; only entries whose whole tensor meets the
+// whole layout's [lo, hi) (fn checks its own elements).
 template <typename Fn>
 void for_each_pair(const std::vector<graph::FlatEntry>& local_layout,
-                   const std::vector<graph::FlatEntry>& whole_layout, bool replicated, Fn&& fn) {
+                   const std::vector<graph::FlatEntry>& whole_layout, bool replicated, Fn&& fn,
+                   int64_t lo = 0, int64_t hi = std::numeric_limits<int64_t>::max()) {
   DTRAIN_CHECK(local_layout.size() == whole_layout.size(), "{} split entries for {} whole ones",
                local_layout.size(), whole_layout.size());
   for (size_t i = 0; i < local_layout.size(); ++i) {
@@ -52,6 +54,7 @@ void for_each_pair(const std::vector<graph::FlatEntry>& local_layout,
     const graph::FlatEntry& w = whole_layout[i];
     DTRAIN_CHECK(l.name == w.name, "entry {}: {} vs {}", i, l.name, w.name);
     if (!l.spec.split.split() && !replicated) continue;
+    if (w.offset >= hi || w.offset + w.spec.shape.numel() <= lo) continue;
     const int64_t n = l.spec.shape.numel();
     for (int64_t j = 0; j < n; ++j)
       fn(l.offset + j, w.offset + static_cast<int64_t>(graph::whole_index(l.spec, j)));
@@ -70,6 +73,56 @@ void add_local_to_whole(const Tensor& local, const std::vector<graph::FlatEntry>
   float* d = whole.data<float>();
   for_each_pair(local_layout, whole_layout, replicated,
                 [&](int64_t lo, int64_t wo) { d[wo] += s[lo]; });
+}
+
+void add_local_to_whole_range(const Tensor& local,
+                              const std::vector<graph::FlatEntry>& local_layout,
+                              const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
+                              int64_t lo, Tensor& out) {
+  const Tensor src = kernels::to_host(local);
+  DTRAIN_CHECK(src.dtype() == DType::f32 && out.dtype() == DType::f32 && out.device().is_cpu(),
+               "add_local_to_whole_range: f32 buffers, the range on the host");
+  const float* s = src.data<float>();
+  float* d = out.data<float>();
+  const int64_t hi = lo + out.numel();
+  for_each_pair(
+      local_layout, whole_layout, replicated,
+      [&](int64_t l, int64_t w) {
+        if (w >= lo && w < hi) d[w - lo] += s[l];
+      },
+      lo, hi);
+}
+
+WholeRange assemble_range(dist::Communicator& tensor, const std::vector<Tensor>& state,
+                          const std::vector<graph::FlatEntry>& local_layout,
+                          const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
+                          const OptimizerOptions& options,
+                          const std::vector<optim::ParamSegment>& segments, int64_t step,
+                          int64_t base, int64_t span) {
+  WholeRange mine;
+  mine.range = shard_of(span, tensor.rank(), tensor.size(), base);
+  const auto assemble = [&](const Tensor& local, Tensor& out) {
+    Tensor piece = Tensor::empty(Shape{mine.range.block + span % tensor.size()}, DType::f32);
+    for (int r = 0; r < tensor.size(); ++r) {  // each owner's range in turn
+      const ShardRange owner = shard_of(span, r, tensor.size(), base);
+      Tensor part = piece.view(0, Shape{owner.size()});
+      kernels::fill(part, 0.0f);
+      add_local_to_whole_range(local, local_layout, whole_layout, replicated, owner.begin, part);
+      tensor.reduce(part, r);
+      if (r == tensor.rank()) kernels::copy(part, out);
+    }
+  };
+  mine.params = Tensor::empty(Shape{mine.range.size()}, DType::f32);
+  assemble(state[0], mine.params);
+  mine.opt = optim::make_optimizer(options,
+                                   optim::shard_segments(segments, mine.range.begin, mine.range.end,
+                                                         optim::SegmentSplit::allowed),
+                                   mine.range.size(), Device::cpu());
+  optim::OptimizerState st = mine.opt->state();
+  for (size_t b = 0; b < st.buffers.size(); ++b) assemble(state[2 + b], st.buffers[b].second);
+  st.step = step;
+  mine.opt->load_state(st);
+  return mine;
 }
 
 void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
@@ -91,25 +144,6 @@ WholeModel make_whole_model(const std::vector<graph::FlatEntry>& whole_layout,
   m.params.allocate();
   m.opt = optim::make_optimizer(options, std::move(segments), m.params.buffer_elems(DType::f32),
                                 Device::cpu());
-  return m;
-}
-
-WholeModel assemble_whole(dist::Communicator& tensor, const std::vector<Tensor>& state,
-                          const std::vector<graph::FlatEntry>& local_layout,
-                          const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
-                          const OptimizerOptions& options,
-                          std::vector<optim::ParamSegment> segments, int64_t step) {
-  WholeModel m = make_whole_model(whole_layout, options, std::move(segments));
-  const auto assemble = [&](const Tensor& local, Tensor whole) {
-    kernels::fill(whole, 0.0f);
-    add_local_to_whole(local, local_layout, whole_layout, replicated, whole);
-    tensor.all_reduce(whole);
-  };
-  assemble(state[0], m.params.flat(DType::f32));
-  optim::OptimizerState whole = m.opt->state();
-  for (size_t b = 0; b < whole.buffers.size(); ++b) assemble(state[2 + b], whole.buffers[b].second);
-  whole.step = step;
-  m.opt->load_state(whole);
   return m;
 }
 

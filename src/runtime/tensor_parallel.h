@@ -13,6 +13,7 @@
 #include "graph/params.h"
 #include "graph/tensor_parallel.h"
 #include "optim/optimizer.h"
+#include "runtime/zero.h"
 
 namespace dtrain::runtime {
 
@@ -43,12 +44,17 @@ std::vector<graph::FlatEntry> whole_f32_layout(const graph::Graph& g);
 void add_local_to_whole(const Tensor& local, const std::vector<graph::FlatEntry>& local_layout,
                         const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
                         Tensor& whole);
+// The same into `out`, the whole layout's range [lo, lo + out.numel()) (f32, host).
+void add_local_to_whole_range(const Tensor& local,
+                              const std::vector<graph::FlatEntry>& local_layout,
+                              const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
+                              int64_t lo, Tensor& out);
 // This rank's parts of `whole` into `local` (the reverse; padding untouched).
 void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
                     const std::vector<graph::FlatEntry>& local_layout, Tensor& local);
 
 // The one-rank model's fp32 parameters and optimizer, on the host: what a
-// tensor-parallel checkpoint holds (runtime/train_state.h writes and reads it).
+// tensor-parallel resume reads a checkpoint into (runtime/train_state.h).
 struct WholeModel {
   graph::FlatStore params;  // allocated, zeros
   std::unique_ptr<optim::Optimizer> opt;
@@ -56,15 +62,23 @@ struct WholeModel {
 WholeModel make_whole_model(const std::vector<graph::FlatEntry>& whole_layout,
                             const OptimizerOptions& options,
                             std::vector<optim::ParamSegment> segments);
-// Collective over `tensor`: the whole model from every tensor rank's parts. `state`:
-// this rank's full parameters, then any entry (skipped), then its optimizer buffers in
-// the optimizer's order, f32 in `local_layout`; `replicated`: this rank adds the
-// replicated entries (one rank of the group). `step`: the optimizer's step count.
-WholeModel assemble_whole(dist::Communicator& tensor, const std::vector<Tensor>& state,
+// Collective over `tensor` (a checkpoint save written by shard): the whole layout's span
+// [base, base + span) split among the tensor ranks (runtime/zero.h's shard_of), each
+// range assembled on its owner from every tensor rank's parts of `state` (as
+// assemble_whole's, one owner after another: a range-sized buffer, never the whole
+// model). This rank gets its range's parameters and an optimizer for the range holding
+// that range of the state (`segments`: the whole layout's; `step`: its step count).
+struct WholeRange {
+  ShardRange range;
+  Tensor params;  // f32 [range.size()], host
+  std::unique_ptr<optim::Optimizer> opt;
+};
+WholeRange assemble_range(dist::Communicator& tensor, const std::vector<Tensor>& state,
                           const std::vector<graph::FlatEntry>& local_layout,
                           const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
                           const OptimizerOptions& options,
-                          std::vector<optim::ParamSegment> segments, int64_t step);
+                          const std::vector<optim::ParamSegment>& segments, int64_t step,
+                          int64_t base, int64_t span);
 
 // Sum of squares of `grads` (f32 flat, `layout`) over the split entries, and over the
 // replicated ones too when `replicated` is set: summed over the tensor group (with

@@ -113,12 +113,10 @@ void require_supported(const Job& job, int world) {
   if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.tensor > 1 is not supported yet", key, value),
-                  "tensor-parallel ranks run with zero_stage 0-2 (0 in a pipeline), no "
+                  "tensor-parallel ranks run with zero_stage 0-2 (0-1 in a pipeline), no "
                   "compression and SGD or AdamW, on the CPU; drop the key or parallel.tensor");
     };
     if (p.zero_stage > 2) later("parallel.zero_stage", std::to_string(p.zero_stage));
-    if (p.zero_stage > 0 && p.pipeline > 1)
-      later("parallel.zero_stage", std::to_string(p.zero_stage) + " with parallel.pipeline > 1");
     if (job.compress.method != CompressMethod::none)
       later("compress.method", std::string(to_string(job.compress.method)));
     if (job.device.is_cuda()) later("device", job.device.str());
@@ -276,14 +274,15 @@ class TrainSession {
   dist::GridCoord coord_;                    // this rank's place in the grid
   std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
   std::unique_ptr<TiedWeights> tied_;        // weights tied across stages (pipeline)
-  // A pipeline's checkpoint writers, in span order (stage, then data rank): every ZeRO
-  // rank, or each stage's first data replica (the others hold a group they never use).
+  // A grid's checkpoint writers, in the order of their ranges (stage, data rank, tensor
+  // rank): every ZeRO rank of a pipeline, else data rank 0's (the others hold a group
+  // they never use).
   std::unique_ptr<dist::Communicator> save_comm_;
   std::shared_ptr<CommTensorGroup> tp_group_;   // parallel.tensor > 1: the split ops' group
   graph::TensorParallelPlan tp_plan_;           // what the pass split on this rank
   std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
   bool tensor_split() const { return tp_group_ != nullptr; }
-  void save_whole(std::vector<Tensor>& state);
+  graph::FlatStore stage_buffers();
   void save_tensor_parts(std::vector<Tensor>& state);
   Tensor whole_of(const Tensor& range) const;
   void save_by_shard();
@@ -636,6 +635,12 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     grid_ = std::make_unique<dist::ProcessGrid>(comm_, dist::degrees_of(job_.parallel));
     grad_comm_ = &grid_->group(dist::Axis::data);
   }
+  if (grid_) {  // the checkpoint writers, in the order of their ranges (collective)
+    const bool writes = (weights_->shard().sharded() && !tensor_split()) || coord_.dp == 0;
+    const int key = (coord_.pp * job_.parallel.data + coord_.dp) * job_.parallel.tensor + coord_.tp;
+    save_comm_ = comm_.split(writes ? 0 : 1, key);
+    if (watchdog != nullptr) watchdog->add(*save_comm_);
+  }
   if (tensor_split()) {
     dist::Communicator& tensor = grid_->group(dist::Axis::tensor);
     if (watchdog != nullptr) watchdog->add(tensor);
@@ -663,11 +668,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     });
     tied_->connect(pipe);  // collective over the pipeline group
     if (watchdog != nullptr && tied_->comm() != nullptr) watchdog->add(*tied_->comm());
-    if (!tensor_split()) {  // collective over every rank
-      const bool writes = weights_->shard().sharded() || coord_.dp == 0;
-      save_comm_ = comm_.split(writes ? 0 : 1, coord_.pp * job_.parallel.data + coord_.dp);
-      if (watchdog != nullptr) watchdog->add(*save_comm_);
-    }
+
     // Parameters of other stages get no gradient here: zeros, once (never summed, stepped
     // or saved here: this stage's range is its span, runtime/pipeline.h).
     Tensor all = ex_->grads().flat(DType::f32);
@@ -1199,7 +1200,7 @@ void TrainSession::log_eval(const EvalResult& r) {
 // the stage's shard) writes that range by shard (runtime/train_state.h: a step-N
 // directory): every ZeRO rank, or one data replica of each stage; data replicas prove
 // they agree first (a stage's all of it, ZeRO's the buffers). Tensor parallelism writes
-// the one-rank model (save_tensor_parts).
+// the one-rank model's layout by shard too (save_tensor_parts).
 void TrainSession::save_checkpoint() {
   const ShardRange& sh = weights_->shard();
   if (sh.ranged() && !tensor_split()) {
@@ -1216,12 +1217,6 @@ void TrainSession::save_checkpoint() {
   if (!sh.sharded()) {
     check_replicas(tensor_split() || pipeline_ ? *grad_comm_ : comm_, state,
                    "parameters, buffers and optimizer state");
-  }
-  if (pipeline_ && coord_.dp == 0) {  // stage 0 then holds the whole state
-    std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>> flats = {
-        {state[0], &weights_->layout()}, {state[1], &ex_->buffers().entries()}};
-    for (size_t k = 2; k < state.size(); ++k) flats.emplace_back(state[k], &weights_->layout());
-    gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_, flats);
   }
   if (tensor_split()) {
     save_tensor_parts(state);
@@ -1250,17 +1245,8 @@ void TrainSession::save_by_shard() {
   check_replicas(data, replicated,
                  sh.sharded() ? "buffers" : "parameters, buffers and optimizer state");
   if (!sh.sharded() && coord_.dp != 0) return;
-  graph::FlatStore buffers(ex_->buffers().entries());  // every stage's, on stage 0
-  if (pipeline_) {
-    buffers.allocate(ex_->buffers().device());
-    Tensor all = buffers.flat(DType::f32);
-    if (all.defined()) {
-      kernels::copy(ex_->buffers().flat(DType::f32), all);
-      if (coord_.dp == 0)
-        gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_,
-                              {{all, &buffers.entries()}});
-    }
-  }
+  graph::FlatStore buffers;
+  if (pipeline_) buffers = stage_buffers();
   ShardedSave save;
   save.comm = save_comm_ ? save_comm_.get() : &comm_;
   save.begin = sh.begin;
@@ -1276,6 +1262,21 @@ void TrainSession::save_by_shard() {
   if (compression_) save.extra = compression_->state(comm_, true);
   save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
   if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+}
+
+// A copy of the buffers with every stage's own on stage 0 (collective over the
+// pipeline group, the ranks of data rank 0 only): what the save's rank 0 writes.
+graph::FlatStore TrainSession::stage_buffers() {
+  graph::FlatStore buffers(ex_->buffers().entries());
+  buffers.allocate(ex_->buffers().device());
+  Tensor all = buffers.flat(DType::f32);
+  if (all.defined()) {
+    kernels::copy(ex_->buffers().flat(DType::f32), all);
+    if (coord_.dp == 0)
+      gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_,
+                            {{all, &buffers.entries()}});
+  }
+  return buffers;
 }
 
 // The whole layout (f32, host) from the range this rank steps: zeros elsewhere, and
@@ -1298,8 +1299,12 @@ Tensor TrainSession::whole_of(const Tensor& range) const {
 }
 
 // Tensor parallelism: the replicated parameters and their optimizer state checked the
-// same bits on every tensor rank (each computes them whole), then the one-rank model
-// written (save_whole). state: this rank's full parameters, buffers, optimizer buffers.
+// same bits on every tensor rank (each computes them whole), then the one-rank model's
+// layout written by shard: each stage's span of it (the whole model without a
+// pipeline) divided among its tensor ranks, each range assembled on its owner from
+// every tensor rank's parts (assemble_range; exact: every element comes from one rank)
+// and written by it, on data rank 0. Any layout resumes it (resume_whole).
+// state: this rank's full parameters, buffers, optimizer buffers (local layout).
 void TrainSession::save_tensor_parts(std::vector<Tensor>& state) {
   std::vector<Tensor> replicated;
   for (size_t k = 0; k < state.size(); ++k) {
@@ -1311,22 +1316,33 @@ void TrainSession::save_tensor_parts(std::vector<Tensor>& state) {
   }
   check_replicas(grid_->group(dist::Axis::tensor), replicated,
                  "replicated parameters and their optimizer state");
-  if (coord_.dp == 0 && coord_.pp == 0) save_whole(state);
-  if (!weights_->shard().sharded()) weights_->release_state();
-}
-
-// Tensor parallelism: the checkpoint is the one-rank model's (any layout resumes it).
-// Each tensor rank adds its parts into zeroed whole tensors (replicated ones from rank
-// 0 only) and one sum over the tensor group assembles them, exactly; the leader writes.
-// state: this rank's parameters, buffers and optimizer buffers (save_checkpoint's).
-void TrainSession::save_whole(std::vector<Tensor>& state) {
-  WholeModel whole = assemble_whole(
-      grid_->group(dist::Axis::tensor), state, weights_->layout(), whole_layout_, coord_.tp == 0,
-      job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay), opt_->step_count());
-  if (!leader()) return;
-  save_train_state(checkpoint_path(ckpt_dir_, counters_.step), whole.params, ex_->buffers(),
-                   *whole.opt, counters_, {});
-  prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+  if (coord_.dp == 0) {
+    const int64_t total = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
+    std::pair<int64_t, int64_t> span{0, total};
+    if (pipeline_)
+      span = stage_spans(whole_layout_, stages_, total)[static_cast<size_t>(coord_.pp)];
+    const WholeRange mine = assemble_range(
+        grid_->group(dist::Axis::tensor), state, weights_->layout(), whole_layout_, coord_.tp == 0,
+        job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay), opt_->step_count(),
+        span.first, span.second - span.first);
+    graph::FlatStore buffers;
+    if (pipeline_) buffers = stage_buffers();
+    ShardedSave save;
+    save.comm = save_comm_.get();
+    save.begin = mine.range.begin;
+    save.end = mine.range.end;
+    save.params = mine.params;
+    save.layout = &whole_layout_;
+    save.total = total;
+    save.buffers = pipeline_ ? &buffers : &ex_->buffers();
+    save.opt = mine.opt.get();
+    save.zero_stage = job_.parallel.zero_stage;
+    save.precision = std::string(to_string(job_.precision.dtype));
+    save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
+    save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
+    if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+  }
+  if (!weights_->shard().ranged()) weights_->release_state();
 }
 
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {

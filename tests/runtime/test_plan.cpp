@@ -57,12 +57,9 @@ TEST_CASE("dtrain plan: every runnable layout of the world, its arithmetic and i
     CHECK(l.step == doctest::Approx(l.compute + l.tensor_comm + l.data_comm + l.pipeline_comm));
     CHECK(l.bubble ==
           doctest::Approx(l.compute * (l.pipeline - 1) / (l.micro_batches + l.pipeline - 1)));
-    // What train runs: ZeRO over data ranks, up to 1 in a pipeline (without tensor
-    // parallelism), up to 2 with tensor parallelism.
-    const int zero_max = l.data == 1      ? 0
-                         : l.pipeline > 1 ? (l.tensor > 1 ? 0 : 1)
-                         : l.tensor > 1   ? 2
-                                          : 3;
+    // What train runs: ZeRO over data ranks, up to 1 in a pipeline, up to 2 with
+    // tensor parallelism.
+    const int zero_max = l.data == 1 ? 0 : l.pipeline > 1 ? 1 : l.tensor > 1 ? 2 : 3;
     CHECK(l.zero_stage <= zero_max);
     CHECK((l.tensor > 1) == (l.comm.tensor > 0));
     CHECK((l.pipeline > 1) == (l.comm.pipeline > 0));

@@ -96,7 +96,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("data x tensor with accumulation and ZeRO-1/2, and the 2 x 2 x 2 grid") {
+TEST_CASE("data x tensor with accumulation and ZeRO-1/2, and the 2 x 2 x 2 grid with ZeRO-1 too") {
   OneThread one;
   TempDir tmp("tp-grid");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
@@ -117,39 +117,46 @@ TEST_CASE("data x tensor with accumulation and ZeRO-1/2, and the 2 x 2 x 2 grid"
   const std::string log = read_bytes(tmp.path() / "pp2-dp2-tp2.log");
   CHECK(log.find("pipeline: 2 stages") != std::string::npos);
   CHECK(log.find("tensor parallel: 2 ranks") != std::string::npos);
-  // The other rank numbering (a replica's stages neighbours): the same numbers.
-  grid.insert(grid.end(), {"--set", "parallel.order=dp_pp_tp"});
-  require_close(run_job(job, tmp.path(), "dp2-pp2-tp2", 8, grid), whole);
+  // The other rank numbering (a replica's stages neighbours), with ZeRO-1 over the data
+  // axis (each tensor rank's stage span sharded over its data group): the same numbers.
+  grid.insert(grid.end(), {"--set", "parallel.order=dp_pp_tp", "--set", "parallel.zero_stage=1"});
+  require_close(run_job(job, tmp.path(), "dp2-pp2-tp2-zero1", 8, grid), whole);
 }
 
 TEST_CASE(
-    "a tensor-parallel checkpoint resumes on one rank, and one rank's on tensor 2, "
-    "ZeRO over the data axis and the 2 x 2 x 2 grid included") {
+    "a tensor-parallel checkpoint is written by shard and resumes on one rank, and one rank's "
+    "on tensor 2, ZeRO over the data axis and the 2 x 2 x 2 grid with ZeRO-1 included") {
   OneThread one;
   TempDir tmp("tp-resume");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
   const std::vector<std::string> base = {
       "--set", "train.steps=8", "--set", "train.checkpoint.every=4", "--set", "data.micro_batch=2"};
   const fs::path whole = run_job(job, tmp.path(), "whole", 1, base);
+  // shards: the checkpoint's writers, data rank 0's tensor ranks of each stage, each its
+  // range of the one-rank model's layout (0: a single file).
   struct Layout {
     std::string name;
     int ranks;
     std::vector<std::string> sets;
+    int shards;
   };
-  const Layout one_rank{"one", 1, {}};
-  const Layout tp2{"tp2", 2, {"--set", "parallel.tensor=2"}};
+  const Layout one_rank{"one", 1, {}, 0};
+  const Layout tp2{"tp2", 2, {"--set", "parallel.tensor=2"}, 2};
   const Layout zero1{
       "dp2-tp2-zero1",
       4,
-      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=1"}};
+      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=1"},
+      2};
   const Layout zero2{
       "dp2-tp2-zero2",
       4,
-      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=2"}};
-  const Layout grid{
-      "pp2-dp2-tp2",
-      8,
-      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.pipeline=2"}};
+      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=2"},
+      2};
+  const Layout grid{"pp2-dp2-tp2-zero1",
+                    8,
+                    {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set",
+                     "parallel.pipeline=2", "--set", "parallel.zero_stage=1"},
+                    4};
   for (const auto& [first, second] : std::vector<std::pair<Layout, Layout>>{{tp2, one_rank},
                                                                             {one_rank, tp2},
                                                                             {zero2, one_rank},
@@ -163,6 +170,11 @@ TEST_CASE(
     half.insert(half.end(), first.sets.begin(), first.sets.end());
     half.insert(half.end(), {"--set", "train.steps=4"});
     const fs::path out = run_job(job, tmp.path(), name, first.ranks, half);
+    const fs::path step4 = newest_checkpoint(out / "checkpoints");
+    CHECK(fs::is_directory(step4) == (first.shards > 0));
+    for (int r = 0; r < first.shards; ++r)
+      CHECK(
+          fs::is_regular_file(step4 / fmt::format("rank-{:05}-of-{:05}.dtckpt", r, first.shards)));
     std::vector<std::string> rest = base;
     rest.insert(rest.end(), second.sets.begin(), second.sets.end());
     rest.insert(rest.end(), {"--resume", "latest"});
