@@ -1,10 +1,13 @@
 // CPU max / average pooling over NCHW planes and global average pooling. One
 // thread per (n, c) plane. Backward is a gather (each input element sums the
 // windows that contain it, in (oh, ow) order), so it needs no scratch, writes
-// each dx once and rounds half outputs once. Computes in f32; no workspace.
+// each dx once and rounds half outputs once; f32 max pooling scatters instead, to
+// the same bits. Computes in f32; no workspace.
 #include "kernels/pooling.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
@@ -52,8 +55,28 @@ void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t
         cpu_io::store(y, o, sum * inv_divisor(a, win));
         continue;
       }
+      // Branch-free first: the comparisons of data after a ReLU (many ties at zero) are
+      // unpredictable, and a mispredicted branch per element cost more than the loads.
+      // A NaN in the window (v != v) sends it to the exact rules below.
       float best = -INFINITY;
       int64_t best_i = win.h0 * a.w + win.w0;
+      bool nan = false;
+      for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+        for (int64_t iw = win.w0; iw < win.w1; ++iw) {
+          const float v = cpu_io::load(x, ih * a.w + iw);
+          nan |= v != v;
+          const bool greater = v > best;  // strictly: the first maximum wins
+          best_i = greater ? ih * a.w + iw : best_i;
+          best = greater ? v : best;
+        }
+      }
+      if (!nan) {
+        cpu_io::store(y, o, best);
+        argmax[o] = static_cast<int32_t>(best_i);
+        continue;
+      }
+      best = -INFINITY;
+      best_i = win.h0 * a.w + win.w0;
       for (int64_t ih = win.h0; ih < win.h1 && !std::isnan(best); ++ih) {
         for (int64_t iw = win.w0; iw < win.w1; ++iw) {
           const float v = cpu_io::load(x, ih * a.w + iw);
@@ -73,6 +96,17 @@ void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t
 template <typename T>
 void backward_plane(PoolKind kind, const Pool2dArgs& a, const T* dy, const int32_t* argmax, T* dx) {
   const int64_t oh_n = a.out_h(), ow_n = a.out_w();
+  if constexpr (std::is_same_v<T, float>) {
+    if (kind == PoolKind::max) {
+      // f32 max: each output's gradient into its argmax, in output order. Every input
+      // element then sums the same values in the same order as the gather below
+      // (from 0, over its windows in (oh, ow) order): the same bits, with one visit per
+      // output instead of one per window an input sits in.
+      std::fill(dx, dx + a.h * a.w, 0.0f);
+      for (int64_t o = 0; o < oh_n * ow_n; ++o) dx[argmax[o]] += dy[o];
+      return;
+    }
+  }
   for (int64_t ih = 0; ih < a.h; ++ih) {
     int64_t oh0, oh1;
     covering(ih, a.pad_h, a.kernel_h, a.stride_h, oh_n, oh0, oh1);
