@@ -982,10 +982,16 @@ void TrainSession::pipeline_passes(StepTotals& local) {
       local.labelled += n;
     }
     if (m + 1 == micro_batches_) return;
-    if (m == 0) {
-      kernels::scale(1.0f, grads, grad_acc_);
-    } else {
-      kernels::axpy(1.0f, grads, grad_acc_);
+    // Only this stage's gradients change (its buckets: its parameters and a tied copy);
+    // the rest of the layout is the other stages' and never summed here.
+    for (const dist::Bucket& b : sync_->buckets()) {
+      const Tensor g = grads.view(b.begin, Shape{b.end - b.begin});
+      Tensor acc = grad_acc_.view(b.begin, Shape{b.end - b.begin});
+      if (m == 0) {
+        kernels::scale(1.0f, g, acc);
+      } else {
+        kernels::axpy(1.0f, g, acc);
+      }
     }
   };
   pipeline_->train_step(static_cast<uint64_t>(counters_.step), model_.loss, hooks);
