@@ -125,6 +125,23 @@ WholeRange assemble_range(dist::Communicator& tensor, const std::vector<Tensor>&
   return mine;
 }
 
+void whole_range_to_local(const Tensor& piece, int64_t lo,
+                          const std::vector<graph::FlatEntry>& whole_layout,
+                          const std::vector<graph::FlatEntry>& local_layout, Tensor& local) {
+  const Tensor src = kernels::to_host(piece);
+  DTRAIN_CHECK(src.dtype() == DType::f32 && local.dtype() == DType::f32 && local.device().is_cpu(),
+               "whole_range_to_local: f32 buffers, the local one on the host");
+  const float* s = src.data<float>();
+  float* d = local.data<float>();
+  const int64_t hi = lo + src.numel();
+  for_each_pair(
+      local_layout, whole_layout, true,
+      [&](int64_t l, int64_t w) {
+        if (w >= lo && w < hi) d[l] = s[w - lo];
+      },
+      lo, hi);
+}
+
 void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
                     const std::vector<graph::FlatEntry>& local_layout, Tensor& local) {
   DTRAIN_CHECK(
@@ -135,16 +152,6 @@ void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& wh
   float* d = dst.data<float>();
   for_each_pair(local_layout, whole_layout, true, [&](int64_t lo, int64_t wo) { d[lo] = s[wo]; });
   if (!local.device().is_cpu()) kernels::copy(dst, local);
-}
-
-WholeModel make_whole_model(const std::vector<graph::FlatEntry>& whole_layout,
-                            const OptimizerOptions& options,
-                            std::vector<optim::ParamSegment> segments) {
-  WholeModel m{graph::FlatStore(whole_layout), nullptr};
-  m.params.allocate();
-  m.opt = optim::make_optimizer(options, std::move(segments), m.params.buffer_elems(DType::f32),
-                                Device::cpu());
-  return m;
 }
 
 double tensor_sum_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,

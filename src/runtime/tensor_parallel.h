@@ -49,19 +49,15 @@ void add_local_to_whole_range(const Tensor& local,
                               const std::vector<graph::FlatEntry>& local_layout,
                               const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
                               int64_t lo, Tensor& out);
+// This rank's parts of the whole layout's range [lo, lo + piece.numel()) into `local`
+// (f32, host, in `local_layout`; elements outside the range untouched).
+void whole_range_to_local(const Tensor& piece, int64_t lo,
+                          const std::vector<graph::FlatEntry>& whole_layout,
+                          const std::vector<graph::FlatEntry>& local_layout, Tensor& local);
 // This rank's parts of `whole` into `local` (the reverse; padding untouched).
 void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
                     const std::vector<graph::FlatEntry>& local_layout, Tensor& local);
 
-// The one-rank model's fp32 parameters and optimizer, on the host: what a
-// tensor-parallel resume reads a checkpoint into (runtime/train_state.h).
-struct WholeModel {
-  graph::FlatStore params;  // allocated, zeros
-  std::unique_ptr<optim::Optimizer> opt;
-};
-WholeModel make_whole_model(const std::vector<graph::FlatEntry>& whole_layout,
-                            const OptimizerOptions& options,
-                            std::vector<optim::ParamSegment> segments);
 // Collective over `tensor` (a checkpoint save written by shard): the whole layout's span
 // [base, base + span) split among the tensor ranks (runtime/zero.h's shard_of), each
 // range assembled on its owner from every tensor rank's parts of `state` (as

@@ -386,8 +386,8 @@ void check_optimizer(const Checkpoint& ck, const optim::Optimizer& opt) {
 TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) {
   optim::Optimizer& opt = *l.opt;
   const optim::OptimizerState live = opt.state();  // views of the live [begin, end) buffers
-  DTRAIN_CHECK(opt.total_elems() == l.end - l.begin, "an optimizer of {} elements for [{}, {})",
-               opt.total_elems(), l.begin, l.end);
+  DTRAIN_CHECK(l.state || opt.total_elems() == l.end - l.begin,
+               "an optimizer of {} elements for [{}, {})", opt.total_elems(), l.begin, l.end);
   const graph::FlatStore layout(*l.layout);
   const int64_t total = layout.buffer_elems(DType::f32);
   // The buffers of a checkpoint (rank 0's shard, or the file) checked against ours.
@@ -408,6 +408,10 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
   auto load_state_piece = [&](const Checkpoint& ck, int64_t lo) {
     for (const auto& [name, t] : live.buffers) {
       const Tensor& blob = ck.get("optim." + name);
+      if (l.state) {
+        l.state(name, lo, blob);
+        continue;
+      }
       const int64_t a = std::max(lo, l.begin), b = std::min(lo + blob.numel(), l.end);
       if (a >= b) continue;
       copy_into(blob.view(a - lo, Shape{b - a}), t.view(a - l.begin, Shape{b - a}));

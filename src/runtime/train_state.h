@@ -85,6 +85,11 @@ struct RangeLoad {
   // of rank 0's it lacks, none when written by another world size.
   int rank = 0, world = 1;
   std::function<void(const std::vector<const NamedTensor*>& extra)> extra;
+  // Set: every piece of every optimizer state buffer goes here instead, in layout order
+  // (`buffer` its name, lo its first element; f32, host), and `opt` (any range: its
+  // options and buffer names are checked) receives the step only. Tensor parallelism
+  // maps the one-rank model's pieces onto its parts this way, without holding it whole.
+  std::function<void(const std::string& buffer, int64_t lo, const Tensor& piece)> state;
 };
 TrainCounters load_train_state_ranges(const std::filesystem::path& path, const RangeLoad& load);
 

@@ -542,40 +542,41 @@ void TrainSession::note(const std::string& line) {
   if (rank_log_) rank_log_->write(line);
 }
 
-// Tensor parallelism: the checkpoint holds the one-rank model; every rank reads it
-// whole and keeps its parts.
+// Tensor parallelism: the checkpoint holds the one-rank model's layout; every rank
+// streams it piece by piece (parameters and each optimizer state buffer) and keeps its
+// parts, holding its own local layout only, never the whole model.
 TrainCounters TrainSession::resume_whole(const fs::path& file) {
-  WholeModel whole = make_whole_model(whole_layout_, job_.optimizer,
-                                      segments_of(whole_layout_, job_.optimizer.no_decay));
-  Tensor flat = whole.params.flat(DType::f32);
+  const int64_t elems = ex_->grads().buffer_elems(DType::f32);
+  const auto local = [elems] {
+    Tensor t = Tensor::empty(Shape{elems}, DType::f32);
+    kernels::fill(t, 0.0f);
+    return t;
+  };
+  Tensor params = local();
+  std::map<std::string, Tensor> state;  // each optimizer buffer in the local layout
+  for (const auto& [name, t] : opt_->state().buffers) state.emplace(name, local());
   RangeLoad load;
   load.layout = &whole_layout_;
   load.begin = 0;
-  load.end = flat.numel();
+  load.end = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
   load.params = [&](int64_t lo, const Tensor& piece) {
-    Tensor dst = flat.view(lo, Shape{piece.numel()});
-    kernels::copy(piece, dst);
+    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), params);
+  };
+  load.state = [&](const std::string& name, int64_t lo, const Tensor& piece) {
+    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), state.at(name));
   };
   load.buffers = &ex_->buffers();
-  load.opt = whole.opt.get();
+  load.opt = opt_.get();  // its options are checked; it takes the step
   const TrainCounters counters = load_train_state_ranges(file, load);
-  const int64_t elems = ex_->grads().buffer_elems(DType::f32);
-  Tensor part = Tensor::empty(Shape{elems}, DType::f32);
-  kernels::fill(part, 0.0f);
-  whole_to_local(flat, whole_layout_, weights_->layout(), part);
-  weights_->load_piece(0, part);
+  weights_->load_piece(0, params);
   // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
   // local layout.
   optim::OptimizerState mine = opt_->state();
-  const optim::OptimizerState saved = whole.opt->state();
   const ShardRange& sh = weights_->shard();
-  for (size_t b = 0; b < mine.buffers.size(); ++b) {
-    kernels::fill(part, 0.0f);
-    whole_to_local(saved.buffers[b].second, whole_layout_, weights_->layout(), part);
-    kernels::copy(sh.ranged() ? part.view(sh.begin, Shape{sh.size()}) : part,
-                  mine.buffers[b].second);
+  for (auto& [name, t] : mine.buffers) {
+    const Tensor& all = state.at(name);
+    kernels::copy(sh.ranged() ? all.view(sh.begin, Shape{sh.size()}) : all, t);
   }
-  mine.step = whole.opt->step_count();
   opt_->load_state(mine);
   return counters;
 }
