@@ -5,6 +5,7 @@
 #include "kernels/batchnorm.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/parallel.h"
 #include "kernels/cpu/float_io.h"
@@ -40,6 +41,11 @@ float chunk_sum(const float* x, int64_t len) {
 // y[0:n] = x * scale + shift, through f32 chunks.
 template <typename T>
 void affine_row(const T* x, T* y, int64_t n, float scale, float shift) {
+  if constexpr (std::is_same_v<T, float>) {  // straight through: no staging
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale + shift;
+    return;
+  }
   for_chunks(x, n, [&](const float* xc, int64_t len, int64_t o) {
     float out[kChunk];
 #pragma omp simd
@@ -122,8 +128,13 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
       for (int64_t n = 0; n < a.n; ++n) {
         const int64_t row = (n * a.c + c) * a.hw;
         for_chunks(dy + row, a.hw, [&](const float* g, int64_t len, int64_t o) {
-          float xc[kChunk];
-          cpu_io::load_n(x + row + o, xc, len);
+          float staged[kChunk];
+          const float* xc = staged;
+          if constexpr (std::is_same_v<T, float>) {
+            xc = x + row + o;
+          } else {
+            cpu_io::load_n(x + row + o, staged, len);
+          }
           float s0 = 0.0f, s1 = 0.0f;
 #pragma omp simd reduction(+ : s0, s1)
           for (int64_t i = 0; i < len; ++i) {
@@ -140,6 +151,16 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
       const float mean_dy_xhat = static_cast<float>(sum_dy_xhat / m);
       for (int64_t n = 0; n < a.n; ++n) {
         const int64_t row = (n * a.c + c) * a.hw;
+        if constexpr (std::is_same_v<T, float>) {  // straight through: no staging
+          const float* g = dy + row;
+          const float* xc = x + row;
+          float* out = dx + row;
+#pragma omp simd
+          for (int64_t i = 0; i < a.hw; ++i) {
+            out[i] = k * (g[i] - mean_dy - (xc[i] - mu) * is * mean_dy_xhat);
+          }
+          continue;
+        }
         for_chunks(dy + row, a.hw, [&](const float* g, int64_t len, int64_t o) {
           float xc[kChunk], out[kChunk];
           cpu_io::load_n(x + row + o, xc, len);
