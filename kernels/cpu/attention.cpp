@@ -111,7 +111,34 @@ inline v16 exp_neg_v(v16 x) {
   return x < lo ? v16{} : y * scale;
 }
 
-// C[R, NV*16] (+)= A[R, K] . B[K, NV*16], A(r, kk) at a[r * sr + kk * sc] (so a
+// The tile products' vectors and register block, by what the CPU has. AVX-512: 16-float
+// vectors in its 32 zmm registers, 6 rows x 4 vectors of C. Otherwise 8-float vectors
+// (one ymm each) in 16 registers, 6 rows x 2 vectors of C beside B's row: GCC's 16-float
+// vectors on AVX2 spilled every accumulator (and split stores into xmm pieces) and ran
+// attention at 2-3% of the FMA peak. The vectors and the block do not change the order
+// of any sum (each element adds over k in order, fused multiply-adds either way): the
+// same bits.
+#if defined(__AVX512F__)
+using mvec = v16;
+constexpr int kL = 16;
+constexpr int kMaxNV = 4;
+template <int NV>
+constexpr int kRowsOf = NV >= 3 ? 6 : 8;
+#else
+using mvec = float __attribute__((vector_size(8 * sizeof(float))));
+constexpr int kL = 8;
+constexpr int kMaxNV = 2;
+template <int NV>
+constexpr int kRowsOf = NV >= 2 ? 6 : 8;
+#endif
+inline mvec mload(const float* p) {
+  mvec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void mstore(float* p, mvec v) { std::memcpy(p, &v, sizeof v); }
+
+// C[R, NV*kL] (+)= A[R, K] . B[K, NV*kL], A(r, kk) at a[r * sr + kk * sc] (so a
 // transposed A costs nothing: its elements are broadcast one at a time anyway),
 // row strides ldb, ldc: R * NV accumulators stay in registers while k runs
 // (kAcc: they start from C, else from zero and C is only written). kTA: A is
@@ -126,26 +153,26 @@ void mm_block(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ld
     sc = 1;
   }
   if (k < 1) __builtin_unreachable();  // callers have k >= 1: no path that skips the loop
-  v16 acc[R][NV];
+  mvec acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = kAcc ? vload(c + r * ldc + v * kV) : v16{};
+    for (int v = 0; v < NV; ++v) acc[r][v] = kAcc ? mload(c + r * ldc + v * kL) : mvec{};
   for (int64_t kk = 0; kk < k; ++kk) {
-    v16 bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = vload(b + kk * ldb + v * kV);
+    mvec bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = mload(b + kk * ldb + v * kL);
     for (int r = 0; r < R; ++r) {
       const float ar = a[r * sr + kk * sc];
       for (int v = 0; v < NV; ++v) acc[r][v] += ar * bv[v];
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) vstore(c + r * ldc + v * kV, acc[r][v]);
+    for (int v = 0; v < NV; ++v) mstore(c + r * ldc + v * kL, acc[r][v]);
 }
 
-// Row blocks of kR (up to 24 accumulators: 6 rows of 4 vectors), then 4 / 2 / 1.
+// Row blocks of kR (kRowsOf), then 4 / 2 / 1.
 template <int NV, bool kAcc, bool kTA>
 void mm_rows(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c,
              int64_t ldc, int64_t m, int64_t k) {
-  constexpr int kR = NV >= 3 ? 6 : 8;
+  constexpr int kR = kRowsOf<NV>;
   int64_t i = 0;
   for (; i + kR <= m; i += kR)
     mm_block<kR, NV, kAcc, kTA>(a + i * sr, sr, sc, b, ldb, c + i * ldc, ldc, k);
@@ -166,9 +193,9 @@ template <bool kAcc, bool kTA>
 void mm(const float* a, int64_t sr, int64_t sc, const float* b, int64_t ldb, float* c, int64_t ldc,
         int64_t m, int64_t k, int64_t n) {
   int64_t j = 0;
-  for (; j + 4 * kV <= n; j += 4 * kV)
-    mm_rows<4, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
-  switch ((n - j) / kV) {
+  for (; j + kMaxNV * kL <= n; j += kMaxNV * kL)
+    mm_rows<kMaxNV, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
+  switch ((n - j) / kL) {
     case 3:
       mm_rows<3, kAcc, kTA>(a, sr, sc, b + j, ldb, c + j, ldc, m, k);
       break;
