@@ -66,6 +66,25 @@ inline float hmax(v16 v) {
                   std::max(std::max(a[2], a[6]), std::max(a[3], a[7])));
 }
 
+// hsum / hmax of a 16-lane vector given as its halves (lanes 0-7, 8-15): the same tree.
+inline float hsum_halves(v8 lo, v8 hi) {
+  const v8 a = lo + hi;
+  const v4 b =
+      __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+inline float hmax_halves(v8 lo, v8 hi) {
+  const v8 a = lo > hi ? lo : hi;
+  return std::max(std::max(std::max(a[0], a[4]), std::max(a[1], a[5])),
+                  std::max(std::max(a[2], a[6]), std::max(a[3], a[7])));
+}
+inline v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+
 int64_t pad16(int64_t n) { return (n + kV - 1) / kV * kV; }
 
 // exp(x) for x <= 0, vectorisable: 2^n * poly(r), Cephes coefficients (~1 ulp).
@@ -88,28 +107,32 @@ inline float exp_neg(float x) {
   return x < -87.0f ? 0.0f : y * scale;
 }
 
-// exp_neg on 16 lanes: the same steps (floor by truncation, corrected for the
-// negative arguments), so each lane equals exp_neg of it.
-inline v16 exp_neg_v(v16 x) {
-  const v16 lo = splat(-87.0f);
-  const v16 xc = x < lo ? lo : x;
-  const v16 t = xc * 1.44269504f + 0.5f;
-  v16 n = __builtin_convertvector(__builtin_convertvector(t, v16i), v16);
+// exp_neg on a vector (16 lanes, or 8: v8 below): the same steps (floor by truncation,
+// corrected for the negative arguments), so each lane equals exp_neg of it.
+template <typename V, typename VI>
+inline V exp_neg_vt(V x) {
+  const V lo = V{} - 87.0f;
+  const V xc = x < lo ? lo : x;
+  const V t = xc * 1.44269504f + 0.5f;
+  V n = __builtin_convertvector(__builtin_convertvector(t, VI), V);
   n = n > t ? n - 1.0f : n;
-  v16 r = xc - n * 0.693359375f;
+  V r = xc - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
-  v16 p = splat(1.9875691500e-4f);
+  V p = V{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const v16 y = p * r * r + r + 1.0f;
-  const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-  v16 scale;
+  const V y = p * r * r + r + 1.0f;
+  const VI bits = (__builtin_convertvector(n, VI) + 127) << 23;
+  V scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return x < lo ? v16{} : y * scale;
+  return x < lo ? V{} : y * scale;
 }
+inline v16 exp_neg_v(v16 x) { return exp_neg_vt<v16, v16i>(x); }
+using v8i = int32_t __attribute__((vector_size(8 * sizeof(int32_t))));
+inline v8 exp_neg_v8(v8 x) { return exp_neg_vt<v8, v8i>(x); }
 
 // The tile products' vectors and register block, by what the CPU has. AVX-512: 16-float
 // vectors in its 32 zmm registers, 6 rows x 4 vectors of C. Otherwise 8-float vectors
@@ -263,6 +286,13 @@ struct KeepTest {
     v16u x;
     std::memcpy(&x, w, sizeof x);
     return x >= min ? splat(scale) : v16{};
+  }
+  v8 half(const uint32_t* w) const {  // 8 lanes of the same test
+    if (!on) return v8{} + 1.0f;
+    using v8u = uint32_t __attribute__((vector_size(8 * sizeof(uint32_t))));
+    v8u x;
+    std::memcpy(&x, w, sizeof x);
+    return x >= min ? v8{} + scale : v8{};
   }
 };
 
@@ -479,6 +509,24 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
       for (int64_t i = 0; i < nq; ++i) {
         pf.step();
         float* si = s + i * kBk;
+#if !defined(__AVX512F__)
+        // Without AVX-512: each 16-lane vector as two 8-lane halves (lanes 0-7, 8-15),
+        // every lane the same operations, and the same reduction tree (hmax8 pairs the
+        // halves first, as hmax does): the same bits, without GCC spilling 16-lane
+        // temporaries through the stack.
+        if (pb.row_sees_tile(i0 + i, j0)) {
+          v8 mlo = v8{} + m[i], mhi = mlo;
+          for (int64_t j = 0; j < kBk; j += kV) {
+            const v8 xl = load8(si + j) * scale, xh = load8(si + j + 8) * scale;
+            store8(si + j, xl);
+            store8(si + j + 8, xh);
+            mlo = mlo > xl ? mlo : xl;
+            mhi = mhi > xh ? mhi : xh;
+          }
+          mnew[i] = hmax_halves(mlo, mhi);
+          continue;
+        }
+#endif
         v16 mxv = splat(m[i]);
         if (pb.row_sees_tile(i0 + i, j0)) {
           for (int64_t j = 0; j < kBk; j += kV) {
@@ -507,6 +555,17 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
         const float rescale = exp_neg(m[i] - mx);
         // O sums the dropped probabilities; l is the full softmax sum.
         const uint32_t* wi = words + i * a.tk + j0;
+#if !defined(__AVX512F__)
+        v8 slo{}, shi{};  // the halves of the 16-lane sum (see the first pass)
+        for (int64_t j = 0; j < kBk; j += kV) {
+          const v8 el = exp_neg_v8(load8(si + j) - mx), eh = exp_neg_v8(load8(si + j + 8) - mx);
+          store8(si + j, el * keep.half(wi + j));
+          store8(si + j + 8, eh * keep.half(wi + j + 8));
+          slo += el;
+          shi += eh;
+        }
+        l[i] = l[i] * rescale + hsum_halves(slo, shi);
+#else
         v16 sumv{};
         for (int64_t j = 0; j < kBk; j += kV) {
           const v16 e = exp_neg_v(vload(si + j) - mx);
@@ -514,6 +573,7 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
           sumv += e;
         }
         l[i] = l[i] * rescale + hsum(sumv);
+#endif
         m[i] = mx;
         if (rescale != 1.0f) {
           float* ai = acc + i * dp;
@@ -583,12 +643,21 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
         const uint32_t* wi = words + i * a.tk + j0;
         const float li = lse[i], dii = di[i], sc = pb.scale;
         if (li != -INFINITY && pb.row_sees_tile(i0 + i, j0)) {
+#if !defined(__AVX512F__)
+          for (int64_t j = 0; j < kBk; j += 8) {  // 8 lanes at a time, the same per lane
+            const v8 prob = exp_neg_v8(load8(pi + j) * sc - li);
+            const v8 kj = keep.half(wi + j);
+            store8(dsi + j, prob * (load8(dsi + j) * kj - dii) * sc);
+            store8(pi + j, prob * kj);
+          }
+#else
           for (int64_t j = 0; j < kBk; j += kV) {
             const v16 prob = exp_neg_v(vload(pi + j) * sc - li);
             const v16 kj = keep(wi + j);
             vstore(dsi + j, prob * (vload(dsi + j) * kj - dii) * sc);
             vstore(pi + j, prob * kj);
           }
+#endif
           continue;
         }
         pb.visible_row(b, i0 + i, j0, on);
