@@ -67,14 +67,14 @@ namespace {
 // each of the step's micro-batch slots keeps the copies of its inputs. The worst stage's becomes
 // the estimate's training activations; its evaluation (one micro-batch, slot 0) runs
 // beside the other slots' input copies.
-// stage_state[s]: stage s's state bytes (the masters and optimizer state of its span).
-// The estimate's peak becomes the highest stage's.
+// stages: the job's; stage_state[s]: stage s's state bytes (the masters and optimizer state of its
+// span). The estimate's peak becomes the highest stage's.
 void pipeline_activations(const Job& job, const models::ModelGraph& m,
                           const graph::RoundBytes& round, const std::vector<char>& eval_pins,
+                          const std::vector<graph::Stage>& stages,
                           const std::vector<size_t>& stage_state, MemoryEstimate& e) {
   const graph::Graph& g = m.graph;
   const int P = job.parallel.pipeline, micro = job.parallel.micro_batches;
-  const std::vector<graph::Stage> stages = job_stages(job.parallel, g);
   std::vector<int> cuts;
   for (size_t k = 1; k < stages.size(); ++k) cuts.push_back(stages[k].first_block);
   const auto bytes = [&](graph::ValueId v) {
@@ -235,11 +235,12 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   const int64_t layout_elems = f32_entries.buffer_elems(DType::f32);
   // A pipeline stage steps its span of the layout (runtime/pipeline.h; ZeRO shards it):
   // the masters and optimizer state are the largest stage's here, each stage's below.
+  const std::vector<graph::Stage> stages =
+      job.parallel.pipeline > 1 ? job_stages(job.parallel, g) : std::vector<graph::Stage>{};
   std::vector<int64_t> spans = {layout_elems};
-  if (job.parallel.pipeline > 1) {
+  if (!stages.empty()) {
     spans.clear();
-    for (const auto& [lo, hi] :
-         stage_spans(f32_entries.entries(), job_stages(job.parallel, g), layout_elems))
+    for (const auto& [lo, hi] : stage_spans(f32_entries.entries(), stages, layout_elems))
       spans.push_back(hi - lo);
   }
   std::vector<int64_t> ranges;  // each stage's largest shard of its span
@@ -262,20 +263,15 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                       : "f32");
   }
   std::string shard_note;
-  if (sharded) {
+  if (sharded || !stages.empty())
     f32_layout = round(static_cast<size_t>(last_shard) * sizeof(float));
-    shard_note = fmt::format(" (ZeRO-{}: 1/{} of it)", job.parallel.zero_stage, world);
-  }
-  const size_t whole_grads = f32_layout;  // the gradients are whole in a pipeline stage
-  if (job.parallel.pipeline > 1) {
-    f32_layout = round(static_cast<size_t>(last_shard) * sizeof(float));
-    shard_note += ", the largest pipeline stage's parameters";
-  }
+  if (sharded) shard_note = fmt::format(" (ZeRO-{}: 1/{} of it)", job.parallel.zero_stage, world);
+  if (!stages.empty()) shard_note += ", the largest pipeline stage's parameters";
   // ZeRO-2: no whole gradient buffer; backward writes into buckets (dist/zero_grads.h),
   // counted with the step's activations (graph::GradBuckets).
   graph::GradBuckets buckets;
   if (zero2) {
-    add("gradients", whole_grads, "f32, this rank's shard" + shard_note);
+    add("gradients", f32_layout, "f32, this rank's shard" + shard_note);
     std::vector<dist::GradRange> ranges;
     for (const graph::FlatEntry& e : f32_entries.entries())
       ranges.push_back({e.offset, e.spec.shape.numel()});
@@ -364,7 +360,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       stage_state.push_back(e.state_bytes - ranged_items * f32_layout +
                             ranged_items * round(static_cast<size_t>(r) * sizeof(float)));
     }
-    pipeline_activations(job, m, round, eval_pins, stage_state, e);
+    pipeline_activations(job, m, round, eval_pins, stages, stage_state, e);
   }
   // After each evaluation forward the trainer reads the logits on the host as f32
   // (TrainSession::evaluate): half logits are widened into a copy then.
@@ -397,7 +393,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   e.forward_ops = static_cast<int64_t>(g.nodes().size());
   if (job.parallel.pipeline > 1) {  // the stage with the most FLOPs
     e.forward_flops = 0;
-    for (const graph::Stage& st : job_stages(job.parallel, g)) {
+    for (const graph::Stage& st : stages) {
       if (st.flops <= e.forward_flops) continue;
       e.forward_flops = st.flops;
       e.forward_param_bytes =
@@ -413,8 +409,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     int64_t whole_span = whole_elems;
     if (job.parallel.pipeline > 1) {
       whole_span = 0;
-      for (const auto& [lo, hi] :
-           stage_spans(whole_entries, job_stages(job.parallel, g), whole_elems))
+      for (const auto& [lo, hi] : stage_spans(whole_entries, stages, whole_elems))
         whole_span = std::max(whole_span, hi - lo);
     }
     const int64_t range = shard_of(whole_span, job.parallel.tensor - 1, job.parallel.tensor).size();

@@ -48,9 +48,9 @@ void TiedWeights::connect(dist::Communicator& pipe) {
 
 void TiedWeights::sum(const Tensor& grads, const std::vector<graph::FlatEntry>& layout) {
   if (!comm_) return;
-  for (int p : tied_) {
+  for (int p : tied_) {  // into the earlier stage (rank 0 of the pair), which steps it
     const graph::FlatEntry& e = layout[static_cast<size_t>(p)];
-    comm_->all_reduce(grads.view(e.offset, Shape{e.spec.shape.numel()}));
+    comm_->reduce(grads.view(e.offset, Shape{e.spec.shape.numel()}), 0);
   }
 }
 
@@ -95,23 +95,14 @@ std::vector<std::pair<int64_t, int64_t>> stage_spans(const std::vector<graph::Fl
 void gather_to_first_stage(
     dist::Communicator& pipe, const std::vector<graph::Stage>& stages,
     const std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>>& flats) {
-  const auto range = [&](const std::vector<graph::FlatEntry>& entries, int s) {
-    const graph::Stage& st = stages[static_cast<size_t>(s)];
-    int64_t lo = -1, hi = -1;
-    for (const graph::FlatEntry& e : entries) {
-      if (e.node < st.begin || e.node >= st.end) continue;
-      if (lo < 0) lo = e.offset;
-      hi = e.offset + e.spec.shape.numel();
-    }
-    return std::pair<int64_t, int64_t>{lo, hi};
-  };
   std::vector<dist::Communicator::PeerOp> ops;
   for (const auto& [flat, entries] : flats) {
     if (!flat.defined()) continue;
+    const auto spans = stage_spans(*entries, stages, flat.numel());
     for (int s = 1; s < pipe.size(); ++s) {
       if (pipe.rank() != 0 && pipe.rank() != s) continue;
-      const auto [lo, hi] = range(*entries, s);
-      if (lo < 0) continue;
+      const auto [lo, hi] = spans[static_cast<size_t>(s)];
+      if (lo == hi) continue;
       ops.push_back({pipe.rank() == s, pipe.rank() == 0 ? s : 0, flat.view(lo, Shape{hi - lo})});
     }
   }

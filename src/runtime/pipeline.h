@@ -39,7 +39,7 @@ std::vector<std::pair<int64_t, int64_t>> stage_spans(const std::vector<graph::Fl
 
 // Weights tied across a cut (GPT-2's embedding and LM head, BERT's masked-LM decoder):
 // both stages hold the weight, each computes its users' part of the gradient, and the
-// two parts are summed between them after each step's backward. The earlier stage owns
+// two parts are summed into the earlier stage after each step's backward. That stage owns
 // the weight (it is in that stage's span): its optimizer steps it, the gradient's norm
 // counts it there, and after each step it sends the updated weight, as the model holds
 // it, to the later stage (publish). A weight used by more than two stages, or two pairs
@@ -51,7 +51,8 @@ class TiedWeights {
   // Collective over the pipeline group: the two stages' own group (watched by the caller).
   void connect(dist::Communicator& pipe);
   dist::Communicator* comm() const { return comm_.get(); }  // null off the two stages
-  // `grads` in `layout` (f32): the tied weights' parts summed on both stages.
+  // `grads` in `layout` (f32): the tied weights' parts summed into the earlier stage's
+  // (the later stage's copy is left as it was: nothing there reads it).
   void sum(const Tensor& grads, const std::vector<graph::FlatEntry>& layout);
   // After the earlier stage's step: its parameters of the tied weights (the executor's,
   // in their compute dtype) into the later stage's copies.
@@ -67,8 +68,8 @@ class TiedWeights {
 // stage's entries are a contiguous range, the graph adding them in node order) travels
 // to stage 0, into its copies (which its own nodes never use): collective over `pipe`.
 // A pipeline checkpoint is written by shard (each stage its span); stage 0 first
-// gathers the buffers (batch norm's statistics), which its shard carries. With tensor
-// parallelism the whole state gathers there, and the one-rank model is written.
+// gathers the buffers (batch norm's statistics), which its shard carries. Each stage's
+// range is its span of the flat tensor (stage_spans).
 void gather_to_first_stage(
     dist::Communicator& pipe, const std::vector<graph::Stage>& stages,
     const std::vector<std::pair<Tensor, const std::vector<graph::FlatEntry>*>>& flats);

@@ -63,18 +63,6 @@ void for_each_pair(const std::vector<graph::FlatEntry>& local_layout,
 
 }  // namespace
 
-void add_local_to_whole(const Tensor& local, const std::vector<graph::FlatEntry>& local_layout,
-                        const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
-                        Tensor& whole) {
-  const Tensor src = kernels::to_host(local);
-  DTRAIN_CHECK(src.dtype() == DType::f32 && whole.dtype() == DType::f32 && whole.device().is_cpu(),
-               "add_local_to_whole: f32 buffers, the whole one on the host");
-  const float* s = src.data<float>();
-  float* d = whole.data<float>();
-  for_each_pair(local_layout, whole_layout, replicated,
-                [&](int64_t lo, int64_t wo) { d[wo] += s[lo]; });
-}
-
 void add_local_to_whole_range(const Tensor& local,
                               const std::vector<graph::FlatEntry>& local_layout,
                               const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
@@ -140,18 +128,6 @@ void whole_range_to_local(const Tensor& piece, int64_t lo,
         if (w >= lo && w < hi) d[l] = s[w - lo];
       },
       lo, hi);
-}
-
-void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
-                    const std::vector<graph::FlatEntry>& local_layout, Tensor& local) {
-  DTRAIN_CHECK(
-      whole.dtype() == DType::f32 && local.dtype() == DType::f32 && whole.device().is_cpu(),
-      "whole_to_local: f32 buffers, the whole one on the host");
-  Tensor dst = local.device().is_cpu() ? local : kernels::to_host(local);
-  const float* s = whole.data<float>();
-  float* d = dst.data<float>();
-  for_each_pair(local_layout, whole_layout, true, [&](int64_t lo, int64_t wo) { d[lo] = s[wo]; });
-  if (!local.device().is_cpu()) kernels::copy(dst, local);
 }
 
 double tensor_sum_squares(const Tensor& grads, const std::vector<graph::FlatEntry>& layout,

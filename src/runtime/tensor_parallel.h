@@ -37,14 +37,10 @@ class CommTensorGroup final : public graph::TensorGroup {
 // The fp32 layout (MasterWeights') of a graph before the split: the one-rank model's.
 std::vector<graph::FlatEntry> whole_f32_layout(const graph::Graph& g);
 
-// Adds this rank's parts of `local` (an f32 flat buffer of `local_layout`) into
-// `whole` (f32, of `whole_layout`, zeroed by the caller), replicated entries only when
-// `replicated` is set (one rank of the group): summed over the tensor group, every
-// element then comes from exactly one rank, exactly.
-void add_local_to_whole(const Tensor& local, const std::vector<graph::FlatEntry>& local_layout,
-                        const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
-                        Tensor& whole);
-// The same into `out`, the whole layout's range [lo, lo + out.numel()) (f32, host).
+// Adds this rank's parts of `local` (an f32 flat buffer of `local_layout`) into `out`,
+// the whole layout's range [lo, lo + out.numel()) (f32, host, zeroed by the caller),
+// replicated entries only when `replicated` is set (one rank of the group): summed over
+// the tensor group, every element then comes from exactly one rank, exactly.
 void add_local_to_whole_range(const Tensor& local,
                               const std::vector<graph::FlatEntry>& local_layout,
                               const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
@@ -54,16 +50,13 @@ void add_local_to_whole_range(const Tensor& local,
 void whole_range_to_local(const Tensor& piece, int64_t lo,
                           const std::vector<graph::FlatEntry>& whole_layout,
                           const std::vector<graph::FlatEntry>& local_layout, Tensor& local);
-// This rank's parts of `whole` into `local` (the reverse; padding untouched).
-void whole_to_local(const Tensor& whole, const std::vector<graph::FlatEntry>& whole_layout,
-                    const std::vector<graph::FlatEntry>& local_layout, Tensor& local);
 
 // Collective over `tensor` (a checkpoint save written by shard): the whole layout's span
 // [base, base + span) split among the tensor ranks (runtime/zero.h's shard_of), each
-// range assembled on its owner from every tensor rank's parts of `state` (as
-// assemble_whole's, one owner after another: a range-sized buffer, never the whole
-// model). This rank gets its range's parameters and an optimizer for the range holding
-// that range of the state (`segments`: the whole layout's; `step`: its step count).
+// range assembled on its owner from every tensor rank's parts of `state`
+// (add_local_to_whole_range into a range-sized buffer reduced into each owner in turn:
+// never the whole model). This rank gets its range's parameters and an optimizer for the range
+// holding that range of the state (`segments`: the whole layout's; `step`: its step count).
 struct WholeRange {
   ShardRange range;
   Tensor params;  // f32 [range.size()], host

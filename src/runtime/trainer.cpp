@@ -282,7 +282,7 @@ class TrainSession {
   graph::TensorParallelPlan tp_plan_;           // what the pass split on this rank
   std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
   bool tensor_split() const { return tp_group_ != nullptr; }
-  graph::FlatStore stage_buffers();
+  void write_shard(ShardedSave save);
   void save_tensor_parts(std::vector<Tensor>& state);
   Tensor whole_of(const Tensor& range) const;
   void save_by_shard();
@@ -875,7 +875,7 @@ double TrainSession::train_step(const StopSignals& signals) {
     }
   }
   if (!zero_sync_) sync_->finish();
-  if (tied_) tied_->sum(grads, weights_->layout());  // both parts, on both stages
+  if (tied_) tied_->sum(grads, weights_->layout());  // both parts, on the earlier stage
   buffer_avg_->finish();
   if (coord_.tp != 0) local.loss_sum = local.labelled = 0;  // tensor ranks share one loss
   local.stop = signals.requested() ? 1 : 0;
@@ -1252,38 +1252,41 @@ void TrainSession::save_by_shard() {
   check_replicas(data, replicated,
                  sh.sharded() ? "buffers" : "parameters, buffers and optimizer state");
   if (!sh.sharded() && coord_.dp != 0) return;
-  graph::FlatStore buffers;
-  if (pipeline_) buffers = stage_buffers();
   ShardedSave save;
-  save.comm = save_comm_ ? save_comm_.get() : &comm_;
   save.begin = sh.begin;
   save.end = sh.end;
   save.params = weights_->shard_params();
   save.layout = &weights_->layout();
   save.total = ex_->grads().buffer_elems(DType::f32);
-  save.buffers = pipeline_ ? &buffers : &ex_->buffers();
   save.opt = opt_.get();
   save.zero_stage = sh.sharded() ? job_.parallel.zero_stage : 0;
-  save.precision = std::string(to_string(job_.precision.dtype));
-  save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
   if (compression_) save.extra = compression_->state(comm_, true);
-  save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
-  if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+  write_shard(save);
 }
 
-// A copy of the buffers with every stage's own on stage 0 (collective over the
-// pipeline group, the ranks of data rank 0 only): what the save's rank 0 writes.
-graph::FlatStore TrainSession::stage_buffers() {
-  graph::FlatStore buffers(ex_->buffers().entries());
-  buffers.allocate(ex_->buffers().device());
-  Tensor all = buffers.flat(DType::f32);
-  if (all.defined()) {
-    kernels::copy(ex_->buffers().flat(DType::f32), all);
-    if (coord_.dp == 0)
+// Writes this rank's shard of a step-N directory (every field of `save` but the group,
+// the buffers, the precision and the crash hook, which are the same for every sharded
+// save). The buffers: the executor's, or in a pipeline a copy holding every stage's own
+// on stage 0, the save's rank 0 (collective over data rank 0's pipeline group).
+void TrainSession::write_shard(ShardedSave save) {
+  graph::FlatStore buffers;
+  save.buffers = &ex_->buffers();
+  if (pipeline_ && coord_.dp == 0) {
+    buffers = graph::FlatStore(ex_->buffers().entries());
+    buffers.allocate(ex_->buffers().device());
+    Tensor all = buffers.flat(DType::f32);
+    if (all.defined()) {
+      kernels::copy(ex_->buffers().flat(DType::f32), all);
       gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_,
                             {{all, &buffers.entries()}});
+    }
+    save.buffers = &buffers;
   }
-  return buffers;
+  save.comm = save_comm_ ? save_comm_.get() : &comm_;
+  save.precision = std::string(to_string(job_.precision.dtype));
+  save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
+  save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
+  if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
 }
 
 // The whole layout (f32, host) from the range this rank steps: zeros elsewhere, and
@@ -1332,22 +1335,15 @@ void TrainSession::save_tensor_parts(std::vector<Tensor>& state) {
         grid_->group(dist::Axis::tensor), state, weights_->layout(), whole_layout_, coord_.tp == 0,
         job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay), opt_->step_count(),
         span.first, span.second - span.first);
-    graph::FlatStore buffers;
-    if (pipeline_) buffers = stage_buffers();
     ShardedSave save;
-    save.comm = save_comm_.get();
     save.begin = mine.range.begin;
     save.end = mine.range.end;
     save.params = mine.params;
     save.layout = &whole_layout_;
     save.total = total;
-    save.buffers = pipeline_ ? &buffers : &ex_->buffers();
     save.opt = mine.opt.get();
     save.zero_stage = job_.parallel.zero_stage;
-    save.precision = std::string(to_string(job_.precision.dtype));
-    save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
-    save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
-    if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+    write_shard(save);
   }
   if (!weights_->shard().ranged()) weights_->release_state();
 }
