@@ -2,8 +2,8 @@
 # What a pipeline stage holds: a GPT-2 of 8 layers (bf16 with fp32 masters, AdamW) on
 # one rank, in 2 and 4 stages, and in 2 stages x 2 data ranks with ZeRO-1 (4
 # oversubscribed ranks of one thread). Each stage steps its own span of the parameters,
-# so its masters and optimizer state are its own; its parameters and gradients are still
-# the whole model's buffers. Per rank: the measured peak (summary.json) against
+# so its masters and optimizer state are its own, and its executor holds the parameters
+# its nodes use and their gradients alone. Per rank: the measured peak (summary.json) against
 # `dtrain estimate`'s peak for that stage, and the estimate's state table. Writes JSON
 # (default pipeline-stage-memory.json). Memory is reported, never asserted.
 #

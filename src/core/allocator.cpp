@@ -1,8 +1,14 @@
 // Host allocation and the size-class cache.
 #include "core/allocator.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -131,6 +137,82 @@ void CachingAllocator::release_cached() {
 void CachingAllocator::reset_peak() {
   std::lock_guard lock(mu_);
   stats_.peak = stats_.current;
+}
+
+void CachingAllocator::add_external(size_t bytes) {
+  std::lock_guard lock(mu_);
+  stats_.current += bytes;
+  stats_.reserved += bytes;
+  stats_.peak = std::max(stats_.peak, stats_.current);
+}
+
+void CachingAllocator::remove_external(size_t bytes) {
+  std::lock_guard lock(mu_);
+  DTRAIN_CHECK(stats_.current >= bytes && stats_.reserved >= bytes,
+               "releasing {} external bytes with {} in use", bytes, stats_.current);
+  stats_.current -= bytes;
+  stats_.reserved -= bytes;
+}
+
+namespace {
+
+size_t page_size() {
+  static const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// The pages under `held`, merged: sorted, disjoint [begin, end) byte ranges of whole pages.
+ByteRanges held_pages(const ByteRanges& held) {
+  const size_t page = page_size();
+  ByteRanges pages;
+  for (const auto& [a, b] : held)
+    if (a < b) pages.emplace_back(a / page * page, (b + page - 1) / page * page);
+  std::sort(pages.begin(), pages.end());
+  ByteRanges merged;
+  for (const auto& r : pages) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
+
+}  // namespace
+
+size_t held_pages_bytes(const ByteRanges& held) {
+  size_t n = 0;
+  for (const auto& [a, b] : held_pages(held)) n += b - a;
+  return n;
+}
+
+void* map_held_pages(size_t bytes, const ByteRanges& held) {
+  const size_t span = std::max<size_t>(bytes, 1);
+  void* base = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    throw Error(
+        fmt::format("cannot reserve {} bytes of address space: {}", bytes, std::strerror(errno)),
+        "check ulimit -v, or reduce the model size");
+  }
+  for (const auto& [a, b] : held_pages(held)) {
+    DTRAIN_CHECK(b <= (span + page_size() - 1) / page_size() * page_size(),
+                 "held pages [{}, {}) beyond a mapping of {} bytes", a, b, bytes);
+    if (mprotect(static_cast<char*>(base) + a, b - a, PROT_READ | PROT_WRITE) != 0) {
+      const int err = errno;
+      munmap(base, span);
+      throw Error(
+          fmt::format("out of host memory committing {} bytes: {}", b - a, std::strerror(err)),
+          "reduce the batch size or model size");
+    }
+  }
+  host_allocator().add_external(held_pages_bytes(held));
+  return base;
+}
+
+void unmap_held_pages(void* base, size_t bytes, const ByteRanges& held) {
+  DTRAIN_CHECK(munmap(base, std::max<size_t>(bytes, 1)) == 0, "munmap: {}", std::strerror(errno));
+  host_allocator().remove_external(held_pages_bytes(held));
 }
 
 CachingAllocator& host_allocator() {

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -66,6 +67,10 @@ class CachingAllocator final : public Allocator {
   MemoryStats stats() const override;
   void release_cached();  // returns every cached block to the upstream allocator
   void reset_peak() override;
+  // Memory of this allocator's device taken outside it (held_pages: the committed pages
+  // of a mapping) counted in its statistics as in use while it lives.
+  void add_external(size_t bytes);
+  void remove_external(size_t bytes);
   // false: no cache and no size classes: every request goes to the upstream allocator
   // at its size and every free straight back (memory.pool: false, for debugging). Set
   // it before anything is allocated: a block is returned by the rule it was taken with.
@@ -84,5 +89,18 @@ class CachingAllocator final : public Allocator {
 
 // The process-wide host allocator: a CachingAllocator over HostAllocator.
 CachingAllocator& host_allocator();
+
+// Byte ranges [begin, end) of a buffer.
+using ByteRanges = std::vector<std::pair<size_t, size_t>>;
+// The host memory a held_pages mapping commits for `held`: every page a range touches,
+// once (what host_allocator() counts for it).
+size_t held_pages_bytes(const ByteRanges& held);
+// `bytes` of host address space of which only the pages under `held` are backed
+// (read-write, zero-filled); the rest is reserved, never committed, and faults when
+// touched. A pipeline stage's share of the whole model's flat buffers, addressed as the
+// whole (the same offsets as every other rank's). Counted in host_allocator() by
+// held_pages_bytes(held); `release` unmaps it. Throws Error when the system refuses.
+void* map_held_pages(size_t bytes, const ByteRanges& held);
+void unmap_held_pages(void* base, size_t bytes, const ByteRanges& held);
 
 }  // namespace dtrain

@@ -9,8 +9,16 @@ Storage::Storage(Allocator& alloc, size_t bytes)
 Storage::Storage(void* external, size_t bytes, Device device)
     : data_(external), bytes_(bytes), device_(device) {}
 
+Storage::Storage(size_t bytes, ByteRanges held)
+    : data_(map_held_pages(bytes, held)),
+      bytes_(bytes),
+      device_(Device::cpu()),
+      held_(std::move(held)),
+      mapped_(true) {}
+
 Storage::~Storage() {
   if (alloc_ != nullptr) alloc_->deallocate(data_, bytes_);
+  if (mapped_) unmap_held_pages(data_, bytes_, held_);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Allocator* alloc) {
@@ -26,6 +34,23 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) 
   Tensor t;
   t.storage_ = std::make_shared<Storage>(
       data, static_cast<size_t>(shape.numel()) * dtype_size(dtype), device);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
+Tensor Tensor::held_pages(const Shape& shape, DType dtype,
+                          const std::vector<std::pair<int64_t, int64_t>>& held) {
+  const size_t esize = dtype_size(dtype);
+  ByteRanges bytes;
+  for (const auto& [a, b] : held) {
+    DTRAIN_CHECK(0 <= a && a <= b && b <= shape.numel(), "held elements [{}, {}) of {}", a, b,
+                 shape.numel());
+    bytes.emplace_back(static_cast<size_t>(a) * esize, static_cast<size_t>(b) * esize);
+  }
+  Tensor t;
+  t.storage_ =
+      std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * esize, std::move(bytes));
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;

@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/device.h"
@@ -19,6 +21,8 @@ class Storage {
  public:
   Storage(Allocator& alloc, size_t bytes);
   Storage(void* external, size_t bytes, Device device);  // non-owning
+  // Host memory mapped by map_held_pages (core/allocator.h), unmapped when freed.
+  Storage(size_t bytes, ByteRanges held);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -28,10 +32,12 @@ class Storage {
   Device device() const { return device_; }
 
  private:
-  Allocator* alloc_ = nullptr;  // null: external memory, not freed here
+  Allocator* alloc_ = nullptr;  // null: external memory, not freed here (or held pages)
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  ByteRanges held_;  // held pages: the ranges backed (empty otherwise)
+  bool mapped_ = false;
 };
 
 class Tensor {
@@ -44,6 +50,10 @@ class Tensor {
   static Tensor meta(const Shape& shape, DType dtype);
   // Wraps memory owned elsewhere (a flat buffer, a workspace, a test array).
   static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device = Device::cpu());
+  // Host memory of which only the element ranges `held` ([begin, end)) exist, zeros;
+  // touching any other element faults (core/allocator.h, map_held_pages).
+  static Tensor held_pages(const Shape& shape, DType dtype,
+                           const std::vector<std::pair<int64_t, int64_t>>& held);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

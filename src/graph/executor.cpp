@@ -1,6 +1,7 @@
 // Forward and backward over the static graph, in node order and reverse.
 #include "graph/executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/elementwise.h"
@@ -26,7 +27,7 @@ std::vector<FlatEntry> f32_grad_layout(const Graph& graph) {
 }  // namespace
 
 Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
-                   ParamBuffer param_buffer)
+                   ParamBuffer param_buffer, std::pair<int, int> stage)
     : params_owned_(param_buffer == ParamBuffer::owned),
       graph_(graph),
       device_(device),
@@ -39,9 +40,25 @@ Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
       saved_(graph.nodes().size()) {
   end_ = static_cast<int>(graph.nodes().size());
   in_grads_.resize(static_cast<size_t>(graph.num_values()));
-  user_ranges();
-  if (params_owned_) params_.allocate(device_);
-  if (grad_buffer == GradBuffer::owned) grads_.allocate(device_);
+  std::vector<char> held;  // a stage's: the parameters its nodes use
+  if (stage.second >= 0) {
+    set_range(stage.first, stage.second);
+    for (int p : first_user_) held.push_back(p >= 0 ? 1 : 0);
+    if (std::find(held.begin(), held.end(), 0) == held.end()) held.clear();
+    DTRAIN_CHECK(held.empty() || device_.is_cpu(),
+                 "a stage's parameters alone are held on the host only, not on {}", device_.str());
+  } else {
+    user_ranges();
+  }
+  const auto allocate = [&](FlatStore& store) {
+    if (held.empty()) {
+      store.allocate(device_);
+    } else {
+      store.allocate_held(held);
+    }
+  };
+  if (params_owned_) allocate(params_);
+  if (grad_buffer == GradBuffer::owned) allocate(grads_);
   buffers_.allocate(device_);
   const size_t ws = graph.max_workspace_bytes(device_);
   if (ws > 0) workspace_ = alloc({{static_cast<int64_t>(ws)}, DType::u8});
@@ -68,6 +85,12 @@ void Executor::set_range(int begin, int end) {
   begin_ = begin;
   end_ = end;
   user_ranges();
+  for (size_t p = 0; p < first_user_.size(); ++p) {
+    DTRAIN_CHECK(first_user_[p] < 0 ||
+                     (params_.held(static_cast<int>(p)) && grads_.held(static_cast<int>(p))),
+                 "nodes [{}, {}) use {}, which this executor does not hold", begin, end,
+                 params_.entries()[p].name);
+  }
   check_segments();
 }
 

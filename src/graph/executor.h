@@ -58,9 +58,14 @@ enum class ParamBuffer : uint8_t { owned, external };
 
 class Executor {
  public:
+  // `stage`: nodes [first, second) only (a pipeline stage's; second -1: every node), as
+  // set_range, and the owned parameter and gradient buffers hold the parameters those
+  // nodes use and no others (FlatStore::allocate_held: the host, addressed as the whole
+  // model). set_range can then only narrow to nodes using held parameters.
   explicit Executor(const Graph& graph, Device device = Device::cpu(),
                     GradBuffer grad_buffer = GradBuffer::owned,
-                    ParamBuffer param_buffer = ParamBuffer::owned);
+                    ParamBuffer param_buffer = ParamBuffer::owned,
+                    std::pair<int, int> stage = {0, -1});
 
   Device device() const { return device_; }
   FlatStore& params() { return params_; }

@@ -72,6 +72,7 @@ FlatStore::FlatStore(std::vector<FlatEntry> entries) : entries_(std::move(entrie
 
 void FlatStore::allocate(Device device) {
   if (device.is_cpu()) return allocate_host(host_allocator());
+  held_.clear();
   buffers_.clear();
   device_ = device;
   for (const auto& [dt, n] : sizes_) {  // zeros made on the host, copied over
@@ -85,6 +86,7 @@ void FlatStore::allocate(Device device) {
 
 void FlatStore::allocate_host(Allocator& host) {
   DTRAIN_CHECK(host.device().is_cpu(), "allocate_host: the allocator is not host memory");
+  held_.clear();
   buffers_.clear();
   device_ = Device::cpu();
   for (const auto& [dt, n] : sizes_) {
@@ -92,6 +94,52 @@ void FlatStore::allocate_host(Allocator& host) {
     std::memset(t.raw(), 0, t.nbytes());
     buffers_.emplace_back(dt, std::move(t));
   }
+}
+
+std::vector<std::pair<DType, std::vector<std::pair<int64_t, int64_t>>>> FlatStore::held_ranges(
+    const std::vector<char>& held) const {
+  DTRAIN_CHECK(held.size() == entries_.size(), "a held mask of {} for {} entries", held.size(),
+               entries_.size());
+  std::vector<std::pair<DType, std::vector<std::pair<int64_t, int64_t>>>> out;
+  for (const auto& [dt, n] : sizes_)
+    out.emplace_back(dt, std::vector<std::pair<int64_t, int64_t>>{});
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (held[i] == 0) continue;
+    const FlatEntry& e = entries_[i];
+    for (auto& [dt, ranges] : out) {
+      if (dt != e.spec.dtype) continue;
+      const int64_t end = e.offset + align_elems(e.spec.shape.numel(), dt);
+      if (!ranges.empty() && ranges.back().second == e.offset) {
+        ranges.back().second = end;
+      } else {
+        ranges.emplace_back(e.offset, end);
+      }
+    }
+  }
+  return out;
+}
+
+void FlatStore::allocate_held(const std::vector<char>& held) {
+  const auto ranges = held_ranges(held);
+  buffers_.clear();
+  device_ = Device::cpu();
+  for (size_t b = 0; b < sizes_.size(); ++b) {
+    const auto& [dt, n] = sizes_[b];
+    buffers_.emplace_back(dt, Tensor::held_pages({n}, dt, ranges[b].second));
+  }
+  held_ = held;
+}
+
+size_t FlatStore::held_bytes(const std::vector<char>& held) const {
+  size_t bytes = 0;
+  for (const auto& [dt, ranges] : held_ranges(held)) {
+    ByteRanges b;
+    for (const auto& [lo, hi] : ranges)
+      b.emplace_back(static_cast<size_t>(lo) * dtype_size(dt),
+                     static_cast<size_t>(hi) * dtype_size(dt));
+    bytes += held_pages_bytes(b);
+  }
+  return bytes;
 }
 
 void FlatStore::initialize(uint64_t seed) {
@@ -107,6 +155,7 @@ void FlatStore::initialize(uint64_t seed) {
     }
   }
   for (int i = 0; i < size(); ++i) {
+    if (!held(i)) continue;  // another pipeline stage's
     const FlatEntry& e = entries_[static_cast<size_t>(i)];
     const Philox rng(seed, rng_stream_id(kInitPurpose, 0, fnv1a(e.name)));
     Tensor v;
@@ -174,6 +223,7 @@ Tensor FlatStore::view(int index) const {
   const FlatEntry& e = entries_[static_cast<size_t>(index)];
   const Tensor buf = flat(e.spec.dtype);
   DTRAIN_CHECK(buf.defined(), "flat store not allocated");
+  DTRAIN_CHECK(held(index), "{} is not held here (another pipeline stage's)", e.name);
   return buf.view(e.offset, e.spec.shape);
 }
 

@@ -32,6 +32,16 @@ class FlatStore {
   void allocate(Device device = Device::cpu());
   // Host buffers from `host` (pinned memory, say), zero-filled.
   void allocate_host(Allocator& host);
+  // Host buffers in which only the entries with held[i] set exist (zeros), each at its
+  // usual offset (its alignment padding included): a pipeline stage's parameters and
+  // gradients, addressed as the whole model's (core/tensor.h, Tensor::held_pages). The
+  // others are another stage's: view() refuses them, and touching their part of flat()
+  // faults.
+  void allocate_held(const std::vector<char>& held);
+  bool held(int index) const { return held_.empty() || held_[static_cast<size_t>(index)] != 0; }
+  const std::vector<char>& held_mask() const { return held_; }  // empty: every entry
+  // The host memory allocate_held(held) takes (whole pages; core/allocator.h).
+  size_t held_bytes(const std::vector<char>& held) const;
   // Each entry from its InitKind, keyed by (seed, name): computed on the host (so
   // every backend starts from the same bits) and copied to the device once.
   void initialize(uint64_t seed);
@@ -56,6 +66,10 @@ class FlatStore {
   std::vector<std::pair<DType, int64_t>> sizes_;  // elements per dtype buffer
   std::vector<std::pair<DType, Tensor>> buffers_;
   Device device_;
+  std::vector<char> held_;  // allocate_held's mask (empty: every entry)
+  // Per dtype buffer, the element ranges of the held entries.
+  std::vector<std::pair<DType, std::vector<std::pair<int64_t, int64_t>>>> held_ranges(
+      const std::vector<char>& held) const;
 };
 
 }  // namespace dtrain::graph

@@ -142,6 +142,13 @@ std::vector<int> params_across_stages(const Graph& graph, const std::vector<Stag
   return {across.begin(), across.end()};
 }
 
+std::vector<char> stage_params(const Graph& graph, const Stage& stage) {
+  std::vector<char> used(graph.param_layout().size(), 0);
+  for (int i = stage.begin; i < stage.end; ++i)
+    for (int p : graph.nodes()[static_cast<size_t>(i)].params) used[static_cast<size_t>(p)] = 1;
+  return used;
+}
+
 std::string format_stages(const Graph& graph, const std::vector<Stage>& stages) {
   double total = 0;
   for (const Stage& s : stages) total += s.flops;

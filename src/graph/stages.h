@@ -41,6 +41,10 @@ std::vector<Stage> stages_from_blocks(const Graph& graph, const std::vector<int>
 // token embedding and LM head), as indices into the graph's parameters.
 std::vector<int> params_across_stages(const Graph& graph, const std::vector<Stage>& stages);
 
+// Which of the graph's parameters the nodes of `stage` use (one flag per parameter):
+// what the stage's executor holds (graph::Executor's `stage`) and sums over data ranks.
+std::vector<char> stage_params(const Graph& graph, const Stage& stage);
+
 // One line per stage: its blocks, nodes, FLOPs (and share), parameters, and what it
 // receives (values and bytes per micro-batch).
 std::string format_stages(const Graph& graph, const std::vector<Stage>& stages);

@@ -119,8 +119,8 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
   e.eval = worst_eval;
   e.caveat = fmt::format(
       "parallel.pipeline = {}: the activations are the worst stage's (its nodes for up to {} "
-      "micro-batch(es) at once, {}); each stage holds the whole model's parameters and "
-      "gradients, and the masters and optimizer state of its own parameters",
+      "micro-batch(es) at once, {}); each stage holds the parameters its nodes use and their "
+      "gradients, and the masters and optimizer state of its own span",
       P, job.parallel.schedule == PipelineSchedule::gpipe ? micro : std::min(P, micro),
       to_string(job.parallel.schedule));
 }
@@ -243,6 +243,20 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     for (const auto& [lo, hi] : stage_spans(f32_entries.entries(), stages, layout_elems))
       spans.push_back(hi - lo);
   }
+  // A stage's executor holds the parameters its nodes use, and their gradients (the
+  // pages under them: FlatStore::allocate_held): the largest stage's here, each's below.
+  std::vector<size_t> held_params, held_grads;
+  for (const graph::Stage& st : stages) {
+    const std::vector<char> used = graph::stage_params(g, st);
+    const bool all = std::find(used.begin(), used.end(), 0) == used.end();
+    held_params.push_back(all ? ex.params : graph::FlatStore(g.param_layout()).held_bytes(used));
+    held_grads.push_back(all ? ex.grads : f32_entries.held_bytes(used));
+  }
+  const size_t stage_params_bytes =
+      stages.empty() ? ex.params : *std::max_element(held_params.begin(), held_params.end());
+  const size_t stage_grads_bytes =
+      stages.empty() ? ex.grads : *std::max_element(held_grads.begin(), held_grads.end());
+  const std::string stage_note = stages.empty() ? "" : ", the largest pipeline stage's";
   std::vector<int64_t> ranges;  // each stage's largest shard of its span
   for (int64_t span : spans) ranges.push_back(shard_of(span, world - 1, world).size());
   const int64_t last_shard = *std::max_element(ranges.begin(), ranges.end());
@@ -258,9 +272,11 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       add("parameters", round(bytes), note);
     }
   } else {
-    add("parameters", ex.params,
-        policy.half() ? fmt::format("{} (normalisation parameters f32)", dtype_name(policy.compute))
-                      : "f32");
+    add("parameters", stage_params_bytes,
+        (policy.half()
+             ? fmt::format("{} (normalisation parameters f32)", dtype_name(policy.compute))
+             : std::string("f32")) +
+            stage_note);
   }
   std::string shard_note;
   if (sharded || !stages.empty())
@@ -285,7 +301,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
         buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(b);
     }
   } else {
-    add("gradients", ex.grads, "f32, every precision");
+    add("gradients", stage_grads_bytes, "f32, every precision" + stage_note);
   }
   add("buffers", ex.buffers, "batch-norm running statistics");
   add("workspace", ex.workspace, "shared by the ops, the largest one's");
@@ -326,8 +342,9 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     }
     for (const MemoryItem& i : e.host) e.host_bytes += i.bytes;
   }
-  if (job.parallel.micro_batches > 1 && !zero2)  // ZeRO-2 accumulates in its shard
-    add("gradient accumulation", ex.grads, "f32, over micro-batches");
+  const bool accumulates = job.parallel.micro_batches > 1 && !zero2;  // ZeRO-2: in its shard
+  if (accumulates)
+    add("gradient accumulation", stage_grads_bytes, "f32, over micro-batches" + stage_note);
   // Data: what the feed holds. Images: the loader's slots (prefetch + 1 with workers),
   // each a batch of f32 images and i32 labels, and the feed's label copy. Tokens: the
   // batch in use and the next one, each ids and labels i32 [batch, seq].
@@ -356,9 +373,12 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                                    zero3 ? &gathers : nullptr);
   if (job.parallel.pipeline > 1) {
     std::vector<size_t> stage_state;
-    for (int64_t r : ranges) {
+    for (size_t s = 0; s < ranges.size(); ++s) {
+      const size_t grads_items = accumulates ? 2 : 1;  // the gradients and their accumulation
       stage_state.push_back(e.state_bytes - ranged_items * f32_layout +
-                            ranged_items * round(static_cast<size_t>(r) * sizeof(float)));
+                            ranged_items * round(static_cast<size_t>(ranges[s]) * sizeof(float)) -
+                            stage_params_bytes - grads_items * stage_grads_bytes + held_params[s] +
+                            grads_items * held_grads[s]);
     }
     pipeline_activations(job, m, round, eval_pins, stages, stage_state, e);
   }

@@ -98,8 +98,9 @@ MasterWeights::MasterWeights(graph::Executor& ex, MasterMode mode, uint64_t seed
       return;
     }
     // Every half parameter from its f32 initial value, one tensor at a time (a pipeline
-    // stage's too: the other stages' are never used here, but they are defined).
+    // stage's: those its nodes use, a copy of a weight tied to an earlier stage included).
     for (int p = 0; p < ex.params().size(); ++p) {
+      if (!ex.params().held(p)) continue;
       const graph::FlatEntry& e = layout_.entries()[static_cast<size_t>(p)];
       Tensor wide = Tensor::empty(e.spec.shape, DType::f32, &kernels::device_allocator(device));
       layout_.initialize_range(seed, e.offset, wide);
@@ -235,6 +236,7 @@ void MasterWeights::publish_piece(int64_t lo, const Tensor& piece) {
   }
   graph::FlatStore& params = twin_ ? host_params_ : ex_.params();
   for (int p = 0; p < params.size(); ++p) {
+    if (!params.held(p)) continue;  // another pipeline stage's
     const graph::FlatEntry& f = layout_.entries()[static_cast<size_t>(p)];
     const graph::FlatEntry& e = params.entries()[static_cast<size_t>(p)];
     const int64_t a = std::max(lo, f.offset), b = std::min(hi, f.offset + f.spec.shape.numel());
@@ -254,8 +256,8 @@ void MasterWeights::publish_piece(int64_t lo, const Tensor& piece) {
 void MasterWeights::load_piece(int64_t lo, const Tensor& piece) {
   const int64_t n = piece.numel();
   if (mode_ == MasterMode::fp32) {  // the parameters themselves (or their host twin)
-    if (param_shard_.defined()) {
-      publish_piece(lo, piece);  // ZeRO-3: this rank's range of them
+    if (param_shard_.defined() || !ex_.params().held_mask().empty()) {
+      publish_piece(lo, piece);  // ZeRO-3: this rank's range of them; a stage: what it holds
     } else {
       Tensor dst = (twin_ ? host_params_ : ex_.params()).flat(DType::f32).view(lo, Shape{n});
       kernels::copy(piece, dst);

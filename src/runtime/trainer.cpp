@@ -303,6 +303,7 @@ class TrainSession {
   std::unique_ptr<GradCompression> compression_;  // compress.method, in GradSync's buckets
   std::vector<NamedTensor> resumed_compression_;  // its state from the checkpoint, if any
   Tensor grad_acc_;
+  graph::FlatStore grad_acc_store_;  // a pipeline stage's grad_acc_: its held gradients
   bool language_model_ = false;
   TrainCounters counters_;
   int64_t total_steps_ = 0;
@@ -352,16 +353,21 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   // layout, and the executor sees a block's parameters while they are gathered.
   zero2_ = job_.parallel.zero_stage >= 2 && job_.parallel.data > 1;
   zero3_ = job_.parallel.zero_stage >= 3 && job_.parallel.data > 1;
-  ex_ = std::make_unique<graph::Executor>(
-      model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
-      zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned);
-  if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
+  // A pipeline stage holds the parameters (and their gradients) its nodes use, its own
+  // span and a copy of a weight tied to an earlier stage, addressed as the whole model's.
   std::vector<int> cuts;  // checkpointed segments restart at each stage's first block
+  std::pair<int, int> nodes{0, -1};
   if (job_.parallel.pipeline > 1) {
     stages_ = job_stages(job_.parallel, model_.graph);
     for (size_t k = 1; k < stages_.size(); ++k) cuts.push_back(stages_[k].first_block);
     tied_ = std::make_unique<TiedWeights>(model_.graph, stages_);  // summed in train_step
+    const graph::Stage& mine = stages_[static_cast<size_t>(coord_.pp)];
+    nodes = {mine.begin, mine.end};
   }
+  ex_ = std::make_unique<graph::Executor>(
+      model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
+      zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned, nodes);
+  if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
   ex_->set_checkpointing(blocks_per_segment(job_, model_.graph), cuts);
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
   ex_->keep(model_.targets, graph::Mode::eval);
@@ -447,8 +453,14 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
           }
         });
   }
-  if (micro_batches_ > 1 && !zero2_) {
-    grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
+  if (micro_batches_ > 1 && !zero2_) {  // a pipeline stage's: its held gradients alone
+    if (!ex_->grads().held_mask().empty()) {
+      grad_acc_store_ = graph::FlatStore(ex_->grads().entries());
+      grad_acc_store_.allocate_held(ex_->grads().held_mask());
+      grad_acc_ = grad_acc_store_.flat(DType::f32);
+    } else {
+      grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
+    }
   }
   if (job_.model.init_from) init_from(*job_.model.init_from);
   language_model_ = is_language_model(find_arch(job_.model.arch)->family);
@@ -669,11 +681,6 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     });
     tied_->connect(pipe);  // collective over the pipeline group
     if (watchdog != nullptr && tied_->comm() != nullptr) watchdog->add(*tied_->comm());
-
-    // Parameters of other stages get no gradient here: zeros, once (never summed, stepped
-    // or saved here: this stage's range is its span, runtime/pipeline.h).
-    Tensor all = ex_->grads().flat(DType::f32);
-    kernels::fill(all, 0.0f);
     note(fmt::format(
         "pipeline: {} stages, schedule {}, {} micro-batch(es) of {}; this is stage "
         "{}\n{}",
@@ -689,11 +696,8 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   const auto bucket_bytes = static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0);
   std::vector<dist::Bucket> planned = dist::plan_buckets(ranges, layout_elems, bucket_bytes);
   if (pipeline_) {  // a stage sums its own parameters' gradients only (the rest are zeros)
-    const graph::Stage& mine = stages_[static_cast<size_t>(pipeline_->stage())];
-    std::vector<char> used(ranges.size(), 0);
-    for (int n = mine.begin; n < mine.end; ++n)
-      for (int p : model_.graph.nodes()[static_cast<size_t>(n)].params)
-        used[static_cast<size_t>(p)] = 1;
+    const std::vector<char> used =
+        graph::stage_params(model_.graph, stages_[static_cast<size_t>(pipeline_->stage())]);
     std::vector<int> own;
     for (size_t p = 0; p < used.size(); ++p)
       if (used[p]) own.push_back(static_cast<int>(p));

@@ -86,12 +86,19 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 
+// The executor's gradients summed into `acc` (the whole f32 layout, zeros where another
+// stage's parameters are: a stage's executor holds its own alone).
 void accumulate(graph::Executor& ex, Tensor& acc, int m) {
-  Tensor g = ex.grads().flat(DType::f32);
+  const graph::FlatStore& grads = ex.grads();
   if (m == 0) {
-    acc = copy_of(g);
-  } else {
-    kernels::axpy(1.0f, g, acc);
+    acc = Tensor::empty({grads.buffer_elems(DType::f32)}, DType::f32);
+    kernels::fill(acc, 0.0f);
+  }
+  for (int p = 0; p < grads.size(); ++p) {
+    if (!grads.held(p)) continue;
+    const graph::FlatEntry& e = grads.entries()[static_cast<size_t>(p)];
+    Tensor dst = acc.view(e.offset, e.spec.shape);
+    kernels::axpy(1.0f, grads.view(p), dst);
   }
 }
 
@@ -130,9 +137,17 @@ void run_stages(const ModelGraph& g, const std::vector<graph::Stage>& stages,
                 const std::vector<Event>& order, const Reference& want) {
   const size_t P = stages.size();
   std::vector<std::unique_ptr<graph::Executor>> ex;
-  for (const graph::Stage& s : stages) {
-    ex.push_back(std::make_unique<graph::Executor>(g.graph));
-    ex.back()->set_range(s.begin, s.end);
+  for (const graph::Stage& s : stages) {  // each holds the parameters its nodes use
+    ex.push_back(std::make_unique<graph::Executor>(g.graph, Device::cpu(), graph::GradBuffer::owned,
+                                                   graph::ParamBuffer::owned,
+                                                   std::pair<int, int>{s.begin, s.end}));
+    const std::vector<char> used = graph::stage_params(g.graph, s);
+    for (int p = 0; p < ex.back()->params().size(); ++p) {
+      const bool mine = used[static_cast<size_t>(p)] != 0;
+      CHECK(ex.back()->params().held(p) == mine);
+      CHECK(ex.back()->grads().held(p) == mine);
+      if (!mine) CHECK_THROWS_AS(ex.back()->params().view(p), InternalError);
+    }
     ex.back()->set_slots(kMicro);
     ex.back()->initialize(7);
   }

@@ -1,5 +1,6 @@
 // Shapes, devices, tensors and views, and the caching allocator's statistics.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -73,4 +74,30 @@ TEST_CASE("caching allocator: size classes, reuse and statistics") {
   cache.release_cached();
   CHECK(cache.stats().reserved == 0);
   CHECK(host.stats().current == 0);
+}
+
+TEST_CASE("held pages: only the held ranges are backed, zeros, counted while they live") {
+  const auto page = static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  const int64_t per_page = page / 4;  // f32 elements
+  // Two ranges on the same page count it once; a range across a boundary counts two.
+  CHECK(held_pages_bytes({{0, 8}, {100, 200}}) == static_cast<size_t>(page));
+  CHECK(held_pages_bytes({{static_cast<size_t>(page) - 4, static_cast<size_t>(page) + 4}}) ==
+        2 * static_cast<size_t>(page));
+  CHECK(held_pages_bytes({}) == 0);
+  const size_t before = host_allocator().stats().current;
+  {
+    const std::vector<std::pair<int64_t, int64_t>> held = {{0, 10},
+                                                           {5 * per_page, 7 * per_page + 1}};
+    Tensor t = Tensor::held_pages({20 * per_page}, DType::f32, held);
+    CHECK(t.numel() == 20 * per_page);
+    CHECK(host_allocator().stats().current - before == 4 * static_cast<size_t>(page));
+    CHECK(host_allocator().stats().peak >= host_allocator().stats().current);
+    for (const auto& [a, b] : held) {
+      for (int64_t i = a; i < b; ++i) CHECK(t.data<float>()[i] == 0.0f);
+      t.data<float>()[b - 1] = 3.0f;
+      CHECK(t.view(b - 1, {1}).data<float>()[0] == 3.0f);
+    }
+    CHECK_THROWS_AS(Tensor::held_pages({8}, DType::f32, {{4, 9}}), InternalError);
+  }
+  CHECK(host_allocator().stats().current == before);
 }
