@@ -2,8 +2,12 @@
 # PyTorch peer of `dtrain train configs/resnet50-synthetic.yaml`: times one fp32
 # eager ResNet-50 v1.5 training step (zero_grad, forward, cross-entropy, backward,
 # SGD momentum 0.9) on a fixed random 32x3x224x224 batch and prints one JSON line
-# with every step time and the median after the warm-up. Not a test; run it with
-# Debian's /usr/bin/python3 (python3-torch), OMP_NUM_THREADS set by the caller.
+# with every step time and the median after the warm-up. --channels-last puts the
+# model and the batch in torch.channels_last (NHWC), PyTorch's faster setting for
+# convolutional nets on the CPU. --arch vit_b_16: torchvision's ViT-B/16 instead
+# (configs/vit-b16-synthetic.yaml: batch 16, AdamW lr 1e-4, weight decay 0.01, no
+# dropout, as dtrain's vit-base). Not a test; run it with Debian's /usr/bin/python3
+# (python3-torch), OMP_NUM_THREADS set by the caller.
 import argparse
 import json
 import os
@@ -14,7 +18,8 @@ import time
 import torch
 import torch.nn as nn
 
-RESNET50_PARAMS = 25_557_032  # torchvision resnet50(), and dtrain's resnet50 at 1000 classes
+# torchvision's models, and dtrain's resnet50 and vit-base at 1000 classes
+EXPECTED_PARAMS = {"resnet50": 25_557_032, "vit_b_16": 86_567_656}
 
 
 class Bottleneck(nn.Module):
@@ -58,11 +63,14 @@ def resnet50_by_hand(classes):
     )
 
 
-def build_model(source):
+def build_model(source, arch):
     if source == "torchvision":
         import torchvision
 
-        return torchvision.models.resnet50(weights=None), torchvision.__version__
+        make = torchvision.models.resnet50 if arch == "resnet50" else torchvision.models.vit_b_16
+        return make(weights=None), torchvision.__version__
+    if arch != "resnet50":
+        sys.exit("--model by-hand builds ResNet-50 only")
     return resnet50_by_hand(1000), None
 
 
@@ -90,20 +98,28 @@ def main():
                     help="bf16: torch.autocast around forward and loss (fp32 weights and "
                          "optimizer, bf16 compute; no loss scaler needed), PyTorch AMP")
     ap.add_argument("--model", choices=["torchvision", "by-hand"], default="torchvision")
+    ap.add_argument("--arch", choices=["resnet50", "vit_b_16"], default="resnet50")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="model and batch in torch.channels_last (NHWC)")
     args = ap.parse_args()
     if args.steps < args.warmup + 5:
         sys.exit("--steps must leave at least 5 timed steps after --warmup")
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
     torch.manual_seed(0)
-    model, tv_version = build_model(args.model)
+    model, tv_version = build_model(args.model, args.arch)
     params = sum(p.numel() for p in model.parameters())
-    assert params == RESNET50_PARAMS, f"ResNet-50 has {params} parameters, want {RESNET50_PARAMS}"
+    want = EXPECTED_PARAMS[args.arch]
+    assert params == want, f"{args.arch} has {params} parameters, want {want}"
     use_fp32(args.device)
-    model.to(args.device).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    model.to(args.device, memory_format=fmt).train()
+    if args.arch == "resnet50":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.rand(args.batch, 3, 224, 224).to(args.device)
+    x = torch.rand(args.batch, 3, 224, 224).to(args.device).contiguous(memory_format=fmt)
     y = torch.randint(0, 1000, (args.batch,)).to(args.device)
     times = []
     for _ in range(args.steps):
@@ -125,6 +141,9 @@ def main():
         "warmup": args.warmup,
         "params": params,
         "model": args.model,
+        "arch": args.arch,
+        "batch": args.batch,
+        "channels_last": args.channels_last,
         "amp": args.amp,
         "torch": torch.__version__,
         "torchvision": tv_version,
