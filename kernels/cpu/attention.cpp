@@ -84,6 +84,12 @@ inline v8 load8(const float* p) {
   return v;
 }
 inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+using v8m = int32_t __attribute__((vector_size(8 * sizeof(int32_t))));
+inline v8m load8m(const int32_t* p) {  // 8 lane masks (-1 seen, 0 not)
+  v8m v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 
 int64_t pad16(int64_t n) { return (n + kV - 1) / kV * kV; }
 
@@ -498,7 +504,10 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
     std::fill(m, m + nq, -INFINITY);
     std::fill(l, l + nq, 0.0f);
     for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
-      mm_set(qt, dp, 1, kt + j0 * dp, kBk, s, kBk, nq, dp, kBk);
+      // The keys this tile holds, to a multiple of 16 (a partial last tile computes no
+      // more: the columns it drops have P = 0 and zero V rows, whose terms add nothing).
+      const int64_t nkp = pad16(std::min(kBk, a.tk - j0));
+      mm_set(qt, dp, 1, kt + j0 * dp, kBk, s, kBk, nq, dp, nkp);
       // Two passes over the rows (scaled scores and row maxima, then exp and sums)
       // rather than one per row: each row's max -> exp -> sum is a long chain, and
       // the rows of a pass are independent of one another.
@@ -513,15 +522,29 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
         // Without AVX-512: each 16-lane vector as two 8-lane halves (lanes 0-7, 8-15),
         // every lane the same operations, and the same reduction tree (hmax8 pairs the
         // halves first, as hmax does): the same bits, without GCC spilling 16-lane
-        // temporaries through the stack.
-        if (pb.row_sees_tile(i0 + i, j0)) {
+        // temporaries through the stack. Rows with hidden keys (causal, a key mask, the
+        // last partial tile) select -inf for them, lane by lane, as the 16-lane path.
+        {
           v8 mlo = v8{} + m[i], mhi = mlo;
-          for (int64_t j = 0; j < kBk; j += kV) {
-            const v8 xl = load8(si + j) * scale, xh = load8(si + j + 8) * scale;
-            store8(si + j, xl);
-            store8(si + j + 8, xh);
-            mlo = mlo > xl ? mlo : xl;
-            mhi = mhi > xh ? mhi : xh;
+          if (pb.row_sees_tile(i0 + i, j0)) {
+            for (int64_t j = 0; j < kBk; j += kV) {
+              const v8 xl = load8(si + j) * scale, xh = load8(si + j + 8) * scale;
+              store8(si + j, xl);
+              store8(si + j + 8, xh);
+              mlo = mlo > xl ? mlo : xl;
+              mhi = mhi > xh ? mhi : xh;
+            }
+          } else {
+            pb.visible_row(b, i0 + i, j0, on);
+            const v8 ninf8 = v8{} - INFINITY;
+            for (int64_t j = 0; j < nkp; j += kV) {
+              const v8 xl = load8m(on + j) ? load8(si + j) * scale : ninf8;
+              const v8 xh = load8m(on + j + 8) ? load8(si + j + 8) * scale : ninf8;
+              store8(si + j, xl);
+              store8(si + j + 8, xh);
+              mlo = mlo > xl ? mlo : xl;
+              mhi = mhi > xh ? mhi : xh;
+            }
           }
           mnew[i] = hmax_halves(mlo, mhi);
           continue;
@@ -536,7 +559,7 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
           }
         } else {
           pb.visible_row(b, i0 + i, j0, on);
-          for (int64_t j = 0; j < kBk; j += kV) {
+          for (int64_t j = 0; j < nkp; j += kV) {
             const v16 x = vloadi(on + j) ? vload(si + j) * scale : ninf;
             vstore(si + j, x);
             mxv = mxv > x ? mxv : x;
@@ -557,7 +580,7 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
         const uint32_t* wi = words + i * a.tk + j0;
 #if !defined(__AVX512F__)
         v8 slo{}, shi{};  // the halves of the 16-lane sum (see the first pass)
-        for (int64_t j = 0; j < kBk; j += kV) {
+        for (int64_t j = 0; j < nkp; j += kV) {
           const v8 el = exp_neg_v8(load8(si + j) - mx), eh = exp_neg_v8(load8(si + j + 8) - mx);
           store8(si + j, el * keep.half(wi + j));
           store8(si + j + 8, eh * keep.half(wi + j + 8));
@@ -567,7 +590,7 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
         l[i] = l[i] * rescale + hsum_halves(slo, shi);
 #else
         v16 sumv{};
-        for (int64_t j = 0; j < kBk; j += kV) {
+        for (int64_t j = 0; j < nkp; j += kV) {
           const v16 e = exp_neg_v(vload(si + j) - mx);
           vstore(si + j, e * keep(wi + j));
           sumv += e;
@@ -580,7 +603,7 @@ void forward_head(const Problem<T>& pb, int64_t bh, Scratch sc, T* out, float* l
           for (int64_t dd = 0; dd < dp; dd += kV) vstore(ai + dd, vload(ai + dd) * rescale);
         }
       }
-      mm_acc(s, kBk, 1, vt + j0 * dp, dp, acc, dp, nq, kBk, dp);
+      mm_acc(s, kBk, 1, vt + j0 * dp, dp, acc, dp, nq, nkp, dp);
     }
     for (int64_t i = 0; i < nq; ++i) {
       float* ai = acc + i * dp;
@@ -624,15 +647,25 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
       float orow[1024];                 // D <= 1024 is checked
       cpu_io::load_n(pb.o + pb.q_row(bh, i0 + i), orow, d);
       std::fill(orow + d, orow + dp, 0.0f);
+#if !defined(__AVX512F__)
+      v8 slo{}, shi{};  // the 16-lane sum's halves, summed by hsum's tree
+      for (int64_t dd = 0; dd < dp; dd += kV) {
+        slo += load8(dot + i * dp + dd) * load8(orow + dd);
+        shi += load8(dot + i * dp + dd + 8) * load8(orow + dd + 8);
+      }
+      di[i] = hsum_halves(slo, shi);
+#else
       v16 sv{};
       for (int64_t dd = 0; dd < dp; dd += kV) sv += vload(dot + i * dp + dd) * vload(orow + dd);
       di[i] = hsum(sv);
+#endif
       lse[i] = lse_all[bh * a.tq + i0 + i];
     }
     std::fill(dqt, dqt + nq * dp, 0.0f);
     for (int64_t j0 = 0; j0 < a.tk && pb.tile_live(i0, nq, j0); j0 += kBk) {
-      mm_set(qt, dp, 1, kt + j0 * dp, kBk, p, kBk, nq, dp, kBk);    // S = Q K^T
-      mm_set(dot, dp, 1, vt + j0 * dp, kBk, ds, kBk, nq, dp, kBk);  // dP = dO V^T
+      const int64_t nkp = pad16(std::min(kBk, a.tk - j0));          // as the forward's
+      mm_set(qt, dp, 1, kt + j0 * dp, kBk, p, kBk, nq, dp, nkp);    // S = Q K^T
+      mm_set(dot, dp, 1, vt + j0 * dp, kBk, ds, kBk, nq, dp, nkp);  // dP = dO V^T
       // With dropout mask M (scaled): O = (P * M) V, so dV = (P * M)^T dO and
       // dP = (dO V^T) * M; dS = P * (dP - Di) with Di = rowsum(dO * O) as before.
       // dS carries the softmax scale here, so dQ and dK need no pass of their own.
@@ -662,18 +695,28 @@ void backward_head(const Problem<T>& pb, int64_t bh, const float* lse_all, Scrat
         }
         pb.visible_row(b, i0 + i, j0, on);
         if (li == -INFINITY) std::fill(on, on + kBk, 0);
-        for (int64_t j = 0; j < kBk; j += kV) {
+#if !defined(__AVX512F__)
+        for (int64_t j = 0; j < nkp; j += 8) {  // 8 lanes at a time, the same per lane
+          const v8 e = exp_neg_v8(load8(pi + j) * sc - li);
+          const v8 prob = load8m(on + j) ? e : v8{};
+          const v8 kj = keep.half(wi + j);
+          store8(dsi + j, prob * (load8(dsi + j) * kj - dii) * sc);
+          store8(pi + j, prob * kj);
+        }
+#else
+        for (int64_t j = 0; j < nkp; j += kV) {
           const v16 e = exp_neg_v(vload(pi + j) * sc - li);
           const v16 prob = vloadi(on + j) ? e : v16{};
           const v16 kj = keep(wi + j);
           vstore(dsi + j, prob * (vload(dsi + j) * kj - dii) * sc);
           vstore(pi + j, prob * kj);
         }
+#endif
       }
       // P^T and dS^T as A operands: element (key r, query kk) at [kk * kBk + r].
-      mm_acc(p, 1, kBk, dot, dp, dvt + j0 * dp, dp, kBk, nq, dp);  // dV += P^T dO
-      mm_acc(ds, 1, kBk, qt, dp, dkt + j0 * dp, dp, kBk, nq, dp);  // dK += dS^T Q
-      mm_acc(ds, kBk, 1, kr + j0 * dp, dp, dqt, dp, nq, kBk, dp);  // dQ += dS K
+      mm_acc(p, 1, kBk, dot, dp, dvt + j0 * dp, dp, nkp, nq, dp);  // dV += P^T dO
+      mm_acc(ds, 1, kBk, qt, dp, dkt + j0 * dp, dp, nkp, nq, dp);  // dK += dS^T Q
+      mm_acc(ds, kBk, 1, kr + j0 * dp, dp, dqt, dp, nq, nkp, dp);  // dQ += dS K
     }
     for (int64_t i = 0; i < nq; ++i) cpu_io::store_n(dqt + i * dp, dq + pb.q_row(bh, i0 + i), d);
   }
