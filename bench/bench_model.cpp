@@ -13,8 +13,16 @@
 // is timed between device synchronizations (forward, backward, optimizer each end with
 // one), and the per-node profile (--profile 1, off by default there) synchronizes at every
 // node, which slows the step it measures. SGD is momentum 0.9 (the ResNet peers'), AdamW
-// weight decay 0.01 (the transformer peers'). Not a test; nothing is asserted.
+// weight decay 0.01 (the transformer peers'). "first_step" says what the first step
+// costs beyond a steady one: its time, the fresh pages it faulted in (minor faults, from
+// getrusage) against a steady step's, and this machine's cost of faulting fresh memory
+// in (a 256 MiB mapping touched page by page on every thread), so the part of the
+// first step's excess that first touches explain is printed beside the rest (oneDNN's
+// primitive creation, weight reorders). Not a test; nothing is asserted.
 #include <omp.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -145,7 +153,31 @@ void fill_inputs(graph::Executor& ex, const models::ModelGraph& m, const ModelOp
 struct StepTimes {
   double forward = 0, backward = 0, optimizer = 0;
   std::vector<double> steps;  // each measured step, forward to the optimizer's end
+  double first = 0;           // the first step (warm-up or not)
+  std::vector<long> faults;   // minor page faults of every step, the first included
 };
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Seconds per byte of fresh anonymous memory faulted in, every thread touching its
+// share of a 256 MiB mapping one byte per page (what a first step's new blocks cost).
+double first_touch_seconds_per_byte() {
+  const size_t bytes = size_t{256} << 20, page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return 0;
+  char* c = static_cast<char*>(p);
+  const auto t0 = Clock::now();
+  const auto pages = static_cast<int64_t>(bytes / page);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < pages; ++i) c[static_cast<size_t>(i) * page] = 1;
+  const double s = since(t0);
+  munmap(p, bytes);
+  return s / static_cast<double>(bytes);
+}
 
 StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, runtime::Profiler* timer,
                     const Args& a) {
@@ -173,6 +205,7 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, runtime::P
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     const bool rec = s >= a.warmup;
     if (timer && s == a.warmup) timer->attach(ex);  // the measured steps' ops only
+    const long faults0 = minor_faults();
     auto t0 = Clock::now();
     ex.forward(graph::Mode::train, static_cast<uint64_t>(s));
     kernels::synchronize(d);
@@ -185,6 +218,8 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, runtime::P
     opt->step(weights.target(), grads, 1e-4);
     kernels::synchronize(d);
     const double u = since(t0);
+    t.faults.push_back(minor_faults() - faults0);
+    if (s == 0) t.first = f + b + u;
     if (rec) {
       t.forward += f, t.backward += b, t.optimizer += u;
       t.steps.push_back(f + b + u);
@@ -310,6 +345,9 @@ int main(int argc, char** argv) {
     // trace of logging.profile and this table.
     runtime::Profiler timer(m.graph, ex.device(), 0);
     timer.set_tracing(false);
+    // Measured before the steps, while the process holds little (after ResNet-50's
+    // steps the same mapping faulted in at 1.0 GB/s here, against 3.1 before them).
+    const double touch_per_byte = a.device.is_cpu() ? first_touch_seconds_per_byte() : 0.0;
     StepTimes st = run_steps(ex, m, a.profile ? &timer : nullptr, a);
     const double step = st.forward + st.backward + st.optimizer;
     std::sort(st.steps.begin(), st.steps.end());
@@ -336,6 +374,22 @@ int main(int argc, char** argv) {
       out["tokens_per_s"] = samples * static_cast<double>(mo.seq_len.value_or(0)) / median;
     if (a.device.is_cuda())
       out["peak_device_bytes"] = kernels::device_allocator(a.device).stats().peak;
+    if (a.device.is_cpu()) {  // what the first step costs beyond a steady one
+      std::vector<long> later(st.faults.begin() + 1, st.faults.end());
+      std::sort(later.begin(), later.end());
+      const long steady = later.empty() ? 0 : later[later.size() / 2];
+      const auto page = static_cast<double>(sysconf(_SC_PAGESIZE));
+      const double fresh = static_cast<double>(st.faults[0] - steady) * page;
+      const double per_byte = touch_per_byte;
+      out["first_step"] = {{"seconds", st.first},
+                           {"over_median", st.first / median},
+                           {"minor_faults", st.faults[0]},
+                           {"steady_minor_faults", steady},
+                           {"fresh_bytes", fresh},
+                           {"first_touch_gb_per_s", per_byte > 0 ? 1e-9 / per_byte : 0.0},
+                           {"first_touch_s", fresh * per_byte},
+                           {"rest_s", st.first - median - fresh * per_byte}};
+    }
     if (a.profile) out["nodes"] = by_kind(m.graph, timer, a.steps, step);
     if (a.device.is_cpu() && a.dtype == DType::f32)
       out["isolated_convs"] = isolated_convs(m.graph, ex.params());
