@@ -115,17 +115,18 @@ WholeRange assemble_range(dist::Communicator& tensor, const std::vector<Tensor>&
 
 void whole_range_to_local(const Tensor& piece, int64_t lo,
                           const std::vector<graph::FlatEntry>& whole_layout,
-                          const std::vector<graph::FlatEntry>& local_layout, Tensor& local) {
+                          const std::vector<graph::FlatEntry>& local_layout, Tensor& local,
+                          int64_t base) {
   const Tensor src = kernels::to_host(piece);
   DTRAIN_CHECK(src.dtype() == DType::f32 && local.dtype() == DType::f32 && local.device().is_cpu(),
                "whole_range_to_local: f32 buffers, the local one on the host");
   const float* s = src.data<float>();
   float* d = local.data<float>();
-  const int64_t hi = lo + src.numel();
+  const int64_t hi = lo + src.numel(), end = base + local.numel();
   for_each_pair(
       local_layout, whole_layout, true,
       [&](int64_t l, int64_t w) {
-        if (w >= lo && w < hi) d[l] = s[w - lo];
+        if (w >= lo && w < hi && l >= base && l < end) d[l - base] = s[w - lo];
       },
       lo, hi);
 }

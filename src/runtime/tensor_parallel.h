@@ -46,10 +46,12 @@ void add_local_to_whole_range(const Tensor& local,
                               const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
                               int64_t lo, Tensor& out);
 // This rank's parts of the whole layout's range [lo, lo + piece.numel()) into `local`
-// (f32, host, in `local_layout`; elements outside the range untouched).
+// (f32, host: elements [base, base + local.numel()) of `local_layout`, so a rank that
+// steps a range of it holds only that; elements outside the range untouched).
 void whole_range_to_local(const Tensor& piece, int64_t lo,
                           const std::vector<graph::FlatEntry>& whole_layout,
-                          const std::vector<graph::FlatEntry>& local_layout, Tensor& local);
+                          const std::vector<graph::FlatEntry>& local_layout, Tensor& local,
+                          int64_t base = 0);
 
 // Collective over `tensor` (a checkpoint save written by shard): the whole layout's span
 // [base, base + span) split among the tensor ranks (runtime/zero.h's shard_of), each

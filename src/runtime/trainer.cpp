@@ -556,17 +556,22 @@ void TrainSession::note(const std::string& line) {
 
 // Tensor parallelism: the checkpoint holds the one-rank model's layout; every rank
 // streams it piece by piece (parameters and each optimizer state buffer) and keeps its
-// parts, holding its own local layout only, never the whole model.
+// parts, holding its own local layout only, never the whole model: the parameters
+// whole, each optimizer buffer only the range this rank steps (ZeRO's shard, a
+// pipeline stage's span).
 TrainCounters TrainSession::resume_whole(const fs::path& file) {
   const int64_t elems = ex_->grads().buffer_elems(DType::f32);
-  const auto local = [elems] {
-    Tensor t = Tensor::empty(Shape{elems}, DType::f32);
+  const ShardRange& sh = weights_->shard();
+  const int64_t base = sh.ranged() ? sh.begin : 0;
+  const auto zeros = [](int64_t n) {
+    Tensor t = Tensor::empty(Shape{n}, DType::f32);
     kernels::fill(t, 0.0f);
     return t;
   };
-  Tensor params = local();
-  std::map<std::string, Tensor> state;  // each optimizer buffer in the local layout
-  for (const auto& [name, t] : opt_->state().buffers) state.emplace(name, local());
+  Tensor params = zeros(elems);
+  std::map<std::string, Tensor> state;  // each optimizer buffer's range in the local layout
+  for (const auto& [name, t] : opt_->state().buffers)
+    state.emplace(name, zeros(sh.ranged() ? sh.size() : elems));
   RangeLoad load;
   load.layout = &whole_layout_;
   load.begin = 0;
@@ -575,20 +580,16 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
     whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), params);
   };
   load.state = [&](const std::string& name, int64_t lo, const Tensor& piece) {
-    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), state.at(name));
+    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), state.at(name), base);
   };
   load.buffers = &ex_->buffers();
   load.opt = opt_.get();  // its options are checked; it takes the step
   const TrainCounters counters = load_train_state_ranges(file, load);
   weights_->load_piece(0, params);
   // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
-  // local layout.
+  // local layout, as `state` does.
   optim::OptimizerState mine = opt_->state();
-  const ShardRange& sh = weights_->shard();
-  for (auto& [name, t] : mine.buffers) {
-    const Tensor& all = state.at(name);
-    kernels::copy(sh.ranged() ? all.view(sh.begin, Shape{sh.size()}) : all, t);
-  }
+  for (auto& [name, t] : mine.buffers) kernels::copy(state.at(name), t);
   opt_->load_state(mine);
   return counters;
 }
