@@ -4,7 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -51,16 +51,23 @@ PhiloxCounter Philox::block(uint64_t block) const {
 uint32_t Philox::u32(uint64_t i) const { return block(i / 4)[i % 4]; }
 
 namespace {
+// Blocks per vector: 16 (zmm) with AVX-512, else 8 (one ymm each: GCC's 16-lane vectors
+// there spilled the whole round state through the stack). The words are the same.
+#if defined(__AVX512F__)
 constexpr int kLanes = 16;
-constexpr int kGroups = 4;  // independent 16-block groups per interleaved call
+#else
+constexpr int kLanes = 8;
+#endif
+constexpr int kGroups = 4;  // independent groups of kLanes blocks per interleaved call
 using u32v = uint32_t __attribute__((vector_size(kLanes * 4)));
-using u64v = uint64_t __attribute__((vector_size(kLanes * 4)));  // the same bytes as 8 x u64
+using u64v = uint64_t __attribute__((vector_size(kLanes * 4)));  // the same bytes, u64 lanes
 
 // hi and lo halves of m * c on 16 lanes. The even and odd lanes are multiplied
 // as 8 u64 lanes each (a 32 x 32 -> 64 bit vpmuludq, no widening of the vector),
 // then the halves are picked back into lane order.
 static_assert(std::endian::native == std::endian::little,
               "mulhilo16 picks u32 halves of u64 lanes");
+#if defined(__AVX512F__)
 inline void mulhilo16(u32v c, uint32_t m, u32v& hi, u32v& lo) {
   u64v w;
   std::memcpy(&w, &c, sizeof w);
@@ -87,13 +94,39 @@ inline void mulhilo16(u32v c, uint32_t m, u32v& hi, u32v& lo) {
   hi = __builtin_shufflevector(e, o, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
   lo = __builtin_shufflevector(e, o, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
 }
+#else
+// The same on 8 lanes: 4 u64 lanes per vpmuludq.
+inline void mulhilo16(u32v c, uint32_t m, u32v& hi, u32v& lo) {
+  u64v w;
+  std::memcpy(&w, &c, sizeof w);
+#if defined(__AVX2__)
+  const u64v wo = w >> 32;
+  __m256i wi, woi;
+  std::memcpy(&wi, &w, sizeof wi);
+  std::memcpy(&woi, &wo, sizeof woi);
+  const __m256i mi = _mm256_set1_epi64x(m);
+  const __m256i pei = _mm256_mul_epu32(wi, mi), poi = _mm256_mul_epu32(woi, mi);
+  u64v pe, po;
+  std::memcpy(&pe, &pei, sizeof pe);
+  std::memcpy(&po, &poi, sizeof po);
+#else
+  const u64v pe = (w & 0xffffffffu) * m, po = (w >> 32) * m;
+#endif
+  u32v e, o;
+  std::memcpy(&e, &pe, sizeof e);
+  std::memcpy(&o, &po, sizeof o);
+  hi = __builtin_shufflevector(e, o, 1, 9, 3, 11, 5, 13, 7, 15);
+  lo = __builtin_shufflevector(e, o, 0, 8, 2, 10, 4, 12, 6, 14);
+}
+#endif
 
-// philox4x32_10 on G groups of 16 counters (group g, lane b: block first[g] + b).
+// philox4x32_10 on G groups of kLanes counters (group g, lane b: block first[g] + b).
 // The groups are independent chains, run round by round together so that one
 // group's multiplies overlap another's latency (one group alone is latency-bound).
 template <int G>
 void blocks16(const uint64_t* first, uint64_t stream, uint64_t seed, uint32_t* const* out) {
-  const u32v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  u32v lane;
+  for (int b = 0; b < kLanes; ++b) lane[b] = static_cast<uint32_t>(b);
   u32v c0[G], c1[G], c2[G], c3[G];
   for (int g = 0; g < G; ++g) {
     // Block numbers first + b: the low word wraps into the high word per lane.
@@ -121,6 +154,7 @@ void blocks16(const uint64_t* first, uint64_t stream, uint64_t seed, uint32_t* c
   }
   // Lane b of (c0, c1, c2, c3) is block b: interleave into words 4b .. 4b + 3.
   for (int g = 0; g < G; ++g) {
+#if defined(__AVX512F__)
     const u32v a = __builtin_shufflevector(c0[g], c1[g], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21,
                                            6, 22, 7, 23);
     const u32v b = __builtin_shufflevector(c0[g], c1[g], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13,
@@ -135,6 +169,16 @@ void blocks16(const uint64_t* first, uint64_t stream, uint64_t seed, uint32_t* c
         __builtin_shufflevector(b, d, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23),
         __builtin_shufflevector(b, d, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30,
                                 31)};
+#else
+    const u32v a = __builtin_shufflevector(c0[g], c1[g], 0, 8, 1, 9, 2, 10, 3, 11);
+    const u32v b = __builtin_shufflevector(c0[g], c1[g], 4, 12, 5, 13, 6, 14, 7, 15);
+    const u32v c = __builtin_shufflevector(c2[g], c3[g], 0, 8, 1, 9, 2, 10, 3, 11);
+    const u32v d = __builtin_shufflevector(c2[g], c3[g], 4, 12, 5, 13, 6, 14, 7, 15);
+    const u32v w[4] = {__builtin_shufflevector(a, c, 0, 1, 8, 9, 2, 3, 10, 11),
+                       __builtin_shufflevector(a, c, 4, 5, 12, 13, 6, 7, 14, 15),
+                       __builtin_shufflevector(b, d, 0, 1, 8, 9, 2, 3, 10, 11),
+                       __builtin_shufflevector(b, d, 4, 5, 12, 13, 6, 7, 14, 15)};
+#endif
     std::memcpy(out[g], w, sizeof w);
   }
 }

@@ -31,8 +31,9 @@ class Philox {
   // Standard normal via Box-Muller on words 2i and 2i+1.
   float normal(uint64_t i) const;
   // out[k] = u32(first + k) for k in [0, n): the same words, 16 blocks at a time
-  // in vector registers, four such groups interleaved where n allows (dropout
-  // masks draw one word per element; ask for 256+ words per call for full speed).
+  // in vector registers (8 without AVX-512), four such groups interleaved where n
+  // allows (dropout masks draw one word per element; ask for 256+ words per call for
+  // full speed).
   void words(uint64_t first, int64_t n, uint32_t* out) const;
 
  private:

@@ -67,10 +67,11 @@ TEST_CASE("stream ids keep purpose, rank and index apart") {
 
 TEST_CASE("Philox words(): the vectorised draw equals u32() word for word") {
   const Philox rng(0x1234'5678'9abc'def0ull, 0x0fed'cba9'8765'4321ull);
-  // Unaligned starts, lengths around the 64-word chunk and the 256-word interleaved
-  // groups, and blocks across 2^32.
+  // Unaligned starts, lengths around the chunks (32 or 64 words: 8 or 16 blocks a
+  // vector) and the interleaved groups (128 or 256 words), and blocks across 2^32.
   const uint64_t starts[] = {0, 1, 3, 4, 62, 1000, (uint64_t{1} << 34) - 70};
-  const int64_t lengths[] = {0, 1, 5, 63, 64, 65, 130, 255, 256, 300, 515, 1100};
+  const int64_t lengths[] = {0,   1,   5,   31,  32,  33,  63,  64,  65,
+                             127, 128, 129, 130, 255, 256, 300, 515, 1100};
   for (uint64_t first : starts) {
     for (int64_t n : lengths) {
       CAPTURE(first);
