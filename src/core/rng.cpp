@@ -62,63 +62,44 @@ constexpr int kGroups = 4;  // independent groups of kLanes blocks per interleav
 using u32v = uint32_t __attribute__((vector_size(kLanes * 4)));
 using u64v = uint64_t __attribute__((vector_size(kLanes * 4)));  // the same bytes, u64 lanes
 
-// hi and lo halves of m * c on 16 lanes. The even and odd lanes are multiplied
-// as 8 u64 lanes each (a 32 x 32 -> 64 bit vpmuludq, no widening of the vector),
-// then the halves are picked back into lane order.
-static_assert(std::endian::native == std::endian::little,
-              "mulhilo16 picks u32 halves of u64 lanes");
+// The 32 x 32 -> 64 bit products of m with the low halves of w's u64 lanes: one
+// vpmuludq per vector (GCC writes the generic form as vpmullq with AVX-512, 3 uops,
+// and as three multiplies with shifts and adds per ymm with AVX2).
+inline u64v mul_low_halves(u64v w, uint32_t m) {
 #if defined(__AVX512F__)
-inline void mulhilo16(u32v c, uint32_t m, u32v& hi, u32v& lo) {
-  u64v w;
-  std::memcpy(&w, &c, sizeof w);
-#if defined(__AVX512F__)
-  // vpmuludq (1 uop) multiplies the low halves of the u64 lanes; GCC writes the
-  // generic form as vpmullq (3 uops), the bottleneck of the whole draw.
-  const u64v wo = w >> 32, mv = u64v{} + m;
-  __m512i wi, woi, mi;
+  const u64v mv = u64v{} + m;
+  __m512i wi, mi;
   std::memcpy(&wi, &w, sizeof wi);
-  std::memcpy(&woi, &wo, sizeof woi);
   std::memcpy(&mi, &mv, sizeof mi);
   // maskz with every lane on: the unmasked form trips GCC 12's -Wuninitialized.
-  const __m512i pei = _mm512_maskz_mul_epu32(0xff, wi, mi);
-  const __m512i poi = _mm512_maskz_mul_epu32(0xff, woi, mi);
-  u64v pe, po;
-  std::memcpy(&pe, &pei, sizeof pe);
-  std::memcpy(&po, &poi, sizeof po);
+  const __m512i pi = _mm512_maskz_mul_epu32(0xff, wi, mi);
+#elif defined(__AVX2__)
+  __m256i wi;
+  std::memcpy(&wi, &w, sizeof wi);
+  const __m256i pi = _mm256_mul_epu32(wi, _mm256_set1_epi64x(m));
 #else
-  const u64v pe = (w & 0xffffffffu) * m, po = (w >> 32) * m;
+  const u64v pi = (w & 0xffffffffu) * m;
 #endif
-  u32v e, o;
-  std::memcpy(&e, &pe, sizeof e);
-  std::memcpy(&o, &po, sizeof o);
-  hi = __builtin_shufflevector(e, o, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31);
-  lo = __builtin_shufflevector(e, o, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30);
+  u64v p;
+  std::memcpy(&p, &pi, sizeof p);
+  return p;
 }
-#else
-// The same on 8 lanes: 4 u64 lanes per vpmuludq.
+
+// hi and lo halves of m * c on every lane. The even and odd lanes are multiplied
+// as u64 lanes each (no widening of the vector); on a little-endian machine lane 2i
+// of a u32 view is the low half of u64 lane i, so the halves go back into lane order
+// by shifts and masks.
+static_assert(std::endian::native == std::endian::little,
+              "mulhilo16 picks u32 halves of u64 lanes");
 inline void mulhilo16(u32v c, uint32_t m, u32v& hi, u32v& lo) {
   u64v w;
   std::memcpy(&w, &c, sizeof w);
-#if defined(__AVX2__)
-  const u64v wo = w >> 32;
-  __m256i wi, woi;
-  std::memcpy(&wi, &w, sizeof wi);
-  std::memcpy(&woi, &wo, sizeof woi);
-  const __m256i mi = _mm256_set1_epi64x(m);
-  const __m256i pei = _mm256_mul_epu32(wi, mi), poi = _mm256_mul_epu32(woi, mi);
-  u64v pe, po;
-  std::memcpy(&pe, &pei, sizeof pe);
-  std::memcpy(&po, &poi, sizeof po);
-#else
-  const u64v pe = (w & 0xffffffffu) * m, po = (w >> 32) * m;
-#endif
-  u32v e, o;
-  std::memcpy(&e, &pe, sizeof e);
-  std::memcpy(&o, &po, sizeof o);
-  hi = __builtin_shufflevector(e, o, 1, 9, 3, 11, 5, 13, 7, 15);
-  lo = __builtin_shufflevector(e, o, 0, 8, 2, 10, 4, 12, 6, 14);
+  const u64v pe = mul_low_halves(w, m), po = mul_low_halves(w >> 32, m);
+  const u64v h = (pe >> 32) | (po & 0xffffffff00000000ull);
+  const u64v l = (pe & 0xffffffffull) | (po << 32);
+  std::memcpy(&hi, &h, sizeof hi);
+  std::memcpy(&lo, &l, sizeof lo);
 }
-#endif
 
 // philox4x32_10 on G groups of kLanes counters (group g, lane b: block first[g] + b).
 // The groups are independent chains, run round by round together so that one
