@@ -1,6 +1,7 @@
 // 2-D convolution (cross-correlation, as every framework defines it): forward,
 // backward-data and backward-filter, with stride, padding, dilation and groups.
-// Layout NCHW for activations and KCRS ([K, C/groups, R, S]) for filters. No
+// Layout NCHW (or channel-blocked, Conv2dArgs::x_block) for activations and KCRS
+// ([K, C/groups, R, S]) for filters. No
 // bias here (use bias_add). CPU: oneDNN; any reorder buffers come from the workspace.
 // CUDA: cuDNN (kernels/cuda/conv.cpp).
 #pragma once
@@ -17,11 +18,19 @@ struct Conv2dArgs {
   int64_t dilation_h = 1, dilation_w = 1;
   int64_t groups = 1;
   MathMode math = MathMode::fp32;  // tf32: f32 convolutions may use TF32 on CUDA
+  // How x / dx and y / dy lie in memory (CPU, f32 only): 0 is NCHW; B (8 or 16) is
+  // channel-blocked NCHW[B]c, [N, C/B, H, W, B] (C, or K, a multiple of B): what
+  // cpu_channel_block() says this CPU's primitives compute in, so none is reordered.
+  int64_t x_block = 0, y_block = 0;
 
   int64_t out_h() const { return (h + 2 * pad_h - dilation_h * (r - 1) - 1) / stride_h + 1; }
   int64_t out_w() const { return (w + 2 * pad_w - dilation_w * (s - 1) - 1) / stride_w + 1; }
   double flops() const;  // forward multiply-adds x 2
 };
+
+// The channel block oneDNN's f32 convolutions want activations in on this CPU (8 with
+// AVX2, 16 with AVX-512), or 0 when they want no channel-blocked layout. Probed once.
+int64_t cpu_channel_block();
 
 // Bytes of workspace each direction needs (the max over the three is safe). CUDA:
 // cuDNN's budget (a constant, so planning works without a GPU); the algorithm

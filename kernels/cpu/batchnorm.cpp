@@ -1,10 +1,17 @@
-// CPU batch normalisation over x [N, C, HW]: one thread per channel, so every
-// per-channel sum runs in a fixed order (bit-identical for any thread count).
-// Sums take float partials over 512-element chunks (SIMD), added in double.
-// Half x/y/dy/dx are widened chunk by chunk into stack buffers; no workspace.
+// CPU batch normalisation over x [N, C, HW], or the same channel-blocked
+// ([N, C/B, HW, B], BatchNormArgs::block). Every per-channel sum has one order,
+// whatever the layout and thread count: over images, then 512-element chunks of the
+// channel's plane, each chunk's float sum taken in eight running lane sums (element i
+// into lane i % 8, then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))) and added
+// in double. A plain layout runs one channel per task, the lanes in one vector; a
+// blocked one eight channels per task, a vector per lane. Every product and sum is
+// rounded as written (no multiply-add contraction: kernels/CMakeLists.txt), so both
+// layouts give the same bits. Half x/y/dy/dx (plain only) are widened chunk by chunk
+// into stack buffers; no workspace.
 #include "kernels/batchnorm.h"
 
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "core/parallel.h"
@@ -15,6 +22,48 @@ namespace dtrain::kernels {
 namespace {
 
 constexpr int64_t kChunk = 512;
+
+using v8 = float __attribute__((vector_size(32)));
+using v8i = int32_t __attribute__((vector_size(32)));
+
+v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+
+float combine(v8 l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
+v8 combine(const v8* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+// The lane sum of f(x[i]) over one plain chunk (len <= kChunk), f element-wise on v8.
+template <typename F>
+float lane_sum(const float* x, int64_t len, F&& f) {
+  v8 acc = {};
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) acc += f(load8(x + i));
+  if (i < len) {
+    float t[8] = {};
+    std::memcpy(t, x + i, static_cast<size_t>(len - i) * sizeof(float));
+    const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    acc = lane < static_cast<int32_t>(len - i) ? acc + f(load8(t)) : acc;
+  }
+  return combine(acc);
+}
+
+// The same for eight channels at once: x at position i is x[i * stride], 8 channels.
+template <typename F>
+v8 lane_sum8(const float* x, int64_t stride, int64_t len, F&& f) {
+  v8 acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += f(load8(x + (i + j) * stride), i + j);
+  }
+  for (int j = 0; i + j < len; ++j) acc[j] += f(load8(x + (i + j) * stride), i + j);
+  return combine(acc);
+}
 
 // Calls fn(const float* chunk, len, offset) over row[0:n] as f32 chunks.
 template <typename T, typename Fn>
@@ -29,13 +78,6 @@ void for_chunks(const T* row, int64_t n, Fn&& fn) {
       fn(static_cast<const float*>(buf), len, o);
     }
   }
-}
-
-float chunk_sum(const float* x, int64_t len) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < len; ++i) s += x[i];
-  return s;
 }
 
 // y[0:n] = x * scale + shift, through f32 chunks.
@@ -54,6 +96,29 @@ void affine_row(const T* x, T* y, int64_t n, float scale, float shift) {
   });
 }
 
+// One channel's statistics from its sums, and what forward does with them.
+struct ChannelStats {
+  float scale, shift;  // y = x * scale + shift
+  double mean, invstd, var;
+};
+
+ChannelStats channel_stats(const BatchNormArgs& a, double mean, double var, float gamma,
+                           float beta) {
+  const double invstd = 1.0 / std::sqrt(var + a.eps);
+  return {static_cast<float>(gamma * invstd), static_cast<float>(beta - mean * gamma * invstd),
+          mean, invstd, var};
+}
+
+void update_channel(const BatchNormArgs& a, const ChannelStats& st, float& run_mean, float& run_var,
+                    float& save_mean, float& save_invstd) {
+  const double m = static_cast<double>(a.n * a.hw);
+  const double unbiased = m > 1 ? st.var * m / (m - 1) : st.var;
+  run_mean = static_cast<float>((1.0 - a.momentum) * run_mean + a.momentum * st.mean);
+  run_var = static_cast<float>((1.0 - a.momentum) * run_var + a.momentum * unbiased);
+  save_mean = static_cast<float>(st.mean);
+  save_invstd = static_cast<float>(st.invstd);
+}
+
 struct Moments {
   double mean, var;  // biased variance
 };
@@ -62,64 +127,219 @@ template <typename T>
 Moments channel_moments(const BatchNormArgs& a, const T* x, int64_t c) {
   double sum = 0.0;
   for (int64_t n = 0; n < a.n; ++n) {
-    for_chunks(x + (n * a.c + c) * a.hw, a.hw,
-               [&](const float* xc, int64_t len, int64_t) { sum += chunk_sum(xc, len); });
+    for_chunks(x + (n * a.c + c) * a.hw, a.hw, [&](const float* xc, int64_t len, int64_t) {
+      sum += lane_sum(xc, len, [](v8 v) { return v; });
+    });
   }
   const double m = static_cast<double>(a.n * a.hw);
   const float mean = static_cast<float>(sum / m);
   double sq = 0.0;
   for (int64_t n = 0; n < a.n; ++n) {
     for_chunks(x + (n * a.c + c) * a.hw, a.hw, [&](const float* xc, int64_t len, int64_t) {
-      float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < len; ++i) s += (xc[i] - mean) * (xc[i] - mean);
-      sq += s;
+      sq += lane_sum(xc, len, [&](v8 v) {
+        const v8 d = v - mean;
+        return d * d;
+      });
     });
   }
   return {sum / m, sq / m};
 }
 
+// Blocked: the eight channels [c0, c0 + 8) of block c0 / B; x of image n, position i at
+// x[((n * C/B + c0 / B) * hw + i) * B + c0 % B].
+struct Group {
+  int64_t c0, block, blocks;  // first channel, B, C / B
+  const float* at(const float* x, const BatchNormArgs& a, int64_t n) const {
+    return x + ((n * blocks + c0 / block) * a.hw) * block + c0 % block;
+  }
+  float* at(float* x, const BatchNormArgs& a, int64_t n) const {
+    return x + ((n * blocks + c0 / block) * a.hw) * block + c0 % block;
+  }
+};
+
+void group_moments(const BatchNormArgs& a, const Group& g, const float* x, double* mean,
+                   double* var) {
+  double sum[8] = {};
+  for (int64_t n = 0; n < a.n; ++n) {
+    const float* xn = g.at(x, a, n);
+    for (int64_t o = 0; o < a.hw; o += kChunk) {
+      const v8 s = lane_sum8(xn + o * g.block, g.block, std::min(kChunk, a.hw - o),
+                             [](v8 v, int64_t) { return v; });
+      for (int l = 0; l < 8; ++l) sum[l] += s[l];
+    }
+  }
+  const double m = static_cast<double>(a.n * a.hw);
+  v8 mean_f;
+  for (int l = 0; l < 8; ++l) mean_f[l] = static_cast<float>(sum[l] / m);
+  double sq[8] = {};
+  for (int64_t n = 0; n < a.n; ++n) {
+    const float* xn = g.at(x, a, n);
+    for (int64_t o = 0; o < a.hw; o += kChunk) {
+      const v8 s =
+          lane_sum8(xn + o * g.block, g.block, std::min(kChunk, a.hw - o), [&](v8 v, int64_t) {
+            const v8 d = v - mean_f;
+            return d * d;
+          });
+      for (int l = 0; l < 8; ++l) sq[l] += s[l];
+    }
+  }
+  for (int l = 0; l < 8; ++l) {
+    mean[l] = sum[l] / m;
+    var[l] = sq[l] / m;
+  }
+}
+
+// y = x * scale + shift over a group's eight channels.
+void group_affine(const BatchNormArgs& a, const Group& g, const float* x, float* y, v8 scale,
+                  v8 shift) {
+  for (int64_t n = 0; n < a.n; ++n) {
+    const float* xn = g.at(x, a, n);
+    float* yn = g.at(y, a, n);
+    for (int64_t i = 0; i < a.hw; ++i)
+      store8(yn + i * g.block, load8(xn + i * g.block) * scale + shift);
+  }
+}
+
 template <typename T>
 void forward_train(const BatchNormArgs& a, const T* x, const float* gamma, const float* beta, T* y,
                    float* run_mean, float* run_var, float* save_mean, float* save_invstd) {
-  const double m = static_cast<double>(a.n * a.hw);
+  if (a.block > 0) {
+    if constexpr (std::is_same_v<T, float>) {
+      parallel_for(0, a.c / 8, 1, [&](int64_t g0, int64_t g1) {
+        for (int64_t gi = g0; gi < g1; ++gi) {
+          const Group g{gi * 8, a.block, a.c / a.block};
+          double mean[8], var[8];
+          group_moments(a, g, x, mean, var);
+          v8 scale = {}, shift = {};
+          for (int l = 0; l < 8; ++l) {
+            const int64_t c = g.c0 + l;
+            const ChannelStats st = channel_stats(a, mean[l], var[l], gamma[c], beta[c]);
+            scale[l] = st.scale;
+            shift[l] = st.shift;
+            update_channel(a, st, run_mean[c], run_var[c], save_mean[c], save_invstd[c]);
+          }
+          group_affine(a, g, x, y, scale, shift);
+        }
+      });
+    }
+    return;
+  }
   parallel_for(0, a.c, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const Moments mo = channel_moments(a, x, c);
-      const double invstd = 1.0 / std::sqrt(mo.var + a.eps);
-      const float scale = static_cast<float>(gamma[c] * invstd);
-      const float shift = static_cast<float>(beta[c] - mo.mean * gamma[c] * invstd);
+      const ChannelStats st = channel_stats(a, mo.mean, mo.var, gamma[c], beta[c]);
       for (int64_t n = 0; n < a.n; ++n) {
         const int64_t row = (n * a.c + c) * a.hw;
-        affine_row(x + row, y + row, a.hw, scale, shift);
+        affine_row(x + row, y + row, a.hw, st.scale, st.shift);
       }
-      const double unbiased = m > 1 ? mo.var * m / (m - 1) : mo.var;
-      run_mean[c] = static_cast<float>((1.0 - a.momentum) * run_mean[c] + a.momentum * mo.mean);
-      run_var[c] = static_cast<float>((1.0 - a.momentum) * run_var[c] + a.momentum * unbiased);
-      save_mean[c] = static_cast<float>(mo.mean);
-      save_invstd[c] = static_cast<float>(invstd);
+      update_channel(a, st, run_mean[c], run_var[c], save_mean[c], save_invstd[c]);
     }
   });
+}
+
+ChannelStats infer_stats(const BatchNormArgs& a, int64_t c, const float* gamma, const float* beta,
+                         const float* run_mean, const float* run_var) {
+  const double invstd = 1.0 / std::sqrt(static_cast<double>(run_var[c]) + a.eps);
+  return {static_cast<float>(gamma[c] * invstd),
+          static_cast<float>(beta[c] - run_mean[c] * gamma[c] * invstd), 0.0, invstd, 0.0};
 }
 
 template <typename T>
 void forward_infer(const BatchNormArgs& a, const T* x, const float* gamma, const float* beta,
                    const float* run_mean, const float* run_var, T* y) {
+  if (a.block > 0) {
+    if constexpr (std::is_same_v<T, float>) {
+      parallel_for(0, a.c / 8, 1, [&](int64_t g0, int64_t g1) {
+        for (int64_t gi = g0; gi < g1; ++gi) {
+          const Group g{gi * 8, a.block, a.c / a.block};
+          v8 scale = {}, shift = {};
+          for (int l = 0; l < 8; ++l) {
+            const ChannelStats st = infer_stats(a, g.c0 + l, gamma, beta, run_mean, run_var);
+            scale[l] = st.scale;
+            shift[l] = st.shift;
+          }
+          group_affine(a, g, x, y, scale, shift);
+        }
+      });
+    }
+    return;
+  }
   parallel_for(0, a.n * a.c, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t c = r % a.c;
-      const double invstd = 1.0 / std::sqrt(static_cast<double>(run_var[c]) + a.eps);
-      const float scale = static_cast<float>(gamma[c] * invstd);
-      const float shift = static_cast<float>(beta[c] - run_mean[c] * gamma[c] * invstd);
-      affine_row(x + r * a.hw, y + r * a.hw, a.hw, scale, shift);
+      const ChannelStats st = infer_stats(a, r % a.c, gamma, beta, run_mean, run_var);
+      affine_row(x + r * a.hw, y + r * a.hw, a.hw, st.scale, st.shift);
     }
   });
 }
 
-// dx = gamma * invstd * (dy - sum(dy)/M - xhat * sum(dy * xhat)/M), xhat = (x - mean) * invstd
+// dx = gamma * invstd * (dy - sum(dy)/M - xhat * sum(dy * xhat)/M), xhat = (x - mean) * invstd,
+// every element as (k * ((g - mean_dy) - (((x - mu) * is) * mean_dy_xhat))).
+template <typename V, typename S>
+V dx_of(V g, V x, S mu, S is, S k, S mean_dy, S mean_dy_xhat) {
+  return k * ((g - mean_dy) - (((x - mu) * is) * mean_dy_xhat));
+}
+
+void group_backward(const BatchNormArgs& a, const Group& grp, const float* x, const float* dy,
+                    const float* gamma, const float* mean, const float* invstd, float* dx,
+                    float* dgamma, float* dbeta) {
+  v8 mu, is;
+  for (int l = 0; l < 8; ++l) {
+    mu[l] = mean[grp.c0 + l];
+    is[l] = invstd[grp.c0 + l];
+  }
+  double sum_dy[8] = {}, sum_dy_xhat[8] = {};
+  for (int64_t n = 0; n < a.n; ++n) {
+    const float* gn = grp.at(dy, a, n);
+    const float* xn = grp.at(x, a, n);
+    for (int64_t o = 0; o < a.hw; o += kChunk) {
+      const int64_t len = std::min(kChunk, a.hw - o);
+      const float* gc = gn + o * grp.block;
+      const float* xc = xn + o * grp.block;
+      const v8 s0 = lane_sum8(gc, grp.block, len, [](v8 v, int64_t) { return v; });
+      const v8 s1 = lane_sum8(gc, grp.block, len, [&](v8 v, int64_t i) {
+        return (v * (load8(xc + i * grp.block) - mu)) * is;
+      });
+      for (int l = 0; l < 8; ++l) {
+        sum_dy[l] += s0[l];
+        sum_dy_xhat[l] += s1[l];
+      }
+    }
+  }
+  const double m = static_cast<double>(a.n * a.hw);
+  v8 k, mean_dy, mean_dy_xhat;
+  for (int l = 0; l < 8; ++l) {
+    const int64_t c = grp.c0 + l;
+    dbeta[c] = static_cast<float>(sum_dy[l]);
+    dgamma[c] = static_cast<float>(sum_dy_xhat[l]);
+    k[l] = gamma[c] * is[l];
+    mean_dy[l] = static_cast<float>(sum_dy[l] / m);
+    mean_dy_xhat[l] = static_cast<float>(sum_dy_xhat[l] / m);
+  }
+  for (int64_t n = 0; n < a.n; ++n) {
+    const float* gn = grp.at(dy, a, n);
+    const float* xn = grp.at(x, a, n);
+    float* dn = grp.at(dx, a, n);
+    for (int64_t i = 0; i < a.hw; ++i) {
+      const int64_t p = i * grp.block;
+      store8(dn + p, dx_of(load8(gn + p), load8(xn + p), mu, is, k, mean_dy, mean_dy_xhat));
+    }
+  }
+}
+
 template <typename T>
 void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamma,
               const float* mean, const float* invstd, T* dx, float* dgamma, float* dbeta) {
+  if (a.block > 0) {
+    if constexpr (std::is_same_v<T, float>) {
+      parallel_for(0, a.c / 8, 1, [&](int64_t g0, int64_t g1) {
+        for (int64_t gi = g0; gi < g1; ++gi) {
+          group_backward(a, Group{gi * 8, a.block, a.c / a.block}, x, dy, gamma, mean, invstd, dx,
+                         dgamma, dbeta);
+        }
+      });
+    }
+    return;
+  }
   const double m = static_cast<double>(a.n * a.hw);
   parallel_for(0, a.c, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -135,14 +355,11 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
           } else {
             cpu_io::load_n(x + row + o, staged, len);
           }
-          float s0 = 0.0f, s1 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1)
-          for (int64_t i = 0; i < len; ++i) {
-            s0 += g[i];
-            s1 += g[i] * (xc[i] - mu) * is;
-          }
-          sum_dy += s0;
-          sum_dy_xhat += s1;
+          sum_dy += lane_sum(g, len, [](v8 v) { return v; });
+          // x rides along as the lane sum's second stream: chunk element i of both.
+          float prod[kChunk];
+          for (int64_t i = 0; i < len; ++i) prod[i] = (g[i] * (xc[i] - mu)) * is;
+          sum_dy_xhat += lane_sum(prod, len, [](v8 v) { return v; });
         });
       }
       dbeta[c] = static_cast<float>(sum_dy);
@@ -157,7 +374,7 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
           float* out = dx + row;
 #pragma omp simd
           for (int64_t i = 0; i < a.hw; ++i) {
-            out[i] = k * (g[i] - mean_dy - (xc[i] - mu) * is * mean_dy_xhat);
+            out[i] = dx_of(g[i], xc[i], mu, is, k, mean_dy, mean_dy_xhat);
           }
           continue;
         }
@@ -166,7 +383,7 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
           cpu_io::load_n(x + row + o, xc, len);
 #pragma omp simd
           for (int64_t i = 0; i < len; ++i) {
-            out[i] = k * (g[i] - mean_dy - (xc[i] - mu) * is * mean_dy_xhat);
+            out[i] = dx_of(g[i], xc[i], mu, is, k, mean_dy, mean_dy_xhat);
           }
           cpu_io::store_n(out, dx + row + o, len);
         });
@@ -183,6 +400,10 @@ void check_common(std::string_view op, const BatchNormArgs& a, const Tensor& x, 
   require_dtype(op, "y", y, {x.dtype()});
   require_numel(op, "x", x, a.n * a.c * a.hw);
   require_numel(op, "y", y, a.n * a.c * a.hw);
+  DTRAIN_CHECK(a.block == 0 || ((a.block == 8 || a.block == 16) && a.c % a.block == 0 &&
+                                x.dtype() == DType::f32 && x.device().is_cpu()),
+               "{}: channel block {} needs f32 on the CPU and C {} a multiple of it", op, a.block,
+               a.c);
   for (const Tensor* t : per_channel) {
     require_dtype(op, "per-channel tensor", *t, {DType::f32});
     require_numel(op, "per-channel tensor", *t, a.c);

@@ -1,7 +1,9 @@
 // CPU 2-D convolution through oneDNN (direct algorithm). The primitives are
 // created with format_tag::any, so oneDNN picks its blocked layouts (nChw16c,
 // OIhw16i16o...), ~2x faster than plain NCHW on 3x3 layers here; arguments are
-// reordered from/to the caller's NCHW/KCRS through workspace buffers. f16
+// reordered from/to the caller's NCHW/KCRS through workspace buffers, unless the
+// caller's activations are already in the primitive's layout (Conv2dArgs::x_block:
+// the CPU executor keeps a ResNet's activations so, graph/layouts.h). f16
 // (absent from oneDNN 2.6 on CPU), and bf16 where this CPU has no oneDNN bf16 path
 // (dense_dnnl.h: bf16_compute), compute in f32 via those same reorders.
 #include "kernels/conv.h"
@@ -25,9 +27,10 @@ struct ConvPlan {
 };
 
 std::string describe(const Conv2dArgs& a, DType t) {
-  return fmt::format("[x {}x{}x{}x{} w {}x{}x{}x{} stride {},{} pad {},{} dil {},{} groups {} {}]",
-                     a.n, a.c, a.h, a.w, a.k, a.c / a.groups, a.r, a.s, a.stride_h, a.stride_w,
-                     a.pad_h, a.pad_w, a.dilation_h, a.dilation_w, a.groups, dtype_name(t));
+  return fmt::format(
+      "[x {}x{}x{}x{} w {}x{}x{}x{} stride {},{} pad {},{} dil {},{} groups {} {} blocks {},{}]",
+      a.n, a.c, a.h, a.w, a.k, a.c / a.groups, a.r, a.s, a.stride_h, a.stride_w, a.pad_h, a.pad_w,
+      a.dilation_h, a.dilation_w, a.groups, dtype_name(t), a.x_block, a.y_block);
 }
 
 struct ConvDescs {
@@ -35,6 +38,10 @@ struct ConvDescs {
   md x_any, w_any, y_any;     // any layout, compute dtype
   dnnl::memory::dims stride, dil, pad_l, pad_r;
 };
+
+tag activation_tag(int64_t block) {
+  return block == 16 ? tag::nChw16c : block == 8 ? tag::nChw8c : tag::nchw;
+}
 
 ConvDescs make_descs(const Conv2dArgs& a, DType t) {
   const dt user = to_dnnl(t), comp = compute_type(user);
@@ -46,43 +53,66 @@ ConvDescs make_descs(const Conv2dArgs& a, DType t) {
   // Right padding so oneDNN's output size equals ours exactly (may be below pad_l).
   const int64_t pr_h = (a.out_h() - 1) * a.stride_h + (a.r - 1) * a.dilation_h + 1 - a.h - a.pad_h;
   const int64_t pr_w = (a.out_w() - 1) * a.stride_w + (a.s - 1) * a.dilation_w + 1 - a.w - a.pad_w;
-  return ConvDescs{md(x, user, tag::nchw),   md(w, user, wtag),
-                   md(y, user, tag::nchw),   md(x, comp, tag::any),
-                   md(w, comp, tag::any),    md(y, comp, tag::any),
-                   {a.stride_h, a.stride_w}, {a.dilation_h - 1, a.dilation_w - 1},
-                   {a.pad_h, a.pad_w},       {pr_h, pr_w}};
+  return ConvDescs{md(x, user, activation_tag(a.x_block)),
+                   md(w, user, wtag),
+                   md(y, user, activation_tag(a.y_block)),
+                   md(x, comp, tag::any),
+                   md(w, comp, tag::any),
+                   md(y, comp, tag::any),
+                   {a.stride_h, a.stride_w},
+                   {a.dilation_h - 1, a.dilation_w - 1},
+                   {a.pad_h, a.pad_w},
+                   {pr_h, pr_w}};
 }
 
-ConvPlan make_plan(const Conv2dArgs& a, DType t) {
+using fwd_t = dnnl::convolution_forward;
+using bwd_d_t = dnnl::convolution_backward_data;
+using bwd_w_t = dnnl::convolution_backward_weights;
+
+// The three primitives of a shape, whatever layout the caller's activations are in.
+struct ConvPrims {
+  fwd_t::primitive_desc fpd;
+  bwd_d_t::primitive_desc dpd;
+  bwd_w_t::primitive_desc wpd;
+  dnnl::primitive fwd, bwd_d, bwd_w;
+};
+
+ConvPrims make_prims(const Conv2dArgs& a, DType t) {
   const ConvDescs d = make_descs(a, t);
   const dnnl::primitive_attr attr = user_scratchpad_attr();
   const auto alg = dnnl::algorithm::convolution_direct;
-  using fwd_t = dnnl::convolution_forward;
-  using bwd_d_t = dnnl::convolution_backward_data;
-  using bwd_w_t = dnnl::convolution_backward_weights;
-  fwd_t::primitive_desc fpd(fwd_t::desc(dnnl::prop_kind::forward_training, alg, d.x_any, d.w_any,
-                                        d.y_any, d.stride, d.dil, d.pad_l, d.pad_r),
-                            attr, cpu_engine());
-  bwd_d_t::primitive_desc dpd(
+  ConvPrims p;
+  p.fpd = fwd_t::primitive_desc(fwd_t::desc(dnnl::prop_kind::forward_training, alg, d.x_any,
+                                            d.w_any, d.y_any, d.stride, d.dil, d.pad_l, d.pad_r),
+                                attr, cpu_engine());
+  p.dpd = bwd_d_t::primitive_desc(
       bwd_d_t::desc(alg, d.x_any, d.w_any, d.y_any, d.stride, d.dil, d.pad_l, d.pad_r), attr,
-      cpu_engine(), fpd);
-  bwd_w_t::primitive_desc wpd(
+      cpu_engine(), p.fpd);
+  p.wpd = bwd_w_t::primitive_desc(
       bwd_w_t::desc(alg, d.x_any, d.w_any, d.y_any, d.stride, d.dil, d.pad_l, d.pad_r), attr,
-      cpu_engine(), fpd);
+      cpu_engine(), p.fpd);
+  p.fwd = fwd_t(p.fpd);
+  p.bwd_d = bwd_d_t(p.dpd);
+  p.bwd_w = bwd_w_t(p.wpd);
+  return p;
+}
+
+ConvPlan make_plan(const Conv2dArgs& a, DType t, const ConvPrims& pr) {
+  const ConvDescs d = make_descs(a, t);
   ConvPlan p;
-  p.fwd = make_pass(fwd_t(fpd), fpd.scratchpad_desc(),
-                    {{DNNL_ARG_SRC, ArgDir::in, d.x_user, fpd.src_desc()},
-                     {DNNL_ARG_WEIGHTS, ArgDir::in, d.w_user, fpd.weights_desc()},
-                     {DNNL_ARG_DST, ArgDir::out, d.y_user, fpd.dst_desc()}});
-  p.bwd_data = make_pass(bwd_d_t(dpd), dpd.scratchpad_desc(),
-                         {{DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, dpd.diff_dst_desc()},
-                          {DNNL_ARG_WEIGHTS, ArgDir::in, d.w_user, dpd.weights_desc()},
-                          {DNNL_ARG_DIFF_SRC, ArgDir::out, d.x_user, dpd.diff_src_desc()}});
+  p.fwd = make_pass(pr.fwd, pr.fpd.scratchpad_desc(),
+                    {{DNNL_ARG_SRC, ArgDir::in, d.x_user, pr.fpd.src_desc()},
+                     {DNNL_ARG_WEIGHTS, ArgDir::in, d.w_user, pr.fpd.weights_desc()},
+                     {DNNL_ARG_DST, ArgDir::out, d.y_user, pr.fpd.dst_desc()}});
+  p.bwd_data = make_pass(pr.bwd_d, pr.dpd.scratchpad_desc(),
+                         {{DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, pr.dpd.diff_dst_desc()},
+                          {DNNL_ARG_WEIGHTS, ArgDir::in, d.w_user, pr.dpd.weights_desc()},
+                          {DNNL_ARG_DIFF_SRC, ArgDir::out, d.x_user, pr.dpd.diff_src_desc()}});
   p.bwd_filter =
-      make_pass(bwd_w_t(wpd), wpd.scratchpad_desc(),
-                {{DNNL_ARG_SRC, ArgDir::in, d.x_user, wpd.src_desc()},
-                 {DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, wpd.diff_dst_desc()},
-                 {DNNL_ARG_DIFF_WEIGHTS, ArgDir::out, d.w_user, wpd.diff_weights_desc()}});
+      make_pass(pr.bwd_w, pr.wpd.scratchpad_desc(),
+                {{DNNL_ARG_SRC, ArgDir::in, d.x_user, pr.wpd.src_desc()},
+                 {DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, pr.wpd.diff_dst_desc()},
+                 {DNNL_ARG_DIFF_WEIGHTS, ArgDir::out, d.w_user, pr.wpd.diff_weights_desc()}});
   return p;
 }
 
@@ -95,14 +125,26 @@ void check_args(const Conv2dArgs& a, DType t) {
                    a.pad_h >= 0 && a.pad_w >= 0,
                "conv2d: bad stride/dilation/padding {}", describe(a, t));
   DTRAIN_CHECK(a.out_h() > 0 && a.out_w() > 0, "conv2d: empty output {}", describe(a, t));
+  for (const auto& [block, channels] : {std::pair{a.x_block, a.c}, std::pair{a.y_block, a.k}}) {
+    DTRAIN_CHECK(block == 0 || ((block == 8 || block == 16) && channels % block == 0 &&
+                                t == DType::f32 && a.groups == 1),
+                 "conv2d: channel block {} needs f32, groups 1 and a multiple of it {}", block,
+                 describe(a, t));
+  }
 }
 
+// Plans by shape and layout; the primitives by shape alone (a layout adds reorders only).
 const ConvPlan& plan_for(const Conv2dArgs& a, DType t) {
-  static Cache<ConvPlan> cache;
+  static Cache<ConvPrims> prims;
+  static Cache<ConvPlan> plans;
   check_args(a, t);
   const std::string key = describe(a, t);
   return guarded("conv2d", key, [&]() -> const ConvPlan& {
-    return cache.get(key, [&] { return make_plan(a, t); });
+    return plans.get(key, [&] {
+      Conv2dArgs shape = a;
+      shape.x_block = shape.y_block = 0;
+      return make_plan(a, t, prims.get(describe(shape, t), [&] { return make_prims(shape, t); }));
+    });
   });
 }
 
@@ -110,6 +152,8 @@ const ConvPlan& plan_for(const Conv2dArgs& a, DType t) {
 void check_tensors(std::string_view op, const Conv2dArgs& a, const Tensor& x, const Tensor& w,
                    const Tensor& y) {
   same_device(op, {&x, &w, &y});
+  DTRAIN_CHECK(!x.device().is_cuda() || (a.x_block == 0 && a.y_block == 0),
+               "{}: channel blocks are CPU-only", op);
   require_dtype(op, "x", x, {DType::f32, DType::bf16, DType::f16});
   check_args(a, x.dtype());
   require_dtype(op, "w", w, {x.dtype()});
@@ -121,14 +165,50 @@ void check_tensors(std::string_view op, const Conv2dArgs& a, const Tensor& x, co
 
 }  // namespace
 
+int64_t cpu_channel_block() {
+  static const int64_t block = [] {
+    // A ResNet middle layer: 64 -> 64 channels, 3 x 3, 56 x 56.
+    const dnnl::memory::dims x{1, 64, 56, 56}, w{64, 64, 3, 3};
+    const md any_x(x, dt::f32, tag::any), any_w(w, dt::f32, tag::any);
+    using fwd_t = dnnl::convolution_forward;
+    const fwd_t::primitive_desc pd(
+        fwd_t::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_x,
+                    any_w, any_x, {1, 1}, {0, 0}, {1, 1}, {1, 1}),
+        cpu_engine());
+    for (int64_t b : {16, 8}) {
+      if (pd.src_desc() == md(x, dt::f32, activation_tag(b)) &&
+          pd.dst_desc() == md(x, dt::f32, activation_tag(b))) {
+        return b;
+      }
+    }
+    return int64_t{0};
+  }();
+  return block;
+}
+
 size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device) {
   if (device.is_cuda()) {
     check_args(args, dtype);
+    DTRAIN_CHECK(args.x_block == 0 && args.y_block == 0, "conv2d: channel blocks are CPU-only");
     return cuda_ops::kConvWorkspaceBytes;
   }
-  const ConvPlan& p = plan_for(args, dtype);
-  return std::max(
-      {p.fwd.workspace_bytes, p.bwd_data.workspace_bytes, p.bwd_filter.workspace_bytes});
+  // The most any layout the executor may pass needs (graph/layouts.h): NCHW, or x / y
+  // in this CPU's channel block where their channels allow.
+  const int64_t b = cpu_channel_block();
+  const bool can = b > 0 && dtype == DType::f32 && args.groups == 1;
+  size_t bytes = 0;
+  for (const int64_t xb : {int64_t{0}, can && args.c % b == 0 ? b : int64_t{-1}}) {
+    for (const int64_t yb : {int64_t{0}, can && args.k % b == 0 ? b : int64_t{-1}}) {
+      if (xb < 0 || yb < 0) continue;
+      Conv2dArgs a = args;
+      a.x_block = xb;
+      a.y_block = yb;
+      const ConvPlan& p = plan_for(a, dtype);
+      bytes = std::max(
+          {bytes, p.fwd.workspace_bytes, p.bwd_data.workspace_bytes, p.bwd_filter.workspace_bytes});
+    }
+  }
+  return bytes;
 }
 
 void conv2d_forward(const Conv2dArgs& args, const Tensor& x, const Tensor& w, Tensor& y,

@@ -1,12 +1,14 @@
-// CPU max / average pooling over NCHW planes and global average pooling. One
-// thread per (n, c) plane. Backward is a gather (each input element sums the
-// windows that contain it, in (oh, ow) order), so it needs no scratch, writes
-// each dx once and rounds half outputs once; f32 max pooling scatters instead, to
+// CPU max / average pooling over NCHW planes (or channel-blocked ones: a plane's
+// elements B apart) and global average pooling. One thread per (n, c) plane; blocked
+// f32 max pooling takes eight channels per vector, lane by lane the same rules. Backward is a
+// gather (each input element sums the windows that contain it, in (oh, ow) order), so it needs no
+// scratch, writes each dx once and rounds half outputs once; f32 max pooling scatters instead, to
 // the same bits. Computes in f32; no workspace.
 #include "kernels/pooling.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "core/parallel.h"
@@ -41,8 +43,11 @@ void covering(int64_t i, int64_t pad, int64_t kernel, int64_t stride, int64_t ou
   hi = std::min(out, floor_div(i + pad, stride) + 1);
 }
 
+// One (n, c) plane: element (h, w) at x[(h * W + w) * st], output o at y[o * st] (st: 1
+// plain, B blocked); argmax lies as y and holds h * W + w.
 template <typename T>
-void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t* argmax) {
+void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t* argmax,
+                   int64_t st) {
   const int64_t oh_n = a.out_h(), ow_n = a.out_w();
   for (int64_t oh = 0; oh < oh_n; ++oh) {
     for (int64_t ow = 0; ow < ow_n; ++ow) {
@@ -51,8 +56,8 @@ void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t
       if (kind == PoolKind::avg) {
         float sum = 0.0f;
         for (int64_t ih = win.h0; ih < win.h1; ++ih)
-          for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += cpu_io::load(x, ih * a.w + iw);
-        cpu_io::store(y, o, sum * inv_divisor(a, win));
+          for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += cpu_io::load(x, (ih * a.w + iw) * st);
+        cpu_io::store(y, o * st, sum * inv_divisor(a, win));
         continue;
       }
       // Branch-free first: the comparisons of data after a ReLU (many ties at zero) are
@@ -63,7 +68,7 @@ void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t
       bool nan = false;
       for (int64_t ih = win.h0; ih < win.h1; ++ih) {
         for (int64_t iw = win.w0; iw < win.w1; ++iw) {
-          const float v = cpu_io::load(x, ih * a.w + iw);
+          const float v = cpu_io::load(x, (ih * a.w + iw) * st);
           nan |= v != v;
           const bool greater = v > best;  // strictly: the first maximum wins
           best_i = greater ? ih * a.w + iw : best_i;
@@ -71,15 +76,15 @@ void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t
         }
       }
       if (!nan) {
-        cpu_io::store(y, o, best);
-        argmax[o] = static_cast<int32_t>(best_i);
+        cpu_io::store(y, o * st, best);
+        argmax[o * st] = static_cast<int32_t>(best_i);
         continue;
       }
       best = -INFINITY;
       best_i = win.h0 * a.w + win.w0;
       for (int64_t ih = win.h0; ih < win.h1 && !std::isnan(best); ++ih) {
         for (int64_t iw = win.w0; iw < win.w1; ++iw) {
-          const float v = cpu_io::load(x, ih * a.w + iw);
+          const float v = cpu_io::load(x, (ih * a.w + iw) * st);
           if (v > best || std::isnan(v)) {  // first maximum wins; NaN propagates
             best = v;
             best_i = ih * a.w + iw;
@@ -87,14 +92,15 @@ void forward_plane(PoolKind kind, const Pool2dArgs& a, const T* x, T* y, int32_t
           }
         }
       }
-      cpu_io::store(y, o, best);
-      argmax[o] = static_cast<int32_t>(best_i);
+      cpu_io::store(y, o * st, best);
+      argmax[o * st] = static_cast<int32_t>(best_i);
     }
   }
 }
 
 template <typename T>
-void backward_plane(PoolKind kind, const Pool2dArgs& a, const T* dy, const int32_t* argmax, T* dx) {
+void backward_plane(PoolKind kind, const Pool2dArgs& a, const T* dy, const int32_t* argmax, T* dx,
+                    int64_t st) {
   const int64_t oh_n = a.out_h(), ow_n = a.out_w();
   if constexpr (std::is_same_v<T, float>) {
     if (kind == PoolKind::max) {
@@ -102,8 +108,8 @@ void backward_plane(PoolKind kind, const Pool2dArgs& a, const T* dy, const int32
       // element then sums the same values in the same order as the gather below
       // (from 0, over its windows in (oh, ow) order): the same bits, with one visit per
       // output instead of one per window an input sits in.
-      std::fill(dx, dx + a.h * a.w, 0.0f);
-      for (int64_t o = 0; o < oh_n * ow_n; ++o) dx[argmax[o]] += dy[o];
+      for (int64_t i = 0; i < a.h * a.w; ++i) dx[i * st] = 0.0f;
+      for (int64_t o = 0; o < oh_n * ow_n; ++o) dx[argmax[o * st] * st] += dy[o * st];
       return;
     }
   }
@@ -119,16 +125,62 @@ void backward_plane(PoolKind kind, const Pool2dArgs& a, const T* dy, const int32
         for (int64_t ow = ow0; ow < ow1; ++ow) {
           const int64_t o = oh * ow_n + ow;
           if (kind == PoolKind::max) {
-            if (argmax[o] == self) acc += cpu_io::load(dy, o);
+            if (argmax[o * st] == self) acc += cpu_io::load(dy, o * st);
           } else {
-            acc += cpu_io::load(dy, o) * inv_divisor(a, window(a, oh, ow));
+            acc += cpu_io::load(dy, o * st) * inv_divisor(a, window(a, oh, ow));
           }
         }
       }
-      cpu_io::store(dx, self, acc);
+      cpu_io::store(dx, self * st, acc);
     }
   }
 }
+
+using v8 = float __attribute__((vector_size(32)));
+using v8i = int32_t __attribute__((vector_size(32)));
+
+// Blocked f32 max pooling, eight channels at once (x, y, argmax at an image's group:
+// position p at [p * B]). The same rules as forward_plane's branch-free loop, lane by
+// lane; false when some window held a NaN (the caller then runs forward_plane per lane).
+bool max_group8(const Pool2dArgs& a, const float* x, float* y, int32_t* argmax, int64_t st) {
+  const int64_t oh_n = a.out_h(), ow_n = a.out_w();
+  v8i nan = {};
+  for (int64_t oh = 0; oh < oh_n; ++oh) {
+    for (int64_t ow = 0; ow < ow_n; ++ow) {
+      const Window win = window(a, oh, ow);
+      v8 best = v8{} - INFINITY;
+      v8i best_i = v8i{} + static_cast<int32_t>(win.h0 * a.w + win.w0);
+      for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+        for (int64_t iw = win.w0; iw < win.w1; ++iw) {
+          v8 v;
+          std::memcpy(&v, x + (ih * a.w + iw) * st, sizeof v);
+          nan |= v != v;
+          const v8i greater = v > best;
+          best_i = greater ? v8i{} + static_cast<int32_t>(ih * a.w + iw) : best_i;
+          best = greater ? v : best;
+        }
+      }
+      const int64_t o = oh * ow_n + ow;
+      std::memcpy(y + o * st, &best, sizeof best);
+      std::memcpy(argmax + o * st, &best_i, sizeof best_i);
+    }
+  }
+  for (int l = 0; l < 8; ++l)
+    if (nan[l]) return false;
+  return true;
+}
+
+// Planes of a tensor: plain, plane p = n * C + c at p * size; blocked [N, C/B, HW, B],
+// channel c of image n at ((n * C/B + c / B) * size) * B + c % B, stride B.
+struct Planes {
+  int64_t c, block;
+  int64_t offset(int64_t p, int64_t size) const {
+    if (block == 0) return p * size;
+    const int64_t n = p / c, ch = p % c;
+    return ((n * (c / block) + ch / block) * size) * block + ch % block;
+  }
+  int64_t stride() const { return block == 0 ? 1 : block; }
+};
 
 void check_pool(std::string_view op, const Pool2dArgs& a) {
   DTRAIN_CHECK(a.n > 0 && a.c > 0 && a.h > 0 && a.w > 0 && a.kernel_h > 0 && a.kernel_w > 0 &&
@@ -141,6 +193,13 @@ void check_pool(std::string_view op, const Pool2dArgs& a) {
       "{}: padding {},{} must be at most half the kernel {}x{}", op, a.pad_h, a.pad_w, a.kernel_h,
       a.kernel_w);
   DTRAIN_CHECK(a.out_h() > 0 && a.out_w() > 0, "{}: empty output", op);
+  DTRAIN_CHECK(a.block == 0 || ((a.block == 8 || a.block == 16) && a.c % a.block == 0),
+               "{}: channel block {} of {} channels", op, a.block, a.c);
+}
+
+void check_block(std::string_view op, int64_t block, const Tensor& t) {
+  DTRAIN_CHECK(block == 0 || (t.dtype() == DType::f32 && t.device().is_cpu()),
+               "{}: channel blocks are f32 on the CPU only, not {}", op, t.str());
 }
 
 }  // namespace
@@ -160,15 +219,33 @@ void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tens
     require_dtype(op, "argmax", argmax, {DType::i32});
     require_numel(op, "argmax", argmax, planes * out);
   }
+  check_block(op, args.block, x);
   if (device.is_cuda()) return cuda_ops::pool2d_forward(kind, args, x, y, argmax);
   if (kind == PoolKind::max) am = argmax.data<int32_t>();
+  const Planes pl{args.c, args.block};
+  if (kind == PoolKind::max && args.block > 0) {  // eight channels per vector
+    const float* xp = x.data<float>();
+    float* yp = y.data<float>();
+    parallel_for(0, planes / 8, 1, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t xo = pl.offset(g * 8, in), yo = pl.offset(g * 8, out);
+        if (max_group8(args, xp + xo, yp + yo, am + yo, args.block)) continue;
+        for (int64_t l = 0; l < 8; ++l) {
+          forward_plane(kind, args, xp + xo + l, yp + yo + l, am + yo + l, args.block);
+        }
+      }
+    });
+    return;
+  }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
     parallel_for(0, planes, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
-        forward_plane(kind, args, xp + p * in, yp + p * out, am ? am + p * out : nullptr);
+        const int64_t yo = pl.offset(p, out);
+        forward_plane(kind, args, xp + pl.offset(p, in), yp + yo, am ? am + yo : nullptr,
+                      pl.stride());
       }
     });
   });
@@ -189,21 +266,26 @@ void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, co
     require_dtype(op, "argmax", argmax, {DType::i32});
     require_numel(op, "argmax", argmax, planes * out);
   }
+  check_block(op, args.block, dy);
   if (device.is_cuda()) return cuda_ops::pool2d_backward(kind, args, dy, argmax, dx);
   if (kind == PoolKind::max) am = argmax.data<int32_t>();
+  const Planes pl{args.c, args.block};
   cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.data<T>();
     T* d = dx.data<T>();
     parallel_for(0, planes, 1, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
-        backward_plane(kind, args, g + p * out, am ? am + p * out : nullptr, d + p * in);
+        const int64_t go = pl.offset(p, out);
+        backward_plane(kind, args, g + go, am ? am + go : nullptr, d + pl.offset(p, in),
+                       pl.stride());
       }
     });
   });
 }
 
-void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, Tensor& y) {
+void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, Tensor& y,
+                             int64_t block) {
   constexpr std::string_view op = "global_avg_pool_forward";
   const Device device = same_device(op, {&x, &y});
   DTRAIN_CHECK(n > 0 && c > 0 && hw > 0, "{}: empty shape {}x{}x{}", op, n, c, hw);
@@ -211,22 +293,28 @@ void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, 
   require_dtype(op, "y", y, {x.dtype()});
   require_numel(op, "x", x, n * c * hw);
   require_numel(op, "y", y, n * c);
+  DTRAIN_CHECK(block == 0 || ((block == 8 || block == 16) && c % block == 0), "{}: block {} of {}",
+               op, block, c);
+  check_block(op, block, x);
   if (device.is_cuda()) return cuda_ops::global_avg_pool_forward(n, c, hw, x, y);
+  const Planes pl{c, block};
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* xp = x.data<T>();
     T* yp = y.data<T>();
     parallel_for(0, n * c, 16, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
+        const T* plane = xp + pl.offset(p, hw);
         float sum = 0.0f;
-        for (int64_t i = 0; i < hw; ++i) sum += cpu_io::load(xp, p * hw + i);
+        for (int64_t i = 0; i < hw; ++i) sum += cpu_io::load(plane, i * pl.stride());
         cpu_io::store(yp, p, sum / static_cast<float>(hw));
       }
     });
   });
 }
 
-void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy, Tensor& dx) {
+void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy, Tensor& dx,
+                              int64_t block) {
   constexpr std::string_view op = "global_avg_pool_backward";
   const Device device = same_device(op, {&dy, &dx});
   DTRAIN_CHECK(n > 0 && c > 0 && hw > 0, "{}: empty shape {}x{}x{}", op, n, c, hw);
@@ -234,7 +322,11 @@ void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy
   require_dtype(op, "dx", dx, {dy.dtype()});
   require_numel(op, "dy", dy, n * c);
   require_numel(op, "dx", dx, n * c * hw);
+  DTRAIN_CHECK(block == 0 || ((block == 8 || block == 16) && c % block == 0), "{}: block {} of {}",
+               op, block, c);
+  check_block(op, block, dy);
   if (device.is_cuda()) return cuda_ops::global_avg_pool_backward(n, c, hw, dy, dx);
+  const Planes pl{c, block};
   cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* g = dy.data<T>();
@@ -243,7 +335,8 @@ void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy
       for (int64_t p = p0; p < p1; ++p) {
         T v;
         cpu_io::store(&v, 0, cpu_io::load(g, p) / static_cast<float>(hw));
-        for (int64_t i = 0; i < hw; ++i) d[p * hw + i] = v;
+        T* plane = d + pl.offset(p, hw);
+        for (int64_t i = 0; i < hw; ++i) plane[i * pl.stride()] = v;
       }
     });
   });

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "graph/layouts.h"
+#include "kernels/conv.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
 
@@ -39,6 +41,7 @@ Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
               std::vector<char>(static_cast<size_t>(graph.num_values()), 0)},
       saved_(graph.nodes().size()) {
   end_ = static_cast<int>(graph.nodes().size());
+  if (device_.is_cpu()) channel_block_ = kernels::cpu_channel_block();
   in_grads_.resize(static_cast<size_t>(graph.num_values()));
   std::vector<char> held;  // a stage's: the parameters its nodes use
   if (stage.second >= 0) {
@@ -84,6 +87,7 @@ void Executor::set_range(int begin, int end) {
   DTRAIN_CHECK(0 <= begin && begin < end && end <= n, "range [{}, {}) of {} nodes", begin, end, n);
   begin_ = begin;
   end_ = end;
+  blocks_stale_ = true;
   user_ranges();
   for (size_t p = 0; p < first_user_.size(); ++p) {
     DTRAIN_CHECK(first_user_[p] < 0 ||
@@ -217,6 +221,35 @@ void Executor::keep(ValueId v, Mode mode) {
   const auto m = static_cast<size_t>(mode == Mode::train ? 0 : 1);
   pinned_[m][static_cast<size_t>(v)] = 1;
   life_stale_[m] = true;
+  blocks_stale_ = true;
+}
+
+void Executor::set_channel_block(int64_t block) {
+  // The workspace was sized for NCHW and this CPU's block (kernels::conv2d_workspace_bytes).
+  DTRAIN_CHECK(block == 0 || (device_.is_cpu() && block == kernels::cpu_channel_block()),
+               "channel block {} on {} (this CPU's is {})", block, device_.str(),
+               kernels::cpu_channel_block());
+  channel_block_ = block;
+  blocks_stale_ = true;
+}
+
+const std::vector<int32_t>& Executor::blocks() {
+  if (blocks_stale_) {
+    std::vector<char> pinned(pinned_[0]);
+    for (size_t v = 0; v < pinned.size(); ++v) pinned[v] = pinned[v] || pinned_[1][v];
+    blocks_ = channel_blocks(graph_, channel_block_, pinned, begin_, end_);
+    blocks_stale_ = false;
+  }
+  return blocks_;
+}
+
+void Executor::bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& store) {
+  const std::vector<int32_t>& b = blocks();
+  store.clear();
+  for (ValueId v : n.inputs) store.push_back(b[static_cast<size_t>(v)]);
+  for (ValueId v : n.outputs) store.push_back(b[static_cast<size_t>(v)]);
+  ctx.input_blocks = std::span<const int32_t>(store).first(n.inputs.size());
+  ctx.output_blocks = std::span<const int32_t>(store).subspan(n.inputs.size());
 }
 
 const Lifetimes& Executor::lifetimes(Mode mode) {
@@ -276,6 +309,8 @@ void Executor::run_forward(int index, bool recompute) {
   ctx.math = math_;
   ctx.batch = batch_;
   ctx.recompute = recompute;
+  std::vector<int32_t> blocks;
+  bind_blocks(n, ctx, blocks);
   n.op->forward(ctx);
   for (size_t o = 0; o < n.outputs.size(); ++o) values_[static_cast<size_t>(n.outputs[o])] = out[o];
   saved_[static_cast<size_t>(index)] = std::move(saved);
@@ -413,6 +448,8 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     ctx.accumulate_mask = accumulate;
     ctx.math = math_;
     ctx.batch = batch_;
+    std::vector<int32_t> blocks;
+    bind_blocks(n, ctx, blocks);
     n.op->backward(ctx);
     for (size_t k = 0; k < n.params.size(); ++k) {
       Tensor total = grad_view(n.params[k]);

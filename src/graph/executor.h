@@ -99,6 +99,13 @@ class Executor {
   // blocks where segments start afresh (the pipeline stages' first blocks).
   void set_checkpointing(int blocks_per_segment, std::vector<int> cuts = {});
 
+  // The channel block of the activations the CPU ops with a blocked form pass among
+  // themselves (graph/layouts.h): kernels::cpu_channel_block() by default on the CPU
+  // (the only other choice: 0, all NCHW), 0 on CUDA. The same bits either way.
+  void set_channel_block(int64_t block);
+  // Per value: its channel block in the range as it stands, 0 when plain.
+  const std::vector<int32_t>& value_blocks() { return blocks(); }
+
   void set_input(ValueId v, Tensor t);  // shape, dtype and device must match the graph input
 
   // Pipeline stages. Runs nodes [begin, end) only (default: all). With activation
@@ -155,6 +162,9 @@ class Executor {
   void user_ranges();  // first_user_ / last_user_ over the range
   Tensor alloc(const TensorSpec& s) const;
   const Lifetimes& lifetimes(Mode mode);
+  const std::vector<int32_t>& blocks();  // per value, graph/layouts.h
+  // ctx's input_blocks / output_blocks for node n (storage in `store`).
+  void bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& store);
   void release_after(const Lifetimes& life, int step);
   // value v, or a Tensor::meta of its spec when it was released
   Tensor value_or_meta(ValueId v) const;
@@ -166,6 +176,9 @@ class Executor {
   std::vector<char> pinned_[2];  // per Mode (train, eval), per value: keep() was called
   Lifetimes life_[2];            // per Mode (train, eval); recomputed when pins change
   bool life_stale_[2] = {true, true};
+  int64_t channel_block_ = 0;
+  std::vector<int32_t> blocks_;
+  bool blocks_stale_ = true;
   int blocks_per_segment_ = 0;
   std::vector<int> cuts_;
   void check_segments();  // none straddles the range

@@ -130,6 +130,12 @@ struct OpContext {
   bool accumulates(size_t k) const { return (accumulate_mask >> k) & 1u; }
   kernels::MathMode math = kernels::MathMode::fp32;  // f32 GEMMs / convolutions (precision.tf32)
   BatchKey batch;
+  // How inputs[k] and outputs[k] (and their gradients) lie in memory: 0 plain, B
+  // channel-blocked (graph/layouts.h; only the ops with a blocked form see a B). Empty:
+  // all plain.
+  std::span<const int32_t> input_blocks, output_blocks;
+  int64_t input_block(size_t k) const { return k < input_blocks.size() ? input_blocks[k] : 0; }
+  int64_t output_block(size_t k) const { return k < output_blocks.size() ? output_blocks[k] : 0; }
   // Forward again for activation checkpointing (graph/lifetimes.h): the outputs and
   // saved tensors must be the first forward's bits, and state that forward updated
   // (batch norm's running statistics) must not be updated twice.

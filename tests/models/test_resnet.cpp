@@ -10,6 +10,8 @@
 #include <regex>
 
 #include "graph/executor.h"
+#include "graph/layouts.h"
+#include "kernels/conv.h"
 #include "models/registry.h"
 #include "models/resnet.h"
 
@@ -235,4 +237,77 @@ TEST_CASE("tiny ResNet-18: Kaiming fan_out init and bit-identical reruns from on
     CHECK(std::fabs(rms / std::sqrt(2.0 / 288) - 1) < 0.05);
   }
   CHECK(std::memcmp(&losses[0], &losses[1], sizeof(float)) == 0);
+}
+
+TEST_CASE("channel blocks: a ResNet's activations from the stem to the global pool, nothing else") {
+  const ModelGraph m = build_model(tiny(), 2);
+  const graph::Graph& g = m.graph;
+  const int nodes = static_cast<int>(g.nodes().size());
+  const std::vector<int32_t> all = graph::channel_blocks(g, 8, {}, 0, nodes);
+  int blocked = 0;
+  for (const graph::Node& n : g.nodes()) {
+    const std::string_view kind = n.op->kind();
+    const bool inside = kind == "conv2d" || kind == "batch_norm2d" || kind == "relu" ||
+                        kind == "add" || kind == "max_pool2d";
+    CAPTURE(n.name);
+    CHECK(all[static_cast<size_t>(n.outputs[0])] == (inside ? 8 : 0));
+    blocked += inside;
+  }
+  CHECK(blocked > 40);
+  CHECK(all[static_cast<size_t>(m.input)] == 0);
+  // Pinning bn1's output makes its operands and relu's plain, and nothing else.
+  std::vector<char> pinned(static_cast<size_t>(g.num_values()), 0);
+  const graph::ValueId bn1 =
+      g.nodes()[static_cast<size_t>(output_of(g, "layer1.0.bn1").producer)].outputs[0];
+  pinned[static_cast<size_t>(bn1)] = 1;
+  const std::vector<int32_t> some = graph::channel_blocks(g, 8, pinned, 0, nodes);
+  int changed = 0;
+  for (size_t v = 0; v < some.size(); ++v) changed += some[v] != all[v];
+  CHECK(changed == 3);  // conv1's output, bn1's, relu's
+  CHECK(some[static_cast<size_t>(bn1)] == 0);
+  // A range: what crosses its ends stays plain, what lies inside is blocked.
+  const int cut = nodes / 2;
+  const std::vector<int32_t> first = graph::channel_blocks(g, 8, {}, 0, cut);
+  for (int i = 0; i < cut; ++i) {
+    const graph::Node& n = g.nodes()[static_cast<size_t>(i)];
+    for (graph::ValueId v : n.outputs) {
+      bool read_later = false;
+      for (int j = cut; j < nodes; ++j)
+        for (graph::ValueId u : g.nodes()[static_cast<size_t>(j)].inputs) read_later |= u == v;
+      if (read_later) CHECK(first[static_cast<size_t>(v)] == 0);
+    }
+  }
+  CHECK(graph::channel_blocks(g, 0, {}, 0, nodes) == std::vector<int32_t>(all.size(), 0));
+}
+
+TEST_CASE("tiny ResNet-18: channel-blocked activations give the NCHW run's bits") {
+  const ModelGraph m = build_model(tiny(), 2);
+  const int64_t native = kernels::cpu_channel_block();
+  for (int segment : {0, 1}) {
+    CAPTURE(segment);
+    std::vector<float> bits[2];  // loss, gradients, running statistics, eval logits
+    for (int64_t block : {int64_t{0}, native}) {
+      graph::Executor ex(m.graph);
+      ex.set_channel_block(block);
+      ex.set_checkpointing(segment);
+      ex.keep(m.logits, graph::Mode::eval);
+      ex.initialize(5);
+      feed(ex, m, {2, 1, 28, 28}, 10);
+      int used = 0;
+      for (int32_t b : ex.value_blocks()) used += b != 0;
+      CHECK((used > 0) == (block > 0));
+      std::vector<float>& out = bits[block ? 1 : 0];
+      ex.forward(graph::Mode::train);
+      out.push_back(ex.value(m.loss).data<float>()[0]);
+      ex.backward(m.loss);
+      for (const Tensor& t : {ex.grads().flat(DType::f32), ex.buffers().flat(DType::f32)})
+        out.insert(out.end(), t.data<float>(), t.data<float>() + t.numel());
+      ex.forward(graph::Mode::eval);
+      const Tensor& logits = ex.value(m.logits);
+      out.insert(out.end(), logits.data<float>(), logits.data<float>() + logits.numel());
+    }
+    if (native == 0) MESSAGE("this CPU's convolutions want no channel block: NCHW both times");
+    REQUIRE(bits[0].size() == bits[1].size());
+    CHECK(std::memcmp(bits[0].data(), bits[1].data(), bits[0].size() * sizeof(float)) == 0);
+  }
 }

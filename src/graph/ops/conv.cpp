@@ -50,19 +50,26 @@ class Conv2d final : public Op {
     return info;
   }
 
-  void do_forward(OpContext& ctx) const override {
+  kernels::Conv2dArgs args(const OpContext& ctx) const {
     kernels::Conv2dArgs a = args(ctx.inputs[0].shape());
     a.math = ctx.math;
+    a.x_block = ctx.input_block(0);
+    a.y_block = ctx.output_block(0);
+    return a;
+  }
+
+  void do_forward(OpContext& ctx) const override {
+    const kernels::Conv2dArgs a = args(ctx);
     kernels::conv2d_forward(a, ctx.inputs[0], ctx.params[0], ctx.outputs[0], ctx.workspace);
     if (bias_ == Bias::yes) {
+      DTRAIN_CHECK(a.y_block == 0, "conv2d: a bias on a channel-blocked output");
       kernels::bias_add({a.n, k_, a.out_h() * a.out_w()}, ctx.outputs[0], ctx.params[1],
                         ctx.outputs[0]);
     }
   }
 
   void do_backward(OpContext& ctx) const override {
-    kernels::Conv2dArgs a = args(ctx.inputs[0].shape());
-    a.math = ctx.math;
+    const kernels::Conv2dArgs a = args(ctx);
     const Tensor& dy = ctx.grad_outputs[0];
     if (ctx.grad_inputs[0].defined()) {
       kernels::conv2d_backward_data(a, dy, ctx.params[0], ctx.grad_inputs[0], ctx.workspace);

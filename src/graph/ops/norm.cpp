@@ -15,8 +15,8 @@ class BatchNorm2d final : public Op {
   std::string_view kind() const override { return "batch_norm2d"; }
 
  protected:
-  kernels::BatchNormArgs args(const Shape& x) const {
-    return {x[0], c_, x[2] * x[3], eps_, momentum_};
+  kernels::BatchNormArgs args(const Shape& x, int64_t block = 0) const {
+    return {x[0], c_, x[2] * x[3], eps_, momentum_, block};
   }
 
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
@@ -37,7 +37,7 @@ class BatchNorm2d final : public Op {
   }
 
   void do_forward(OpContext& ctx) const override {
-    const kernels::BatchNormArgs a = args(ctx.inputs[0].shape());
+    const kernels::BatchNormArgs a = args(ctx.inputs[0].shape(), ctx.input_block(0));
     if (ctx.mode == Mode::eval) {
       kernels::batch_norm_forward_infer(a, ctx.inputs[0], ctx.params[0], ctx.params[1],
                                         ctx.buffers[0], ctx.buffers[1], ctx.outputs[0]);
@@ -67,9 +67,9 @@ class BatchNorm2d final : public Op {
                               &kernels::device_allocator(ctx.inputs[0].device()));
       dx = scratch;
     }
-    kernels::batch_norm_backward(args(ctx.inputs[0].shape()), ctx.inputs[0], ctx.grad_outputs[0],
-                                 ctx.params[0], ctx.saved[0], ctx.saved[1], dx, ctx.grad_params[0],
-                                 ctx.grad_params[1]);
+    kernels::batch_norm_backward(args(ctx.inputs[0].shape(), ctx.input_block(0)), ctx.inputs[0],
+                                 ctx.grad_outputs[0], ctx.params[0], ctx.saved[0], ctx.saved[1], dx,
+                                 ctx.grad_params[0], ctx.grad_params[1]);
   }
 
  private:

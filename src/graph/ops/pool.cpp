@@ -33,13 +33,17 @@ class Pool2d final : public Op {
     info.flops = static_cast<double>(y.numel() * k_ * k_);
     return info;
   }
+  kernels::Pool2dArgs args(const OpContext& ctx) const {
+    kernels::Pool2dArgs a = args(ctx.inputs[0].shape());
+    a.block = ctx.input_block(0);
+    return a;
+  }
   void do_forward(OpContext& ctx) const override {
-    kernels::pool2d_forward(kind_, args(ctx.inputs[0].shape()), ctx.inputs[0], ctx.outputs[0],
-                            ctx.saved[0]);
+    kernels::pool2d_forward(kind_, args(ctx), ctx.inputs[0], ctx.outputs[0], ctx.saved[0]);
   }
   void do_backward(OpContext& ctx) const override {
     if (!ctx.grad_inputs[0].defined()) return;
-    kernels::pool2d_backward(kind_, args(ctx.inputs[0].shape()), ctx.grad_outputs[0], ctx.saved[0],
+    kernels::pool2d_backward(kind_, args(ctx), ctx.grad_outputs[0], ctx.saved[0],
                              ctx.grad_inputs[0]);
   }
 
@@ -64,13 +68,14 @@ class GlobalAvgPool final : public Op {
   }
   void do_forward(OpContext& ctx) const override {
     const Shape& x = ctx.inputs[0].shape();
-    kernels::global_avg_pool_forward(x[0], x[1], x[2] * x[3], ctx.inputs[0], ctx.outputs[0]);
+    kernels::global_avg_pool_forward(x[0], x[1], x[2] * x[3], ctx.inputs[0], ctx.outputs[0],
+                                     ctx.input_block(0));
   }
   void do_backward(OpContext& ctx) const override {
     if (!ctx.grad_inputs[0].defined()) return;
     const Shape& x = ctx.inputs[0].shape();
     kernels::global_avg_pool_backward(x[0], x[1], x[2] * x[3], ctx.grad_outputs[0],
-                                      ctx.grad_inputs[0]);
+                                      ctx.grad_inputs[0], ctx.input_block(0));
   }
 };
 
