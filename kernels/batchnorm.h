@@ -15,6 +15,10 @@ struct BatchNormArgs {
   // 0: x, y, dy, dx are [N, C, HW]; B (8 or 16, f32 on the CPU only): channel-blocked
   // [N, C/B, HW, B], C a multiple of B. The same bits either way.
   int64_t block = 0;
+  // y = max(batch_norm(x), 0), the ReLU fused (f32 on the CPU only): forward writes the
+  // ReLU's output, backward reads it (relu_y) and takes dy where it is > 0, else 0. The
+  // bits of batch norm then ReLU as two ops, without the pre-activation in memory.
+  bool relu = false;
 };
 
 // x [N, C, HW] -> y; gamma, beta [C]; running_mean/var [C] (updated); save_mean, save_invstd [C]
@@ -25,9 +29,10 @@ void batch_norm_forward_train(const BatchNormArgs& args, const Tensor& x, const 
 void batch_norm_forward_infer(const BatchNormArgs& args, const Tensor& x, const Tensor& gamma,
                               const Tensor& beta, const Tensor& running_mean,
                               const Tensor& running_var, Tensor& y);
-// -> dx [N, C, HW], dgamma, dbeta [C] (all overwritten)
+// -> dx [N, C, HW], dgamma, dbeta [C] (all overwritten); relu_y: forward's y, with relu
 void batch_norm_backward(const BatchNormArgs& args, const Tensor& x, const Tensor& dy,
                          const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd,
-                         Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+                         Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                         const Tensor& relu_y = Tensor());
 
 }  // namespace dtrain::kernels

@@ -1,7 +1,9 @@
 // ResNet graph construction. Layout per torchvision: stem (conv1, bn1, relu,
-// maxpool), layer1..layer4 of residual blocks, avgpool, fc. Every conv is
-// bias-free, Kaiming-normal with fan_out (std = sqrt(2 / (K*R*S))) and followed
-// by batch-norm; fc keeps PyTorch's Linear init. No numerics here: ops do them.
+// maxpool; a batch norm followed by a ReLU is one batch_norm2d_relu node, a block's
+// residual add and ReLU one add_relu node named for the ReLU), layer1..layer4 of
+// residual blocks, avgpool, fc. Every conv is bias-free, Kaiming-normal with fan_out (std = sqrt(2
+// / (K*R*S))) and followed by batch-norm; fc keeps PyTorch's Linear init. No numerics here: ops do
+// them.
 #include "models/resnet.h"
 
 #include <cmath>
@@ -43,18 +45,21 @@ ResNetShape resolve(const ModelOptions& o) {
   return s;
 }
 
-// conv (no bias, pad k/2) then batch-norm; returns the BN output.
+enum class Relu : uint8_t { no, yes };
+
+// conv (no bias, pad k/2) then batch-norm, and ReLU with Relu::yes (fused into the
+// batch-norm node, named as it: graph::batch_norm2d_relu); returns the last output.
 ValueId conv_bn(Graph& g, const std::string& conv, const std::string& bn, ValueId x, int64_t cin,
-                int64_t cout, int64_t kernel, int64_t stride, InitKind gamma = InitKind::ones) {
+                int64_t cout, int64_t kernel, int64_t stride, Relu relu,
+                InitKind gamma = InitKind::ones) {
   const ValueId y = g.add1(conv,
                            graph::conv2d(cin, cout, kernel, stride, kernel / 2, 1, 1,
                                          graph::Bias::no, graph::KaimingFan::out),
                            {x});
-  return g.add1(bn, graph::batch_norm2d(cout, 1e-5f, 0.1f, gamma), {y});
-}
-
-ValueId relu(Graph& g, const std::string& name, ValueId x) {
-  return g.add1(name, graph::activation(kernels::Activation::relu), {x});
+  return g.add1(bn,
+                relu == Relu::yes ? graph::batch_norm2d_relu(cout, 1e-5f, 0.1f, gamma)
+                                  : graph::batch_norm2d(cout, 1e-5f, 0.1f, gamma),
+                {y});
 }
 
 struct BlockShape {
@@ -66,36 +71,34 @@ ValueId join(Graph& g, const std::string& p, ValueId x, ValueId branch, const Bl
              int64_t out) {
   ValueId shortcut = x;
   if (s.stride != 1 || s.in != out) {
-    shortcut = conv_bn(g, p + "downsample.0", p + "downsample.1", x, s.in, out, 1, s.stride);
+    shortcut =
+        conv_bn(g, p + "downsample.0", p + "downsample.1", x, s.in, out, 1, s.stride, Relu::no);
   }
-  return relu(g, p + "relu", g.add1(p + "add", graph::add(), {branch, shortcut}));
+  return g.add1(p + "relu", graph::add_relu(), {branch, shortcut});  // add and ReLU: one node
 }
 
 // 3x3 (stride) -> 3x3, expansion 1.
 ValueId basic_block(Graph& g, const std::string& p, ValueId x, const BlockShape& s,
                     InitKind last_gamma) {
-  ValueId h = conv_bn(g, p + "conv1", p + "bn1", x, s.in, s.planes, 3, s.stride);
-  h = relu(g, p + "relu1", h);
-  h = conv_bn(g, p + "conv2", p + "bn2", h, s.planes, s.planes, 3, 1, last_gamma);
+  ValueId h = conv_bn(g, p + "conv1", p + "bn1", x, s.in, s.planes, 3, s.stride, Relu::yes);
+  h = conv_bn(g, p + "conv2", p + "bn2", h, s.planes, s.planes, 3, 1, Relu::no, last_gamma);
   return join(g, p, x, h, s, s.planes);
 }
 
 // 1x1 -> 3x3 (stride, the v1.5 placement) -> 1x1 up to 4 x planes.
 ValueId bottleneck_block(Graph& g, const std::string& p, ValueId x, const BlockShape& s,
                          InitKind last_gamma) {
-  ValueId h = conv_bn(g, p + "conv1", p + "bn1", x, s.in, s.planes, 1, 1);
-  h = relu(g, p + "relu1", h);
-  h = conv_bn(g, p + "conv2", p + "bn2", h, s.planes, s.planes, 3, s.stride);
-  h = relu(g, p + "relu2", h);
-  h = conv_bn(g, p + "conv3", p + "bn3", h, s.planes, 4 * s.planes, 1, 1, last_gamma);
+  ValueId h = conv_bn(g, p + "conv1", p + "bn1", x, s.in, s.planes, 1, 1, Relu::yes);
+  h = conv_bn(g, p + "conv2", p + "bn2", h, s.planes, s.planes, 3, s.stride, Relu::yes);
+  h = conv_bn(g, p + "conv3", p + "bn3", h, s.planes, 4 * s.planes, 1, 1, Relu::no, last_gamma);
   return join(g, p, x, h, s, 4 * s.planes);
 }
 
 // x [N, C, H, W] -> [N, stem width, H/4, W/4] (standard) or [N, stem width, H, W] (small).
 ValueId stem(Graph& g, ValueId x, const ResNetShape& s, int64_t out) {
   const bool small = s.stem == ResNetStem::small;
-  ValueId h = conv_bn(g, "conv1", "bn1", x, s.channels, out, small ? 3 : 7, small ? 1 : 2);
-  h = relu(g, "relu", h);
+  ValueId h =
+      conv_bn(g, "conv1", "bn1", x, s.channels, out, small ? 3 : 7, small ? 1 : 2, Relu::yes);
   if (small) return h;
   return g.add1("maxpool", graph::pool2d(kernels::PoolKind::max, 3, 2, 1), {h});
 }

@@ -81,9 +81,18 @@ void for_chunks(const T* row, int64_t n, Fn&& fn) {
 }
 
 // y[0:n] = x * scale + shift, through f32 chunks.
+// relu (f32 only): max(t, 0) as the ReLU op computes it, (t < 0 ? 0 : t).
 template <typename T>
-void affine_row(const T* x, T* y, int64_t n, float scale, float shift) {
+void affine_row(const T* x, T* y, int64_t n, float scale, float shift, bool relu) {
   if constexpr (std::is_same_v<T, float>) {  // straight through: no staging
+    if (relu) {
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) {
+        const float t = x[i] * scale + shift;
+        y[i] = t < 0.0f ? 0.0f : t;
+      }
+      return;
+    }
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale + shift;
     return;
@@ -195,8 +204,10 @@ void group_affine(const BatchNormArgs& a, const Group& g, const float* x, float*
   for (int64_t n = 0; n < a.n; ++n) {
     const float* xn = g.at(x, a, n);
     float* yn = g.at(y, a, n);
-    for (int64_t i = 0; i < a.hw; ++i)
-      store8(yn + i * g.block, load8(xn + i * g.block) * scale + shift);
+    for (int64_t i = 0; i < a.hw; ++i) {
+      const v8 t = load8(xn + i * g.block) * scale + shift;
+      store8(yn + i * g.block, a.relu ? (t < 0.0f ? v8{} : t) : t);
+    }
   }
 }
 
@@ -230,7 +241,7 @@ void forward_train(const BatchNormArgs& a, const T* x, const float* gamma, const
       const ChannelStats st = channel_stats(a, mo.mean, mo.var, gamma[c], beta[c]);
       for (int64_t n = 0; n < a.n; ++n) {
         const int64_t row = (n * a.c + c) * a.hw;
-        affine_row(x + row, y + row, a.hw, st.scale, st.shift);
+        affine_row(x + row, y + row, a.hw, st.scale, st.shift, a.relu);
       }
       update_channel(a, st, run_mean[c], run_var[c], save_mean[c], save_invstd[c]);
     }
@@ -267,7 +278,7 @@ void forward_infer(const BatchNormArgs& a, const T* x, const float* gamma, const
   parallel_for(0, a.n * a.c, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const ChannelStats st = infer_stats(a, r % a.c, gamma, beta, run_mean, run_var);
-      affine_row(x + r * a.hw, y + r * a.hw, a.hw, st.scale, st.shift);
+      affine_row(x + r * a.hw, y + r * a.hw, a.hw, st.scale, st.shift, a.relu);
     }
   });
 }
@@ -279,9 +290,11 @@ V dx_of(V g, V x, S mu, S is, S k, S mean_dy, S mean_dy_xhat) {
   return k * ((g - mean_dy) - (((x - mu) * is) * mean_dy_xhat));
 }
 
+// relu_y (or null): dy counts where it is > 0 only (the ReLU's backward, fused).
 void group_backward(const BatchNormArgs& a, const Group& grp, const float* x, const float* dy,
-                    const float* gamma, const float* mean, const float* invstd, float* dx,
-                    float* dgamma, float* dbeta) {
+                    const float* relu_y, const float* gamma, const float* mean, const float* invstd,
+                    float* dx, float* dgamma, float* dbeta) {
+  const auto masked = [&](v8 g, const float* y) { return y && !(load8(y) > 0.0f) ? v8{} : g; };
   v8 mu, is;
   for (int l = 0; l < 8; ++l) {
     mu[l] = mean[grp.c0 + l];
@@ -291,13 +304,17 @@ void group_backward(const BatchNormArgs& a, const Group& grp, const float* x, co
   for (int64_t n = 0; n < a.n; ++n) {
     const float* gn = grp.at(dy, a, n);
     const float* xn = grp.at(x, a, n);
+    const float* yn = relu_y ? grp.at(relu_y, a, n) : nullptr;
     for (int64_t o = 0; o < a.hw; o += kChunk) {
       const int64_t len = std::min(kChunk, a.hw - o);
       const float* gc = gn + o * grp.block;
       const float* xc = xn + o * grp.block;
-      const v8 s0 = lane_sum8(gc, grp.block, len, [](v8 v, int64_t) { return v; });
+      const float* yc = yn ? yn + o * grp.block : nullptr;
+      const auto y_at = [&](int64_t i) { return yc ? yc + i * grp.block : nullptr; };
+      const v8 s0 =
+          lane_sum8(gc, grp.block, len, [&](v8 v, int64_t i) { return masked(v, y_at(i)); });
       const v8 s1 = lane_sum8(gc, grp.block, len, [&](v8 v, int64_t i) {
-        return (v * (load8(xc + i * grp.block) - mu)) * is;
+        return (masked(v, y_at(i)) * (load8(xc + i * grp.block) - mu)) * is;
       });
       for (int l = 0; l < 8; ++l) {
         sum_dy[l] += s0[l];
@@ -318,23 +335,25 @@ void group_backward(const BatchNormArgs& a, const Group& grp, const float* x, co
   for (int64_t n = 0; n < a.n; ++n) {
     const float* gn = grp.at(dy, a, n);
     const float* xn = grp.at(x, a, n);
+    const float* yn = relu_y ? grp.at(relu_y, a, n) : nullptr;
     float* dn = grp.at(dx, a, n);
     for (int64_t i = 0; i < a.hw; ++i) {
       const int64_t p = i * grp.block;
-      store8(dn + p, dx_of(load8(gn + p), load8(xn + p), mu, is, k, mean_dy, mean_dy_xhat));
+      const v8 g = masked(load8(gn + p), yn ? yn + p : nullptr);
+      store8(dn + p, dx_of(g, load8(xn + p), mu, is, k, mean_dy, mean_dy_xhat));
     }
   }
 }
 
 template <typename T>
-void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamma,
+void backward(const BatchNormArgs& a, const T* x, const T* dy, const T* relu_y, const float* gamma,
               const float* mean, const float* invstd, T* dx, float* dgamma, float* dbeta) {
   if (a.block > 0) {
     if constexpr (std::is_same_v<T, float>) {
       parallel_for(0, a.c / 8, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
-          group_backward(a, Group{gi * 8, a.block, a.c / a.block}, x, dy, gamma, mean, invstd, dx,
-                         dgamma, dbeta);
+          group_backward(a, Group{gi * 8, a.block, a.c / a.block}, x, dy, relu_y, gamma, mean,
+                         invstd, dx, dgamma, dbeta);
         }
       });
     }
@@ -348,10 +367,15 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
       for (int64_t n = 0; n < a.n; ++n) {
         const int64_t row = (n * a.c + c) * a.hw;
         for_chunks(dy + row, a.hw, [&](const float* g, int64_t len, int64_t o) {
-          float staged[kChunk];
+          float staged[kChunk], masked[kChunk];
           const float* xc = staged;
           if constexpr (std::is_same_v<T, float>) {
             xc = x + row + o;
+            if (relu_y) {  // f32 only (check_common)
+              for (int64_t i = 0; i < len; ++i)
+                masked[i] = relu_y[row + o + i] > 0.0f ? g[i] : 0.0f;
+              g = masked;
+            }
           } else {
             cpu_io::load_n(x + row + o, staged, len);
           }
@@ -372,6 +396,15 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const float* gamm
           const float* g = dy + row;
           const float* xc = x + row;
           float* out = dx + row;
+          if (relu_y) {
+            const float* yc = relu_y + row;
+#pragma omp simd
+            for (int64_t i = 0; i < a.hw; ++i) {
+              const float gi = yc[i] > 0.0f ? g[i] : 0.0f;
+              out[i] = dx_of(gi, xc[i], mu, is, k, mean_dy, mean_dy_xhat);
+            }
+            continue;
+          }
 #pragma omp simd
           for (int64_t i = 0; i < a.hw; ++i) {
             out[i] = dx_of(g[i], xc[i], mu, is, k, mean_dy, mean_dy_xhat);
@@ -404,6 +437,8 @@ void check_common(std::string_view op, const BatchNormArgs& a, const Tensor& x, 
                                 x.dtype() == DType::f32 && x.device().is_cpu()),
                "{}: channel block {} needs f32 on the CPU and C {} a multiple of it", op, a.block,
                a.c);
+  DTRAIN_CHECK(!a.relu || (x.dtype() == DType::f32 && x.device().is_cpu()),
+               "{}: the fused ReLU is f32 on the CPU only, not {}", op, x.str());
   for (const Tensor* t : per_channel) {
     require_dtype(op, "per-channel tensor", *t, {DType::f32});
     require_numel(op, "per-channel tensor", *t, a.c);
@@ -450,21 +485,26 @@ void batch_norm_forward_infer(const BatchNormArgs& args, const Tensor& x, const 
 
 void batch_norm_backward(const BatchNormArgs& args, const Tensor& x, const Tensor& dy,
                          const Tensor& gamma, const Tensor& save_mean, const Tensor& save_invstd,
-                         Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+                         Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor& relu_y) {
   constexpr std::string_view op = "batch_norm_backward";
   const Device device =
       same_device(op, {&x, &dy, &gamma, &save_mean, &save_invstd, &dx, &dgamma, &dbeta});
   check_common(op, args, x, dx, {&gamma, &save_mean, &save_invstd, &dgamma, &dbeta});
   require_dtype(op, "dy", dy, {x.dtype()});
   require_numel(op, "dy", dy, args.n * args.c * args.hw);
+  if (args.relu) {
+    require_dtype(op, "relu_y", relu_y, {x.dtype()});
+    require_numel(op, "relu_y", relu_y, args.n * args.c * args.hw);
+  }
   if (device.is_cuda()) {
     return cuda_ops::batch_norm_backward(args, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
                                          dbeta);
   }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    backward(args, x.data<T>(), dy.data<T>(), gamma.data<float>(), save_mean.data<float>(),
-             save_invstd.data<float>(), dx.data<T>(), dgamma.data<float>(), dbeta.data<float>());
+    backward(args, x.data<T>(), dy.data<T>(), args.relu ? relu_y.data<T>() : nullptr,
+             gamma.data<float>(), save_mean.data<float>(), save_invstd.data<float>(), dx.data<T>(),
+             dgamma.data<float>(), dbeta.data<float>());
   });
 }
 

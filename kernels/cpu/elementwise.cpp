@@ -123,6 +123,17 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   binary(a.dtype(), a, b, out, [](float x, float y) { return x + y; });
 }
 
+void add_relu(const Tensor& a, const Tensor& b, Tensor& out) {
+  const Device device = check_same("add_relu", a, b, out);
+  DTRAIN_CHECK(device.is_cpu() && a.dtype() == DType::f32, "add_relu: f32 on the CPU only, not {}",
+               a.str());
+  // std::max(s, 0), as the ReLU: -0 and NaN pass through.
+  binary(a.dtype(), a, b, out, [](float x, float y) {
+    const float s = x + y;
+    return s < 0.0f ? 0.0f : s;
+  });
+}
+
 void mul(const Tensor& a, const Tensor& b, Tensor& out) {
   if (check_same("mul", a, b, out).is_cuda()) return cuda_ops::mul(a, b, out);
   binary(a.dtype(), a, b, out, [](float x, float y) { return x * y; });

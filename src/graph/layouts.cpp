@@ -9,8 +9,9 @@ namespace {
 
 // Ops with a channel-blocked form; all but conv2d need their operands alike.
 bool makes_blocked(std::string_view kind) {
-  return kind == "conv2d" || kind == "batch_norm2d" || kind == "relu" || kind == "add" ||
-         kind == "max_pool2d" || kind == "avg_pool2d";
+  return kind == "conv2d" || kind == "batch_norm2d" || kind == "batch_norm2d_relu" ||
+         kind == "relu" || kind == "add" || kind == "add_relu" || kind == "max_pool2d" ||
+         kind == "avg_pool2d";
 }
 bool reads_blocked(std::string_view kind) {
   return makes_blocked(kind) || kind == "global_avg_pool";

@@ -8,7 +8,8 @@
 // either way; only the ops below read it (OpContext::input_block / output_block).
 //
 // A value is blocked when it is an f32 [N, C, H, W] with C a multiple of B, made inside
-// the executor's range by a conv2d, batch_norm2d, relu, add, max_pool2d or avg_pool2d,
+// the executor's range by a conv2d, batch_norm2d(_relu), relu, add(_relu), max_pool2d or
+// avg_pool2d,
 // and read only inside the range, by those and global_avg_pool; and it is not pinned
 // (the caller reads it) nor crosses the range (what pipeline stages send and receive
 // stays NCHW). A node that needs its operands alike (every listed op but conv2d and

@@ -39,6 +39,10 @@ std::unique_ptr<Op> conv2d(int64_t in_channels, int64_t out_channels, int64_t ke
 // gamma_init is ones or zeros (zeros: a residual branch that starts as the identity).
 std::unique_ptr<Op> batch_norm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f,
                                  InitKind gamma_init = InitKind::ones);
+// batch_norm2d then ReLU as one op: the same bits, one pass on the CPU, and the
+// pre-activation never stored (its output is the ReLU's).
+std::unique_ptr<Op> batch_norm2d_relu(int64_t channels, float eps = 1e-5f, float momentum = 0.1f,
+                                      InitKind gamma_init = InitKind::ones);
 // x [..., C] -> same
 std::unique_ptr<Op> layer_norm(int64_t channels, float eps = 1e-5f);
 std::unique_ptr<Op> activation(kernels::Activation act);
@@ -53,6 +57,8 @@ std::unique_ptr<Op> flatten();
 std::unique_ptr<Op> to_compute_dtype();
 // a, b (same shape) -> a + b
 std::unique_ptr<Op> add();
+// relu(a + b) as one op: the same bits, the sum never stored (a residual block's end).
+std::unique_ptr<Op> add_relu();
 // Whether self_attention takes a second input, the key-padding mask u8 [B, T]
 // (1 = attend, 0 = padding).
 enum class KeyMask : uint8_t { none, input };

@@ -2,13 +2,15 @@
 // bit, for every CPU kernel with a blocked form: convolution (each direction, either
 // side blocked), batch norm (train, eval and backward, planes shorter than a lane
 // group, longer than a sum chunk), max pooling (ties, a NaN), average and global
-// average pooling; for B = 8 and 16 on any CPU.
+// average pooling; for B = 8 and 16 on any CPU. And batch norm with its ReLU fused
+// against the two kernels in turn, in either layout.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "kernels/activation.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
 #include "kernels/pooling.h"
@@ -148,6 +150,56 @@ TEST_CASE("batch norm: channel-blocked train, eval and backward give the NCHW bi
       }
     }
   }
+}
+
+TEST_CASE("batch norm with the ReLU fused gives batch norm then ReLU's bits, in either layout") {
+  const int64_t n = 2, c = 16, hw = 45;
+  for (int64_t b : {int64_t{0}, int64_t{8}, int64_t{16}}) {
+    CAPTURE(b);
+    const auto lay = [&](const Tensor& t) { return b ? to_blocked(t, b) : t; };
+    const auto unlay = [&](const Tensor& t) { return b ? from_blocked(t, b) : t; };
+    Tensor x = random_tensor({n, c, 5, 9}, 21);
+    x.data<float>()[7] = -0.0f;
+    const Tensor dy = random_tensor({n, c, 5, 9}, 22);
+    const Tensor gamma = random_tensor({c}, 23), beta = random_tensor({c}, 24);
+    const BatchNormArgs plain{n, c, hw, 1e-5f, 0.1f, b};
+    BatchNormArgs fused = plain;
+    fused.relu = true;
+    Tensor stats[8];
+    for (Tensor& t : stats) t = random_tensor({c}, 25);
+    for (Tensor* t : {&stats[1], &stats[5]})
+      for (int64_t i = 0; i < c; ++i) t->data<float>()[i] = 1.0f;
+    // Two kernels: batch norm, ReLU, ReLU's backward from its input, batch norm's backward.
+    Tensor pre = empty_like(x), y = empty_like(x), g = empty_like(x), dx = empty_like(x);
+    Tensor dgamma = empty_like(gamma), dbeta = empty_like(gamma);
+    batch_norm_forward_train(plain, lay(x), gamma, beta, pre, stats[0], stats[1], stats[2],
+                             stats[3]);
+    activation_forward(Activation::relu, pre, y);
+    activation_backward(Activation::relu, pre, lay(dy), g);
+    batch_norm_backward(plain, lay(x), g, gamma, stats[2], stats[3], dx, dgamma, dbeta);
+    // Fused.
+    Tensor yf = empty_like(x), dxf = empty_like(x), dgf = empty_like(gamma),
+           dbf = empty_like(gamma);
+    batch_norm_forward_train(fused, lay(x), gamma, beta, yf, stats[4], stats[5], stats[6],
+                             stats[7]);
+    batch_norm_backward(fused, lay(x), lay(dy), gamma, stats[6], stats[7], dxf, dgf, dbf, yf);
+    CHECK(same_bits(unlay(yf), unlay(y)));
+    CHECK(same_bits(unlay(dxf), unlay(dx)));
+    CHECK(same_bits(dgf, dgamma));
+    CHECK(same_bits(dbf, dbeta));
+    for (int k = 0; k < 4; ++k) CHECK(same_bits(stats[k], stats[k + 4]));
+    // Eval.
+    Tensor yi = empty_like(x), yif = empty_like(x);
+    batch_norm_forward_infer(plain, lay(x), gamma, beta, stats[0], stats[1], yi);
+    activation_forward(Activation::relu, yi, yi);
+    batch_norm_forward_infer(fused, lay(x), gamma, beta, stats[0], stats[1], yif);
+    CHECK(same_bits(yif, yi));
+  }
+  const BatchNormArgs half{1, 16, 4, 1e-5f, 0.1f, 0, true};
+  Tensor h = Tensor::empty({1, 16, 2, 2}, DType::bf16), hy = empty_like(h);
+  Tensor s[6];
+  for (Tensor& t : s) t = Tensor::empty({16}, DType::f32);
+  CHECK_THROWS(batch_norm_forward_train(half, h, s[0], s[1], hy, s[2], s[3], s[4], s[5]));
 }
 
 TEST_CASE(

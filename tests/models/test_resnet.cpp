@@ -131,7 +131,8 @@ TEST_CASE("stems: standard is /4 before layer1, small keeps 28 px inputs at full
   const ModelGraph small = build_model(tiny(), 2);
   CHECK_FALSE(has_node(small.graph, "maxpool"));
   CHECK(param(small.graph, "conv1.weight").spec.shape == Shape{16, 1, 3, 3});
-  CHECK(output_of(small.graph, "relu").spec.shape == Shape{2, 16, 28, 28});
+  CHECK(output_of(small.graph, "bn1").spec.shape == Shape{2, 16, 28, 28});  // with its ReLU
+  CHECK_FALSE(has_node(small.graph, "relu"));
   CHECK(output_of(small.graph, "layer1.1.relu").spec.shape == Shape{2, 16, 28, 28});
   CHECK(output_of(small.graph, "layer2.1.relu").spec.shape == Shape{2, 32, 14, 14});
   CHECK(output_of(small.graph, "layer3.1.relu").spec.shape == Shape{2, 64, 7, 7});
@@ -247,15 +248,15 @@ TEST_CASE("channel blocks: a ResNet's activations from the stem to the global po
   int blocked = 0;
   for (const graph::Node& n : g.nodes()) {
     const std::string_view kind = n.op->kind();
-    const bool inside = kind == "conv2d" || kind == "batch_norm2d" || kind == "relu" ||
-                        kind == "add" || kind == "max_pool2d";
+    const bool inside = kind == "conv2d" || kind == "batch_norm2d" || kind == "batch_norm2d_relu" ||
+                        kind == "add_relu" || kind == "max_pool2d";
     CAPTURE(n.name);
     CHECK(all[static_cast<size_t>(n.outputs[0])] == (inside ? 8 : 0));
     blocked += inside;
   }
   CHECK(blocked > 40);
   CHECK(all[static_cast<size_t>(m.input)] == 0);
-  // Pinning bn1's output makes its operands and relu's plain, and nothing else.
+  // Pinning bn1's output (batch norm and ReLU) makes its operands plain, and nothing else.
   std::vector<char> pinned(static_cast<size_t>(g.num_values()), 0);
   const graph::ValueId bn1 =
       g.nodes()[static_cast<size_t>(output_of(g, "layer1.0.bn1").producer)].outputs[0];
@@ -263,7 +264,7 @@ TEST_CASE("channel blocks: a ResNet's activations from the stem to the global po
   const std::vector<int32_t> some = graph::channel_blocks(g, 8, pinned, 0, nodes);
   int changed = 0;
   for (size_t v = 0; v < some.size(); ++v) changed += some[v] != all[v];
-  CHECK(changed == 3);  // conv1's output, bn1's, relu's
+  CHECK(changed == 2);  // conv1's output, bn1's
   CHECK(some[static_cast<size_t>(bn1)] == 0);
   // A range: what crosses its ends stays plain, what lies inside is blocked.
   const int cut = nodes / 2;

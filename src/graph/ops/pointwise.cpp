@@ -1,6 +1,7 @@
 // Pointwise layers: activations, dropout, residual add, flatten.
 #include "core/rng.h"
 #include "graph/ops.h"
+#include "kernels/activation.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 
@@ -113,6 +114,44 @@ class Add final : public Op {
   }
 };
 
+// relu(a + b) as one op ("add_relu"), whose output is the ReLU's: the sum is never
+// stored, and on the CPU (f32) one pass makes it. Backward gives each input dy where the
+// output is > 0 (where the sum is), else 0. The bits of add then ReLU.
+class AddRelu final : public Op {
+ public:
+  std::string_view kind() const override { return "add_relu"; }
+
+ protected:
+  int num_inputs() const override { return 2; }
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    if (!(in[0] == in[1])) {
+      op_error(kind(), fmt::format("operands differ: {} {} vs {} {}", dtype_name(in[0].dtype),
+                                   in[0].shape.str(), dtype_name(in[1].dtype), in[1].shape.str()));
+    }
+    OpInfo info;
+    info.outputs = {in[0]};
+    info.keep = Keep::outputs;
+    info.flops = 2.0 * static_cast<double>(in[0].shape.numel());
+    return info;
+  }
+  void do_forward(OpContext& ctx) const override {
+    if (ctx.inputs[0].dtype() == DType::f32 && ctx.inputs[0].device().is_cpu()) {
+      kernels::add_relu(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
+      return;
+    }
+    kernels::add(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
+    kernels::activation_forward(kernels::Activation::relu, ctx.outputs[0], ctx.outputs[0]);
+  }
+  void do_backward(OpContext& ctx) const override {
+    for (Tensor& g : ctx.grad_inputs) {
+      if (g.defined()) {
+        kernels::activation_backward(kernels::Activation::relu, ctx.outputs[0], ctx.grad_outputs[0],
+                                     g);
+      }
+    }
+  }
+};
+
 class Flatten final : public Op {
  public:
   std::string_view kind() const override { return "flatten"; }
@@ -174,6 +213,7 @@ std::unique_ptr<Op> dropout(float p) {
 }
 
 std::unique_ptr<Op> add() { return std::make_unique<Add>(); }
+std::unique_ptr<Op> add_relu() { return std::make_unique<AddRelu>(); }
 std::unique_ptr<Op> flatten() { return std::make_unique<Flatten>(); }
 
 }  // namespace dtrain::graph
