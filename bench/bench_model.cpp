@@ -259,7 +259,9 @@ double best_of_two(Fn&& fn) {
   return best;
 }
 
-// Every conv's fwd / bwd-data / bwd-filter alone, summed over the model's convs.
+// Every conv's fwd / bwd-data / bwd-filter alone, summed over the model's convs, with
+// activations in this CPU's channel block where the channels allow (as the executor
+// keeps them: graph/layouts.h), so no activation is reordered.
 nlohmann::json isolated_convs(const graph::Graph& g, const graph::FlatStore& params) {
   double fwd = 0, bwd_data = 0, bwd_filter = 0, flops = 0;
   int convs = 0, skipped = 0;
@@ -269,6 +271,11 @@ nlohmann::json isolated_convs(const graph::Graph& g, const graph::FlatStore& par
     if (!conv_args(g, n, params, a)) {
       ++skipped;
       continue;
+    }
+    const int64_t b = kernels::cpu_channel_block();
+    if (b > 0 && a.groups == 1) {
+      a.x_block = a.c % b == 0 ? b : 0;
+      a.y_block = a.k % b == 0 ? b : 0;
     }
     // Zeros: the kernels' speed does not depend on the values.
     Tensor x = zeros({a.n, a.c, a.h, a.w}), dx = zeros({a.n, a.c, a.h, a.w});
