@@ -294,7 +294,10 @@ V dx_of(V g, V x, S mu, S is, S k, S mean_dy, S mean_dy_xhat) {
 void group_backward(const BatchNormArgs& a, const Group& grp, const float* x, const float* dy,
                     const float* relu_y, const float* gamma, const float* mean, const float* invstd,
                     float* dx, float* dgamma, float* dbeta) {
-  const auto masked = [&](v8 g, const float* y) { return y && !(load8(y) > 0.0f) ? v8{} : g; };
+  const auto masked = [](v8 g, const float* y) {
+    if (!y) return g;
+    return load8(y) > 0.0f ? g : v8{};
+  };
   v8 mu, is;
   for (int l = 0; l < 8; ++l) {
     mu[l] = mean[grp.c0 + l];

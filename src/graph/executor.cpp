@@ -233,18 +233,15 @@ void Executor::set_channel_block(int64_t block) {
   blocks_stale_ = true;
 }
 
-const std::vector<int32_t>& Executor::blocks() {
-  if (blocks_stale_) {
-    std::vector<char> pinned(pinned_[0]);
-    for (size_t v = 0; v < pinned.size(); ++v) pinned[v] = pinned[v] || pinned_[1][v];
-    blocks_ = channel_blocks(graph_, channel_block_, pinned, begin_, end_);
-    blocks_stale_ = false;
-  }
-  return blocks_;
+std::vector<int32_t> Executor::value_blocks() const {
+  std::vector<char> pinned(pinned_[0]);
+  for (size_t v = 0; v < pinned.size(); ++v) pinned[v] = pinned[v] || pinned_[1][v];
+  return channel_blocks(graph_, channel_block_, pinned, begin_, end_);
 }
 
-void Executor::bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& store) {
-  const std::vector<int32_t>& b = blocks();
+void Executor::bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& store) const {
+  const std::vector<int32_t>& b = blocks_;
+  DTRAIN_CHECK(b.size() == static_cast<size_t>(graph_.num_values()), "no layouts before forward");
   store.clear();
   for (ValueId v : n.inputs) store.push_back(b[static_cast<size_t>(v)]);
   for (ValueId v : n.outputs) store.push_back(b[static_cast<size_t>(v)]);
@@ -277,6 +274,10 @@ void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
   for (size_t v = 0; v < values_.size(); ++v)
     if (graph_.value(static_cast<ValueId>(v)).producer >= begin_) values_[v] = Tensor();
   for (auto& s : saved_) s.clear();
+  if (blocks_stale_) {  // this step's layouts, until its backward ends
+    blocks_ = value_blocks();
+    blocks_stale_ = false;
+  }
   const Lifetimes& life = lifetimes(mode);
   for (size_t i = static_cast<size_t>(begin_); i < static_cast<size_t>(end_); ++i) {
     if (hooks.pre_op) hooks.pre_op(static_cast<int>(i), Phase::forward);

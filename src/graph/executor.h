@@ -103,8 +103,11 @@ class Executor {
   // themselves (graph/layouts.h): kernels::cpu_channel_block() by default on the CPU
   // (the only other choice: 0, all NCHW), 0 on CUDA. The same bits either way.
   void set_channel_block(int64_t block);
-  // Per value: its channel block in the range as it stands, 0 when plain.
-  const std::vector<int32_t>& value_blocks() { return blocks(); }
+  // Per value: its channel block as the next forward will take it, 0 when plain. The
+  // layouts are taken at the start of each forward and hold until its backward ends
+  // (keep, set_range or set_channel_block in between change the next step's). A value
+  // read without keep() may lie blocked.
+  std::vector<int32_t> value_blocks() const;
 
   void set_input(ValueId v, Tensor t);  // shape, dtype and device must match the graph input
 
@@ -162,9 +165,8 @@ class Executor {
   void user_ranges();  // first_user_ / last_user_ over the range
   Tensor alloc(const TensorSpec& s) const;
   const Lifetimes& lifetimes(Mode mode);
-  const std::vector<int32_t>& blocks();  // per value, graph/layouts.h
-  // ctx's input_blocks / output_blocks for node n (storage in `store`).
-  void bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& store);
+  // ctx's input_blocks / output_blocks for node n (storage in `store`), from blocks_.
+  void bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& store) const;
   void release_after(const Lifetimes& life, int step);
   // value v, or a Tensor::meta of its spec when it was released
   Tensor value_or_meta(ValueId v) const;
@@ -177,7 +179,7 @@ class Executor {
   Lifetimes life_[2];            // per Mode (train, eval); recomputed when pins change
   bool life_stale_[2] = {true, true};
   int64_t channel_block_ = 0;
-  std::vector<int32_t> blocks_;
+  std::vector<int32_t> blocks_;  // per value (graph/layouts.h), taken by forward()
   bool blocks_stale_ = true;
   int blocks_per_segment_ = 0;
   std::vector<int> cuts_;

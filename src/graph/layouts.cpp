@@ -1,22 +1,15 @@
 #include "graph/layouts.h"
 
 #include <algorithm>
-#include <string_view>
 
 namespace dtrain::graph {
 
 namespace {
 
-// Ops with a channel-blocked form; all but conv2d need their operands alike.
-bool makes_blocked(std::string_view kind) {
-  return kind == "conv2d" || kind == "batch_norm2d" || kind == "batch_norm2d_relu" ||
-         kind == "relu" || kind == "add" || kind == "add_relu" || kind == "max_pool2d" ||
-         kind == "avg_pool2d";
+bool makes_blocked(const Op& op) {
+  return op.blocked_form() == BlockedForm::alike || op.blocked_form() == BlockedForm::free;
 }
-bool reads_blocked(std::string_view kind) {
-  return makes_blocked(kind) || kind == "global_avg_pool";
-}
-bool operands_alike(std::string_view kind) { return makes_blocked(kind) && kind != "conv2d"; }
+bool reads_blocked(const Op& op) { return op.blocked_form() != BlockedForm::none; }
 
 }  // namespace
 
@@ -33,10 +26,10 @@ std::vector<int32_t> channel_blocks(const Graph& graph, int64_t block, std::span
     const bool inside = i >= begin && i < end;
     for (ValueId v : n.inputs) {
       ++readers[static_cast<size_t>(v)];
-      if (!inside || !reads_blocked(n.op->kind())) ok[static_cast<size_t>(v)] = 0;
+      if (!inside || !reads_blocked(*n.op)) ok[static_cast<size_t>(v)] = 0;
     }
     for (ValueId v : n.outputs) {
-      if (!inside || !makes_blocked(n.op->kind())) ok[static_cast<size_t>(v)] = 0;
+      if (!inside || !makes_blocked(*n.op)) ok[static_cast<size_t>(v)] = 0;
     }
   }
   for (size_t v = 0; v < nv; ++v) {
@@ -51,7 +44,7 @@ std::vector<int32_t> channel_blocks(const Graph& graph, int64_t block, std::span
     changed = false;
     for (int i = begin; i < end; ++i) {
       const Node& n = nodes[static_cast<size_t>(i)];
-      if (!operands_alike(n.op->kind())) continue;
+      if (n.op->blocked_form() != BlockedForm::alike) continue;
       bool all = true;
       for (ValueId v : n.inputs) all = all && ok[static_cast<size_t>(v)];
       for (ValueId v : n.outputs) all = all && ok[static_cast<size_t>(v)];

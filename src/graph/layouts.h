@@ -5,15 +5,17 @@
 // cost two reorders of every activation and gradient per convolution and pass
 // (ResNet-50: 0.70 s of a 6.5 s step). The layout is the CPU backend's business: the
 // graph, its shapes, the memory plan and every op's result (bit for bit) are the same
-// either way; only the ops below read it (OpContext::input_block / output_block).
+// either way; only ops with a blocked form see it (OpContext::input_block / output_block).
 //
-// A value is blocked when it is an f32 [N, C, H, W] with C a multiple of B, made inside
-// the executor's range by a conv2d, batch_norm2d(_relu), relu, add(_relu), max_pool2d or
-// avg_pool2d,
-// and read only inside the range, by those and global_avg_pool; and it is not pinned
-// (the caller reads it) nor crosses the range (what pipeline stages send and receive
-// stays NCHW). A node that needs its operands alike (every listed op but conv2d and
-// global_avg_pool) has them all blocked or none. A value's gradient lies as the value.
+// Each op says whether it has a blocked form (Op::blocked_form): batch norm (with or
+// without its ReLU), max / average pooling, ReLU and add (with or without its ReLU)
+// need their operands alike; a convolution with groups 1 and no bias takes each
+// operand as it lies; global average pooling reads a blocked input. A value is blocked
+// when it is an f32 [N, C, H, W] with C a multiple of B, made inside the executor's
+// range by an op with a blocked form and read only inside the range by such ops; and
+// it is not pinned (the caller reads it) nor crosses the range (what pipeline stages
+// send and receive stays NCHW). A node that needs its operands alike has them all
+// blocked or none. A value's gradient lies as the value.
 #pragma once
 
 #include <cstdint>

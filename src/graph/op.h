@@ -94,6 +94,12 @@ struct OpInfo {
 
 enum class Mode : uint8_t { train, eval };
 
+// Whether an op has a channel-blocked form on the CPU (graph/layouts.h): none; alike
+// (its 4-D inputs and outputs all blocked or all plain: batch norm, pooling, ReLU, add);
+// free (each input and output on its own: a convolution with groups 1 and no bias);
+// reads (a blocked input, a plain output: global average pooling).
+enum class BlockedForm : uint8_t { none, alike, free, reads };
+
 // Which samples of the step's global batch this batch holds: samples [first, first +
 // count), batch-major in every tensor (sample b owns the b-th 1/count of each
 // activation). Random draws are keyed by the sample, not by the rank or micro-batch
@@ -162,6 +168,9 @@ class Op {
   // Tensor parallelism (graph/tensor_parallel.h): the op computing one rank's part
   // in `share`'s role, or null when it has no such form.
   virtual std::unique_ptr<Op> tensor_share(const TpShare& /*share*/) const { return nullptr; }
+  // Its channel-blocked form, if any (graph/layouts.h); OpContext::input_block and
+  // output_block then say which operands are blocked.
+  virtual BlockedForm blocked_form() const { return BlockedForm::none; }
 
  protected:
   virtual OpInfo do_infer(std::span<const TensorSpec> inputs) const = 0;

@@ -11,6 +11,7 @@
 
 #include "graph/executor.h"
 #include "graph/layouts.h"
+#include "graph/ops.h"
 #include "kernels/conv.h"
 #include "models/registry.h"
 #include "models/resnet.h"
@@ -279,6 +280,26 @@ TEST_CASE("channel blocks: a ResNet's activations from the stem to the global po
     }
   }
   CHECK(graph::channel_blocks(g, 0, {}, 0, nodes) == std::vector<int32_t>(all.size(), 0));
+}
+
+TEST_CASE("channel blocks: a grouped or biased convolution keeps its operands NCHW") {
+  using graph::Bias;
+  graph::Graph g;
+  const graph::ValueId x = g.input("x", {2, 8, 6, 6}, DType::f32);
+  const graph::ValueId a = g.add1("c1", graph::conv2d(8, 16, 3, 1, 1), {x});
+  const graph::ValueId b = g.add1("bn1", graph::batch_norm2d_relu(16), {a});
+  const graph::ValueId c = g.add1("c2", graph::conv2d(16, 16, 3, 1, 1, 1, 2), {b});  // groups 2
+  const graph::ValueId d = g.add1("bn2", graph::batch_norm2d(16), {c});
+  const graph::ValueId e = g.add1("c3", graph::conv2d(16, 16, 1, 1, 0, 1, 1, Bias::yes), {d});
+  const graph::ValueId f = g.add1("c4", graph::conv2d(16, 16, 1, 1, 0), {e});
+  const graph::ValueId h = g.add1("bn4", graph::batch_norm2d_relu(16), {f});
+  g.add1("pool", graph::global_avg_pool(), {h});
+  const std::vector<int32_t> blocks =
+      graph::channel_blocks(g, 8, {}, 0, static_cast<int>(g.nodes().size()));
+  // b feeds the grouped conv, so bn1's operands (a, b) stay plain; c, d around bn2 feed or
+  // come from a grouped or biased conv; e is the biased conv's output; f and h are free.
+  for (graph::ValueId v : {x, a, b, c, d, e}) CHECK(blocks[static_cast<size_t>(v)] == 0);
+  for (graph::ValueId v : {f, h}) CHECK(blocks[static_cast<size_t>(v)] == 8);
 }
 
 TEST_CASE("tiny ResNet-18: channel-blocked activations give the NCHW run's bits") {

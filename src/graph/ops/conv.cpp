@@ -20,6 +20,10 @@ class Conv2d final : public Op {
         bias_(bias),
         fan_(fan) {}
   std::string_view kind() const override { return "conv2d"; }
+  // oneDNN's blocked layouts here for groups 1; the bias pass is NCHW's.
+  BlockedForm blocked_form() const override {
+    return groups_ == 1 && bias_ == Bias::no ? BlockedForm::free : BlockedForm::none;
+  }
 
  protected:
   kernels::Conv2dArgs args(const Shape& x) const {

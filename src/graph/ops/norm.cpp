@@ -18,6 +18,7 @@ class BatchNorm2d final : public Op {
   BatchNorm2d(int64_t c, float eps, float momentum, InitKind gamma_init, bool relu)
       : c_(c), eps_(eps), momentum_(momentum), gamma_init_(gamma_init), relu_(relu) {}
   std::string_view kind() const override { return relu_ ? "batch_norm2d_relu" : "batch_norm2d"; }
+  BlockedForm blocked_form() const override { return BlockedForm::alike; }
 
  protected:
   kernels::BatchNormArgs args(const Shape& x, int64_t block = 0) const {

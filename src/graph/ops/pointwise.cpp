@@ -24,6 +24,10 @@ class ActivationOp final : public Op {
     }
     return "activation";
   }
+  // ReLU is element-wise and its kernels layout-blind; the others are kept NCHW.
+  BlockedForm blocked_form() const override {
+    return act_ == kernels::Activation::relu ? BlockedForm::alike : BlockedForm::none;
+  }
 
  protected:
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
@@ -90,6 +94,7 @@ class Dropout final : public Op {
 class Add final : public Op {
  public:
   std::string_view kind() const override { return "add"; }
+  BlockedForm blocked_form() const override { return BlockedForm::alike; }
 
  protected:
   int num_inputs() const override { return 2; }
@@ -120,6 +125,7 @@ class Add final : public Op {
 class AddRelu final : public Op {
  public:
   std::string_view kind() const override { return "add_relu"; }
+  BlockedForm blocked_form() const override { return BlockedForm::alike; }
 
  protected:
   int num_inputs() const override { return 2; }

@@ -12,6 +12,7 @@ class Pool2d final : public Op {
   std::string_view kind() const override {
     return kind_ == kernels::PoolKind::max ? "max_pool2d" : "avg_pool2d";
   }
+  BlockedForm blocked_form() const override { return BlockedForm::alike; }
 
  protected:
   kernels::Pool2dArgs args(const Shape& x) const {
@@ -55,6 +56,7 @@ class Pool2d final : public Op {
 class GlobalAvgPool final : public Op {
  public:
   std::string_view kind() const override { return "global_avg_pool"; }
+  BlockedForm blocked_form() const override { return BlockedForm::reads; }
 
  protected:
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
