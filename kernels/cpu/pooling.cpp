@@ -193,11 +193,12 @@ void check_pool(std::string_view op, const Pool2dArgs& a) {
       "{}: padding {},{} must be at most half the kernel {}x{}", op, a.pad_h, a.pad_w, a.kernel_h,
       a.kernel_w);
   DTRAIN_CHECK(a.out_h() > 0 && a.out_w() > 0, "{}: empty output", op);
-  DTRAIN_CHECK(a.block == 0 || ((a.block == 8 || a.block == 16) && a.c % a.block == 0),
-               "{}: channel block {} of {} channels", op, a.block, a.c);
 }
 
-void check_block(std::string_view op, int64_t block, const Tensor& t) {
+// A channel block (0: NCHW) of c channels for tensor t.
+void check_block(std::string_view op, int64_t block, int64_t c, const Tensor& t) {
+  DTRAIN_CHECK(block == 0 || ((block == 8 || block == 16) && c % block == 0),
+               "{}: channel block {} of {} channels", op, block, c);
   DTRAIN_CHECK(block == 0 || (t.dtype() == DType::f32 && t.device().is_cpu()),
                "{}: channel blocks are f32 on the CPU only, not {}", op, t.str());
 }
@@ -219,7 +220,7 @@ void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tens
     require_dtype(op, "argmax", argmax, {DType::i32});
     require_numel(op, "argmax", argmax, planes * out);
   }
-  check_block(op, args.block, x);
+  check_block(op, args.block, args.c, x);
   if (device.is_cuda()) return cuda_ops::pool2d_forward(kind, args, x, y, argmax);
   if (kind == PoolKind::max) am = argmax.data<int32_t>();
   const Planes pl{args.c, args.block};
@@ -266,7 +267,7 @@ void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, co
     require_dtype(op, "argmax", argmax, {DType::i32});
     require_numel(op, "argmax", argmax, planes * out);
   }
-  check_block(op, args.block, dy);
+  check_block(op, args.block, args.c, dy);
   if (device.is_cuda()) return cuda_ops::pool2d_backward(kind, args, dy, argmax, dx);
   if (kind == PoolKind::max) am = argmax.data<int32_t>();
   const Planes pl{args.c, args.block};
@@ -293,9 +294,7 @@ void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, 
   require_dtype(op, "y", y, {x.dtype()});
   require_numel(op, "x", x, n * c * hw);
   require_numel(op, "y", y, n * c);
-  DTRAIN_CHECK(block == 0 || ((block == 8 || block == 16) && c % block == 0), "{}: block {} of {}",
-               op, block, c);
-  check_block(op, block, x);
+  check_block(op, block, c, x);
   if (device.is_cuda()) return cuda_ops::global_avg_pool_forward(n, c, hw, x, y);
   const Planes pl{c, block};
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
@@ -322,9 +321,7 @@ void global_avg_pool_backward(int64_t n, int64_t c, int64_t hw, const Tensor& dy
   require_dtype(op, "dx", dx, {dy.dtype()});
   require_numel(op, "dy", dy, n * c);
   require_numel(op, "dx", dx, n * c * hw);
-  DTRAIN_CHECK(block == 0 || ((block == 8 || block == 16) && c % block == 0), "{}: block {} of {}",
-               op, block, c);
-  check_block(op, block, dy);
+  check_block(op, block, c, dy);
   if (device.is_cuda()) return cuda_ops::global_avg_pool_backward(n, c, hw, dy, dx);
   const Planes pl{c, block};
   cpu_io::dispatch_float(dy.dtype(), [&](auto tag) {

@@ -33,31 +33,25 @@ Tensor random_tensor(const Shape& s, uint32_t seed, bool relu_like = false) {
 }
 
 // [N, C, H, W] <-> [N, C/B, H, W, B] (any element type of 4 bytes).
-Tensor to_blocked(const Tensor& x, int64_t b) {
+Tensor relayout(const Tensor& x, int64_t b, bool to_blocked) {
   const Shape& s = x.shape();
   Tensor y = Tensor::empty(s, x.dtype());
   const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
   const auto* in = static_cast<const uint32_t*>(x.raw());
   auto* out = static_cast<uint32_t*>(y.raw());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t p = 0; p < hw; ++p)
-        out[((i * (c / b) + ch / b) * hw + p) * b + ch % b] = in[(i * c + ch) * hw + p];
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t p = 0; p < hw; ++p) {
+        const int64_t plain = (i * c + ch) * hw + p;
+        const int64_t blocked = ((i * (c / b) + ch / b) * hw + p) * b + ch % b;
+        out[to_blocked ? blocked : plain] = in[to_blocked ? plain : blocked];
+      }
+    }
+  }
   return y;
 }
-
-Tensor from_blocked(const Tensor& y, int64_t b) {
-  const Shape& s = y.shape();
-  Tensor x = Tensor::empty(s, y.dtype());
-  const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
-  const auto* in = static_cast<const uint32_t*>(y.raw());
-  auto* out = static_cast<uint32_t*>(x.raw());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t p = 0; p < hw; ++p)
-        out[(i * c + ch) * hw + p] = in[((i * (c / b) + ch / b) * hw + p) * b + ch % b];
-  return x;
-}
+Tensor to_blocked(const Tensor& x, int64_t b) { return relayout(x, b, true); }
+Tensor from_blocked(const Tensor& y, int64_t b) { return relayout(y, b, false); }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;

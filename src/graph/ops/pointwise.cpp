@@ -91,9 +91,13 @@ class Dropout final : public Op {
   float p_;
 };
 
+// a + b; with relu, relu(a + b) as one op ("add_relu"), whose output is the ReLU's: the
+// sum is never stored, and on the CPU (f32) one pass makes it. Its backward gives each
+// input dy where the output is > 0 (where the sum is), else 0: the bits of add then ReLU.
 class Add final : public Op {
  public:
-  std::string_view kind() const override { return "add"; }
+  explicit Add(bool relu) : relu_(relu) {}
+  std::string_view kind() const override { return relu_ ? "add_relu" : "add"; }
   BlockedForm blocked_form() const override { return BlockedForm::alike; }
 
  protected:
@@ -105,57 +109,34 @@ class Add final : public Op {
     }
     OpInfo info;
     info.outputs = {in[0]};
-    info.keep = Keep::nothing;
-    info.flops = static_cast<double>(in[0].shape.numel());
+    info.keep = relu_ ? Keep::outputs : Keep::nothing;
+    info.flops = (relu_ ? 2.0 : 1.0) * static_cast<double>(in[0].shape.numel());
     return info;
   }
   void do_forward(OpContext& ctx) const override {
-    kernels::add(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
-  }
-  void do_backward(OpContext& ctx) const override {
-    for (Tensor& g : ctx.grad_inputs) {
-      if (g.defined()) kernels::scale(1.0f, ctx.grad_outputs[0], g);
-    }
-  }
-};
-
-// relu(a + b) as one op ("add_relu"), whose output is the ReLU's: the sum is never
-// stored, and on the CPU (f32) one pass makes it. Backward gives each input dy where the
-// output is > 0 (where the sum is), else 0. The bits of add then ReLU.
-class AddRelu final : public Op {
- public:
-  std::string_view kind() const override { return "add_relu"; }
-  BlockedForm blocked_form() const override { return BlockedForm::alike; }
-
- protected:
-  int num_inputs() const override { return 2; }
-  OpInfo do_infer(std::span<const TensorSpec> in) const override {
-    if (!(in[0] == in[1])) {
-      op_error(kind(), fmt::format("operands differ: {} {} vs {} {}", dtype_name(in[0].dtype),
-                                   in[0].shape.str(), dtype_name(in[1].dtype), in[1].shape.str()));
-    }
-    OpInfo info;
-    info.outputs = {in[0]};
-    info.keep = Keep::outputs;
-    info.flops = 2.0 * static_cast<double>(in[0].shape.numel());
-    return info;
-  }
-  void do_forward(OpContext& ctx) const override {
-    if (ctx.inputs[0].dtype() == DType::f32 && ctx.inputs[0].device().is_cpu()) {
+    if (relu_ && ctx.inputs[0].dtype() == DType::f32 && ctx.inputs[0].device().is_cpu()) {
       kernels::add_relu(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
       return;
     }
     kernels::add(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
-    kernels::activation_forward(kernels::Activation::relu, ctx.outputs[0], ctx.outputs[0]);
+    if (relu_) {
+      kernels::activation_forward(kernels::Activation::relu, ctx.outputs[0], ctx.outputs[0]);
+    }
   }
   void do_backward(OpContext& ctx) const override {
     for (Tensor& g : ctx.grad_inputs) {
-      if (g.defined()) {
+      if (!g.defined()) continue;
+      if (relu_) {
         kernels::activation_backward(kernels::Activation::relu, ctx.outputs[0], ctx.grad_outputs[0],
                                      g);
+      } else {
+        kernels::scale(1.0f, ctx.grad_outputs[0], g);
       }
     }
   }
+
+ private:
+  bool relu_;
 };
 
 class Flatten final : public Op {
@@ -218,8 +199,8 @@ std::unique_ptr<Op> dropout(float p) {
   return std::make_unique<Dropout>(p);
 }
 
-std::unique_ptr<Op> add() { return std::make_unique<Add>(); }
-std::unique_ptr<Op> add_relu() { return std::make_unique<AddRelu>(); }
+std::unique_ptr<Op> add() { return std::make_unique<Add>(false); }
+std::unique_ptr<Op> add_relu() { return std::make_unique<Add>(true); }
 std::unique_ptr<Op> flatten() { return std::make_unique<Flatten>(); }
 
 }  // namespace dtrain::graph
