@@ -12,6 +12,8 @@
 // non-finite check) and, for evaluation, the logits and targets.
 #include "runtime/trainer.h"
 
+#include "runtime/train_session.h"
+
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -24,52 +26,9 @@
 #include <map>
 #include <memory>
 
-#include "core/allocator.h"
-#include "dist/allreduce.h"
-#include "dist/ddp.h"
-#include "dist/grid.h"
-#include "dist/watchdog.h"
-#include "dist/zero_grads.h"
-#include "kernels/device_info.h"
-#include "kernels/elementwise.h"
-#include "kernels/memory.h"
-#include "models/registry.h"
-#include "optim/clip.h"
-#include "optim/schedule.h"
-#include "precision/loss_scaler.h"
-#include "runtime/checkpoint.h"
-#include "runtime/data_feed.h"
-#include "runtime/device_feed.h"
-#include "runtime/estimate.h"
-#include "runtime/faults.h"
-#include "runtime/grad_compression.h"
-#include "runtime/master_weights.h"
-#include "runtime/metrics.h"
-#include "runtime/monitor.h"
-#include "runtime/pipeline.h"
-#include "runtime/profiler.h"
-#include "runtime/replicas.h"
-#include "runtime/report.h"
-#include "runtime/roofline.h"
-#include "runtime/safetensors.h"
-#include "runtime/signals.h"
-#include "runtime/tensor_parallel.h"
-#include "runtime/tensorboard.h"
-#include "runtime/train_state.h"
-#include "runtime/zero.h"
-#include "runtime/zero_params.h"
-
 namespace dtrain::runtime {
 
-namespace fs = std::filesystem;
-
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 [[noreturn]] void unsupported(const std::string& key, const std::string& value) {
   throw Error(fmt::format("{}: {} is not supported by `dtrain train` yet", key, value),
@@ -181,6 +140,19 @@ std::string fnv1a_hex(std::string_view s) {
   return fmt::format("{:016x}", h);
 }
 
+float read_scalar(const Tensor& t) { return kernels::to_host(t).data<float>()[0]; }
+
+// `t` on the host as f32 (half logits widened for the accuracy count).
+Tensor host_f32(const Tensor& t) {
+  const Tensor h = kernels::to_host(t);
+  if (h.dtype() == DType::f32) return h;
+  Tensor f = Tensor::empty(h.shape(), DType::f32);
+  kernels::cast(h, f);
+  return f;
+}
+
+}  // namespace
+
 std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
                                              NoDecayGroups rule) {
   std::vector<optim::ParamSegment> segs;
@@ -196,139 +168,6 @@ std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>
   }
   return segs;
 }
-
-float read_scalar(const Tensor& t) { return kernels::to_host(t).data<float>()[0]; }
-
-// `t` on the host as f32 (half logits widened for the accuracy count).
-Tensor host_f32(const Tensor& t) {
-  const Tensor h = kernels::to_host(t);
-  if (h.dtype() == DType::f32) return h;
-  Tensor f = Tensor::empty(h.shape(), DType::f32);
-  kernels::cast(h, f);
-  return f;
-}
-
-struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
-  int64_t samples = 0;
-};
-
-// Element-wise sums over the ranks (in double; one small all-reduce).
-template <size_t N>
-std::array<double, N> sum_over_ranks(dist::Communicator& comm, std::array<double, N> v) {
-  if (comm.size() == 1) return v;
-  Tensor t = Tensor::wrap(v.data(), Shape{static_cast<int64_t>(N)}, DType::f64);
-  comm.all_reduce(t);
-  return v;
-}
-
-// What one optimizer step adds up over every rank: the loss summed over labels,
-// the label count, and how many ranks were asked to stop.
-struct StepTotals {
-  double loss_sum = 0, labelled = 0, stop = 0;
-};
-
-}  // namespace
-
-class TrainSession {
- public:
-  TrainSession(const TrainRequest& r, dist::Communicator& comm);
-  int run(const StopSignals& signals, dist::Watchdog* watchdog);
-
- private:
-  void open_run_dir();
-  void resume_if_asked();
-  void connect(dist::Watchdog* watchdog);
-  void connect_compression(const std::vector<dist::Bucket>& buckets);
-  double train_step(const StopSignals& signals);
-  std::string first_non_finite(const Tensor& grads) const;
-  Tensor own_grads() const;
-  [[noreturn]] void fail_non_finite(double loss) const;
-  StepTotals agree_totals(const StepTotals& local);
-  EvalResult evaluate();
-  void log_window(double loss, double seconds, double wait);
-  void log_eval(const EvalResult& r);
-  void save_checkpoint();
-  void set_batch(const FeedBatch& b);
-  void init_from(const std::string& path);
-  void add_device_memory(nlohmann::json& line) const;
-  nlohmann::json estimate_by_kind() const;
-  bool leader() const { return comm_.rank() == 0; }
-  void note(const std::string& line);  // rank 0's console, and this rank's log
-  void publish(const nlohmann::json& line, std::string_view group);
-  double gpu_peak_flops();  // cached in gpu_peak_
-  Profiler* profiler() const { return profile_ ? profile_->profiler() : nullptr; }
-
-  const TrainRequest& req_;
-  const Job& job_;
-  dist::Communicator& comm_;                         // the host world: agreement, totals, checks
-  std::unique_ptr<dist::Communicator> device_comm_;  // NCCL for a GPU job across ranks
-  dist::Communicator* grad_comm_ = nullptr;          // gradients and buffers: device_comm_ or comm_
-  models::ModelGraph model_;
-  graph::DTypePolicy policy_;
-  std::unique_ptr<graph::Executor> ex_;
-  std::vector<graph::Stage> stages_;         // parallel.pipeline > 1: the stage plan
-  std::unique_ptr<dist::ProcessGrid> grid_;  // pipeline x data groups (pipeline > 1)
-  std::unique_ptr<PipelineStage> pipeline_;  // this rank's stage
-  dist::GridCoord coord_;                    // this rank's place in the grid
-  std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
-  std::unique_ptr<TiedWeights> tied_;        // weights tied across stages (pipeline)
-  // A grid's checkpoint writers, in the order of their ranges (stage, data rank, tensor
-  // rank): every ZeRO rank of a pipeline, else data rank 0's (the others hold a group
-  // they never use).
-  std::unique_ptr<dist::Communicator> save_comm_;
-  std::shared_ptr<CommTensorGroup> tp_group_;   // parallel.tensor > 1: the split ops' group
-  graph::TensorParallelPlan tp_plan_;           // what the pass split on this rank
-  std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
-  bool tensor_split() const { return tp_group_ != nullptr; }
-  void write_shard(ShardedSave save);
-  void save_tensor_parts(std::vector<Tensor>& state);
-  Tensor whole_of(const Tensor& range) const;
-  void save_by_shard();
-  TrainCounters resume_whole(const fs::path& file);
-  void pipeline_passes(StepTotals& local);
-  std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
-  std::unique_ptr<optim::Optimizer> opt_;
-  std::unique_ptr<DataSource> source_;
-  std::unique_ptr<DeviceFeed> train_;
-  std::unique_ptr<dist::GradSync> sync_;
-  std::unique_ptr<dist::ShardedGradSync> zero_sync_;  // ZeRO-2 instead of sync_
-  bool zero2_ = false, zero3_ = false;
-  std::unique_ptr<graph::ParamUnits> units_;    // ZeRO-3: the blocks gathered before use
-  std::unique_ptr<ShardedParams> zero_params_;  // ZeRO-3: this rank's parameters
-  Tensor shard_grads_;                          // ZeRO-2: this rank's shard of the summed gradient
-  double bus_mark_ = 0;                         // grad_comm_'s bus bytes at the last logged window
-  std::unique_ptr<BufferAverage> buffer_avg_;
-  std::unique_ptr<GradCompression> compression_;  // compress.method, in GradSync's buckets
-  std::vector<NamedTensor> resumed_compression_;  // its state from the checkpoint, if any
-  Tensor grad_acc_;
-  graph::FlatStore grad_acc_store_;  // a pipeline stage's grad_acc_: its held gradients
-  bool language_model_ = false;
-  TrainCounters counters_;
-  int64_t total_steps_ = 0;
-  int micro_batches_ = 1;
-  bool stop_agreed_ = false;
-  std::string algo_summary_;
-  fs::path out_dir_, ckpt_dir_;
-  bool resumed_ = false;
-  std::unique_ptr<MetricsLog> metrics_;
-  std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
-  std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)
-  std::unique_ptr<ProfileWindow> profile_;  // logging.profile: every rank's trace
-  double gpu_peak_ = -1;                    // gpu_peak_flops(); -1: not asked yet
-  std::unique_ptr<RankLog> rank_log_;
-  FaultInjector faults_{comm_.rank()};
-  OverflowInjector overflows_{comm_.rank()};
-  SaveFaultInjector save_faults_{comm_.rank()};
-  bool inject_overflow_ = false;
-  precision::LossScaler scaler_{job_.precision.loss_scale};
-  MemoryEstimate estimate_;  // dtrain estimate's figures, for the summary
-  std::string init_note_;    // model.init_from's line, printed once the log is open
-  Progress progress_{stderr};
-  EvalResult last_eval_;
-  bool have_eval_ = false;
-};
 
 TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
     : req_(r), job_(r.job), comm_(comm) {
@@ -483,154 +322,6 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
   if (!init_note_.empty()) {
     note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);
-  }
-}
-
-void TrainSession::open_run_dir() {
-  std::error_code ec;
-  fs::create_directories(out_dir_ / "logs", ec);
-  if (ec) {
-    throw Error(
-        fmt::format("run.output_dir: cannot create {}: {}", out_dir_.string(), ec.message()),
-        "choose a writable directory");
-  }
-  rank_log_ = std::make_unique<RankLog>(
-      out_dir_ / "logs" / fmt::format("rank-{}.log", comm_.rank()), resumed_);
-  rank_log_->write(fmt::format("rank {} of {} ({} communicator), pid {}", comm_.rank(),
-                               comm_.size(), comm_.backend(), getpid()));
-  if (job_.logging.profile.steps > 0) {  // every rank traces its own steps
-    profile_ = std::make_unique<ProfileWindow>(
-        job_.logging.profile, model_.graph, job_.device, comm_.rank(),
-        out_dir_ / fmt::format("trace-rank-{}.json", comm_.rank()));
-  }
-  if (!leader()) return;
-  std::ofstream(out_dir_ / "job.yaml") << req_.resolved_yaml;
-  const int64_t keep_through = resumed_ ? counters_.step : -1;
-  if (job_.logging.jsonl)
-    metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", keep_through);
-  if (job_.logging.tensorboard)
-    events_ = std::make_unique<EventWriter>(out_dir_ / "tensorboard", keep_through);
-  monitor_ = std::make_unique<SystemMonitor>(job_.device);
-}
-
-// A train or eval line to metrics.jsonl and, as scalars "<group>/<key>" (every number
-// in it but the step), to TensorBoard.
-void TrainSession::publish(const nlohmann::json& line, std::string_view group) {
-  if (metrics_) metrics_->write(line);
-  if (!events_) return;
-  std::vector<std::pair<std::string, double>> values;
-  for (const auto& [key, v] : line.items()) {
-    if (key == "step" || !v.is_number()) continue;
-    values.emplace_back(fmt::format("{}/{}", group, key), v.get<double>());
-  }
-  events_->scalars(counters_.step, values);
-}
-
-// model.init_from: the weights (and batch-norm statistics) of a safetensors file under
-// the family's reference names replace the seeded ones; the optimizer starts fresh. A
-// resumed run then continues from its checkpoint instead (resume_if_asked, after).
-void TrainSession::init_from(const std::string& path) {
-  InitWeights w;
-  try {
-    w = load_init_weights(path, job_.model.arch, model_.graph.param_layout(),
-                          model_.graph.buffer_layout());
-  } catch (const Error& e) {
-    throw Error("model.init_from: " + e.message(), e.hint());
-  }
-  weights_->load_piece(0, w.params);
-  weights_->finish_load();
-  if (w.buffers.defined()) {
-    Tensor live = ex_->buffers().flat(DType::f32);
-    DTRAIN_CHECK(live.defined() && live.numel() == w.buffers.numel(),
-                 "init_from: buffers of {} elements for a store of {}", w.buffers.numel(),
-                 live.defined() ? live.numel() : 0);
-    kernels::copy(w.buffers, live);
-  }
-  init_note_ = fmt::format("initialised from {} ({} tensors)", path, w.tensors);
-}
-
-void TrainSession::note(const std::string& line) {
-  if (leader()) progress_.print(line);
-  if (rank_log_) rank_log_->write(line);
-}
-
-// Tensor parallelism: the checkpoint holds the one-rank model's layout; every rank
-// streams it piece by piece (parameters and each optimizer state buffer) and keeps its
-// parts, holding its own local layout only, never the whole model: the parameters
-// whole, each optimizer buffer only the range this rank steps (ZeRO's shard, a
-// pipeline stage's span).
-TrainCounters TrainSession::resume_whole(const fs::path& file) {
-  const int64_t elems = ex_->grads().buffer_elems(DType::f32);
-  const ShardRange& sh = weights_->shard();
-  const int64_t base = sh.ranged() ? sh.begin : 0;
-  const auto zeros = [](int64_t n) {
-    Tensor t = Tensor::empty(Shape{n}, DType::f32);
-    kernels::fill(t, 0.0f);
-    return t;
-  };
-  Tensor params = zeros(elems);
-  std::map<std::string, Tensor> state;  // each optimizer buffer's range in the local layout
-  for (const auto& [name, t] : opt_->state().buffers)
-    state.emplace(name, zeros(sh.ranged() ? sh.size() : elems));
-  RangeLoad load;
-  load.layout = &whole_layout_;
-  load.begin = 0;
-  load.end = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
-  load.params = [&](int64_t lo, const Tensor& piece) {
-    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), params);
-  };
-  load.state = [&](const std::string& name, int64_t lo, const Tensor& piece) {
-    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), state.at(name), base);
-  };
-  load.buffers = &ex_->buffers();
-  load.opt = opt_.get();  // its options are checked; it takes the step
-  const TrainCounters counters = load_train_state_ranges(file, load);
-  weights_->load_piece(0, params);
-  // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
-  // local layout, as `state` does.
-  optim::OptimizerState mine = opt_->state();
-  for (auto& [name, t] : mine.buffers) kernels::copy(state.at(name), t);
-  opt_->load_state(mine);
-  return counters;
-}
-
-void TrainSession::resume_if_asked() {
-  if (req_.resume) {
-    const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
-    if (!file.empty()) {
-      const std::string hash = counters_.config_hash;
-      // Any layout's checkpoint (a file, or a sharded directory of any world size):
-      // every parameter piece, and this rank's range of the optimizer state; tensor
-      // parallelism takes its parts of the one-rank model.
-      RangeLoad load;
-      load.layout = &weights_->layout();
-      load.begin = weights_->shard().begin;
-      load.end = weights_->shard().end;
-      load.params = [this](int64_t lo, const Tensor& piece) { weights_->load_piece(lo, piece); };
-      load.buffers = &ex_->buffers();
-      load.opt = opt_.get();
-      load.rank = comm_.rank();
-      load.world = comm_.size();
-      load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
-        for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
-      };
-      counters_ = tensor_split() ? resume_whole(file) : load_train_state_ranges(file, load);
-      weights_->finish_load();
-      if (counters_.config_hash != hash) {
-        note(
-            fmt::format("note: {} was written by a different job file (the model "
-                        "matches, so training continues with this job's settings)",
-                        file.string()));
-        counters_.config_hash = hash;
-      }
-      if (counters_.scaler) scaler_.load(*counters_.scaler);
-      note(fmt::format(
-          "resumed from {} at step {}{}", file.string(), counters_.step,
-          tensor_split() ? fmt::format(" (tensor rank {} takes its parts)", coord_.tp) : ""));
-      resumed_ = true;
-    } else {
-      note("no checkpoint yet; starting from step 0");
-    }
   }
 }
 
@@ -804,23 +495,6 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
         "size or method, or none): error feedback starts empty");
   }
   note(compression_->describe());
-}
-
-// The estimate's bytes per kind ("parameters": ..., "activations (train)": ...).
-nlohmann::json TrainSession::estimate_by_kind() const {
-  nlohmann::json out = nlohmann::json::object();
-  for (const MemoryItem& i : estimate_.state) out[i.kind] = i.bytes;
-  out["activations (train)"] = estimate_.train.peak;
-  out["activations (eval)"] = estimate_.eval.peak;
-  return out;
-}
-
-// The GPU pool's peak and reserved bytes (absent on the CPU: peak_host_bytes says it).
-void TrainSession::add_device_memory(nlohmann::json& line) const {
-  if (!job_.device.is_cuda()) return;
-  const MemoryStats s = kernels::device_allocator(job_.device).stats();
-  line["peak_device_bytes"] = s.peak;
-  line["reserved_device_bytes"] = s.reserved;
 }
 
 void TrainSession::set_batch(const FeedBatch& b) {
@@ -1003,18 +677,6 @@ void TrainSession::pipeline_passes(StepTotals& local) {
   pipeline_->train_step(static_cast<uint64_t>(counters_.step), model_.loss, hooks);
 }
 
-// The peak of the job's GPU in its compute dtype: its datasheet's, as the roofline
-// takes it (runtime/roofline.h).
-double TrainSession::gpu_peak_flops() {
-  if (gpu_peak_ >= 0) return gpu_peak_;
-  const DType compute = compute_dtype(job_.precision.dtype);
-  const RooflinePeak p =
-      roofline_peak(job_.device, compute,
-                    job_.precision.tf32 ? kernels::MathMode::tf32 : kernels::MathMode::fp32);
-  gpu_peak_ = compute == DType::f32 ? p.matrix_f32_flops : p.matrix_half_flops;
-  return gpu_peak_;
-}
-
 // The gradient of the range this rank steps, summed: all of it, with ZeRO its shard
 // (ZeRO-2 keeps nothing else; ZeRO-1's other ranges hold this rank's own part only), in
 // a pipeline its stage's span (or its shard of it).
@@ -1112,247 +774,6 @@ EvalResult TrainSession::evaluate() {
   return r;
 }
 
-void TrainSession::log_window(double loss, double seconds, double wait) {
-  const double samples = static_cast<double>(job_.data.global_batch);
-  const double lr = optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr,
-                                 std::max<int64_t>(opt_->step_count() - 1, 0), total_steps_);
-  const dist::SyncStats comm = zero_sync_ ? zero_sync_->take_stats() : sync_->take_stats();
-  const double bus = grad_comm_->stats().bus_bytes;  // every collective of the window's steps
-  const double volume = bus - bus_mark_;
-  bus_mark_ = bus;
-  if (rank_log_) {
-    rank_log_->write(fmt::format(
-        "step {} loss {:.6f} step_time {:.4f}s data_wait {:.4f}s "
-        "comm {:.4f}s exposed {:.4f}s {} bytes",
-        counters_.step, loss, seconds, wait, comm.comm_seconds, comm.exposed_seconds, comm.bytes));
-  }
-  if (leader()) {
-    nlohmann::json line = {{"step", counters_.step},
-                           {"epoch", counters_.position.epoch},
-                           {"loss", loss},
-                           {"lr", lr},
-                           {"samples_per_s", samples / seconds},
-                           {"step_time_s", seconds},
-                           {"data_wait_s", wait},
-                           {"peak_host_bytes", host_allocator().stats().peak}};
-    // The model's FLOPs per step on this rank (forward and backward at twice forward,
-    // the roofline's count) over the step time; MFU where the peak is a datasheet's
-    // (CUDA): a CPU's must be measured, which `dtrain bench` does, not every run.
-    const double flops = 3.0 * model_.graph.forward_flops() * micro_batches_;
-    line["model_gflops_per_s"] = flops / seconds / 1e9;
-    if (job_.device.is_cuda()) {
-      const double peak = gpu_peak_flops();
-      if (peak > 0) line["mfu"] = flops / seconds / peak;
-    }
-    if (language_model_)
-      line["tokens_per_s"] = samples * static_cast<double>(*job_.model.seq_len) / seconds;
-    if (comm_.size() > 1) {  // this rank's figures, summed over the window's steps
-      line["comm_bytes"] = comm.bytes;
-      line["comm_volume_bytes"] = volume;  // dist::CommStats::bus_bytes: the ZeRO paper's units
-      line["comm_time_s"] = comm.comm_seconds;
-      line["exposed_comm_s"] = comm.exposed_seconds;
-      line["allreduce"] = algo_summary_;
-      if (compression_) {  // what this rank put on the wire for its buckets, and the saving
-        const compress::Tally t = compression_->take_tally();
-        if (t.sent > 0) {
-          line["comm_sent_bytes"] = t.sent;
-          line["compression_ratio"] = static_cast<double>(t.dense) / static_cast<double>(t.sent);
-        }
-      }
-    }
-    if (scaler_.mode() != LossScaleMode::none) {
-      line["loss_scale"] = scaler_.scale();
-      line["skipped_steps"] = scaler_.state().skipped_steps;
-    }
-    add_device_memory(line);
-    monitor_->add_fields(line);
-    publish(line, "train");
-  }
-  if (job_.logging.console && leader()) {
-    const double eta = seconds * static_cast<double>(total_steps_ - counters_.step);
-    progress_.update(
-        fmt::format("step {}/{}  epoch {}  loss {:.4f}  lr {:.4g}  {:.0f} samples/s  "
-                    "ETA {}",
-                    counters_.step, total_steps_, counters_.position.epoch, loss, lr,
-                    samples / seconds, format_duration(eta)));
-  }
-}
-
-void TrainSession::log_eval(const EvalResult& r) {
-  last_eval_ = r;
-  have_eval_ = true;
-  if (leader()) {
-    nlohmann::json line = {{"step", counters_.step},
-                           {"eval", true},
-                           {"test_loss", r.loss},
-                           {"test_accuracy", r.accuracy}};
-    if (language_model_) {  // accuracy over the predicted tokens (the masked ones for BERT)
-      line["test_tokens"] = r.samples;
-      line["test_perplexity"] = std::exp(r.loss);
-    } else {
-      line["test_samples"] = r.samples;
-    }
-    publish(line, "eval");
-  }
-  const std::string text =
-      language_model_
-          ? fmt::format(
-                "eval at step {}: test loss {:.4f} (perplexity {:.1f}), token accuracy "
-                "{:.2f}% ({} tokens)",
-                counters_.step, r.loss, std::exp(r.loss), 100 * r.accuracy, r.samples)
-          : fmt::format("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
-                        counters_.step, r.loss, 100 * r.accuracy, r.samples);
-  if (rank_log_) rank_log_->write(text);
-  if (job_.logging.console && leader()) progress_.print(text);
-}
-
-// Every rank first proves its replica equals rank 0's (parameters, buffers, optimizer
-// state); rank 0 then writes. Its file is complete (renamed into place) when it returns.
-// A rank that steps a range of the layout (ZeRO's shard, a pipeline stage's span, or
-// the stage's shard) writes that range by shard (runtime/train_state.h: a step-N
-// directory): every ZeRO rank, or one data replica of each stage; data replicas prove
-// they agree first (a stage's all of it, ZeRO's the buffers). Tensor parallelism writes
-// the one-rank model's layout by shard too (save_tensor_parts).
-void TrainSession::save_checkpoint() {
-  const ShardRange& sh = weights_->shard();
-  if (sh.ranged() && !tensor_split()) {
-    save_by_shard();
-    return;
-  }
-  // This rank's whole layout (a range stepped here widened to it, ZeRO's shards gathered).
-  graph::FlatStore* params = sh.ranged() ? nullptr : &weights_->state();
-  std::vector<Tensor> state = {
-      params ? params->flat(DType::f32) : whole_of(weights_->shard_params()),
-      ex_->buffers().flat(DType::f32)};
-  for (const auto& [name, t] : opt_->state().buffers)
-    state.push_back(sh.ranged() ? whole_of(t) : t);
-  if (!sh.sharded()) {
-    check_replicas(tensor_split() || pipeline_ ? *grad_comm_ : comm_, state,
-                   "parameters, buffers and optimizer state");
-  }
-  if (tensor_split()) {
-    save_tensor_parts(state);
-    return;
-  }
-  std::vector<NamedTensor> extra;
-  if (compression_) extra = compression_->state(comm_, false);  // collective
-  if (leader()) {
-    const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
-    save_train_state(file, *params, ex_->buffers(), *opt_, counters_, extra);
-    prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
-  }
-  weights_->release_state();
-}
-
-// A range of the layout by shard: ZeRO's, or a pipeline stage's span (each stage's
-// first data replica writes it, stage 0's shard carrying every stage's buffers).
-void TrainSession::save_by_shard() {
-  const ShardRange& sh = weights_->shard();
-  dist::Communicator& data = pipeline_ ? grid_->group(dist::Axis::data) : comm_;
-  std::vector<Tensor> replicated = {ex_->buffers().flat(DType::f32)};
-  if (!sh.sharded()) {  // a stage's data replicas hold the same range
-    replicated.push_back(weights_->shard_params());
-    for (const auto& [name, t] : opt_->state().buffers) replicated.push_back(t);
-  }
-  check_replicas(data, replicated,
-                 sh.sharded() ? "buffers" : "parameters, buffers and optimizer state");
-  if (!sh.sharded() && coord_.dp != 0) return;
-  ShardedSave save;
-  save.begin = sh.begin;
-  save.end = sh.end;
-  save.params = weights_->shard_params();
-  save.layout = &weights_->layout();
-  save.total = ex_->grads().buffer_elems(DType::f32);
-  save.opt = opt_.get();
-  save.zero_stage = sh.sharded() ? job_.parallel.zero_stage : 0;
-  if (compression_) save.extra = compression_->state(comm_, true);
-  write_shard(save);
-}
-
-// Writes this rank's shard of a step-N directory (every field of `save` but the group,
-// the buffers, the precision and the crash hook, which are the same for every sharded
-// save). The buffers: the executor's, or in a pipeline a copy holding every stage's own
-// on stage 0, the save's rank 0 (collective over data rank 0's pipeline group).
-void TrainSession::write_shard(ShardedSave save) {
-  graph::FlatStore buffers;
-  save.buffers = &ex_->buffers();
-  if (pipeline_ && coord_.dp == 0) {
-    buffers = graph::FlatStore(ex_->buffers().entries());
-    buffers.allocate(ex_->buffers().device());
-    Tensor all = buffers.flat(DType::f32);
-    if (all.defined()) {
-      kernels::copy(ex_->buffers().flat(DType::f32), all);
-      gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_,
-                            {{all, &buffers.entries()}});
-    }
-    save.buffers = &buffers;
-  }
-  save.comm = save_comm_ ? save_comm_.get() : &comm_;
-  save.precision = std::string(to_string(job_.precision.dtype));
-  save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
-  save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
-  if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
-}
-
-// The whole layout (f32, host) from the range this rank steps: zeros elsewhere, and
-// with ZeRO every data rank's shard of the span gathered over the data group.
-Tensor TrainSession::whole_of(const Tensor& range) const {
-  const ShardRange& mine = weights_->shard();
-  const int64_t total = ex_->grads().buffer_elems(DType::f32);
-  Tensor full = Tensor::empty(Shape{total}, DType::f32);
-  kernels::fill(full, 0.0f);
-  Tensor dst = full.view(mine.begin, Shape{mine.size()});
-  kernels::copy(range, dst);
-  if (mine.sharded()) {
-    dist::Communicator& data = grid_ ? grid_->group(dist::Axis::data) : comm_;
-    std::vector<int64_t> counts;
-    for (int r = 0; r < data.size(); ++r)
-      counts.push_back(shard_of(mine.span, r, data.size(), mine.base).size());
-    data.all_gatherv_async(full.view(mine.base, Shape{mine.span}), counts).wait();
-  }
-  return full;
-}
-
-// Tensor parallelism: the replicated parameters and their optimizer state checked the
-// same bits on every tensor rank (each computes them whole), then the one-rank model's
-// layout written by shard: each stage's span of it (the whole model without a
-// pipeline) divided among its tensor ranks, each range assembled on its owner from
-// every tensor rank's parts (assemble_range; exact: every element comes from one rank)
-// and written by it, on data rank 0. Any layout resumes it (resume_whole).
-// state: this rank's full parameters, buffers, optimizer buffers (local layout).
-void TrainSession::save_tensor_parts(std::vector<Tensor>& state) {
-  std::vector<Tensor> replicated;
-  for (size_t k = 0; k < state.size(); ++k) {
-    if (k == 1 || !state[k].defined()) continue;  // [1]: the buffers, checked elsewhere
-    for (const graph::FlatEntry& e : weights_->layout()) {
-      if (!e.spec.split.split())
-        replicated.push_back(state[k].view(e.offset, Shape{e.spec.shape.numel()}));
-    }
-  }
-  check_replicas(grid_->group(dist::Axis::tensor), replicated,
-                 "replicated parameters and their optimizer state");
-  if (coord_.dp == 0) {
-    const int64_t total = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
-    std::pair<int64_t, int64_t> span{0, total};
-    if (pipeline_)
-      span = stage_spans(whole_layout_, stages_, total)[static_cast<size_t>(coord_.pp)];
-    const WholeRange mine = assemble_range(
-        grid_->group(dist::Axis::tensor), state, weights_->layout(), whole_layout_, coord_.tp == 0,
-        job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay), opt_->step_count(),
-        span.first, span.second - span.first);
-    ShardedSave save;
-    save.begin = mine.range.begin;
-    save.end = mine.range.end;
-    save.params = mine.params;
-    save.layout = &whole_layout_;
-    save.total = total;
-    save.opt = mine.opt.get();
-    save.zero_stage = job_.parallel.zero_stage;
-    write_shard(save);
-  }
-  if (!weights_->shard().ranged()) weights_->release_state();
-}
-
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   connect(watchdog);
   const Clock::time_point start = Clock::now();
@@ -1423,55 +844,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   log_eval(evaluate());
   save_checkpoint();
   const double secs = seconds_since(start);
-  nlohmann::json summary = {{"summary", true},
-                            {"steps", counters_.step},
-                            {"steps_this_run", counters_.step - first},
-                            {"train_seconds", secs},
-                            {"final_loss", last_loss},
-                            {"test_loss", last_eval_.loss},
-                            {"test_accuracy", last_eval_.accuracy},
-                            {"parameters", model_.graph.num_params()},
-                            {"world_size", comm_.size()},
-                            {"allreduce", algo_summary_},
-                            {"peak_host_bytes", host_allocator().stats().peak},
-                            {"reserved_host_bytes", host_allocator().stats().reserved},
-                            {"memory_estimate",
-                             {{"by_kind", estimate_by_kind()},
-                              {"peak_bytes", estimate_.peak_bytes},
-                              {"state_bytes", estimate_.state_bytes},
-                              {"train_activation_bytes", estimate_.train.peak},
-                              {"peak_at", estimate_.peak_at}}}};
-  if (pipeline_) {  // every stage's figures (collective): memory, micro-batches held, waits
-    std::vector<double> mine = {
-        static_cast<double>(pipeline_->stage()), static_cast<double>(host_allocator().stats().peak),
-        static_cast<double>(pipeline_->max_in_flight()), pipeline_->exchange_seconds(),
-        static_cast<double>(pipeline_->bytes_moved())};
-    Tensor in = Tensor::wrap(mine.data(), Shape{5}, DType::f64);
-    Tensor all = Tensor::empty(Shape{5 * comm_.size()}, DType::f64);
-    comm_.all_gather(in, all);
-    const int p = pipeline_->stages(), m = micro_batches_;
-    nlohmann::json stages = nlohmann::json::array();
-    for (int r = 0; r < comm_.size(); ++r) {
-      const double* f = all.data<double>() + 5 * r;
-      stages.push_back({{"rank", r},
-                        {"stage", static_cast<int>(f[0])},
-                        {"peak_host_bytes", f[1]},
-                        {"max_micro_batches_in_flight", static_cast<int>(f[2])},
-                        {"exchange_seconds", f[3]},
-                        {"exchange_share", secs > 0 ? f[3] / secs : 0.0},
-                        {"exchange_bytes", f[4]}});
-    }
-    summary["pipeline"] = {{"stages", p},
-                           {"schedule", std::string(to_string(job_.parallel.schedule))},
-                           {"micro_batches", m},
-                           {"bubble_theory", static_cast<double>(p - 1) / (m + p - 1)},
-                           {"per_rank", stages}};
-  }
-  if (scaler_.mode() != LossScaleMode::none) {
-    summary["loss_scale"] = scaler_.scale();
-    summary["skipped_steps"] = scaler_.state().skipped_steps;
-  }
-  add_device_memory(summary);
+  const nlohmann::json summary = this->summary(secs, first, last_loss);
   comm_.barrier();
   if (!leader()) return 0;
   if (metrics_) metrics_->write(summary);

@@ -1,9 +1,9 @@
 // `dtrain train`: builds the model, data and optimizer a Job describes and runs
 // the training loop on one process or as one rank of a data-parallel world —
 // steps or epochs, evaluation, metrics, checkpoints, exact resume and graceful
-// stop on SIGINT / SIGTERM / SIGUSR1 (agreed across ranks). Features the job file
-// can name but this build cannot run yet (half precision, tensor / pipeline
-// parallelism, ZeRO, compression, NCCL) are refused up front.
+// stop on SIGINT / SIGTERM / SIGUSR1 (agreed across ranks). Combinations the job
+// file can name but this build cannot run yet (for instance a pipeline on CUDA) are
+// refused up front, by key. The session itself is runtime/train_session.h.
 #pragma once
 
 #include <memory>

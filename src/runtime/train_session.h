@@ -1,0 +1,187 @@
+// The training session behind runtime/trainer.h, private to src/runtime. Its members
+// live in three files: trainer.cpp (start-up, connecting the communicators, the step,
+// evaluation, the loop), trainer_checkpoint.cpp (model.init_from, resume, the saves of
+// every layout) and trainer_log.cpp (the run directory, metrics, TensorBoard, the
+// console and the summary).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/allocator.h"
+#include "dist/allreduce.h"
+#include "dist/ddp.h"
+#include "dist/grid.h"
+#include "dist/watchdog.h"
+#include "dist/zero_grads.h"
+#include "kernels/device_info.h"
+#include "kernels/elementwise.h"
+#include "kernels/memory.h"
+#include "models/registry.h"
+#include "optim/clip.h"
+#include "optim/schedule.h"
+#include "precision/loss_scaler.h"
+#include "runtime/checkpoint.h"
+#include "runtime/data_feed.h"
+#include "runtime/device_feed.h"
+#include "runtime/estimate.h"
+#include "runtime/faults.h"
+#include "runtime/grad_compression.h"
+#include "runtime/master_weights.h"
+#include "runtime/metrics.h"
+#include "runtime/monitor.h"
+#include "runtime/pipeline.h"
+#include "runtime/profiler.h"
+#include "runtime/replicas.h"
+#include "runtime/report.h"
+#include "runtime/roofline.h"
+#include "runtime/safetensors.h"
+#include "runtime/signals.h"
+#include "runtime/tensor_parallel.h"
+#include "runtime/tensorboard.h"
+#include "runtime/train_state.h"
+#include "runtime/trainer.h"
+#include "runtime/zero.h"
+#include "runtime/zero_params.h"
+
+namespace dtrain::runtime {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The optimizer's segments of a flat layout, each with its weight-decay mode.
+std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
+                                             NoDecayGroups rule);
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+  int64_t samples = 0;
+};
+
+// Element-wise sums over the ranks (in double; one small all-reduce).
+template <size_t N>
+std::array<double, N> sum_over_ranks(dist::Communicator& comm, std::array<double, N> v) {
+  if (comm.size() == 1) return v;
+  Tensor t = Tensor::wrap(v.data(), Shape{static_cast<int64_t>(N)}, DType::f64);
+  comm.all_reduce(t);
+  return v;
+}
+
+// What one optimizer step adds up over every rank: the loss summed over labels,
+// the label count, and how many ranks were asked to stop.
+struct StepTotals {
+  double loss_sum = 0, labelled = 0, stop = 0;
+};
+
+class TrainSession {
+ public:
+  TrainSession(const TrainRequest& r, dist::Communicator& comm);
+  int run(const StopSignals& signals, dist::Watchdog* watchdog);
+
+ private:
+  void open_run_dir();
+  void resume_if_asked();
+  void connect(dist::Watchdog* watchdog);
+  void connect_compression(const std::vector<dist::Bucket>& buckets);
+  double train_step(const StopSignals& signals);
+  std::string first_non_finite(const Tensor& grads) const;
+  Tensor own_grads() const;
+  [[noreturn]] void fail_non_finite(double loss) const;
+  StepTotals agree_totals(const StepTotals& local);
+  EvalResult evaluate();
+  void log_window(double loss, double seconds, double wait);
+  void log_eval(const EvalResult& r);
+  // The run's summary.json (collective in a pipeline: every stage's figures).
+  nlohmann::json summary(double seconds, int64_t first_step, double last_loss);
+  void save_checkpoint();
+  void set_batch(const FeedBatch& b);
+  void init_from(const std::string& path);
+  void add_device_memory(nlohmann::json& line) const;
+  nlohmann::json estimate_by_kind() const;
+  bool leader() const { return comm_.rank() == 0; }
+  void note(const std::string& line);  // rank 0's console, and this rank's log
+  void publish(const nlohmann::json& line, std::string_view group);
+  double gpu_peak_flops();  // cached in gpu_peak_
+  Profiler* profiler() const { return profile_ ? profile_->profiler() : nullptr; }
+
+  const TrainRequest& req_;
+  const Job& job_;
+  dist::Communicator& comm_;                         // the host world: agreement, totals, checks
+  std::unique_ptr<dist::Communicator> device_comm_;  // NCCL for a GPU job across ranks
+  dist::Communicator* grad_comm_ = nullptr;          // gradients and buffers: device_comm_ or comm_
+  models::ModelGraph model_;
+  graph::DTypePolicy policy_;
+  std::unique_ptr<graph::Executor> ex_;
+  std::vector<graph::Stage> stages_;         // parallel.pipeline > 1: the stage plan
+  std::unique_ptr<dist::ProcessGrid> grid_;  // pipeline x data groups (pipeline > 1)
+  std::unique_ptr<PipelineStage> pipeline_;  // this rank's stage
+  dist::GridCoord coord_;                    // this rank's place in the grid
+  std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
+  std::unique_ptr<TiedWeights> tied_;        // weights tied across stages (pipeline)
+  // A grid's checkpoint writers, in the order of their ranges (stage, data rank, tensor
+  // rank): every ZeRO rank of a pipeline, else data rank 0's (the others hold a group
+  // they never use).
+  std::unique_ptr<dist::Communicator> save_comm_;
+  std::shared_ptr<CommTensorGroup> tp_group_;   // parallel.tensor > 1: the split ops' group
+  graph::TensorParallelPlan tp_plan_;           // what the pass split on this rank
+  std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
+  bool tensor_split() const { return tp_group_ != nullptr; }
+  void write_shard(ShardedSave save);
+  void save_tensor_parts(std::vector<Tensor>& state);
+  Tensor whole_of(const Tensor& range) const;
+  void save_by_shard();
+  TrainCounters resume_whole(const fs::path& file);
+  void pipeline_passes(StepTotals& local);
+  std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
+  std::unique_ptr<optim::Optimizer> opt_;
+  std::unique_ptr<DataSource> source_;
+  std::unique_ptr<DeviceFeed> train_;
+  std::unique_ptr<dist::GradSync> sync_;
+  std::unique_ptr<dist::ShardedGradSync> zero_sync_;  // ZeRO-2 instead of sync_
+  bool zero2_ = false, zero3_ = false;
+  std::unique_ptr<graph::ParamUnits> units_;    // ZeRO-3: the blocks gathered before use
+  std::unique_ptr<ShardedParams> zero_params_;  // ZeRO-3: this rank's parameters
+  Tensor shard_grads_;                          // ZeRO-2: this rank's shard of the summed gradient
+  double bus_mark_ = 0;                         // grad_comm_'s bus bytes at the last logged window
+  std::unique_ptr<BufferAverage> buffer_avg_;
+  std::unique_ptr<GradCompression> compression_;  // compress.method, in GradSync's buckets
+  std::vector<NamedTensor> resumed_compression_;  // its state from the checkpoint, if any
+  Tensor grad_acc_;
+  graph::FlatStore grad_acc_store_;  // a pipeline stage's grad_acc_: its held gradients
+  bool language_model_ = false;
+  TrainCounters counters_;
+  int64_t total_steps_ = 0;
+  int micro_batches_ = 1;
+  bool stop_agreed_ = false;
+  std::string algo_summary_;
+  fs::path out_dir_, ckpt_dir_;
+  bool resumed_ = false;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
+  std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)
+  std::unique_ptr<ProfileWindow> profile_;  // logging.profile: every rank's trace
+  double gpu_peak_ = -1;                    // gpu_peak_flops(); -1: not asked yet
+  std::unique_ptr<RankLog> rank_log_;
+  FaultInjector faults_{comm_.rank()};
+  OverflowInjector overflows_{comm_.rank()};
+  SaveFaultInjector save_faults_{comm_.rank()};
+  bool inject_overflow_ = false;
+  precision::LossScaler scaler_{job_.precision.loss_scale};
+  MemoryEstimate estimate_;  // dtrain estimate's figures, for the summary
+  std::string init_note_;    // model.init_from's line, printed once the log is open
+  Progress progress_{stderr};
+  EvalResult last_eval_;
+  bool have_eval_ = false;
+};
+
+}  // namespace dtrain::runtime

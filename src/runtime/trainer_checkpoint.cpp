@@ -1,0 +1,260 @@
+// TrainSession's checkpoint side (runtime/train_session.h): model.init_from, resuming
+// from any layout's checkpoint, and the saves of every layout (a file, a ZeRO or
+// pipeline range by shard, tensor-parallel parts of the one-rank model).
+#include <map>
+
+#include "runtime/train_session.h"
+
+namespace dtrain::runtime {
+
+// model.init_from: the weights (and batch-norm statistics) of a safetensors file under
+// the family's reference names replace the seeded ones; the optimizer starts fresh. A
+// resumed run then continues from its checkpoint instead (resume_if_asked, after).
+void TrainSession::init_from(const std::string& path) {
+  InitWeights w;
+  try {
+    w = load_init_weights(path, job_.model.arch, model_.graph.param_layout(),
+                          model_.graph.buffer_layout());
+  } catch (const Error& e) {
+    throw Error("model.init_from: " + e.message(), e.hint());
+  }
+  weights_->load_piece(0, w.params);
+  weights_->finish_load();
+  if (w.buffers.defined()) {
+    Tensor live = ex_->buffers().flat(DType::f32);
+    DTRAIN_CHECK(live.defined() && live.numel() == w.buffers.numel(),
+                 "init_from: buffers of {} elements for a store of {}", w.buffers.numel(),
+                 live.defined() ? live.numel() : 0);
+    kernels::copy(w.buffers, live);
+  }
+  init_note_ = fmt::format("initialised from {} ({} tensors)", path, w.tensors);
+}
+
+// Tensor parallelism: the checkpoint holds the one-rank model's layout; every rank
+// streams it piece by piece (parameters and each optimizer state buffer) and keeps its
+// parts, holding its own local layout only, never the whole model: the parameters
+// whole, each optimizer buffer only the range this rank steps (ZeRO's shard, a
+// pipeline stage's span).
+TrainCounters TrainSession::resume_whole(const fs::path& file) {
+  const int64_t elems = ex_->grads().buffer_elems(DType::f32);
+  const ShardRange& sh = weights_->shard();
+  const int64_t base = sh.ranged() ? sh.begin : 0;
+  const auto zeros = [](int64_t n) {
+    Tensor t = Tensor::empty(Shape{n}, DType::f32);
+    kernels::fill(t, 0.0f);
+    return t;
+  };
+  Tensor params = zeros(elems);
+  std::map<std::string, Tensor> state;  // each optimizer buffer's range in the local layout
+  for (const auto& [name, t] : opt_->state().buffers)
+    state.emplace(name, zeros(sh.ranged() ? sh.size() : elems));
+  RangeLoad load;
+  load.layout = &whole_layout_;
+  load.begin = 0;
+  load.end = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
+  load.params = [&](int64_t lo, const Tensor& piece) {
+    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), params);
+  };
+  load.state = [&](const std::string& name, int64_t lo, const Tensor& piece) {
+    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), state.at(name), base);
+  };
+  load.buffers = &ex_->buffers();
+  load.opt = opt_.get();  // its options are checked; it takes the step
+  const TrainCounters counters = load_train_state_ranges(file, load);
+  weights_->load_piece(0, params);
+  // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
+  // local layout, as `state` does.
+  optim::OptimizerState mine = opt_->state();
+  for (auto& [name, t] : mine.buffers) kernels::copy(state.at(name), t);
+  opt_->load_state(mine);
+  return counters;
+}
+
+void TrainSession::resume_if_asked() {
+  if (req_.resume) {
+    const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
+    if (!file.empty()) {
+      const std::string hash = counters_.config_hash;
+      // Any layout's checkpoint (a file, or a sharded directory of any world size):
+      // every parameter piece, and this rank's range of the optimizer state; tensor
+      // parallelism takes its parts of the one-rank model.
+      RangeLoad load;
+      load.layout = &weights_->layout();
+      load.begin = weights_->shard().begin;
+      load.end = weights_->shard().end;
+      load.params = [this](int64_t lo, const Tensor& piece) { weights_->load_piece(lo, piece); };
+      load.buffers = &ex_->buffers();
+      load.opt = opt_.get();
+      load.rank = comm_.rank();
+      load.world = comm_.size();
+      load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
+        for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
+      };
+      counters_ = tensor_split() ? resume_whole(file) : load_train_state_ranges(file, load);
+      weights_->finish_load();
+      if (counters_.config_hash != hash) {
+        note(
+            fmt::format("note: {} was written by a different job file (the model "
+                        "matches, so training continues with this job's settings)",
+                        file.string()));
+        counters_.config_hash = hash;
+      }
+      if (counters_.scaler) scaler_.load(*counters_.scaler);
+      note(fmt::format(
+          "resumed from {} at step {}{}", file.string(), counters_.step,
+          tensor_split() ? fmt::format(" (tensor rank {} takes its parts)", coord_.tp) : ""));
+      resumed_ = true;
+    } else {
+      note("no checkpoint yet; starting from step 0");
+    }
+  }
+}
+
+// Every rank first proves its replica equals rank 0's (parameters, buffers, optimizer
+// state); rank 0 then writes. Its file is complete (renamed into place) when it returns.
+// A rank that steps a range of the layout (ZeRO's shard, a pipeline stage's span, or
+// the stage's shard) writes that range by shard (runtime/train_state.h: a step-N
+// directory): every ZeRO rank, or one data replica of each stage; data replicas prove
+// they agree first (a stage's all of it, ZeRO's the buffers). Tensor parallelism writes
+// the one-rank model's layout by shard too (save_tensor_parts).
+void TrainSession::save_checkpoint() {
+  const ShardRange& sh = weights_->shard();
+  if (sh.ranged() && !tensor_split()) {
+    save_by_shard();
+    return;
+  }
+  // This rank's whole layout (a range stepped here widened to it, ZeRO's shards gathered).
+  graph::FlatStore* params = sh.ranged() ? nullptr : &weights_->state();
+  std::vector<Tensor> state = {
+      params ? params->flat(DType::f32) : whole_of(weights_->shard_params()),
+      ex_->buffers().flat(DType::f32)};
+  for (const auto& [name, t] : opt_->state().buffers)
+    state.push_back(sh.ranged() ? whole_of(t) : t);
+  if (!sh.sharded()) {
+    check_replicas(tensor_split() || pipeline_ ? *grad_comm_ : comm_, state,
+                   "parameters, buffers and optimizer state");
+  }
+  if (tensor_split()) {
+    save_tensor_parts(state);
+    return;
+  }
+  std::vector<NamedTensor> extra;
+  if (compression_) extra = compression_->state(comm_, false);  // collective
+  if (leader()) {
+    const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
+    save_train_state(file, *params, ex_->buffers(), *opt_, counters_, extra);
+    prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+  }
+  weights_->release_state();
+}
+
+// A range of the layout by shard: ZeRO's, or a pipeline stage's span (each stage's
+// first data replica writes it, stage 0's shard carrying every stage's buffers).
+void TrainSession::save_by_shard() {
+  const ShardRange& sh = weights_->shard();
+  dist::Communicator& data = pipeline_ ? grid_->group(dist::Axis::data) : comm_;
+  std::vector<Tensor> replicated = {ex_->buffers().flat(DType::f32)};
+  if (!sh.sharded()) {  // a stage's data replicas hold the same range
+    replicated.push_back(weights_->shard_params());
+    for (const auto& [name, t] : opt_->state().buffers) replicated.push_back(t);
+  }
+  check_replicas(data, replicated,
+                 sh.sharded() ? "buffers" : "parameters, buffers and optimizer state");
+  if (!sh.sharded() && coord_.dp != 0) return;
+  ShardedSave save;
+  save.begin = sh.begin;
+  save.end = sh.end;
+  save.params = weights_->shard_params();
+  save.layout = &weights_->layout();
+  save.total = ex_->grads().buffer_elems(DType::f32);
+  save.opt = opt_.get();
+  save.zero_stage = sh.sharded() ? job_.parallel.zero_stage : 0;
+  if (compression_) save.extra = compression_->state(comm_, true);
+  write_shard(save);
+}
+
+// Writes this rank's shard of a step-N directory (every field of `save` but the group,
+// the buffers, the precision and the crash hook, which are the same for every sharded
+// save). The buffers: the executor's, or in a pipeline a copy holding every stage's own
+// on stage 0, the save's rank 0 (collective over data rank 0's pipeline group).
+void TrainSession::write_shard(ShardedSave save) {
+  graph::FlatStore buffers;
+  save.buffers = &ex_->buffers();
+  if (pipeline_ && coord_.dp == 0) {
+    buffers = graph::FlatStore(ex_->buffers().entries());
+    buffers.allocate(ex_->buffers().device());
+    Tensor all = buffers.flat(DType::f32);
+    if (all.defined()) {
+      kernels::copy(ex_->buffers().flat(DType::f32), all);
+      gather_to_first_stage(grid_->group(dist::Axis::pipeline), stages_,
+                            {{all, &buffers.entries()}});
+    }
+    save.buffers = &buffers;
+  }
+  save.comm = save_comm_ ? save_comm_.get() : &comm_;
+  save.precision = std::string(to_string(job_.precision.dtype));
+  save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
+  save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
+  if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+}
+
+// The whole layout (f32, host) from the range this rank steps: zeros elsewhere, and
+// with ZeRO every data rank's shard of the span gathered over the data group.
+Tensor TrainSession::whole_of(const Tensor& range) const {
+  const ShardRange& mine = weights_->shard();
+  const int64_t total = ex_->grads().buffer_elems(DType::f32);
+  Tensor full = Tensor::empty(Shape{total}, DType::f32);
+  kernels::fill(full, 0.0f);
+  Tensor dst = full.view(mine.begin, Shape{mine.size()});
+  kernels::copy(range, dst);
+  if (mine.sharded()) {
+    dist::Communicator& data = grid_ ? grid_->group(dist::Axis::data) : comm_;
+    std::vector<int64_t> counts;
+    for (int r = 0; r < data.size(); ++r)
+      counts.push_back(shard_of(mine.span, r, data.size(), mine.base).size());
+    data.all_gatherv_async(full.view(mine.base, Shape{mine.span}), counts).wait();
+  }
+  return full;
+}
+
+// Tensor parallelism: the replicated parameters and their optimizer state checked the
+// same bits on every tensor rank (each computes them whole), then the one-rank model's
+// layout written by shard: each stage's span of it (the whole model without a
+// pipeline) divided among its tensor ranks, each range assembled on its owner from
+// every tensor rank's parts (assemble_range; exact: every element comes from one rank)
+// and written by it, on data rank 0. Any layout resumes it (resume_whole).
+// state: this rank's full parameters, buffers, optimizer buffers (local layout).
+void TrainSession::save_tensor_parts(std::vector<Tensor>& state) {
+  std::vector<Tensor> replicated;
+  for (size_t k = 0; k < state.size(); ++k) {
+    if (k == 1 || !state[k].defined()) continue;  // [1]: the buffers, checked elsewhere
+    for (const graph::FlatEntry& e : weights_->layout()) {
+      if (!e.spec.split.split())
+        replicated.push_back(state[k].view(e.offset, Shape{e.spec.shape.numel()}));
+    }
+  }
+  check_replicas(grid_->group(dist::Axis::tensor), replicated,
+                 "replicated parameters and their optimizer state");
+  if (coord_.dp == 0) {
+    const int64_t total = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
+    std::pair<int64_t, int64_t> span{0, total};
+    if (pipeline_)
+      span = stage_spans(whole_layout_, stages_, total)[static_cast<size_t>(coord_.pp)];
+    const WholeRange mine = assemble_range(
+        grid_->group(dist::Axis::tensor), state, weights_->layout(), whole_layout_, coord_.tp == 0,
+        job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay), opt_->step_count(),
+        span.first, span.second - span.first);
+    ShardedSave save;
+    save.begin = mine.range.begin;
+    save.end = mine.range.end;
+    save.params = mine.params;
+    save.layout = &whole_layout_;
+    save.total = total;
+    save.opt = mine.opt.get();
+    save.zero_stage = job_.parallel.zero_stage;
+    write_shard(save);
+  }
+  if (!weights_->shard().ranged()) weights_->release_state();
+}
+
+}  // namespace dtrain::runtime
