@@ -72,14 +72,13 @@ void require_supported(const Job& job, int world) {
   if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.tensor > 1 is not supported yet", key, value),
-                  "tensor-parallel ranks run with zero_stage 0-2 (0-1 in a pipeline), no "
-                  "compression and SGD or AdamW, on the CPU; drop the key or parallel.tensor");
+                  "tensor-parallel ranks run with zero_stage 0-2 (0-1 in a pipeline) and no "
+                  "compression, on the CPU; drop the key or parallel.tensor");
     };
     if (p.zero_stage > 2) later("parallel.zero_stage", std::to_string(p.zero_stage));
     if (job.compress.method != CompressMethod::none)
       later("compress.method", std::string(to_string(job.compress.method)));
     if (job.device.is_cuda()) later("device", job.device.str());
-    if (job.optimizer.name == OptimizerName::lamb) later("optimizer.name", "lamb");
   }
   if (p.pipeline > 1) {  // what the first pipeline step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
@@ -266,31 +265,50 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   }
   opt_ = optim::make_optimizer(job_.optimizer, std::move(segments), weights_->shard().size(),
                                weights_->optimizer_device());
-  if (shard.sharded()) {
+  if (shard.sharded() || tensor_split()) {
     // LAMB's trust ratio wants each whole tensor's norms: a tensor cut by a shard
-    // boundary adds the ranks' sums (one small all-reduce of every tensor's two sums; a
-    // tensor one rank holds whole gets zeros from the others, so its sums are exact).
+    // boundary adds the data ranks' sums (one small all-reduce of every tensor's two
+    // sums; a tensor one rank holds whole gets zeros from the others, so its sums are
+    // exact), a tensor split over the tensor group adds the tensor ranks' (a second one,
+    // of the split tensors' sums only: a replicated tensor is whole on every rank).
     std::vector<size_t> tensor_of;
     for (const optim::ParamSegment& seg : opt_->segments()) {
       size_t t = 0;
       while (weights_->layout()[t].name != seg.name) ++t;
       tensor_of.push_back(t);
     }
+    std::vector<size_t> split;  // the tensors the tensor-parallel pass divided
+    for (size_t t = 0; t < weights_->layout().size(); ++t)
+      if (weights_->layout()[t].spec.split.split()) split.push_back(t);
     const size_t tensors = weights_->layout().size();
-    opt_->set_segment_sums(
-        [this, tensor_of, tensors](std::vector<double>& p2, std::vector<double>& u2) {
-          std::vector<double> all(2 * tensors, 0.0);
-          for (size_t s = 0; s < tensor_of.size(); ++s) {
-            all[2 * tensor_of[s]] = p2[s];
-            all[2 * tensor_of[s] + 1] = u2[s];
-          }
-          Tensor t = Tensor::wrap(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::f64);
-          (grid_ ? grid_->group(dist::Axis::data) : comm_).all_reduce(t);
-          for (size_t s = 0; s < tensor_of.size(); ++s) {
-            p2[s] = all[2 * tensor_of[s]];
-            u2[s] = all[2 * tensor_of[s] + 1];
-          }
-        });
+    const bool sharded = shard.sharded();
+    opt_->set_segment_sums([this, tensor_of, split, tensors, sharded](std::vector<double>& p2,
+                                                                      std::vector<double>& u2) {
+      std::vector<double> all(2 * tensors, 0.0);
+      for (size_t s = 0; s < tensor_of.size(); ++s) {
+        all[2 * tensor_of[s]] = p2[s];
+        all[2 * tensor_of[s] + 1] = u2[s];
+      }
+      if (sharded) {
+        Tensor t = Tensor::wrap(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::f64);
+        (grid_ ? grid_->group(dist::Axis::data) : comm_).all_reduce(t);
+      }
+      if (!split.empty()) {
+        std::vector<double> parts;
+        for (size_t t : split) parts.insert(parts.end(), {all[2 * t], all[2 * t + 1]});
+        Tensor t =
+            Tensor::wrap(parts.data(), Shape{static_cast<int64_t>(parts.size())}, DType::f64);
+        grid_->group(dist::Axis::tensor).all_reduce(t);
+        for (size_t k = 0; k < split.size(); ++k) {
+          all[2 * split[k]] = parts[2 * k];
+          all[2 * split[k] + 1] = parts[2 * k + 1];
+        }
+      }
+      for (size_t s = 0; s < tensor_of.size(); ++s) {
+        p2[s] = all[2 * tensor_of[s]];
+        u2[s] = all[2 * tensor_of[s] + 1];
+      }
+    });
   }
   if (micro_batches_ > 1 && !zero2_) {  // a pipeline stage's: its held gradients alone
     if (!ex_->grads().held_mask().empty()) {
