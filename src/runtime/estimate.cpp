@@ -435,12 +435,9 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     const int64_t range = shard_of(whole_span, job.parallel.tensor - 1, job.parallel.tensor).size();
     const size_t save =
         round(static_cast<size_t>(range) * sizeof(float)) * static_cast<size_t>(2 + states);
+    // A range stepped here (ZeRO's shard, a stage's span) is read in place: the data
+    // group's shards are reduced into its rank 0 range by range, never widened.
     size_t at_save = e.state_bytes + std::max(e.train.at_end, e.eval.at_end) + save;
-    // A range stepped here (ZeRO's shard, a stage's span) is widened to the whole local
-    // layout first (ZeRO's shards gathered).
-    if (sharded || job.parallel.pipeline > 1)
-      at_save += round(static_cast<size_t>(layout_elems) * sizeof(float)) *
-                 static_cast<size_t>(1 + states);
     if (job.device.is_cpu()) at_save += e.host_bytes;
     if (at_save > e.peak_bytes) {
       e.peak_bytes = at_save;

@@ -66,51 +66,84 @@ void for_each_pair(const std::vector<graph::FlatEntry>& local_layout,
 void add_local_to_whole_range(const Tensor& local,
                               const std::vector<graph::FlatEntry>& local_layout,
                               const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
-                              int64_t lo, Tensor& out) {
+                              int64_t lo, Tensor& out, int64_t base) {
   const Tensor src = kernels::to_host(local);
   DTRAIN_CHECK(src.dtype() == DType::f32 && out.dtype() == DType::f32 && out.device().is_cpu(),
                "add_local_to_whole_range: f32 buffers, the range on the host");
   const float* s = src.data<float>();
   float* d = out.data<float>();
-  const int64_t hi = lo + out.numel();
+  const int64_t hi = lo + out.numel(), end = base + src.numel();
   for_each_pair(
       local_layout, whole_layout, replicated,
       [&](int64_t l, int64_t w) {
-        if (w >= lo && w < hi) d[w - lo] += s[l];
+        if (w >= lo && w < hi && l >= base && l < end) d[w - lo] += s[l - base];
       },
       lo, hi);
 }
 
-WholeRange assemble_range(dist::Communicator& tensor, const std::vector<Tensor>& state,
-                          const std::vector<graph::FlatEntry>& local_layout,
-                          const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
-                          const OptimizerOptions& options,
-                          const std::vector<optim::ParamSegment>& segments, int64_t step,
-                          int64_t base, int64_t span) {
+WholeRange assemble_range(dist::Communicator& tensor, dist::Communicator* data,
+                          const std::vector<Tensor>& state, const RangeAssembly& a) {
+  const bool writer = data == nullptr || data->rank() == 0;
   WholeRange mine;
-  mine.range = shard_of(span, tensor.rank(), tensor.size(), base);
-  const auto assemble = [&](const Tensor& local, Tensor& out) {
-    Tensor piece = Tensor::empty(Shape{mine.range.block + span % tensor.size()}, DType::f32);
+  mine.range = shard_of(a.span, tensor.rank(), tensor.size(), a.base);
+  const auto assemble = [&](const Tensor& local, Tensor* out) {
+    Tensor piece = Tensor::empty(Shape{mine.range.block + a.span % tensor.size()}, DType::f32);
     for (int r = 0; r < tensor.size(); ++r) {  // each owner's range in turn
-      const ShardRange owner = shard_of(span, r, tensor.size(), base);
+      const ShardRange owner = shard_of(a.span, r, tensor.size(), a.base);
       Tensor part = piece.view(0, Shape{owner.size()});
       kernels::fill(part, 0.0f);
-      add_local_to_whole_range(local, local_layout, whole_layout, replicated, owner.begin, part);
+      add_local_to_whole_range(local, *a.local_layout, *a.whole_layout, a.replicated, owner.begin,
+                               part, a.local_base);
+      if (data != nullptr && data->size() > 1) data->reduce(part, 0);
+      if (!writer) continue;
       tensor.reduce(part, r);
-      if (r == tensor.rank()) kernels::copy(part, out);
+      if (r == tensor.rank()) kernels::copy(part, *out);
     }
   };
-  mine.params = Tensor::empty(Shape{mine.range.size()}, DType::f32);
-  assemble(state[0], mine.params);
-  mine.opt = optim::make_optimizer(options,
-                                   optim::shard_segments(segments, mine.range.begin, mine.range.end,
-                                                         optim::SegmentSplit::allowed),
-                                   mine.range.size(), Device::cpu());
-  optim::OptimizerState st = mine.opt->state();
-  for (size_t b = 0; b < st.buffers.size(); ++b) assemble(state[2 + b], st.buffers[b].second);
-  st.step = step;
-  mine.opt->load_state(st);
+  if (writer) mine.params = Tensor::empty(Shape{mine.range.size()}, DType::f32);
+  assemble(state[0], &mine.params);
+  if (writer) {
+    mine.opt =
+        optim::make_optimizer(a.options,
+                              optim::shard_segments(a.segments, mine.range.begin, mine.range.end,
+                                                    optim::SegmentSplit::allowed),
+                              mine.range.size(), Device::cpu());
+    optim::OptimizerState st = mine.opt->state();
+    for (size_t b = 0; b < st.buffers.size(); ++b) assemble(state[2 + b], &st.buffers[b].second);
+    st.step = a.step;
+    mine.opt->load_state(st);
+  } else {  // the other data ranks add their shards' parts only
+    for (size_t b = 2; b < state.size(); ++b) assemble(state[b], nullptr);
+  }
   return mine;
+}
+
+std::vector<int64_t> replicated_digests(const std::vector<Tensor>& tensors,
+                                        const std::vector<graph::FlatEntry>& layout, int64_t base) {
+  std::vector<int64_t> out;
+  for (const Tensor& t : tensors) {
+    const Tensor host = kernels::to_host(t);
+    DTRAIN_CHECK(host.dtype() == DType::f32, "replicated_digests: f32 tensors, not {}",
+                 dtype_name(host.dtype()));
+    const auto* bits = static_cast<const uint32_t*>(host.raw());
+    for (const graph::FlatEntry& e : layout) {
+      if (e.spec.split.split()) continue;
+      const int64_t lo = std::max(e.offset, base);
+      const int64_t hi = std::min(e.offset + e.spec.shape.numel(), base + host.numel());
+      int64_t sum = 0;  // < 2^32 per element: no overflow below 2^31 elements
+      for (int64_t x = lo; x < hi; ++x) {
+        uint64_t h = (static_cast<uint64_t>(x - e.offset) << 32) | bits[x - base];
+        h ^= h >> 33;  // splitmix64's finaliser
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+        h *= 0xc4ceb9fe1a85ec53ull;
+        h ^= h >> 33;
+        sum += static_cast<int64_t>(h & 0xffffffffull);
+      }
+      out.push_back(sum);
+    }
+  }
+  return out;
 }
 
 void whole_range_to_local(const Tensor& piece, int64_t lo,

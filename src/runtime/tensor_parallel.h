@@ -37,14 +37,16 @@ class CommTensorGroup final : public graph::TensorGroup {
 // The fp32 layout (MasterWeights') of a graph before the split: the one-rank model's.
 std::vector<graph::FlatEntry> whole_f32_layout(const graph::Graph& g);
 
-// Adds this rank's parts of `local` (an f32 flat buffer of `local_layout`) into `out`,
-// the whole layout's range [lo, lo + out.numel()) (f32, host, zeroed by the caller),
-// replicated entries only when `replicated` is set (one rank of the group): summed over
-// the tensor group, every element then comes from exactly one rank, exactly.
+// Adds this rank's parts of `local` (f32: elements [base, base + local.numel()) of
+// `local_layout`, the whole of it at base 0) into `out`, the whole layout's range
+// [lo, lo + out.numel()) (f32, host, zeroed by the caller), replicated entries only when
+// `replicated` is set (one rank of the group): summed over the tensor group (and over
+// the data group when each data rank holds a shard of the local layout), every element
+// then comes from exactly one rank, exactly.
 void add_local_to_whole_range(const Tensor& local,
                               const std::vector<graph::FlatEntry>& local_layout,
                               const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
-                              int64_t lo, Tensor& out);
+                              int64_t lo, Tensor& out, int64_t base = 0);
 // This rank's parts of the whole layout's range [lo, lo + piece.numel()) into `local`
 // (f32, host: elements [base, base + local.numel()) of `local_layout`, so a rank that
 // steps a range of it holds only that; elements outside the range untouched).
@@ -55,21 +57,40 @@ void whole_range_to_local(const Tensor& piece, int64_t lo,
 
 // Collective over `tensor` (a checkpoint save written by shard): the whole layout's span
 // [base, base + span) split among the tensor ranks (runtime/zero.h's shard_of), each
-// range assembled on its owner from every tensor rank's parts of `state`
-// (add_local_to_whole_range into a range-sized buffer reduced into each owner in turn:
-// never the whole model). This rank gets its range's parameters and an optimizer for the range
-// holding that range of the state (`segments`: the whole layout's; `step`: its step count).
+// range assembled on its owner from every tensor rank's parts of `state` (parameters,
+// buffers (not read), optimizer buffers: f32, elements [local_base, local_base + n) of
+// the local layout) into a range-sized buffer reduced into each owner in turn: never
+// the whole model, nor this rank's whole local layout. `data` (collective over it too):
+// the data group when each of its ranks holds a shard of the local layout (ZeRO); the
+// shards' parts are reduced into its rank 0 first, which alone gets a range. The owner
+// gets its range's parameters and an optimizer for the range holding that range of the
+// state (`segments`: the whole layout's; `step`: its step count).
 struct WholeRange {
   ShardRange range;
-  Tensor params;  // f32 [range.size()], host
+  Tensor params;  // f32 [range.size()], host; undefined off data rank 0
   std::unique_ptr<optim::Optimizer> opt;
 };
-WholeRange assemble_range(dist::Communicator& tensor, const std::vector<Tensor>& state,
-                          const std::vector<graph::FlatEntry>& local_layout,
-                          const std::vector<graph::FlatEntry>& whole_layout, bool replicated,
-                          const OptimizerOptions& options,
-                          const std::vector<optim::ParamSegment>& segments, int64_t step,
-                          int64_t base, int64_t span);
+struct RangeAssembly {
+  const std::vector<graph::FlatEntry>* local_layout = nullptr;
+  const std::vector<graph::FlatEntry>* whole_layout = nullptr;
+  bool replicated = false;  // this rank adds the replicated entries (one per tensor group)
+  int64_t local_base = 0;   // where `state`'s tensors start in the local layout
+  int64_t base = 0, span = 0;
+  OptimizerOptions options;
+  std::vector<optim::ParamSegment> segments;
+  int64_t step = 0;
+};
+WholeRange assemble_range(dist::Communicator& tensor, dist::Communicator* data,
+                          const std::vector<Tensor>& state, const RangeAssembly& a);
+
+// Per replicated entry of `layout` and per tensor of `tensors` (f32, elements
+// [base, base + n) of the layout), an order-free digest of the elements held: the sum
+// of a 32-bit mix of (the element's index in its entry, its bits) in 64-bit integers.
+// Parts of an entry held by different ranks (ZeRO shards) add up to the whole entry's
+// digest exactly, in any order: summed over a data group, equal digests on every
+// tensor rank say the replicated state agrees.
+std::vector<int64_t> replicated_digests(const std::vector<Tensor>& tensors,
+                                        const std::vector<graph::FlatEntry>& layout, int64_t base);
 
 // Sum of squares of `grads` (f32 flat, `layout`) over the split entries, and over the
 // replicated ones too when `replicated` is set: summed over the tensor group (with

@@ -137,8 +137,7 @@ class TrainSession {
   std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
   bool tensor_split() const { return tp_group_ != nullptr; }
   void write_shard(ShardedSave save);
-  void save_tensor_parts(std::vector<Tensor>& state);
-  Tensor whole_of(const Tensor& range) const;
+  void save_tensor_parts();
   void save_by_shard();
   TrainCounters resume_whole(const fs::path& file);
   void pipeline_passes(StepTotals& local);

@@ -118,31 +118,23 @@ void TrainSession::resume_if_asked() {
 // they agree first (a stage's all of it, ZeRO's the buffers). Tensor parallelism writes
 // the one-rank model's layout by shard too (save_tensor_parts).
 void TrainSession::save_checkpoint() {
-  const ShardRange& sh = weights_->shard();
-  if (sh.ranged() && !tensor_split()) {
+  if (tensor_split()) {
+    save_tensor_parts();
+    return;
+  }
+  if (weights_->shard().ranged()) {
     save_by_shard();
     return;
   }
-  // This rank's whole layout (a range stepped here widened to it, ZeRO's shards gathered).
-  graph::FlatStore* params = sh.ranged() ? nullptr : &weights_->state();
-  std::vector<Tensor> state = {
-      params ? params->flat(DType::f32) : whole_of(weights_->shard_params()),
-      ex_->buffers().flat(DType::f32)};
-  for (const auto& [name, t] : opt_->state().buffers)
-    state.push_back(sh.ranged() ? whole_of(t) : t);
-  if (!sh.sharded()) {
-    check_replicas(tensor_split() || pipeline_ ? *grad_comm_ : comm_, state,
-                   "parameters, buffers and optimizer state");
-  }
-  if (tensor_split()) {
-    save_tensor_parts(state);
-    return;
-  }
+  graph::FlatStore& params = weights_->state();
+  std::vector<Tensor> state = {params.flat(DType::f32), ex_->buffers().flat(DType::f32)};
+  for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
+  check_replicas(comm_, state, "parameters, buffers and optimizer state");
   std::vector<NamedTensor> extra;
   if (compression_) extra = compression_->state(comm_, false);  // collective
   if (leader()) {
     const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
-    save_train_state(file, *params, ex_->buffers(), *opt_, counters_, extra);
+    save_train_state(file, params, ex_->buffers(), *opt_, counters_, extra);
     prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
   }
   weights_->release_state();
@@ -198,63 +190,69 @@ void TrainSession::write_shard(ShardedSave save) {
   if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
 }
 
-// The whole layout (f32, host) from the range this rank steps: zeros elsewhere, and
-// with ZeRO every data rank's shard of the span gathered over the data group.
-Tensor TrainSession::whole_of(const Tensor& range) const {
-  const ShardRange& mine = weights_->shard();
-  const int64_t total = ex_->grads().buffer_elems(DType::f32);
-  Tensor full = Tensor::empty(Shape{total}, DType::f32);
-  kernels::fill(full, 0.0f);
-  Tensor dst = full.view(mine.begin, Shape{mine.size()});
-  kernels::copy(range, dst);
-  if (mine.sharded()) {
-    dist::Communicator& data = grid_ ? grid_->group(dist::Axis::data) : comm_;
-    std::vector<int64_t> counts;
-    for (int r = 0; r < data.size(); ++r)
-      counts.push_back(shard_of(mine.span, r, data.size(), mine.base).size());
-    data.all_gatherv_async(full.view(mine.base, Shape{mine.span}), counts).wait();
+// Tensor parallelism: the one-rank model's layout written by shard: each stage's span
+// of it (the whole model without a pipeline) divided among its tensor ranks, each
+// range assembled on its owner from every tensor rank's parts (assemble_range; exact:
+// every element comes from one rank) and written by it, on data rank 0. A rank hands
+// in the range it steps (ZeRO's shard, a stage's span; else its whole local layout),
+// never widened: with ZeRO the data group's shards are reduced into its rank 0 range by
+// range. First the checks: data replicas hold the same state (with ZeRO the same
+// buffers), and every tensor rank the same replicated entries (each computes them
+// whole; compared as digests, which a data group's shards add up to). Any layout
+// resumes it (resume_whole).
+void TrainSession::save_tensor_parts() {
+  const ShardRange& sh = weights_->shard();
+  const int64_t base = sh.ranged() ? sh.begin : 0;
+  std::vector<Tensor> state = {
+      sh.ranged() ? weights_->shard_params() : weights_->state().flat(DType::f32),
+      ex_->buffers().flat(DType::f32)};
+  for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
+  dist::Communicator& data = grid_->group(dist::Axis::data);
+  if (sh.sharded()) {
+    check_replicas(data, {state[1]}, "buffers");
+  } else {
+    check_replicas(data, state, "parameters, buffers and optimizer state");
   }
-  return full;
-}
-
-// Tensor parallelism: the replicated parameters and their optimizer state checked the
-// same bits on every tensor rank (each computes them whole), then the one-rank model's
-// layout written by shard: each stage's span of it (the whole model without a
-// pipeline) divided among its tensor ranks, each range assembled on its owner from
-// every tensor rank's parts (assemble_range; exact: every element comes from one rank)
-// and written by it, on data rank 0. Any layout resumes it (resume_whole).
-// state: this rank's full parameters, buffers, optimizer buffers (local layout).
-void TrainSession::save_tensor_parts(std::vector<Tensor>& state) {
-  std::vector<Tensor> replicated;
-  for (size_t k = 0; k < state.size(); ++k) {
-    if (k == 1 || !state[k].defined()) continue;  // [1]: the buffers, checked elsewhere
-    for (const graph::FlatEntry& e : weights_->layout()) {
-      if (!e.spec.split.split())
-        replicated.push_back(state[k].view(e.offset, Shape{e.spec.shape.numel()}));
+  std::vector<Tensor> owned = state;
+  owned.erase(owned.begin() + 1);  // the buffers: checked above
+  std::vector<int64_t> digests = replicated_digests(owned, weights_->layout(), base);
+  Tensor digest =
+      Tensor::wrap(digests.data(), Shape{static_cast<int64_t>(digests.size())}, DType::i64);
+  if (sh.sharded() && !digests.empty()) data.all_reduce(digest);
+  check_replicas(grid_->group(dist::Axis::tensor), {digest},
+                 "replicated parameters and their optimizer state");
+  if (sh.sharded() || coord_.dp == 0) {
+    RangeAssembly a;
+    a.local_layout = &weights_->layout();
+    a.whole_layout = &whole_layout_;
+    a.replicated = coord_.tp == 0;
+    a.local_base = base;
+    const int64_t total = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
+    a.span = total;
+    if (pipeline_) {
+      const auto [lo, hi] =
+          stage_spans(whole_layout_, stages_, total)[static_cast<size_t>(coord_.pp)];
+      a.base = lo;
+      a.span = hi - lo;
+    }
+    a.options = job_.optimizer;
+    a.segments = segments_of(whole_layout_, job_.optimizer.no_decay);
+    a.step = opt_->step_count();
+    const WholeRange mine =
+        assemble_range(grid_->group(dist::Axis::tensor), sh.sharded() ? &data : nullptr, state, a);
+    if (coord_.dp == 0) {
+      ShardedSave save;
+      save.begin = mine.range.begin;
+      save.end = mine.range.end;
+      save.params = mine.params;
+      save.layout = &whole_layout_;
+      save.total = total;
+      save.opt = mine.opt.get();
+      save.zero_stage = job_.parallel.zero_stage;
+      write_shard(save);
     }
   }
-  check_replicas(grid_->group(dist::Axis::tensor), replicated,
-                 "replicated parameters and their optimizer state");
-  if (coord_.dp == 0) {
-    const int64_t total = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
-    std::pair<int64_t, int64_t> span{0, total};
-    if (pipeline_)
-      span = stage_spans(whole_layout_, stages_, total)[static_cast<size_t>(coord_.pp)];
-    const WholeRange mine = assemble_range(
-        grid_->group(dist::Axis::tensor), state, weights_->layout(), whole_layout_, coord_.tp == 0,
-        job_.optimizer, segments_of(whole_layout_, job_.optimizer.no_decay), opt_->step_count(),
-        span.first, span.second - span.first);
-    ShardedSave save;
-    save.begin = mine.range.begin;
-    save.end = mine.range.end;
-    save.params = mine.params;
-    save.layout = &whole_layout_;
-    save.total = total;
-    save.opt = mine.opt.get();
-    save.zero_stage = job_.parallel.zero_stage;
-    write_shard(save);
-  }
-  if (!weights_->shard().ranged()) weights_->release_state();
+  if (!sh.ranged()) weights_->release_state();
 }
 
 }  // namespace dtrain::runtime
