@@ -67,9 +67,10 @@ SaveFaultInjector::SaveFaultInjector(int rank) {
   long long step = -1;
   char phase[16] = {};
   const std::string p = std::sscanf(spec, "%d:%lld:%15s", &r, &step, phase) == 3 ? phase : "";
-  if (step < 0 || (p != "shard" && p != "written" && p != "manifest" && p != "renamed")) {
+  if (step < 0 ||
+      (p != "shard" && p != "written" && p != "manifest" && p != "renamed" && p != "diverge")) {
     throw Error(fmt::format("DTRAIN_TEST_SAVE_FAULT={} is not <rank>:<step>:<phase>", spec),
-                "phases: shard, written, manifest, renamed; or unset it");
+                "phases: shard, written, manifest, renamed, diverge; or unset it");
   }
   if (r != rank) return;
   step_ = step;

@@ -28,12 +28,14 @@ class FaultInjector {
 // "<rank>:<step>:<phase>" ends that rank with exit status 1 when the save of `step`
 // reaches `phase`: "shard" (before writing its shard), "written" (its shard on disk,
 // before the ranks compare notes), "manifest" (rank 0: the manifest written, before
-// the rename), "renamed" (rank 0: after the rename). Unset, it does nothing. Not a
-// user feature.
+// the rename), "renamed" (rank 0: after the rename). "diverge" ends nothing: that rank
+// changes one bit of a replicated parameter before the save's replica checks, which
+// must then stop every rank. Unset, it does nothing. Not a user feature.
 class SaveFaultInjector {
  public:
   explicit SaveFaultInjector(int rank);  // a malformed value is an Error naming it
   void at(int64_t step, std::string_view phase) const;
+  bool diverges(int64_t step) const { return step == step_ && phase_ == "diverge"; }
 
  private:
   int64_t step_ = -1;

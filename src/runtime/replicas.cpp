@@ -52,9 +52,9 @@ void BufferAverage::finish() {
   kernels::scale(1.0f / static_cast<float>(total_), sum_, live_);
 }
 
-void check_replicas(dist::Communicator& comm, const std::vector<Tensor>& tensors,
-                    const char* what) {
-  if (comm.size() == 1) return;
+std::string replica_mismatch(dist::Communicator& comm, const std::vector<Tensor>& tensors,
+                             const char* what) {
+  if (comm.size() == 1) return "";
   uint32_t crc = 0;
   for (const Tensor& t : tensors) {
     if (!t.defined()) continue;
@@ -67,11 +67,13 @@ void check_replicas(dist::Communicator& comm, const std::vector<Tensor>& tensors
   comm.all_gather(mine, all);
   const int64_t* c = all.data<int64_t>();
   for (int r = 1; r < comm.size(); ++r) {
-    DTRAIN_CHECK(c[r] == c[0],
-                 "replicas diverged: the {} of rank {} of a group of {} (CRC-32C {:08x}) differ "
-                 "from its rank 0's ({:08x})",
-                 what, r, comm.size(), static_cast<uint32_t>(c[r]), static_cast<uint32_t>(c[0]));
+    if (c[r] == c[0]) continue;
+    return fmt::format(
+        "replicas diverged: the {} of rank {} of a group of {} (CRC-32C {:08x}) differ from its "
+        "rank 0's ({:08x})",
+        what, r, comm.size(), static_cast<uint32_t>(c[r]), static_cast<uint32_t>(c[0]));
   }
+  return "";
 }
 
 }  // namespace dtrain::runtime

@@ -3,6 +3,7 @@
 // micro-batch of the step, and a check that the replicas really are identical.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -29,8 +30,11 @@ class BufferAverage {
   dist::Communicator& comm_;
 };
 
-// CRC-32C of each tensor (copied to the host when needed), compared across ranks;
-// an InternalError names the first rank whose bytes differ from rank 0's.
-void check_replicas(dist::Communicator& comm, const std::vector<Tensor>& tensors, const char* what);
+// CRC-32C of each tensor (copied to the host when needed), compared across the ranks
+// of `comm` (collective): "" when they agree, else which rank's `what` differs from rank
+// 0's. The caller agrees on the outcome with every rank before failing, so a group
+// that found nothing does not wait in the next collective for ranks that stopped.
+std::string replica_mismatch(dist::Communicator& comm, const std::vector<Tensor>& tensors,
+                             const char* what);
 
 }  // namespace dtrain::runtime

@@ -138,6 +138,13 @@ class TrainSession {
   bool tensor_split() const { return tp_group_ != nullptr; }
   void write_shard(ShardedSave save);
   void save_tensor_parts();
+  // A save's replica checks (replica_mismatch), agreed by every rank: all of them fail
+  // together, with the first message, or none does.
+  void agree_replicas(const std::string& mismatch);
+  // DTRAIN_TEST_SAVE_FAULT=<rank>:<step>:diverge: flips the last bit of the first
+  // element of a replicated entry that `params` (elements [base, base + n) of the f32
+  // layout) holds, before the save's checks.
+  void diverge_for_test(Tensor params, int64_t base);
   void save_by_shard();
   TrainCounters resume_whole(const fs::path& file);
   void pipeline_passes(StepTotals& local);

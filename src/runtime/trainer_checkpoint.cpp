@@ -1,6 +1,7 @@
 // TrainSession's checkpoint side (runtime/train_session.h): model.init_from, resuming
 // from any layout's checkpoint, and the saves of every layout (a file, a ZeRO or
 // pipeline range by shard, tensor-parallel parts of the one-rank model).
+#include <cstring>
 #include <map>
 
 #include "runtime/train_session.h"
@@ -129,7 +130,8 @@ void TrainSession::save_checkpoint() {
   graph::FlatStore& params = weights_->state();
   std::vector<Tensor> state = {params.flat(DType::f32), ex_->buffers().flat(DType::f32)};
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
-  check_replicas(comm_, state, "parameters, buffers and optimizer state");
+  diverge_for_test(state[0], 0);
+  agree_replicas(replica_mismatch(comm_, state, "parameters, buffers and optimizer state"));
   std::vector<NamedTensor> extra;
   if (compression_) extra = compression_->state(comm_, false);  // collective
   if (leader()) {
@@ -150,8 +152,9 @@ void TrainSession::save_by_shard() {
     replicated.push_back(weights_->shard_params());
     for (const auto& [name, t] : opt_->state().buffers) replicated.push_back(t);
   }
-  check_replicas(data, replicated,
-                 sh.sharded() ? "buffers" : "parameters, buffers and optimizer state");
+  if (!sh.sharded()) diverge_for_test(weights_->shard_params(), sh.begin);
+  agree_replicas(replica_mismatch(
+      data, replicated, sh.sharded() ? "buffers" : "parameters, buffers and optimizer state"));
   if (!sh.sharded() && coord_.dp != 0) return;
   ShardedSave save;
   save.begin = sh.begin;
@@ -208,19 +211,19 @@ void TrainSession::save_tensor_parts() {
       ex_->buffers().flat(DType::f32)};
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
   dist::Communicator& data = grid_->group(dist::Axis::data);
-  if (sh.sharded()) {
-    check_replicas(data, {state[1]}, "buffers");
-  } else {
-    check_replicas(data, state, "parameters, buffers and optimizer state");
-  }
+  diverge_for_test(state[0], base);
+  std::string mismatch =
+      sh.sharded() ? replica_mismatch(data, {state[1]}, "buffers")
+                   : replica_mismatch(data, state, "parameters, buffers and optimizer state");
   std::vector<Tensor> owned = state;
   owned.erase(owned.begin() + 1);  // the buffers: checked above
   std::vector<int64_t> digests = replicated_digests(owned, weights_->layout(), base);
   Tensor digest =
       Tensor::wrap(digests.data(), Shape{static_cast<int64_t>(digests.size())}, DType::i64);
   if (sh.sharded() && !digests.empty()) data.all_reduce(digest);
-  check_replicas(grid_->group(dist::Axis::tensor), {digest},
-                 "replicated parameters and their optimizer state");
+  const std::string parts = replica_mismatch(grid_->group(dist::Axis::tensor), {digest},
+                                             "replicated parameters and their optimizer state");
+  agree_replicas(mismatch.empty() ? parts : mismatch);
   if (sh.sharded() || coord_.dp == 0) {
     RangeAssembly a;
     a.local_layout = &weights_->layout();
@@ -253,6 +256,38 @@ void TrainSession::save_tensor_parts() {
     }
   }
   if (!sh.ranged()) weights_->release_state();
+}
+
+void TrainSession::agree_replicas(const std::string& mismatch) {
+  const double failed = sum_over_ranks<1>(comm_, {mismatch.empty() ? 0.0 : 1.0})[0];
+  if (failed == 0) return;
+  throw RunError(
+      fmt::format(
+          "step {}: {}; this checkpoint was not written", counters_.step,
+          mismatch.empty() ? "replicas diverged on another rank (its log names them)" : mismatch),
+      "resume from the previous checkpoint (--resume latest); if the same rank diverges again, "
+      "suspect its device or memory");
+}
+
+void TrainSession::diverge_for_test(Tensor params, int64_t base) {
+  if (!save_faults_.diverges(counters_.step)) return;
+  for (const graph::FlatEntry& e : weights_->layout()) {
+    const int64_t x = std::max(e.offset, base);
+    if (e.spec.split.split() ||
+        x >= std::min(e.offset + e.spec.shape.numel(), base + params.numel()))
+      continue;
+    Tensor one = params.view(x - base, Shape{1});
+    Tensor host = Tensor::empty(Shape{1}, DType::f32);
+    kernels::copy(one, host);
+    uint32_t bits = 0;
+    std::memcpy(&bits, host.raw(), 4);
+    bits ^= 1;
+    std::memcpy(host.raw(), &bits, 4);
+    kernels::copy(host, one);
+    note(fmt::format("DTRAIN_TEST_SAVE_FAULT: {} element {} changed by one bit on this rank",
+                     e.name, x - e.offset));
+    return;
+  }
 }
 
 }  // namespace dtrain::runtime

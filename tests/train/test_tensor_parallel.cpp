@@ -203,6 +203,67 @@ TEST_CASE("LAMB with tensor 2, and data 2 x tensor 2 with ZeRO-1, trains like on
   // split tensor: a different run, not one within 1e-5 (the test can fail).
 }
 
+// A save first proves the replicas agree: data replicas hold the same state, tensor
+// ranks the same replicated entries (with ZeRO as digests a data group's shards add up
+// to). One rank's replicated parameter one bit off (DTRAIN_TEST_SAVE_FAULT=R:4:diverge)
+// must stop every rank, pipeline stages that found nothing included, with exit 3 and
+// the diverged group named; step 4's checkpoint is not written, and step 2's resumes.
+TEST_CASE(
+    "a replica one bit off stops every rank at the save, which is not written, and the "
+    "previous checkpoint resumes") {
+  OneThread one;
+  TempDir tmp("tp-diverge");
+  const fs::path job = job_for(tmp.path(), "gpt2-tiny");
+  const std::vector<std::string> base = {
+      "--set", "train.steps=6", "--set", "train.checkpoint.every=2", "--set", "data.micro_batch=2"};
+  const fs::path whole = run_job(job, tmp.path(), "whole", 1, base);
+  struct Case {
+    std::string name;
+    int ranks, rank;
+    std::vector<std::string> sets;
+    std::string what;
+  };
+  const std::string all = "the parameters, buffers and optimizer state of rank 1 of a group of 2";
+  const std::string parts = "the replicated parameters and their optimizer state of rank 1";
+  const std::vector<Case> cases = {
+      {"dp2", 2, 1, {"parallel.data=2"}, all},
+      {"tp2", 2, 1, {"parallel.tensor=2"}, parts},
+      {"tp2-dp2-zero1",
+       4,
+       3,
+       {"parallel.tensor=2", "parallel.data=2", "parallel.zero_stage=1"},
+       parts},
+      {"pp2-dp2", 4, 3, {"parallel.pipeline=2", "parallel.data=2"}, all},
+      {"pp2-tp2", 4, 1, {"parallel.pipeline=2", "parallel.tensor=2"}, parts}};
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const fs::path out = tmp.path() / c.name;
+    std::vector<std::string> args = {job.string(), "--nproc", std::to_string(c.ranks), "--set",
+                                     "run.output_dir=" + out.string()};
+    args.insert(args.end(), base.begin(), base.end());
+    for (const std::string& s : c.sets) args.insert(args.end(), {"--set", s});
+    setenv("DTRAIN_TEST_SAVE_FAULT", fmt::format("{}:4:diverge", c.rank).c_str(), 1);
+    const RunResult r = run_dtrain(args, tmp.path() / (c.name + ".log"), 120);
+    unsetenv("DTRAIN_TEST_SAVE_FAULT");
+    CHECK_MESSAGE(r.rc == 3, r.describe());
+    CHECK_MESSAGE(r.log.find("step 4: replicas diverged: " + c.what) != std::string::npos, r.log);
+    CHECK(r.log.find("this checkpoint was not written") != std::string::npos);
+    const fs::path newest = newest_checkpoint(out / "checkpoints");
+    REQUIRE(!newest.empty());
+    CHECK(checkpoint_step(newest) == 2);
+    std::vector<std::string> rest(c.sets.size() * 2);
+    for (size_t k = 0; k < c.sets.size(); ++k) rest[2 * k] = "--set", rest[2 * k + 1] = c.sets[k];
+    rest.insert(rest.end(), base.begin(), base.end());
+    rest.insert(rest.end(), {"--resume", "latest"});
+    run_job(job, tmp.path(), c.name, c.ranks, rest);
+    CHECK_MESSAGE(checkpoints_within(newest_checkpoint(out / "checkpoints"),
+                                     newest_checkpoint(whole / "checkpoints"), kWeightTol)
+                      .empty(),
+                  checkpoints_within(newest_checkpoint(out / "checkpoints"),
+                                     newest_checkpoint(whole / "checkpoints"), kWeightTol));
+  }
+}
+
 // Mixed precision: the split layers' all-reduces sum bf16 parts in f32 and round once,
 // where one rank's GEMM rounds its f32 sum once: close, not the same bits. Activation
 // checkpointing recomputes the same forward (its all-reduces included).
