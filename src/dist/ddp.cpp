@@ -115,6 +115,31 @@ void GradSync::set_owners(std::vector<std::pair<int64_t, int64_t>> ranges) {
   owners_ = std::move(ranges);
 }
 
+void GradSync::set_accumulation(Tensor grads, Tensor acc) {
+  step_grads_ = std::move(grads);
+  step_acc_ = std::move(acc);
+}
+
+void GradSync::before_backward(int micro, int micro_batches) {
+  if (micro + 1 < micro_batches) return;
+  DTRAIN_CHECK(step_grads_.defined() && (micro_batches == 1 || step_acc_.defined()),
+               "GradSync: {} micro-batches without set_accumulation's buffers", micro_batches);
+  arm(step_grads_, micro_batches > 1 ? step_acc_ : Tensor());
+}
+
+void GradSync::after_backward(int micro, int micro_batches) {
+  if (micro + 1 == micro_batches) return;
+  for (const Bucket& b : buckets_) {
+    const Tensor g = range_of(step_grads_, b);
+    Tensor acc = range_of(step_acc_, b);
+    if (micro == 0) {
+      kernels::copy(g, acc);
+    } else {
+      kernels::axpy(1.0f, g, acc);
+    }
+  }
+}
+
 void GradSync::arm(Tensor grads, Tensor acc) {
   grads_ = std::move(grads);
   acc_ = std::move(acc);

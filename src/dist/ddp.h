@@ -65,6 +65,21 @@ class TracedBuckets {
   virtual void set_trace(TraceFn trace) = 0;              // null: record nothing
 };
 
+// The gradient stage of a training step as the trainer drives it, whichever exchange
+// it is (GradSync's buckets below, ZeRO-2's ShardedGradSync): around each micro-batch's
+// backward, the executor's grad_ready hook calling ready() in between, and finish()
+// after the step's last micro-batch. Then the summed gradient is where the optimizer
+// reads it (GradSync: the flat buffer; ZeRO-2: this rank's shard).
+class StepGradients : public TracedBuckets {
+ public:
+  virtual void before_backward(int micro, int micro_batches) = 0;
+  virtual void ready(int param) = 0;
+  virtual void after_backward(int micro, int micro_batches) = 0;
+  virtual void finish() = 0;
+  // Since the last call: bytes, comm time, exposed time.
+  virtual SyncStats take_stats() = 0;
+};
+
 // Buckets over some of the parameters only, `which` (indices into `params`, a pipeline
 // stage's): each spans its parameters' elements from the first one's offset to the last
 // one's end, closing at `bucket_bytes` or where the next parameter is not adjacent (more
@@ -76,7 +91,7 @@ std::vector<Bucket> plan_buckets_of(const std::vector<GradRange>& params,
 // pipeline stage's buckets hold its own parameters; the others get no gradient there).
 enum class Unbucketed : uint8_t { refused, skipped };
 
-class GradSync : public TracedBuckets {
+class GradSync : public StepGradients {
  public:
   // `algos`: the all-reduce algorithm of each bucket (auto resolved by the caller).
   GradSync(Communicator& comm, std::vector<Bucket> buckets, int num_params, Overlap overlap,
@@ -103,16 +118,23 @@ class GradSync : public TracedBuckets {
   // The profiler's view (TracedBuckets): reported after each step's finish().
   void set_trace(TraceFn trace) override { trace_ = std::move(trace); }
 
+  // Where a step's micro-batches add up (StepGradients): backward writes `grads` (the
+  // flat f32 buffer); after each micro-batch but the last, its buckets' ranges are
+  // summed into `acc` (the rest of the layout is never sent: a pipeline stage's other
+  // stages' parameters, padding), and the last one's backward adds them back bucket by
+  // bucket as it sends them. `acc` may be undefined when every step has one micro-batch.
+  void set_accumulation(Tensor grads, Tensor acc);
+  void before_backward(int micro, int micro_batches) override;  // the last one arms
+  void after_backward(int micro, int micro_batches) override;   // the others accumulate
   // Before the last micro-step's backward: `grads` is the flat f32 buffer backward
   // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
   void arm(Tensor grads, Tensor acc);
   // The executor's grad_ready hook (param index into the GradRange list).
-  void ready(int param);
+  void ready(int param) override;
   // After backward: sends what has not gone yet, waits for every bucket. Afterwards
   // `grads` holds the sum over all ranks and micro-steps, identical on every rank.
-  void finish();
-  // Since the last call: bytes, comm time, exposed time.
-  SyncStats take_stats();
+  void finish() override;
+  SyncStats take_stats() override;
 
  private:
   void launch(size_t b);
@@ -129,6 +151,7 @@ class GradSync : public TracedBuckets {
   std::vector<char> launched_;
   Overlap overlap_;
   Tensor grads_, acc_;
+  Tensor step_grads_, step_acc_;  // set_accumulation's
   bool armed_ = false;
   SyncStats stats_;
   CommStats comm_mark_;

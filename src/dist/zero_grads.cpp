@@ -90,7 +90,7 @@ void ShardedGradSync::reduce(size_t b) {
   buf = Tensor();
 }
 
-void ShardedGradSync::finish() {
+void ShardedGradSync::end_micro() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     DTRAIN_CHECK(pending_[b] == 0 && !buffers_[b].defined(),
                  "bucket {}: {} gradient(s) never reported ready", b, pending_[b]);

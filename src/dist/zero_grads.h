@@ -20,7 +20,7 @@
 
 namespace dtrain::dist {
 
-class ShardedGradSync : public TracedBuckets {
+class ShardedGradSync : public StepGradients {
  public:
   // params: every parameter's range of the layout (increasing offsets); ranges: every
   // rank's [begin, end) of it (tiling it, rank order); shard: f32 [this rank's size].
@@ -36,11 +36,15 @@ class ShardedGradSync : public TracedBuckets {
   Tensor grad_view(int param, const Shape& shape);
   // Before each micro-batch's backward: the first of a step overwrites the shard.
   void begin_micro(bool first);
-  void ready(int param);  // the executor's grad_ready hook
-  // After backward: every bucket was reduced (a parameter the loss does not reach still
-  // gets its zeros written and reported ready by the executor).
-  void finish();
-  SyncStats take_stats();
+  void ready(int param) override;  // the executor's grad_ready hook
+  // After each micro-batch's backward: every bucket was reduced (a parameter the loss
+  // does not reach still gets its zeros written and reported ready by the executor).
+  void end_micro();
+  // StepGradients: every micro-batch is reduced into the shard as its backward runs.
+  void before_backward(int micro, int) override { begin_micro(micro == 0); }
+  void after_backward(int, int) override { end_micro(); }
+  void finish() override {}
+  SyncStats take_stats() override;
 
  private:
   void reduce(size_t b);

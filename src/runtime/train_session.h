@@ -147,13 +147,17 @@ class TrainSession {
   void diverge_for_test(Tensor params, int64_t base);
   void save_by_shard();
   TrainCounters resume_whole(const fs::path& file);
+  void sequential_passes(StepTotals& local);
   void pipeline_passes(StepTotals& local);
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
   std::unique_ptr<DeviceFeed> train_;
-  std::unique_ptr<dist::GradSync> sync_;
-  std::unique_ptr<dist::ShardedGradSync> zero_sync_;  // ZeRO-2 instead of sync_
+  // The step's gradient stage: DDP's buckets (sync_, ZeRO-1's reduce to owners, through
+  // the compressor), or ZeRO-2's reduce into shards (zero_sync_); both are grad_sync_.
+  std::unique_ptr<dist::StepGradients> grad_sync_;
+  dist::GradSync* sync_ = nullptr;
+  dist::ShardedGradSync* zero_sync_ = nullptr;
   bool zero2_ = false, zero3_ = false;
   std::unique_ptr<graph::ParamUnits> units_;    // ZeRO-3: the blocks gathered before use
   std::unique_ptr<ShardedParams> zero_params_;  // ZeRO-3: this rank's parameters

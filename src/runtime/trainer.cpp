@@ -421,16 +421,21 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   }
   const std::vector<dist::Bucket> buckets = planned;
   if (zero2_) {
-    zero_sync_ = std::make_unique<dist::ShardedGradSync>(*grad_comm_, std::move(planned), ranges,
-                                                         owners, shard_grads_);
+    auto zero = std::make_unique<dist::ShardedGradSync>(*grad_comm_, std::move(planned), ranges,
+                                                        owners, shard_grads_);
+    zero_sync_ = zero.get();
+    grad_sync_ = std::move(zero);
     ex_->set_grad_storage([this](int p) {
       return zero_sync_->grad_view(p, weights_->layout()[static_cast<size_t>(p)].spec.shape);
     });
   } else {
-    sync_ = std::make_unique<dist::GradSync>(
+    auto sync = std::make_unique<dist::GradSync>(
         *grad_comm_, std::move(planned), ex_->grads().size(),
         job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off,
         pipeline_ ? dist::Unbucketed::skipped : dist::Unbucketed::refused);
+    sync_ = sync.get();
+    grad_sync_ = std::move(sync);
+    sync_->set_accumulation(weights_->grads(), grad_acc_);
     // ZeRO-1: each bucket's parts are reduced into their owners (a reduce-scatter's
     // volume) instead of all-reduced: a rank steps only its range.
     if (weights_->shard().sharded()) sync_->set_owners(owners);
@@ -442,11 +447,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       Tensor g = ex_->grad_view(p).view(0, Shape{1});
       kernels::fill(g, std::numeric_limits<float>::infinity());
     }
-    if (zero_sync_) {
-      zero_sync_->ready(p);
-    } else {
-      sync_->ready(p);
-    }
+    grad_sync_->ready(p);
   };
   buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
 
@@ -531,47 +532,14 @@ StepTotals TrainSession::agree_totals(const StepTotals& local) {
 // whose samples are [g * micro_batch, (g + 1) * micro_batch) of the global batch.
 double TrainSession::train_step(const StopSignals& signals) {
   Tensor grads = weights_->grads();
-  const int64_t mb = job_.data.micro_batch;
   if (compression_) compression_->begin_step(counters_.step);
   StepTotals local;
-  if (pipeline_) pipeline_passes(local);
-  for (int m = 0; !pipeline_ && m < micro_batches_; ++m) {
-    const FeedBatch& b = [this]() -> const FeedBatch& {
-      const Profiler::Scope wait(profiler(), "data wait", "data");
-      return train_->next();
-    }();
-    set_batch(b);
-    buffer_avg_->begin_micro(m);
-    if (zero_sync_) zero_sync_->begin_micro(m == 0);
-    const auto g = static_cast<uint64_t>(m * job_.parallel.data + coord_.dp);
-    ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step), {g * mb, mb});
-    const bool last = m + 1 == micro_batches_;
-    if (last) {
-      if (!zero_sync_) sync_->arm(grads, micro_batches_ > 1 ? grad_acc_ : Tensor());
-      inject_overflow_ = overflows_.due(counters_.step + 1);
-    }
-    // d loss = label count x loss scale: the sum over labels, scaled (undone below).
-    ex_->backward(model_.loss,
-                  static_cast<float>(static_cast<double>(b.labelled) * scaler_.scale()));
-    if (zero_params_) zero_params_->end_pass();
-    inject_overflow_ = false;
-    train_->prefetch();  // the next batch moves while this one computes
-    local.loss_sum += read_scalar(ex_->value(model_.loss)) * static_cast<double>(b.labelled);
-    local.labelled += static_cast<double>(b.labelled);
-    buffer_avg_->end_micro(m);
-    counters_.position = b.next;
-    if (zero_sync_) {  // every micro-batch is reduced into the shard as backward runs
-      zero_sync_->finish();
-      continue;
-    }
-    if (last) break;
-    if (m == 0) {
-      kernels::scale(1.0f, grads, grad_acc_);
-    } else {
-      kernels::axpy(1.0f, grads, grad_acc_);
-    }
+  if (pipeline_) {
+    pipeline_passes(local);
+  } else {
+    sequential_passes(local);
   }
-  if (!zero_sync_) sync_->finish();
+  grad_sync_->finish();
   if (tied_) tied_->sum(grads, weights_->layout());  // both parts, on the earlier stage
   buffer_avg_->finish();
   if (coord_.tp != 0) local.loss_sum = local.labelled = 0;  // tensor ranks share one loss
@@ -633,13 +601,43 @@ double TrainSession::train_step(const StopSignals& signals) {
   return loss;
 }
 
+// A step's micro-batches one after another on this rank: each one's forward at its
+// place in the global batch, its backward seeded with its label count times the loss
+// scale, the gradient stage around it (grad_sync_: accumulating, or reducing each
+// micro-batch into the shards), the buffers averaged around the forwards.
+void TrainSession::sequential_passes(StepTotals& local) {
+  const int64_t mb = job_.data.micro_batch;
+  for (int m = 0; m < micro_batches_; ++m) {
+    const FeedBatch& b = [this]() -> const FeedBatch& {
+      const Profiler::Scope wait(profiler(), "data wait", "data");
+      return train_->next();
+    }();
+    set_batch(b);
+    buffer_avg_->begin_micro(m);
+    const auto g = static_cast<uint64_t>(m * job_.parallel.data + coord_.dp);
+    ex_->forward(graph::Mode::train, static_cast<uint64_t>(counters_.step), {g * mb, mb});
+    grad_sync_->before_backward(m, micro_batches_);
+    inject_overflow_ = m + 1 == micro_batches_ && overflows_.due(counters_.step + 1);
+    // d loss = label count x loss scale: the sum over labels, scaled (undone below).
+    ex_->backward(model_.loss,
+                  static_cast<float>(static_cast<double>(b.labelled) * scaler_.scale()));
+    if (zero_params_) zero_params_->end_pass();
+    inject_overflow_ = false;
+    train_->prefetch();  // the next batch moves while this one computes
+    local.loss_sum += read_scalar(ex_->value(model_.loss)) * static_cast<double>(b.labelled);
+    local.labelled += static_cast<double>(b.labelled);
+    buffer_avg_->end_micro(m);
+    counters_.position = b.next;
+    grad_sync_->after_backward(m, micro_batches_);
+  }
+}
+
 // A pipeline step's forward and backward passes (runtime/pipeline.h): the same per
-// micro-batch work as train_step's loop, in the schedule's order. Each micro-batch's
+// micro-batch work as sequential_passes, in the schedule's order. Each micro-batch's
 // inputs are copied (a schedule holds several while the feed moves on); buffers are
-// averaged around each forward; the gradient accumulates in micro-batch order, the
-// last micro-batch's backward arming the gradient sync as one rank's does.
+// averaged around each forward; the gradient stage runs around each backward as in
+// sequential_passes (backwards run in micro-batch order, so the sums are the same).
 void TrainSession::pipeline_passes(StepTotals& local) {
-  Tensor grads = weights_->grads();
   const int64_t mb = job_.data.micro_batch;
   labelled_.assign(static_cast<size_t>(micro_batches_), 0);
   PipelineStage::StepHooks hooks;
@@ -668,9 +666,8 @@ void TrainSession::pipeline_passes(StepTotals& local) {
                               scaler_.scale());
   };
   hooks.before_backward = [&](int m) {
-    if (m + 1 < micro_batches_) return;
-    sync_->arm(grads, micro_batches_ > 1 ? grad_acc_ : Tensor());
-    inject_overflow_ = overflows_.due(counters_.step + 1);
+    grad_sync_->before_backward(m, micro_batches_);
+    inject_overflow_ = m + 1 == micro_batches_ && overflows_.due(counters_.step + 1);
   };
   hooks.after_backward = [&](int m) {
     inject_overflow_ = false;
@@ -679,18 +676,9 @@ void TrainSession::pipeline_passes(StepTotals& local) {
       local.loss_sum += read_scalar(ex_->value(model_.loss)) * n;
       local.labelled += n;
     }
-    if (m + 1 == micro_batches_) return;
     // Only this stage's gradients change (its buckets: its parameters and a tied copy);
     // the rest of the layout is the other stages' and never summed here.
-    for (const dist::Bucket& b : sync_->buckets()) {
-      const Tensor g = grads.view(b.begin, Shape{b.end - b.begin});
-      Tensor acc = grad_acc_.view(b.begin, Shape{b.end - b.begin});
-      if (m == 0) {
-        kernels::scale(1.0f, g, acc);
-      } else {
-        kernels::axpy(1.0f, g, acc);
-      }
-    }
+    grad_sync_->after_backward(m, micro_batches_);
   };
   pipeline_->train_step(static_cast<uint64_t>(counters_.step), model_.loss, hooks);
 }
@@ -806,8 +794,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   while (counters_.step < total_steps_) {
     const int64_t next = counters_.step + 1;
     dist::TracedBuckets* traced = nullptr;
-    if (grad_comm_->size() > 1)
-      traced = zero_sync_ ? static_cast<dist::TracedBuckets*>(zero_sync_.get()) : sync_.get();
+    if (grad_comm_->size() > 1) traced = grad_sync_.get();
     if (profile_) profile_->before(next, *ex_, traced);
     {
       const Profiler::Scope span(profiler(), profiler() ? fmt::format("step {}", next) : "",

@@ -88,7 +88,7 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
   const double samples = static_cast<double>(job_.data.global_batch);
   const double lr = optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr,
                                  std::max<int64_t>(opt_->step_count() - 1, 0), total_steps_);
-  const dist::SyncStats comm = zero_sync_ ? zero_sync_->take_stats() : sync_->take_stats();
+  const dist::SyncStats comm = grad_sync_->take_stats();
   const double bus = grad_comm_->stats().bus_bytes;  // every collective of the window's steps
   const double volume = bus - bus_mark_;
   bus_mark_ = bus;
