@@ -479,9 +479,8 @@ FitAdvice fit_memory(const Job& job, size_t capacity) {
   // each element alone) for about the same traffic, ZeRO-2 too with one micro-batch
   // per rank (within rounding with more); the stage that was tried last stays in every
   // later candidate.
-  // The stages the trainer takes: ZeRO-1 in a pipeline, up to ZeRO-2 with tensor
-  // parallelism.
-  const int zero_max = job.parallel.pipeline > 1 ? 1 : job.parallel.tensor > 1 ? 2 : 3;
+  // The stages the trainer takes: ZeRO-1 in a pipeline, every stage otherwise.
+  const int zero_max = job.parallel.pipeline > 1 ? 1 : 3;
   const bool half_ok =
       compute_dtype(job.precision.dtype) == DType::f32 || job.precision.master_weights;
   const bool can_zero =

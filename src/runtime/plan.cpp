@@ -98,7 +98,7 @@ PlanResult plan_layouts(const Job& job, const Cluster& cluster) {
       }
       for (int64_t mb : micro_sizes(global / d)) {
         // The ZeRO stages dtrain train takes for this grid (none without data ranks).
-        const int zero_max = d == 1 ? 0 : p > 1 ? 1 : t > 1 ? 2 : 3;
+        const int zero_max = d == 1 ? 0 : p > 1 ? 1 : 3;
         for (int z = 0; z <= zero_max; ++z) {
           for (const GridOrder order : {GridOrder::pp_dp_tp, GridOrder::dp_pp_tp}) {
             if (order == GridOrder::dp_pp_tp && (p == 1 || d == 1)) continue;  // the same

@@ -72,10 +72,9 @@ void require_supported(const Job& job, int world) {
   if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.tensor > 1 is not supported yet", key, value),
-                  "tensor-parallel ranks run with zero_stage 0-2 (0-1 in a pipeline) and no "
+                  "tensor-parallel ranks run with any zero_stage (0-1 in a pipeline) and no "
                   "compression, on the CPU; drop the key or parallel.tensor");
     };
-    if (p.zero_stage > 2) later("parallel.zero_stage", std::to_string(p.zero_stage));
     if (job.compress.method != CompressMethod::none)
       later("compress.method", std::string(to_string(job.compress.method)));
     if (job.device.is_cuda()) later("device", job.device.str());

@@ -5,9 +5,10 @@
 // stay within 1e-5 over 20 steps and the final checkpoint (the one-rank model's,
 // assembled from the parts) within 1e-4: GPT-2, BERT masked-LM and ViT with tensor 2
 // and 4, with and without dropout, on a vocabulary the ranks split unevenly; data x
-// tensor with accumulation and ZeRO-1/2, the 2 x 2 x 2 pipeline x data x tensor grid in
-// both rank orders; bf16 with checkpointing within 1e-3; a checkpoint resumes across layouts; the
-// estimate's peak and traffic; layouts not supported yet exit 2 with one message.
+// tensor with accumulation and ZeRO-1/2/3, the 2 x 2 x 2 pipeline x data x tensor grid
+// in both rank orders; LAMB; bf16 with checkpointing within 1e-3; a checkpoint resumes
+// across layouts; a replica one bit off stops the save; the estimate's peak and
+// traffic; layouts not supported yet exit 2 with one message.
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -96,7 +97,8 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("data x tensor with accumulation and ZeRO-1/2, and the 2 x 2 x 2 grid with ZeRO-1 too") {
+TEST_CASE(
+    "data x tensor with accumulation and ZeRO-1/2/3, and the 2 x 2 x 2 grid with ZeRO-1 too") {
   OneThread one;
   TempDir tmp("tp-grid");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
@@ -105,7 +107,7 @@ TEST_CASE("data x tensor with accumulation and ZeRO-1/2, and the 2 x 2 x 2 grid 
   std::vector<std::string> dt = micro;
   dt.insert(dt.end(), {"--set", "parallel.data=2", "--set", "parallel.tensor=2"});
   require_close(run_job(job, tmp.path(), "dp2-tp2", 4, dt), whole);
-  for (const std::string zero : {"1", "2"}) {  // each tensor rank shards its part over data
+  for (const std::string zero : {"1", "2", "3"}) {  // each tensor rank shards its part over data
     std::vector<std::string> z = dt;
     z.insert(z.end(), {"--set", "parallel.zero_stage=" + zero});
     require_close(run_job(job, tmp.path(), "dp2-tp2-zero" + zero, 4, z), whole);
@@ -152,6 +154,11 @@ TEST_CASE(
       4,
       {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=2"},
       2};
+  const Layout zero3{
+      "dp2-tp2-zero3",
+      4,
+      {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set", "parallel.zero_stage=3"},
+      2};
   const Layout grid{"pp2-dp2-tp2-zero1",
                     8,
                     {"--set", "parallel.tensor=2", "--set", "parallel.data=2", "--set",
@@ -161,6 +168,8 @@ TEST_CASE(
                                                                             {one_rank, tp2},
                                                                             {zero2, one_rank},
                                                                             {one_rank, zero1},
+                                                                            {zero3, one_rank},
+                                                                            {one_rank, zero3},
                                                                             {grid, one_rank},
                                                                             {one_rank, grid}}) {
     CAPTURE(first.name);
@@ -299,8 +308,10 @@ TEST_CASE("layouts tensor parallelism does not take yet exit 2 naming the key") 
     for (const std::string& s : sets) a.insert(a.end(), {"--set", s});
     return a;
   };
-  check_refused(args("zero", {"parallel.data=1", "parallel.zero_stage=3"}), tmp.path() / "zero.log",
-                "parallel.zero_stage: 3 with parallel.tensor > 1");
+  std::vector<std::string> topk =
+      args("topk", {"parallel.data=2", "data.micro_batch=4", "compress.method=topk"});
+  topk[2] = "4";  // --nproc: data 2 x tensor 2
+  check_refused(topk, tmp.path() / "topk.log", "compress.method: topk with parallel.tensor > 1");
   check_refused(args("heads", {"model.heads=1", "model.hidden=32"}), tmp.path() / "heads.log",
                 "model.heads");
   const fs::path resnet = write_job(tmp.path(), "resnet");
@@ -324,9 +335,10 @@ TEST_CASE("dtrain estimate gives a tensor rank's measured peak within 3%, and it
                      << "train: {steps: 3, log_every: 1}\n"
                      << "logging: {console: false}\n";
   double last_tensor_bytes = 0;
-  // tensor x data with ZeRO-1 last: each tensor rank's part sharded over 2 data ranks.
-  for (const auto& [tensor, data, zero] :
-       std::vector<std::tuple<int, int, int>>{{1, 1, 0}, {2, 1, 0}, {4, 1, 0}, {2, 2, 1}}) {
+  // tensor x data with ZeRO-1 and -3 last: each tensor rank's part (its optimizer state,
+  // then its parameters too) sharded over 2 data ranks.
+  for (const auto& [tensor, data, zero] : std::vector<std::tuple<int, int, int>>{
+           {1, 1, 0}, {2, 1, 0}, {4, 1, 0}, {2, 2, 1}, {2, 2, 3}}) {
     CAPTURE(tensor);
     CAPTURE(zero);
     const std::string name = fmt::format("tp{}-dp{}-zero{}", tensor, data, zero);
