@@ -7,6 +7,7 @@
 #include "core/rng.h"
 #include "kernels/compress.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm.h"
 #include "kernels/memory.h"
 
 namespace dtrain::compress {
@@ -70,6 +71,74 @@ std::vector<BucketPlan> plan_compression(const CompressOptions& o,
     plans.push_back(std::move(plan));
   }
   return plans;
+}
+
+int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans) {
+  if (o.method != CompressMethod::powersgd) return 0;
+  int64_t n = 0;
+  for (const BucketPlan& p : plans)
+    for (const Piece& m : p.compressed) n += m.cols * rank_of(o, m);
+  return n;
+}
+
+// Mirrors the allocations of reduce() below, in their order and lifetimes.
+size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, Device device,
+                      const std::function<size_t(size_t)>& round) {
+  const auto f32 = [&](int64_t n) { return round(static_cast<size_t>(n) * 4); };
+  const int64_t n = total(p.compressed);
+  size_t high = 0;
+  if (n > 0) {
+    // input(): the packed gradient, and while the residual is added its packed copy.
+    const size_t x = f32(n);
+    const size_t in = x + (o.error_feedback ? f32(n) : 0);
+    switch (o.method) {
+      case CompressMethod::topk: {
+        const int64_t k = std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(n)), 1, n);
+        const size_t pairs = 2 * f32(k);  // indices (i32) and values
+        const size_t ws = round(std::max<size_t>(kernels::topk_workspace_bytes(n, device), 1));
+        high = std::max(in, x + pairs + ws + 2 * f32(k * world) + f32(n));
+        break;
+      }
+      case CompressMethod::onebit: {
+        const int64_t words = (n + 31) / 32, chunks = (n + kSignChunk - 1) / kSignChunk;
+        const size_t packed = f32(words) + f32(chunks);
+        const size_t mine = o.error_feedback ? x + packed + f32(n) : 0;
+        high = std::max({in, mine, x + packed + f32(words * world) + f32(chunks * world) + f32(n)});
+        break;
+      }
+      case CompressMethod::powersgd: {
+        size_t ms = 0, largest = 0;
+        int64_t p_elems = 0, q_elems = 0;
+        for (const Piece& m : p.compressed) {
+          const int64_t q = rank_of(o, m);
+          high = std::max(high, ms + f32(m.hi - m.lo) + (o.error_feedback ? f32(m.hi - m.lo) : 0));
+          ms += f32(m.hi - m.lo);
+          p_elems += m.rows * q;
+          q_elems += m.cols * q;
+          // The products' workspaces (one at a time: M Q, M^T P, P Q^T), and with error
+          // feedback the matrix P Q^T beside the last.
+          kernels::GemmArgs mq, mtp, outer;
+          mq.m = m.rows, mq.n = q, mq.k = m.cols;
+          mtp.trans_a = kernels::Trans::yes;
+          mtp.m = m.cols, mtp.n = q, mtp.k = m.rows;
+          outer.trans_b = kernels::Trans::yes;
+          outer.m = m.rows, outer.n = m.cols, outer.k = q;
+          size_t ws = 0;
+          for (const kernels::GemmArgs& a : {mq, mtp, outer}) {
+            ws = std::max(
+                ws, round(std::max<size_t>(
+                        kernels::gemm_workspace_bytes(a, DType::f32, DType::f32, device), 1)));
+          }
+          largest = std::max(largest, ws + (o.error_feedback ? f32(m.rows * m.cols) : 0));
+        }
+        high = std::max(high, ms + f32(p_elems) + f32(q_elems) + largest);
+        break;
+      }
+      case CompressMethod::none:
+        break;
+    }
+  }
+  return std::max(high, total(p.dense) > 0 ? f32(total(p.dense)) : 0);  // dense() after
 }
 
 Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "compress/options.h"
@@ -60,6 +61,14 @@ struct Tally {
 // What one step sends per rank under `plans` (the plans alone decide it): `dtrain
 // validate` prints it, the trainer's start-up note too.
 Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans);
+
+// The most bytes the exchange of bucket plan `p` holds at once while it runs on `world`
+// ranks (Compressor::reduce's buffers, each rounded by `round`, the allocator's
+// classes): what a memory estimate adds at the moment the bucket is reduced.
+size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, Device device,
+                      const std::function<size_t(size_t)>& round);
+// The elements of PowerSGD's Q over `plans` (kept between steps); 0 for other methods.
+int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans);
 
 class Compressor {
  public:

@@ -24,6 +24,12 @@ class Tally {
     return b;
   }
   void remove(size_t rounded) { current_ -= rounded; }
+  // Made and freed at `node` (rounded already): it counts in the high-water mark only.
+  void spike(size_t rounded, int node, Phase phase) {
+    current_ += rounded;
+    mark(node, phase);
+    current_ -= rounded;
+  }
   // Records the high-water mark, and where it happened.
   void mark(int node, Phase phase) {
     if (current_ > peak_.peak) {
@@ -174,6 +180,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         if (last_user[static_cast<size_t>(p)] != i) continue;
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
         if (--bucket_pending[b] == 0) {
+          if (!buckets->transient.empty()) t.spike(buckets->transient[b], i, Phase::backward);
           t.remove(buckets->bytes[b]);
           bucket_open[b] = 0;
         }

@@ -51,9 +51,13 @@ using RoundBytes = std::function<size_t(size_t)>;
 // ZeRO-2 (dist/zero_grads.h): parameter gradients live in buckets, one allocation each,
 // made when backward first writes one of the bucket's parameters and freed once its
 // last parameter's gradient is ready; they count with the step's activations.
+// `transient`: what the bucket's exchange allocates and frees the moment it is ready
+// (gradient compression's buffers, compress::exchange_bytes; 0 for none), counted in
+// the high-water mark only; `bytes` may be 0 (the gradients live in the flat buffer).
 struct GradBuckets {
-  std::vector<int> bucket_of;  // per parameter
-  std::vector<size_t> bytes;   // per bucket, rounded
+  std::vector<int> bucket_of;     // per parameter
+  std::vector<size_t> bytes;      // per bucket, rounded
+  std::vector<size_t> transient;  // per bucket, rounded; empty: none
 };
 
 // ZeRO-3 (runtime/zero_params.h): each unit's gather buffer, one allocation of its

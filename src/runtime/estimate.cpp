@@ -7,6 +7,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "compress/compressor.h"
 #include "core/allocator.h"
 #include "core/block_pool.h"
 #include "dist/ddp.h"
@@ -15,6 +16,7 @@
 #include "kernels/device_info.h"
 #include "models/registry.h"
 #include "precision/options.h"
+#include "runtime/grad_compression.h"
 #include "runtime/pipeline.h"
 #include "runtime/tensor_parallel.h"
 #include "runtime/zero.h"
@@ -38,6 +40,7 @@ namespace {
 
 std::string where(const graph::Graph& g, const graph::ActivationPeak& p) {
   if (p.node == -2) return "the accuracy count (half logits widened to f32)";
+  if (p.node == -3) return "the compressed gradient exchange after backward";
   if (p.node < 0) return "nowhere";
   return fmt::format("{} of {}", p.phase == graph::Phase::forward ? "forward" : "backward",
                      g.nodes()[static_cast<size_t>(p.node)].name);
@@ -303,6 +306,42 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   } else {
     add("gradients", stage_grads_bytes, "f32, every precision" + stage_note);
   }
+  // Gradient compression (runtime/grad_compression.h; not with ZeRO-2 or a pipeline):
+  // the residual (the whole layout: error feedback, kept even when it is off) and
+  // PowerSGD's Q live for the run; each bucket's exchange holds its buffers while it
+  // runs (compress::exchange_bytes), as the bucket's last gradient is ready (overlap
+  // on) or one bucket after another after backward (off).
+  size_t exchange_after = 0;    // overlap off: the largest bucket's, after backward
+  size_t compression_save = 0;  // what a save copies of compression's state
+  if (job.compress.method != CompressMethod::none && !zero2 && stages.empty()) {
+    std::vector<dist::GradRange> ranges;
+    for (const graph::FlatEntry& e : f32_entries.entries())
+      ranges.push_back({e.offset, e.spec.shape.numel()});
+    const std::vector<dist::Bucket> planned = dist::plan_buckets(
+        ranges, layout_elems, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
+    const std::vector<compress::BucketPlan> plans = compress::plan_compression(
+        job.compress, planned, compression_params(f32_entries.entries()));
+    add("compression residual", round(static_cast<size_t>(layout_elems) * sizeof(float)),
+        "f32, what this rank has not sent yet (error feedback)");
+    const int64_t q = compress::powersgd_q_elems(job.compress, plans);
+    if (q > 0)
+      add("PowerSGD Q", round(static_cast<size_t>(q) * sizeof(float)), "f32, kept between steps");
+    // A save (GradCompression::state): for a single file rank 0 gathers every data
+    // rank's residual into one [world, layout] blob; with ZeRO each rank copies its own.
+    compression_save = round(static_cast<size_t>(layout_elems) * sizeof(float) *
+                             static_cast<size_t>(sharded ? 1 : world)) +
+                       (q > 0 ? round(static_cast<size_t>(q) * sizeof(float)) : 0);
+    buckets.bucket_of.assign(ranges.size(), -1);
+    for (size_t b = 0; b < planned.size(); ++b) {
+      const size_t bytes =
+          compress::exchange_bytes(job.compress, plans[b], world, job.device, round);
+      buckets.bytes.push_back(0);
+      buckets.transient.push_back(job.comm.overlap ? bytes : 0);
+      exchange_after = std::max(exchange_after, job.comm.overlap ? 0 : bytes);
+      for (int p : planned[b].params)
+        buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(b);
+    }
+  }
   add("buffers", ex.buffers, "batch-norm running statistics");
   add("workspace", ex.workspace, "shared by the ops, the largest one's");
   // Offloaded (runtime/master_weights.h), the optimizer's side lives in pinned host
@@ -365,7 +404,12 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   const graph::ParamUnits units(g, f32_entries.entries(), m.loss);
   const graph::ParamGathers gathers{&units, policy.compute, f32_entries.entries()};
   e.train = graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
-                                    zero2 ? &buckets : nullptr, zero3 ? &gathers : nullptr);
+                                    buckets.bytes.empty() ? nullptr : &buckets,
+                                    zero3 ? &gathers : nullptr);
+  if (e.train.at_end + exchange_after > e.train.peak) {
+    e.train.peak = e.train.at_end + exchange_after;
+    e.train.node = -3;  // the gradient exchange after backward
+  }
   std::vector<char> eval_pins(static_cast<size_t>(g.num_values()), 0);
   eval_pins[static_cast<size_t>(m.logits)] = 1;
   eval_pins[static_cast<size_t>(m.targets)] = 1;
@@ -419,6 +463,15 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       e.forward_param_bytes =
           static_cast<double>(st.param_elems) * static_cast<double>(dtype_size(policy.compute));
       e.forward_ops = st.end - st.begin;
+    }
+  }
+  if (compression_save > 0) {
+    size_t at_save = e.state_bytes + std::max(e.train.at_end, e.eval.at_end) + compression_save;
+    if (job.device.is_cpu()) at_save += e.host_bytes;
+    if (at_save > e.peak_bytes) {
+      e.peak_bytes = at_save;
+      e.peak_at = sharded ? "a checkpoint save (this rank's compression residual copied)"
+                          : "a checkpoint save (every rank's compression residual on rank 0)";
     }
   }
   if (job.parallel.tensor > 1) {
