@@ -78,7 +78,7 @@ int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>
   int64_t n = 0;
   for (const BucketPlan& p : plans)
     for (const Piece& m : p.compressed) n += m.cols * rank_of(o, m);
-  return n;
+  return std::max<int64_t>(n, 1);  // the constructor's buffer is never empty
 }
 
 // Mirrors the allocations of reduce() below, in their order and lifetimes.
@@ -95,7 +95,8 @@ size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, 
       case CompressMethod::topk: {
         const int64_t k = std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(n)), 1, n);
         const size_t pairs = 2 * f32(k);  // indices (i32) and values
-        const size_t ws = round(std::max<size_t>(kernels::topk_workspace_bytes(n, device), 1));
+        const size_t ws_bytes = kernels::topk_workspace_bytes(n, device);
+        const size_t ws = ws_bytes == 0 ? 0 : round(ws_bytes);
         high = std::max(in, x + pairs + ws + 2 * f32(k * world) + f32(n));
         break;
       }
@@ -107,29 +108,29 @@ size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, 
         break;
       }
       case CompressMethod::powersgd: {
+        // All matrices' M (each packed with its residual added), then P and Q; per matrix
+        // the workspace of M Q, of M^T P, and with error feedback P Q^T beside the
+        // workspace of its product (powersgd() below).
         size_t ms = 0, largest = 0;
         int64_t p_elems = 0, q_elems = 0;
+        const auto ws_of = [&](const kernels::GemmArgs& a) {
+          const size_t b = kernels::gemm_workspace_bytes(a, DType::f32, DType::f32, device);
+          return round(std::max<size_t>(b, 1));  // Compressor::gemm allocates at least 1
+        };
         for (const Piece& m : p.compressed) {
           const int64_t q = rank_of(o, m);
           high = std::max(high, ms + f32(m.hi - m.lo) + (o.error_feedback ? f32(m.hi - m.lo) : 0));
           ms += f32(m.hi - m.lo);
           p_elems += m.rows * q;
           q_elems += m.cols * q;
-          // The products' workspaces (one at a time: M Q, M^T P, P Q^T), and with error
-          // feedback the matrix P Q^T beside the last.
           kernels::GemmArgs mq, mtp, outer;
           mq.m = m.rows, mq.n = q, mq.k = m.cols;
           mtp.trans_a = kernels::Trans::yes;
           mtp.m = m.cols, mtp.n = q, mtp.k = m.rows;
           outer.trans_b = kernels::Trans::yes;
           outer.m = m.rows, outer.n = m.cols, outer.k = q;
-          size_t ws = 0;
-          for (const kernels::GemmArgs& a : {mq, mtp, outer}) {
-            ws = std::max(
-                ws, round(std::max<size_t>(
-                        kernels::gemm_workspace_bytes(a, DType::f32, DType::f32, device), 1)));
-          }
-          largest = std::max(largest, ws + (o.error_feedback ? f32(m.rows * m.cols) : 0));
+          largest = std::max({largest, ws_of(mq), ws_of(mtp),
+                              (o.error_feedback ? f32(m.rows * m.cols) : 0) + ws_of(outer)});
         }
         high = std::max(high, ms + f32(p_elems) + f32(q_elems) + largest);
         break;

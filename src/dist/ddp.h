@@ -126,9 +126,6 @@ class GradSync : public StepGradients {
   void set_accumulation(Tensor grads, Tensor acc);
   void before_backward(int micro, int micro_batches) override;  // the last one arms
   void after_backward(int micro, int micro_batches) override;   // the others accumulate
-  // Before the last micro-step's backward: `grads` is the flat f32 buffer backward
-  // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
-  void arm(Tensor grads, Tensor acc);
   // The executor's grad_ready hook (param index into the GradRange list).
   void ready(int param) override;
   // After backward: sends what has not gone yet, waits for every bucket. Afterwards
@@ -137,6 +134,9 @@ class GradSync : public StepGradients {
   SyncStats take_stats() override;
 
  private:
+  // Before the last micro-step's backward: `grads` is the flat f32 buffer backward
+  // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
+  void arm(Tensor grads, Tensor acc);
   void launch(size_t b);
 
   Communicator& comm_;

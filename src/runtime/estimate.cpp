@@ -328,9 +328,12 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       add("PowerSGD Q", round(static_cast<size_t>(q) * sizeof(float)), "f32, kept between steps");
     // A save (GradCompression::state): for a single file rank 0 gathers every data
     // rank's residual into one [world, layout] blob; with ZeRO each rank copies its own.
-    compression_save = round(static_cast<size_t>(layout_elems) * sizeof(float) *
-                             static_cast<size_t>(sharded ? 1 : world)) +
-                       (q > 0 ? round(static_cast<size_t>(q) * sizeof(float)) : 0);
+    // Host memory: the device's peak only on the CPU (on a GPU, the host's).
+    if (job.device.is_cpu()) {
+      compression_save = round(static_cast<size_t>(layout_elems) * sizeof(float) *
+                               static_cast<size_t>(sharded ? 1 : world)) +
+                         (q > 0 ? round(static_cast<size_t>(q) * sizeof(float)) : 0);
+    }
     buckets.bucket_of.assign(ranges.size(), -1);
     for (size_t b = 0; b < planned.size(); ++b) {
       const size_t bytes =

@@ -30,7 +30,9 @@ class FaultInjector {
 // before the ranks compare notes), "manifest" (rank 0: the manifest written, before
 // the rename), "renamed" (rank 0: after the rename). "diverge" ends nothing: that rank
 // changes one bit of a replicated parameter before the save's replica checks, which
-// must then stop every rank. Unset, it does nothing. Not a user feature.
+// must then stop every rank; where no other rank holds that parameter (one rank, or
+// ZeRO's shards without tensor parallelism) nothing can notice, and the save goes on
+// with the changed bit. Unset, it does nothing. Not a user feature.
 class SaveFaultInjector {
  public:
   explicit SaveFaultInjector(int rank);  // a malformed value is an Error naming it

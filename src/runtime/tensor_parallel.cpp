@@ -91,7 +91,7 @@ WholeRange assemble_range(dist::Communicator& tensor, dist::Communicator* data,
     for (int r = 0; r < tensor.size(); ++r) {  // each owner's range in turn
       const ShardRange owner = shard_of(a.span, r, tensor.size(), a.base);
       Tensor part = piece.view(0, Shape{owner.size()});
-      kernels::fill(part, 0.0f);
+      kernels::fill(part, -0.0f);  // the identity of addition: a -0 part stays -0
       add_local_to_whole_range(local, *a.local_layout, *a.whole_layout, a.replicated, owner.begin,
                                part, a.local_base);
       if (data != nullptr && data->size() > 1) data->reduce(part, 0);
@@ -109,7 +109,9 @@ WholeRange assemble_range(dist::Communicator& tensor, dist::Communicator* data,
                                                     optim::SegmentSplit::allowed),
                               mine.range.size(), Device::cpu());
     optim::OptimizerState st = mine.opt->state();
-    for (size_t b = 0; b < st.buffers.size(); ++b) assemble(state[2 + b], &st.buffers[b].second);
+    DTRAIN_CHECK(st.buffers.size() + 2 == state.size(), "{} optimizer buffers, {} state tensors",
+                 st.buffers.size(), state.size());
+    for (size_t b = 2; b < state.size(); ++b) assemble(state[b], &st.buffers[b - 2].second);
     st.step = a.step;
     mine.opt->load_state(st);
   } else {  // the other data ranks add their shards' parts only

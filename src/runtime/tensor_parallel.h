@@ -39,10 +39,10 @@ std::vector<graph::FlatEntry> whole_f32_layout(const graph::Graph& g);
 
 // Adds this rank's parts of `local` (f32: elements [base, base + local.numel()) of
 // `local_layout`, the whole of it at base 0) into `out`, the whole layout's range
-// [lo, lo + out.numel()) (f32, host, zeroed by the caller), replicated entries only when
-// `replicated` is set (one rank of the group): summed over the tensor group (and over
-// the data group when each data rank holds a shard of the local layout), every element
-// then comes from exactly one rank, exactly.
+// [lo, lo + out.numel()) (f32, host, filled with -0 by the caller: x + -0 is x, for a
+// -0 too), replicated entries only when `replicated` is set (one rank of the group):
+// summed over the tensor group (and over the data group when each data rank holds a
+// shard of the local layout), every element then comes from exactly one rank, exactly.
 void add_local_to_whole_range(const Tensor& local,
                               const std::vector<graph::FlatEntry>& local_layout,
                               const std::vector<graph::FlatEntry>& whole_layout, bool replicated,

@@ -153,11 +153,10 @@ class TrainSession {
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
   std::unique_ptr<DeviceFeed> train_;
-  // The step's gradient stage: DDP's buckets (sync_, ZeRO-1's reduce to owners, through
-  // the compressor), or ZeRO-2's reduce into shards (zero_sync_); both are grad_sync_.
+  // The step's gradient stage: DDP's buckets (ZeRO-1's reduce to owners, through the
+  // compressor), or ZeRO-2's reduce into shards.
   std::unique_ptr<dist::StepGradients> grad_sync_;
-  dist::GradSync* sync_ = nullptr;
-  dist::ShardedGradSync* zero_sync_ = nullptr;
+  dist::GradSync* sync_ = nullptr;  // grad_sync_ when it is DDP's (algorithms, compression)
   bool zero2_ = false, zero3_ = false;
   std::unique_ptr<graph::ParamUnits> units_;    // ZeRO-3: the blocks gathered before use
   std::unique_ptr<ShardedParams> zero_params_;  // ZeRO-3: this rank's parameters
@@ -191,7 +190,6 @@ class TrainSession {
   std::string init_note_;    // model.init_from's line, printed once the log is open
   Progress progress_{stderr};
   EvalResult last_eval_;
-  bool have_eval_ = false;
 };
 
 }  // namespace dtrain::runtime

@@ -422,11 +422,10 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   if (zero2_) {
     auto zero = std::make_unique<dist::ShardedGradSync>(*grad_comm_, std::move(planned), ranges,
                                                         owners, shard_grads_);
-    zero_sync_ = zero.get();
-    grad_sync_ = std::move(zero);
-    ex_->set_grad_storage([this](int p) {
-      return zero_sync_->grad_view(p, weights_->layout()[static_cast<size_t>(p)].spec.shape);
+    ex_->set_grad_storage([this, shards = zero.get()](int p) {
+      return shards->grad_view(p, weights_->layout()[static_cast<size_t>(p)].spec.shape);
     });
+    grad_sync_ = std::move(zero);
   } else {
     auto sync = std::make_unique<dist::GradSync>(
         *grad_comm_, std::move(planned), ex_->grads().size(),

@@ -152,7 +152,6 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
 
 void TrainSession::log_eval(const EvalResult& r) {
   last_eval_ = r;
-  have_eval_ = true;
   if (leader()) {
     nlohmann::json line = {{"step", counters_.step},
                            {"eval", true},

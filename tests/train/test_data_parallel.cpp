@@ -739,7 +739,7 @@ TEST_CASE("compression: top-k at ratio 1 on 2 ranks is plain data parallelism, b
 }
 
 // Each method on 2 and 4 ranks: a checkpoint every step proves every rank holds the
-// same parameters after every step (check_replicas), the loss falls, and the metrics
+// same parameters after every step (replica_mismatch), the loss falls, and the metrics
 // carry the bytes each rank sent and the compression ratio the plan promises.
 TEST_CASE("compression: top-k, 1-bit and PowerSGD train on 2 and 4 ranks, replicas equal") {
   OneThread one;
