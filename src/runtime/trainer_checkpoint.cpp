@@ -33,9 +33,9 @@ void TrainSession::init_from(const std::string& path) {
 
 // Tensor parallelism: the checkpoint holds the one-rank model's layout; every rank
 // streams it piece by piece (parameters and each optimizer state buffer) and keeps its
-// parts, holding its own local layout only, never the whole model: the parameters
-// whole, each optimizer buffer only the range this rank steps (ZeRO's shard, a
-// pipeline stage's span).
+// parts, holding its own local layout only, never the whole model: each optimizer
+// buffer only the range this rank steps (ZeRO's shard, a pipeline stage's span), the
+// parameters whole (every rank uses them all), or under ZeRO-3 its shard of them.
 TrainCounters TrainSession::resume_whole(const fs::path& file) {
   const int64_t elems = ex_->grads().buffer_elems(DType::f32);
   const ShardRange& sh = weights_->shard();
@@ -45,7 +45,8 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
     kernels::fill(t, 0.0f);
     return t;
   };
-  Tensor params = zeros(elems);
+  const int64_t param_base = zero3_ ? sh.begin : 0;
+  Tensor params = zeros(zero3_ ? sh.size() : elems);
   std::map<std::string, Tensor> state;  // each optimizer buffer's range in the local layout
   for (const auto& [name, t] : opt_->state().buffers)
     state.emplace(name, zeros(sh.ranged() ? sh.size() : elems));
@@ -54,7 +55,7 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   load.begin = 0;
   load.end = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
   load.params = [&](int64_t lo, const Tensor& piece) {
-    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), params);
+    whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), params, param_base);
   };
   load.state = [&](const std::string& name, int64_t lo, const Tensor& piece) {
     whole_range_to_local(piece, lo, whole_layout_, weights_->layout(), state.at(name), base);
@@ -62,7 +63,7 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   load.buffers = &ex_->buffers();
   load.opt = opt_.get();  // its options are checked; it takes the step
   const TrainCounters counters = load_train_state_ranges(file, load);
-  weights_->load_piece(0, params);
+  weights_->load_piece(param_base, params);
   // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
   // local layout, as `state` does.
   optim::OptimizerState mine = opt_->state();
