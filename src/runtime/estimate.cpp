@@ -288,37 +288,39 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (!stages.empty()) shard_note += ", the largest pipeline stage's parameters";
   // ZeRO-2: no whole gradient buffer; backward writes into buckets (dist/zero_grads.h),
   // counted with the step's activations (graph::GradBuckets).
+  // The gradient buckets as the trainer plans them (dist/ddp.h): ZeRO-2 holds each
+  // one's gradients while it fills (counted with the step's activations,
+  // graph::GradBuckets), compression allocates while it exchanges one.
+  std::vector<dist::GradRange> grad_ranges;
+  for (const graph::FlatEntry& e : f32_entries.entries())
+    grad_ranges.push_back({e.offset, e.spec.shape.numel()});
+  const std::vector<dist::Bucket> planned = dist::plan_buckets(
+      grad_ranges, layout_elems, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
+  // Gradient compression (runtime/grad_compression.h; not with ZeRO-2 or a pipeline).
+  const bool compressed = job.compress.method != CompressMethod::none && !zero2 && stages.empty();
   graph::GradBuckets buckets;
-  if (zero2) {
-    add("gradients", f32_layout, "f32, this rank's shard" + shard_note);
-    std::vector<dist::GradRange> ranges;
-    for (const graph::FlatEntry& e : f32_entries.entries())
-      ranges.push_back({e.offset, e.spec.shape.numel()});
-    const std::vector<dist::Bucket> planned = dist::plan_buckets(
-        ranges, layout_elems, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
-    buckets.bucket_of.assign(ranges.size(), -1);
+  if (zero2 || compressed) {
+    buckets.bucket_of.assign(grad_ranges.size(), -1);
     for (size_t b = 0; b < planned.size(); ++b) {
       buckets.bytes.push_back(
-          round(static_cast<size_t>(planned[b].end - planned[b].begin) * sizeof(float)));
+          zero2 ? round(static_cast<size_t>(planned[b].end - planned[b].begin) * sizeof(float))
+                : 0);  // compression: the gradients stay in the flat buffer
       for (int p : planned[b].params)
         buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(b);
     }
+  }
+  if (zero2) {
+    add("gradients", f32_layout, "f32, this rank's shard" + shard_note);
   } else {
     add("gradients", stage_grads_bytes, "f32, every precision" + stage_note);
   }
-  // Gradient compression (runtime/grad_compression.h; not with ZeRO-2 or a pipeline):
-  // the residual (the whole layout: error feedback, kept even when it is off) and
-  // PowerSGD's Q live for the run; each bucket's exchange holds its buffers while it
-  // runs (compress::exchange_bytes), as the bucket's last gradient is ready (overlap
-  // on) or one bucket after another after backward (off).
+  // Compression: the residual (the whole layout: error feedback, kept even when it is
+  // off) and PowerSGD's Q live for the run; each bucket's exchange holds its buffers
+  // while it runs (compress::exchange_bytes), as the bucket's last gradient is ready
+  // (overlap on) or one bucket after another after backward (off).
   size_t exchange_after = 0;    // overlap off: the largest bucket's, after backward
   size_t compression_save = 0;  // what a save copies of compression's state
-  if (job.compress.method != CompressMethod::none && !zero2 && stages.empty()) {
-    std::vector<dist::GradRange> ranges;
-    for (const graph::FlatEntry& e : f32_entries.entries())
-      ranges.push_back({e.offset, e.spec.shape.numel()});
-    const std::vector<dist::Bucket> planned = dist::plan_buckets(
-        ranges, layout_elems, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
+  if (compressed) {
     const std::vector<compress::BucketPlan> plans = compress::plan_compression(
         job.compress, planned, compression_params(f32_entries.entries()));
     add("compression residual", round(static_cast<size_t>(layout_elems) * sizeof(float)),
@@ -334,15 +336,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                                static_cast<size_t>(sharded ? 1 : world)) +
                          (q > 0 ? round(static_cast<size_t>(q) * sizeof(float)) : 0);
     }
-    buckets.bucket_of.assign(ranges.size(), -1);
-    for (size_t b = 0; b < planned.size(); ++b) {
-      const size_t bytes =
-          compress::exchange_bytes(job.compress, plans[b], world, job.device, round);
-      buckets.bytes.push_back(0);
+    for (const compress::BucketPlan& plan : plans) {
+      const size_t bytes = compress::exchange_bytes(job.compress, plan, world, job.device, round);
       buckets.transient.push_back(job.comm.overlap ? bytes : 0);
       exchange_after = std::max(exchange_after, job.comm.overlap ? 0 : bytes);
-      for (int p : planned[b].params)
-        buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(b);
     }
   }
   add("buffers", ex.buffers, "batch-norm running statistics");

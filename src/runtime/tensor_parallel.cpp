@@ -135,7 +135,7 @@ std::vector<int64_t> replicated_digests(const std::vector<Tensor>& tensors,
       int64_t sum = 0;  // < 2^32 per element: no overflow below 2^31 elements
       for (int64_t x = lo; x < hi; ++x) {
         uint64_t h = (static_cast<uint64_t>(x - e.offset) << 32) | bits[x - base];
-        h ^= h >> 33;  // splitmix64's finaliser
+        h ^= h >> 33;  // MurmurHash3's 64-bit finaliser (fmix64)
         h *= 0xff51afd7ed558ccdull;
         h ^= h >> 33;
         h *= 0xc4ceb9fe1a85ec53ull;

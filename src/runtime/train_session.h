@@ -147,6 +147,7 @@ class TrainSession {
   void diverge_for_test(Tensor params, int64_t base);
   void save_by_shard();
   TrainCounters resume_whole(const fs::path& file);
+  const FeedBatch& next_batch();
   void sequential_passes(StepTotals& local);
   void pipeline_passes(StepTotals& local);
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision

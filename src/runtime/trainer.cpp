@@ -599,6 +599,12 @@ double TrainSession::train_step(const StopSignals& signals) {
   return loss;
 }
 
+// The training feed's next batch, its wait traced as "data wait".
+const FeedBatch& TrainSession::next_batch() {
+  const Profiler::Scope wait(profiler(), "data wait", "data");
+  return train_->next();
+}
+
 // A step's micro-batches one after another on this rank: each one's forward at its
 // place in the global batch, its backward seeded with its label count times the loss
 // scale, the gradient stage around it (grad_sync_: accumulating, or reducing each
@@ -606,10 +612,7 @@ double TrainSession::train_step(const StopSignals& signals) {
 void TrainSession::sequential_passes(StepTotals& local) {
   const int64_t mb = job_.data.micro_batch;
   for (int m = 0; m < micro_batches_; ++m) {
-    const FeedBatch& b = [this]() -> const FeedBatch& {
-      const Profiler::Scope wait(profiler(), "data wait", "data");
-      return train_->next();
-    }();
+    const FeedBatch& b = next_batch();
     set_batch(b);
     buffer_avg_->begin_micro(m);
     const auto g = static_cast<uint64_t>(m * job_.parallel.data + coord_.dp);
@@ -640,10 +643,7 @@ void TrainSession::pipeline_passes(StepTotals& local) {
   labelled_.assign(static_cast<size_t>(micro_batches_), 0);
   PipelineStage::StepHooks hooks;
   hooks.feed = [&](int m) {
-    const FeedBatch& b = [this]() -> const FeedBatch& {
-      const Profiler::Scope wait(profiler(), "data wait", "data");
-      return train_->next();
-    }();
+    const FeedBatch& b = next_batch();
     const auto copy = [&](const Tensor& t) {
       Tensor c = Tensor::empty(t.shape(), t.dtype(), &kernels::device_allocator(job_.device));
       kernels::copy(t, c);

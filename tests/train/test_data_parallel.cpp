@@ -705,11 +705,7 @@ TEST_CASE("compression: the estimate gives the measured peak within 3%, each met
       const std::string name = std::string(method) + "-" + variant;
       const fs::path run = train(job, tmp.path(), name, {2, "ring"}, sets);
       const double measured = summary_value(run, "peak_host_bytes");
-      std::vector<std::string> est = {"estimate", job.string(), "--world", "2", "--json"};
-      est.insert(est.end(), sets.begin(), sets.end());
-      const RunResult r = run_dtrain_command(est, tmp.path() / (name + "-estimate.log"));
-      REQUIRE_MESSAGE(r.rc == 0, r.describe());
-      const nlohmann::json e = nlohmann::json::parse(r.log.substr(r.log.find('{')));
+      const nlohmann::json e = estimate_json(job, 2, sets, tmp.path() / (name + "-estimate.log"));
       const double estimated = e.at("peak_bytes").get<double>();
       MESSAGE(name, ": estimated ", estimated, " at ", e.at("peak_at").get<std::string>(),
               ", measured ", measured);
