@@ -61,7 +61,8 @@ nlohmann::json to_json(const runtime::MemoryEstimate& e) {
   out["comm_bytes_per_step"] = {{"data", e.comm.data},
                                 {"tensor", e.comm.tensor},
                                 {"tensor_all_reduces", e.comm.tensor_calls},
-                                {"pipeline", e.comm.pipeline}};
+                                {"pipeline", e.comm.pipeline},
+                                {"data_compressed", e.comm.compressed}};
   if (e.step_time) {
     const runtime::StepTimeEstimate& t = *e.step_time;
     out["step_seconds"] = t.seconds;  // the roofline's lower bound

@@ -377,4 +377,34 @@ Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& pl
   return t;
 }
 
+double bus_bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans,
+                          int world) {
+  if (world < 2) return 0;
+  const double n = world, reduce = 2.0 * (n - 1) / n, gather = n - 1;  // per byte sent
+  double bus = 0;
+  for (const BucketPlan& p : plans) {
+    bus += reduce * 4.0 * static_cast<double>(total(p.dense));
+    const int64_t c = total(p.compressed);
+    if (c == 0) continue;
+    switch (o.method) {
+      case CompressMethod::topk:  // indices and values: 8 bytes an entry, gathered
+        bus += gather * 8.0 *
+               static_cast<double>(
+                   std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(c)), 1, c));
+        break;
+      case CompressMethod::onebit:  // sign words and chunk scales, gathered
+        bus +=
+            gather * 4.0 * static_cast<double>((c + 31) / 32 + (c + kSignChunk - 1) / kSignChunk);
+        break;
+      case CompressMethod::powersgd:  // P and Q, all-reduced
+        for (const Piece& m : p.compressed)
+          bus += reduce * 4.0 * static_cast<double>((m.rows + m.cols) * rank_of(o, m));
+        break;
+      case CompressMethod::none:
+        break;
+    }
+  }
+  return bus;
+}
+
 }  // namespace dtrain::compress

@@ -62,6 +62,12 @@ struct Tally {
 // validate` prints it, the trainer's start-up note too.
 Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans);
 
+// The bus bytes (dist::CommStats' units: an all-reduce 2(n-1)/n of its buffer, an
+// all-gather (n-1)/n of what it gathers) of one step's exchanges under `plans` on
+// `world` ranks: what `dtrain estimate` reports as a compressed job's data traffic.
+double bus_bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans,
+                          int world);
+
 // The most bytes the exchange of bucket plan `p` holds at once while it runs on `world`
 // ranks (Compressor::reduce's buffers, each rounded by `round`, the allocator's
 // classes): what a memory estimate adds at the moment the bucket is reduced.

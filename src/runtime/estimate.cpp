@@ -318,24 +318,23 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // off) and PowerSGD's Q live for the run; each bucket's exchange holds its buffers
   // while it runs (compress::exchange_bytes), as the bucket's last gradient is ready
   // (overlap on) or one bucket after another after backward (off).
-  size_t exchange_after = 0;    // overlap off: the largest bucket's, after backward
-  size_t compression_save = 0;  // what a save copies of compression's state
+  size_t exchange_after = 0;  // overlap off: the largest bucket's, after backward
+  double compressed_bus = 0;  // the data traffic of the compressed exchanges
   if (compressed) {
     const std::vector<compress::BucketPlan> plans = compress::plan_compression(
         job.compress, planned, compression_params(f32_entries.entries()));
     add("compression residual", round(static_cast<size_t>(layout_elems) * sizeof(float)),
         "f32, what this rank has not sent yet (error feedback)");
     const int64_t q = compress::powersgd_q_elems(job.compress, plans);
+    // ZeRO-1 then gathers the stepped parameters: (n-1)/n of the layout.
+    compressed_bus = compress::bus_bytes_per_step(job.compress, plans, world) +
+                     (sharded ? static_cast<double>(world - 1) / world *
+                                    static_cast<double>(layout_elems) * sizeof(float)
+                              : 0.0);
     if (q > 0)
       add("PowerSGD Q", round(static_cast<size_t>(q) * sizeof(float)), "f32, kept between steps");
-    // A save (GradCompression::state): for a single file rank 0 gathers every data
-    // rank's residual into one [world, layout] blob; with ZeRO each rank copies its own.
-    // Host memory: the device's peak only on the CPU (on a GPU, the host's).
-    if (job.device.is_cpu()) {
-      compression_save = round(static_cast<size_t>(layout_elems) * sizeof(float) *
-                               static_cast<size_t>(sharded ? 1 : world)) +
-                         (q > 0 ? round(static_cast<size_t>(q) * sizeof(float)) : 0);
-    }
+    // A save (GradCompression::state) writes each rank's residual into its own shard
+    // as it lies: nothing is gathered, nothing copied on the CPU.
     for (const compress::BucketPlan& plan : plans) {
       const size_t bytes = compress::exchange_bytes(job.compress, plan, world, job.device, round);
       buckets.transient.push_back(job.comm.overlap ? bytes : 0);
@@ -452,6 +451,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   }
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
   e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
+  if (compressed) {
+    e.comm.data = compressed_bus;
+    e.comm.compressed = true;
+  }
   e.forward_flops = g.forward_flops();
   e.forward_param_bytes = static_cast<double>(ex.params);
   e.forward_ops = static_cast<int64_t>(g.nodes().size());
@@ -463,15 +466,6 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       e.forward_param_bytes =
           static_cast<double>(st.param_elems) * static_cast<double>(dtype_size(policy.compute));
       e.forward_ops = st.end - st.begin;
-    }
-  }
-  if (compression_save > 0) {
-    size_t at_save = e.state_bytes + std::max(e.train.at_end, e.eval.at_end) + compression_save;
-    if (job.device.is_cpu()) at_save += e.host_bytes;
-    if (at_save > e.peak_bytes) {
-      e.peak_bytes = at_save;
-      e.peak_at = sharded ? "a checkpoint save (this rank's compression residual copied)"
-                          : "a checkpoint save (every rank's compression residual on rank 0)";
     }
   }
   if (job.parallel.tensor > 1) {
@@ -695,8 +689,9 @@ std::string format_estimate(const MemoryEstimate& e) {
   }
   std::string comm;
   if (e.comm.data > 0)
-    comm += fmt::format(", data {} (the gradient all-reduce)",
-                        format_bytes(static_cast<size_t>(e.comm.data)));
+    comm += fmt::format(
+        ", data {} ({})", format_bytes(static_cast<size_t>(e.comm.data)),
+        e.comm.compressed ? "the compressed gradient exchange" : "the gradient all-reduce");
   if (e.comm.tensor > 0) {
     comm += fmt::format(", tensor {} ({} all-reduces of activations and their gradients)",
                         format_bytes(static_cast<size_t>(e.comm.tensor)), e.comm.tensor_calls);

@@ -62,6 +62,7 @@ struct MemoryEstimate {
   struct Comm {
     double data = 0, tensor = 0, pipeline = 0;
     int64_t tensor_calls = 0;
+    bool compressed = false;  // data: compress.method's exchanges (and ZeRO-1's gather)
   } comm;
   std::string caveat;  // what the figures leave out, said under the table
 };

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "dist/ddp.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
@@ -10,10 +12,13 @@
 namespace dtrain::runtime {
 
 std::vector<compress::ParamInfo> compression_params(const std::vector<graph::FlatEntry>& layout) {
+  const bool tensor_split = std::any_of(
+      layout.begin(), layout.end(), [](const graph::FlatEntry& e) { return e.spec.split.split(); });
   std::vector<compress::ParamInfo> params;
   for (const graph::FlatEntry& e : layout) {
     const Shape& sh = e.spec.shape;
-    params.push_back({e.offset, sh.numel(), sh.rank() >= 2 ? sh[0] : 0});
+    const bool compressible = sh.rank() >= 2 && (!tensor_split || e.spec.split.split());
+    params.push_back({e.offset, sh.numel(), compressible ? sh[0] : 0});
   }
   return params;
 }
@@ -32,12 +37,13 @@ GradCompression::GradCompression(const CompressOptions& o,
                                  const std::vector<dist::Bucket>& buckets,
                                  dist::Communicator& grad_comm, dist::GradSync& sync,
                                  int64_t layout_elems, AllreduceAlgo dense_algo, uint64_t seed,
-                                 Device device)
+                                 Device device, std::vector<int64_t> place)
     : o_(o),
       sync_(sync),
       compressor_(o, grad_comm, compress::plan_compression(o, buckets, compression_params(layout)),
                   layout_elems, dense_algo, seed, device),
-      summary_(summarize_plan(o, compressor_.plans(), static_cast<int>(layout.size()))) {
+      summary_(summarize_plan(o, compressor_.plans(), static_cast<int>(layout.size()))),
+      place_(std::move(place)) {
   sync_.set_reducer([this](size_t b, Tensor grads) { compressor_.reduce(b, grads); });
 }
 
@@ -51,52 +57,32 @@ std::string GradCompression::describe() const {
 
 void GradCompression::begin_step(int64_t step) { sync_.use_reducer(step >= o_.warmup_steps); }
 
-std::vector<NamedTensor> GradCompression::state(dist::Communicator& comm, bool sharded) const {
-  const Tensor mine = kernels::to_host(compressor_.residual());  // a copy only on a device
-  const int64_t n = mine.numel();
-  std::vector<NamedTensor> out;
-  if (sharded) {
-    Tensor copy = Tensor::empty(Shape{n}, DType::f32);
-    kernels::copy(mine, copy);
-    out.push_back({"compress.residual", copy});
-  } else if (comm.rank() == 0) {
-    Tensor all = Tensor::empty(Shape{comm.size(), n}, DType::f32);
-    Tensor row0 = all.view(0, Shape{n});
-    kernels::copy(mine, row0);
-    for (int r = 1; r < comm.size(); ++r) {
-      Tensor row = all.view(r * n, Shape{n});
-      comm.recv(row, r);
-    }
-    out.push_back({"compress.residual", all});
-  } else {
-    comm.send(mine, 0);
-    return {};
-  }
+std::vector<NamedTensor> GradCompression::state(bool with_q) const {
+  // The save writes them before the next step: no copies but a device's to the host.
+  std::vector<NamedTensor> out = {{"compress.residual", kernels::to_host(compressor_.residual())}};
+  Tensor place = Tensor::empty(Shape{static_cast<int64_t>(place_.size())}, DType::i64);
+  std::copy(place_.begin(), place_.end(), place.data<int64_t>());
+  out.push_back({"compress.place", place});
   const Tensor q = compressor_.powersgd_q();
-  if (comm.rank() == 0 && q.defined()) {
-    Tensor copy = Tensor::empty(q.shape(), DType::f32);
-    kernels::copy(q, copy);
-    out.push_back({"compress.q", copy});
-  }
+  if (with_q && q.defined()) out.push_back({"compress.q", kernels::to_host(q)});
   return out;
 }
 
-bool GradCompression::restore(const std::vector<NamedTensor>& blobs, int rank, int world) {
+bool GradCompression::restore(const std::vector<NamedTensor>& blobs) {
   Tensor residual = compressor_.residual();
   Tensor q = compressor_.powersgd_q();
   const int64_t n = residual.numel();
   bool got_residual = false, got_q = !q.defined();
+  const auto here = [&](const NamedTensor& t) {
+    return t.name == "compress.place" && t.tensor.dtype() == DType::i64 &&
+           t.tensor.numel() == static_cast<int64_t>(place_.size()) &&
+           std::equal(place_.begin(), place_.end(), t.tensor.data<int64_t>());
+  };
+  if (std::none_of(blobs.begin(), blobs.end(), here)) return false;
   for (const NamedTensor& t : blobs) {
     if (t.name == "compress.residual" && t.tensor.dtype() == DType::f32) {
-      Tensor row;
-      if (t.tensor.shape().rank() == 2 && t.tensor.shape()[0] == world &&
-          t.tensor.shape()[1] == n) {
-        row = t.tensor.view(rank * n, Shape{n});
-      } else if (t.tensor.shape().rank() == 1 && t.tensor.numel() == n) {
-        row = t.tensor;
-      }
-      if (row.defined()) {
-        kernels::copy(row, residual);
+      if (t.tensor.shape().rank() == 1 && t.tensor.numel() == n) {
+        kernels::copy(t.tensor, residual);
         got_residual = true;
       }
     }

@@ -15,7 +15,11 @@
 
 namespace dtrain::runtime {
 
-// The compressor's view of the parameter layout: offset, size and first dimension.
+// The compressor's view of the parameter layout: offset, size and first dimension (0:
+// stays dense). In a tensor-split layout the replicated entries stay dense: a bucket's
+// top-k selection and 1-bit chunks span its tensors, and the split ones differ from
+// tensor rank to tensor rank, so compressing a replicated entry with them would make
+// its update differ too (the save's replica check stops such a run).
 std::vector<compress::ParamInfo> compression_params(const std::vector<graph::FlatEntry>& layout);
 
 // "topk on 12 of 40 parameter tensors": the plan in words, and what it sends.
@@ -34,24 +38,28 @@ class GradCompression {
  public:
   // Plans `buckets` and routes them through the compressor (after the warm-up steps):
   // `grad_comm` carries the gradients, `device` holds them.
+  // `place`: the rank's place in the grid, {pipeline, data, tensor degrees, its stage,
+  // data rank, tensor rank}: a checkpoint's residual is restored only where it was made.
   GradCompression(const CompressOptions& o, const std::vector<graph::FlatEntry>& layout,
                   const std::vector<dist::Bucket>& buckets, dist::Communicator& grad_comm,
                   dist::GradSync& sync, int64_t layout_elems, AllreduceAlgo dense_algo,
-                  uint64_t seed, Device device);
+                  uint64_t seed, Device device, std::vector<int64_t> place);
 
   // The start-up note: method, tensors, error feedback, warm-up, bytes per step.
   std::string describe() const;
   // Before step `step`'s backward: dense for compress.warmup_steps, compressed after.
   void begin_step(int64_t step);
-  // The checkpoint's blobs: every rank's residual (they differ) and PowerSGD's Q (the
-  // same on every rank). Single file (sharded false): "compress.residual" [world,
-  // layout] gathered to rank 0 over `comm` (collective; the other ranks get nothing);
-  // a ZeRO shard (sharded true): the rank's own row, and rank 0's shard the Q.
-  std::vector<NamedTensor> state(dist::Communicator& comm, bool sharded) const;
-  // After a resume: this rank's residual and the Q from `blobs` where they fit this
-  // layout (rank `rank` of `world`); false when something was missing (error feedback
-  // then starts empty).
-  bool restore(const std::vector<NamedTensor>& blobs, int rank, int world);
+  // This rank's blobs for its shard of a checkpoint (every save with compression is
+  // sharded: the residuals differ from rank to rank): "compress.residual", its own,
+  // "compress.place", and with `with_q` "compress.q", PowerSGD's Q (the same across a
+  // data group).
+  std::vector<NamedTensor> state(bool with_q) const;
+  // After a resume: this rank's residual and the Q from `blobs` (what its shard of a
+  // checkpoint written by the same world size holds: runtime/train_state.h) where they
+  // were made at this rank's place and fit its layout; false when something was missing
+  // (error feedback then starts empty; so it does from the [world, layout] single files
+  // of before 2026-12-06).
+  bool restore(const std::vector<NamedTensor>& blobs);
   // The residual is kept in the scaled units of the gradients it came from: a new loss
   // scale rescales it, a skipped step (inf or nan in the gradients, hence in what the
   // residual took in) drops it.
@@ -63,6 +71,7 @@ class GradCompression {
   dist::GradSync& sync_;
   compress::Compressor compressor_;
   CompressionPlanSummary summary_;
+  std::vector<int64_t> place_;
 };
 
 }  // namespace dtrain::runtime

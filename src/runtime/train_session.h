@@ -129,9 +129,14 @@ class TrainSession {
   std::vector<int64_t> labelled_;            // per micro-batch of a pipeline step
   std::unique_ptr<TiedWeights> tied_;        // weights tied across stages (pipeline)
   // A grid's checkpoint writers, in the order of their ranges (stage, data rank, tensor
-  // rank): every ZeRO rank of a pipeline, else data rank 0's (the others hold a group
-  // they never use).
+  // rank): every ZeRO rank of a pipeline, else data rank 0's; with gradient compression
+  // every other rank after them, writing its residual only (without compression the
+  // others hold a group they never use).
   std::unique_ptr<dist::Communicator> save_comm_;
+  bool writes_range(const dist::GridCoord& c) const;
+  // This rank's index in a save's group: save_comm_'s rank in a grid, else the world's;
+  // a resume reads the extra blobs (compression's) of that index's shard.
+  int save_index() const;
   std::shared_ptr<CommTensorGroup> tp_group_;   // parallel.tensor > 1: the split ops' group
   graph::TensorParallelPlan tp_plan_;           // what the pass split on this rank
   std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
@@ -146,6 +151,11 @@ class TrainSession {
   // layout) holds, before the save's checks.
   void diverge_for_test(Tensor params, int64_t base);
   void save_by_shard();
+  void save_replica_parts(Tensor params);
+  void save_residual_only(const std::vector<graph::FlatEntry>& layout, int64_t total);
+  // Compression's blobs for this rank's shard: its residual and place, and PowerSGD's Q
+  // on rank 0, or in a grid on every rank (each stage and tensor rank has its own).
+  std::vector<NamedTensor> compression_blobs() const;
   TrainCounters resume_whole(const fs::path& file);
   const FeedBatch& next_batch();
   void sequential_passes(StepTotals& local);

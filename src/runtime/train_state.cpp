@@ -287,7 +287,8 @@ void save_sharded_state(const fs::path& dir, const ShardedSave& s, const TrainCo
   const optim::OptimizerState state = s.opt->state();
   std::vector<std::string> names;
   for (const auto& [name, t] : state.buffers) {
-    tensors.push_back({"optim." + name, kernels::to_host(t)});
+    const Tensor part = s.opt_base ? t.view(s.begin - *s.opt_base, Shape{s.end - s.begin}) : t;
+    tensors.push_back({"optim." + name, kernels::to_host(part)});
     names.push_back(name);
   }
   tensors.insert(tensors.end(), s.extra.begin(), s.extra.end());

@@ -56,6 +56,9 @@ struct ShardedSave {
   int64_t total = 0;                                      // its elements, padding included
   const graph::FlatStore* buffers = nullptr;              // replicated; rank 0 writes them
   const optim::Optimizer* opt = nullptr;                  // this rank's shard of the state
+  // Where opt's buffers start in the layout, when they hold more than [begin, end) (a
+  // replica's whole state, of which this rank writes its part); unset: at begin.
+  std::optional<int64_t> opt_base;
   int zero_stage = 0;
   std::string precision;
   // Called at each phase of the save ("shard", "written", "manifest", "renamed"): the

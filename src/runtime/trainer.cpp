@@ -72,11 +72,9 @@ void require_supported(const Job& job, int world) {
   if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.tensor > 1 is not supported yet", key, value),
-                  "tensor-parallel ranks run with any zero_stage (0-1 in a pipeline) and no "
-                  "compression, on the CPU; drop the key or parallel.tensor");
+                  "tensor-parallel ranks run with any zero_stage (0-1 in a pipeline), on the "
+                  "CPU; drop the key or parallel.tensor");
     };
-    if (job.compress.method != CompressMethod::none)
-      later("compress.method", std::string(to_string(job.compress.method)));
     if (job.device.is_cuda()) later("device", job.device.str());
   }
   if (p.pipeline > 1) {  // what the first pipeline step leaves for later, refused by name
@@ -357,10 +355,9 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     grid_ = std::make_unique<dist::ProcessGrid>(comm_, dist::degrees_of(job_.parallel));
     grad_comm_ = &grid_->group(dist::Axis::data);
   }
-  if (grid_) {  // the checkpoint writers, in the order of their ranges (collective)
-    const bool writes = (weights_->shard().sharded() && !tensor_split()) || coord_.dp == 0;
-    const int key = (coord_.pp * job_.parallel.data + coord_.dp) * job_.parallel.tensor + coord_.tp;
-    save_comm_ = comm_.split(writes ? 0 : 1, key);
+  if (grid_) {  // the checkpoint savers, writers first in the order of their ranges
+    const bool compressed = job_.compress.method != CompressMethod::none;
+    save_comm_ = comm_.split(writes_range(coord_) || compressed ? 0 : 1, save_index());
     if (watchdog != nullptr) watchdog->add(*save_comm_);
   }
   if (tensor_split()) {
@@ -498,6 +495,24 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   bus_mark_ = grad_comm_->stats().bus_bytes;  // start-up's collectives are not a step's
 }
 
+bool TrainSession::writes_range(const dist::GridCoord& c) const {
+  return (weights_->shard().sharded() && !tensor_split()) || c.dp == 0;
+}
+
+int TrainSession::save_index() const {
+  if (job_.parallel.pipeline == 1 && job_.parallel.tensor == 1) return comm_.rank();
+  // (writer first, stage, data rank, tensor rank): the order of save_comm_'s split.
+  const auto order = [&](const dist::GridCoord& c) {
+    const int key = (c.pp * job_.parallel.data + c.dp) * job_.parallel.tensor + c.tp;
+    return (writes_range(c) ? 0 : comm_.size()) + key;
+  };
+  int index = 0;
+  const dist::GridDegrees d = dist::degrees_of(job_.parallel);
+  for (int r = 0; r < comm_.size(); ++r)
+    index += order(dist::grid_coord(r, d)) < order(coord_) ? 1 : 0;
+  return index;
+}
+
 // compress.method: each bucket goes through the compressor (src/compress) instead of
 // the all-reduce, after compress.warmup_steps dense steps (train_step switches it on).
 void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets) {
@@ -505,11 +520,13 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
       job_.comm.allreduce == AllreduceAlgo::auto_ ? AllreduceAlgo::ring : job_.comm.allreduce;
   compression_ = std::make_unique<GradCompression>(
       job_.compress, weights_->layout(), buckets, *grad_comm_, *sync_,
-      ex_->grads().buffer_elems(DType::f32), dense, counters_.seed, job_.device);
-  if (resumed_ && !compression_->restore(resumed_compression_, comm_.rank(), comm_.size())) {
+      ex_->grads().buffer_elems(DType::f32), dense, counters_.seed, job_.device,
+      std::vector<int64_t>{job_.parallel.pipeline, job_.parallel.data, job_.parallel.tensor,
+                           coord_.pp, coord_.dp, coord_.tp});
+  if (resumed_ && !compression_->restore(resumed_compression_)) {
     note(
         "note: the checkpoint holds no compression state for this layout (another world "
-        "size or method, or none): error feedback starts empty");
+        "size, grid or method, or none): error feedback starts empty");
   }
   note(compression_->describe());
 }

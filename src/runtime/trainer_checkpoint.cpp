@@ -62,6 +62,11 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   };
   load.buffers = &ex_->buffers();
   load.opt = opt_.get();  // its options are checked; it takes the step
+  load.rank = save_index();
+  load.world = comm_.size();
+  load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
+    for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
+  };
   const TrainCounters counters = load_train_state_ranges(file, load);
   weights_->load_piece(param_base, params);
   // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
@@ -87,7 +92,7 @@ void TrainSession::resume_if_asked() {
       load.params = [this](int64_t lo, const Tensor& piece) { weights_->load_piece(lo, piece); };
       load.buffers = &ex_->buffers();
       load.opt = opt_.get();
-      load.rank = comm_.rank();
+      load.rank = save_index();
       load.world = comm_.size();
       load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
         for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
@@ -118,7 +123,8 @@ void TrainSession::resume_if_asked() {
 // the stage's shard) writes that range by shard (runtime/train_state.h: a step-N
 // directory): every ZeRO rank, or one data replica of each stage; data replicas prove
 // they agree first (a stage's all of it, ZeRO's the buffers). Tensor parallelism writes
-// the one-rank model's layout by shard too (save_tensor_parts).
+// the one-rank model's layout by shard too (save_tensor_parts), and so do replicas
+// with gradient compression (save_replica_parts: each rank's residual is its own).
 void TrainSession::save_checkpoint() {
   if (tensor_split()) {
     save_tensor_parts();
@@ -133,14 +139,35 @@ void TrainSession::save_checkpoint() {
   for (const auto& [name, t] : opt_->state().buffers) state.push_back(t);
   diverge_for_test(state[0], 0);
   agree_replicas(replica_mismatch(comm_, state, "parameters, buffers and optimizer state"));
-  std::vector<NamedTensor> extra;
-  if (compression_) extra = compression_->state(comm_, false);  // collective
-  if (leader()) {
+  if (compression_) {
+    save_replica_parts(state[0]);
+  } else if (leader()) {
     const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
-    save_train_state(file, params, ex_->buffers(), *opt_, counters_, extra);
+    save_train_state(file, params, ex_->buffers(), *opt_, counters_);
     prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
   }
   weights_->release_state();
+}
+
+// Gradient compression leaves every rank a residual of its own (what it has not sent),
+// so a replica's checkpoint is written by shard: each rank its part of the replicated
+// parameters and optimizer state (shard_of, as ZeRO would split them) and its own
+// residual, rank 0 the buffers and PowerSGD's Q. No rank holds another's residual (a
+// single file would gather [world, layout] on rank 0), and the ranks write in parallel.
+void TrainSession::save_replica_parts(Tensor params) {
+  const int64_t total = ex_->grads().buffer_elems(DType::f32);
+  const ShardRange part = shard_of(total, comm_.rank(), comm_.size());
+  ShardedSave save;
+  save.begin = part.begin;
+  save.end = part.end;
+  save.params = params.view(part.begin, Shape{part.size()});
+  save.layout = &weights_->layout();
+  save.total = total;
+  save.opt = opt_.get();
+  save.opt_base = 0;
+  save.zero_stage = 0;
+  save.extra = compression_blobs();
+  write_shard(save);
 }
 
 // A range of the layout by shard: ZeRO's, or a pipeline stage's span (each stage's
@@ -156,7 +183,10 @@ void TrainSession::save_by_shard() {
   if (!sh.sharded()) diverge_for_test(weights_->shard_params(), sh.begin);
   agree_replicas(replica_mismatch(
       data, replicated, sh.sharded() ? "buffers" : "parameters, buffers and optimizer state"));
-  if (!sh.sharded() && coord_.dp != 0) return;
+  if (!sh.sharded() && coord_.dp != 0) {
+    if (compression_) save_residual_only(weights_->layout(), ex_->grads().buffer_elems(DType::f32));
+    return;
+  }
   ShardedSave save;
   save.begin = sh.begin;
   save.end = sh.end;
@@ -165,7 +195,7 @@ void TrainSession::save_by_shard() {
   save.total = ex_->grads().buffer_elems(DType::f32);
   save.opt = opt_.get();
   save.zero_stage = sh.sharded() ? job_.parallel.zero_stage : 0;
-  if (compression_) save.extra = compression_->state(comm_, true);
+  if (compression_) save.extra = compression_blobs();
   write_shard(save);
 }
 
@@ -225,13 +255,13 @@ void TrainSession::save_tensor_parts() {
   const std::string parts = replica_mismatch(grid_->group(dist::Axis::tensor), {digest},
                                              "replicated parameters and their optimizer state");
   agree_replicas(mismatch.empty() ? parts : mismatch);
+  const int64_t total = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
   if (sh.sharded() || coord_.dp == 0) {
     RangeAssembly a;
     a.local_layout = &weights_->layout();
     a.whole_layout = &whole_layout_;
     a.replicated = coord_.tp == 0;
     a.local_base = base;
-    const int64_t total = graph::FlatStore(whole_layout_).buffer_elems(DType::f32);
     a.span = total;
     if (pipeline_) {
       const auto [lo, hi] =
@@ -253,10 +283,33 @@ void TrainSession::save_tensor_parts() {
       save.total = total;
       save.opt = mine.opt.get();
       save.zero_stage = job_.parallel.zero_stage;
+      if (compression_) save.extra = compression_blobs();
       write_shard(save);
     }
   }
+  if (coord_.dp != 0 && compression_) save_residual_only(whole_layout_, total);
   if (!sh.ranged()) weights_->release_state();
+}
+
+// Gradient compression in a grid: a rank that writes no range of the layout still
+// writes a shard, its range empty at the layout's end, with its residual and Q (its
+// stage's and tensor rank's own: they differ from rank 0's).
+void TrainSession::save_residual_only(const std::vector<graph::FlatEntry>& layout, int64_t total) {
+  ShardedSave save;
+  save.begin = total;
+  save.end = total;
+  save.params = Tensor::empty(Shape{0}, DType::f32);
+  save.layout = &layout;
+  save.total = total;
+  save.opt = opt_.get();
+  save.opt_base = total;  // none of its state
+  save.zero_stage = job_.parallel.zero_stage;
+  save.extra = compression_blobs();
+  write_shard(save);
+}
+
+std::vector<NamedTensor> TrainSession::compression_blobs() const {
+  return compression_->state(grid_ != nullptr || comm_.rank() == 0);
 }
 
 void TrainSession::agree_replicas(const std::string& mismatch) {

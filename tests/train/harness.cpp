@@ -217,6 +217,26 @@ std::string compare_checkpoints(const fs::path& a, const fs::path& b) {
   return compare_checkpoint_state(a, b);
 }
 
+namespace {
+
+// Empty when both lists hold the same tensors in the same order, bit for bit.
+std::string same_tensors(const std::vector<const runtime::NamedTensor*>& ta,
+                         const std::vector<const runtime::NamedTensor*>& tb) {
+  if (ta.size() != tb.size()) return "different tensor counts";
+  for (size_t i = 0; i < ta.size(); ++i) {
+    const runtime::NamedTensor &x = *ta[i], &y = *tb[i];
+    if (x.name != y.name || x.tensor.str() != y.tensor.str()) {
+      return x.name + " (" + x.tensor.str() + ") vs " + y.name + " (" + y.tensor.str() + ")";
+    }
+    if (std::memcmp(x.tensor.raw(), y.tensor.raw(), x.tensor.nbytes()) != 0) {
+      return "tensor " + x.name + " differs";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string compare_checkpoint_state(const fs::path& a, const fs::path& b) {
   const runtime::Checkpoint ca = runtime::read_any_checkpoint(a),
                             cb = runtime::read_any_checkpoint(b);
@@ -239,16 +259,28 @@ std::string compare_checkpoint_state(const fs::path& a, const fs::path& b) {
       if (both || t.name.rfind("compress.", 0) != 0) out.push_back(&t);
     return out;
   };
-  const auto ta = kept(ca), tb = kept(cb);
-  if (ta.size() != tb.size()) return "different tensor counts";
-  for (size_t i = 0; i < ta.size(); ++i) {
-    const runtime::NamedTensor &x = *ta[i], &y = *tb[i];
-    if (x.name != y.name || x.tensor.str() != y.tensor.str()) {
-      return x.name + " (" + x.tensor.str() + ") vs " + y.name + " (" + y.tensor.str() + ")";
-    }
-    if (std::memcmp(x.tensor.raw(), y.tensor.raw(), x.tensor.nbytes()) != 0) {
-      return "tensor " + x.name + " differs";
-    }
+  const std::string model = same_tensors(kept(ca), kept(cb));
+  if (!model.empty() || !runtime::is_sharded_checkpoint(a) || !runtime::is_sharded_checkpoint(b))
+    return model;
+  // A sharded checkpoint's own blobs per rank (compression's residual, rank 0's Q) are
+  // not in the consolidated form: compared shard by shard where both hold them.
+  auto own = [](const fs::path& shard) {
+    return runtime::read_checkpoint_blobs(
+        shard, [](const std::string& name) { return name.rfind("compress.", 0) == 0; });
+  };
+  for (const fs::directory_entry& e : fs::directory_iterator(a)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("rank-", 0) != 0) continue;
+    const runtime::Checkpoint sa = own(e.path());
+    if (sa.tensors.empty()) continue;
+    if (!fs::exists(b / name)) return name + " is missing in " + b.string();
+    const runtime::Checkpoint sb = own(b / name);
+    if (sb.tensors.empty()) continue;
+    std::vector<const runtime::NamedTensor*> xa, xb;
+    for (const runtime::NamedTensor& t : sa.tensors) xa.push_back(&t);
+    for (const runtime::NamedTensor& t : sb.tensors) xb.push_back(&t);
+    const std::string diff = same_tensors(xa, xb);
+    if (!diff.empty()) return name + ": " + diff;
   }
   return "";
 }

@@ -85,7 +85,8 @@ int64_t checkpoint_step(const fs::path& file);
 std::string compare_checkpoints(const fs::path& a, const fs::path& b);
 // Only the model and optimizer state (tensors and optimizer step), not where the
 // run stood: for checking that a skipped step changed nothing. Compression's state
-// ("compress.*" blobs) counts only when both checkpoints hold it.
+// ("compress.*" blobs; in sharded checkpoints, each rank's shard's) counts only when
+// both checkpoints hold it.
 std::string compare_checkpoint_state(const fs::path& a, const fs::path& b);
 
 // Checkpoints of the same model and step that need not be bitwise equal (another

@@ -273,6 +273,61 @@ TEST_CASE(
   }
 }
 
+// Gradient compression over each tensor rank's data group: every tensor rank compresses
+// its own parts (and the replicated entries, alike on every tensor rank). Top-k at
+// ratio 1 sends every entry, summed from -0 in rank order as the ring all-reduce of two
+// ranks sums: the plain data 2 x tensor 2 run bit for bit. Each method, with ZeRO-1 for
+// PowerSGD, then saves every step (the replica checks: data replicas equal, tensor ranks'
+// replicated entries equal), and a run stopped at step 3 resumes bit for bit: every rank
+// wrote its residual (and its Q) into its own shard, data rank 0's beside its range of
+// the one-rank model, the others with an empty range (require_same compares the
+// residuals shard by shard). 64 positions make the replicated position embedding
+// 2048 elements, large enough to compress (it must stay dense: runtime/grad_compression.h).
+TEST_CASE("gradient compression with data 2 x tensor 2: ratio 1 is plain, each method resumes") {
+  OneThread one;
+  TempDir tmp("tp-compress");
+  const fs::path job = job_for(tmp.path(), "gpt2-tiny");
+  const std::vector<std::string> grid = {
+      "--set", "parallel.tensor=2",  "--set", "parallel.data=2",
+      "--set", "data.micro_batch=4", "--set", "comm.allreduce=ring",
+      "--set", "train.steps=6",      "--set", "model.max_positions=64"};
+  std::vector<std::string> topk1 = grid;
+  topk1.insert(topk1.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=1.0"});
+  require_same(run_job(job, tmp.path(), "plain", 4, grid),
+               run_job(job, tmp.path(), "topk1", 4, topk1));
+  const std::vector<std::vector<std::string>> methods = {
+      {"compress.method=topk", "compress.ratio=0.05"},
+      {"compress.method=onebit"},
+      {"compress.method=powersgd", "compress.rank=2"},
+      {"compress.method=powersgd", "compress.rank=2", "parallel.zero_stage=1"}};
+  for (const std::vector<std::string>& m : methods) {
+    std::string name;
+    std::vector<std::string> args = grid;
+    for (const std::string& set : m) {
+      args.insert(args.end(), {"--set", set});
+      if (!name.empty()) name += '-';
+      name += set.substr(set.find('=') + 1);
+    }
+    CAPTURE(name);
+    std::vector<std::string> every = args;
+    every.insert(every.end(), {"--set", "train.checkpoint.every=1"});
+    const fs::path whole = run_job(job, tmp.path(), name + "-whole", 4, every);
+    std::vector<std::string> first = every, rest = every;
+    first.insert(first.end(), {"--set", "train.steps=3"});
+    const fs::path out = run_job(job, tmp.path(), name, 4, first);
+    rest.insert(rest.end(), {"--resume", "latest"});
+    run_job(job, tmp.path(), name, 4, rest);
+    for (const char* log : {"rank-0.log", "rank-3.log"}) {  // data rank 1, tensor rank 1
+      const std::string text = read_bytes(out / "logs" / log);
+      CHECK(text.find("step 4 loss") != std::string::npos);  // the resumed run's log
+      CHECK_MESSAGE(text.find("error feedback starts empty") == std::string::npos, text);
+    }
+    require_same(whole, out);
+    const fs::path newest = newest_checkpoint(whole / "checkpoints");
+    CHECK(fs::exists(newest / "rank-00003-of-00004.dtckpt"));  // every rank wrote a shard
+  }
+}
+
 // Mixed precision: the split layers' all-reduces sum bf16 parts in f32 and round once,
 // where one rank's GEMM rounds its f32 sum once: close, not the same bits. Activation
 // checkpointing recomputes the same forward (its all-reduces included).
@@ -308,10 +363,6 @@ TEST_CASE("layouts tensor parallelism does not take yet exit 2 naming the key") 
     for (const std::string& s : sets) a.insert(a.end(), {"--set", s});
     return a;
   };
-  std::vector<std::string> topk =
-      args("topk", {"parallel.data=2", "data.micro_batch=4", "compress.method=topk"});
-  topk[2] = "4";  // --nproc: data 2 x tensor 2
-  check_refused(topk, tmp.path() / "topk.log", "compress.method: topk with parallel.tensor > 1");
   check_refused(args("heads", {"model.heads=1", "model.hidden=32"}), tmp.path() / "heads.log",
                 "model.heads");
   const fs::path resnet = write_job(tmp.path(), "resnet");
@@ -361,5 +412,24 @@ TEST_CASE("dtrain estimate gives a tensor rank's measured peak within 3%, and it
     const double bytes = comm.at("tensor").get<double>();
     CHECK(bytes >= last_tensor_bytes);  // 2(n-1)/n of the same buffers grows with n
     last_tensor_bytes = bytes;
+  }
+  // Gradient compression over the data groups of tensor 2 x data 2: the residual (this
+  // tensor rank's part of the layout), PowerSGD's Q, each bucket's exchange.
+  for (const char* method : {"topk", "onebit", "powersgd"}) {
+    CAPTURE(method);
+    const std::vector<std::string> sets = {
+        "--set", "parallel.tensor=2",  "--set", "parallel.data=2",
+        "--set", "data.micro_batch=4", "--set", "comm.allreduce=ring",
+        "--set", "compress.ratio=0.1", "--set", std::string("compress.method=") + method};
+    const std::string name = std::string("tp2-dp2-") + method;
+    const fs::path out = run_job(job, tmp.path(), name, 4, sets);
+    const nlohmann::json est = estimate_json(job, 4, sets, tmp.path() / (name + "-estimate.log"));
+    const double measured = summary_value(out, "peak_host_bytes");
+    MESSAGE(name, ": estimated ", est.at("peak_bytes").get<double>(), ", measured ", measured);
+    CHECK(std::abs(est.at("peak_bytes").get<double>() / measured - 1.0) <= 0.03);
+    bool residual = false;
+    for (const nlohmann::json& i : est.at("state"))
+      residual |= i.at("kind") == "compression residual";
+    CHECK(residual);
   }
 }
