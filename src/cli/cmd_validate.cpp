@@ -168,7 +168,9 @@ std::string data_parallel_lines(const Job& job, int world) {
       fmt::format("# data parallel: {} ranks x {} micro-batch(es) of {} = global batch {}\n",
                   p.data, p.micro_batches, job.data.micro_batch, job.data.global_batch);
   if (models::find_model(job.model.arch) != nullptr) {
-    const models::ModelGraph m = models::build_model(job.model, 1);
+    models::ModelGraph m = models::build_model(job.model, 1);
+    if (p.tensor > 1)  // tensor rank 0's part: what its buckets (and compression) cut
+      graph::split_tensor_parallel(m.graph, graph::placeholder_group(0, p.tensor));
     const graph::FlatStore layout(m.graph.param_layout());
     std::vector<dist::GradRange> ranges;
     for (const graph::FlatEntry& e : layout.entries())

@@ -81,6 +81,13 @@ int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>
   return std::max<int64_t>(n, 1);  // the constructor's buffer is never empty
 }
 
+int64_t residual_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans) {
+  if (!o.error_feedback) return 0;
+  int64_t n = 0;
+  for (const BucketPlan& p : plans) n += total(p.compressed);
+  return n;
+}
+
 // Mirrors the allocations of reduce() below, in their order and lifetimes.
 size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, Device device,
                       const std::function<size_t(size_t)>& round) {
@@ -88,9 +95,9 @@ size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, 
   const int64_t n = total(p.compressed);
   size_t high = 0;
   if (n > 0) {
-    // input(): the packed gradient, and while the residual is added its packed copy.
+    // input(): the packed gradient (the residual, compact, is added in place).
     const size_t x = f32(n);
-    const size_t in = x + (o.error_feedback ? f32(n) : 0);
+    const size_t in = x;
     switch (o.method) {
       case CompressMethod::topk: {
         const int64_t k = std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(n)), 1, n);
@@ -119,7 +126,7 @@ size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, 
         };
         for (const Piece& m : p.compressed) {
           const int64_t q = rank_of(o, m);
-          high = std::max(high, ms + f32(m.hi - m.lo) + (o.error_feedback ? f32(m.hi - m.lo) : 0));
+          high = std::max(high, ms + f32(m.hi - m.lo));
           ms += f32(m.hi - m.lo);
           p_elems += m.rows * q;
           q_elems += m.cols * q;
@@ -145,12 +152,22 @@ size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, 
 Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,
                        std::vector<BucketPlan> plans, int64_t layout_elems,
                        AllreduceAlgo dense_algo, uint64_t seed, Device device)
-    : o_(o), comm_(comm), plans_(std::move(plans)), dense_algo_(dense_algo), device_(device) {
+    : o_(o),
+      comm_(comm),
+      plans_(std::move(plans)),
+      dense_algo_(dense_algo),
+      device_(device),
+      layout_elems_(layout_elems) {
   DTRAIN_CHECK(o.method != CompressMethod::none, "a compressor without a method");
   // -0: adding it changes no value, not even a -0 gradient (x + +0 would turn -0 into
   // +0), so an empty residual leaves the gradient's bits as they are.
-  residual_ = scratch(layout_elems, DType::f32);
-  kernels::fill(residual_, -0.0f);
+  int64_t at = 0;
+  for (const BucketPlan& p : plans_) {
+    res_at_.push_back(at);
+    if (o_.error_feedback) at += total(p.compressed);
+  }
+  residual_ = scratch(at, DType::f32);
+  if (at > 0) kernels::fill(residual_, -0.0f);
   if (o.method != CompressMethod::powersgd) return;
   int64_t n = 0;
   for (const BucketPlan& p : plans_) {
@@ -179,18 +196,17 @@ void Compressor::gemm(const kernels::GemmArgs& args, const Tensor& a, const Tens
 }
 
 void Compressor::reduce(size_t b, Tensor grads) {
-  DTRAIN_CHECK(grads.device() == device_ && grads.dtype() == DType::f32 &&
-                   grads.numel() == residual_.numel(),
-               "compression of {} (f32 [{}] on {} expected)", grads.str(), residual_.numel(),
-               device_.str());
+  DTRAIN_CHECK(
+      grads.device() == device_ && grads.dtype() == DType::f32 && grads.numel() == layout_elems_,
+      "compression of {} (f32 [{}] on {} expected)", grads.str(), layout_elems_, device_.str());
   const BucketPlan& p = plans_.at(b);
   if (!p.compressed.empty()) {
     switch (o_.method) {
       case CompressMethod::topk:
-        topk(p, grads);
+        topk(b, p, grads);
         break;
       case CompressMethod::onebit:
-        onebit(p, grads);
+        onebit(b, p, grads);
         break;
       case CompressMethod::powersgd:
         powersgd(b, p, grads);
@@ -213,22 +229,20 @@ void Compressor::dense(const BucketPlan& p, Tensor& grads) {
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-// The compressed pieces' gradient, one after another, with this rank's residual added.
-Tensor Compressor::input(const std::vector<Piece>& pieces, const Tensor& grads) const {
+// The compressed pieces' gradient, one after another, with this rank's residual added
+// (the pieces' part of the compact residual starts at `res_lo`).
+Tensor Compressor::input(const std::vector<Piece>& pieces, const Tensor& grads,
+                         int64_t res_lo) const {
   const int64_t n = total(pieces);
   Tensor x = scratch(n, DType::f32);
   pack(pieces, grads, x);
-  if (o_.error_feedback) {
-    Tensor res = scratch(n, DType::f32);
-    pack(pieces, residual_, res);
-    kernels::add(x, res, x);
-  }
+  if (o_.error_feedback) kernels::add(x, residual_.view(res_lo, Shape{n}), x);
   return x;
 }
 
-void Compressor::topk(const BucketPlan& p, Tensor& grads) {
+void Compressor::topk(size_t b, const BucketPlan& p, Tensor& grads) {
   const int64_t n = total(p.compressed);
-  Tensor x = input(p.compressed, grads);
+  Tensor x = input(p.compressed, grads, res_at_[b]);
   const int64_t k = std::clamp<int64_t>(std::llround(o_.ratio * static_cast<double>(n)), 1, n);
   Tensor idx = scratch(k, DType::i32), val = scratch(k, DType::f32);
   const size_t ws_bytes = kernels::topk_workspace_bytes(n, device_);
@@ -236,7 +250,7 @@ void Compressor::topk(const BucketPlan& p, Tensor& grads) {
   kernels::topk_select(x, idx, val, kernels::Workspace{ws.raw(), ws_bytes, device_});
   if (o_.error_feedback) {  // what was not sent: x with the sent entries taken out
     kernels::clear_at(idx, x);
-    unpack(p.compressed, x, residual_);
+    copy(x, residual_.view(res_at_[b], Shape{n}));
   }
   const int world = comm_.size();
   Tensor all_idx = scratch(k * world, DType::i32), all_val = scratch(k * world, DType::f32);
@@ -252,9 +266,9 @@ void Compressor::topk(const BucketPlan& p, Tensor& grads) {
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-void Compressor::onebit(const BucketPlan& p, Tensor& grads) {
+void Compressor::onebit(size_t b, const BucketPlan& p, Tensor& grads) {
   const int64_t n = total(p.compressed);
-  Tensor x = input(p.compressed, grads);
+  Tensor x = input(p.compressed, grads, res_at_[b]);
   const int64_t nwords = (n + 31) / 32, nchunks = (n + kSignChunk - 1) / kSignChunk;
   Tensor words = scratch(nwords, DType::i32), scales = scratch(nchunks, DType::f32);
   kernels::sign_pack(x, kSignChunk, words, scales);
@@ -262,7 +276,7 @@ void Compressor::onebit(const BucketPlan& p, Tensor& grads) {
     Tensor mine = scratch(n, DType::f32);
     kernels::sign_unpack(words, scales, kSignChunk, mine, false);
     kernels::axpy(-1.0f, mine, x);
-    unpack(p.compressed, x, residual_);
+    copy(x, residual_.view(res_at_[b], Shape{n}));
   }
   const int world = comm_.size();
   Tensor all_words = scratch(nwords * world, DType::i32);
@@ -284,9 +298,12 @@ void Compressor::powersgd(size_t b, const BucketPlan& p, Tensor& grads) {
   using kernels::Trans;
   // Every matrix's M (with its residual), then all P's in one buffer, all Q's in another.
   std::vector<Tensor> ms;
-  int64_t p_elems = 0, q_elems = 0;
+  std::vector<int64_t> res_lo;  // each matrix's part of the compact residual
+  int64_t p_elems = 0, q_elems = 0, r = res_at_[b];
   for (const Piece& m : p.compressed) {
-    ms.push_back(input({m}, grads).view(0, Shape{m.rows, m.cols}));
+    res_lo.push_back(r);
+    r += m.hi - m.lo;
+    ms.push_back(input({m}, grads, res_lo.back()).view(0, Shape{m.rows, m.cols}));
     p_elems += m.rows * rank_of(o_, m);
     q_elems += m.cols * rank_of(o_, m);
   }
@@ -319,7 +336,7 @@ void Compressor::powersgd(size_t b, const BucketPlan& p, Tensor& grads) {
       outer.m = m.rows, outer.n = m.cols, outer.k = q;
       gemm(outer, pm, qm, approx.view(0, Shape{m.rows, m.cols}));
       kernels::axpy(-1.0f, approx, ms[i]);
-      copy(ms[i], residual_.view(m.lo, Shape{m.rows, m.cols}));
+      copy(ms[i], residual_.view(res_lo[i], Shape{m.rows, m.cols}));
     }
     at += m.rows * q;
     qt += m.cols * q;

@@ -75,6 +75,9 @@ size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, 
                       const std::function<size_t(size_t)>& round);
 // The elements of PowerSGD's Q over `plans` (kept between steps); 0 for other methods.
 int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans);
+// The elements of the residual (Compressor::residual) under `plans`: every compressed
+// piece's, none without error feedback.
+int64_t residual_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans);
 
 class Compressor {
  public:
@@ -89,7 +92,8 @@ class Compressor {
   // the same buckets in the same order.
   void reduce(size_t b, Tensor grads);
   const std::vector<BucketPlan>& plans() const { return plans_; }
-  // This rank's error feedback, f32 [layout] on the device (-0 where nothing compresses).
+  // This rank's error feedback, f32 on the device: compact, the compressed pieces of
+  // bucket 0, then bucket 1's, ... (residual_elems; empty without error feedback).
   Tensor residual() const { return residual_; }
   // PowerSGD: every matrix's Q, flat, on the device (the same on every rank);
   // undefined otherwise.
@@ -98,11 +102,11 @@ class Compressor {
 
  private:
   Tensor scratch(int64_t n, DType dtype) const;
-  Tensor input(const std::vector<Piece>& pieces, const Tensor& grads) const;
+  Tensor input(const std::vector<Piece>& pieces, const Tensor& grads, int64_t res_lo) const;
   void gemm(const kernels::GemmArgs& args, const Tensor& a, const Tensor& b, Tensor c) const;
   void dense(const BucketPlan& p, Tensor& grads);
-  void topk(const BucketPlan& p, Tensor& grads);
-  void onebit(const BucketPlan& p, Tensor& grads);
+  void topk(size_t b, const BucketPlan& p, Tensor& grads);
+  void onebit(size_t b, const BucketPlan& p, Tensor& grads);
   void powersgd(size_t b, const BucketPlan& p, Tensor& grads);
 
   CompressOptions o_;
@@ -110,7 +114,9 @@ class Compressor {
   std::vector<BucketPlan> plans_;
   AllreduceAlgo dense_algo_;
   Device device_;
+  int64_t layout_elems_ = 0;
   Tensor residual_, q_;
+  std::vector<int64_t> res_at_;             // per bucket: its pieces' offset in residual_
   std::vector<std::vector<int64_t>> q_at_;  // per bucket, per compressed piece: offset in q_
   Tally tally_;
 };

@@ -323,8 +323,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (compressed) {
     const std::vector<compress::BucketPlan> plans = compress::plan_compression(
         job.compress, planned, compression_params(f32_entries.entries()));
-    add("compression residual", round(static_cast<size_t>(layout_elems) * sizeof(float)),
-        "f32, what this rank has not sent yet (error feedback)");
+    const int64_t residual = compress::residual_elems(job.compress, plans);
+    if (residual > 0)
+      add("compression residual", round(static_cast<size_t>(residual) * sizeof(float)),
+          "f32, what this rank has not sent yet (error feedback), its compressed tensors'");
     const int64_t q = compress::powersgd_q_elems(job.compress, plans);
     // ZeRO-1 then gathers the stepped parameters: (n-1)/n of the layout.
     compressed_bus = compress::bus_bytes_per_step(job.compress, plans, world) +

@@ -44,6 +44,8 @@ GradCompression::GradCompression(const CompressOptions& o,
                   layout_elems, dense_algo, seed, device),
       summary_(summarize_plan(o, compressor_.plans(), static_cast<int>(layout.size()))),
       place_(std::move(place)) {
+  place_.push_back(
+      static_cast<int64_t>(o.method));  // another method's residual means another thing
   sync_.set_reducer([this](size_t b, Tensor grads) { compressor_.reduce(b, grads); });
 }
 
@@ -71,32 +73,29 @@ std::vector<NamedTensor> GradCompression::state(bool with_q) const {
 bool GradCompression::restore(const std::vector<NamedTensor>& blobs) {
   Tensor residual = compressor_.residual();
   Tensor q = compressor_.powersgd_q();
-  const int64_t n = residual.numel();
-  bool got_residual = false, got_q = !q.defined();
-  const auto here = [&](const NamedTensor& t) {
-    return t.name == "compress.place" && t.tensor.dtype() == DType::i64 &&
-           t.tensor.numel() == static_cast<int64_t>(place_.size()) &&
-           std::equal(place_.begin(), place_.end(), t.tensor.data<int64_t>());
-  };
-  if (std::none_of(blobs.begin(), blobs.end(), here)) return false;
+  const NamedTensor *place = nullptr, *saved = nullptr, *saved_q = nullptr;
   for (const NamedTensor& t : blobs) {
-    if (t.name == "compress.residual" && t.tensor.dtype() == DType::f32) {
-      if (t.tensor.shape().rank() == 1 && t.tensor.numel() == n) {
-        kernels::copy(t.tensor, residual);
-        got_residual = true;
-      }
-    }
-    if (q.defined() && t.name == "compress.q" && t.tensor.dtype() == DType::f32 &&
-        t.tensor.numel() == q.numel()) {
-      kernels::copy(t.tensor.view(0, q.shape()), q);
-      got_q = true;
-    }
+    if (t.tensor.dtype() == DType::i64 && t.name == "compress.place" &&
+        t.tensor.numel() == static_cast<int64_t>(place_.size()) &&
+        std::equal(place_.begin(), place_.end(), t.tensor.data<int64_t>()))
+      place = &t;
+    if (t.tensor.dtype() == DType::f32 && t.name == "compress.residual" &&
+        t.tensor.shape().rank() == 1 && t.tensor.numel() == residual.numel())
+      saved = &t;
+    if (t.tensor.dtype() == DType::f32 && t.name == "compress.q" && q.defined() &&
+        t.tensor.numel() == q.numel())
+      saved_q = &t;
   }
-  return got_residual && got_q;
+  // All of it or nothing: a residual made elsewhere would feed back the wrong entries.
+  if (place == nullptr || saved == nullptr || (q.defined() && saved_q == nullptr)) return false;
+  if (residual.numel() > 0) kernels::copy(saved->tensor, residual);
+  if (q.defined()) kernels::copy(saved_q->tensor.view(0, q.shape()), q);
+  return true;
 }
 
 void GradCompression::adjust(const precision::ScaleDecision& d) {
   Tensor r = compressor_.residual();
+  if (r.numel() == 0) return;  // no error feedback
   if (d.skip) {
     kernels::fill(r, -0.0f);  // -0: see Compressor's constructor
   } else if (d.new_scale != d.old_scale) {

@@ -39,7 +39,8 @@ class GradCompression {
   // Plans `buckets` and routes them through the compressor (after the warm-up steps):
   // `grad_comm` carries the gradients, `device` holds them.
   // `place`: the rank's place in the grid, {pipeline, data, tensor degrees, its stage,
-  // data rank, tensor rank}: a checkpoint's residual is restored only where it was made.
+  // data rank, tensor rank}: a checkpoint's residual is restored only where it was made
+  // (and by the same method).
   GradCompression(const CompressOptions& o, const std::vector<graph::FlatEntry>& layout,
                   const std::vector<dist::Bucket>& buckets, dist::Communicator& grad_comm,
                   dist::GradSync& sync, int64_t layout_elems, AllreduceAlgo dense_algo,

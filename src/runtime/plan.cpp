@@ -88,17 +88,26 @@ PlanResult plan_layouts(const Job& job, const Cluster& cluster) {
   const int64_t global = job.data.global_batch;
   PlanResult out;
   std::map<std::string, int> reasons;  // skipped layouts by reason
+  const bool compressed = job.compress.method != CompressMethod::none;
   for (int t : divisors(world)) {
     if (t > cluster.devices_per_node) continue;  // a tensor group stays inside a node
     for (int p : divisors(world / t)) {
       const int d = world / (t * p);
+      // Gradient compression runs over data ranks, without ZeRO-2/3 or a pipeline.
+      if (compressed && (d == 1 || p > 1)) {
+        ++reasons[fmt::format(
+            "pipeline {} x data {}: compress.method needs data ranks and no "
+            "pipeline",
+            p, d)];
+        continue;
+      }
       if (global % d != 0) {
         ++reasons[fmt::format("data {}: does not divide data.global_batch = {}", d, global)];
         continue;
       }
       for (int64_t mb : micro_sizes(global / d)) {
         // The ZeRO stages dtrain train takes for this grid (none without data ranks).
-        const int zero_max = d == 1 ? 0 : p > 1 ? 1 : 3;
+        const int zero_max = d == 1 ? 0 : p > 1 || compressed ? 1 : 3;
         for (int z = 0; z <= zero_max; ++z) {
           for (const GridOrder order : {GridOrder::pp_dp_tp, GridOrder::dp_pp_tp}) {
             if (order == GridOrder::dp_pp_tp && (p == 1 || d == 1)) continue;  // the same

@@ -462,13 +462,11 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
     // Extra blobs (compression's state) are per rank: only a checkpoint of this world
     // size has this rank's.
     const bool same_world = static_cast<int>(shards.size()) == l.world && l.extra;
-    std::vector<Checkpoint> extra_of(2);  // this rank's shard's, rank 0's
     for (const ShardRef& r : shards) {
       const bool overlaps = r.begin < l.end && l.begin < r.end;
-      const bool extra = same_world && (r.rank == l.rank || r.rank == 0);
       Checkpoint ck = read_shard(r, man, [&](const std::string& name) {
         return name == "params" || (overlaps && name.rfind("optim.", 0) == 0) ||
-               (r.rank == 0 && name.rfind("buffers.", 0) == 0) || (extra && is_extra_blob(name));
+               (r.rank == 0 && name.rfind("buffers.", 0) == 0);
       });
       l.params(r.begin, range_blob(ck, r, "params"));
       if (overlaps) {
@@ -479,19 +477,24 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
         check_buffers(ck);
         load_buffers(ck);
       }
-      if (extra && r.rank == l.rank) extra_of[0] = ck;
-      if (extra && r.rank == 0) extra_of[1] = ck;
     }
     optim::OptimizerState st = opt.state();
     st.step = man.meta.at("optimizer").at("step");
     opt.load_state(st);
-    if (same_world) {
-      std::vector<const NamedTensor*> blobs = extra_blobs(extra_of[0]);
-      for (const NamedTensor* t : extra_blobs(extra_of[1])) {  // rank 0's replicated ones
-        bool have = false;
-        for (const NamedTensor* o : blobs) have = have || o->name == t->name;
-        if (!have) blobs.push_back(t);
+    if (same_world) {  // this rank's shard's extra blobs, then those of rank 0's it lacks
+      std::vector<NamedTensor> extras;
+      for (const int from : l.rank == 0 ? std::vector<int>{0} : std::vector<int>{l.rank, 0}) {
+        Checkpoint ck =
+            read_shard(shards[static_cast<size_t>(from)], man, [&](const std::string& n) {
+              return is_extra_blob(n) &&
+                     std::none_of(extras.begin(), extras.end(),
+                                  [&](const NamedTensor& t) { return t.name == n; });
+            });
+        for (NamedTensor& t : ck.tensors)
+          if (is_extra_blob(t.name)) extras.push_back(std::move(t));
       }
+      std::vector<const NamedTensor*> blobs;
+      for (const NamedTensor& t : extras) blobs.push_back(&t);
       l.extra(blobs);
     }
     return counters_of(man);

@@ -38,7 +38,8 @@ void save_train_state(const std::filesystem::path& file, const graph::FlatStore&
                       const graph::FlatStore& buffers, const optim::Optimizer& opt,
                       const TrainCounters& counters, const std::vector<NamedTensor>& extra = {});
 
-// Sharded checkpoints (ZeRO): a directory step-N/ with one shard file per rank,
+// Sharded checkpoints (ZeRO, pipelines, tensor parallelism, gradient compression): a
+// directory step-N/ with one shard file per rank of the save's group,
 // rank-RRRRR-of-WWWWW.dtckpt, holding that rank's range of the fp32-layout parameters
 // (the masters) and of every optimizer buffer (rank 0's also the buffers), each blob
 // CRC-32C checked as in a single file; and manifest.dtckpt: the training metadata a
@@ -49,7 +50,7 @@ void save_train_state(const std::filesystem::path& file, const graph::FlatStore&
 // rename to step-N/ after a barrier: a crash at any point leaves the previous
 // checkpoint as it was, and the next save clears the partial directory.
 struct ShardedSave {
-  dist::Communicator* comm = nullptr;  // every rank of the data-parallel group
+  dist::Communicator* comm = nullptr;  // every rank that writes a shard (its group)
   int64_t begin = 0, end = 0;          // this rank's range of the fp32 layout
   Tensor params;                       // f32 [end - begin]: that range of the parameters
   const std::vector<graph::FlatEntry>* layout = nullptr;  // the fp32 layout

@@ -528,6 +528,8 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
         "note: the checkpoint holds no compression state for this layout (another world "
         "size, grid or method, or none): error feedback starts empty");
   }
+  resumed_compression_.clear();
+  resumed_compression_.shrink_to_fit();
   note(compression_->describe());
 }
 

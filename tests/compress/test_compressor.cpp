@@ -32,6 +32,21 @@ std::vector<float> gradient(uint64_t step, int64_t n) {
   return g;
 }
 
+// The residual (compact: the compressed pieces one after another, in plan order)
+// spread over the layout, -0 where nothing compresses.
+std::vector<float> residual_by_layout(const Compressor& c, int64_t total) {
+  std::vector<float> out(static_cast<size_t>(total), -0.0f);
+  const Tensor r = c.residual();
+  int64_t at = 0;
+  for (const BucketPlan& p : c.plans()) {
+    for (const Piece& m : p.compressed) {
+      for (int64_t i = m.lo; i < m.hi; ++i) out[static_cast<size_t>(i)] = r.data<float>()[at++];
+    }
+  }
+  CHECK(at == r.numel());
+  return out;
+}
+
 Compressor make(const CompressOptions& o, dist::Communicator& comm, const Layout& l) {
   return Compressor(o, comm, plan_compression(o, l.buckets(), l.params, 1024), l.total,
                     AllreduceAlgo::ring, 5);
@@ -134,14 +149,14 @@ TEST_CASE("error feedback: sent + residual = the gradients, per step and over ma
       }
       Tensor gt = Tensor::wrap(g.data(), Shape{l.total}, DType::f32);
       c.reduce(0, gt);  // one rank: g now holds what this rank sent
-      const float* r = c.residual().data<float>();
+      const std::vector<float> r = residual_by_layout(c, l.total);
       for (size_t i = 0; i < g.size(); ++i) sum_sent[i] += g[i];
       if (m == CompressMethod::topk) {
         size_t exact = 0;
         for (size_t i = 0; i < g.size(); ++i) exact += g[i] + r[i] == x[i] ? 1 : 0;
         CHECK(exact == g.size());
       }
-      std::memcpy(prev.data(), r, prev.size() * sizeof(float));
+      prev = r;
     }
     double worst = 0;
     for (size_t i = 0; i < sum_g.size(); ++i)
@@ -150,6 +165,31 @@ TEST_CASE("error feedback: sent + residual = the gradients, per step and over ma
     const Tally tally = c.take_tally();
     CHECK(tally.sent < tally.dense / 4);  // compressed: the bias alone travels dense
     CHECK(tally.dense == 20 * static_cast<uint64_t>(16 * 96 + 40 * 32 + 24) * 4);
+  }
+}
+
+// The residual holds the compressed pieces only (the bias travels dense), and nothing
+// without error feedback, where a step still reduces.
+TEST_CASE("the residual holds the compressed pieces only, none without error feedback") {
+  const Layout l;
+  auto self = dist::make_self_communicator();
+  for (bool feedback : {true, false}) {
+    CAPTURE(feedback);
+    CompressOptions o;
+    o.method = CompressMethod::topk;
+    o.ratio = 0.05;
+    o.error_feedback = feedback;
+    Compressor c = make(o, *self, l);
+    const int64_t compressed = 16 * 96 + 40 * 32;
+    CHECK(residual_elems(o, c.plans()) == (feedback ? compressed : 0));
+    CHECK(c.residual().numel() == residual_elems(o, c.plans()));
+    std::vector<float> g = gradient(0, l.total);
+    Tensor gt = Tensor::wrap(g.data(), Shape{l.total}, DType::f32);
+    c.reduce(0, gt);
+    int64_t sent = 0;
+    for (int64_t i = 0; i < compressed; ++i) sent += g[static_cast<size_t>(i)] != 0.0f ? 1 : 0;
+    CHECK(sent > 0);
+    CHECK(sent <= compressed / 10);  // 5% of each bucket's compressed entries, rounded
   }
 }
 

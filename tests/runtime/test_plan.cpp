@@ -96,6 +96,27 @@ TEST_CASE("dtrain plan: every runnable layout of the world, its arithmetic and i
     CHECK(none.layouts[i - 1].peak_bytes <= none.layouts[i].peak_bytes);
   CHECK(format_plan(plan, c, 3).find("run the first with:\n  dtrain train JOB.yaml --nproc 4") !=
         std::string::npos);
+
+  // With gradient compression only what train runs with it: data ranks, ZeRO 0-1, no
+  // pipeline; the data traffic is the compressed exchange's, below the dense all-reduce.
+  Job compressed = job;
+  compressed.compress.method = CompressMethod::powersgd;
+  compressed.compress.rank = 2;
+  const PlanResult squeezed = plan_layouts(compressed, c);
+  REQUIRE(!squeezed.layouts.empty());
+  for (const LayoutPlan& l : squeezed.layouts) {
+    CAPTURE(l.sets.front());
+    CHECK(l.data > 1);
+    CHECK(l.pipeline == 1);
+    CHECK(l.zero_stage <= 1);
+    CHECK(l.comm.compressed);
+  }
+  const auto cdp =
+      std::find_if(squeezed.layouts.begin(), squeezed.layouts.end(), [](const LayoutPlan& l) {
+        return l.data == 4 && l.zero_stage == 0 && l.micro_batch == 4 && !l.checkpointing;
+      });
+  REQUIRE(cdp != squeezed.layouts.end());
+  CHECK(cdp->comm.data < 0.5 * dp->comm.data);
 }
 
 TEST_CASE("dtrain plan on the article's 16 GPUs: ResNet-152 hybrid against pure data parallel") {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -264,21 +265,26 @@ std::string compare_checkpoint_state(const fs::path& a, const fs::path& b) {
     return model;
   // A sharded checkpoint's own blobs per rank (compression's residual, rank 0's Q) are
   // not in the consolidated form: compared shard by shard where both hold them.
-  auto own = [](const fs::path& shard) {
-    return runtime::read_checkpoint_blobs(
-        shard, [](const std::string& name) { return name.rfind("compress.", 0) == 0; });
+  auto own = [](const fs::path& dir) {  // shard file name -> its compress.* blobs
+    std::map<std::string, runtime::Checkpoint> out;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("rank-", 0) != 0) continue;
+      runtime::Checkpoint c = runtime::read_checkpoint_blobs(
+          e.path(), [](const std::string& blob) { return blob.rfind("compress.", 0) == 0; });
+      if (!c.tensors.empty()) out.emplace(name, std::move(c));
+    }
+    return out;
   };
-  for (const fs::directory_entry& e : fs::directory_iterator(a)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("rank-", 0) != 0) continue;
-    const runtime::Checkpoint sa = own(e.path());
-    if (sa.tensors.empty()) continue;
-    if (!fs::exists(b / name)) return name + " is missing in " + b.string();
-    const runtime::Checkpoint sb = own(b / name);
-    if (sb.tensors.empty()) continue;
+  const auto oa = own(a), ob = own(b);
+  if (oa.empty() || ob.empty()) return "";
+  if (oa.size() != ob.size()) return "the compression state of different shard counts";
+  for (const auto& [name, sa] : oa) {
+    const auto it = ob.find(name);
+    if (it == ob.end()) return name + "'s compression state is missing in " + b.string();
     std::vector<const runtime::NamedTensor*> xa, xb;
     for (const runtime::NamedTensor& t : sa.tensors) xa.push_back(&t);
-    for (const runtime::NamedTensor& t : sb.tensors) xb.push_back(&t);
+    for (const runtime::NamedTensor& t : it->second.tensors) xb.push_back(&t);
     const std::string diff = same_tensors(xa, xb);
     if (!diff.empty()) return name + ": " + diff;
   }

@@ -845,7 +845,9 @@ TEST_CASE("compression: its state is checkpointed and a resumed run continues bi
             runtime::read_checkpoint(newest / fmt::format("rank-{:05d}-of-00002.dtckpt", rank)));
         const Tensor& residual = shards.back().get("compress.residual");
         CHECK(residual.shape().rank() == 1);
-        CHECK(residual.numel() == runtime::read_any_checkpoint(newest).get("params.f32").numel());
+        // The compressed tensors' entries only (biases and norms travel dense).
+        CHECK(residual.numel() > 0);
+        CHECK(residual.numel() < runtime::read_any_checkpoint(newest).get("params.f32").numel());
         bool q = false;
         for (const runtime::NamedTensor& t : shards.back().tensors) q |= t.name == "compress.q";
         CHECK(q == (rank == 0 && name.rfind("powersgd", 0) == 0));

@@ -317,7 +317,7 @@ TEST_CASE("gradient compression with data 2 x tensor 2: ratio 1 is plain, each m
     const fs::path out = run_job(job, tmp.path(), name, 4, first);
     rest.insert(rest.end(), {"--resume", "latest"});
     run_job(job, tmp.path(), name, 4, rest);
-    for (const char* log : {"rank-0.log", "rank-3.log"}) {  // data rank 1, tensor rank 1
+    for (const char* log : {"rank-0.log", "rank-1.log", "rank-2.log", "rank-3.log"}) {
       const std::string text = read_bytes(out / "logs" / log);
       CHECK(text.find("step 4 loss") != std::string::npos);  // the resumed run's log
       CHECK_MESSAGE(text.find("error feedback starts empty") == std::string::npos, text);
