@@ -151,10 +151,12 @@ std::string compression_line(const Job& job, const graph::FlatStore& layout,
                                  runtime::compression_params(layout.entries())),
       static_cast<int>(layout.size()));
   return fmt::format(
-      "# compression: {} on {} of {} parameter tensors; {} bytes sent per step per rank "
+      "# compression: {} on {} of {} parameter tensors; {} bytes sent per step per {} "
       "instead of {} ({:.1f}x less), after {} dense step(s)\n",
       to_string(job.compress.method), s.compressed, s.tensors,
       with_commas(static_cast<int64_t>(s.per_step.sent)),
+      job.parallel.pipeline > 1 ? "data replica of the model (each stage sends its tensors')"
+                                : "rank",
       with_commas(static_cast<int64_t>(s.per_step.dense)), s.ratio(), job.compress.warmup_steps);
 }
 

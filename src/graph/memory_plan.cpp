@@ -55,8 +55,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
                                 const StageRange* stage, const std::vector<int>& cuts) {
   const auto& nodes = graph.nodes();
   const int n = static_cast<int>(nodes.size());
-  DTRAIN_CHECK(stage == nullptr || (buckets == nullptr && gathers == nullptr),
-               "a pipeline stage's plan with ZeRO buckets or gathers");
+  DTRAIN_CHECK(stage == nullptr || gathers == nullptr,
+               "a pipeline stage's plan with ZeRO-3's gathers");
   const int lo = stage != nullptr ? stage->begin : 0;
   const int hi = stage != nullptr ? stage->end : n;
   const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment, cuts);
@@ -154,11 +154,12 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     if (buckets != nullptr) {
       bucket_pending.assign(buckets->bytes.size(), 0);
       bucket_open.assign(buckets->bytes.size(), 0);
-      for (int i = 0; i < n; ++i)
+      for (int i = lo; i < hi; ++i)  // a stage: its own nodes' parameters
         for (int p : nodes[static_cast<size_t>(i)].params)
           if (last_user[static_cast<size_t>(p)] < 0) last_user[static_cast<size_t>(p)] = i;
       for (size_t p = 0; p < last_user.size(); ++p)
-        if (last_user[p] >= 0) ++bucket_pending[static_cast<size_t>(buckets->bucket_of[p])];
+        if (last_user[p] >= 0 && buckets->bucket_of[p] >= 0)
+          ++bucket_pending[static_cast<size_t>(buckets->bucket_of[p])];
     }
     // half: 0 the f32 parameters' (grad_targets hands out their view before the op
     // runs), 1 the half ones' (widened into it after the op), -1 every one.
@@ -166,7 +167,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       if (buckets == nullptr) return;
       for (int p : node.params) {
         const bool is_half = graph.param_layout()[static_cast<size_t>(p)].spec.dtype != DType::f32;
-        if (half >= 0 && is_half != (half == 1)) continue;
+        if ((half >= 0 && is_half != (half == 1)) || buckets->bucket_of[static_cast<size_t>(p)] < 0)
+          continue;  // another's, or a stage's parameter in no bucket of its own
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
         if (!bucket_open[b]) {
           t.add(buckets->bytes[b]);
@@ -177,7 +179,9 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     auto close_buckets = [&](int i, const Node& node) {
       if (buckets == nullptr) return;
       for (int p : node.params) {
-        if (last_user[static_cast<size_t>(p)] != i) continue;
+        if (last_user[static_cast<size_t>(p)] != i ||
+            buckets->bucket_of[static_cast<size_t>(p)] < 0)
+          continue;
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
         if (--bucket_pending[b] == 0) {
           if (!buckets->transient.empty()) t.spike(buckets->transient[b], i, Phase::backward);

@@ -55,7 +55,7 @@ using RoundBytes = std::function<size_t(size_t)>;
 // (gradient compression's buffers, compress::exchange_bytes; 0 for none), counted in
 // the high-water mark only; `bytes` may be 0 (the gradients live in the flat buffer).
 struct GradBuckets {
-  std::vector<int> bucket_of;     // per parameter
+  std::vector<int> bucket_of;     // per parameter; -1: in none (another pipeline stage's)
   std::vector<size_t> bytes;      // per bucket, rounded
   std::vector<size_t> transient;  // per bucket, rounded; empty: none
 };
@@ -72,7 +72,8 @@ struct ParamGathers {
 
 // blocks_per_segment: activation checkpointing as Executor::set_checkpointing.
 // stage: one micro-batch over a pipeline stage (cuts: the stages' first blocks, as
-// Executor::set_checkpointing takes them); not with buckets or gathers.
+// Executor::set_checkpointing takes them; buckets: the stage's own, in a stage's plan
+// its last micro-batch's backward); not with gathers.
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
                                 const RoundBytes& round, int blocks_per_segment = 0,
                                 const GradBuckets* buckets = nullptr,

@@ -72,10 +72,20 @@ namespace {
 // beside the other slots' input copies.
 // stages: the job's; stage_state[s]: stage s's state bytes (the masters and optimizer state of its
 // span). The estimate's peak becomes the highest stage's.
+// Gradient compression on one rank (a pipeline: per stage): what it keeps and its
+// buckets' exchanges.
+struct StageCompression {
+  size_t residual = 0, q = 0;  // bytes, rounded
+  double bus = 0;              // data traffic per step
+  graph::GradBuckets buckets;  // the exchanges, as the buckets' last gradients are ready
+  size_t exchange_after = 0;   // overlap off: the largest exchange, after backward
+};
+
 void pipeline_activations(const Job& job, const models::ModelGraph& m,
                           const graph::RoundBytes& round, const std::vector<char>& eval_pins,
                           const std::vector<graph::Stage>& stages,
-                          const std::vector<size_t>& stage_state, MemoryEstimate& e) {
+                          const std::vector<size_t>& stage_state,
+                          const std::vector<StageCompression>& compression, MemoryEstimate& e) {
   const graph::Graph& g = m.graph;
   const int P = job.parallel.pipeline, micro = job.parallel.micro_batches;
   std::vector<int> cuts;
@@ -105,6 +115,21 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
     // an evaluation sets slot 0's inputs from the feed itself.
     train.peak = static_cast<size_t>(k - 1) * one.held_after_forward + one.peak +
                  static_cast<size_t>(micro) * copies;
+    if (!compression.empty()) {
+      // The stage's exchanges run in its last micro-batch's backward (after it with
+      // overlap off), when it holds that micro-batch's activations alone and every
+      // slot's input copies.
+      const StageCompression& c = compression[static_cast<size_t>(s)];
+      const graph::ActivationPeak last =
+          graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
+                                  &c.buckets, nullptr, &r, cuts);
+      const size_t during = last.peak, after = last.at_end + c.exchange_after;
+      const size_t at = std::max(during, after) + static_cast<size_t>(micro) * copies;
+      if (at > train.peak) {
+        train.peak = at;
+        train.node = during >= after ? last.node : -3;
+      }
+    }
     eval.peak += static_cast<size_t>(micro - 1) * copies;
     MemoryEstimate::Stage st;
     st.stage = s;
@@ -113,7 +138,9 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
     st.eval = eval.peak;
     st.peak = stage_state[static_cast<size_t>(s)] + std::max(st.train, st.eval);
     if (job.device.is_cpu()) st.peak += e.host_bytes;
-    st.at = train.node >= 0 ? g.nodes()[static_cast<size_t>(train.node)].name : "";
+    st.at = train.node >= 0    ? g.nodes()[static_cast<size_t>(train.node)].name
+            : train.node == -3 ? "the compressed gradient exchange after backward"
+                               : "";
     e.stages.push_back(st);
     if (train.peak > worst_train.peak) worst_train = train;
     if (eval.peak > worst_eval.peak) worst_eval = eval;
@@ -260,8 +287,9 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   const size_t stage_grads_bytes =
       stages.empty() ? ex.grads : *std::max_element(held_grads.begin(), held_grads.end());
   const std::string stage_note = stages.empty() ? "" : ", the largest pipeline stage's";
-  std::vector<int64_t> ranges;  // each stage's largest shard of its span
-  for (int64_t span : spans) ranges.push_back(shard_of(span, world - 1, world).size());
+  std::vector<int64_t> ranges;  // each stage's largest shard of its span (ZeRO), or all of it
+  for (int64_t span : spans)
+    ranges.push_back(sharded ? shard_of(span, world - 1, world).size() : span);
   const int64_t last_shard = *std::max_element(ranges.begin(), ranges.end());
   if (zero3) {  // this rank's range, in the compute dtype, indexed as the fp32 layout
     const size_t bytes = static_cast<size_t>(last_shard) * dtype_size(policy.compute);
@@ -296,10 +324,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     grad_ranges.push_back({e.offset, e.spec.shape.numel()});
   const std::vector<dist::Bucket> planned = dist::plan_buckets(
       grad_ranges, layout_elems, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
-  // Gradient compression (runtime/grad_compression.h; not with ZeRO-2 or a pipeline).
-  const bool compressed = job.compress.method != CompressMethod::none && !zero2 && stages.empty();
+  // Gradient compression (runtime/grad_compression.h; not with ZeRO-2).
+  const bool compressed = job.compress.method != CompressMethod::none && !zero2;
   graph::GradBuckets buckets;
-  if (zero2 || compressed) {
+  if (zero2 || (compressed && stages.empty())) {
     buckets.bucket_of.assign(grad_ranges.size(), -1);
     for (size_t b = 0; b < planned.size(); ++b) {
       buckets.bytes.push_back(
@@ -314,34 +342,67 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   } else {
     add("gradients", stage_grads_bytes, "f32, every precision" + stage_note);
   }
-  // Compression: the residual (the whole layout: error feedback, kept even when it is
-  // off) and PowerSGD's Q live for the run; each bucket's exchange holds its buffers
-  // while it runs (compress::exchange_bytes), as the bucket's last gradient is ready
-  // (overlap on) or one bucket after another after backward (off).
+  // Compression: the residual (the compressed tensors' entries, with error feedback)
+  // and PowerSGD's Q live for the run; each bucket's exchange holds its buffers while it
+  // runs (compress::exchange_bytes), as the bucket's last gradient is ready (overlap on)
+  // or one bucket after another after backward (off). A pipeline stage compresses its
+  // own buckets (dist::plan_buckets_of, as the trainer plans them): its own residual,
+  // Q and exchanges, the largest stage's in the table.
   size_t exchange_after = 0;  // overlap off: the largest bucket's, after backward
   double compressed_bus = 0;  // the data traffic of the compressed exchanges
+  std::vector<StageCompression> stage_compression;
   if (compressed) {
-    const std::vector<compress::BucketPlan> plans = compress::plan_compression(
-        job.compress, planned, compression_params(f32_entries.entries()));
-    const int64_t residual = compress::residual_elems(job.compress, plans);
-    if (residual > 0)
-      add("compression residual", round(static_cast<size_t>(residual) * sizeof(float)),
-          "f32, what this rank has not sent yet (error feedback), its compressed tensors'");
-    const int64_t q = compress::powersgd_q_elems(job.compress, plans);
-    // ZeRO-1 then gathers the stepped parameters: (n-1)/n of the layout.
-    compressed_bus = compress::bus_bytes_per_step(job.compress, plans, world) +
-                     (sharded ? static_cast<double>(world - 1) / world *
-                                    static_cast<double>(layout_elems) * sizeof(float)
-                              : 0.0);
-    if (q > 0)
-      add("PowerSGD Q", round(static_cast<size_t>(q) * sizeof(float)), "f32, kept between steps");
+    const auto of = [&](const std::vector<dist::Bucket>& b, int64_t span) {
+      StageCompression c;
+      const std::vector<compress::BucketPlan> plans =
+          compress::plan_compression(job.compress, b, compression_params(f32_entries.entries()));
+      const int64_t residual = compress::residual_elems(job.compress, plans);
+      const int64_t q = compress::powersgd_q_elems(job.compress, plans);
+      c.residual = residual > 0 ? round(static_cast<size_t>(residual) * sizeof(float)) : 0;
+      c.q = q > 0 ? round(static_cast<size_t>(q) * sizeof(float)) : 0;
+      // ZeRO-1 then gathers the stepped parameters: (n-1)/n of the span.
+      c.bus = compress::bus_bytes_per_step(job.compress, plans, world) +
+              (sharded ? static_cast<double>(world - 1) / world * static_cast<double>(span) *
+                             sizeof(float)
+                       : 0.0);
+      c.buckets.bucket_of.assign(grad_ranges.size(), -1);
+      for (size_t k = 0; k < b.size(); ++k) {
+        c.buckets.bytes.push_back(0);  // the gradients stay in the flat buffer
+        for (int p : b[k].params) c.buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(k);
+        const size_t bytes =
+            compress::exchange_bytes(job.compress, plans[k], world, job.device, round);
+        c.buckets.transient.push_back(job.comm.overlap ? bytes : 0);
+        c.exchange_after = std::max(c.exchange_after, job.comm.overlap ? 0 : bytes);
+      }
+      return c;
+    };
+    if (stages.empty()) {
+      stage_compression.push_back(of(planned, layout_elems));
+      buckets.transient = stage_compression[0].buckets.transient;
+    } else {
+      const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
+      for (size_t k = 0; k < stages.size(); ++k) {
+        const std::vector<char> used = graph::stage_params(g, stages[k]);
+        std::vector<int> own;
+        for (size_t p = 0; p < used.size(); ++p)
+          if (used[p]) own.push_back(static_cast<int>(p));
+        stage_compression.push_back(
+            of(dist::plan_buckets_of(grad_ranges, own, bucket_bytes), spans[k]));
+      }
+    }
+    StageCompression most;  // the largest stage's of each, for the table
+    for (const StageCompression& c : stage_compression) {
+      most.residual = std::max(most.residual, c.residual);
+      most.q = std::max(most.q, c.q);
+      compressed_bus = std::max(compressed_bus, c.bus);
+      exchange_after = std::max(exchange_after, c.exchange_after);
+    }
+    add("compression residual", most.residual,
+        "f32, what this rank has not sent yet (error feedback), its compressed tensors'" +
+            stage_note);
+    add("PowerSGD Q", most.q, "f32, kept between steps" + stage_note);
     // A save (GradCompression::state) writes each rank's residual into its own shard
     // as it lies: nothing is gathered, nothing copied on the CPU.
-    for (const compress::BucketPlan& plan : plans) {
-      const size_t bytes = compress::exchange_bytes(job.compress, plan, world, job.device, round);
-      buckets.transient.push_back(job.comm.overlap ? bytes : 0);
-      exchange_after = std::max(exchange_after, job.comm.overlap ? 0 : bytes);
-    }
   }
   add("buffers", ex.buffers, "batch-norm running statistics");
   add("workspace", ex.workspace, "shared by the ops, the largest one's");
@@ -420,12 +481,22 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     std::vector<size_t> stage_state;
     for (size_t s = 0; s < ranges.size(); ++s) {
       const size_t grads_items = accumulates ? 2 : 1;  // the gradients and their accumulation
+      size_t compression = 0;  // this stage's residual and Q for the largest stage's
+      if (compressed) {
+        const StageCompression& c = stage_compression[s];
+        size_t most_residual = 0, most_q = 0;
+        for (const StageCompression& o : stage_compression) {
+          most_residual = std::max(most_residual, o.residual);
+          most_q = std::max(most_q, o.q);
+        }
+        compression = most_residual + most_q - c.residual - c.q;
+      }
       stage_state.push_back(e.state_bytes - ranged_items * f32_layout +
                             ranged_items * round(static_cast<size_t>(ranges[s]) * sizeof(float)) -
                             stage_params_bytes - grads_items * stage_grads_bytes + held_params[s] +
-                            grads_items * held_grads[s]);
+                            grads_items * held_grads[s] - compression);
     }
-    pipeline_activations(job, m, round, eval_pins, stages, stage_state, e);
+    pipeline_activations(job, m, round, eval_pins, stages, stage_state, stage_compression, e);
   }
   // After each evaluation forward the trainer reads the logits on the host as f32
   // (TrainSession::evaluate): half logits are widened into a copy then.

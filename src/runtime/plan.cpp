@@ -93,12 +93,9 @@ PlanResult plan_layouts(const Job& job, const Cluster& cluster) {
     if (t > cluster.devices_per_node) continue;  // a tensor group stays inside a node
     for (int p : divisors(world / t)) {
       const int d = world / (t * p);
-      // Gradient compression runs over data ranks, without ZeRO-2/3 or a pipeline.
-      if (compressed && (d == 1 || p > 1)) {
-        ++reasons[fmt::format(
-            "pipeline {} x data {}: compress.method needs data ranks and no "
-            "pipeline",
-            p, d)];
+      // Gradient compression runs over data ranks, without ZeRO-2/3.
+      if (compressed && d == 1) {
+        ++reasons[fmt::format("pipeline {} x tensor {}: compress.method needs data ranks", p, t)];
         continue;
       }
       if (global % d != 0) {

@@ -80,15 +80,13 @@ void require_supported(const Job& job, int world) {
   if (p.pipeline > 1) {  // what the first pipeline step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.pipeline > 1 is not supported yet", key, value),
-                  "pipeline stages run with zero_stage 0 or 1, fp32 masters, no compression, on "
-                  "the CPU; drop the key or parallel.pipeline");
+                  "pipeline stages run with zero_stage 0 or 1 and fp32 masters, on the CPU; "
+                  "drop the key or parallel.pipeline");
     };
     if (p.zero_stage > 1) later("parallel.zero_stage", std::to_string(p.zero_stage));
     // A stage steps its own span of the fp32 layout (its masters), as ZeRO steps a shard.
     if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights)
       later("precision.master_weights", "false");
-    if (job.compress.method != CompressMethod::none)
-      later("compress.method", std::string(to_string(job.compress.method)));
     if (job.device.is_cuda()) later("device", job.device.str());
   }
   if (p.zero_stage >= 1) {

@@ -304,6 +304,54 @@ TEST_CASE("1F1B holds at most P - s micro-batches on stage s, GPipe all of them"
 // replays its nodes for one micro-batch, K - 1 micro-batches hold what a forward leaves
 // for its backward and every slot its input copies; against each rank's measured peak
 // (synthetic data: nothing outside the estimate's items).
+// Gradient compression over each stage's data group (2 stages x 2 data ranks, GPT-2 with
+// its embedding tied across the cut: each stage compresses its own copy's gradient,
+// then the two are summed). Top-k at ratio 1 is the plain run bit for bit; each method
+// saves every step (data replicas proven equal) and a run stopped at step 4 resumes bit
+// for bit: every rank's residual (and its stage's Q) is in its own shard, data rank 1's
+// in an empty-range shard.
+TEST_CASE("gradient compression with 2 stages x 2 data ranks: ratio 1 is plain, each resumes") {
+  OneThread one;
+  TempDir tmp("pp-compress");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  const std::vector<std::string> grid = {
+      "--set", "parallel.pipeline=2", "--set", "parallel.data=2",
+      "--set", "comm.allreduce=ring", "--set", "model.max_positions=64"};
+  std::vector<std::string> topk1 = grid;
+  topk1.insert(topk1.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=1.0"});
+  require_same(run_job(job, tmp.path(), "plain", 4, grid),
+               run_job(job, tmp.path(), "topk1", 4, topk1));
+  const std::vector<std::vector<std::string>> methods = {
+      {"compress.method=topk", "compress.ratio=0.05"},
+      {"compress.method=onebit", "parallel.schedule=gpipe"},
+      {"compress.method=powersgd", "compress.rank=2"},
+      {"compress.method=powersgd", "compress.rank=2", "parallel.zero_stage=1"}};
+  for (const std::vector<std::string>& m : methods) {
+    std::string name;
+    std::vector<std::string> args = grid;
+    for (const std::string& set : m) {
+      args.insert(args.end(), {"--set", set});
+      if (!name.empty()) name += '-';
+      name += set.substr(set.find('=') + 1);
+    }
+    CAPTURE(name);
+    args.insert(args.end(), {"--set", "train.checkpoint.every=1"});
+    const fs::path whole = run_job(job, tmp.path(), name + "-whole", 4, args);
+    std::vector<std::string> first = args, rest = args;
+    first.insert(first.end(), {"--set", "train.steps=4"});
+    const fs::path out = run_job(job, tmp.path(), name, 4, first);
+    rest.insert(rest.end(), {"--resume", "latest"});
+    run_job(job, tmp.path(), name, 4, rest);
+    for (const char* log : {"rank-0.log", "rank-1.log", "rank-2.log", "rank-3.log"}) {
+      const std::string text = read_bytes(out / "logs" / log);
+      CHECK(text.find("step 5 loss") != std::string::npos);  // the resumed run's log
+      CHECK_MESSAGE(text.find("error feedback starts empty") == std::string::npos, text);
+    }
+    require_same(whole, out);
+  }
+}
+
 TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%") {
   OneThread one;
   TempDir tmp("pp-estimate");
@@ -347,6 +395,29 @@ TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%"
         "parallel.data=2", "--set", "parallel.zero_stage=1"},
        2,
        2},
+      // Data replicas without ZeRO: each steps its stage's whole span (the estimate took
+      // a ZeRO shard of it until 2026-12-06: 5-7% under).
+      {vit, "vit-1f1b-dp2", {"--set", "parallel.schedule=1f1b", "--set", "parallel.data=2"}, 2, 2},
+      // Gradient compression over each stage's data group: the stage's own residual and
+      // Q, its buckets' exchanges in its last micro-batch's backward (or after it).
+      {vit,
+       "vit-1f1b-dp2-topk",
+       {"--set", "parallel.schedule=1f1b", "--set", "parallel.data=2", "--set",
+        "comm.allreduce=ring", "--set", "compress.method=topk", "--set", "compress.ratio=0.1"},
+       2,
+       2},
+      {vit,
+       "vit-gpipe-dp2-powersgd-no-overlap",
+       {"--set", "parallel.schedule=gpipe", "--set", "parallel.data=2", "--set",
+        "comm.allreduce=ring", "--set", "compress.method=powersgd", "--set", "comm.overlap=false"},
+       2,
+       2},
+      {vit,
+       "vit-1f1b-dp2-onebit-zero1",
+       {"--set", "parallel.schedule=1f1b", "--set", "parallel.data=2", "--set",
+        "comm.allreduce=ring", "--set", "compress.method=onebit", "--set", "parallel.zero_stage=1"},
+       2,
+       2},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -369,6 +440,8 @@ TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%"
       const nlohmann::json& st = stages[static_cast<size_t>(s)];
       CHECK(st.at("in_flight") == (gpipe ? micro : std::min(micro, c.stages - s)));
       const double measured = r.at("peak_host_bytes").get<double>();
+      MESSAGE(c.name, " stage ", s, ": estimated ", st.at("peak_bytes").get<double>(),
+              ", measured ", measured);
       CHECK(std::abs(st.at("peak_bytes").get<double>() / measured - 1.0) <= 0.03);
     }
   }
@@ -449,7 +522,6 @@ TEST_CASE("pipeline layouts not supported yet exit 2 on every rank with one mess
       {job,
        {"--set", "precision.dtype=bf16", "--set", "precision.master_weights=false"},
        "precision.master_weights: false with parallel.pipeline"},
-      {job, {"--set", "compress.method=topk"}, "compress.method: topk"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.expect);
