@@ -142,20 +142,44 @@ std::string precision_lines(const Job& job) {
 }
 
 // "# compression: ..." what each rank sends per step under compress.method, from the
-// trainer's plan (src/compress: which tensors compress, bucket by bucket).
-std::string compression_line(const Job& job, const graph::FlatStore& layout,
+// trainer's plan (src/compress: which tensors compress, bucket by bucket); in a
+// pipeline each stage's own buckets (dist::plan_buckets_of), added up.
+std::string compression_line(const Job& job, const graph::Graph& graph,
+                             const graph::FlatStore& layout,
                              const std::vector<dist::Bucket>& buckets) {
-  const runtime::CompressionPlanSummary s = runtime::summarize_plan(
-      job.compress,
-      compress::plan_compression(job.compress, buckets,
-                                 runtime::compression_params(layout.entries())),
-      static_cast<int>(layout.size()));
+  std::vector<std::vector<dist::Bucket>> per_stage = {buckets};
+  if (job.parallel.pipeline > 1) {
+    per_stage.clear();
+    std::vector<dist::GradRange> ranges;
+    for (const graph::FlatEntry& e : layout.entries())
+      ranges.push_back({e.offset, e.spec.shape.numel()});
+    for (const graph::Stage& st : runtime::job_stages(job.parallel, graph)) {
+      const std::vector<char> used = graph::stage_params(graph, st);
+      std::vector<int> own;
+      for (size_t k = 0; k < used.size(); ++k)
+        if (used[k]) own.push_back(static_cast<int>(k));
+      per_stage.push_back(dist::plan_buckets_of(
+          ranges, own, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0)));
+    }
+  }
+  runtime::CompressionPlanSummary s;
+  for (const std::vector<dist::Bucket>& b : per_stage) {
+    const runtime::CompressionPlanSummary one = runtime::summarize_plan(
+        job.compress,
+        compress::plan_compression(job.compress, b, runtime::compression_params(layout.entries())),
+        0);
+    s.compressed += one.compressed;
+    s.per_step.sent += one.per_step.sent;
+    s.per_step.dense += one.per_step.dense;
+  }
+  s.tensors = static_cast<int>(layout.size());
   return fmt::format(
       "# compression: {} on {} of {} parameter tensors; {} bytes sent per step per {} "
       "instead of {} ({:.1f}x less), after {} dense step(s)\n",
       to_string(job.compress.method), s.compressed, s.tensors,
       with_commas(static_cast<int64_t>(s.per_step.sent)),
-      job.parallel.pipeline > 1 ? "data replica of the model (each stage sends its tensors')"
+      job.parallel.pipeline > 1 ? "data replica of the model (its stages' together; a tied "
+                                  "tensor on each stage that uses it)"
                                 : "rank",
       with_commas(static_cast<int64_t>(s.per_step.dense)), s.ratio(), job.compress.warmup_steps);
 }
@@ -190,7 +214,8 @@ std::string data_parallel_lines(const Job& job, int world) {
         "all-reduce {} over {}, overlap {}\n",
         buckets.size(), job.comm.bucket_mb, sizes, to_string(job.comm.allreduce),
         job.device.is_cuda() ? "nccl" : "mpi", job.comm.overlap ? "on" : "off");
-    if (job.compress.method != CompressMethod::none) out += compression_line(job, layout, buckets);
+    if (job.compress.method != CompressMethod::none)
+      out += compression_line(job, m.graph, layout, buckets);
     // The graph as the trainer splits it (tensor rank 0's part) and cuts it.
     models::ModelGraph mb = models::build_model(job.model, job.data.micro_batch);
     if (p.tensor > 1) {

@@ -161,22 +161,41 @@ Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,
   DTRAIN_CHECK(o.method != CompressMethod::none, "a compressor without a method");
   // -0: adding it changes no value, not even a -0 gradient (x + +0 would turn -0 into
   // +0), so an empty residual leaves the gradient's bits as they are.
-  int64_t at = 0;
-  for (const BucketPlan& p : plans_) {
-    res_at_.push_back(at);
-    if (o_.error_feedback) at += total(p.compressed);
+  // The residual and Q hold the compressed pieces in layout order, whatever the buckets
+  // (a resume may change comm.bucket_mb): a bucket's pieces are consecutive there.
+  struct At {
+    int64_t lo;
+    size_t b, i;
+  };
+  std::vector<At> order;
+  for (size_t b = 0; b < plans_.size(); ++b)
+    for (size_t i = 0; i < plans_[b].compressed.size(); ++i)
+      order.push_back({plans_[b].compressed[i].lo, b, i});
+  std::sort(order.begin(), order.end(), [](const At& x, const At& y) { return x.lo < y.lo; });
+  std::vector<std::vector<int64_t>> res_of(plans_.size());
+  for (size_t b = 0; b < plans_.size(); ++b) {
+    res_of[b].resize(plans_[b].compressed.size());
+    q_at_.emplace_back(plans_[b].compressed.size());
+  }
+  int64_t at = 0, n = 0;
+  for (const At& a : order) {
+    const Piece& m = plans_[a.b].compressed[a.i];
+    res_of[a.b][a.i] = at;
+    q_at_[a.b][a.i] = n;
+    if (o_.error_feedback) at += m.hi - m.lo;
+    if (o_.method == CompressMethod::powersgd) n += m.cols * rank_of(o_, m);
+  }
+  for (size_t b = 0; b < plans_.size(); ++b) {
+    res_at_.push_back(res_of[b].empty() ? 0 : res_of[b][0]);
+    int64_t next = res_at_.back();
+    for (size_t i = 0; i < res_of[b].size(); ++i) {
+      DTRAIN_CHECK(res_of[b][i] == next, "bucket {}'s compressed pieces are not consecutive", b);
+      if (o_.error_feedback) next += plans_[b].compressed[i].hi - plans_[b].compressed[i].lo;
+    }
   }
   residual_ = scratch(at, DType::f32);
   if (at > 0) kernels::fill(residual_, -0.0f);
   if (o.method != CompressMethod::powersgd) return;
-  int64_t n = 0;
-  for (const BucketPlan& p : plans_) {
-    q_at_.emplace_back();
-    for (const Piece& m : p.compressed) {
-      q_at_.back().push_back(n);
-      n += m.cols * rank_of(o_, m);
-    }
-  }
   Tensor q = Tensor::empty(Shape{std::max<int64_t>(n, 1)}, DType::f32);
   const Philox rng(seed, rng_stream_id(kPowerSgdPurpose, 0, 0));  // the same Q on every rank
   for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] = rng.normal(static_cast<uint64_t>(i));

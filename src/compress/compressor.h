@@ -92,8 +92,9 @@ class Compressor {
   // the same buckets in the same order.
   void reduce(size_t b, Tensor grads);
   const std::vector<BucketPlan>& plans() const { return plans_; }
-  // This rank's error feedback, f32 on the device: compact, the compressed pieces of
-  // bucket 0, then bucket 1's, ... (residual_elems; empty without error feedback).
+  // This rank's error feedback, f32 on the device: compact, the compressed pieces one
+  // after another in layout order, whatever the buckets (residual_elems; empty without
+  // error feedback).
   Tensor residual() const { return residual_; }
   // PowerSGD: every matrix's Q, flat, on the device (the same on every rank);
   // undefined otherwise.
@@ -116,8 +117,9 @@ class Compressor {
   Device device_;
   int64_t layout_elems_ = 0;
   Tensor residual_, q_;
-  std::vector<int64_t> res_at_;             // per bucket: its pieces' offset in residual_
-  std::vector<std::vector<int64_t>> q_at_;  // per bucket, per compressed piece: offset in q_
+  std::vector<int64_t> res_at_;  // per bucket: its pieces' offset in residual_
+  // Per bucket, per compressed piece: offset in q_ (pieces in layout order, as residual_).
+  std::vector<std::vector<int64_t>> q_at_;
   Tally tally_;
 };
 

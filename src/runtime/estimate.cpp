@@ -64,14 +64,6 @@ int blocks_per_segment(const Job& job, const graph::Graph& graph) {
 
 namespace {
 
-// A pipeline's stages (runtime/pipeline.h): stage s replays its nodes for one micro-batch
-// (graph::StageRange); with K of them in flight (GPipe: every micro-batch; 1F1B: P - s),
-// K - 1 hold what a forward leaves for its backward while one runs its own peak, and
-// each of the step's micro-batch slots keeps the copies of its inputs. The worst stage's becomes
-// the estimate's training activations; its evaluation (one micro-batch, slot 0) runs
-// beside the other slots' input copies.
-// stages: the job's; stage_state[s]: stage s's state bytes (the masters and optimizer state of its
-// span). The estimate's peak becomes the highest stage's.
 // Gradient compression on one rank (a pipeline: per stage): what it keeps and its
 // buckets' exchanges.
 struct StageCompression {
@@ -81,6 +73,15 @@ struct StageCompression {
   size_t exchange_after = 0;   // overlap off: the largest exchange, after backward
 };
 
+// A pipeline's stages (runtime/pipeline.h): stage s replays its nodes for one micro-batch
+// (graph::StageRange); with K of them in flight (GPipe: every micro-batch; 1F1B: P - s),
+// K - 1 hold what a forward leaves for its backward while one runs its own peak, and
+// each of the step's micro-batch slots keeps the copies of its inputs. The worst stage's becomes
+// the estimate's training activations; its evaluation (one micro-batch, slot 0) runs
+// beside the other slots' input copies.
+// stages: the job's; stage_state[s]: stage s's state bytes (the masters and optimizer state of its
+// span); compression: per stage (empty: none), whose exchanges run in the stage's last
+// micro-batch's backward. The estimate's peak becomes the highest stage's.
 void pipeline_activations(const Job& job, const models::ModelGraph& m,
                           const graph::RoundBytes& round, const std::vector<char>& eval_pins,
                           const std::vector<graph::Stage>& stages,
@@ -128,6 +129,7 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
       if (at > train.peak) {
         train.peak = at;
         train.node = during >= after ? last.node : -3;
+        train.phase = during >= after ? last.phase : graph::Phase::backward;
       }
     }
     eval.peak += static_cast<size_t>(micro - 1) * copies;
@@ -351,6 +353,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   size_t exchange_after = 0;  // overlap off: the largest bucket's, after backward
   double compressed_bus = 0;  // the data traffic of the compressed exchanges
   std::vector<StageCompression> stage_compression;
+  StageCompression most_compression;  // the largest stage's residual and Q, for the table
   if (compressed) {
     const auto of = [&](const std::vector<dist::Bucket>& b, int64_t span) {
       StageCompression c;
@@ -390,17 +393,16 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
             of(dist::plan_buckets_of(grad_ranges, own, bucket_bytes), spans[k]));
       }
     }
-    StageCompression most;  // the largest stage's of each, for the table
     for (const StageCompression& c : stage_compression) {
-      most.residual = std::max(most.residual, c.residual);
-      most.q = std::max(most.q, c.q);
+      most_compression.residual = std::max(most_compression.residual, c.residual);
+      most_compression.q = std::max(most_compression.q, c.q);
       compressed_bus = std::max(compressed_bus, c.bus);
       exchange_after = std::max(exchange_after, c.exchange_after);
     }
-    add("compression residual", most.residual,
+    add("compression residual", most_compression.residual,
         "f32, what this rank has not sent yet (error feedback), its compressed tensors'" +
             stage_note);
-    add("PowerSGD Q", most.q, "f32, kept between steps" + stage_note);
+    add("PowerSGD Q", most_compression.q, "f32, kept between steps" + stage_note);
     // A save (GradCompression::state) writes each rank's residual into its own shard
     // as it lies: nothing is gathered, nothing copied on the CPU.
   }
@@ -484,12 +486,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       size_t compression = 0;  // this stage's residual and Q for the largest stage's
       if (compressed) {
         const StageCompression& c = stage_compression[s];
-        size_t most_residual = 0, most_q = 0;
-        for (const StageCompression& o : stage_compression) {
-          most_residual = std::max(most_residual, o.residual);
-          most_q = std::max(most_q, o.q);
-        }
-        compression = most_residual + most_q - c.residual - c.q;
+        compression = most_compression.residual + most_compression.q - c.residual - c.q;
       }
       stage_state.push_back(e.state_bytes - ranged_items * f32_layout +
                             ranged_items * round(static_cast<size_t>(ranges[s]) * sizeof(float)) -

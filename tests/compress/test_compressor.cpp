@@ -5,8 +5,10 @@
 // are tested through training (tests/train/test_data_parallel.cpp).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "compress/compressor.h"
@@ -18,11 +20,16 @@ using namespace dtrain::compress;
 
 namespace {
 
-// Two matrices (16 x 96, 40 x 32) and a bias (24) laid out as a flat gradient.
+// Two matrices (16 x 96, 40 x 32) and a bias (24) laid out as a flat gradient, in one
+// bucket, or (split) in two from the end as dist::plan_buckets cuts them.
 struct Layout {
   std::vector<ParamInfo> params = {{0, 16 * 96, 16}, {1536, 40 * 32, 40}, {2816, 24, 0}};
   int64_t total = 2816 + 32;
-  std::vector<dist::Bucket> buckets() const { return {{0, total, {2, 1, 0}, {}}}; }
+  bool split = false;
+  std::vector<dist::Bucket> buckets() const {
+    if (split) return {{1536, total, {2, 1}, {}}, {0, 1536, {0}, {}}};
+    return {{0, total, {2, 1, 0}, {}}};
+  }
 };
 
 std::vector<float> gradient(uint64_t step, int64_t n) {
@@ -32,17 +39,19 @@ std::vector<float> gradient(uint64_t step, int64_t n) {
   return g;
 }
 
-// The residual (compact: the compressed pieces one after another, in plan order)
+// The residual (compact: the compressed pieces one after another, in layout order)
 // spread over the layout, -0 where nothing compresses.
 std::vector<float> residual_by_layout(const Compressor& c, int64_t total) {
+  std::vector<Piece> pieces;
+  for (const BucketPlan& p : c.plans())
+    pieces.insert(pieces.end(), p.compressed.begin(), p.compressed.end());
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
   std::vector<float> out(static_cast<size_t>(total), -0.0f);
   const Tensor r = c.residual();
   int64_t at = 0;
-  for (const BucketPlan& p : c.plans()) {
-    for (const Piece& m : p.compressed) {
-      for (int64_t i = m.lo; i < m.hi; ++i) out[static_cast<size_t>(i)] = r.data<float>()[at++];
-    }
-  }
+  for (const Piece& m : pieces)
+    for (int64_t i = m.lo; i < m.hi; ++i) out[static_cast<size_t>(i)] = r.data<float>()[at++];
   CHECK(at == r.numel());
   return out;
 }
@@ -124,13 +133,20 @@ TEST_CASE("the plan compresses large 2-D tensors, PowerSGD only where its factor
 
 // Error feedback: what a rank sent plus its residual is what it had to send, each step
 // exactly for top-k (an entry is either sent or kept), and over 20 steps the sent sums
-// plus the last residual are the gradients' sum (to rounding) for every method.
+// plus the last residual are the gradients' sum (to rounding) for every method; in one
+// bucket and in two (the residual is in layout order either way).
 TEST_CASE("error feedback: sent + residual = the gradients, per step and over many steps") {
-  const Layout l;
   auto self = dist::make_self_communicator();
-  for (CompressMethod m :
-       {CompressMethod::topk, CompressMethod::onebit, CompressMethod::powersgd}) {
+  for (const auto& [m, split] :
+       std::vector<std::pair<CompressMethod, bool>>{{CompressMethod::topk, false},
+                                                    {CompressMethod::onebit, false},
+                                                    {CompressMethod::powersgd, false},
+                                                    {CompressMethod::topk, true},
+                                                    {CompressMethod::powersgd, true}}) {
     CAPTURE(to_string(m));
+    CAPTURE(split);
+    Layout l;
+    l.split = split;
     CompressOptions o;
     o.method = m;
     o.ratio = 0.05;
@@ -148,7 +164,8 @@ TEST_CASE("error feedback: sent + residual = the gradients, per step and over ma
         scale = std::max(scale, std::fabs(static_cast<double>(g[i])));
       }
       Tensor gt = Tensor::wrap(g.data(), Shape{l.total}, DType::f32);
-      c.reduce(0, gt);  // one rank: g now holds what this rank sent
+      for (size_t b = 0; b < l.buckets().size(); ++b)
+        c.reduce(b, gt);  // one rank: g now holds what this rank sent
       const std::vector<float> r = residual_by_layout(c, l.total);
       for (size_t i = 0; i < g.size(); ++i) sum_sent[i] += g[i];
       if (m == CompressMethod::topk) {

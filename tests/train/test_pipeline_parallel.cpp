@@ -300,10 +300,6 @@ TEST_CASE("1F1B holds at most P - s micro-batches on stage s, GPipe all of them"
   }
 }
 
-// dtrain estimate's pipeline stages (graph::StageRange, runtime/estimate.cpp): each stage
-// replays its nodes for one micro-batch, K - 1 micro-batches hold what a forward leaves
-// for its backward and every slot its input copies; against each rank's measured peak
-// (synthetic data: nothing outside the estimate's items).
 // Gradient compression over each stage's data group (2 stages x 2 data ranks, GPT-2 with
 // its embedding tied across the cut: each stage compresses its own copy's gradient,
 // then the two are summed). Top-k at ratio 1 is the plain run bit for bit; each method
@@ -352,6 +348,10 @@ TEST_CASE("gradient compression with 2 stages x 2 data ranks: ratio 1 is plain, 
   }
 }
 
+// dtrain estimate's pipeline stages (graph::StageRange, runtime/estimate.cpp): each stage
+// replays its nodes for one micro-batch, K - 1 micro-batches hold what a forward leaves
+// for its backward and every slot its input copies; against each rank's measured peak
+// (synthetic data: nothing outside the estimate's items).
 TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%") {
   OneThread one;
   TempDir tmp("pp-estimate");
