@@ -92,11 +92,15 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
   const double bus = grad_comm_->stats().bus_bytes;  // every collective of the window's steps
   const double volume = bus - bus_mark_;
   bus_mark_ = bus;
+  // Compression: what this rank put on the wire for its buckets (comm.bytes is the
+  // gradient the buckets held, as a dense all-reduce would send it), and the saving.
+  const compress::Tally sent = compression_ ? compression_->take_tally() : compress::Tally{};
   if (rank_log_) {
     rank_log_->write(fmt::format(
         "step {} loss {:.6f} step_time {:.4f}s data_wait {:.4f}s "
-        "comm {:.4f}s exposed {:.4f}s {} bytes",
-        counters_.step, loss, seconds, wait, comm.comm_seconds, comm.exposed_seconds, comm.bytes));
+        "comm {:.4f}s exposed {:.4f}s {} bytes{}",
+        counters_.step, loss, seconds, wait, comm.comm_seconds, comm.exposed_seconds, comm.bytes,
+        sent.sent > 0 ? fmt::format(" ({} sent compressed)", sent.sent) : ""));
   }
   if (leader()) {
     nlohmann::json line = {{"step", counters_.step},
@@ -124,12 +128,10 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
       line["comm_time_s"] = comm.comm_seconds;
       line["exposed_comm_s"] = comm.exposed_seconds;
       line["allreduce"] = algo_summary_;
-      if (compression_) {  // what this rank put on the wire for its buckets, and the saving
-        const compress::Tally t = compression_->take_tally();
-        if (t.sent > 0) {
-          line["comm_sent_bytes"] = t.sent;
-          line["compression_ratio"] = static_cast<double>(t.dense) / static_cast<double>(t.sent);
-        }
+      if (sent.sent > 0) {
+        line["comm_sent_bytes"] = sent.sent;
+        line["compression_ratio"] =
+            static_cast<double>(sent.dense) / static_cast<double>(sent.sent);
       }
     }
     if (scaler_.mode() != LossScaleMode::none) {

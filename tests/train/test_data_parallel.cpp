@@ -795,6 +795,8 @@ TEST_CASE("compression: top-k, 1-bit and PowerSGD train on 2 and 4 ranks, replic
       }
       MESSAGE(std::string(m.name), " on ", ranks, " ranks: compression ratio ", ratio);
       CHECK(ratio > m.min_ratio);
+      // Every rank's log says what it sent beside the dense bytes.
+      CHECK(read_bytes(out / "logs" / "rank-1.log").find(" sent compressed)") != std::string::npos);
     }
   }
   // With fp16 and its dynamic loss scale: the residual follows the scale (rescaled when it
