@@ -44,8 +44,11 @@ GradCompression::GradCompression(const CompressOptions& o,
                   layout_elems, dense_algo, seed, device),
       summary_(summarize_plan(o, compressor_.plans(), static_cast<int>(layout.size()))),
       place_(std::move(place)) {
-  place_.push_back(
-      static_cast<int64_t>(o.method));  // another method's residual means another thing
+  // Another method's residual means another thing; the residual's form is 2: compact in
+  // layout order (Compressor::residual). Earlier forms (the whole layout, or compact in
+  // bucket order) are not restored.
+  place_.push_back(static_cast<int64_t>(o.method));
+  place_.push_back(2);
   sync_.set_reducer([this](size_t b, Tensor grads) { compressor_.reduce(b, grads); });
 }
 

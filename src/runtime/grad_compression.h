@@ -40,7 +40,7 @@ class GradCompression {
   // `grad_comm` carries the gradients, `device` holds them.
   // `place`: the rank's place in the grid, {pipeline, data, tensor degrees, its stage,
   // data rank, tensor rank}: a checkpoint's residual is restored only where it was made
-  // (and by the same method).
+  // (and by the same method, in the same form: the tag adds both).
   GradCompression(const CompressOptions& o, const std::vector<graph::FlatEntry>& layout,
                   const std::vector<dist::Bucket>& buckets, dist::Communicator& grad_comm,
                   dist::GradSync& sync, int64_t layout_elems, AllreduceAlgo dense_algo,
