@@ -11,7 +11,8 @@ namespace dtrain::kernels {
 
 // ids i32 or i64 [n], table [vocab, dim] -> out [n, dim]
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
-// dout [n, dim] -> dtable [vocab, dim] += scattered rows (caller zeroes dtable first)
+// dout [n, dim] -> dtable [vocab, dim] += scattered rows (caller zeroes dtable first);
+// dtable in dout's dtype, or f32 for a half dout (a half table's gradient kept in f32)
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 
 // Tensor parallelism (a vocabulary-parallel embedding; CPU only): `table` holds rows

@@ -37,15 +37,17 @@ void with_ids(const Tensor& ids, Fn&& fn) {
   }
 }
 
-template <typename T, typename Id>
-void scatter_add(const Id* ids, int64_t n, int64_t vocab, int64_t dim, const T* dout, T* dtable) {
+// dout rows (S) added into the table (T: S, or f32 for a half dout), each add rounded
+// to T, in id order.
+template <typename S, typename T, typename Id>
+void scatter_add(const Id* ids, int64_t n, int64_t vocab, int64_t dim, const S* dout, T* dtable) {
   const int64_t tasks = std::max(1, num_threads());
   const int64_t rows_per_task = (vocab + tasks - 1) / tasks;
   parallel_for(0, vocab, rows_per_task, [&](int64_t lo, int64_t hi) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = ids[i];
       if (row < lo || row >= hi) continue;
-      const T* src = dout + i * dim;
+      const S* src = dout + i * dim;
       T* dst = dtable + row * dim;
       for (int64_t k = 0; k < dim; ++k)
         cpu_io::store(dst, k, cpu_io::load(dst, k) + cpu_io::load(src, k));
@@ -84,17 +86,21 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   require_dtype("embedding_backward", "dtable", dtable, {DType::f32, DType::f16, DType::bf16});
   DTRAIN_CHECK(dtable.rank() == 2, "embedding_backward: dtable {} is not [vocab, dim]",
                dtable.str());
-  DTRAIN_CHECK(dout.dtype() == dtable.dtype(), "embedding_backward: dout {} vs dtable {}",
-               dout.str(), dtable.str());
+  DTRAIN_CHECK(dout.dtype() == dtable.dtype() || dtable.dtype() == DType::f32,
+               "embedding_backward: dout {} vs dtable {}", dout.str(), dtable.str());
+  require_dtype("embedding_backward", "dout", dout, {DType::f32, DType::f16, DType::bf16});
   const int64_t n = ids.numel(), vocab = dtable.dim(0), dim = dtable.dim(1);
   require_numel("embedding_backward", "dout", dout, n * dim);
   if (device.is_cuda()) return cuda_ops::embedding_backward(ids, dout, dtable);
   with_ids(ids, [&](const auto* id) {
     check_ids(id, n, vocab);
-    cpu_io::dispatch_float(dtable.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      scatter_add(id, n, vocab, dim, static_cast<const T*>(dout.raw()),
-                  static_cast<T*>(dtable.raw()));
+    cpu_io::dispatch_float(dout.dtype(), [&](auto src_tag) {
+      using S = decltype(src_tag);
+      cpu_io::dispatch_float(dtable.dtype(), [&](auto tag) {
+        using T = decltype(tag);
+        scatter_add(id, n, vocab, dim, static_cast<const S*>(dout.raw()),
+                    static_cast<T*>(dtable.raw()));
+      });
     });
   });
 }

@@ -31,8 +31,9 @@ __global__ void gather_kernel(const Id* ids, int64_t n, const E* table, int64_t 
   }
 }
 
-template <typename T, typename Id>
-__global__ void scatter_kernel(const Id* ids, int64_t n, const T* dout, int64_t vocab, int64_t dim,
+// dout rows (S) into the table (T: S, or f32 for a half dout), rounded to T per add.
+template <typename S, typename T, typename Id>
+__global__ void scatter_kernel(const Id* ids, int64_t n, const S* dout, int64_t vocab, int64_t dim,
                                T* dtable) {
   __shared__ unsigned char match[kThreads];
   const int64_t i = blockIdx.x;
@@ -119,18 +120,21 @@ void launch_embedding_forward(DType id_type, const void* ids, int64_t n, const v
   });
 }
 
-void launch_embedding_backward(DType id_type, const void* ids, int64_t n, DType dtype,
-                               const void* dout, int64_t vocab, int64_t dim, void* dtable,
-                               cudaStream_t stream) {
+void launch_embedding_backward(DType id_type, const void* ids, int64_t n, DType dout_type,
+                               DType dtype, const void* dout, int64_t vocab, int64_t dim,
+                               void* dtable, cudaStream_t stream) {
   if (n == 0 || dim == 0) return;
   dispatch_ids(id_type, [&](auto id_tag) {
     using Id = typename decltype(id_tag)::type;
-    dispatch_float(dtype, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      scatter_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-          static_cast<const Id*>(ids), n, static_cast<const T*>(dout), vocab, dim,
-          static_cast<T*>(dtable));
-      DTRAIN_CUDA_CHECK_LAUNCH();
+    dispatch_float(dout_type, [&](auto src_tag) {
+      using S = typename decltype(src_tag)::type;
+      dispatch_float(dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        scatter_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+            static_cast<const Id*>(ids), n, static_cast<const S*>(dout), vocab, dim,
+            static_cast<T*>(dtable));
+        DTRAIN_CUDA_CHECK_LAUNCH();
+      });
     });
   });
 }

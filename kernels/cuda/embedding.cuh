@@ -16,10 +16,11 @@ namespace dtrain::kernels::cuda_ops {
 void launch_embedding_forward(DType id_type, const void* ids, int64_t n, const void* table,
                               int64_t vocab, int64_t dim, int64_t elem_bytes, void* out,
                               cudaStream_t stream);
-// dout [n, dim] -> dtable [vocab, dim] += scattered rows (f32/f16/bf16)
-void launch_embedding_backward(DType id_type, const void* ids, int64_t n, DType dtype,
-                               const void* dout, int64_t vocab, int64_t dim, void* dtable,
-                               cudaStream_t stream);
+// dout [n, dim] (dout_type) -> dtable [vocab, dim] (dtype: dout_type, or f32 for a half
+// dout) += scattered rows (f32/f16/bf16)
+void launch_embedding_backward(DType id_type, const void* ids, int64_t n, DType dout_type,
+                               DType dtype, const void* dout, int64_t vocab, int64_t dim,
+                               void* dtable, cudaStream_t stream);
 
 // labels i32 [b, t] -> ids i32 [b * rows], out i32 [b, rows]: one thread per sequence
 // scans its labels in order; positions past the rows-th labelled one are dropped.

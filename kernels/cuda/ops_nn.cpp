@@ -72,8 +72,9 @@ void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tenso
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
-  launch_embedding_backward(ids.dtype(), ids.raw(), ids.numel(), dtable.dtype(), dout.raw(),
-                            dtable.dim(0), dtable.dim(1), dtable.raw(), stream_of(dtable));
+  launch_embedding_backward(ids.dtype(), ids.raw(), ids.numel(), dout.dtype(), dtable.dtype(),
+                            dout.raw(), dtable.dim(0), dtable.dim(1), dtable.raw(),
+                            stream_of(dtable));
 }
 
 void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor& mask) {

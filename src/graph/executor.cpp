@@ -388,7 +388,11 @@ std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& a
     const int p = n.params[k];
     const TensorSpec half{params_.entries()[static_cast<size_t>(p)].spec.shape,
                           params_.entries()[static_cast<size_t>(p)].spec.dtype};
-    if (half.dtype != DType::f32) {  // the op writes its dtype; widened into grads_ after
+    const bool direct = k < 32 && n.op->param_grad_in_f32(k);
+    if (half.dtype != DType::f32 && direct) {  // the op writes the f32 gradient itself
+      gp.push_back(grad_view(p));
+      if (first_user_[static_cast<size_t>(p)] != index) accumulate |= 1u << k;
+    } else if (half.dtype != DType::f32) {  // the op writes its dtype; widened into grads_ after
       gp.push_back(alloc(half));
     } else if (first_user_[static_cast<size_t>(p)] == index) {
       gp.push_back(grad_view(p));

@@ -165,8 +165,12 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     // runs), 1 the half ones' (widened into it after the op), -1 every one.
     auto open_buckets = [&](const Node& node, int half) {
       if (buckets == nullptr) return;
-      for (int p : node.params) {
-        const bool is_half = graph.param_layout()[static_cast<size_t>(p)].spec.dtype != DType::f32;
+      for (size_t k = 0; k < node.params.size(); ++k) {
+        const int p = node.params[k];
+        // A half parameter whose op writes its f32 gradient itself counts as an f32 one.
+        const bool is_half =
+            graph.param_layout()[static_cast<size_t>(p)].spec.dtype != DType::f32 &&
+            !(k < 32 && node.op->param_grad_in_f32(k));
         if ((half >= 0 && is_half != (half == 1)) || buckets->bucket_of[static_cast<size_t>(p)] < 0)
           continue;  // another's, or a stage's parameter in no bucket of its own
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
@@ -230,7 +234,9 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             }
             return false;
           }();
-          if (e.spec.dtype != DType::f32) {
+          if (e.spec.dtype != DType::f32 && k < 32 && node.op->param_grad_in_f32(k)) {
+            // the op writes the f32 gradient itself (Op::param_grad_in_f32)
+          } else if (e.spec.dtype != DType::f32) {
             transient += t.add(bytes_of({e.spec.shape, e.spec.dtype}));
           } else if (later && !(k < 32 && node.op->can_accumulate_param_grad(k))) {
             transient += t.add(bytes_of({e.spec.shape, DType::f32}));
@@ -277,7 +283,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             const auto& ps = nodes[static_cast<size_t>(j)].params;
             first = std::find(ps.begin(), ps.end(), node.params[k]) == ps.end();
           }
-          if (e.spec.dtype != DType::f32 && !first) {
+          if (e.spec.dtype != DType::f32 && !first && !(k < 32 && node.op->param_grad_in_f32(k))) {
             const size_t wide = t.add(bytes_of({e.spec.shape, DType::f32}));
             t.mark(i, Phase::backward);
             t.remove(wide);

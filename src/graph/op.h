@@ -165,6 +165,11 @@ class Op {
   // overwrite it. For a tied parameter this spares a temporary of the parameter's
   // size and a pass to add it in (an embedding table tied to an output layer).
   virtual bool can_accumulate_param_grad(size_t /*k*/) const { return false; }
+  // Whether backward can write (or, as above, add into) a half param k's gradient in
+  // f32: the executor then hands it the f32 gradient itself, with no half temporary to
+  // widen after (a half word table: its gradient a scatter-add of half rows). Implies
+  // can_accumulate_param_grad(k).
+  virtual bool param_grad_in_f32(size_t /*k*/) const { return false; }
   // Tensor parallelism (graph/tensor_parallel.h): the op computing one rank's part
   // in `share`'s role, or null when it has no such form.
   virtual std::unique_ptr<Op> tensor_share(const TpShare& /*share*/) const { return nullptr; }

@@ -1,5 +1,6 @@
 // Kernel-table cases for kernels/embedding.h: i32 and i64 ids, ids at 0 and
-// vocab-1, repeated ids, f32/f16/bf16 tables; grad mode (f32) for the table;
+// vocab-1, repeated ids, f32/f16/bf16 tables; grad mode (f32) for the table; half
+// gradients into an f32 table;
 // the scatter-add kernel checked directly on half types; out-of-range ids
 // (negative and == vocab) must raise an Error naming the position and the id
 // (on CUDA: give a NaN output row and add nothing to the table gradient).
@@ -76,6 +77,16 @@ KernelCase backward_case(DType dt, DType id_type, int64_t n, int64_t vocab, int6
   return c;
 }
 
+// A half table's gradient kept in f32: half dout rows added into an f32 dtable (the
+// executor's path for a half word table, graph/op.h param_grad_in_f32): f32 sums.
+KernelCase backward_wide_case(DType dt, DType id_type, int64_t n, int64_t vocab, int64_t dim) {
+  KernelCase c = backward_case(dt, id_type, n, vocab, dim);
+  c.name = tag("backward_f32_table", dt, id_type, n, vocab, dim);
+  c.outputs = {{"dtable", Shape{vocab, dim}, DType::f32}};
+  c.check_tol = {1e-6, 1e-6};
+  return c;
+}
+
 // ids[2] is out of range: forward and backward must each throw an Error that
 // names position 2 and the id. Output 1 = both did.
 KernelCase bad_id_case(DType id_type, double bad) {
@@ -135,6 +146,7 @@ std::vector<KernelCase> cases_embedding() {
       cases.push_back(forward_case("random", dt, id_type, 17, 11, 7));
       cases.push_back(forward_case("edges", dt, id_type, 6, 9, 33, {0, 8, 3, 0, 8, 8}));
       cases.push_back(backward_case(dt, id_type, 65, 7, 33));
+      if (dt != DType::f32) cases.push_back(backward_wide_case(dt, id_type, 65, 7, 33));
     }
     cases.push_back(forward_case("single", DType::f32, id_type, 1, 1, 1));
     cases.push_back(forward_case("wide", DType::f32, id_type, 33, 1000, 130));

@@ -18,6 +18,10 @@ class TokenEmbedding final : public Op {
   // The word table's gradient is a scatter-add: it can go on top of a tied output
   // layer's contribution (BERT's decoder, GPT-2's head) instead of into a temporary.
   bool can_accumulate_param_grad(size_t k) const override { return k == 0; }
+  // A half word table's gradient goes into the f32 gradient itself (kernels::
+  // embedding_backward adds half rows into an f32 table): no temporary of the table's
+  // size in its dtype, and none in f32 to widen it through. Not the vocabulary share.
+  bool param_grad_in_f32(size_t k) const override { return k == 0 && !tp_; }
 
   // Tensor parallelism: word-table rows [begin, begin + count) of the vocabulary; each
   // rank looks up its own ids (zeros for the others') and the rows meet in one sum.
