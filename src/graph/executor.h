@@ -72,7 +72,8 @@ class Executor {
   // Parameter gradients are f32 whatever the parameters' dtype (the layout of an fp32
   // run): an op with half parameters writes its weight gradient in half into a
   // transient tensor, which is widened into grads() as the op finishes (summed in f32
-  // over a tied parameter's users). Half runs thus keep no half gradient buffer, and
+  // over a tied parameter's users), or, where Op::param_grad_in_f32 (a half word
+  // table), writes into grads() itself. Half runs thus keep no half gradient buffer, and
   // grads() is what the optimizer of their fp32 master weights reads.
   FlatStore& grads() { return grads_; }  // unallocated with GradBuffer::external
   // With GradBuffer::external: where parameter p's f32 gradient is written (asked the
@@ -156,9 +157,10 @@ class Executor {
   void recompute(const Lifetimes& life, const Segment& segment);
   bool in_place_grad(const Lifetimes& life, const Node& n, size_t k, int step) const;
   void run_forward(int index, bool recompute);
-  // The gradient tensors node `index` writes: the param's own view for its first
+  // The gradient tensors node `index` writes: the param's own (f32) view for its first
   // user in backward order, and for a later user that can accumulate (its bit set in
-  // `accumulate`); else a fresh temporary, added in afterwards.
+  // `accumulate`), a half param's too where the op writes it in f32
+  // (Op::param_grad_in_f32); else a fresh temporary, added in afterwards.
   std::vector<Tensor> grad_targets(const Node& n, int index, uint32_t& accumulate);
 
   void backward_range(std::vector<Tensor>& vgrad);

@@ -58,7 +58,8 @@ struct ParamSpec {
 // loss are f32; GEMMs and convolutions accumulate in f32 (the kernels' contract).
 // Activation gradients take the activation's dtype; parameter gradients are kept
 // in f32 (graph::Executor::grads(): summed over micro-batches and ranks, read by the
-// fp32 optimizer), each op's half weight gradient widened as the op finishes.
+// fp32 optimizer), each op's half weight gradient widened as the op finishes (or
+// written in f32 by the op itself: Op::param_grad_in_f32).
 struct DTypePolicy {
   DType compute = DType::f32;
   DType param(ParamGroup g) const { return g == ParamGroup::norm ? DType::f32 : compute; }
@@ -131,7 +132,8 @@ struct OpContext {
   std::span<Tensor> grad_inputs;
   std::span<Tensor> grad_params;  // overwritten, same order as params...
   // ...except where bit k is set: then add into grad_params[k] (a tied parameter's
-  // later user, for an op whose can_accumulate_param_grad(k) is true).
+  // later user, for an op whose can_accumulate_param_grad(k) is true; a half param's
+  // f32 gradient where param_grad_in_f32(k), which implies it).
   uint32_t accumulate_mask = 0;
   bool accumulates(size_t k) const { return (accumulate_mask >> k) & 1u; }
   kernels::MathMode math = kernels::MathMode::fp32;  // f32 GEMMs / convolutions (precision.tf32)

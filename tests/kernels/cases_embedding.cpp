@@ -1,10 +1,11 @@
 // Kernel-table cases for kernels/embedding.h: i32 and i64 ids, ids at 0 and
 // vocab-1, repeated ids, f32/f16/bf16 tables; grad mode (f32) for the table; half
-// gradients into an f32 table;
+// gradients into an f32 table, and f32 or f16 ones into a bf16 table refused;
 // the scatter-add kernel checked directly on half types; out-of-range ids
 // (negative and == vocab) must raise an Error naming the position and the id
 // (on CUDA: give a NaN output row and add nothing to the table gradient).
 #include <cmath>
+#include <string>
 
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -137,6 +138,32 @@ KernelCase bad_id_case(DType id_type, double bad) {
   return c;
 }
 
+// A half table takes rows of its own dtype only (an f32 table any float rows): f32
+// rows and f16 rows into a bf16 table must each be refused (an internal error naming
+// the kernel: a caller's bug). Output 1 = both were.
+KernelCase bad_dtype_case() {
+  KernelCase c;
+  c.name = "embedding/bad_dtypes_i32/bf16/4x5x3";
+  c.inputs = {ids_spec(DType::i32, 4, 5, {0, 4, 2, 1}), {"table", Shape{5, 3}}};
+  c.outputs = {{"threw", Shape{1}}};
+  c.forward = [](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
+    auto refused = [&](DType rows_dtype) {
+      Tensor rows = empty_on(in[0], Shape{4, 3}, rows_dtype);
+      Tensor table = empty_on(in[0], Shape{5, 3}, DType::bf16);
+      try {
+        kernels::embedding_backward(in[0], rows, table);
+      } catch (const InternalError& e) {  // a caller's bug, not bad input
+        return std::string(e.what()).find("embedding_backward") != std::string::npos;
+      }
+      return false;
+    };
+    const bool ok = refused(DType::f32) && refused(DType::f16);
+    kernels::fill(out[0], ok ? 1.0f : 0.0f);
+  };
+  c.reference = [](const std::vector<Values>&, std::vector<Values>& out) { out[0][0] = 1.0; };
+  return c;
+}
+
 }  // namespace
 
 std::vector<KernelCase> cases_embedding() {
@@ -154,6 +181,7 @@ std::vector<KernelCase> cases_embedding() {
     cases.push_back(bad_id_case(id_type, -1));
     cases.push_back(bad_id_case(id_type, 5));
   }
+  cases.push_back(bad_dtype_case());
   return cases;
 }
 
