@@ -154,12 +154,9 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
     for (const graph::FlatEntry& e : layout.entries())
       ranges.push_back({e.offset, e.spec.shape.numel()});
     for (const graph::Stage& st : runtime::job_stages(job.parallel, graph)) {
-      const std::vector<char> used = graph::stage_params(graph, st);
-      std::vector<int> own;
-      for (size_t k = 0; k < used.size(); ++k)
-        if (used[k]) own.push_back(static_cast<int>(k));
-      per_stage.push_back(dist::plan_buckets_of(
-          ranges, own, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0)));
+      per_stage.push_back(
+          dist::plan_buckets_of(ranges, graph::stage_param_indices(graph, st),
+                                static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0)));
     }
   }
   runtime::CompressionPlanSummary s;

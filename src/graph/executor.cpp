@@ -388,10 +388,10 @@ std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& a
     const int p = n.params[k];
     const TensorSpec half{params_.entries()[static_cast<size_t>(p)].spec.shape,
                           params_.entries()[static_cast<size_t>(p)].spec.dtype};
-    const bool direct = k < 32 && n.op->param_grad_in_f32(k);
+    const bool direct = half_grad_in_f32(*n.op, k, half.dtype);
     DTRAIN_CHECK(!direct || n.op->can_accumulate_param_grad(k),
                  "{}: writes param {}'s gradient in f32 but cannot accumulate it", n.name, k);
-    if (half.dtype != DType::f32 && direct) {  // the op writes the f32 gradient itself
+    if (direct) {  // the op writes the f32 gradient itself
       gp.push_back(grad_view(p));
       if (first_user_[static_cast<size_t>(p)] != index) accumulate |= 1u << k;
     } else if (half.dtype != DType::f32) {  // the op writes its dtype; widened into grads_ after

@@ -168,9 +168,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       for (size_t k = 0; k < node.params.size(); ++k) {
         const int p = node.params[k];
         // A half parameter whose op writes its f32 gradient itself counts as an f32 one.
-        const bool is_half =
-            graph.param_layout()[static_cast<size_t>(p)].spec.dtype != DType::f32 &&
-            !(k < 32 && node.op->param_grad_in_f32(k));
+        const DType dtype = graph.param_layout()[static_cast<size_t>(p)].spec.dtype;
+        const bool is_half = dtype != DType::f32 && !half_grad_in_f32(*node.op, k, dtype);
         if ((half >= 0 && is_half != (half == 1)) || buckets->bucket_of[static_cast<size_t>(p)] < 0)
           continue;  // another's, or a stage's parameter in no bucket of its own
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
@@ -234,7 +233,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             }
             return false;
           }();
-          if (e.spec.dtype != DType::f32 && k < 32 && node.op->param_grad_in_f32(k)) {
+          if (half_grad_in_f32(*node.op, k, e.spec.dtype)) {
             // the op writes the f32 gradient itself (Op::param_grad_in_f32)
           } else if (e.spec.dtype != DType::f32) {
             transient += t.add(bytes_of({e.spec.shape, e.spec.dtype}));
@@ -283,7 +282,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             const auto& ps = nodes[static_cast<size_t>(j)].params;
             first = std::find(ps.begin(), ps.end(), node.params[k]) == ps.end();
           }
-          if (e.spec.dtype != DType::f32 && !first && !(k < 32 && node.op->param_grad_in_f32(k))) {
+          if (e.spec.dtype != DType::f32 && !first &&
+              !half_grad_in_f32(*node.op, k, e.spec.dtype)) {
             const size_t wide = t.add(bytes_of({e.spec.shape, DType::f32}));
             t.mark(i, Phase::backward);
             t.remove(wide);

@@ -190,6 +190,13 @@ class Op {
   DTypePolicy policy_;
 };
 
+// Whether `op` writes its half (`dtype` not f32) param k's gradient in f32 itself
+// (Op::param_grad_in_f32): the executor hands it the f32 gradient, and the memory
+// planner counts no half temporary and no widening for it.
+inline bool half_grad_in_f32(const Op& op, size_t k, DType dtype) {
+  return dtype != DType::f32 && k < 32 && op.param_grad_in_f32(k);
+}
+
 // Throws an Error "op <kind>: <message>" (a graph-construction error the user can fix).
 [[noreturn]] void op_error(std::string_view kind, const std::string& message);
 

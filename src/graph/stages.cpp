@@ -149,6 +149,14 @@ std::vector<char> stage_params(const Graph& graph, const Stage& stage) {
   return used;
 }
 
+std::vector<int> stage_param_indices(const Graph& graph, const Stage& stage) {
+  const std::vector<char> used = stage_params(graph, stage);
+  std::vector<int> own;
+  for (size_t p = 0; p < used.size(); ++p)
+    if (used[p]) own.push_back(static_cast<int>(p));
+  return own;
+}
+
 std::string format_stages(const Graph& graph, const std::vector<Stage>& stages) {
   double total = 0;
   for (const Stage& s : stages) total += s.flops;

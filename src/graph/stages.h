@@ -44,6 +44,9 @@ std::vector<int> params_across_stages(const Graph& graph, const std::vector<Stag
 // Which of the graph's parameters the nodes of `stage` use (one flag per parameter):
 // what the stage's executor holds (graph::Executor's `stage`) and sums over data ranks.
 std::vector<char> stage_params(const Graph& graph, const Stage& stage);
+// The same as indices, increasing: the parameters a stage's gradient buckets hold
+// (dist::plan_buckets_of).
+std::vector<int> stage_param_indices(const Graph& graph, const Stage& stage);
 
 // One line per stage: its blocks, nodes, FLOPs (and share), parameters, and what it
 // receives (values and bytes per micro-batch).

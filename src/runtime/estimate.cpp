@@ -385,12 +385,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     } else {
       const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
       for (size_t k = 0; k < stages.size(); ++k) {
-        const std::vector<char> used = graph::stage_params(g, stages[k]);
-        std::vector<int> own;
-        for (size_t p = 0; p < used.size(); ++p)
-          if (used[p]) own.push_back(static_cast<int>(p));
         stage_compression.push_back(
-            of(dist::plan_buckets_of(grad_ranges, own, bucket_bytes), spans[k]));
+            of(dist::plan_buckets_of(grad_ranges, graph::stage_param_indices(g, stages[k]),
+                                     bucket_bytes),
+               spans[k]));
       }
     }
     for (const StageCompression& c : stage_compression) {

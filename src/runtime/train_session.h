@@ -157,6 +157,7 @@ class TrainSession {
   // on rank 0, or in a grid on every rank (each stage and tensor rank has its own).
   std::vector<NamedTensor> compression_blobs() const;
   TrainCounters resume_whole(const fs::path& file);
+  void take_extra_blobs(RangeLoad& load);
   const FeedBatch& next_batch();
   void sequential_passes(StepTotals& local);
   void pipeline_passes(StepTotals& local);

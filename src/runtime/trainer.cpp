@@ -400,12 +400,10 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   const auto bucket_bytes = static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0);
   std::vector<dist::Bucket> planned = dist::plan_buckets(ranges, layout_elems, bucket_bytes);
   if (pipeline_) {  // a stage sums its own parameters' gradients only (the rest are zeros)
-    const std::vector<char> used =
-        graph::stage_params(model_.graph, stages_[static_cast<size_t>(pipeline_->stage())]);
-    std::vector<int> own;
-    for (size_t p = 0; p < used.size(); ++p)
-      if (used[p]) own.push_back(static_cast<int>(p));
-    planned = dist::plan_buckets_of(ranges, own, bucket_bytes);
+    planned = dist::plan_buckets_of(
+        ranges,
+        graph::stage_param_indices(model_.graph, stages_[static_cast<size_t>(pipeline_->stage())]),
+        bucket_bytes);
   }
   std::vector<std::pair<int64_t, int64_t>> owners;  // ZeRO: every rank's range
   for (int r = 0; weights_->shard().sharded() && r < grad_comm_->size(); ++r) {

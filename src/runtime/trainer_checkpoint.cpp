@@ -62,11 +62,7 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   };
   load.buffers = &ex_->buffers();
   load.opt = opt_.get();  // its options are checked; it takes the step
-  load.rank = save_index();
-  load.world = comm_.size();
-  load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
-    for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
-  };
+  take_extra_blobs(load);
   const TrainCounters counters = load_train_state_ranges(file, load);
   weights_->load_piece(param_base, params);
   // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
@@ -75,6 +71,16 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   for (auto& [name, t] : mine.buffers) kernels::copy(state.at(name), t);
   opt_->load_state(mine);
   return counters;
+}
+
+// Compression's state comes from this rank's shard (its index in the save's group),
+// kept until connect_compression restores it.
+void TrainSession::take_extra_blobs(RangeLoad& load) {
+  load.rank = save_index();
+  load.world = comm_.size();
+  load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
+    for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
+  };
 }
 
 void TrainSession::resume_if_asked() {
@@ -92,11 +98,7 @@ void TrainSession::resume_if_asked() {
       load.params = [this](int64_t lo, const Tensor& piece) { weights_->load_piece(lo, piece); };
       load.buffers = &ex_->buffers();
       load.opt = opt_.get();
-      load.rank = save_index();
-      load.world = comm_.size();
-      load.extra = [this](const std::vector<const NamedTensor*>& blobs) {
-        for (const NamedTensor* t : blobs) resumed_compression_.push_back(*t);
-      };
+      take_extra_blobs(load);
       counters_ = tensor_split() ? resume_whole(file) : load_train_state_ranges(file, load);
       weights_->finish_load();
       if (counters_.config_hash != hash) {

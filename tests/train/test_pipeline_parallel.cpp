@@ -323,29 +323,8 @@ TEST_CASE("gradient compression with 2 stages x 2 data ranks: ratio 1 is plain, 
       {"compress.method=onebit", "parallel.schedule=gpipe"},
       {"compress.method=powersgd", "compress.rank=2"},
       {"compress.method=powersgd", "compress.rank=2", "parallel.zero_stage=1"}};
-  for (const std::vector<std::string>& m : methods) {
-    std::string name;
-    std::vector<std::string> args = grid;
-    for (const std::string& set : m) {
-      args.insert(args.end(), {"--set", set});
-      if (!name.empty()) name += '-';
-      name += set.substr(set.find('=') + 1);
-    }
-    CAPTURE(name);
-    args.insert(args.end(), {"--set", "train.checkpoint.every=1"});
-    const fs::path whole = run_job(job, tmp.path(), name + "-whole", 4, args);
-    std::vector<std::string> first = args, rest = args;
-    first.insert(first.end(), {"--set", "train.steps=4"});
-    const fs::path out = run_job(job, tmp.path(), name, 4, first);
-    rest.insert(rest.end(), {"--resume", "latest"});
-    run_job(job, tmp.path(), name, 4, rest);
-    for (const char* log : {"rank-0.log", "rank-1.log", "rank-2.log", "rank-3.log"}) {
-      const std::string text = read_bytes(out / "logs" / log);
-      CHECK(text.find("step 5 loss") != std::string::npos);  // the resumed run's log
-      CHECK_MESSAGE(text.find("error feedback starts empty") == std::string::npos, text);
-    }
-    require_same(whole, out);
-  }
+  for (const std::vector<std::string>& m : methods)
+    require_compressed_resume(job, tmp.path(), grid, m, 4);
 }
 
 // dtrain estimate's pipeline stages (graph::StageRange, runtime/estimate.cpp): each stage

@@ -301,28 +301,7 @@ TEST_CASE("gradient compression with data 2 x tensor 2: ratio 1 is plain, each m
       {"compress.method=powersgd", "compress.rank=2"},
       {"compress.method=powersgd", "compress.rank=2", "parallel.zero_stage=1"}};
   for (const std::vector<std::string>& m : methods) {
-    std::string name;
-    std::vector<std::string> args = grid;
-    for (const std::string& set : m) {
-      args.insert(args.end(), {"--set", set});
-      if (!name.empty()) name += '-';
-      name += set.substr(set.find('=') + 1);
-    }
-    CAPTURE(name);
-    std::vector<std::string> every = args;
-    every.insert(every.end(), {"--set", "train.checkpoint.every=1"});
-    const fs::path whole = run_job(job, tmp.path(), name + "-whole", 4, every);
-    std::vector<std::string> first = every, rest = every;
-    first.insert(first.end(), {"--set", "train.steps=3"});
-    const fs::path out = run_job(job, tmp.path(), name, 4, first);
-    rest.insert(rest.end(), {"--resume", "latest"});
-    run_job(job, tmp.path(), name, 4, rest);
-    for (const char* log : {"rank-0.log", "rank-1.log", "rank-2.log", "rank-3.log"}) {
-      const std::string text = read_bytes(out / "logs" / log);
-      CHECK(text.find("step 4 loss") != std::string::npos);  // the resumed run's log
-      CHECK_MESSAGE(text.find("error feedback starts empty") == std::string::npos, text);
-    }
-    require_same(whole, out);
+    const fs::path whole = require_compressed_resume(job, tmp.path(), grid, m, 3);
     const fs::path newest = newest_checkpoint(whole / "checkpoints");
     CHECK(fs::exists(newest / "rank-00003-of-00004.dtckpt"));  // every rank wrote a shard
   }
