@@ -31,7 +31,9 @@
 # Environment: DTRAIN (binary; default build/src/cli/dtrain), MODELS ("resnet18
 # bert-mini"), ROUNDS (3), STEPS (steps per run, 14), WARMUP (steps dropped, 4),
 # ALLREDUCE (comm.allreduce, ring), BUCKET_MB (comm.bucket_mb; default the
-# job's, 25), KEEP_RUNS=1 keeps the run directories.
+# job's, 25), EXTRA (more --set options for every run, e.g. "--set
+# compress.method=powersgd --set compress.warmup_steps=0": the 2-rank runs then
+# exchange compressed buckets), KEEP_RUNS=1 keeps the run directories.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,6 +45,7 @@ STEPS="${STEPS:-14}"
 WARMUP="${WARMUP:-4}"
 ALLREDUCE="${ALLREDUCE:-ring}"
 BUCKET_MB="${BUCKET_MB:-}"
+EXTRA="${EXTRA:-}"
 die() { echo "bench-dp-overlap: $*" >&2; exit 1; }
 
 [[ -x "$DTRAIN" ]] || die "no dtrain binary at $DTRAIN (build it, or set DTRAIN=path)"
@@ -98,6 +101,11 @@ run_one() { # model ranks overlap round
   read -r -a args <<<"$(model_args "$m" "$n")"
   ((n > 1)) && nproc=(--nproc "$n")
   [[ -n "$BUCKET_MB" ]] && args+=(--set "comm.bucket_mb=$BUCKET_MB")
+  if ((n > 1)) && [[ -n "$EXTRA" ]]; then  # compression needs 2 ranks: the 1-rank run goes without
+    local -a extra
+    read -r -a extra <<<"$EXTRA"
+    args+=("${extra[@]}")
+  fi
   "$DTRAIN" train "${args[@]}" "${nproc[@]}" --set "train.steps=$STEPS" --set train.log_every=1 \
     --set "comm.overlap=$ov" --set "comm.allreduce=$ALLREDUCE" --set "run.output_dir=$dir" \
     >"$dir.log" 2>&1 &
@@ -192,6 +200,7 @@ doc = {
               "overall = medians over rounds; runs interleaved, order rotated per round" % warmup,
     "setup": {"steps": int("$STEPS"), "warmup": warmup, "rounds": int("$ROUNDS"),
               "comm.allreduce": "$ALLREDUCE", "comm.bucket_mb": "${BUCKET_MB:-job default (25)}",
+              "extra_2_rank_options": "$EXTRA",
               "omp_num_threads": 1, "omp_wait_policy": "passive",
               "launch": "1 rank: dtrain train; 2 ranks: dtrain train --nproc 2 (mpirun)",
               "note": "2 cores: each of the 2 ranks has a core; the 1-rank run leaves one idle"},

@@ -88,65 +88,71 @@ int64_t residual_elems(const CompressOptions& o, const std::vector<BucketPlan>& 
   return n;
 }
 
-// Mirrors the allocations of reduce() below, in their order and lifetimes.
-size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, Device device,
-                      const std::function<size_t(size_t)>& round) {
+// Mirrors the allocations of start() and complete() below, in their order and
+// lifetimes.
+ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world,
+                             Device device, const std::function<size_t(size_t)>& round) {
   const auto f32 = [&](int64_t n) { return round(static_cast<size_t>(n) * 4); };
-  const int64_t n = total(p.compressed);
-  size_t high = 0;
-  if (n > 0) {
-    // input(): the packed gradient (the residual, compact, is added in place).
-    const size_t x = f32(n);
-    const size_t in = x;
-    switch (o.method) {
-      case CompressMethod::topk: {
-        const int64_t k = std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(n)), 1, n);
-        const size_t pairs = 2 * f32(k);  // indices (i32) and values
-        const size_t ws_bytes = kernels::topk_workspace_bytes(n, device);
-        const size_t ws = ws_bytes == 0 ? 0 : round(ws_bytes);
-        high = std::max(in, x + pairs + ws + 2 * f32(k * world) + f32(n));
-        break;
-      }
-      case CompressMethod::onebit: {
-        const int64_t words = (n + 31) / 32, chunks = (n + kSignChunk - 1) / kSignChunk;
-        const size_t packed = f32(words) + f32(chunks);
-        const size_t mine = o.error_feedback ? x + packed + f32(n) : 0;
-        high = std::max({in, mine, x + packed + f32(words * world) + f32(chunks * world) + f32(n)});
-        break;
-      }
-      case CompressMethod::powersgd: {
-        // All matrices' M (each packed with its residual added), then P and Q; per matrix
-        // the workspace of M Q, of M^T P, and with error feedback P Q^T beside the
-        // workspace of its product (powersgd() below).
-        size_t ms = 0, largest = 0;
-        int64_t p_elems = 0, q_elems = 0;
-        const auto ws_of = [&](const kernels::GemmArgs& a) {
-          const size_t b = kernels::gemm_workspace_bytes(a, DType::f32, DType::f32, device);
-          return round(std::max<size_t>(b, 1));  // Compressor::gemm allocates at least 1
-        };
-        for (const Piece& m : p.compressed) {
-          const int64_t q = rank_of(o, m);
-          high = std::max(high, ms + f32(m.hi - m.lo));
-          ms += f32(m.hi - m.lo);
-          p_elems += m.rows * q;
-          q_elems += m.cols * q;
-          kernels::GemmArgs mq, mtp, outer;
-          mq.m = m.rows, mq.n = q, mq.k = m.cols;
-          mtp.trans_a = kernels::Trans::yes;
-          mtp.m = m.cols, mtp.n = q, mtp.k = m.rows;
-          outer.trans_b = kernels::Trans::yes;
-          outer.m = m.rows, outer.n = m.cols, outer.k = q;
-          largest = std::max({largest, ws_of(mq), ws_of(mtp),
-                              (o.error_feedback ? f32(m.rows * m.cols) : 0) + ws_of(outer)});
-        }
-        high = std::max(high, ms + f32(p_elems) + f32(q_elems) + largest);
-        break;
-      }
-      case CompressMethod::none:
-        break;
+  const int64_t d = total(p.dense), n = total(p.compressed);
+  const size_t dense = d > 0 ? f32(d) : 0;  // all-reduced from start() to complete()
+  ExchangeBytes e{dense, dense, dense};
+  if (n == 0) return e;
+  const size_t x = f32(n);  // input(): the packed gradient (the residual added in place)
+  switch (o.method) {
+    case CompressMethod::topk: {  // indices (i32) and values, gathered
+      const int64_t k = std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(n)), 1, n);
+      const size_t ws_bytes = kernels::topk_workspace_bytes(n, device);
+      const size_t gathered = 2 * f32(k * world), ws = ws_bytes == 0 ? 0 : round(ws_bytes);
+      e.start = dense + x + gathered + ws;
+      e.held = dense + gathered;
+      e.complete = e.held + f32(n);  // the sum
+      break;
     }
+    case CompressMethod::onebit: {  // sign words and chunk scales, gathered
+      const int64_t words = (n + 31) / 32, chunks = (n + kSignChunk - 1) / kSignChunk;
+      const size_t gathered = f32(words * world) + f32(chunks * world);
+      e.start = dense + x + gathered + (o.error_feedback ? f32(n) : 0);  // what was sent
+      e.held = dense + gathered;
+      e.complete = e.held + f32(n);  // the sum
+      break;
+    }
+    case CompressMethod::powersgd: {
+      // Every matrix's M (packed with its residual added), then P and per matrix the
+      // workspace of M Q; held: the M's and P. Complete: Q, per matrix the workspace of
+      // M^T P and with error feedback P Q^T beside its product's workspace; the M's
+      // freed, Q all-reduced, per matrix the workspace of P Q^T.
+      size_t ms = 0, ws_start = 0, ws_complete = 0, ws_last = 0;
+      int64_t p_elems = 0, q_elems = 0;
+      const auto ws_of = [&](const kernels::GemmArgs& a) {
+        const size_t b = kernels::gemm_workspace_bytes(a, DType::f32, DType::f32, device);
+        return round(std::max<size_t>(b, 1));  // Compressor::gemm allocates at least 1
+      };
+      for (const Piece& m : p.compressed) {
+        const int64_t q = rank_of(o, m);
+        ms += f32(m.hi - m.lo);
+        p_elems += m.rows * q;
+        q_elems += m.cols * q;
+        kernels::GemmArgs mq, mtp, outer;
+        mq.m = m.rows, mq.n = q, mq.k = m.cols;
+        mtp.trans_a = kernels::Trans::yes;
+        mtp.m = m.cols, mtp.n = q, mtp.k = m.rows;
+        outer.trans_b = kernels::Trans::yes;
+        outer.m = m.rows, outer.n = m.cols, outer.k = q;
+        ws_start = std::max(ws_start, ws_of(mq));
+        ws_complete = std::max({ws_complete, ws_of(mtp),
+                                (o.error_feedback ? f32(m.rows * m.cols) : 0) + ws_of(outer)});
+        ws_last = std::max(ws_last, ws_of(outer));
+      }
+      e.start = dense + ms + f32(p_elems) + ws_start;
+      e.held = dense + ms + f32(p_elems);
+      e.complete = std::max(e.held + f32(q_elems) + ws_complete,
+                            dense + f32(p_elems) + f32(q_elems) + ws_last);
+      break;
+    }
+    case CompressMethod::none:
+      break;
   }
-  return std::max(high, total(p.dense) > 0 ? f32(total(p.dense)) : 0);  // dense() after
+  return e;
 }
 
 Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,
@@ -214,38 +220,94 @@ void Compressor::gemm(const kernels::GemmArgs& args, const Tensor& a, const Tens
   kernels::gemm(args, a, b, c, kernels::Workspace{ws.raw(), bytes, device_});
 }
 
+// The bucket whose exchange has started and not finished: what complete() needs.
+struct Compressor::Flight {
+  size_t b = 0;
+  Tensor grads;
+  Tensor dense;                    // the dense pieces, being all-reduced
+  dist::Handle dense_done;         //
+  std::vector<dist::Handle> done;  // the method's collectives
+  Tensor gathered_a, gathered_b;   // topk: indices, values; onebit: sign words, scales
+  int64_t k = 0;                   // topk: entries per rank
+  std::vector<Tensor> ms;          // PowerSGD: every matrix's M (its residual added)
+  std::vector<int64_t> res_lo;     // PowerSGD: each matrix's part of the residual
+  Tensor ps;                       // PowerSGD: every matrix's P, being all-reduced
+};
+
+Compressor::~Compressor() = default;
+
 void Compressor::reduce(size_t b, Tensor grads) {
+  start(b, std::move(grads));
+  complete();
+}
+
+void Compressor::start(size_t b, Tensor grads) {
+  DTRAIN_CHECK(!flight_, "bucket {}'s exchange started while bucket {}'s runs", b,
+               flight_ ? flight_->b : 0);
   DTRAIN_CHECK(
       grads.device() == device_ && grads.dtype() == DType::f32 && grads.numel() == layout_elems_,
       "compression of {} (f32 [{}] on {} expected)", grads.str(), layout_elems_, device_.str());
   const BucketPlan& p = plans_.at(b);
+  flight_ = std::make_unique<Flight>();
+  Flight& f = *flight_;
+  f.b = b;
+  f.grads = grads;
+  if (const int64_t n = total(p.dense); n > 0) {
+    f.dense = scratch(n, DType::f32);
+    pack(p.dense, grads, f.dense);
+    f.dense_done = comm_.all_reduce_async(f.dense, dist::ReduceOp::sum, dense_algo_);
+    tally_.sent += static_cast<uint64_t>(n) * 4;
+    tally_.dense += static_cast<uint64_t>(n) * 4;
+  }
+  if (p.compressed.empty()) return;
+  switch (o_.method) {
+    case CompressMethod::topk:
+      start_topk(p, f);
+      break;
+    case CompressMethod::onebit:
+      start_onebit(p, f);
+      break;
+    case CompressMethod::powersgd:
+      start_powersgd(p, f);
+      break;
+    case CompressMethod::none:
+      break;
+  }
+}
+
+dist::Handle::Timing Compressor::complete() {
+  if (!flight_) return {};
+  const std::unique_ptr<Flight> f = std::move(flight_);
+  const BucketPlan& p = plans_.at(f->b);
   if (!p.compressed.empty()) {
     switch (o_.method) {
       case CompressMethod::topk:
-        topk(b, p, grads);
+        complete_topk(p, *f);
         break;
       case CompressMethod::onebit:
-        onebit(b, p, grads);
+        complete_onebit(p, *f);
         break;
       case CompressMethod::powersgd:
-        powersgd(b, p, grads);
+        complete_powersgd(p, *f);
         break;
       case CompressMethod::none:
         break;
     }
   }
-  dense(p, grads);
-}
-
-void Compressor::dense(const BucketPlan& p, Tensor& grads) {
-  const int64_t n = total(p.dense);
-  if (n == 0) return;
-  Tensor buf = scratch(n, DType::f32);
-  pack(p.dense, grads, buf);
-  comm_.all_reduce(buf, dist::ReduceOp::sum, dense_algo_);
-  unpack(p.dense, buf, grads);
-  tally_.sent += static_cast<uint64_t>(n) * 4;
-  tally_.dense += static_cast<uint64_t>(n) * 4;
+  if (f->dense_done.valid()) {
+    f->dense_done.wait();
+    unpack(p.dense, f->dense, f->grads);
+    f->done.push_back(f->dense_done);
+  }
+  // From the first collective's start to the last one's end, on the communicator.
+  double lo = 0, hi = 0;
+  for (const dist::Handle& h : f->done) {
+    const dist::Handle::Timing t = h.timing();
+    if (t.seconds <= 0) continue;
+    lo = lo == 0 ? t.start : std::min(lo, t.start);
+    hi = std::max(hi, t.start + t.seconds);
+  }
+  return {lo, hi > lo ? hi - lo : 0};
 }
 
 // The compressed pieces' gradient, one after another, with this rank's residual added
@@ -259,124 +321,153 @@ Tensor Compressor::input(const std::vector<Piece>& pieces, const Tensor& grads,
   return x;
 }
 
-void Compressor::topk(size_t b, const BucketPlan& p, Tensor& grads) {
+// Top-k selects straight into this rank's block of the gather buffers, which are then
+// gathered in place.
+void Compressor::start_topk(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
-  Tensor x = input(p.compressed, grads, res_at_[b]);
+  Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
   const int64_t k = std::clamp<int64_t>(std::llround(o_.ratio * static_cast<double>(n)), 1, n);
-  Tensor idx = scratch(k, DType::i32), val = scratch(k, DType::f32);
-  const size_t ws_bytes = kernels::topk_workspace_bytes(n, device_);
-  Tensor ws = scratch(static_cast<int64_t>(ws_bytes), DType::u8);
-  kernels::topk_select(x, idx, val, kernels::Workspace{ws.raw(), ws_bytes, device_});
+  const int world = comm_.size(), me = comm_.rank();
+  f.k = k;
+  f.gathered_a = scratch(k * world, DType::i32);
+  f.gathered_b = scratch(k * world, DType::f32);
+  Tensor idx = f.gathered_a.view(me * k, Shape{k}), val = f.gathered_b.view(me * k, Shape{k});
+  {
+    const size_t ws_bytes = kernels::topk_workspace_bytes(n, device_);
+    Tensor ws = scratch(static_cast<int64_t>(ws_bytes), DType::u8);
+    kernels::topk_select(x, idx, val, kernels::Workspace{ws.raw(), ws_bytes, device_});
+  }
   if (o_.error_feedback) {  // what was not sent: x with the sent entries taken out
     kernels::clear_at(idx, x);
-    copy(x, residual_.view(res_at_[b], Shape{n}));
+    copy(x, residual_.view(res_at_[f.b], Shape{n}));
   }
-  const int world = comm_.size();
-  Tensor all_idx = scratch(k * world, DType::i32), all_val = scratch(k * world, DType::f32);
-  comm_.all_gather(idx, all_idx);
-  comm_.all_gather(val, all_val);
-  // From -0, the identity of IEEE addition (-0 + x is x, even for x = -0), so that at
-  // ratio 1 the sum is exactly an all-reduce's; the ranks' pairs added in rank order.
-  Tensor sum = scratch(n, DType::f32);
-  kernels::fill(sum, -0.0f);
-  kernels::scatter_add(all_idx, all_val, k, sum);
-  unpack(p.compressed, sum, grads);
+  x = Tensor();
+  f.done.push_back(comm_.all_gather_async(idx, f.gathered_a));
+  f.done.push_back(comm_.all_gather_async(val, f.gathered_b));
   tally_.sent += static_cast<uint64_t>(k) * 8;
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-void Compressor::onebit(size_t b, const BucketPlan& p, Tensor& grads) {
+void Compressor::complete_topk(const BucketPlan& p, Flight& f) {
+  for (dist::Handle& h : f.done) h.wait();
+  // From -0, the identity of IEEE addition (-0 + x is x, even for x = -0), so that at
+  // ratio 1 the sum is exactly an all-reduce's; the ranks' pairs added in rank order.
+  Tensor sum = scratch(total(p.compressed), DType::f32);
+  kernels::fill(sum, -0.0f);
+  kernels::scatter_add(f.gathered_a, f.gathered_b, f.k, sum);
+  unpack(p.compressed, sum, f.grads);
+}
+
+void Compressor::start_onebit(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
-  Tensor x = input(p.compressed, grads, res_at_[b]);
+  Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
   const int64_t nwords = (n + 31) / 32, nchunks = (n + kSignChunk - 1) / kSignChunk;
-  Tensor words = scratch(nwords, DType::i32), scales = scratch(nchunks, DType::f32);
+  const int world = comm_.size(), me = comm_.rank();
+  f.gathered_a = scratch(nwords * world, DType::i32);
+  f.gathered_b = scratch(nchunks * world, DType::f32);
+  Tensor words = f.gathered_a.view(me * nwords, Shape{nwords});
+  Tensor scales = f.gathered_b.view(me * nchunks, Shape{nchunks});
   kernels::sign_pack(x, kSignChunk, words, scales);
   if (o_.error_feedback) {  // residual = x - what this rank's bits and scales stand for
     Tensor mine = scratch(n, DType::f32);
     kernels::sign_unpack(words, scales, kSignChunk, mine, false);
     kernels::axpy(-1.0f, mine, x);
-    copy(x, residual_.view(res_at_[b], Shape{n}));
+    copy(x, residual_.view(res_at_[f.b], Shape{n}));
   }
-  const int world = comm_.size();
-  Tensor all_words = scratch(nwords * world, DType::i32);
-  Tensor all_scales = scratch(nchunks * world, DType::f32);
-  comm_.all_gather(words, all_words);
-  comm_.all_gather(scales, all_scales);
-  Tensor sum = scratch(n, DType::f32);
-  for (int r = 0; r < world; ++r) {  // rank order: the same bits on every rank
-    kernels::sign_unpack(all_words.view(r * nwords, Shape{nwords}),
-                         all_scales.view(r * nchunks, Shape{nchunks}), kSignChunk, sum, r > 0);
-  }
-  unpack(p.compressed, sum, grads);
+  x = Tensor();
+  f.done.push_back(comm_.all_gather_async(words, f.gathered_a));
+  f.done.push_back(comm_.all_gather_async(scales, f.gathered_b));
   tally_.sent += static_cast<uint64_t>(nwords + nchunks) * 4;
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-void Compressor::powersgd(size_t b, const BucketPlan& p, Tensor& grads) {
-  using kernels::GemmArgs;
-  using kernels::Trans;
-  // Every matrix's M (with its residual), then all P's in one buffer, all Q's in another.
-  std::vector<Tensor> ms;
-  std::vector<int64_t> res_lo;  // each matrix's part of the compact residual
-  int64_t p_elems = 0, q_elems = 0, r = res_at_[b];
-  for (const Piece& m : p.compressed) {
-    res_lo.push_back(r);
-    r += m.hi - m.lo;
-    ms.push_back(input({m}, grads, res_lo.back()).view(0, Shape{m.rows, m.cols}));
-    p_elems += m.rows * rank_of(o_, m);
-    q_elems += m.cols * rank_of(o_, m);
+void Compressor::complete_onebit(const BucketPlan& p, Flight& f) {
+  for (dist::Handle& h : f.done) h.wait();
+  const int64_t n = total(p.compressed);
+  const int64_t nwords = (n + 31) / 32, nchunks = (n + kSignChunk - 1) / kSignChunk;
+  Tensor sum = scratch(n, DType::f32);
+  for (int r = 0; r < comm_.size(); ++r) {  // rank order: the same bits on every rank
+    kernels::sign_unpack(f.gathered_a.view(r * nwords, Shape{nwords}),
+                         f.gathered_b.view(r * nchunks, Shape{nchunks}), kSignChunk, sum, r > 0);
   }
-  Tensor ps = scratch(p_elems, DType::f32), qs = scratch(q_elems, DType::f32);
+  unpack(p.compressed, sum, f.grads);
+}
+
+// Start: every matrix's M (with its residual), P = M Q (Q from the last step) for all
+// of them in one buffer, all-reduced. Complete: P orthonormalised, Q = M^T P, the
+// residual, Q all-reduced, the sum P Q^T.
+void Compressor::start_powersgd(const BucketPlan& p, Flight& f) {
+  using kernels::GemmArgs;
+  int64_t p_elems = 0, r = res_at_[f.b];
+  for (const Piece& m : p.compressed) {
+    f.res_lo.push_back(r);
+    r += m.hi - m.lo;
+    f.ms.push_back(input({m}, f.grads, f.res_lo.back()).view(0, Shape{m.rows, m.cols}));
+    p_elems += m.rows * rank_of(o_, m);
+  }
+  f.ps = scratch(p_elems, DType::f32);
   int64_t at = 0;
-  for (size_t i = 0; i < p.compressed.size(); ++i) {  // P = M Q (Q from the last step)
+  for (size_t i = 0; i < p.compressed.size(); ++i) {
     const Piece& m = p.compressed[i];
     const int64_t q = rank_of(o_, m);
     GemmArgs args;
     args.m = m.rows, args.n = q, args.k = m.cols;
-    gemm(args, ms[i], q_.view(q_at_[b][i], Shape{m.cols, q}), ps.view(at, Shape{m.rows, q}));
+    gemm(args, f.ms[i], q_.view(q_at_[f.b][i], Shape{m.cols, q}), f.ps.view(at, Shape{m.rows, q}));
     at += m.rows * q;
   }
-  comm_.all_reduce(ps, dist::ReduceOp::sum, dense_algo_);
-  at = 0;
-  int64_t qt = 0;
+  f.done.push_back(comm_.all_reduce_async(f.ps, dist::ReduceOp::sum, dense_algo_));
+  tally_.sent += static_cast<uint64_t>(p_elems) * 4;
+  tally_.dense += static_cast<uint64_t>(total(p.compressed)) * 4;
+}
+
+void Compressor::complete_powersgd(const BucketPlan& p, Flight& f) {
+  using kernels::GemmArgs;
+  using kernels::Trans;
+  for (dist::Handle& h : f.done) h.wait();
+  int64_t q_elems = 0;
+  for (const Piece& m : p.compressed) q_elems += m.cols * rank_of(o_, m);
+  Tensor qs = scratch(q_elems, DType::f32);
+  int64_t at = 0, qt = 0;
   for (size_t i = 0; i < p.compressed.size(); ++i) {  // orthonormal P, then Q = M^T P
     const Piece& m = p.compressed[i];
     const int64_t q = rank_of(o_, m);
-    Tensor pm = ps.view(at, Shape{m.rows, q}), qm = qs.view(qt, Shape{m.cols, q});
+    Tensor pm = f.ps.view(at, Shape{m.rows, q}), qm = qs.view(qt, Shape{m.cols, q});
     kernels::orthonormalize_columns(pm);
     GemmArgs args;
     args.trans_a = Trans::yes;
     args.m = m.cols, args.n = q, args.k = m.rows;
-    gemm(args, ms[i], pm, qm);
+    gemm(args, f.ms[i], pm, qm);
     if (o_.error_feedback) {  // residual = M - P Q_mine^T: what this rank's Q leaves out
       Tensor approx = scratch(m.rows * m.cols, DType::f32);
       GemmArgs outer;
       outer.trans_b = Trans::yes;
       outer.m = m.rows, outer.n = m.cols, outer.k = q;
       gemm(outer, pm, qm, approx.view(0, Shape{m.rows, m.cols}));
-      kernels::axpy(-1.0f, approx, ms[i]);
-      copy(ms[i], residual_.view(res_lo[i], Shape{m.rows, m.cols}));
+      kernels::axpy(-1.0f, approx, f.ms[i]);
+      copy(f.ms[i], residual_.view(f.res_lo[i], Shape{m.rows, m.cols}));
     }
     at += m.rows * q;
     qt += m.cols * q;
   }
-  comm_.all_reduce(qs, dist::ReduceOp::sum, dense_algo_);
+  f.ms.clear();
+  dist::Handle q_done = comm_.all_reduce_async(qs, dist::ReduceOp::sum, dense_algo_);
+  q_done.wait();
+  f.done.push_back(q_done);
   at = 0;
   qt = 0;
   for (size_t i = 0; i < p.compressed.size(); ++i) {  // the sum: P Q^T; Q kept for next time
     const Piece& m = p.compressed[i];
     const int64_t q = rank_of(o_, m);
     Tensor qm = qs.view(qt, Shape{m.cols, q});
-    copy(qm, q_.view(q_at_[b][i], Shape{m.cols, q}));
+    copy(qm, q_.view(q_at_[f.b][i], Shape{m.cols, q}));
     GemmArgs outer;
     outer.trans_b = Trans::yes;
     outer.m = m.rows, outer.n = m.cols, outer.k = q;
-    gemm(outer, ps.view(at, Shape{m.rows, q}), qm, grads.view(m.lo, Shape{m.rows, m.cols}));
+    gemm(outer, f.ps.view(at, Shape{m.rows, q}), qm, f.grads.view(m.lo, Shape{m.rows, m.cols}));
     at += m.rows * q;
     qt += m.cols * q;
   }
-  tally_.sent += static_cast<uint64_t>(p_elems + q_elems) * 4;
-  tally_.dense += static_cast<uint64_t>(total(p.compressed)) * 4;
+  tally_.sent += static_cast<uint64_t>(q_elems) * 4;
 }
 
 Tally Compressor::take_tally() {

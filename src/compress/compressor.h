@@ -14,6 +14,9 @@
 // plus its residual is the sum of its gradients (exactly for topk, to rounding for the
 // others). Tensors that do not compress (1-D, small, or where PowerSGD's factors would
 // not be smaller) are summed exactly by an all-reduce in the same bucket.
+// A bucket's exchange runs in two halves, so that its collectives overlap what the
+// caller does next (the rest of backward): start() compresses and issues them,
+// complete() waits and writes the sum; one bucket is in flight at a time.
 // Sums only, as GradSync: the caller scales. Device-neutral: the buffers live on the
 // gradients' device and every step is a kernel of kernels/compress.h or a GEMM
 // (PowerSGD's products), so the same code runs on the CPU and on CUDA.
@@ -21,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "compress/options.h"
@@ -68,11 +72,16 @@ Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& pl
 double bus_bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans,
                           int world);
 
-// The most bytes the exchange of bucket plan `p` holds at once while it runs on `world`
-// ranks (Compressor::reduce's buffers, each rounded by `round`, the allocator's
-// classes): what a memory estimate adds at the moment the bucket is reduced.
-size_t exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world, Device device,
-                      const std::function<size_t(size_t)>& round);
+// The bytes the exchange of bucket plan `p` allocates on `world` ranks (each buffer
+// rounded by `round`, the allocator's classes), above what was held before start():
+// the most while start() runs, what it holds from its return until complete(), and
+// the most while complete() runs (which frees everything). What a memory estimate adds
+// around the moments a bucket's exchange starts and completes.
+struct ExchangeBytes {
+  size_t start = 0, held = 0, complete = 0;
+};
+ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world,
+                             Device device, const std::function<size_t(size_t)>& round);
 // The elements of PowerSGD's Q over `plans` (kept between steps); 0 for other methods.
 int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans);
 // The elements of the residual (Compressor::residual) under `plans`: every compressed
@@ -85,11 +94,20 @@ class Compressor {
   Compressor(const CompressOptions& o, dist::Communicator& comm, std::vector<BucketPlan> plans,
              int64_t layout_elems, AllreduceAlgo dense_algo, uint64_t seed,
              Device device = Device::cpu());
+  ~Compressor();
 
   // Bucket b of the flat f32 gradient `grads` (the whole layout, this rank's sum over
-  // its micro-batches): afterwards its compressed pieces hold the sum over the ranks of
-  // what each sent and its dense pieces the exact sum. Blocking; every rank calls it for
-  // the same buckets in the same order.
+  // its micro-batches): once complete, its compressed pieces hold the sum over the
+  // ranks of what each sent and its dense pieces the exact sum. start() compresses and
+  // issues the collectives (the residual is updated then); complete() waits for them
+  // and writes the bucket's range of `grads`, which nobody may touch in between.
+  // Every rank starts the same buckets in the same order; a bucket must be completed
+  // before the next one starts. complete() without a bucket in flight does nothing;
+  // it returns the collectives' span on the communicator (zeros on the self one).
+  void start(size_t b, Tensor grads);
+  dist::Handle::Timing complete();
+  bool in_flight() const { return flight_ != nullptr; }
+  // start() then complete().
   void reduce(size_t b, Tensor grads);
   const std::vector<BucketPlan>& plans() const { return plans_; }
   // This rank's error feedback, f32 on the device: compact, the compressed pieces one
@@ -105,10 +123,13 @@ class Compressor {
   Tensor scratch(int64_t n, DType dtype) const;
   Tensor input(const std::vector<Piece>& pieces, const Tensor& grads, int64_t res_lo) const;
   void gemm(const kernels::GemmArgs& args, const Tensor& a, const Tensor& b, Tensor c) const;
-  void dense(const BucketPlan& p, Tensor& grads);
-  void topk(size_t b, const BucketPlan& p, Tensor& grads);
-  void onebit(size_t b, const BucketPlan& p, Tensor& grads);
-  void powersgd(size_t b, const BucketPlan& p, Tensor& grads);
+  struct Flight;
+  void start_topk(const BucketPlan& p, Flight& f);
+  void complete_topk(const BucketPlan& p, Flight& f);
+  void start_onebit(const BucketPlan& p, Flight& f);
+  void complete_onebit(const BucketPlan& p, Flight& f);
+  void start_powersgd(const BucketPlan& p, Flight& f);
+  void complete_powersgd(const BucketPlan& p, Flight& f);
 
   CompressOptions o_;
   dist::Communicator& comm_;
@@ -121,6 +142,7 @@ class Compressor {
   // Per bucket, per compressed piece: offset in q_ (pieces in layout order, as residual_).
   std::vector<std::vector<int64_t>> q_at_;
   Tally tally_;
+  std::unique_ptr<Flight> flight_;  // the bucket started and not completed
 };
 
 }  // namespace dtrain::compress

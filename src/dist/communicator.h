@@ -95,7 +95,8 @@ class Communicator {
   virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
   // in [n] -> out [size * n], block r from rank r. `in` may be out's own block (out
   // viewed at rank() * n): gathered in place, without a send buffer.
-  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  virtual Handle all_gather_async(Tensor in, Tensor out) = 0;
+  void all_gather(const Tensor& in, Tensor& out) { all_gather_async(in, out).wait(); }
   virtual void broadcast(Tensor& buf, int root) = 0;
   // buf [sum of counts], in place: block r (after the blocks of the ranks before it)
   // comes from rank r, which wrote it before the call; counts may be 0. Data movement

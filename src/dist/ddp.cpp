@@ -141,6 +141,7 @@ void GradSync::after_backward(int micro, int micro_batches) {
 }
 
 void GradSync::arm(Tensor grads, Tensor acc) {
+  DTRAIN_CHECK(reducing_ < 0, "GradSync armed with bucket {}'s exchange in flight", reducing_);
   grads_ = std::move(grads);
   acc_ = std::move(acc);
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -166,14 +167,10 @@ void GradSync::launch(size_t b) {
   if (acc_.defined()) kernels::axpy(1.0f, range_of(acc_, buckets_[b]), g);
   stats_.bytes += static_cast<uint64_t>(g.nbytes());
   launched_[b] = 1;
-  if (reducer_ && reducer_on_) {
-    const Clock::time_point t0 = Clock::now();
-    reducer_(b, grads_);
-    if (trace_) {
-      trace_(b, std::chrono::duration<double>(t0.time_since_epoch()).count(),
-             std::chrono::duration<double>(Clock::now() - t0).count(),
-             static_cast<uint64_t>(g.nbytes()));
-    }
+  if (reducer_.start && reducer_on_) {
+    complete_reduced();  // one bucket in flight: the one before goes first
+    reducer_.start(b, grads_);
+    reducing_ = static_cast<int>(b);
     return;
   }
   if (owners_.empty()) {
@@ -197,6 +194,15 @@ void GradSync::launch(size_t b) {
   }
 }
 
+void GradSync::complete_reduced() {
+  if (reducing_ < 0) return;
+  const auto b = static_cast<size_t>(reducing_);
+  reducing_ = -1;
+  const Handle::Timing t = reducer_.complete();
+  if (trace_ && t.seconds > 0)
+    trace_(b, t.start, t.seconds, range_of(grads_, buckets_[b]).nbytes());
+}
+
 std::string GradSync::exchange(size_t bucket) const {
   if (reducer_on_) return "compressed";
   if (!owners_.empty()) return "reduce(owners)";
@@ -214,6 +220,7 @@ void GradSync::finish() {
   // exposed time is what communication adds after backward has finished there.
   if (comm_.size() > 1 && !grads_.device().is_cpu()) kernels::synchronize(grads_.device());
   const Clock::time_point t0 = Clock::now();
+  complete_reduced();
   for (std::vector<Handle>& hs : handles_)
     for (Handle& h : hs) h.wait();
   stats_.exposed_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -107,13 +107,18 @@ class GradSync : public StepGradients {
   // The ranges are contiguous; a bucket's part outside them is all-reduced (a pipeline
   // stage's copy of a weight an earlier stage steps: runtime/pipeline.h).
   void set_owners(std::vector<std::pair<int64_t, int64_t>> ranges);
-  // Gradient compression (src/compress): while on, a ready bucket goes to
-  // `reducer(b, grads)` (blocking, on the caller's thread; `grads` the whole flat
-  // buffer, the bucket's accumulation already added) instead of the all-reduce, and
-  // must leave the bucket's sum over the ranks there on every rank.
-  void set_reducer(std::function<void(size_t bucket, Tensor grads)> reducer) {
-    reducer_ = std::move(reducer);
-  }
+  // Gradient compression (src/compress): while on, a ready bucket goes to the reducer
+  // instead of the all-reduce: `start(b, grads)` (on the caller's thread; `grads` the
+  // whole flat buffer, the bucket's accumulation already added) begins its exchange,
+  // and `complete()`, called before the next bucket starts and in finish(), must leave
+  // the bucket's sum over the ranks there on every rank and return its collectives'
+  // span (Handle::Timing, for the trace). So one bucket's exchange runs while backward
+  // computes the next one's gradients.
+  struct Reducer {
+    std::function<void(size_t bucket, Tensor grads)> start;
+    std::function<Handle::Timing()> complete;
+  };
+  void set_reducer(Reducer reducer) { reducer_ = std::move(reducer); }
   void use_reducer(bool on) { reducer_on_ = on; }
   // The profiler's view (TracedBuckets): reported after each step's finish().
   void set_trace(TraceFn trace) override { trace_ = std::move(trace); }
@@ -138,6 +143,7 @@ class GradSync : public StepGradients {
   // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
   void arm(Tensor grads, Tensor acc);
   void launch(size_t b);
+  void complete_reduced();  // the reducer's bucket in flight, if any
 
   Communicator& comm_;
   std::vector<Bucket> buckets_;
@@ -145,7 +151,8 @@ class GradSync : public StepGradients {
   std::vector<int> pending_;    // per bucket: gradients not yet ready
   std::vector<std::vector<Handle>> handles_;
   std::vector<std::pair<int64_t, int64_t>> owners_;
-  std::function<void(size_t, Tensor)> reducer_;
+  Reducer reducer_;
+  int reducing_ = -1;  // the bucket the reducer has started and not completed
   TraceFn trace_;
   bool reducer_on_ = false;
   std::vector<char> launched_;

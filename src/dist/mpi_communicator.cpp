@@ -291,7 +291,7 @@ class MpiCommunicator final : public Communicator {
                    [buf, op, algo](CommState& s) { s.all_reduce(span_of(buf), op, algo); });
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override;
-  void all_gather(const Tensor& in, Tensor& out) override;
+  Handle all_gather_async(Tensor in, Tensor out) override;
   void broadcast(Tensor& buf, int root) override;
   Handle reduce_async(Tensor buf, int root) override;
   Handle all_gatherv_async(Tensor buf, std::vector<int64_t> counts) override;
@@ -373,7 +373,7 @@ void MpiCommunicator::reduce_scatter(const Tensor& in, Tensor& out) {
   }).wait();
 }
 
-void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
+Handle MpiCommunicator::all_gather_async(Tensor in, Tensor out) {
   check_comm_buffer(in, "all_gather");
   check_comm_buffer(out, "all_gather");
   DTRAIN_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * s_->size,
@@ -382,11 +382,11 @@ void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
   // In place: `in` is this rank's block of `out` (MPI forbids aliased buffers otherwise).
   const bool in_place = static_cast<const char*>(in.raw()) ==
                         static_cast<const char*>(out.raw()) + in.nbytes() * s_->rank;
-  enqueue("all_gather", out.nbytes(), [in, out, n, in_place](CommState& s) {
+  return enqueue("all_gather", out.nbytes(), [in, out, n, in_place](CommState& s) {
     const MPI_Datatype t = mpi_type(in.dtype());
     DTRAIN_MPI_CHECK(
         MPI_Allgather(in_place ? MPI_IN_PLACE : in.raw(), n, t, out.raw(), n, t, s.comm));
-  }).wait();
+  });
 }
 
 void MpiCommunicator::broadcast(Tensor& buf, int root) {

@@ -27,6 +27,7 @@
 #include <climits>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <thread>
 #include <vector>
 
@@ -254,9 +255,9 @@ class NcclCommunicator final : public Communicator {
     DTRAIN_CHECK(algo != AllreduceAlgo::auto_, "all_reduce(auto) must be resolved by the caller");
     check(buf, "all_reduce", true);
     if (algo == AllreduceAlgo::hierarchical) build_nodes();
-    return issue(
-        all_reduce_name(algo, op), buf.nbytes(),
-        [this, buf, op, algo](cudaStream_t st) { run_all_reduce(buf, op, algo, st); }, buf);
+    return issue(all_reduce_name(algo, op), buf.nbytes(),
+                 [this, buf, op, algo](cudaStream_t st) { run_all_reduce(buf, op, algo, st); },
+                 {buf});
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override {
     check(in, "reduce_scatter", true);
@@ -268,15 +269,18 @@ class NcclCommunicator final : public Communicator {
                                           nccl_type(in.dtype()), ncclSum, s_->comm, st));
     }).wait();
   }
-  void all_gather(const Tensor& in, Tensor& out) override {
+  Handle all_gather_async(Tensor in, Tensor out) override {
     check(in, "all_gather", false);
     check(out, "all_gather", false);
     DTRAIN_CHECK(in.dtype() == out.dtype() && out.numel() == in.numel() * s_->size,
                  "all_gather: {} -> {} over {} ranks", in.str(), out.str(), s_->size);
-    issue("all_gather", out.nbytes(), [this, in, out](cudaStream_t st) {
-      DTRAIN_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()),
-                                      nccl_type(in.dtype()), s_->comm, st));
-    }).wait();
+    return issue(
+        "all_gather", out.nbytes(),
+        [this, in, out](cudaStream_t st) {
+          DTRAIN_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), static_cast<size_t>(in.numel()),
+                                          nccl_type(in.dtype()), s_->comm, st));
+        },
+        {in, out});
   }
   void broadcast(Tensor& buf, int root) override {
     check(buf, "broadcast", false);
@@ -310,7 +314,7 @@ class NcclCommunicator final : public Communicator {
           }
           DTRAIN_NCCL_CHECK(ncclGroupEnd());
         },
-        buf);
+        {buf});
   }
   Handle reduce_async(Tensor buf, int root) override {
     check(buf, "reduce", false);
@@ -321,7 +325,7 @@ class NcclCommunicator final : public Communicator {
           DTRAIN_NCCL_CHECK(ncclReduce(buf.raw(), buf.raw(), static_cast<size_t>(buf.numel()),
                                        nccl_type(buf.dtype()), ncclSum, root, s_->comm, st));
         },
-        buf);
+        {buf});
   }
   void send(const Tensor& buf, int peer) override {
     check(buf, "send", false);
@@ -450,13 +454,14 @@ class NcclCommunicator final : public Communicator {
   // Queues `fn`'s NCCL calls on the communicator's stream after the compute stream's
   // work so far; the poller completes the returned Handle.
   Handle issue(std::string op, size_t bytes, const std::function<void(cudaStream_t)>& fn,
-               Tensor keep = {}) {
+               std::initializer_list<Tensor> keep = {}) {
     std::lock_guard issue_lock(issue_mu_);
     check_usable();
     const cudaStream_t compute = Context::get(s_->device).stream();
     Context::get(s_->device).activate();
     const uint64_t seq = s_->counter.issue(std::move(op), bytes);
-    if (keep.defined()) kept_.emplace_back(seq, std::move(keep));
+    for (const Tensor& t : keep)
+      if (t.defined()) kept_.emplace_back(seq, t);
     NcclState::Pending p;
     p.state = std::make_shared<Handle::State>();
     // Buffers stay referenced until their operation is done; released here, on the

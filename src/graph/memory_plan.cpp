@@ -24,6 +24,7 @@ class Tally {
     return b;
   }
   void remove(size_t rounded) { current_ -= rounded; }
+  void hold(size_t rounded) { current_ += rounded; }  // rounded already
   // Made and freed at `node` (rounded already): it counts in the high-water mark only.
   void spike(size_t rounded, int node, Phase phase) {
     current_ += rounded;
@@ -130,6 +131,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     t.mark(hi - 1, Phase::forward);
   }
   const size_t after_forward = t.current();
+  size_t exchange_after = 0;
   if (mode == Mode::train) {
     // Which values get a gradient: the loss (the last node's output), then every input
     // that requires one of a node reached by backward.
@@ -151,6 +153,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     std::vector<int> last_user(graph.param_layout().size(), -1);
     std::vector<int> bucket_pending;
     std::vector<char> bucket_open;
+    int in_flight = -1;  // the bucket whose exchange started last and runs on
     if (buckets != nullptr) {
       bucket_pending.assign(buckets->bytes.size(), 0);
       bucket_open.assign(buckets->bytes.size(), 0);
@@ -187,7 +190,17 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
           continue;
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
         if (--bucket_pending[b] == 0) {
-          if (!buckets->transient.empty()) t.spike(buckets->transient[b], i, Phase::backward);
+          if (!buckets->exchange.empty()) {  // compress::Compressor's start and complete
+            if (in_flight >= 0) {
+              const BucketExchange& e = buckets->exchange[static_cast<size_t>(in_flight)];
+              t.spike(e.complete - e.held, i, Phase::backward);
+              t.remove(e.held);
+            }
+            const BucketExchange& e = buckets->exchange[b];
+            t.spike(e.start, i, Phase::backward);
+            t.hold(e.held);
+            in_flight = static_cast<int>(b);
+          }
           t.remove(buckets->bytes[b]);
           bucket_open[b] = 0;
         }
@@ -316,10 +329,16 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       release(2 * n - 1 - i);
       close_buckets(i, node);  // grad_ready: reduced into the shard, freed
     }
+    if (in_flight >= 0) {  // completed after backward (dist::GradSync::finish)
+      const BucketExchange& e = buckets->exchange[static_cast<size_t>(in_flight)];
+      t.remove(e.held);
+      exchange_after = e.complete;
+    }
   }
   end_pass();  // after backward, or after an evaluation's forward
   ActivationPeak p = t.peak();
   p.at_end = t.current();
+  p.exchange_after = exchange_after;
   if (stage != nullptr) p.held_after_forward = after_forward;
   return p;
 }

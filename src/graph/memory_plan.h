@@ -25,6 +25,9 @@ struct ActivationPeak {
   int node = -1;    // the node running then
   Phase phase = Phase::forward;
   size_t at_end = 0;  // still held after the step (pinned values, the loss)
+  // GradBuckets::exchange: the `complete` bytes of the bucket still in flight when
+  // backward ends (completed after it, on top of at_end); 0: none.
+  size_t exchange_after = 0;
   // A pipeline stage (StageRange): what one micro-batch holds from the end of its
   // forward (after Executor::release_unused) until its backward starts.
   size_t held_after_forward = 0;
@@ -51,13 +54,19 @@ using RoundBytes = std::function<size_t(size_t)>;
 // ZeRO-2 (dist/zero_grads.h): parameter gradients live in buckets, one allocation each,
 // made when backward first writes one of the bucket's parameters and freed once its
 // last parameter's gradient is ready; they count with the step's activations.
-// `transient`: what the bucket's exchange allocates and frees the moment it is ready
-// (gradient compression's buffers, compress::exchange_bytes; 0 for none), counted in
-// the high-water mark only; `bytes` may be 0 (the gradients live in the flat buffer).
+// `exchange`: what the bucket's exchange allocates (gradient compression's buffers,
+// compress::exchange_bytes; empty: none): when its last gradient is ready, the bucket
+// in flight before it completes (its `complete` bytes at most, then none) and its own
+// starts (`start` at most, then `held`, until the next one's start or after backward:
+// ActivationPeak::exchange_after); `bytes` may be 0 (the gradients live in the flat
+// buffer).
+struct BucketExchange {
+  size_t start = 0, held = 0, complete = 0;  // rounded
+};
 struct GradBuckets {
-  std::vector<int> bucket_of;     // per parameter; -1: in none (another pipeline stage's)
-  std::vector<size_t> bytes;      // per bucket, rounded
-  std::vector<size_t> transient;  // per bucket, rounded; empty: none
+  std::vector<int> bucket_of;            // per parameter; -1: in none (another pipeline stage's)
+  std::vector<size_t> bytes;             // per bucket, rounded
+  std::vector<BucketExchange> exchange;  // per bucket; empty: none
 };
 
 // ZeRO-3 (runtime/zero_params.h): each unit's gather buffer, one allocation of its

@@ -70,7 +70,8 @@ struct StageCompression {
   size_t residual = 0, q = 0;  // bytes, rounded
   double bus = 0;              // data traffic per step
   graph::GradBuckets buckets;  // the exchanges, as the buckets' last gradients are ready
-  size_t exchange_after = 0;   // overlap off: the largest exchange, after backward
+  size_t exchange_after = 0;   // overlap off: the largest exchange, after backward (on:
+                               // the plan's ActivationPeak::exchange_after)
 };
 
 // A pipeline's stages (runtime/pipeline.h): stage s replays its nodes for one micro-batch
@@ -124,7 +125,8 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
       const graph::ActivationPeak last =
           graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
                                   &c.buckets, nullptr, &r, cuts);
-      const size_t during = last.peak, after = last.at_end + c.exchange_after;
+      const size_t during = last.peak,
+                   after = last.at_end + std::max(c.exchange_after, last.exchange_after);
       const size_t at = std::max(during, after) + static_cast<size_t>(micro) * copies;
       if (at > train.peak) {
         train.peak = at;
@@ -345,9 +347,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     add("gradients", stage_grads_bytes, "f32, every precision" + stage_note);
   }
   // Compression: the residual (the compressed tensors' entries, with error feedback)
-  // and PowerSGD's Q live for the run; each bucket's exchange holds its buffers while it
-  // runs (compress::exchange_bytes), as the bucket's last gradient is ready (overlap on)
-  // or one bucket after another after backward (off). A pipeline stage compresses its
+  // and PowerSGD's Q live for the run; each bucket's exchange holds its buffers from its
+  // start to its completion (compress::exchange_bytes): started as the bucket's last
+  // gradient is ready and completed as the next one's is (overlap on, the last one after
+  // backward), or one bucket after another after backward (off). A pipeline stage compresses its
   // own buckets (dist::plan_buckets_of, as the trainer plans them): its own residual,
   // Q and exchanges, the largest stage's in the table.
   size_t exchange_after = 0;  // overlap off: the largest bucket's, after backward
@@ -372,16 +375,21 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       for (size_t k = 0; k < b.size(); ++k) {
         c.buckets.bytes.push_back(0);  // the gradients stay in the flat buffer
         for (int p : b[k].params) c.buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(k);
-        const size_t bytes =
+        const compress::ExchangeBytes x =
             compress::exchange_bytes(job.compress, plans[k], world, job.device, round);
-        c.buckets.transient.push_back(job.comm.overlap ? bytes : 0);
-        c.exchange_after = std::max(c.exchange_after, job.comm.overlap ? 0 : bytes);
+        // Overlap on: in backward (the memory plan), the last one after it; off: one
+        // bucket after another after backward, each completing before the next starts.
+        if (job.comm.overlap) {
+          c.buckets.exchange.push_back({x.start, x.held, x.complete});
+        } else {
+          c.exchange_after = std::max({c.exchange_after, x.start, x.complete});
+        }
       }
       return c;
     };
     if (stages.empty()) {
       stage_compression.push_back(of(planned, layout_elems));
-      buckets.transient = stage_compression[0].buckets.transient;
+      buckets.exchange = stage_compression[0].buckets.exchange;
     } else {
       const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
       for (size_t k = 0; k < stages.size(); ++k) {
@@ -468,6 +476,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   e.train = graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
                                     buckets.bytes.empty() ? nullptr : &buckets,
                                     zero3 ? &gathers : nullptr);
+  exchange_after = std::max(exchange_after, e.train.exchange_after);
   if (e.train.at_end + exchange_after > e.train.peak) {
     e.train.peak = e.train.at_end + exchange_after;
     e.train.node = -3;  // the gradient exchange after backward

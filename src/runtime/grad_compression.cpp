@@ -49,7 +49,8 @@ GradCompression::GradCompression(const CompressOptions& o,
   // bucket order) are not restored.
   place_.push_back(static_cast<int64_t>(o.method));
   place_.push_back(2);
-  sync_.set_reducer([this](size_t b, Tensor grads) { compressor_.reduce(b, grads); });
+  sync_.set_reducer({[this](size_t b, Tensor grads) { compressor_.start(b, std::move(grads)); },
+                     [this] { return compressor_.complete(); }});
 }
 
 std::string GradCompression::describe() const {
