@@ -288,13 +288,6 @@ void check_compress(const Checker& c) {
                         c.job.parallel.zero_stage),
             "use zero_stage 0 or 1 with compression");
   }
-  const AllreduceAlgo algo = c.job.comm.allreduce;
-  if (algo == AllreduceAlgo::native || algo == AllreduceAlgo::hierarchical) {
-    c.error("comm.allreduce",
-            fmt::format("{} compression runs over the ring all-reduce, not {}", method,
-                        to_string(algo)),
-            "use allreduce: ring or auto");
-  }
   if (c.job.parallel.data == 1) {
     c.error("compress.method",
             fmt::format("{} compresses what ranks exchange, and parallel.data is 1", method),

@@ -511,6 +511,9 @@ int TrainSession::save_index() const {
 
 // compress.method: each bucket goes through the compressor (src/compress) instead of
 // the all-reduce, after compress.warmup_steps dense steps (train_step switches it on).
+// Its all-reduces (the dense tensors, PowerSGD's P and Q) run comm.allreduce's
+// algorithm, ring for auto (they are small and fixed); top-k's and 1-bit's all-gathers
+// are the communicator's own.
 void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets) {
   const AllreduceAlgo dense =
       job_.comm.allreduce == AllreduceAlgo::auto_ ? AllreduceAlgo::ring : job_.comm.allreduce;

@@ -744,18 +744,24 @@ TEST_CASE("compression: the estimate gives the measured peak within 3% and the t
 }
 
 // Gradient compression (compress.method) in the data-parallel buckets. Top-k at ratio 1
-// sends every entry: the gathered pairs summed from -0 in rank order are what the ring
-// all-reduce of two ranks computes, so the run is plain data parallelism's bit for bit.
+// sends every entry: the gathered pairs summed from -0 in rank order are what any
+// all-reduce of two ranks computes, so the run is plain data parallelism's bit for bit,
+// whichever algorithm comm.allreduce names (the dense tensors travel by it).
 TEST_CASE("compression: top-k at ratio 1 on 2 ranks is plain data parallelism, bit for bit") {
   OneThread one;
   TempDir tmp("topk1");
   const TokenDir tokens = tokenize(tmp.path(), 300);
   const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
-  const std::vector<std::string> base = {"--set", "comm.bucket_mb=0.05"};
-  std::vector<std::string> topk = base;
-  topk.insert(topk.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=1.0"});
-  const fs::path plain = train(job, tmp.path(), "plain", {2, "ring"}, base);
-  require_same(plain, train(job, tmp.path(), "topk", {2, "ring"}, topk));
+  for (const char* algo : {"ring", "native", "hierarchical"}) {
+    CAPTURE(algo);
+    std::vector<std::string> base = {"--set", "comm.bucket_mb=0.05"};
+    if (std::string(algo) == "hierarchical")  // 2 emulated nodes of 1 rank
+      base.insert(base.end(), {"--set", "comm.ranks_per_node=1"});
+    std::vector<std::string> topk = base;
+    topk.insert(topk.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=1.0"});
+    const fs::path plain = train(job, tmp.path(), std::string("plain-") + algo, {2, algo}, base);
+    require_same(plain, train(job, tmp.path(), std::string("topk-") + algo, {2, algo}, topk));
+  }
 }
 
 // A bucket's compressed exchange starts when its last gradient is ready and completes
@@ -835,6 +841,17 @@ TEST_CASE("compression: top-k, 1-bit and PowerSGD train on 2 and 4 ranks, replic
       CHECK(read_bytes(out / "logs" / "rank-1.log").find(" sent compressed)") != std::string::npos);
     }
   }
+  // PowerSGD's all-reduces by the hierarchical algorithm, 4 ranks as 2 emulated nodes:
+  // every rank's parameters still equal after every step.
+  const fs::path nodes = train(
+      job, tmp.path(), "powersgd-hierarchical", {4, "hierarchical"},
+      {"--set", "compress.method=powersgd", "--set", "compress.rank=2", "--set",
+       "comm.ranks_per_node=2", "--set", "data.micro_batch=2", "--set", "train.checkpoint.every=1",
+       "--set", "train.steps=6", "--set", "compress.warmup_steps=1"});
+  const auto hier = read_losses(nodes / "metrics.jsonl");
+  REQUIRE(hier.size() == 6);
+  CHECK(hier.back().loss < hier.front().loss);
+  CHECK(read_bytes(nodes / "logs" / "rank-0.log").find("hierarchical") != std::string::npos);
   // With fp16 and its dynamic loss scale: the residual follows the scale (rescaled when it
   // changes, dropped on a skipped step), and the run still learns with equal replicas.
   const fs::path half = train(
