@@ -27,6 +27,7 @@
 #include <cstring>
 
 #include "core/rng.h"
+#include "kernels/cpu/exp_neg.h"
 #include "kernels/cpu/float_io.h"
 #include "kernels/cpu/vec16.h"
 #include "kernels/cuda_ops.h"
@@ -36,6 +37,9 @@ namespace {
 
 constexpr int64_t kBq = 64;  // query rows per tile
 constexpr int64_t kBk = 64;  // keys per tile
+using vec::exp_neg;
+using vec::exp_neg_v;
+using vec::exp_neg_vt;
 using vec::kV;
 using vec::splat;
 using vec::v16;
@@ -93,50 +97,6 @@ inline v8m load8m(const int32_t* p) {  // 8 lane masks (-1 seen, 0 not)
 
 int64_t pad16(int64_t n) { return (n + kV - 1) / kV * kV; }
 
-// exp(x) for x <= 0, vectorisable: 2^n * poly(r), Cephes coefficients (~1 ulp).
-// Returns exactly 0 below -87 (where float exp underflows), incl. x = -inf.
-inline float exp_neg(float x) {
-  const float xc = std::max(x, -87.0f);
-  const float n = std::floor(xc * 1.44269504f + 0.5f);
-  float r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return x < -87.0f ? 0.0f : y * scale;
-}
-
-// exp_neg on a vector (16 lanes, or 8: v8 below): the same steps (floor by truncation,
-// corrected for the negative arguments), so each lane equals exp_neg of it.
-template <typename V, typename VI>
-inline V exp_neg_vt(V x) {
-  const V lo = V{} - 87.0f;
-  const V xc = x < lo ? lo : x;
-  const V t = xc * 1.44269504f + 0.5f;
-  V n = __builtin_convertvector(__builtin_convertvector(t, VI), V);
-  n = n > t ? n - 1.0f : n;
-  V r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  V p = V{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const V y = p * r * r + r + 1.0f;
-  const VI bits = (__builtin_convertvector(n, VI) + 127) << 23;
-  V scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return x < lo ? V{} : y * scale;
-}
-inline v16 exp_neg_v(v16 x) { return exp_neg_vt<v16, v16i>(x); }
 using v8i = int32_t __attribute__((vector_size(8 * sizeof(int32_t))));
 inline v8 exp_neg_v8(v8 x) { return exp_neg_vt<v8, v8i>(x); }
 

@@ -2,13 +2,19 @@
 // on f32/f16/bf16 storage. Stability: every exp is of (x - row max) <= 0, and
 // log p_j = x_j - lse with lse = max + log sum exp(x - max). Rows run in
 // parallel; the loss is a mean of per-row losses summed in double over a fixed
-// number of row groups, so it does not depend on the thread count. CUDA tensors
-// go to kernels/cuda/softmax.cu (targets are not checked on the host there).
+// number of row groups, so it does not depend on the thread count. Cross-entropy's
+// row passes (maximum, sum of exponentials, sum, gradient) run on 16-float vectors
+// (exp_neg.h) over the row converted to f32 a block at a time, summed in 16 lanes
+// then the lanes in order: the same bits on every CPU. CUDA tensors go to
+// kernels/cuda/softmax.cu (targets are not checked on the host there).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/parallel.h"
+#include "kernels/cpu/exp_neg.h"
 #include "kernels/cpu/float_io.h"
+#include "kernels/cpu/vec16.h"
 #include "kernels/cuda_ops.h"
 #include "kernels/softmax.h"
 
@@ -17,20 +23,103 @@ namespace dtrain::kernels {
 namespace {
 
 using cpu_io::load;
+using vec::kV;
+using vec::splat;
+using vec::v16;
+using vec::vload;
+using vec::vstore;
 
 constexpr int64_t kRowGroups = 256;  // loss partial sums (stack array, fixed count)
+constexpr int64_t kBlock = 1024;     // floats of a row converted at a time (kV divides it)
 
 int64_t rows_per_task(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 14) / cols); }
+
+// fn(f, j0, n) for each block of the row: f the f32 values of x[j0, j0 + n).
+template <typename T, typename Fn>
+void row_blocks(const T* x, int64_t cols, Fn&& fn) {
+  float buf[kBlock];
+  for (int64_t j0 = 0; j0 < cols; j0 += kBlock) {
+    const int64_t n = std::min(kBlock, cols - j0);
+    fn(cpu_io::as_f32(x + j0, buf, n), j0, n);
+  }
+}
+
+// 16 lanes added in order, then the scalar tail.
+float lanes_sum(v16 acc, float tail) {
+  float s = 0.0f;
+  for (int64_t l = 0; l < kV; ++l) s += acc[l];
+  return s + tail;
+}
+
+// The row's maximum; NaNs are passed over, as std::max(m, NaN) keeps m.
+template <typename T>
+float row_maximum(const T* x, int64_t cols) {
+  v16 m = splat(-INFINITY);
+  float tail = -INFINITY;
+  row_blocks(x, cols, [&](const float* f, int64_t, int64_t n) {
+    int64_t k = 0;
+    for (; k + kV <= n; k += kV) {
+      const v16 v = vload(f + k);
+      m = v > m ? v : m;
+    }
+    for (; k < n; ++k) tail = std::max(tail, f[k]);
+  });
+  for (int64_t l = 0; l < kV; ++l) tail = std::max(tail, m[l]);
+  return tail;
+}
+
+// sum_j exp(x_j - mx) for a finite mx >= every x_j.
+template <typename T>
+float row_exp_sum(const T* x, int64_t cols, float mx) {
+  v16 acc{};
+  float tail = 0.0f;
+  const v16 vm = splat(mx);
+  row_blocks(x, cols, [&](const float* f, int64_t, int64_t n) {
+    int64_t k = 0;
+    for (; k + kV <= n; k += kV) acc += vec::exp_neg_v(vload(f + k) - vm);
+    for (; k < n; ++k) tail += vec::exp_neg(f[k] - mx);
+  });
+  return lanes_sum(acc, tail);
+}
+
+template <typename T>
+float row_sum(const T* x, int64_t cols) {
+  v16 acc{};
+  float tail = 0.0f;
+  row_blocks(x, cols, [&](const float* f, int64_t, int64_t n) {
+    int64_t k = 0;
+    for (; k + kV <= n; k += kV) acc += vload(f + k);
+    for (; k < n; ++k) tail += f[k];
+  });
+  return lanes_sum(acc, tail);
+}
 
 // lse = max + log sum_j exp(x_j - max) of one row.
 template <typename T>
 float row_lse(const T* x, int64_t cols) {
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, load(x, j));
+  const float mx = row_maximum(x, cols);
   if (std::isinf(mx)) return mx;  // all -inf (or a +inf): nothing finite to normalise
-  float s = 0.0f;
-  for (int64_t j = 0; j < cols; ++j) s += std::exp(load(x, j) - mx);
-  return mx + std::log(s);
+  return mx + std::log(row_exp_sum(x, cols, mx));
+}
+
+// d_j = g (exp(x_j - lse) - off), at column `target` (-1: none) g (exp(x_t - lse) - on).
+// d may be x itself (a gradient written over its input).
+template <typename T>
+void row_grad(const T* x, T* d, int64_t cols, float lse, float g, float off, float on,
+              int64_t target) {
+  float out[kBlock];
+  const v16 vl = splat(lse), vg = splat(g), voff = splat(off);
+  row_blocks(x, cols, [&](const float* f, int64_t j0, int64_t n) {
+    const bool here = target >= j0 && target < j0 + n;
+    const float xt = here ? f[target - j0] : 0.0f;  // before d overwrites it
+    float* o = out;
+    if constexpr (std::is_same_v<T, float>) o = d + j0;
+    int64_t k = 0;
+    for (; k + kV <= n; k += kV) vstore(o + k, vg * (vec::exp_neg_v(vload(f + k) - vl) - voff));
+    for (; k < n; ++k) o[k] = g * (vec::exp_neg(f[k] - lse) - off);
+    if (here) o[target - j0] = g * (vec::exp_neg(xt - lse) - on);
+    if constexpr (!std::is_same_v<T, float>) cpu_io::store_n(out, d + j0, n);
+  });
 }
 
 template <typename T>
@@ -78,11 +167,8 @@ void check_targets(const CrossEntropyArgs& a, const Tensor& targets, int64_t cla
 template <typename T>
 double row_loss(const CrossEntropyArgs& a, const T* x, int32_t t, float lse) {
   double loss = lse - (1.0 - a.label_smoothing) * load(x, t);
-  if (a.label_smoothing != 0.0f) {
-    float s = 0.0f;
-    for (int64_t j = 0; j < a.classes; ++j) s += load(x, j);
-    loss -= static_cast<double>(a.label_smoothing) / a.classes * s;
-  }
+  if (a.label_smoothing != 0.0f)
+    loss -= static_cast<double>(a.label_smoothing) / a.classes * row_sum(x, a.classes);
   return loss;
 }
 
@@ -124,11 +210,12 @@ void xent_backward(const CrossEntropyArgs& a, const T* x, const int32_t* t, cons
     for (int64_t r = lo; r < hi; ++r) {
       const T* xr = x + r * a.classes;
       T* dr = dx + r * a.classes;
-      const bool ignored = t[r] == a.ignore_index;
-      for (int64_t j = 0; j < a.classes; ++j) {
-        const float q = j + share.first == t[r] ? on : off;
-        cpu_io::store(dr, j, ignored ? 0.0f : g * (std::exp(load(xr, j) - lse[r]) - q));
+      if (t[r] == a.ignore_index) {
+        for (int64_t j = 0; j < a.classes; ++j) cpu_io::store(dr, j, 0.0f);
+        continue;
       }
+      const int64_t local = static_cast<int64_t>(t[r]) - share.first;
+      row_grad(xr, dr, a.classes, lse[r], g, off, on, local >= 0 && local < a.classes ? local : -1);
     }
   });
 }
@@ -242,11 +329,7 @@ void cross_entropy_row_max(const CrossEntropyArgs& a, const Tensor& logits, Tens
     using T = decltype(tag);
     const T* x = static_cast<const T*>(logits.raw());
     parallel_for(0, a.rows, rows_per_task(a.classes), [&](int64_t lo, int64_t hi) {
-      for (int64_t r = lo; r < hi; ++r) {
-        float m = -INFINITY;
-        for (int64_t j = 0; j < a.classes; ++j) m = std::max(m, load(x + r * a.classes, j));
-        mx[r] = m;
-      }
+      for (int64_t r = lo; r < hi; ++r) mx[r] = row_maximum(x + r * a.classes, a.classes);
     });
   });
 }
@@ -268,13 +351,8 @@ void cross_entropy_row_sums(const CrossEntropyArgs& a, const ClassShare& share,
     parallel_for(0, a.rows, rows_per_task(a.classes), [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const T* xr = x + r * a.classes;
-        float e = 0.0f, all = 0.0f;
-        if (!std::isinf(mx[r])) {
-          for (int64_t j = 0; j < a.classes; ++j) e += std::exp(load(xr, j) - mx[r]);
-        }
-        if (a.label_smoothing != 0.0f) {
-          for (int64_t j = 0; j < a.classes; ++j) all += load(xr, j);
-        }
+        const float e = std::isinf(mx[r]) ? 0.0f : row_exp_sum(xr, a.classes, mx[r]);
+        const float all = a.label_smoothing != 0.0f ? row_sum(xr, a.classes) : 0.0f;
         const int64_t local = static_cast<int64_t>(t[r]) - share.first;
         out[3 * r] = e;
         out[3 * r + 1] =

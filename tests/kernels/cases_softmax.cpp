@@ -170,6 +170,10 @@ std::vector<Xent> xent_variants() {
   v.push_back({"smooth", 6, 9, -100, 0.1f});
   v.push_back({"smooth_ignore", 9, 33, 0, 0.1f, 0});  // target 0 is the ignore index here
   v.push_back({"edges", 4, 11, -100, 0.0f, 0, {0, 10, 10, 0}});
+  // Rows longer than the CPU kernel's 1024-float blocks: three blocks and a tail that
+  // is not a whole vector, the targets in the last block.
+  v.push_back({"blocks", 3, 2500, -100, 0.1f});
+  v.push_back({"late_target", 4, 2100, -100, 0.0f, 2048});
   return v;
 }
 
@@ -191,6 +195,10 @@ std::vector<KernelCase> cases_softmax() {
   for (DType dt : {DType::f16, DType::bf16}) {
     cases.push_back(xent_backward_case({"smooth_ignore", 9, 33, 0, 0.1f, 0}, dt));
     cases.push_back(xent_backward_case({"plain", 3, 1000}, dt));
+  }
+  for (DType dt : kFloatTypes) {
+    cases.push_back(xent_backward_case({"blocks", 3, 2500, -100, 0.1f}, dt));
+    cases.push_back(xent_backward_case({"late_target", 4, 2100, -100, 0.0f, 2048}, dt));
   }
   cases.push_back(xent_bad_target_case());
   return cases;
