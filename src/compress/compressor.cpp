@@ -139,8 +139,8 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
         outer.trans_b = kernels::Trans::yes;
         outer.m = m.rows, outer.n = m.cols, outer.k = q;
         ws_start = std::max(ws_start, ws_of(mq));
-        ws_complete = std::max({ws_complete, ws_of(mtp),
-                                (o.error_feedback ? f32(m.rows * m.cols) : 0) + ws_of(outer)});
+        ws_complete = std::max(
+            {ws_complete, ws_of(mtp), o.error_feedback ? f32(m.rows * m.cols) + ws_of(outer) : 0});
         ws_last = std::max(ws_last, ws_of(outer));
       }
       e.start = dense + ms + f32(p_elems) + ws_start;

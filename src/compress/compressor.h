@@ -99,8 +99,9 @@ class Compressor {
   // Bucket b of the flat f32 gradient `grads` (the whole layout, this rank's sum over
   // its micro-batches): once complete, its compressed pieces hold the sum over the
   // ranks of what each sent and its dense pieces the exact sum. start() compresses and
-  // issues the collectives (the residual is updated then); complete() waits for them
-  // and writes the bucket's range of `grads`, which nobody may touch in between.
+  // issues the collectives; complete() waits for them and writes the bucket's range of
+  // `grads`, which nobody may touch in between. The residual's part of the bucket is
+  // updated by one or the other (PowerSGD's by complete(), needing the summed P).
   // Every rank starts the same buckets in the same order; a bucket must be completed
   // before the next one starts. complete() without a bucket in flight does nothing;
   // it returns the collectives' span on the communicator (zeros on the self one).

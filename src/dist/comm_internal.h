@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -19,6 +20,9 @@ struct Handle::State {
   bool done = false;
   std::exception_ptr error;
   Handle::Timing timing;  // set by the worker before finish()
+  // Run once by the first wait() that sees the operation done, on the waiting thread
+  // (NCCL: the buffers it kept for the operation go back to the allocator then).
+  std::function<void()> after_wait;
 
   void finish(std::exception_ptr e);
 };

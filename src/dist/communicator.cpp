@@ -30,6 +30,10 @@ void Handle::wait() {
   std::unique_lock lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
+  std::function<void()> after = std::move(state_->after_wait);
+  state_->after_wait = nullptr;
+  lock.unlock();
+  if (after) after();
 }
 
 bool Handle::test() {

@@ -169,8 +169,8 @@ void GradSync::launch(size_t b) {
   launched_[b] = 1;
   if (reducer_.start && reducer_on_) {
     complete_reduced();  // one bucket in flight: the one before goes first
-    reducer_.start(b, grads_);
     reducing_ = static_cast<int>(b);
+    reducer_.start(b, grads_);
     return;
   }
   if (owners_.empty()) {
@@ -211,15 +211,22 @@ std::string GradSync::exchange(size_t bucket) const {
 
 void GradSync::finish() {
   DTRAIN_CHECK(armed_, "GradSync::finish without arm");
+  // On a GPU the host ran ahead of backward: wait for the device first, so that the
+  // exposed time is what communication adds after backward has finished there.
+  const auto after_backward = [&] {
+    if (comm_.size() > 1 && !grads_.device().is_cpu()) kernels::synchronize(grads_.device());
+    return Clock::now();
+  };
+  // The reducer's launches below (overlap off, or buckets backward never readied)
+  // compress and wait on this thread: exposed time too.
+  const bool reduced = reducer_.start && reducer_on_;
+  Clock::time_point t0 = reduced ? after_backward() : Clock::time_point();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     DTRAIN_CHECK(overlap_ == Overlap::off || pending_[b] == 0 || launched_[b] == 0,
                  "bucket {} launched early", b);
     if (!launched_[b]) launch(b);
   }
-  // On a GPU the host ran ahead of backward: wait for the device first, so that the
-  // exposed time is what communication adds after backward has finished there.
-  if (comm_.size() > 1 && !grads_.device().is_cpu()) kernels::synchronize(grads_.device());
-  const Clock::time_point t0 = Clock::now();
+  if (!reduced) t0 = after_backward();
   complete_reduced();
   for (std::vector<Handle>& hs : handles_)
     for (Handle& h : hs) h.wait();

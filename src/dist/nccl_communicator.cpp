@@ -93,6 +93,21 @@ struct NcclState {
   std::deque<Pending> pending;
   std::vector<cudaEvent_t> spare;  // events of finished operations, for reuse
   std::exception_ptr failed;       // sticky: set by the poller on an asynchronous error
+  // (seq, buffer) of unfinished operations: referenced until the operation is done,
+  // released on an issuing or waiting thread (the allocator is the compute thread's).
+  std::mutex kept_mu;
+  std::deque<std::pair<uint64_t, Tensor>> kept;
+  void release_kept() {
+    const uint64_t completed = counter.stats().completed;
+    std::deque<std::pair<uint64_t, Tensor>> done;
+    {
+      std::lock_guard lock(kept_mu);
+      while (!kept.empty() && kept.front().first <= completed) {
+        done.push_back(std::move(kept.front()));
+        kept.pop_front();
+      }
+    }
+  }  // `done` freed here, outside the lock
   bool stop = false;
   bool abort_requested = false;  // the owner is unwinding: abort instead of waiting
 
@@ -233,11 +248,17 @@ class NcclCommunicator final : public Communicator {
       s_->abort_requested = unwinding;
     }
     s_->cv.notify_all();
+    const auto drop_kept = [this] {  // on this thread, the allocator's
+      std::lock_guard lock(s_->kept_mu);
+      s_->kept.clear();
+    };
     if (unwinding) {  // a peer may never finish what is pending: the poller aborts
       poller_.detach();
+      drop_kept();
       return;
     }
     poller_.join();
+    drop_kept();
     for (ncclComm_t c : {s_->nodes.cross, s_->nodes.intra, s_->comm}) {
       if (c != nullptr) ncclCommDestroy(c);
     }
@@ -460,14 +481,20 @@ class NcclCommunicator final : public Communicator {
     const cudaStream_t compute = Context::get(s_->device).stream();
     Context::get(s_->device).activate();
     const uint64_t seq = s_->counter.issue(std::move(op), bytes);
-    for (const Tensor& t : keep)
-      if (t.defined()) kept_.emplace_back(seq, t);
+    {
+      std::lock_guard lock(s_->kept_mu);
+      for (const Tensor& t : keep)
+        if (t.defined()) s_->kept.emplace_back(seq, t);
+    }
     NcclState::Pending p;
     p.state = std::make_shared<Handle::State>();
-    // Buffers stay referenced until their operation is done; released here, on the
-    // issuing thread (the allocator is the compute thread's).
-    const uint64_t completed = s_->counter.stats().completed;
-    while (!kept_.empty() && kept_.front().first <= completed) kept_.pop_front();
+    // Buffers stay referenced until their operation is done; released at the next
+    // issue or when a handle is waited for (a compressed bucket's buffers as its
+    // exchange completes, as the memory estimate counts them).
+    s_->release_kept();
+    p.state->after_wait = [w = std::weak_ptr<NcclState>(s_)] {
+      if (const std::shared_ptr<NcclState> s = w.lock()) s->release_kept();
+    };
     try {
       p.start = s_->take_event();
       p.done = s_->take_event();
@@ -559,7 +586,6 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::shared_ptr<NcclState> s_;
-  std::deque<std::pair<uint64_t, Tensor>> kept_;  // (seq, buffer) of unfinished operations
   std::thread poller_;
   std::mutex issue_mu_;
 };
