@@ -4,7 +4,8 @@
 // spot check of 16 elements of C against fp64 dot products on the host (so a
 // fast but wrong kernel cannot report a number). Not a test; nothing is timed
 // in ctest. Usage: bench_gemm [--device cpu|cuda[:N]] [--dtype f32|bf16|f16]
-// [--m 8192 --n 8192 --k 8192] [--trans NN|NT|TN|TT] [--bias 0|1] [--reps 10] [--warmup 3].
+// [--m 8192 --n 8192 --k 8192] [--trans NN|NT|TN|TT] [--bias 0|1] [--c f32|same]
+// [--reps 10] [--warmup 3]. --c same: C in the inputs' dtype (a half weight gradient).
 // --bias 1: the bias epilogue (C's dtype f32, so f32 bias).
 // --trans: whether A is stored [k, m] and B [n, k] (a linear layer's forward is NT,
 // its data gradient NN, its weight gradient TN).
@@ -33,6 +34,7 @@ struct Args {
   int64_t m = 8192, n = 8192, k = 8192;
   int reps = 10, warmup = 3;
   bool ta = false, tb = false, bias = false;
+  bool c_same = false;  // --c same: C (and the bias) in the inputs' dtype, else f32
 };
 
 DType parse_dtype(const std::string& s) {
@@ -75,6 +77,10 @@ Args parse(int argc, char** argv) {
     } else if (k == "--bias") {
       if (v != "0" && v != "1") throw Error("--bias " + v + " is not 0 or 1", "e.g. --bias 1");
       a.bias = v == "1";
+    } else if (k == "--c") {
+      if (v != "f32" && v != "same")
+        throw Error("--c " + v + " is not f32 or same", "e.g. --c same");
+      a.c_same = v == "same";
     } else if (k == "--reps")
       a.reps = static_cast<int>(positive(k, v));
     else if (k == "--warmup")
@@ -107,21 +113,24 @@ int main(int argc, char** argv) {
     const Tensor hb = a.tb ? host_random(a.n, a.k, a.dtype, 2) : host_random(a.k, a.n, a.dtype, 2);
     Tensor A = Tensor::empty(ha.shape(), a.dtype, &dev),
            B = Tensor::empty(hb.shape(), a.dtype, &dev);
-    Tensor C = Tensor::empty({a.m, a.n}, DType::f32, &dev);
+    const DType c_dtype = a.c_same ? a.dtype : DType::f32;
+    Tensor C = Tensor::empty({a.m, a.n}, c_dtype, &dev);
     kernels::copy(ha, A);
     kernels::copy(hb, B);
     const Tensor hbias = host_random(1, a.n, DType::f32, 3);
     Tensor bias;
     if (a.bias) {
-      bias = Tensor::empty({a.n}, DType::f32, &dev);
-      kernels::copy(hbias.reshape({a.n}), bias);
+      Tensor hb_c = Tensor::empty({a.n}, c_dtype);
+      kernels::cast(hbias.reshape({a.n}), hb_c);
+      bias = Tensor::empty({a.n}, c_dtype, &dev);
+      kernels::copy(hb_c, bias);
     }
     kernels::GemmArgs g;
     g.m = a.m, g.n = a.n, g.k = a.k;
     g.trans_a = a.ta ? kernels::Trans::yes : kernels::Trans::no;
     g.trans_b = a.tb ? kernels::Trans::yes : kernels::Trans::no;
     if (a.bias) g.epilogue = kernels::Epilogue::bias;
-    const size_t ws_bytes = kernels::gemm_workspace_bytes(g, a.dtype, DType::f32, a.device);
+    const size_t ws_bytes = kernels::gemm_workspace_bytes(g, a.dtype, c_dtype, a.device);
     Tensor ws_t =
         Tensor::empty({static_cast<int64_t>(std::max<size_t>(ws_bytes, 1))}, DType::u8, &dev);
     const kernels::Workspace ws{ws_t.raw(), ws_bytes};
@@ -139,8 +148,9 @@ int main(int argc, char** argv) {
     const double flop = 2.0 * static_cast<double>(a.m) * static_cast<double>(a.n) * a.k;
 
     // Spot check: 16 elements of C against fp64 dot products of the same inputs.
-    Tensor hc = Tensor::empty(C.shape(), DType::f32);
-    kernels::copy(C, hc);
+    Tensor hc_raw = Tensor::empty(C.shape(), c_dtype), hc = Tensor::empty(C.shape(), DType::f32);
+    kernels::copy(C, hc_raw);
+    kernels::cast(hc_raw, hc);
     Tensor fa = Tensor::empty(ha.shape(), DType::f32), fb = Tensor::empty(hb.shape(), DType::f32);
     kernels::cast(ha, fa);
     kernels::cast(hb, fb);
@@ -158,7 +168,8 @@ int main(int argc, char** argv) {
       worst =
           std::max(worst, std::fabs(hc.data<float>()[i * a.n + j] - dot) / std::max(mag, 1e-30));
     }
-    const bool ok = worst < 1e-3;  // f32 accumulation over k terms, relative to sum |a b|
+    // f32 accumulation over k terms, relative to sum |a b|; a half C adds its rounding.
+    const bool ok = worst < (c_dtype == DType::f32 ? 1e-3 : 1e-2);
     const nlohmann::json out = {{"device", a.device.str()},
                                 {"dtype", std::string(dtype_name(a.dtype))},
                                 {"m", a.m},

@@ -235,6 +235,18 @@ std::vector<KernelCase> cases_gemm() {
   for (DType h : {DType::f16, DType::bf16}) {
     cases.push_back(make_case({"wide_b", dims(1, 129, 2304, 4), h, h}, false));
   }
+  // A tall transposed A (m > 16384): C in row blocks of A's columns (kernels/cpu/gemm.cpp),
+  // three blocks (the last one shorter) or two; accumulating into C, with a bias, and in
+  // half types.
+  for (Trans tb : {N, T})
+    cases.push_back(make_case({"tall_a", dims(1, 20001, 5, 3, T, tb)}, false));
+  GemmArgs tall_beta = dims(1, 16390, 4, 6, T, N);
+  tall_beta.alpha = 0.5f, tall_beta.beta = 1.0f;
+  cases.push_back(make_case({"tall_a_alpha_beta", tall_beta}, false));
+  for (DType h : {DType::f16, DType::bf16}) {
+    for (DType out : {DType::f32, h})
+      cases.push_back(make_case({"tall_a", dims(1, 20001, 3, 8, T, N), h, out}, false));
+  }
   // The bias epilogue (a linear layer's forward: x . W^T + b), also with beta, batches,
   // half types and an empty product.
   auto with_bias = [](GemmArgs g) {
@@ -249,6 +261,7 @@ std::vector<KernelCase> cases_gemm() {
   GemmArgs bias_k0 = with_bias(dims(2, 3, 4, 0));
   bias_k0.beta = 1.0f;
   cases.push_back(make_case({"bias_k0", bias_k0}, false));
+  cases.push_back(make_case({"tall_a_bias", with_bias(dims(1, 16385, 3, 4, T, T))}, false));
   for (DType h : {DType::f16, DType::bf16}) {
     for (DType out : {DType::f32, h}) {
       cases.push_back(make_case({"bias", with_bias(dims(1, 9, 17, 33, N, T)), h, out}, false));
