@@ -10,10 +10,11 @@
 // down-projection backward: m 1024 n 3072 k 768 went from 133 to 259 GF/s with the
 // copy included); narrower B gains nothing and is passed as it is.
 // A tall transposed A (one matrix, m > 16384: a large vocabulary's weight gradient,
-// m 50257 n 768 k 512 for GPT-2's head) is multiplied in blocks of about 8192 rows of
+// m 50257 n 768 k 512 for GPT-2's head) is multiplied in blocks of about 4096 rows of
 // C, each a strided view of A: oneDNN 2.6 ran the whole bf16 product at 0.49-0.68
-// TFLOP/s on this Zen 5 (2 threads), the blocks at 0.81-0.86 (bench_gemm --trans TN);
-// GPT-2 124M's bf16 head went from 184 to 155 ms a step, its fp32 one stayed at 290.
+// TFLOP/s on this Zen 5 (2 threads), 4096-row blocks at 0.79 (8192: 0.81, for twice
+// the scratchpad, 48 MiB against 24; bench_gemm --trans TN --c same); GPT-2 124M's bf16
+// head went from 184 to 155 ms a step, its fp32 one stayed at 290.
 #include "kernels/gemm.h"
 
 #include "kernels/activation.h"
@@ -56,10 +57,10 @@ md user_md(int64_t batch, int64_t stride, int64_t rows, int64_t cols, Trans t, d
 
 // Row blocks of C for a tall transposed A (see the top of the file): the rows per block,
 // or 0 when the product runs whole.
-constexpr int64_t kRowBlock = 8192;
+constexpr int64_t kRowBlock = 4096, kTallRows = 16384;
 int64_t row_block(const GemmArgs& g) {
   const bool one = g.batch == 1 && g.epilogue != Epilogue::bias_gelu;
-  if (!one || g.trans_a != Trans::yes || g.m <= 2 * kRowBlock) return 0;
+  if (!one || g.trans_a != Trans::yes || g.m <= kTallRows) return 0;
   const int64_t blocks = (g.m + kRowBlock - 1) / kRowBlock;
   return (g.m + blocks - 1) / blocks;
 }

@@ -236,8 +236,8 @@ std::vector<KernelCase> cases_gemm() {
     cases.push_back(make_case({"wide_b", dims(1, 129, 2304, 4), h, h}, false));
   }
   // A tall transposed A (m > 16384): C in row blocks of A's columns (kernels/cpu/gemm.cpp),
-  // three blocks (the last one shorter) or two; accumulating into C, with a bias, and in
-  // half types.
+  // five of them here (4001 or 3278 rows, the last one shorter or not); accumulating into
+  // C, with a bias, and in half types.
   for (Trans tb : {N, T})
     cases.push_back(make_case({"tall_a", dims(1, 20001, 5, 3, T, tb)}, false));
   GemmArgs tall_beta = dims(1, 16390, 4, 6, T, N);
