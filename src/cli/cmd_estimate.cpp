@@ -63,6 +63,7 @@ nlohmann::json to_json(const runtime::MemoryEstimate& e) {
                                 {"tensor_all_reduces", e.comm.tensor_calls},
                                 {"pipeline", e.comm.pipeline},
                                 {"data_compressed", e.comm.compressed}};
+  if (e.comm.compressed) out["comm_bytes_per_step"]["data_dense"] = e.comm.data_dense;
   if (e.step_time) {
     const runtime::StepTimeEstimate& t = *e.step_time;
     out["step_seconds"] = t.seconds;  // the roofline's lower bound

@@ -529,8 +529,21 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
   e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
   if (compressed) {
+    e.comm.data_dense = e.comm.data;
     e.comm.data = compressed_bus;
     e.comm.compressed = true;
+    // Top-k and 1-bit gather every rank's compressed gradient: what a rank receives
+    // grows with the data ranks, while a dense all-reduce's traffic does not.
+    if (compressed_bus > e.comm.data_dense && job.compress.method != CompressMethod::powersgd) {
+      const std::string note = fmt::format(
+          "{} on {} data ranks moves {:.1f}x the bytes per rank of the dense all-reduce ({} "
+          "against {}): it all-gathers every rank's compressed gradient, so its traffic grows "
+          "with the ranks; powersgd all-reduces its factors, or compress fewer ranks",
+          to_string(job.compress.method), world, compressed_bus / e.comm.data_dense,
+          format_bytes(static_cast<size_t>(compressed_bus)),
+          format_bytes(static_cast<size_t>(e.comm.data_dense)));
+      e.caveat = e.caveat.empty() ? note : e.caveat + "; " + note;
+    }
   }
   e.forward_flops = g.forward_flops();
   e.forward_param_bytes = static_cast<double>(ex.params);
@@ -768,7 +781,9 @@ std::string format_estimate(const MemoryEstimate& e) {
   if (e.comm.data > 0)
     comm += fmt::format(
         ", data {} ({})", format_bytes(static_cast<size_t>(e.comm.data)),
-        e.comm.compressed ? "the compressed gradient exchange" : "the gradient all-reduce");
+        e.comm.compressed ? fmt::format("the compressed gradient exchange; {} without compression",
+                                        format_bytes(static_cast<size_t>(e.comm.data_dense)))
+                          : std::string("the gradient all-reduce"));
   if (e.comm.tensor > 0) {
     comm += fmt::format(", tensor {} ({} all-reduces of activations and their gradients)",
                         format_bytes(static_cast<size_t>(e.comm.tensor)), e.comm.tensor_calls);

@@ -63,6 +63,7 @@ struct MemoryEstimate {
     double data = 0, tensor = 0, pipeline = 0;
     int64_t tensor_calls = 0;
     bool compressed = false;  // data: compress.method's exchanges (and ZeRO-1's gather)
+    double data_dense = 0;    // compressed: the data axis's bytes without compression
   } comm;
   std::string caveat;  // what the figures leave out, said under the table
 };

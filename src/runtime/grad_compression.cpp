@@ -54,11 +54,25 @@ GradCompression::GradCompression(const CompressOptions& o,
 }
 
 std::string GradCompression::describe() const {
-  return fmt::format(
+  std::string text = fmt::format(
       "compression: {} on {} of {} parameter tensors, error feedback {}, {} dense step(s) "
       "first; {} bytes sent per step per rank instead of {} ({:.1f}x)",
       to_string(o_.method), summary_.compressed, summary_.tensors, o_.error_feedback ? "on" : "off",
       o_.warmup_steps, summary_.per_step.sent, summary_.per_step.dense, summary_.ratio());
+  // What a rank receives: top-k and 1-bit gather every rank's part, so past some number
+  // of data ranks the exchange moves more than the dense all-reduce it replaces.
+  const int world = static_cast<int>(place_[1]);
+  const double bus = compress::bus_bytes_per_step(o_, compressor_.plans(), world);
+  const double dense =
+      2.0 * (world - 1) / std::max(world, 1) * static_cast<double>(summary_.per_step.dense);
+  if (o_.method != CompressMethod::powersgd && world > 1 && bus > dense) {
+    text += fmt::format(
+        "\nwarning: on {} data ranks {} moves {:.1f}x the bytes per rank of a dense "
+        "all-reduce (it gathers every rank's compressed gradient); powersgd all-reduces its "
+        "factors",
+        world, to_string(o_.method), bus / dense);
+  }
+  return text;
 }
 
 void GradCompression::begin_step(int64_t step) { sync_.use_reducer(step >= o_.warmup_steps); }

@@ -743,6 +743,38 @@ TEST_CASE("compression: the estimate gives the measured peak within 3% and the t
   }
 }
 
+// Top-k and 1-bit all-gather every rank's compressed gradient, so what a rank moves grows
+// with the data ranks while a dense all-reduce's stays under twice the gradient: the
+// estimate gives both and says when the compressed exchange is the larger (1-bit on 1024
+// ranks), not when it is not (on 8); PowerSGD all-reduces its factors at any size.
+TEST_CASE("compression: the estimate says when gathering outgrows the dense all-reduce") {
+  TempDir tmp("compress-scale");
+  const fs::path job = tmp.path() / "gpt.yaml";
+  std::ofstream(job) << "model: {arch: gpt2-tiny, seq_len: 32, max_positions: 32}\n"
+                     << "data: {dataset: synthetic, global_batch: 1024, micro_batch: 1}\n"
+                     << "optimizer: {name: adamw, lr: 1.0e-3}\n"
+                     << "train: {steps: 2}\n";
+  for (const char* method : {"onebit", "powersgd"}) {
+    for (const int world : {8, 1024}) {
+      CAPTURE(method);
+      CAPTURE(world);
+      const nlohmann::json e =
+          estimate_json(job, world, {"--set", std::string("compress.method=") + method},
+                        tmp.path() / fmt::format("{}-{}.log", method, world));
+      const nlohmann::json& comm = e.at("comm_bytes_per_step");
+      const double data = comm.at("data").get<double>(),
+                   dense = comm.at("data_dense").get<double>();
+      MESSAGE(std::string(method), " on ", world, " ranks: ", data, " bytes per rank, dense ",
+              dense);
+      const bool larger = std::string(method) == "onebit" && world == 1024;
+      CHECK((data > dense) == larger);
+      const std::string caveat = e.value("caveat", "");
+      CHECK((caveat.find("all-gathers every rank's compressed gradient") != std::string::npos) ==
+            larger);
+    }
+  }
+}
+
 // Gradient compression (compress.method) in the data-parallel buckets. Top-k at ratio 1
 // sends every entry: the gathered pairs summed from -0 in rank order are what any
 // all-reduce of two ranks computes, so the run is plain data parallelism's bit for bit,
@@ -760,7 +792,12 @@ TEST_CASE("compression: top-k at ratio 1 on 2 ranks is plain data parallelism, b
     std::vector<std::string> topk = base;
     topk.insert(topk.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=1.0"});
     const fs::path plain = train(job, tmp.path(), std::string("plain-") + algo, {2, algo}, base);
-    require_same(plain, train(job, tmp.path(), std::string("topk-") + algo, {2, algo}, topk));
+    const fs::path all = train(job, tmp.path(), std::string("topk-") + algo, {2, algo}, topk);
+    require_same(plain, all);
+    // Every entry as an (index, value) pair, gathered: twice a dense all-reduce's bytes.
+    CHECK(read_bytes(all / "logs" / "rank-0.log")
+              .find("warning: on 2 data ranks topk moves 2.0x the bytes per rank") !=
+          std::string::npos);
   }
 }
 
