@@ -56,11 +56,12 @@ md user_md(int64_t batch, int64_t stride, int64_t rows, int64_t cols, Trans t, d
 }
 
 // Row blocks of C for a tall transposed A (see the top of the file): the rows per block,
-// or 0 when the product runs whole.
+// or 0 when the product runs whole. Not for operands widened to f32 (f16; bf16 without
+// AVX-512): their copy wants a dense A.
 constexpr int64_t kRowBlock = 4096, kTallRows = 16384;
-int64_t row_block(const GemmArgs& g) {
-  const bool one = g.batch == 1 && g.epilogue != Epilogue::bias_gelu;
-  if (!one || g.trans_a != Trans::yes || g.m <= kTallRows) return 0;
+int64_t row_block(const GemmArgs& g, DType ab) {
+  const dt t = to_dnnl(ab);
+  if (g.batch != 1 || g.trans_a != Trans::yes || g.m <= kTallRows || compute_type(t) != t) return 0;
   const int64_t blocks = (g.m + kRowBlock - 1) / kRowBlock;
   return (g.m + blocks - 1) / blocks;
 }
@@ -130,8 +131,8 @@ const GemmPlan& plan_for(const GemmArgs& g, DType ab, DType c, int64_t lda = 0) 
 
 // fn(args of the block, first row) for each row block of C (row_block), or once.
 template <typename Fn>
-void for_row_blocks(const GemmArgs& g, Fn&& fn) {
-  const int64_t rows = row_block(g);
+void for_row_blocks(const GemmArgs& g, DType ab, Fn&& fn) {
+  const int64_t rows = row_block(g, ab);
   if (rows == 0) return fn(g, int64_t{0});
   for (int64_t r0 = 0; r0 < g.m; r0 += rows) {
     GemmArgs part = g;
@@ -219,9 +220,9 @@ size_t gemm_workspace_bytes(const GemmArgs& args, DType ab_dtype, DType c_dtype,
   if (device.is_cuda()) return cuda_ops::kGemmWorkspaceBytes;
   GemmArgs g = args;  // bias_gelu runs as the bias GEMM, then the activation kernel
   if (g.epilogue == Epilogue::bias_gelu) g.epilogue = Epilogue::bias;
-  const int64_t lda = row_block(g) > 0 ? g.m : 0;
+  const int64_t lda = row_block(g, ab_dtype) > 0 ? g.m : 0;
   size_t bytes = 0;
-  for_row_blocks(g, [&](const GemmArgs& part, int64_t) {
+  for_row_blocks(g, ab_dtype, [&](const GemmArgs& part, int64_t) {
     bytes = std::max(bytes, plan_for(part, ab_dtype, c_dtype, lda).pass.workspace_bytes);
   });
   return bytes;
@@ -244,8 +245,8 @@ void gemm(const GemmArgs& args, const Tensor& a, const Tensor& b, Tensor& c, Wor
     if (args.epilogue == Epilogue::bias) add_bias_rows(args, bias, c);
     return;
   }
-  const int64_t lda = row_block(args) > 0 ? args.m : 0;
-  for_row_blocks(args, [&](const GemmArgs& part, int64_t r0) {
+  const int64_t lda = row_block(args, a.dtype()) > 0 ? args.m : 0;
+  for_row_blocks(args, a.dtype(), [&](const GemmArgs& part, int64_t r0) {
     const GemmPlan& plan = plan_for(part, a.dtype(), c.dtype(), lda);
     // Block r0: A's columns from r0 (A is stored [k, m]), C's rows from r0.
     const void* ap = static_cast<const char*>(a.raw()) + r0 * dtype_size(a.dtype());

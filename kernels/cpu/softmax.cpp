@@ -5,7 +5,8 @@
 // number of row groups, so it does not depend on the thread count. Cross-entropy's
 // row passes (maximum, sum of exponentials, sum, gradient) run on 16-float vectors
 // (exp_neg.h) over the row converted to f32 a block at a time, summed in 16 lanes
-// then the lanes in order: the same bits on every CPU. CUDA tensors go to
+// then the lanes in order: the same bits whatever the thread count (and on every CPU
+// the build's -march contracts alike). CUDA tensors go to
 // kernels/cuda/softmax.cu (targets are not checked on the host there).
 #include <algorithm>
 #include <cmath>

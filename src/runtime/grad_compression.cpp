@@ -53,7 +53,7 @@ GradCompression::GradCompression(const CompressOptions& o,
                      [this] { return compressor_.complete(); }});
 }
 
-std::string GradCompression::describe() const {
+std::string GradCompression::describe(bool zero1) const {
   std::string text = fmt::format(
       "compression: {} on {} of {} parameter tensors, error feedback {}, {} dense step(s) "
       "first; {} bytes sent per step per rank instead of {} ({:.1f}x)",
@@ -62,9 +62,10 @@ std::string GradCompression::describe() const {
   // What a rank receives: top-k and 1-bit gather every rank's part, so past some number
   // of data ranks the exchange moves more than the dense all-reduce it replaces.
   const int world = static_cast<int>(place_[1]);
-  const double bus = compress::bus_bytes_per_step(o_, compressor_.plans(), world);
-  const double dense =
-      2.0 * (world - 1) / std::max(world, 1) * static_cast<double>(summary_.per_step.dense);
+  const double layout = static_cast<double>(summary_.per_step.dense);
+  const double gather = zero1 ? (world - 1.0) / std::max(world, 1) * layout : 0.0;
+  const double bus = compress::bus_bytes_per_step(o_, compressor_.plans(), world) + gather;
+  const double dense = 2.0 * (world - 1) / std::max(world, 1) * layout;
   if (o_.method != CompressMethod::powersgd && world > 1 && bus > dense) {
     text += fmt::format(
         "\nwarning: on {} data ranks {} moves {:.1f}x the bytes per rank of a dense "

@@ -46,8 +46,10 @@ class GradCompression {
                   dist::GradSync& sync, int64_t layout_elems, AllreduceAlgo dense_algo,
                   uint64_t seed, Device device, std::vector<int64_t> place);
 
-  // The start-up note: method, tensors, error feedback, warm-up, bytes per step.
-  std::string describe() const;
+  // The start-up note: method, tensors, error feedback, warm-up, bytes per step, and a
+  // warning where the exchange moves more than the dense all-reduce (`zero1`: both
+  // followed by ZeRO-1's gather of the stepped parameters, as dtrain estimate counts).
+  std::string describe(bool zero1) const;
   // Before step `step`'s backward: dense for compress.warmup_steps, compressed after.
   void begin_step(int64_t step);
   // This rank's blobs for its shard of a checkpoint (every save with compression is

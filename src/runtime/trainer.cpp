@@ -529,7 +529,7 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
   }
   resumed_compression_.clear();
   resumed_compression_.shrink_to_fit();
-  note(compression_->describe());
+  note(compression_->describe(weights_->shard().sharded()));
 }
 
 void TrainSession::set_batch(const FeedBatch& b) {

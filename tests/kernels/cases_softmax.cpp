@@ -5,8 +5,10 @@
 #include "kernels/softmax.h"
 
 #include <cmath>
+#include <limits>
 
 #include "kernels/elementwise.h"
+#include "kernels/memory.h"
 
 #include "pointwise_case_util.h"
 #include "ref/softmax.h"
@@ -62,6 +64,7 @@ struct Xent {
   float smoothing = 0.0f;
   double target_lo = 0;  // targets uniform integers in [target_lo, classes) unless `targets`
   Values targets;
+  Values logits;  // given values (-inf: masked classes); empty: uniform in [-3, 3)
 };
 
 kernels::CrossEntropyArgs kernel_args(const Xent& x) {
@@ -84,6 +87,10 @@ KernelCase xent_case(const Xent& x, DType dt) {
     targets.values = x.targets;
   }
   c.inputs = {{"logits", s, dt, Init::uniform, -3.0, 3.0}, targets};
+  if (!x.logits.empty()) {
+    c.inputs[0].init = Init::explicit_values;
+    c.inputs[0].values = x.logits;
+  }
   c.outputs = {{"loss", Shape{1}, DType::f32}, {"lse", Shape{x.rows}, DType::f32}};
   c.outputs[1].differentiable = false;
   const auto ka = kernel_args(x);
@@ -94,7 +101,7 @@ KernelCase xent_case(const Xent& x, DType dt) {
   c.reference = [=](const std::vector<Values>& in, std::vector<Values>& out) {
     ref::cross_entropy(ra, in[0].data(), in[1].data(), out[0].data(), out[1].data());
   };
-  if (dt == DType::f32) {
+  if (dt == DType::f32 && x.logits.empty()) {  // no finite differences at -inf
     c.backward = [=](const std::vector<Tensor>& in, const std::vector<Tensor>& out,
                      const std::vector<Tensor>& dout, std::vector<Tensor>& din, Workspace) {
       kernels::softmax_cross_entropy_backward(ka, in[0], in[1], out[1], dout[0], din[0]);
@@ -105,10 +112,12 @@ KernelCase xent_case(const Xent& x, DType dt) {
 }
 
 // The backward kernel on half logits, dloss = 1.5, against the analytic reference.
-KernelCase xent_backward_case(const Xent& x, DType dt) {
+// over_logits: dlogits written over the logits themselves, as the graph's loss op may
+// (grad_in_place 0).
+KernelCase xent_backward_case(const Xent& x, DType dt, bool over_logits = false) {
   KernelCase c = xent_case(x, dt);
-  c.name = "softmax/xent_backward_" + std::string(x.variant) + "/" + dname(dt) + "/" +
-           shape_tag(Shape{x.rows, x.classes});
+  c.name = "softmax/xent_backward_" + std::string(x.variant) + (over_logits ? "_in_place" : "") +
+           "/" + dname(dt) + "/" + shape_tag(Shape{x.rows, x.classes});
   c.outputs = {{"dlogits", Shape{x.rows, x.classes}, dt}};
   c.backward = nullptr;
   const auto ka = kernel_args(x);
@@ -119,6 +128,11 @@ KernelCase xent_backward_case(const Xent& x, DType dt) {
     kernels::softmax_cross_entropy_forward(ka, in[0], in[1], loss, lse);
     Tensor dloss = empty_on(in[0], Shape{1}, DType::f32);
     kernels::fill(dloss, 1.5f);
+    if (over_logits) {
+      kernels::copy(in[0], out[0]);
+      kernels::softmax_cross_entropy_backward(ka, out[0], in[1], lse, dloss, out[0]);
+      return;
+    }
     kernels::softmax_cross_entropy_backward(ka, in[0], in[1], lse, dloss, out[0]);
   };
   c.reference = [=](const std::vector<Values>& in, std::vector<Values>& out) {
@@ -160,6 +174,18 @@ KernelCase xent_bad_target_case() {
   return c;
 }
 
+// Masked classes: -inf logits (every 7th class from 3, never a target) beside finite ones,
+// 3 rows of 40 (two whole vectors and a tail).
+Xent masked() {
+  Xent x{"masked", 3, 40};
+  x.targets = {0, 5, 39};
+  for (int64_t r = 0; r < x.rows; ++r)
+    for (int64_t j = 0; j < x.classes; ++j)
+      x.logits.push_back(j % 7 == 3 ? -std::numeric_limits<double>::infinity()
+                                    : 3.0 * std::sin(static_cast<double>(r * x.classes + j)));
+  return x;
+}
+
 std::vector<Xent> xent_variants() {
   std::vector<Xent> v;
   v.push_back({"plain", 1, 1});
@@ -174,6 +200,7 @@ std::vector<Xent> xent_variants() {
   // is not a whole vector, the targets in the last block.
   v.push_back({"blocks", 3, 2500, -100, 0.1f});
   v.push_back({"late_target", 4, 2100, -100, 0.0f, 2048});
+  v.push_back(masked());
   return v;
 }
 
@@ -199,6 +226,8 @@ std::vector<KernelCase> cases_softmax() {
   for (DType dt : kFloatTypes) {
     cases.push_back(xent_backward_case({"blocks", 3, 2500, -100, 0.1f}, dt));
     cases.push_back(xent_backward_case({"late_target", 4, 2100, -100, 0.0f, 2048}, dt));
+    cases.push_back(xent_backward_case({"blocks", 3, 2500, -100, 0.1f}, dt, true));
+    cases.push_back(xent_backward_case(masked(), dt));
   }
   cases.push_back(xent_bad_target_case());
   return cases;

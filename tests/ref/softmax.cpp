@@ -53,7 +53,10 @@ void cross_entropy(const CrossEntropy& a, const double* logits, const double* ta
     lse[r] = log_sum_exp(x, a.classes);
     const auto t = static_cast<int64_t>(targets[r]);
     if (t == a.ignore_index) continue;
-    for (int64_t j = 0; j < a.classes; ++j) total -= target_prob(a, t, j) * (x[j] - lse[r]);
+    for (int64_t j = 0; j < a.classes; ++j) {  // 0 log 0 = 0: a masked (-inf) class adds nothing
+      const double q = target_prob(a, t, j);
+      if (q != 0.0) total -= q * (x[j] - lse[r]);
+    }
   }
   const int64_t n = counted_rows(a, targets);
   loss[0] = n == 0 ? 0.0 : total / static_cast<double>(n);
