@@ -5,6 +5,9 @@
 // Tensor parallelism (graph/tensor_share.h): a column share holds some output
 // features (all-reducing the input gradient in backward), a row share some input
 // features (all-reducing the output before its bias in forward).
+// The weight's gradient is one GEMM straight into its f32 gradient, also for a half
+// weight (bf16 / f16 products summed in f32 and written as they are, never rounded to
+// the half type) and adding into what is there for a tied weight's later user.
 #include <optional>
 
 #include "graph/ops.h"
@@ -21,6 +24,8 @@ class Linear final : public Op {
   Linear(int64_t in, int64_t out, Bias bias, std::optional<NormalInit> init, bool gelu)
       : in_(in), out_(out), fan_in_(in), bias_(bias), init_(init), gelu_(gelu) {}
   std::string_view kind() const override { return gelu_ ? "linear_gelu" : "linear"; }
+  bool can_accumulate_param_grad(size_t k) const override { return k == 0; }
+  bool param_grad_in_f32(size_t k) const override { return k == 0; }
 
   std::unique_ptr<Op> tensor_share(const TpShare& share) const override {
     if (tp_) return nullptr;
@@ -71,11 +76,20 @@ class Linear final : public Op {
     }
     const int64_t rows = x.numel() / in_;
     const DType dt = in[0].dtype;
-    for (const kernels::GemmArgs& g : {fwd(rows), bwd_data(rows), bwd_weight(rows)}) {
+    kernels::GemmArgs added = bwd_weight(rows);  // a tied weight's later user adds
+    added.beta = 1.0f;
+    const struct {
+      kernels::GemmArgs g;
+      DType c;
+    } gemms[] = {{fwd(rows), dt},
+                 {bwd_data(rows), dt},
+                 {bwd_weight(rows), DType::f32},  // the f32 weight gradient
+                 {added, DType::f32}};
+    for (const auto& [g, c] : gemms) {
       info.workspace_bytes =
-          std::max(info.workspace_bytes, kernels::gemm_workspace_bytes(g, dt, dt));
-      info.cuda_workspace_bytes = std::max(
-          info.cuda_workspace_bytes, kernels::gemm_workspace_bytes(g, dt, dt, Device::cuda()));
+          std::max(info.workspace_bytes, kernels::gemm_workspace_bytes(g, dt, c));
+      info.cuda_workspace_bytes = std::max(info.cuda_workspace_bytes,
+                                           kernels::gemm_workspace_bytes(g, dt, c, Device::cuda()));
     }
     return info;
   }
@@ -130,8 +144,9 @@ class Linear final : public Op {
       // A column share's input gradient is its features' part of the sum.
       if (tp_ && !row()) tp_->group->all_reduce(ctx.grad_inputs[0], GroupReduce::sum);
     }
-    kernels::gemm(with_math(bwd_weight(rows), ctx), dy, ctx.inputs[0], ctx.grad_params[0],
-                  ctx.workspace);
+    kernels::GemmArgs dw = with_math(bwd_weight(rows), ctx);
+    if (ctx.accumulates(0)) dw.beta = 1.0f;  // a tied weight: added to the other user's
+    kernels::gemm(dw, dy, ctx.inputs[0], ctx.grad_params[0], ctx.workspace);
     if (bias_ == Bias::yes) kernels::bias_add_backward({rows, out_, 1}, dy, ctx.grad_params[1]);
   }
 
