@@ -11,6 +11,7 @@
 
 #include "graph/executor.h"
 #include "graph/ops.h"
+#include "kernels/elementwise.h"
 
 using namespace dtrain;
 using namespace dtrain::graph;
@@ -270,4 +271,57 @@ TEST_CASE("self_attention with a key-padding mask ignores the padded tokens") {
   CHECK_THROWS_WITH_AS(
       bad.add1("attn", self_attention(2, kernels::Causal::no, KeyMask::input), {q2, m2}),
       doctest::Contains("key mask must be u8 [2, 4]"), Error);
+}
+
+// A bf16 linear layer's weight gradient is its GEMM's f32 output (Op::param_grad_in_f32):
+// the bf16 products summed in f32 and kept so, not rounded to bf16 and widened (which
+// would leave the low 16 bits of every f32 value zero); a tied weight's later user adds
+// its part in f32 too, giving the untied users' sum.
+TEST_CASE("a bf16 linear writes its weight gradient in f32, and a tied one adds in f32") {
+  auto build = [](Graph& g, bool tied, ValueId& x, ValueId& labels) {
+    g.set_policy({DType::bf16});
+    x = g.input("x", {4, 6}, DType::bf16);
+    labels = g.input("labels", {4}, DType::i32);
+    ValueId h = g.add1("fc1", linear(6, 6, Bias::no), {x});
+    std::vector<Tie> ties;
+    if (tied) ties.push_back({0, g.param_index("fc1.weight")});
+    h = g.add1("fc2", linear(6, 6, Bias::no), {h}, ties);
+    return g.add1("loss", softmax_cross_entropy(), {h, labels});
+  };
+  Graph tg, ug;
+  ValueId tx, tl, ux, ul;
+  const ValueId tloss = build(tg, true, tx, tl), uloss = build(ug, false, ux, ul);
+  Executor a(tg), b(ug);
+  a.initialize(5);
+  b.initialize(5);
+  const Tensor w = a.params().view("fc1.weight");
+  for (const char* name : {"fc1.weight", "fc2.weight"}) {
+    Tensor dst = b.params().view(name);
+    REQUIRE(dst.nbytes() == w.nbytes());
+    std::memcpy(dst.raw(), w.raw(), w.nbytes());
+  }
+  Tensor x = Tensor::empty({4, 6}, DType::bf16);
+  kernels::cast(ramp({4, 6}, 0.7f, 0.1f), x);
+  for (auto [ex, in, lab, loss] : {std::tuple{&a, tx, tl, tloss}, {&b, ux, ul, uloss}}) {
+    ex->set_input(in, x);
+    ex->set_input(lab, labels_of(4, 6));
+    ex->forward(Mode::train);
+    ex->backward(loss);
+  }
+  const std::vector<float> g = copy_of(a.grads().view("fc1.weight"));
+  const std::vector<float> g1 = copy_of(b.grads().view("fc1.weight"));
+  const std::vector<float> g2 = copy_of(b.grads().view("fc2.weight"));
+  int wide1 = 0, wide = 0;  // values that bf16 cannot hold
+  for (size_t i = 0; i < g.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::fabs(g[i] - (g1[i] + g2[i])) <= 1e-6 * (1.0 + std::fabs(g1[i]) + std::fabs(g2[i])));
+    uint32_t bits1 = 0, bits = 0;
+    std::memcpy(&bits1, &g1[i], 4);
+    std::memcpy(&bits, &g[i], 4);
+    wide1 += (bits1 & 0xffffu) != 0;
+    wide += (bits & 0xffffu) != 0;
+  }
+  MESSAGE(wide1, " and ", wide, " of ", g.size(), " gradient values beyond bf16's precision");
+  CHECK(wide1 > static_cast<int>(g.size()) / 2);
+  CHECK(wide > static_cast<int>(g.size()) / 2);
 }
