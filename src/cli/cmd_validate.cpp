@@ -160,25 +160,30 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
     }
   }
   runtime::CompressionPlanSummary s;
+  std::vector<compress::BucketPlan> all;  // every stage's, for the gather warning's ratio
   for (const std::vector<dist::Bucket>& b : per_stage) {
-    const runtime::CompressionPlanSummary one = runtime::summarize_plan(
-        job.compress,
-        compress::plan_compression(job.compress, b, runtime::compression_params(layout.entries())),
-        0);
+    const std::vector<compress::BucketPlan> plans =
+        compress::plan_compression(job.compress, b, runtime::compression_params(layout.entries()));
+    const runtime::CompressionPlanSummary one = runtime::summarize_plan(job.compress, plans, 0);
     s.compressed += one.compressed;
     s.per_step.sent += one.per_step.sent;
     s.per_step.dense += one.per_step.dense;
+    all.insert(all.end(), plans.begin(), plans.end());
   }
   s.tensors = static_cast<int>(layout.size());
+  const std::string warning =
+      runtime::gather_warning(job.compress, all, job.parallel.data, job.parallel.zero_stage == 1);
   return fmt::format(
-      "# compression: {} on {} of {} parameter tensors; {} bytes sent per step per {} "
-      "instead of {} ({:.1f}x less), after {} dense step(s)\n",
-      to_string(job.compress.method), s.compressed, s.tensors,
-      with_commas(static_cast<int64_t>(s.per_step.sent)),
-      job.parallel.pipeline > 1 ? "data replica of the model (its stages' together; a tied "
-                                  "tensor on each stage that uses it)"
-                                : "rank",
-      with_commas(static_cast<int64_t>(s.per_step.dense)), s.ratio(), job.compress.warmup_steps);
+             "# compression: {} on {} of {} parameter tensors; {} bytes sent per step per {} "
+             "instead of {} ({:.1f}x less), after {} dense step(s)\n",
+             to_string(job.compress.method), s.compressed, s.tensors,
+             with_commas(static_cast<int64_t>(s.per_step.sent)),
+             job.parallel.pipeline > 1 ? "data replica of the model (its stages' together; a tied "
+                                         "tensor on each stage that uses it)"
+                                       : "rank",
+             with_commas(static_cast<int64_t>(s.per_step.dense)), s.ratio(),
+             job.compress.warmup_steps) +
+         (warning.empty() ? std::string() : "# " + warning + "\n");
 }
 
 // The data-parallel layout as YAML comments: the split of the global batch, the

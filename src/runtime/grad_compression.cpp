@@ -32,6 +32,21 @@ CompressionPlanSummary summarize_plan(const CompressOptions& o,
   return s;
 }
 
+std::string gather_warning(const CompressOptions& o, const std::vector<compress::BucketPlan>& plans,
+                           int data_ranks, bool zero1) {
+  const int n = std::max(data_ranks, 1);
+  if (o.method == CompressMethod::powersgd || o.method == CompressMethod::none || n < 2) return {};
+  const double layout = static_cast<double>(compress::bytes_per_step(o, plans).dense);
+  const double gather = zero1 ? (n - 1.0) / n * layout : 0.0;
+  const double bus = compress::bus_bytes_per_step(o, plans, n) + gather;
+  const double dense = 2.0 * (n - 1) / n * layout;
+  if (bus <= dense) return {};
+  return fmt::format(
+      "warning: on {} data ranks {} moves {:.1f}x the bytes per rank of a dense all-reduce (it "
+      "gathers every rank's compressed gradient); powersgd all-reduces its factors",
+      n, to_string(o.method), bus / dense);
+}
+
 GradCompression::GradCompression(const CompressOptions& o,
                                  const std::vector<graph::FlatEntry>& layout,
                                  const std::vector<dist::Bucket>& buckets,
@@ -59,20 +74,9 @@ std::string GradCompression::describe(bool zero1) const {
       "first; {} bytes sent per step per rank instead of {} ({:.1f}x)",
       to_string(o_.method), summary_.compressed, summary_.tensors, o_.error_feedback ? "on" : "off",
       o_.warmup_steps, summary_.per_step.sent, summary_.per_step.dense, summary_.ratio());
-  // What a rank receives: top-k and 1-bit gather every rank's part, so past some number
-  // of data ranks the exchange moves more than the dense all-reduce it replaces.
-  const int world = static_cast<int>(place_[1]);
-  const double layout = static_cast<double>(summary_.per_step.dense);
-  const double gather = zero1 ? (world - 1.0) / std::max(world, 1) * layout : 0.0;
-  const double bus = compress::bus_bytes_per_step(o_, compressor_.plans(), world) + gather;
-  const double dense = 2.0 * (world - 1) / std::max(world, 1) * layout;
-  if (o_.method != CompressMethod::powersgd && world > 1 && bus > dense) {
-    text += fmt::format(
-        "\nwarning: on {} data ranks {} moves {:.1f}x the bytes per rank of a dense "
-        "all-reduce (it gathers every rank's compressed gradient); powersgd all-reduces its "
-        "factors",
-        world, to_string(o_.method), bus / dense);
-  }
+  const std::string warning =
+      gather_warning(o_, compressor_.plans(), static_cast<int>(place_[1]), zero1);
+  if (!warning.empty()) text += "\n" + warning;
   return text;
 }
 

@@ -34,6 +34,14 @@ struct CompressionPlanSummary {
 CompressionPlanSummary summarize_plan(const CompressOptions& o,
                                       const std::vector<compress::BucketPlan>& plans, int tensors);
 
+// Top-k and 1-bit all-gather every rank's compressed gradient: past some number of data
+// ranks the exchange moves more bytes per rank than the dense all-reduce it replaces.
+// The warning then ("on N data ranks onebit moves 16.5x the bytes per rank ..."), else
+// empty. `zero1`: both followed by ZeRO-1's gather of the stepped parameters, as
+// dtrain estimate counts. The start-up note and `dtrain validate` print it.
+std::string gather_warning(const CompressOptions& o, const std::vector<compress::BucketPlan>& plans,
+                           int data_ranks, bool zero1);
+
 class GradCompression {
  public:
   // Plans `buckets` and routes them through the compressor (after the warm-up steps):

@@ -746,7 +746,8 @@ TEST_CASE("compression: the estimate gives the measured peak within 3% and the t
 // Top-k and 1-bit all-gather every rank's compressed gradient, so what a rank moves grows
 // with the data ranks while a dense all-reduce's stays under twice the gradient: the
 // estimate gives both and says when the compressed exchange is the larger (1-bit on 1024
-// ranks), not when it is not (on 8); PowerSGD all-reduces its factors at any size.
+// ranks), not when it is not (on 8), and so does dtrain validate; PowerSGD all-reduces
+// its factors at any size.
 TEST_CASE("compression: the estimate says when gathering outgrows the dense all-reduce") {
   TempDir tmp("compress-scale");
   const fs::path job = tmp.path() / "gpt.yaml";
@@ -771,6 +772,15 @@ TEST_CASE("compression: the estimate says when gathering outgrows the dense all-
       const std::string caveat = e.value("caveat", "");
       CHECK((caveat.find("all-gathers every rank's compressed gradient") != std::string::npos) ==
             larger);
+      // dtrain validate says it too, under the layout's compression line.
+      const RunResult v =
+          run_dtrain_command({"validate", job.string(), "--world", std::to_string(world), "--set",
+                              std::string("compress.method=") + method},
+                             tmp.path() / fmt::format("validate-{}-{}.log", method, world));
+      REQUIRE_MESSAGE(v.rc == 0, v.describe());
+      CHECK(v.log.find("# compression: ") != std::string::npos);
+      CHECK((v.log.find(fmt::format("# warning: on {} data ranks {} moves", world, method)) !=
+             std::string::npos) == larger);
     }
   }
 }
