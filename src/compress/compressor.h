@@ -107,7 +107,6 @@ class Compressor {
   // it returns the collectives' span on the communicator (zeros on the self one).
   void start(size_t b, Tensor grads);
   dist::Handle::Timing complete();
-  bool in_flight() const { return flight_ != nullptr; }
   // start() then complete().
   void reduce(size_t b, Tensor grads);
   const std::vector<BucketPlan>& plans() const { return plans_; }

@@ -41,6 +41,15 @@ inline fs::path run_job(const fs::path& job, const fs::path& dir, const std::str
   return out;
 }
 
+// Top-k at ratio 1 sends every entry, summed in rank order from -0: in a 4-rank `grid`
+// (its --set flags) the run is the plain one's bit for bit.
+inline void require_topk1_plain(const fs::path& job, const fs::path& dir,
+                                const std::vector<std::string>& grid) {
+  std::vector<std::string> topk1 = grid;
+  topk1.insert(topk1.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=1.0"});
+  require_same(run_job(job, dir, "plain", 4, grid), run_job(job, dir, "topk1", 4, topk1));
+}
+
 // Gradient compression in a 4-rank grid (`grid`: --set flags) with `method` (its
 // `key=value` settings): saved every step, a run stopped at step `stop` and resumed
 // with --resume latest; every rank's resumed log took its residual back (no "error

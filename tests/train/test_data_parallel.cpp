@@ -82,6 +82,13 @@ fs::path lm_job(const fs::path& dir, const std::string& arch, const TokenDir& t)
   return job;
 }
 
+// Each compression method with the settings the tests train it at, as --set flags.
+std::vector<std::vector<std::string>> compression_methods() {
+  return {{"--set", "compress.method=topk", "--set", "compress.ratio=0.05"},
+          {"--set", "compress.method=onebit"},
+          {"--set", "compress.method=powersgd", "--set", "compress.rank=2"}};
+}
+
 }  // namespace
 
 TEST_CASE("2 ranks train exactly like 1 rank with 2 micro-batches, with every algorithm") {
@@ -821,11 +828,7 @@ TEST_CASE("compression: overlapping the exchanges with backward changes no bit")
   TempDir tmp("compressoverlap");
   const TokenDir tokens = tokenize(tmp.path(), 300);
   const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
-  const std::vector<std::vector<std::string>> methods = {
-      {"--set", "compress.method=topk", "--set", "compress.ratio=0.05"},
-      {"--set", "compress.method=onebit"},
-      {"--set", "compress.method=powersgd", "--set", "compress.rank=2"}};
-  for (const auto& method : methods) {
+  for (const auto& method : compression_methods()) {
     const std::string name = method[1].substr(method[1].find('=') + 1);
     CAPTURE(name);
     std::vector<std::string> sets = method;
@@ -920,11 +923,7 @@ TEST_CASE("compression: its state is checkpointed and a resumed run continues bi
   TempDir tmp("compressresume");
   const TokenDir tokens = tokenize(tmp.path(), 300);
   const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
-  const std::vector<std::vector<std::string>> methods = {
-      {"--set", "compress.method=topk", "--set", "compress.ratio=0.05"},
-      {"--set", "compress.method=onebit"},
-      {"--set", "compress.method=powersgd", "--set", "compress.rank=2"}};
-  for (const auto& method : methods) {
+  for (const auto& method : compression_methods()) {
     for (const char* stage : {"0", "1"}) {
       const std::string name = method[1].substr(method[1].find('=') + 1) + "-zero" + stage;
       CAPTURE(name);

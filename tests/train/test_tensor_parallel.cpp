@@ -291,10 +291,7 @@ TEST_CASE("gradient compression with data 2 x tensor 2: ratio 1 is plain, each m
       "--set", "parallel.tensor=2",  "--set", "parallel.data=2",
       "--set", "data.micro_batch=4", "--set", "comm.allreduce=ring",
       "--set", "train.steps=6",      "--set", "model.max_positions=64"};
-  std::vector<std::string> topk1 = grid;
-  topk1.insert(topk1.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=1.0"});
-  require_same(run_job(job, tmp.path(), "plain", 4, grid),
-               run_job(job, tmp.path(), "topk1", 4, topk1));
+  require_topk1_plain(job, tmp.path(), grid);
   const std::vector<std::vector<std::string>> methods = {
       {"compress.method=topk", "compress.ratio=0.05"},
       {"compress.method=onebit"},
