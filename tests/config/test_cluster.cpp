@@ -2,6 +2,8 @@
 // Error naming file:line:col and the key).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,9 +16,11 @@ using namespace dtrain;
 
 namespace {
 
+// ctest runs each test case as its own process, two at once: each writes its own file.
 std::string write(const std::string& text) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "dtrain-test-cluster.yaml").string();
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("dtrain-test-cluster-" + std::to_string(::getpid()) + ".yaml"))
+                               .string();
   std::ofstream(path) << text;
   return path;
 }
