@@ -164,7 +164,8 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
   for (const std::vector<dist::Bucket>& b : per_stage) {
     const std::vector<compress::BucketPlan> plans =
         compress::plan_compression(job.compress, b, runtime::compression_params(layout.entries()));
-    const runtime::CompressionPlanSummary one = runtime::summarize_plan(job.compress, plans, 0);
+    const runtime::CompressionPlanSummary one =
+        runtime::summarize_plan(job.compress, plans, 0, job.parallel.data);
     s.compressed += one.compressed;
     s.per_step.sent += one.per_step.sent;
     s.per_step.dense += one.per_step.dense;
@@ -174,9 +175,13 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
   const std::string warning =
       runtime::gather_warning(job.compress, all, job.parallel.data, job.parallel.zero_stage == 1);
   return fmt::format(
-             "# compression: {} on {} of {} parameter tensors; {} bytes sent per step per {} "
+             "# compression: {} on {} of {} parameter tensors{}; {} bytes sent per step per {} "
              "instead of {} ({:.1f}x less), after {} dense step(s)\n",
              to_string(job.compress.method), s.compressed, s.tensors,
+             job.compress.method == CompressMethod::powersgd
+                 ? std::string()
+                 : fmt::format(", exchange {}",
+                               to_string(resolve_exchange(job.compress, job.parallel.data))),
              with_commas(static_cast<int64_t>(s.per_step.sent)),
              job.parallel.pipeline > 1 ? "data replica of the model (its stages' together; a tied "
                                          "tensor on each stage that uses it)"

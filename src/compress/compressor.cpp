@@ -48,6 +48,23 @@ int64_t rank_of(const CompressOptions& o, const Piece& p) {
   return std::min({static_cast<int64_t>(o.rank), p.rows, p.cols});
 }
 
+// Top-k's entries out of n: round(ratio n), at least 1 (none of none).
+int64_t topk_count(double ratio, int64_t n) {
+  return n == 0 ? 0 : std::clamp<int64_t>(std::llround(ratio * static_cast<double>(n)), 1, n);
+}
+
+// two_phase: a bucket's e compressed elements cut into one segment per rank, their
+// lengths within one of each other.
+struct Segments {
+  int64_t e = 0, n = 1;
+  int64_t lo(int64_t r) const { return e * r / n; }
+  int64_t len(int64_t r) const { return lo(r + 1) - lo(r); }
+  int64_t most() const { return (e + n - 1) / n; }  // the longest segment
+};
+
+int64_t words_of(int64_t n) { return (n + 31) / 32; }
+int64_t chunks_of(int64_t n) { return (n + kSignChunk - 1) / kSignChunk; }
+
 }  // namespace
 
 std::vector<BucketPlan> plan_compression(const CompressOptions& o,
@@ -88,6 +105,14 @@ int64_t residual_elems(const CompressOptions& o, const std::vector<BucketPlan>& 
   return n;
 }
 
+int64_t server_residual_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans,
+                              int world, int rank) {
+  if (!o.error_feedback || resolve_exchange(o, world) != CompressExchange::two_phase) return 0;
+  int64_t n = 0;
+  for (const BucketPlan& p : plans) n += Segments{total(p.compressed), world}.len(rank);
+  return n;
+}
+
 // Mirrors the allocations of start() and complete() below, in their order and
 // lifetimes.
 ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world,
@@ -98,19 +123,54 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
   ExchangeBytes e{dense, dense, dense};
   if (n == 0) return e;
   const size_t x = f32(n);  // input(): the packed gradient (the residual added in place)
+  const bool two_phase = resolve_exchange(o, world) == CompressExchange::two_phase;
+  const Segments seg{n, world};
+  const auto topk_ws_bytes = [&](int64_t len) {
+    return kernels::topk_workspace_bytes(std::max<int64_t>(len, 0), device);
+  };
+  const auto topk_ws = [&](size_t bytes) { return bytes == 0 ? size_t{0} : round(bytes); };
   switch (o.method) {
-    case CompressMethod::topk: {  // indices (i32) and values, gathered
-      const int64_t k = std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(n)), 1, n);
-      const size_t ws_bytes = kernels::topk_workspace_bytes(n, device);
-      const size_t gathered = 2 * f32(k * world), ws = ws_bytes == 0 ? 0 : round(ws_bytes);
+    case CompressMethod::topk: {
+      if (two_phase) {
+        // Start: the sent and the received pairs (held until complete), every segment's
+        // selection's workspace. Complete: the sent pairs go, the owner's sum comes, the
+        // received go, the gathered pairs and the server selection's workspace come, the
+        // sum goes, the whole bucket's sum comes.
+        const int64_t most = seg.most(), slot = topk_count(o.ratio, most);
+        const size_t pairs = 2 * f32(slot * world), y = f32(most);
+        const size_t ws = topk_ws(std::max(topk_ws_bytes(most), topk_ws_bytes(most - 1)));
+        e.start = dense + x + 2 * pairs + ws;
+        e.held = dense + 2 * pairs;
+        e.complete =
+            std::max({e.held, dense + pairs + y, dense + y + pairs + topk_ws(topk_ws_bytes(most)),
+                      dense + pairs + f32(n)});
+        break;
+      }
+      // Indices (i32) and values, gathered.
+      const int64_t k = topk_count(o.ratio, n);
+      const size_t gathered = 2 * f32(k * world), ws = topk_ws(topk_ws_bytes(n));
       e.start = dense + x + gathered + ws;
       e.held = dense + gathered;
       e.complete = e.held + f32(n);  // the sum
       break;
     }
-    case CompressMethod::onebit: {  // sign words and chunk scales, gathered
-      const int64_t words = (n + 31) / 32, chunks = (n + kSignChunk - 1) / kSignChunk;
-      const size_t gathered = f32(words * world) + f32(chunks * world);
+    case CompressMethod::onebit: {
+      if (two_phase) {
+        // Start: the sent and the received words and scales (held until complete), with
+        // error feedback what was sent, decompressed. Complete: the sent go, the owner's
+        // sum comes, the received go, the gathered come, with error feedback what the
+        // owner sent, decompressed; the owner's sum goes, the whole bucket's sum comes.
+        const int64_t most = seg.most();
+        const size_t bits = f32(words_of(most) * world) + f32(chunks_of(most) * world),
+                     y = f32(most), fb = o.error_feedback ? f32(most) : 0;
+        e.start = dense + x + 2 * bits + (o.error_feedback ? f32(n) : 0);
+        e.held = dense + 2 * bits;
+        e.complete =
+            std::max({e.held, dense + bits + y, dense + y + bits + fb, dense + bits + f32(n)});
+        break;
+      }
+      // Sign words and chunk scales, gathered.
+      const size_t gathered = f32(words_of(n) * world) + f32(chunks_of(n) * world);
       e.start = dense + x + gathered + (o.error_feedback ? f32(n) : 0);  // what was sent
       e.held = dense + gathered;
       e.complete = e.held + f32(n);  // the sum
@@ -163,7 +223,8 @@ Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,
       plans_(std::move(plans)),
       dense_algo_(dense_algo),
       device_(device),
-      layout_elems_(layout_elems) {
+      layout_elems_(layout_elems),
+      exchange_(resolve_exchange(o, comm.size())) {
   DTRAIN_CHECK(o.method != CompressMethod::none, "a compressor without a method");
   // -0: adding it changes no value, not even a -0 gradient (x + +0 would turn -0 into
   // +0), so an empty residual leaves the gradient's bits as they are.
@@ -201,6 +262,13 @@ Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,
   }
   residual_ = scratch(at, DType::f32);
   if (at > 0) kernels::fill(residual_, -0.0f);
+  int64_t server = 0;
+  for (const BucketPlan& p : plans_) {
+    server_at_.push_back(server);
+    server += server_residual_elems(o_, {p}, comm.size(), comm.rank());
+  }
+  server_ = scratch(server, DType::f32);
+  if (server > 0) kernels::fill(server_, -0.0f);
   if (o.method != CompressMethod::powersgd) return;
   Tensor q = Tensor::empty(Shape{std::max<int64_t>(n, 1)}, DType::f32);
   const Philox rng(seed, rng_stream_id(kPowerSgdPurpose, 0, 0));  // the same Q on every rank
@@ -229,9 +297,13 @@ struct Compressor::Flight {
   std::vector<dist::Handle> done;  // the method's collectives
   Tensor gathered_a, gathered_b;   // topk: indices, values; onebit: sign words, scales
   int64_t k = 0;                   // topk: entries per rank
-  std::vector<Tensor> ms;          // PowerSGD: every matrix's M (its residual added)
-  std::vector<int64_t> res_lo;     // PowerSGD: each matrix's part of the residual
-  Tensor ps;                       // PowerSGD: every matrix's P, being all-reduced
+  // two_phase: what this rank sent to each rank and received from each (topk: indices,
+  // values; onebit: sign words, scales), a slot of slot_a / slot_b elements per rank.
+  Tensor sent_a, sent_b, got_a, got_b;
+  int64_t slot_a = 0, slot_b = 0;
+  std::vector<Tensor> ms;       // PowerSGD: every matrix's M (its residual added)
+  std::vector<int64_t> res_lo;  // PowerSGD: each matrix's part of the residual
+  Tensor ps;                    // PowerSGD: every matrix's P, being all-reduced
 };
 
 Compressor::~Compressor() = default;
@@ -262,10 +334,10 @@ void Compressor::start(size_t b, Tensor grads) {
   if (p.compressed.empty()) return;
   switch (o_.method) {
     case CompressMethod::topk:
-      start_topk(p, f);
+      two_phase() ? start_topk2(p, f) : start_topk(p, f);
       break;
     case CompressMethod::onebit:
-      start_onebit(p, f);
+      two_phase() ? start_onebit2(p, f) : start_onebit(p, f);
       break;
     case CompressMethod::powersgd:
       start_powersgd(p, f);
@@ -282,10 +354,10 @@ dist::Handle::Timing Compressor::complete() {
   if (!p.compressed.empty()) {
     switch (o_.method) {
       case CompressMethod::topk:
-        complete_topk(p, *f);
+        two_phase() ? complete_topk2(p, *f) : complete_topk(p, *f);
         break;
       case CompressMethod::onebit:
-        complete_onebit(p, *f);
+        two_phase() ? complete_onebit2(p, *f) : complete_onebit(p, *f);
         break;
       case CompressMethod::powersgd:
         complete_powersgd(p, *f);
@@ -326,7 +398,7 @@ Tensor Compressor::input(const std::vector<Piece>& pieces, const Tensor& grads,
 void Compressor::start_topk(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
   Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
-  const int64_t k = std::clamp<int64_t>(std::llround(o_.ratio * static_cast<double>(n)), 1, n);
+  const int64_t k = topk_count(o_.ratio, n);
   const int world = comm_.size(), me = comm_.rank();
   f.k = k;
   f.gathered_a = scratch(k * world, DType::i32);
@@ -361,7 +433,7 @@ void Compressor::complete_topk(const BucketPlan& p, Flight& f) {
 void Compressor::start_onebit(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
   Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
-  const int64_t nwords = (n + 31) / 32, nchunks = (n + kSignChunk - 1) / kSignChunk;
+  const int64_t nwords = words_of(n), nchunks = chunks_of(n);
   const int world = comm_.size(), me = comm_.rank();
   f.gathered_a = scratch(nwords * world, DType::i32);
   f.gathered_b = scratch(nchunks * world, DType::f32);
@@ -384,11 +456,184 @@ void Compressor::start_onebit(const BucketPlan& p, Flight& f) {
 void Compressor::complete_onebit(const BucketPlan& p, Flight& f) {
   for (dist::Handle& h : f.done) h.wait();
   const int64_t n = total(p.compressed);
-  const int64_t nwords = (n + 31) / 32, nchunks = (n + kSignChunk - 1) / kSignChunk;
+  const int64_t nwords = words_of(n), nchunks = chunks_of(n);
   Tensor sum = scratch(n, DType::f32);
   for (int r = 0; r < comm_.size(); ++r) {  // rank order: the same bits on every rank
     kernels::sign_unpack(f.gathered_a.view(r * nwords, Shape{nwords}),
                          f.gathered_b.view(r * nchunks, Shape{nchunks}), kSignChunk, sum, r > 0);
+  }
+  unpack(p.compressed, sum, f.grads);
+}
+
+// two_phase top-k. Start: each segment's top-k into its slot of the sent pairs (the
+// residual: x with every segment's sent entries taken out), all-to-all. Complete: this
+// rank's segment summed from every rank's pairs in rank order, its server residual
+// added, its top-k into this rank's slot of the gather buffers (the server residual:
+// the rest), all-gathered; every rank's pairs written into its segment of the sum.
+void Compressor::start_topk2(const BucketPlan& p, Flight& f) {
+  const int64_t n = total(p.compressed);
+  const int world = comm_.size();
+  const Segments seg{n, world};
+  const int64_t slot = topk_count(o_.ratio, seg.most());
+  Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
+  f.slot_a = slot;
+  f.sent_a = scratch(slot * world, DType::i32);
+  f.sent_b = scratch(slot * world, DType::f32);
+  f.got_a = scratch(slot * world, DType::i32);
+  f.got_b = scratch(slot * world, DType::f32);
+  {
+    const size_t ws_bytes = std::max(kernels::topk_workspace_bytes(seg.most(), device_),
+                                     kernels::topk_workspace_bytes(seg.most() - 1, device_));
+    Tensor ws = scratch(static_cast<int64_t>(ws_bytes), DType::u8);
+    for (int r = 0; r < world; ++r) {
+      const int64_t len = seg.len(r), k = topk_count(o_.ratio, len);
+      if (k == 0) continue;
+      Tensor part = x.view(seg.lo(r), Shape{len});
+      Tensor idx = f.sent_a.view(r * slot, Shape{k}), val = f.sent_b.view(r * slot, Shape{k});
+      kernels::topk_select(part, idx, val, kernels::Workspace{ws.raw(), ws_bytes, device_});
+      if (o_.error_feedback) kernels::clear_at(idx, part);
+      tally_.sent += static_cast<uint64_t>(k) * 8;
+    }
+  }
+  if (o_.error_feedback) copy(x, residual_.view(res_at_[f.b], Shape{n}));
+  x = Tensor();
+  f.done.push_back(comm_.all_to_all_async(f.sent_a, f.got_a));
+  f.done.push_back(comm_.all_to_all_async(f.sent_b, f.got_b));
+  tally_.dense += static_cast<uint64_t>(n) * 4;
+}
+
+void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
+  for (dist::Handle& h : f.done) h.wait();
+  const int64_t n = total(p.compressed);
+  const int world = comm_.size(), me = comm_.rank();
+  const Segments seg{n, world};
+  const int64_t slot = f.slot_a, len = seg.len(me), k = topk_count(o_.ratio, len);
+  f.sent_a = f.sent_b = Tensor();
+  Tensor gathered_a, gathered_b;
+  {
+    Tensor y = scratch(len, DType::f32);  // this rank's segment of the sum
+    if (len > 0) {
+      kernels::fill(y, -0.0f);
+      for (int r = 0; r < world; ++r)
+        kernels::scatter_add(f.got_a.view(r * slot, Shape{k}), f.got_b.view(r * slot, Shape{k}), k,
+                             y);
+    }
+    f.got_a = f.got_b = Tensor();
+    gathered_a = scratch(slot * world, DType::i32);
+    gathered_b = scratch(slot * world, DType::f32);
+    if (len > 0) {
+      if (o_.error_feedback) kernels::add(y, server_.view(server_at_[f.b], Shape{len}), y);
+      Tensor idx = gathered_a.view(me * slot, Shape{k}), val = gathered_b.view(me * slot, Shape{k});
+      const size_t ws_bytes = kernels::topk_workspace_bytes(len, device_);
+      Tensor ws = scratch(static_cast<int64_t>(ws_bytes), DType::u8);
+      kernels::topk_select(y, idx, val, kernels::Workspace{ws.raw(), ws_bytes, device_});
+      if (o_.error_feedback) {
+        kernels::clear_at(idx, y);
+        copy(y, server_.view(server_at_[f.b], Shape{len}));
+      }
+    }
+  }
+  dist::Handle a = comm_.all_gather_async(gathered_a.view(me * slot, Shape{slot}), gathered_a);
+  dist::Handle b = comm_.all_gather_async(gathered_b.view(me * slot, Shape{slot}), gathered_b);
+  a.wait();
+  b.wait();
+  f.done.push_back(a);
+  f.done.push_back(b);
+  tally_.sent += static_cast<uint64_t>(k) * 8;
+  Tensor sum = scratch(n, DType::f32);
+  kernels::fill(sum, -0.0f);
+  for (int r = 0; r < world; ++r) {
+    const int64_t kr = topk_count(o_.ratio, seg.len(r));
+    if (kr == 0) continue;
+    Tensor part = sum.view(seg.lo(r), Shape{seg.len(r)});
+    kernels::scatter_add(gathered_a.view(r * slot, Shape{kr}), gathered_b.view(r * slot, Shape{kr}),
+                         kr, part);
+  }
+  unpack(p.compressed, sum, f.grads);
+}
+
+// two_phase 1-bit, as two_phase top-k with sign words and chunk scales: each segment
+// packed into its slot; the owner's sum is every rank's unpacked segment added in rank
+// order; the owner packs the sum (its server residual added) into its slot of the
+// gather buffers.
+void Compressor::start_onebit2(const BucketPlan& p, Flight& f) {
+  const int64_t n = total(p.compressed);
+  const int world = comm_.size();
+  const Segments seg{n, world};
+  const int64_t wslot = words_of(seg.most()), cslot = chunks_of(seg.most());
+  Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
+  f.slot_a = wslot;
+  f.slot_b = cslot;
+  f.sent_a = scratch(wslot * world, DType::i32);
+  f.sent_b = scratch(cslot * world, DType::f32);
+  f.got_a = scratch(wslot * world, DType::i32);
+  f.got_b = scratch(cslot * world, DType::f32);
+  Tensor mine = o_.error_feedback ? scratch(n, DType::f32) : Tensor();
+  for (int r = 0; r < world; ++r) {
+    const int64_t len = seg.len(r);
+    if (len == 0) continue;
+    Tensor words = f.sent_a.view(r * wslot, Shape{words_of(len)});
+    Tensor scales = f.sent_b.view(r * cslot, Shape{chunks_of(len)});
+    kernels::sign_pack(x.view(seg.lo(r), Shape{len}), kSignChunk, words, scales);
+    Tensor out = o_.error_feedback ? mine.view(seg.lo(r), Shape{len}) : Tensor();
+    if (o_.error_feedback) kernels::sign_unpack(words, scales, kSignChunk, out, false);
+    tally_.sent += static_cast<uint64_t>(words_of(len) + chunks_of(len)) * 4;
+  }
+  if (o_.error_feedback) {  // residual = x - what this rank's bits and scales stand for
+    kernels::axpy(-1.0f, mine, x);
+    mine = Tensor();
+    copy(x, residual_.view(res_at_[f.b], Shape{n}));
+  }
+  x = Tensor();
+  f.done.push_back(comm_.all_to_all_async(f.sent_a, f.got_a));
+  f.done.push_back(comm_.all_to_all_async(f.sent_b, f.got_b));
+  tally_.dense += static_cast<uint64_t>(n) * 4;
+}
+
+void Compressor::complete_onebit2(const BucketPlan& p, Flight& f) {
+  for (dist::Handle& h : f.done) h.wait();
+  const int64_t n = total(p.compressed);
+  const int world = comm_.size(), me = comm_.rank();
+  const Segments seg{n, world};
+  const int64_t wslot = f.slot_a, cslot = f.slot_b, len = seg.len(me);
+  f.sent_a = f.sent_b = Tensor();
+  Tensor gathered_a, gathered_b;
+  {
+    Tensor y = scratch(len, DType::f32);          // this rank's segment of the sum
+    for (int r = 0; r < world && len > 0; ++r) {  // rank order: the same bits on every rank
+      kernels::sign_unpack(f.got_a.view(r * wslot, Shape{words_of(len)}),
+                           f.got_b.view(r * cslot, Shape{chunks_of(len)}), kSignChunk, y, r > 0);
+    }
+    f.got_a = f.got_b = Tensor();
+    gathered_a = scratch(wslot * world, DType::i32);
+    gathered_b = scratch(cslot * world, DType::f32);
+    if (len > 0) {
+      if (o_.error_feedback) kernels::add(y, server_.view(server_at_[f.b], Shape{len}), y);
+      Tensor words = gathered_a.view(me * wslot, Shape{words_of(len)});
+      Tensor scales = gathered_b.view(me * cslot, Shape{chunks_of(len)});
+      kernels::sign_pack(y, kSignChunk, words, scales);
+      if (o_.error_feedback) {  // the server residual: the sum - what its bits stand for
+        Tensor sent = scratch(len, DType::f32);
+        kernels::sign_unpack(words, scales, kSignChunk, sent, false);
+        kernels::axpy(-1.0f, sent, y);
+        copy(y, server_.view(server_at_[f.b], Shape{len}));
+      }
+    }
+  }
+  dist::Handle a = comm_.all_gather_async(gathered_a.view(me * wslot, Shape{wslot}), gathered_a);
+  dist::Handle b = comm_.all_gather_async(gathered_b.view(me * cslot, Shape{cslot}), gathered_b);
+  a.wait();
+  b.wait();
+  f.done.push_back(a);
+  f.done.push_back(b);
+  tally_.sent += static_cast<uint64_t>(words_of(len) + chunks_of(len)) * 4;
+  Tensor sum = scratch(n, DType::f32);
+  for (int r = 0; r < world; ++r) {
+    const int64_t lr = seg.len(r);
+    if (lr == 0) continue;
+    Tensor part = sum.view(seg.lo(r), Shape{lr});
+    kernels::sign_unpack(gathered_a.view(r * wslot, Shape{words_of(lr)}),
+                         gathered_b.view(r * cslot, Shape{chunks_of(lr)}), kSignChunk, part, false);
   }
   unpack(p.compressed, sum, f.grads);
 }
@@ -476,7 +721,8 @@ Tally Compressor::take_tally() {
   return t;
 }
 
-Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans) {
+Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans, int world) {
+  const bool two_phase = resolve_exchange(o, world) == CompressExchange::two_phase;
   Tally t;
   for (const BucketPlan& p : plans) {
     const auto dense = static_cast<uint64_t>(total(p.dense)) * 4;
@@ -484,14 +730,25 @@ Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& pl
     t.dense += dense + static_cast<uint64_t>(total(p.compressed)) * 4;
     const int64_t n = total(p.compressed);
     if (n == 0) continue;
+    const Segments seg{n, world};
     switch (o.method) {
-      case CompressMethod::topk:
-        t.sent += static_cast<uint64_t>(
-                      std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(n)), 1, n)) *
-                  8;
+      case CompressMethod::topk:  // two_phase: every segment's, then rank 0's sum's
+        if (!two_phase) {
+          t.sent += static_cast<uint64_t>(topk_count(o.ratio, n)) * 8;
+          break;
+        }
+        for (int r = 0; r < world; ++r)
+          t.sent += static_cast<uint64_t>(topk_count(o.ratio, seg.len(r))) * 8;
+        t.sent += static_cast<uint64_t>(topk_count(o.ratio, seg.len(0))) * 8;
         break;
       case CompressMethod::onebit:
-        t.sent += static_cast<uint64_t>((n + 31) / 32 + (n + kSignChunk - 1) / kSignChunk) * 4;
+        if (!two_phase) {
+          t.sent += static_cast<uint64_t>(words_of(n) + chunks_of(n)) * 4;
+          break;
+        }
+        for (int r = 0; r < world; ++r)
+          t.sent += static_cast<uint64_t>(words_of(seg.len(r)) + chunks_of(seg.len(r))) * 4;
+        t.sent += static_cast<uint64_t>(words_of(seg.len(0)) + chunks_of(seg.len(0))) * 4;
         break;
       case CompressMethod::powersgd:
         for (const Piece& m : p.compressed)
@@ -507,21 +764,24 @@ Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& pl
 double bus_bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans,
                           int world) {
   if (world < 2) return 0;
+  const bool two_phase = resolve_exchange(o, world) == CompressExchange::two_phase;
   const double n = world, reduce = 2.0 * (n - 1) / n, gather = n - 1;  // per byte sent
   double bus = 0;
   for (const BucketPlan& p : plans) {
     bus += reduce * 4.0 * static_cast<double>(total(p.dense));
     const int64_t c = total(p.compressed);
     if (c == 0) continue;
+    // two_phase: an all-to-all and an all-gather of a slot per rank each, (n-1)/n of
+    // their n slots: what the communicator counts.
+    const int64_t most = Segments{c, world}.most();
     switch (o.method) {
-      case CompressMethod::topk:  // indices and values: 8 bytes an entry, gathered
-        bus += gather * 8.0 *
-               static_cast<double>(
-                   std::clamp<int64_t>(std::llround(o.ratio * static_cast<double>(c)), 1, c));
+      case CompressMethod::topk:  // indices and values: 8 bytes an entry
+        bus += two_phase ? 2 * gather * 8.0 * static_cast<double>(topk_count(o.ratio, most))
+                         : gather * 8.0 * static_cast<double>(topk_count(o.ratio, c));
         break;
-      case CompressMethod::onebit:  // sign words and chunk scales, gathered
-        bus +=
-            gather * 4.0 * static_cast<double>((c + 31) / 32 + (c + kSignChunk - 1) / kSignChunk);
+      case CompressMethod::onebit:  // sign words and chunk scales
+        bus += two_phase ? 2 * gather * 4.0 * static_cast<double>(words_of(most) + chunks_of(most))
+                         : gather * 4.0 * static_cast<double>(words_of(c) + chunks_of(c));
         break;
       case CompressMethod::powersgd:  // P and Q, all-reduced
         for (const Piece& m : p.compressed)

@@ -9,13 +9,23 @@
 //  - powersgd: per matrix M (a parameter of 2+ dimensions viewed as its first dim by
 //    the rest) P = M Q, P all-reduced (summed) and orthonormalised, Q = M^T P,
 //    Q all-reduced, the result P Q^T; Q warm-starts the next step.
+// Top-k and 1-bit exchange a bucket in one of two ways (compress.exchange, resolved by
+// resolve_exchange): gather, as above (a rank receives every rank's compressed bucket:
+// O(world) bytes per rank), or two_phase (O(1) per rank): the bucket's compressed
+// elements are cut into one segment per rank (segment r: [E r / n, E (r + 1) / n)),
+// each rank compresses every segment (top-k: round(ratio x segment) entries of each),
+// an all-to-all sends segment r to rank r, which sums what it received in rank order,
+// adds its server residual, compresses that sum again and all-gathers it; every rank
+// then writes each rank's decompressed segment.
 // Error feedback (compress.error_feedback): the residual, what this rank did not send,
 // is added to its next gradient: for every rank, the sum of what it sent over the steps
 // plus its residual is the sum of its gradients (exactly for topk, to rounding for the
-// others). Tensors that do not compress (1-D, small, or where PowerSGD's factors would
-// not be smaller) are summed exactly by an all-reduce in the same bucket.
-// A bucket's exchange runs in two halves, so that its collectives overlap what the
-// caller does next (the rest of backward): start() compresses and issues them,
+// others). In two_phase the owner of a segment keeps a server residual too, what its
+// second compression left out of the sum, added to the next step's sum (what arrives
+// over the steps plus every residual is the sum of the gradients). Tensors that do not compress
+// (1-D, small, or where PowerSGD's factors would not be smaller) are summed exactly by an
+// all-reduce in the same bucket. A bucket's exchange runs in two halves, so that its collectives
+// overlap what the caller does next (the rest of backward): start() compresses and issues them,
 // complete() waits and writes the sum; one bucket is in flight at a time.
 // Sums only, as GradSync: the caller scales. Device-neutral: the buffers live on the
 // gradients' device and every step is a kernel of kernels/compress.h or a GEMM
@@ -62,9 +72,10 @@ struct Tally {
   uint64_t sent = 0, dense = 0;
 };
 
-// What one step sends per rank under `plans` (the plans alone decide it): `dtrain
-// validate` prints it, the trainer's start-up note too.
-Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans);
+// What one step sends per rank under `plans` on `world` data ranks (rank 0's: in
+// two_phase the segments, hence the counts, differ by one entry from rank to rank):
+// `dtrain validate` prints it, the trainer's start-up note too.
+Tally bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan>& plans, int world);
 
 // The bus bytes (dist::CommStats' units: an all-reduce 2(n-1)/n of its buffer, an
 // all-gather (n-1)/n of what it gathers) of one step's exchanges under `plans` on
@@ -87,6 +98,12 @@ int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>
 // The elements of the residual (Compressor::residual) under `plans`: every compressed
 // piece's, none without error feedback.
 int64_t residual_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans);
+
+// The elements of rank `rank`'s server residual (Compressor::server_residual) under
+// `plans` on `world` data ranks: its segment of every bucket's compressed elements in
+// two_phase with error feedback, none otherwise.
+int64_t server_residual_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans,
+                              int world, int rank);
 
 class Compressor {
  public:
@@ -117,9 +134,15 @@ class Compressor {
   // PowerSGD: every matrix's Q, flat, on the device (the same on every rank);
   // undefined otherwise.
   Tensor powersgd_q() const { return q_; }
+  // two_phase with error feedback: this rank's server residual, f32 on the device, its
+  // segment of each bucket's compressed elements, bucket after bucket (empty otherwise).
+  Tensor server_residual() const { return server_; }
+  // The exchange this compressor runs (resolve_exchange for its communicator's size).
+  CompressExchange exchange() const { return exchange_; }
   Tally take_tally();
 
  private:
+  bool two_phase() const { return exchange_ == CompressExchange::two_phase; }
   Tensor scratch(int64_t n, DType dtype) const;
   Tensor input(const std::vector<Piece>& pieces, const Tensor& grads, int64_t res_lo) const;
   void gemm(const kernels::GemmArgs& args, const Tensor& a, const Tensor& b, Tensor c) const;
@@ -128,6 +151,10 @@ class Compressor {
   void complete_topk(const BucketPlan& p, Flight& f);
   void start_onebit(const BucketPlan& p, Flight& f);
   void complete_onebit(const BucketPlan& p, Flight& f);
+  void start_topk2(const BucketPlan& p, Flight& f);
+  void complete_topk2(const BucketPlan& p, Flight& f);
+  void start_onebit2(const BucketPlan& p, Flight& f);
+  void complete_onebit2(const BucketPlan& p, Flight& f);
   void start_powersgd(const BucketPlan& p, Flight& f);
   void complete_powersgd(const BucketPlan& p, Flight& f);
 
@@ -137,8 +164,10 @@ class Compressor {
   AllreduceAlgo dense_algo_;
   Device device_;
   int64_t layout_elems_ = 0;
-  Tensor residual_, q_;
-  std::vector<int64_t> res_at_;  // per bucket: its pieces' offset in residual_
+  CompressExchange exchange_;
+  Tensor residual_, q_, server_;
+  std::vector<int64_t> server_at_;  // per bucket: this rank's segment's offset in server_
+  std::vector<int64_t> res_at_;     // per bucket: its pieces' offset in residual_
   // Per bucket, per compressed piece: offset in q_ (pieces in layout order, as residual_).
   std::vector<std::vector<int64_t>> q_at_;
   Tally tally_;

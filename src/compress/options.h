@@ -23,12 +23,44 @@ inline bool from_string(std::string_view text, CompressMethod& out) {
 }
 inline const auto& enum_names(CompressMethod) { return kCompressMethodNames; }
 
+// How top-k and 1-bit exchange a bucket. gather: every rank's compressed bucket is
+// all-gathered and summed (one compression; a rank receives world x what it sends).
+// two_phase: each rank compresses its chunk of the bucket for every peer, an
+// all-to-all sends each chunk to the rank that owns it, the owner sums its chunk, adds
+// its own (server) residual, compresses the sum again and all-gathers it (two
+// compressions, each with error feedback; a rank moves about twice what it sends,
+// whatever the world size). auto: two_phase from 3 data ranks, where it moves fewer
+// bytes; gather on 2, where the two move the same. PowerSGD all-reduces its factors
+// and takes none of them.
+enum class CompressExchange : uint8_t { auto_, gather, two_phase };
+inline constexpr std::pair<CompressExchange, std::string_view> kCompressExchangeNames[] = {
+    {CompressExchange::auto_, "auto"},
+    {CompressExchange::gather, "gather"},
+    {CompressExchange::two_phase, "two_phase"}};
+inline std::string_view to_string(CompressExchange v) {
+  return enum_name(kCompressExchangeNames, v);
+}
+inline bool from_string(std::string_view text, CompressExchange& out) {
+  return enum_parse(kCompressExchangeNames, text, out);
+}
+inline const auto& enum_names(CompressExchange) { return kCompressExchangeNames; }
+
 struct CompressOptions {
   CompressMethod method = CompressMethod::none;
   double ratio = 0.01;         // topk: fraction of gradient entries sent
   int rank = 4;                // powersgd: rank of the low-rank approximation
   bool error_feedback = true;  // add what compression dropped to the next step's gradient
   int64_t warmup_steps = 0;    // uncompressed all-reduce for the first steps
+  CompressExchange exchange = CompressExchange::auto_;  // topk and onebit
 };
+
+// The exchange a job of `method` runs on `world` data ranks: gather or two_phase for
+// top-k and 1-bit (auto resolved), gather (meaning: the method's own) for PowerSGD.
+inline CompressExchange resolve_exchange(const CompressOptions& o, int world) {
+  if (o.method != CompressMethod::topk && o.method != CompressMethod::onebit)
+    return CompressExchange::gather;
+  if (o.exchange != CompressExchange::auto_) return o.exchange;
+  return world >= 3 ? CompressExchange::two_phase : CompressExchange::gather;
+}
 
 }  // namespace dtrain

@@ -195,7 +195,8 @@ Field compress_section() {
                               real("ratio", AT(compress.ratio), kOpenFraction),
                               integer("rank", AT(compress.rank), kPositive),
                               boolean("error_feedback", AT(compress.error_feedback)),
-                              integer("warmup_steps", AT(compress.warmup_steps), kNonNegative)});
+                              integer("warmup_steps", AT(compress.warmup_steps), kNonNegative),
+                              enumeration("exchange", AT(compress.exchange))});
 }
 
 Field memory_section() {

@@ -280,6 +280,15 @@ void check_comm(const Checker& c) {
 
 void check_compress(const Checker& c) {
   const CompressOptions& k = c.job.compress;
+  if (k.exchange != CompressExchange::auto_ && k.method != CompressMethod::topk &&
+      k.method != CompressMethod::onebit) {
+    c.error("compress.exchange",
+            fmt::format("{} is how top-k and 1-bit exchange a bucket, and compress.method is {}",
+                        to_string(k.exchange), to_string(k.method)),
+            k.method == CompressMethod::powersgd
+                ? "remove compress.exchange: powersgd all-reduces its factors"
+                : "set compress.method to topk or onebit, or remove compress.exchange");
+  }
   if (k.method == CompressMethod::none) return;
   const std::string method(to_string(k.method));
   if (c.job.parallel.zero_stage >= 2) {

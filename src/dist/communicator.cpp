@@ -153,6 +153,12 @@ class SelfCommunicator final : public Communicator {
     copy_bytes(in, out);
     return completed_handle();
   }
+  Handle all_to_all_async(Tensor in, Tensor out) override {
+    check_same(in, out, "all_to_all");
+    count("all_gather", out.nbytes());
+    copy_bytes(in, out);
+    return completed_handle();
+  }
   void broadcast(Tensor& buf, int root) override {
     check_self_buffer(buf, "broadcast");
     DTRAIN_CHECK(root == 0, "broadcast root {} in a group of one", root);

@@ -292,6 +292,7 @@ class MpiCommunicator final : public Communicator {
   }
   void reduce_scatter(const Tensor& in, Tensor& out) override;
   Handle all_gather_async(Tensor in, Tensor out) override;
+  Handle all_to_all_async(Tensor in, Tensor out) override;
   void broadcast(Tensor& buf, int root) override;
   Handle reduce_async(Tensor buf, int root) override;
   Handle all_gatherv_async(Tensor buf, std::vector<int64_t> counts) override;
@@ -386,6 +387,20 @@ Handle MpiCommunicator::all_gather_async(Tensor in, Tensor out) {
     const MPI_Datatype t = mpi_type(in.dtype());
     DTRAIN_MPI_CHECK(
         MPI_Allgather(in_place ? MPI_IN_PLACE : in.raw(), n, t, out.raw(), n, t, s.comm));
+  });
+}
+
+Handle MpiCommunicator::all_to_all_async(Tensor in, Tensor out) {
+  check_comm_buffer(in, "all_to_all");
+  check_comm_buffer(out, "all_to_all");
+  DTRAIN_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() &&
+                   out.numel() % s_->size == 0 && in.raw() != out.raw(),
+               "all_to_all: {} -> {} over {} ranks (equal, separate buffers)", in.str(), out.str(),
+               s_->size);
+  const int n = int_count(in, "all_to_all") / s_->size;
+  return enqueue("all_gather", out.nbytes(), [in, out, n](CommState& s) {
+    const MPI_Datatype t = mpi_type(in.dtype());
+    DTRAIN_MPI_CHECK(MPI_Alltoall(in.raw(), n, t, out.raw(), n, t, s.comm));
   });
 }
 

@@ -303,6 +303,30 @@ class NcclCommunicator final : public Communicator {
         },
         {in, out});
   }
+  // One send and one receive per peer, grouped (NCCL has no all-to-all collective).
+  Handle all_to_all_async(Tensor in, Tensor out) override {
+    check(in, "all_to_all", false);
+    check(out, "all_to_all", false);
+    DTRAIN_CHECK(in.dtype() == out.dtype() && in.numel() == out.numel() &&
+                     out.numel() % s_->size == 0 && in.raw() != out.raw(),
+                 "all_to_all: {} -> {} over {} ranks (equal, separate buffers)", in.str(),
+                 out.str(), s_->size);
+    return issue("all_gather", out.nbytes(),
+                 [this, in, out](cudaStream_t st) {
+                   const auto n = static_cast<size_t>(in.numel() / s_->size);
+                   const size_t block = n * dtype_size(in.dtype());
+                   DTRAIN_NCCL_CHECK(ncclGroupStart());
+                   for (int r = 0; r < s_->size; ++r) {
+                     const size_t at = static_cast<size_t>(r) * block;
+                     DTRAIN_NCCL_CHECK(ncclSend(static_cast<const char*>(in.raw()) + at, n,
+                                                nccl_type(in.dtype()), r, s_->comm, st));
+                     DTRAIN_NCCL_CHECK(ncclRecv(static_cast<char*>(out.raw()) + at, n,
+                                                nccl_type(in.dtype()), r, s_->comm, st));
+                   }
+                   DTRAIN_NCCL_CHECK(ncclGroupEnd());
+                 },
+                 {in, out});
+  }
   void broadcast(Tensor& buf, int root) override {
     check(buf, "broadcast", false);
     DTRAIN_CHECK(root >= 0 && root < s_->size, "broadcast root {} of {}", root, s_->size);

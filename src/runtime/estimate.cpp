@@ -67,8 +67,8 @@ namespace {
 // Gradient compression on one rank (a pipeline: per stage): what it keeps and its
 // buckets' exchanges.
 struct StageCompression {
-  size_t residual = 0, q = 0;  // bytes, rounded
-  double bus = 0;              // data traffic per step
+  size_t residual = 0, q = 0, server = 0;  // bytes, rounded
+  double bus = 0;                          // data traffic per step
   graph::GradBuckets buckets;  // the exchanges, as the buckets' last gradients are ready
   size_t exchange_after = 0;   // overlap off: the largest exchange, after backward (on:
                                // the plan's ActivationPeak::exchange_after)
@@ -366,6 +366,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       const int64_t q = compress::powersgd_q_elems(job.compress, plans);
       c.residual = residual > 0 ? round(static_cast<size_t>(residual) * sizeof(float)) : 0;
       c.q = q > 0 ? round(static_cast<size_t>(q) * sizeof(float)) : 0;
+      const int64_t server = compress::server_residual_elems(job.compress, plans, world, 0);
+      c.server = server > 0 ? round(static_cast<size_t>(server) * sizeof(float)) : 0;
       // ZeRO-1 then gathers the stepped parameters: (n-1)/n of the span.
       c.bus = compress::bus_bytes_per_step(job.compress, plans, world) +
               (sharded ? static_cast<double>(world - 1) / world * static_cast<double>(span) *
@@ -402,11 +404,16 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     for (const StageCompression& c : stage_compression) {
       most_compression.residual = std::max(most_compression.residual, c.residual);
       most_compression.q = std::max(most_compression.q, c.q);
+      most_compression.server = std::max(most_compression.server, c.server);
       compressed_bus = std::max(compressed_bus, c.bus);
       exchange_after = std::max(exchange_after, c.exchange_after);
     }
     add("compression residual", most_compression.residual,
         "f32, what this rank has not sent yet (error feedback), its compressed tensors'" +
+            stage_note);
+    add("compression server residual", most_compression.server,
+        "f32, what this rank's sums of its segments have not sent yet (compress.exchange "
+        "two_phase)" +
             stage_note);
     add("PowerSGD Q", most_compression.q, "f32, kept between steps" + stage_note);
     // A save (GradCompression::state) writes each rank's residual into its own shard
@@ -493,7 +500,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       size_t compression = 0;  // this stage's residual and Q for the largest stage's
       if (compressed) {
         const StageCompression& c = stage_compression[s];
-        compression = most_compression.residual + most_compression.q - c.residual - c.q;
+        compression = most_compression.residual + most_compression.q + most_compression.server -
+                      c.residual - c.q - c.server;
       }
       stage_state.push_back(e.state_bytes - ranged_items * f32_layout +
                             ranged_items * round(static_cast<size_t>(ranges[s]) * sizeof(float)) -
@@ -532,16 +540,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     e.comm.data_dense = e.comm.data;
     e.comm.data = compressed_bus;
     e.comm.compressed = true;
-    // Top-k and 1-bit gather every rank's compressed gradient: what a rank receives
-    // grows with the data ranks, while a dense all-reduce's traffic does not.
-    if (compressed_bus > e.comm.data_dense && job.compress.method != CompressMethod::powersgd) {
-      const std::string note = fmt::format(
-          "{} on {} data ranks moves {:.1f}x the bytes per rank of the dense all-reduce ({} "
-          "against {}): it all-gathers every rank's compressed gradient, so its traffic grows "
-          "with the ranks; powersgd all-reduces its factors, or compress fewer ranks",
-          to_string(job.compress.method), world, compressed_bus / e.comm.data_dense,
-          format_bytes(static_cast<size_t>(compressed_bus)),
-          format_bytes(static_cast<size_t>(e.comm.data_dense)));
+    // Top-k and 1-bit with compress.exchange gather: what a rank receives grows with the
+    // data ranks, while a dense all-reduce's traffic does not.
+    const std::string note = gather_note(job.compress, world, compressed_bus, e.comm.data_dense);
+    if (!note.empty()) {
       e.caveat = e.caveat.empty() ? note : e.caveat + "; " + note;
     }
   }

@@ -8,6 +8,7 @@
 #include "dist/ddp.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
+#include "runtime/estimate.h"
 
 namespace dtrain::runtime {
 
@@ -24,27 +25,36 @@ std::vector<compress::ParamInfo> compression_params(const std::vector<graph::Fla
 }
 
 CompressionPlanSummary summarize_plan(const CompressOptions& o,
-                                      const std::vector<compress::BucketPlan>& plans, int tensors) {
+                                      const std::vector<compress::BucketPlan>& plans, int tensors,
+                                      int data_ranks) {
   CompressionPlanSummary s;
   for (const compress::BucketPlan& p : plans) s.compressed += static_cast<int>(p.compressed.size());
   s.tensors = tensors;
-  s.per_step = compress::bytes_per_step(o, plans);
+  s.per_step = compress::bytes_per_step(o, plans, std::max(data_ranks, 1));
   return s;
+}
+
+std::string gather_note(const CompressOptions& o, int data_ranks, double bus, double dense) {
+  if (o.method == CompressMethod::powersgd || o.method == CompressMethod::none || bus <= dense)
+    return {};
+  return fmt::format(
+      "on {} data ranks {} moves {:.1f}x the bytes per rank of a dense all-reduce ({} against "
+      "{}): compress.exchange gather all-gathers every rank's compressed gradient, so its traffic "
+      "grows with the ranks; compress.exchange: two_phase (auto's choice from 3 data ranks) moves "
+      "about twice what a rank sends, at any size",
+      data_ranks, to_string(o.method), bus / dense, format_bytes(bus), format_bytes(dense));
 }
 
 std::string gather_warning(const CompressOptions& o, const std::vector<compress::BucketPlan>& plans,
                            int data_ranks, bool zero1) {
   const int n = std::max(data_ranks, 1);
   if (o.method == CompressMethod::powersgd || o.method == CompressMethod::none || n < 2) return {};
-  const double layout = static_cast<double>(compress::bytes_per_step(o, plans).dense);
+  const double layout = static_cast<double>(compress::bytes_per_step(o, plans, n).dense);
   const double gather = zero1 ? (n - 1.0) / n * layout : 0.0;
   const double bus = compress::bus_bytes_per_step(o, plans, n) + gather;
   const double dense = 2.0 * (n - 1) / n * layout;
-  if (bus <= dense) return {};
-  return fmt::format(
-      "warning: on {} data ranks {} moves {:.1f}x the bytes per rank of a dense all-reduce (it "
-      "gathers every rank's compressed gradient); powersgd all-reduces its factors",
-      n, to_string(o.method), bus / dense);
+  const std::string note = gather_note(o, n, bus, dense);
+  return note.empty() ? note : "warning: " + note;
 }
 
 GradCompression::GradCompression(const CompressOptions& o,
@@ -57,23 +67,39 @@ GradCompression::GradCompression(const CompressOptions& o,
       sync_(sync),
       compressor_(o, grad_comm, compress::plan_compression(o, buckets, compression_params(layout)),
                   layout_elems, dense_algo, seed, device),
-      summary_(summarize_plan(o, compressor_.plans(), static_cast<int>(layout.size()))),
+      summary_(summarize_plan(o, compressor_.plans(), static_cast<int>(layout.size()),
+                              grad_comm.size())),
       place_(std::move(place)) {
   // Another method's residual means another thing; the residual's form is 2: compact in
   // layout order (Compressor::residual). Earlier forms (the whole layout, or compact in
   // bucket order) are not restored.
   place_.push_back(static_cast<int64_t>(o.method));
   place_.push_back(2);
+  // two_phase: the server residual is this rank's segment of each bucket, so it is
+  // restored only where the buckets are the same: their number and compressed sizes.
+  if (compressor_.exchange() == CompressExchange::two_phase) {
+    place_.push_back(static_cast<int64_t>(CompressExchange::two_phase));
+    for (const compress::BucketPlan& p : compressor_.plans()) {
+      int64_t n = 0;
+      for (const compress::Piece& m : p.compressed) n += m.hi - m.lo;
+      place_.push_back(n);
+    }
+  }
   sync_.set_reducer({[this](size_t b, Tensor grads) { compressor_.start(b, std::move(grads)); },
                      [this] { return compressor_.complete(); }});
 }
 
 std::string GradCompression::describe(bool zero1) const {
+  const std::string exchange =
+      o_.method == CompressMethod::powersgd
+          ? std::string()
+          : fmt::format(", exchange {}", to_string(compressor_.exchange()));
   std::string text = fmt::format(
-      "compression: {} on {} of {} parameter tensors, error feedback {}, {} dense step(s) "
+      "compression: {} on {} of {} parameter tensors{}, error feedback {}, {} dense step(s) "
       "first; {} bytes sent per step per rank instead of {} ({:.1f}x)",
-      to_string(o_.method), summary_.compressed, summary_.tensors, o_.error_feedback ? "on" : "off",
-      o_.warmup_steps, summary_.per_step.sent, summary_.per_step.dense, summary_.ratio());
+      to_string(o_.method), summary_.compressed, summary_.tensors, exchange,
+      o_.error_feedback ? "on" : "off", o_.warmup_steps, summary_.per_step.sent,
+      summary_.per_step.dense, summary_.ratio());
   const std::string warning =
       gather_warning(o_, compressor_.plans(), static_cast<int>(place_[1]), zero1);
   if (!warning.empty()) text += "\n" + warning;
@@ -90,13 +116,16 @@ std::vector<NamedTensor> GradCompression::state(bool with_q) const {
   out.push_back({"compress.place", place});
   const Tensor q = compressor_.powersgd_q();
   if (with_q && q.defined()) out.push_back({"compress.q", kernels::to_host(q)});
+  if (compressor_.server_residual().numel() > 0)
+    out.push_back({"compress.server", kernels::to_host(compressor_.server_residual())});
   return out;
 }
 
 bool GradCompression::restore(const std::vector<NamedTensor>& blobs) {
   Tensor residual = compressor_.residual();
   Tensor q = compressor_.powersgd_q();
-  const NamedTensor *place = nullptr, *saved = nullptr, *saved_q = nullptr;
+  Tensor server = compressor_.server_residual();
+  const NamedTensor *place = nullptr, *saved = nullptr, *saved_q = nullptr, *saved_server = nullptr;
   for (const NamedTensor& t : blobs) {
     if (t.tensor.dtype() == DType::i64 && t.name == "compress.place" &&
         t.tensor.numel() == static_cast<int64_t>(place_.size()) &&
@@ -108,21 +137,28 @@ bool GradCompression::restore(const std::vector<NamedTensor>& blobs) {
     if (t.tensor.dtype() == DType::f32 && t.name == "compress.q" && q.defined() &&
         t.tensor.numel() == q.numel())
       saved_q = &t;
+    if (t.tensor.dtype() == DType::f32 && t.name == "compress.server" &&
+        t.tensor.numel() == server.numel())
+      saved_server = &t;
   }
   // All of it or nothing: a residual made elsewhere would feed back the wrong entries.
-  if (place == nullptr || saved == nullptr || (q.defined() && saved_q == nullptr)) return false;
+  if (place == nullptr || saved == nullptr || (q.defined() && saved_q == nullptr) ||
+      (server.numel() > 0 && saved_server == nullptr))
+    return false;
   if (residual.numel() > 0) kernels::copy(saved->tensor, residual);
+  if (server.numel() > 0) kernels::copy(saved_server->tensor, server);
   if (q.defined()) kernels::copy(saved_q->tensor.view(0, q.shape()), q);
   return true;
 }
 
 void GradCompression::adjust(const precision::ScaleDecision& d) {
-  Tensor r = compressor_.residual();
-  if (r.numel() == 0) return;  // no error feedback
-  if (d.skip) {
-    kernels::fill(r, -0.0f);  // -0: see Compressor's constructor
-  } else if (d.new_scale != d.old_scale) {
-    kernels::scale(static_cast<float>(d.new_scale / d.old_scale), r, r);
+  for (Tensor r : {compressor_.residual(), compressor_.server_residual()}) {
+    if (r.numel() == 0) continue;  // no error feedback (or no server residual)
+    if (d.skip) {
+      kernels::fill(r, -0.0f);  // -0: see Compressor's constructor
+    } else if (d.new_scale != d.old_scale) {
+      kernels::scale(static_cast<float>(d.new_scale / d.old_scale), r, r);
+    }
   }
 }
 

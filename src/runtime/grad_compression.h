@@ -32,13 +32,21 @@ struct CompressionPlanSummary {
   }
 };
 CompressionPlanSummary summarize_plan(const CompressOptions& o,
-                                      const std::vector<compress::BucketPlan>& plans, int tensors);
+                                      const std::vector<compress::BucketPlan>& plans, int tensors,
+                                      int data_ranks);
 
-// Top-k and 1-bit all-gather every rank's compressed gradient: past some number of data
-// ranks the exchange moves more bytes per rank than the dense all-reduce it replaces.
-// The warning then ("on N data ranks onebit moves 16.5x the bytes per rank ..."), else
-// empty. `zero1`: both followed by ZeRO-1's gather of the stepped parameters, as
-// dtrain estimate counts. The start-up note and `dtrain validate` print it.
+// Where compress.exchange gather moves more bytes per rank (`bus`) than the dense
+// all-reduce it replaces (`dense`, the same units) on `data_ranks`: the sentence saying
+// so and what to do; empty where it does not (and for PowerSGD). dtrain estimate's
+// caveat and gather_warning say it in these words.
+std::string gather_note(const CompressOptions& o, int data_ranks, double bus, double dense);
+
+// Top-k and 1-bit with compress.exchange gather all-gather every rank's compressed
+// gradient: past some number of data ranks the exchange moves more bytes per rank than
+// the dense all-reduce it replaces. The warning then ("warning: on N data ranks onebit
+// moves 16.5x the bytes per rank ...", gather_note), else empty. `zero1`: both followed by ZeRO-1's
+// gather of the stepped parameters, as dtrain estimate counts. The start-up note and `dtrain
+// validate` print it.
 std::string gather_warning(const CompressOptions& o, const std::vector<compress::BucketPlan>& plans,
                            int data_ranks, bool zero1);
 
@@ -62,8 +70,9 @@ class GradCompression {
   void begin_step(int64_t step);
   // This rank's blobs for its shard of a checkpoint (every save with compression is
   // sharded: the residuals differ from rank to rank): "compress.residual", its own,
-  // "compress.place", and with `with_q` "compress.q", PowerSGD's Q (the same across a
-  // data group).
+  // "compress.place", with `with_q` "compress.q", PowerSGD's Q (the same across a
+  // data group), and in two_phase with error feedback "compress.server", its own server
+  // residual.
   std::vector<NamedTensor> state(bool with_q) const;
   // After a resume: this rank's residual and the Q from `blobs` (what its shard of a
   // checkpoint written by the same world size holds: runtime/train_state.h) where they

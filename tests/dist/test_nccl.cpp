@@ -88,6 +88,9 @@ TEST_SUITE("gpu") {
     Tensor out2 = on_gpu({0, 0, 0, 0});
     comm->all_gather(in, out2);
     CHECK(from_gpu(out2) == std::vector<float>{2, 4, 6, 8});
+    Tensor out3 = on_gpu({0, 0, 0, 0});
+    comm->all_to_all_async(in, out3).wait();
+    CHECK(from_gpu(out3) == std::vector<float>{2, 4, 6, 8});
     comm->broadcast(out2, 0);
     // ZeRO-3's gather (a group of broadcasts), bf16 included; a count that does not add
     // up to the buffer is a caller's bug.

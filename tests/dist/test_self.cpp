@@ -36,17 +36,20 @@ TEST_CASE("self communicator: identity collectives, counted") {
   out = {0, 0};
   comm->all_gather(ti, to);
   CHECK(out == in);
+  out = {0, 0};
+  CHECK(comm->all_to_all_async(ti, to).test());
+  CHECK(out == in);
   comm->broadcast(to, 0);
   comm->barrier();
   auto child = comm->split(0, 0);
   CHECK(child->size() == 1);
 
   const CommStats s = comm->stats();
-  CHECK(s.calls == 7);
-  CHECK(s.completed == 7);
-  CHECK(s.bytes == 12 + 12 + 16 + 16 + 16);
+  CHECK(s.calls == 8);
+  CHECK(s.completed == 8);
+  CHECK(s.bytes == 12 + 12 + 16 + 16 + 16 + 16);
   const OpRecord last = comm->last_op();
-  CHECK(last.seq == 7);
+  CHECK(last.seq == 8);
   CHECK(last.op == "split");
   CHECK(comm->topology().nodes == 1);
 }

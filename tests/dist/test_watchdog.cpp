@@ -29,6 +29,7 @@ class StuckComm final : public Communicator {
   Handle all_reduce_async(Tensor, ReduceOp, AllreduceAlgo) override { return {}; }
   void reduce_scatter(const Tensor&, Tensor&) override {}
   Handle all_gather_async(Tensor, Tensor) override { return {}; }
+  Handle all_to_all_async(Tensor, Tensor) override { return {}; }
   void broadcast(Tensor&, int) override {}
   Handle reduce_async(Tensor, int) override { return {}; }
   Handle all_gatherv_async(Tensor, std::vector<int64_t>) override { return {}; }

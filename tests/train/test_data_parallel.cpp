@@ -708,7 +708,8 @@ TEST_CASE("compression: the estimate gives the measured peak within 3% and the t
                      << "train: {steps: 2, log_every: 1}\n"
                      << "logging: {console: false}\n";
   for (const char* method : {"topk", "onebit", "powersgd"}) {
-    for (const char* variant : {"plain", "zero1", "no-overlap", "buckets"}) {
+    for (const char* variant : {"plain", "zero1", "no-overlap", "buckets", "two-phase"}) {
+      if (std::string(variant) == "two-phase" && std::string(method) == "powersgd") continue;
       CAPTURE(method);
       CAPTURE(variant);
       std::vector<std::string> sets = {"--set", std::string("compress.method=") + method, "--set",
@@ -719,6 +720,8 @@ TEST_CASE("compression: the estimate gives the measured peak within 3% and the t
         sets.insert(sets.end(), {"--set", "comm.overlap=false"});
       if (std::string(variant) == "buckets")  // the word table's alone, the rest in 1 MB ones
         sets.insert(sets.end(), {"--set", "comm.bucket_mb=1"});
+      if (std::string(variant) == "two-phase")  // auto's choice from 3 ranks, here on 2
+        sets.insert(sets.end(), {"--set", "compress.exchange=two_phase"});
       const std::string name = std::string(method) + "-" + variant;
       const fs::path run = train(job, tmp.path(), name, {2, "ring"}, sets);
       const double measured = summary_value(run, "peak_host_bytes");
@@ -750,11 +753,12 @@ TEST_CASE("compression: the estimate gives the measured peak within 3% and the t
   }
 }
 
-// Top-k and 1-bit all-gather every rank's compressed gradient, so what a rank moves grows
-// with the data ranks while a dense all-reduce's stays under twice the gradient: the
-// estimate gives both and says when the compressed exchange is the larger (1-bit on 1024
-// ranks), not when it is not (on 8), and so does dtrain validate; PowerSGD all-reduces
-// its factors at any size.
+// Top-k and 1-bit with compress.exchange gather all-gather every rank's compressed
+// gradient, so what a rank moves grows with the data ranks while a dense all-reduce's
+// stays under twice the gradient: the estimate gives both and says when the compressed
+// exchange is the larger (1-bit gathered on 1024 ranks), not when it is not (on 8), and
+// so does dtrain validate. The two-phase exchange (auto's choice from 3 ranks) moves
+// about twice what a rank sends at any size, and PowerSGD all-reduces its factors.
 TEST_CASE("compression: the estimate says when gathering outgrows the dense all-reduce") {
   TempDir tmp("compress-scale");
   const fs::path job = tmp.path() / "gpt.yaml";
@@ -762,32 +766,49 @@ TEST_CASE("compression: the estimate says when gathering outgrows the dense all-
                      << "data: {dataset: synthetic, global_batch: 1024, micro_batch: 1}\n"
                      << "optimizer: {name: adamw, lr: 1.0e-3}\n"
                      << "train: {steps: 2}\n";
-  for (const char* method : {"onebit", "powersgd"}) {
+  struct Case {
+    const char *method, *exchange;
+  };
+  for (const Case& c :
+       {Case{"onebit", "gather"}, Case{"onebit", "auto"}, Case{"powersgd", "auto"}}) {
+    const std::string method = c.method, exchange = c.exchange;
+    std::vector<std::string> sets = {"--set", "compress.method=" + method};
+    if (exchange != "auto") sets.insert(sets.end(), {"--set", "compress.exchange=" + exchange});
+    double per_rank[2] = {0, 0};
     for (const int world : {8, 1024}) {
       CAPTURE(method);
+      CAPTURE(exchange);
       CAPTURE(world);
-      const nlohmann::json e =
-          estimate_json(job, world, {"--set", std::string("compress.method=") + method},
-                        tmp.path() / fmt::format("{}-{}.log", method, world));
+      const std::string name = fmt::format("{}-{}-{}", method, exchange, world);
+      const nlohmann::json e = estimate_json(job, world, sets, tmp.path() / (name + ".log"));
       const nlohmann::json& comm = e.at("comm_bytes_per_step");
       const double data = comm.at("data").get<double>(),
                    dense = comm.at("data_dense").get<double>();
-      MESSAGE(std::string(method), " on ", world, " ranks: ", data, " bytes per rank, dense ",
+      MESSAGE(method, " (", exchange, ") on ", world, " ranks: ", data, " bytes per rank, dense ",
               dense);
-      const bool larger = std::string(method) == "onebit" && world == 1024;
+      per_rank[world == 8 ? 0 : 1] = data;
+      const bool larger = exchange == "gather" && world == 1024;
       CHECK((data > dense) == larger);
       const std::string caveat = e.value("caveat", "");
       CHECK((caveat.find("all-gathers every rank's compressed gradient") != std::string::npos) ==
             larger);
       // dtrain validate says it too, under the layout's compression line.
-      const RunResult v =
-          run_dtrain_command({"validate", job.string(), "--world", std::to_string(world), "--set",
-                              std::string("compress.method=") + method},
-                             tmp.path() / fmt::format("validate-{}-{}.log", method, world));
+      std::vector<std::string> args = {"validate", job.string(), "--world", std::to_string(world)};
+      args.insert(args.end(), sets.begin(), sets.end());
+      const RunResult v = run_dtrain_command(args, tmp.path() / ("validate-" + name + ".log"));
       REQUIRE_MESSAGE(v.rc == 0, v.describe());
       CHECK(v.log.find("# compression: ") != std::string::npos);
+      if (method == "onebit")  // auto resolves to two_phase on these sizes
+        CHECK(v.log.find(exchange == "gather" ? ", exchange gather;" : ", exchange two_phase;") !=
+              std::string::npos);
       CHECK((v.log.find(fmt::format("# warning: on {} data ranks {} moves", world, method)) !=
              std::string::npos) == larger);
+    }
+    // Gathered, the bytes grow about with the ranks; two-phase and PowerSGD's stay flat.
+    if (exchange == "gather") {
+      CHECK(per_rank[1] > 50 * per_rank[0]);
+    } else {
+      CHECK(per_rank[1] < 1.2 * per_rank[0]);
     }
   }
 }
@@ -887,8 +908,13 @@ TEST_CASE("compression: top-k, 1-bit and PowerSGD train on 2 and 4 ranks, replic
       }
       MESSAGE(std::string(m.name), " on ", ranks, " ranks: compression ratio ", ratio);
       CHECK(ratio > m.min_ratio);
-      // Every rank's log says what it sent beside the dense bytes.
-      CHECK(read_bytes(out / "logs" / "rank-1.log").find(" sent compressed)") != std::string::npos);
+      // Every rank's log says what it sent beside the dense bytes, and how top-k and
+      // 1-bit exchange (auto: gathered on 2 ranks, two-phase on 4).
+      const std::string log = read_bytes(out / "logs" / "rank-1.log");
+      CHECK(log.find(" sent compressed)") != std::string::npos);
+      if (method != "powersgd")
+        CHECK(log.find(ranks == 2 ? "exchange gather," : "exchange two_phase,") !=
+              std::string::npos);
     }
   }
   // PowerSGD's all-reduces by the hierarchical algorithm, 4 ranks as 2 emulated nodes:
@@ -902,12 +928,14 @@ TEST_CASE("compression: top-k, 1-bit and PowerSGD train on 2 and 4 ranks, replic
   REQUIRE(hier.size() == 6);
   CHECK(hier.back().loss < hier.front().loss);
   CHECK(read_bytes(nodes / "logs" / "rank-0.log").find("hierarchical") != std::string::npos);
-  // With fp16 and its dynamic loss scale: the residual follows the scale (rescaled when it
-  // changes, dropped on a skipped step), and the run still learns with equal replicas.
-  const fs::path half = train(
-      job, tmp.path(), "topk-fp16", {2, "ring"},
-      {"--set", "compress.method=topk", "--set", "compress.ratio=0.02", "--set",
-       "precision.dtype=fp16", "--set", "train.checkpoint.every=1", "--set", "train.steps=8"});
+  // With fp16 and its dynamic loss scale: the residuals (two-phase: the server's too)
+  // follow the scale (rescaled when it changes, dropped on a skipped step), and the run
+  // still learns with equal replicas.
+  const fs::path half =
+      train(job, tmp.path(), "topk-fp16", {2, "ring"},
+            {"--set", "compress.method=topk", "--set", "compress.ratio=0.02", "--set",
+             "compress.exchange=two_phase", "--set", "precision.dtype=fp16", "--set",
+             "train.checkpoint.every=1", "--set", "train.steps=8"});
   const auto losses = read_losses(half / "metrics.jsonl");
   REQUIRE(losses.size() == 8);
   CHECK(losses.back().loss < losses.front().loss);
@@ -924,13 +952,20 @@ TEST_CASE("compression: its state is checkpointed and a resumed run continues bi
   const TokenDir tokens = tokenize(tmp.path(), 300);
   const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
   for (const auto& method : compression_methods()) {
-    for (const char* stage : {"0", "1"}) {
-      const std::string name = method[1].substr(method[1].find('=') + 1) + "-zero" + stage;
+    for (const char* stage : {"0", "1", "two-phase"}) {
+      const bool two_phase = std::string(stage) == "two-phase";
+      if (two_phase && method[1] == "compress.method=powersgd") continue;
+      const std::string name = method[1].substr(method[1].find('=') + 1) + "-" +
+                               (two_phase ? std::string("two-phase") : "zero" + std::string(stage));
       CAPTURE(name);
       std::vector<std::string> args = method;
-      args.insert(args.end(), {"--set", std::string("parallel.zero_stage=") + stage, "--set",
-                               "train.checkpoint.every=3", "--set", "data.micro_batch=2", "--set",
-                               "parallel.micro_batches=2"});
+      args.insert(args.end(), {"--set", "train.checkpoint.every=3", "--set", "data.micro_batch=2",
+                               "--set", "parallel.micro_batches=2"});
+      if (two_phase) {  // each rank's shard also holds its server residual
+        args.insert(args.end(), {"--set", "compress.exchange=two_phase"});
+      } else {
+        args.insert(args.end(), {"--set", std::string("parallel.zero_stage=") + stage});
+      }
       const fs::path whole = train(job, tmp.path(), name + "-whole", {2, "ring"}, args);
       std::vector<std::string> first = args, rest = args;
       first.insert(first.end(), {"--set", "train.steps=3"});
@@ -949,9 +984,13 @@ TEST_CASE("compression: its state is checkpointed and a resumed run continues bi
         // The compressed tensors' entries only (biases and norms travel dense).
         CHECK(residual.numel() > 0);
         CHECK(residual.numel() < runtime::read_any_checkpoint(newest).get("params.f32").numel());
-        bool q = false;
-        for (const runtime::NamedTensor& t : shards.back().tensors) q |= t.name == "compress.q";
+        bool q = false, server = false;
+        for (const runtime::NamedTensor& t : shards.back().tensors) {
+          q |= t.name == "compress.q";
+          server |= t.name == "compress.server" && t.tensor.numel() > 0;
+        }
         CHECK(q == (rank == 0 && name.rfind("powersgd", 0) == 0));
+        CHECK(server == two_phase);
       }
       const Tensor &r0 = shards[0].get("compress.residual"),
                    &r1 = shards[1].get("compress.residual");
