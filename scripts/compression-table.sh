@@ -3,7 +3,9 @@
 # the quick-start ResNet-18 on Fashion-MNIST for $EPOCHS epochs (default 3) and the
 # tiny GPT-2 on the fortunes corpus for $GPT_STEPS steps (default 300), each with
 # compress.method none / topk 2% / topk 0.5% / onebit / powersgd rank 2 / rank 4
-# (error feedback on, $WARMUP dense steps first, default 20). Per run: the final test
+# (error feedback on, $WARMUP dense steps first, default 20); METHODS may also name
+# topk-R-2p and onebit-2p, the same with compress.exchange: two_phase (on 2 ranks auto
+# gathers). Per run: the final test
 # accuracy (ResNet) or validation loss (GPT-2), the bytes each rank sent per step
 # (comm_sent_bytes; for none the all-reduced gradient), the compression ratio, and the
 # median step time. Speed is reported, never asserted.
@@ -31,8 +33,11 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/compression-table.XXXXXX")"
 method_args() {
   case "$1" in
     none) echo "" ;;
+    topk-*-2p) local r="${1#topk-}"; r="${r%-2p}"
+      echo "--set compress.method=topk --set compress.ratio=$(python3 -c "print($r / 100)") --set compress.exchange=two_phase" ;;
     topk-*) echo "--set compress.method=topk --set compress.ratio=$(python3 -c "print(${1#topk-} / 100)")" ;;
     onebit) echo "--set compress.method=onebit" ;;
+    onebit-2p) echo "--set compress.method=onebit --set compress.exchange=two_phase" ;;
     powersgd-*) echo "--set compress.method=powersgd --set compress.rank=${1#powersgd-}" ;;
     *) die "METHODS: unknown method $1" ;;
   esac

@@ -55,8 +55,8 @@ uint64_t OpCounter::issue(std::string op, size_t bytes) {
   stats_.bytes += bytes;
   const double n = ranks_, share = n > 1 ? (n - 1) / n : 0.0;
   const bool all_reduce = op.rfind("all_reduce", 0) == 0;
-  const bool collective =
-      op == "reduce" || op == "reduce_scatter" || op == "all_gather" || op == "broadcast";
+  const bool collective = op == "reduce" || op == "reduce_scatter" || op == "all_gather" ||
+                          op == "all_to_all" || op == "broadcast";
   stats_.bus_bytes += static_cast<double>(bytes) * (all_reduce   ? 2 * share
                                                     : collective ? share
                                                                  : 0.0);
@@ -155,7 +155,7 @@ class SelfCommunicator final : public Communicator {
   }
   Handle all_to_all_async(Tensor in, Tensor out) override {
     check_same(in, out, "all_to_all");
-    count("all_gather", out.nbytes());
+    count("all_to_all", out.nbytes());
     copy_bytes(in, out);
     return completed_handle();
   }

@@ -98,8 +98,8 @@ class Communicator {
   virtual Handle all_gather_async(Tensor in, Tensor out) = 0;
   void all_gather(const Tensor& in, Tensor& out) { all_gather_async(in, out).wait(); }
   // in [size * n] -> out [size * n]: block r of `in` goes to rank r, and block r of
-  // `out` comes from rank r (its block rank()). Separate buffers. Counted as an
-  // all-gather of `out` (each rank sends (n-1)/n of it). Compressed gradients' two-phase
+  // `out` comes from rank r (its block rank()). Separate buffers. Its bus bytes are
+  // (n-1)/n of `out`, as an all-gather's (what each rank sends). Compressed gradients' two-phase
   // exchange sends each rank's chunk to the rank that sums it.
   virtual Handle all_to_all_async(Tensor in, Tensor out) = 0;
   virtual void broadcast(Tensor& buf, int root) = 0;

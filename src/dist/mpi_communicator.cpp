@@ -398,7 +398,7 @@ Handle MpiCommunicator::all_to_all_async(Tensor in, Tensor out) {
                "all_to_all: {} -> {} over {} ranks (equal, separate buffers)", in.str(), out.str(),
                s_->size);
   const int n = int_count(in, "all_to_all") / s_->size;
-  return enqueue("all_gather", out.nbytes(), [in, out, n](CommState& s) {
+  return enqueue("all_to_all", out.nbytes(), [in, out, n](CommState& s) {
     const MPI_Datatype t = mpi_type(in.dtype());
     DTRAIN_MPI_CHECK(MPI_Alltoall(in.raw(), n, t, out.raw(), n, t, s.comm));
   });

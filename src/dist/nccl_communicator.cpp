@@ -66,6 +66,29 @@ ncclDataType_t nccl_type(DType dtype) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
 
+// ncclGroupStart ... ncclGroupEnd: end() closes the group (checked); a group left by an
+// exception is closed unchecked on the way out, so that the thread is not left in one.
+class NcclGroup {
+ public:
+  NcclGroup() { DTRAIN_NCCL_CHECK(ncclGroupStart()); }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  void end() {
+    open_ = false;
+    DTRAIN_NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+
+// Peers per group of an all-to-all: a send and a receive each, well within what one
+// NCCL group takes (older releases allowed 2048 operations).
+constexpr int kAllToAllPeersPerGroup = 256;
+
 // Sub-communicators for hierarchical all-reduce.
 struct Nodes {
   ncclComm_t intra = nullptr, cross = nullptr;
@@ -303,7 +326,9 @@ class NcclCommunicator final : public Communicator {
         },
         {in, out});
   }
-  // One send and one receive per peer, grouped (NCCL has no all-to-all collective).
+  // One send and one receive per peer (NCCL has no all-to-all collective), in groups of
+  // kAllToAllPeersPerGroup shifts: at shift d every rank sends to rank + d and receives
+  // from rank - d, so each group's sends and receives match within the group.
   Handle all_to_all_async(Tensor in, Tensor out) override {
     check(in, "all_to_all", false);
     check(out, "all_to_all", false);
@@ -311,19 +336,22 @@ class NcclCommunicator final : public Communicator {
                      out.numel() % s_->size == 0 && in.raw() != out.raw(),
                  "all_to_all: {} -> {} over {} ranks (equal, separate buffers)", in.str(),
                  out.str(), s_->size);
-    return issue("all_gather", out.nbytes(),
+    return issue("all_to_all", out.nbytes(),
                  [this, in, out](cudaStream_t st) {
-                   const auto n = static_cast<size_t>(in.numel() / s_->size);
+                   const int world = s_->size, me = s_->rank;
+                   const auto n = static_cast<size_t>(in.numel() / world);
                    const size_t block = n * dtype_size(in.dtype());
-                   DTRAIN_NCCL_CHECK(ncclGroupStart());
-                   for (int r = 0; r < s_->size; ++r) {
-                     const size_t at = static_cast<size_t>(r) * block;
-                     DTRAIN_NCCL_CHECK(ncclSend(static_cast<const char*>(in.raw()) + at, n,
-                                                nccl_type(in.dtype()), r, s_->comm, st));
-                     DTRAIN_NCCL_CHECK(ncclRecv(static_cast<char*>(out.raw()) + at, n,
-                                                nccl_type(in.dtype()), r, s_->comm, st));
+                   for (int first = 0; first < world; first += kAllToAllPeersPerGroup) {
+                     NcclGroup group;
+                     for (int d = first; d < std::min(world, first + kAllToAllPeersPerGroup); ++d) {
+                       const int to = (me + d) % world, from = (me - d + world) % world;
+                       DTRAIN_NCCL_CHECK(ncclSend(static_cast<const char*>(in.raw()) + to * block,
+                                                  n, nccl_type(in.dtype()), to, s_->comm, st));
+                       DTRAIN_NCCL_CHECK(ncclRecv(static_cast<char*>(out.raw()) + from * block, n,
+                                                  nccl_type(in.dtype()), from, s_->comm, st));
+                     }
+                     group.end();
                    }
-                   DTRAIN_NCCL_CHECK(ncclGroupEnd());
                  },
                  {in, out});
   }
@@ -347,7 +375,7 @@ class NcclCommunicator final : public Communicator {
         "all_gather", buf.nbytes(),
         [this, buf, counts](cudaStream_t st) {
           const size_t elem = dtype_size(buf.dtype());
-          DTRAIN_NCCL_CHECK(ncclGroupStart());
+          NcclGroup group;
           int64_t at = 0;
           for (int r = 0; r < s_->size; ++r) {
             const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
@@ -357,7 +385,7 @@ class NcclCommunicator final : public Communicator {
             }
             at += static_cast<int64_t>(n);
           }
-          DTRAIN_NCCL_CHECK(ncclGroupEnd());
+          group.end();
         },
         {buf});
   }
@@ -397,7 +425,7 @@ class NcclCommunicator final : public Communicator {
     }
     if (ops.empty()) return;
     issue("exchange", bytes, [this, ops](cudaStream_t st) {
-      DTRAIN_NCCL_CHECK(ncclGroupStart());
+      NcclGroup group;
       for (const PeerOp& o : ops) {
         if (o.send) {
           DTRAIN_NCCL_CHECK(ncclSend(o.buf.raw(), o.buf.nbytes(), ncclUint8, o.peer, s_->comm, st));
@@ -405,7 +433,7 @@ class NcclCommunicator final : public Communicator {
           DTRAIN_NCCL_CHECK(ncclRecv(o.buf.raw(), o.buf.nbytes(), ncclUint8, o.peer, s_->comm, st));
         }
       }
-      DTRAIN_NCCL_CHECK(ncclGroupEnd());
+      group.end();
     }).wait();
   }
   void barrier() override {

@@ -366,7 +366,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       const int64_t q = compress::powersgd_q_elems(job.compress, plans);
       c.residual = residual > 0 ? round(static_cast<size_t>(residual) * sizeof(float)) : 0;
       c.q = q > 0 ? round(static_cast<size_t>(q) * sizeof(float)) : 0;
-      const int64_t server = compress::server_residual_elems(job.compress, plans, world, 0);
+      // The last rank's server residual: its segments are the longest.
+      const int64_t server = compress::server_residual_elems(job.compress, plans, world, world - 1);
       c.server = server > 0 ? round(static_cast<size_t>(server) * sizeof(float)) : 0;
       // ZeRO-1 then gathers the stepped parameters: (n-1)/n of the span.
       c.bus = compress::bus_bytes_per_step(job.compress, plans, world) +
@@ -756,19 +757,22 @@ size_t parse_bytes(const std::string& text, const std::string& what) {
 
 std::string format_estimate(const MemoryEstimate& e) {
   std::string out = "memory per rank (estimate)\n";
-  for (const MemoryItem& i : e.state)
-    out += fmt::format("  {:<22} {:>10}  {}\n", i.kind, format_bytes(i.bytes), i.note);
-  out += fmt::format("  {:<22} {:>10}\n", "state total", format_bytes(e.state_bytes));
-  out += fmt::format("  {:<22} {:>10}  at {}\n", "activations (train)", format_bytes(e.train.peak),
-                     e.train_peak_at);
-  out += fmt::format("  {:<22} {:>10}  at {}\n", "activations (eval)", format_bytes(e.eval.peak),
-                     e.eval_peak_at);
-  out += fmt::format("  {:<22} {:>10}  at {}\n", "peak", format_bytes(e.peak_bytes), e.peak_at);
+  size_t w = 22;  // the kind column: the longest kind's width
+  for (const std::vector<MemoryItem>* items : {&e.state, &e.host})
+    for (const MemoryItem& i : *items) w = std::max(w, i.kind.size());
+  const auto row = [&](std::string_view kind, size_t bytes, std::string_view note) {
+    return fmt::format("  {:<{}} {:>10}{}{}\n", kind, w, format_bytes(bytes),
+                       note.empty() ? "" : "  ", note);
+  };
+  for (const MemoryItem& i : e.state) out += row(i.kind, i.bytes, i.note);
+  out += row("state total", e.state_bytes, "");
+  out += row("activations (train)", e.train.peak, "at " + e.train_peak_at);
+  out += row("activations (eval)", e.eval.peak, "at " + e.eval_peak_at);
+  out += row("peak", e.peak_bytes, "at " + e.peak_at);
   if (!e.host.empty()) {
     out += "host memory per rank (memory.offload.optimizer, pinned)\n";
-    for (const MemoryItem& i : e.host)
-      out += fmt::format("  {:<22} {:>10}  {}\n", i.kind, format_bytes(i.bytes), i.note);
-    out += fmt::format("  {:<22} {:>10}\n", "host total", format_bytes(e.host_bytes));
+    for (const MemoryItem& i : e.host) out += row(i.kind, i.bytes, i.note);
+    out += row("host total", e.host_bytes, "");
   }
   out += fmt::format("compute: {:.3g} FLOPs per step (forward + backward, every micro-batch)\n",
                      e.step_flops);

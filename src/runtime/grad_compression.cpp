@@ -35,12 +35,13 @@ CompressionPlanSummary summarize_plan(const CompressOptions& o,
 }
 
 std::string gather_note(const CompressOptions& o, int data_ranks, double bus, double dense) {
-  if (o.method == CompressMethod::powersgd || o.method == CompressMethod::none || bus <= dense)
+  if (resolve_exchange(o, data_ranks) != CompressExchange::gather ||
+      o.method == CompressMethod::powersgd || o.method == CompressMethod::none || bus <= dense)
     return {};
   return fmt::format(
       "on {} data ranks {} moves {:.1f}x the bytes per rank of a dense all-reduce ({} against "
       "{}): compress.exchange gather all-gathers every rank's compressed gradient, so its traffic "
-      "grows with the ranks; compress.exchange: two_phase (auto's choice from 3 data ranks) moves "
+      "grows with the ranks; compress.exchange: two_phase (auto's choice from 8 data ranks) moves "
       "about twice what a rank sends, at any size",
       data_ranks, to_string(o.method), bus / dense, format_bytes(bus), format_bytes(dense));
 }
@@ -76,13 +77,14 @@ GradCompression::GradCompression(const CompressOptions& o,
   place_.push_back(static_cast<int64_t>(o.method));
   place_.push_back(2);
   // two_phase: the server residual is this rank's segment of each bucket, so it is
-  // restored only where the buckets are the same: their number and compressed sizes.
-  if (compressor_.exchange() == CompressExchange::two_phase) {
-    place_.push_back(static_cast<int64_t>(CompressExchange::two_phase));
+  // restored only at the same place with the same buckets (their compressed sizes).
+  // The rank's own residual does not depend on the buckets or the exchange.
+  if (compressor_.server_residual().numel() > 0) {
+    server_place_ = place_;
     for (const compress::BucketPlan& p : compressor_.plans()) {
       int64_t n = 0;
       for (const compress::Piece& m : p.compressed) n += m.hi - m.lo;
-      place_.push_back(n);
+      server_place_.push_back(n);
     }
   }
   sync_.set_reducer({[this](size_t b, Tensor grads) { compressor_.start(b, std::move(grads)); },
@@ -116,8 +118,12 @@ std::vector<NamedTensor> GradCompression::state(bool with_q) const {
   out.push_back({"compress.place", place});
   const Tensor q = compressor_.powersgd_q();
   if (with_q && q.defined()) out.push_back({"compress.q", kernels::to_host(q)});
-  if (compressor_.server_residual().numel() > 0)
+  if (compressor_.server_residual().numel() > 0) {
     out.push_back({"compress.server", kernels::to_host(compressor_.server_residual())});
+    Tensor at = Tensor::empty(Shape{static_cast<int64_t>(server_place_.size())}, DType::i64);
+    std::copy(server_place_.begin(), server_place_.end(), at.data<int64_t>());
+    out.push_back({"compress.server_place", at});
+  }
   return out;
 }
 
@@ -125,12 +131,16 @@ bool GradCompression::restore(const std::vector<NamedTensor>& blobs) {
   Tensor residual = compressor_.residual();
   Tensor q = compressor_.powersgd_q();
   Tensor server = compressor_.server_residual();
-  const NamedTensor *place = nullptr, *saved = nullptr, *saved_q = nullptr, *saved_server = nullptr;
+  const NamedTensor *place = nullptr, *saved = nullptr, *saved_q = nullptr, *saved_server = nullptr,
+                    *server_place = nullptr;
+  const auto equal = [](const NamedTensor& t, const std::vector<int64_t>& v) {
+    return t.tensor.dtype() == DType::i64 && t.tensor.numel() == static_cast<int64_t>(v.size()) &&
+           std::equal(v.begin(), v.end(), t.tensor.data<int64_t>());
+  };
   for (const NamedTensor& t : blobs) {
-    if (t.tensor.dtype() == DType::i64 && t.name == "compress.place" &&
-        t.tensor.numel() == static_cast<int64_t>(place_.size()) &&
-        std::equal(place_.begin(), place_.end(), t.tensor.data<int64_t>()))
-      place = &t;
+    if (t.name == "compress.place" && equal(t, place_)) place = &t;
+    if (t.name == "compress.server_place" && !server_place_.empty() && equal(t, server_place_))
+      server_place = &t;
     if (t.tensor.dtype() == DType::f32 && t.name == "compress.residual" &&
         t.tensor.shape().rank() == 1 && t.tensor.numel() == residual.numel())
       saved = &t;
@@ -142,11 +152,12 @@ bool GradCompression::restore(const std::vector<NamedTensor>& blobs) {
       saved_server = &t;
   }
   // All of it or nothing: a residual made elsewhere would feed back the wrong entries.
-  if (place == nullptr || saved == nullptr || (q.defined() && saved_q == nullptr) ||
-      (server.numel() > 0 && saved_server == nullptr))
-    return false;
+  // The server residual on its own: made with other buckets (or by the gather exchange,
+  // which has none), it starts empty while the rest is restored.
+  if (place == nullptr || saved == nullptr || (q.defined() && saved_q == nullptr)) return false;
   if (residual.numel() > 0) kernels::copy(saved->tensor, residual);
-  if (server.numel() > 0) kernels::copy(saved_server->tensor, server);
+  restored_server_ = server_place != nullptr && saved_server != nullptr;
+  if (restored_server_) kernels::copy(saved_server->tensor, server);
   if (q.defined()) kernels::copy(saved_q->tensor.view(0, q.shape()), q);
   return true;
 }

@@ -72,7 +72,7 @@ class GradCompression {
   // sharded: the residuals differ from rank to rank): "compress.residual", its own,
   // "compress.place", with `with_q` "compress.q", PowerSGD's Q (the same across a
   // data group), and in two_phase with error feedback "compress.server", its own server
-  // residual.
+  // residual, with "compress.server_place" (the place and the buckets' compressed sizes).
   std::vector<NamedTensor> state(bool with_q) const;
   // After a resume: this rank's residual and the Q from `blobs` (what its shard of a
   // checkpoint written by the same world size holds: runtime/train_state.h) where they
@@ -80,6 +80,12 @@ class GradCompression {
   // (error feedback then starts empty; so it does from the [world, layout] single files
   // of before 2026-12-06).
   bool restore(const std::vector<NamedTensor>& blobs);
+  // After a restore() that returned true: whether the two-phase server residual came
+  // back too (false: it starts empty, the checkpoint having been made with other
+  // buckets or the gather exchange); true where there is none.
+  bool restored_server() const {
+    return restored_server_ || compressor_.server_residual().numel() == 0;
+  }
   // The residual is kept in the scaled units of the gradients it came from: a new loss
   // scale rescales it, a skipped step (inf or nan in the gradients, hence in what the
   // residual took in) drops it.
@@ -92,6 +98,8 @@ class GradCompression {
   compress::Compressor compressor_;
   CompressionPlanSummary summary_;
   std::vector<int64_t> place_;
+  std::vector<int64_t> server_place_;  // two_phase: place_ and every bucket's compressed size
+  bool restored_server_ = false;
 };
 
 }  // namespace dtrain::runtime

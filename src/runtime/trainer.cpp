@@ -526,6 +526,10 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
     note(
         "note: the checkpoint holds no compression state for this layout (another world "
         "size, grid or method, or none): error feedback starts empty");
+  } else if (resumed_ && !compression_->restored_server()) {
+    note(
+        "note: the checkpoint holds no server residual for these buckets (another "
+        "comm.bucket_mb, or the gather exchange): the two-phase server residual starts empty");
   }
   resumed_compression_.clear();
   resumed_compression_.shrink_to_fit();

@@ -1,6 +1,7 @@
 // The compressor with gradients, residual and PowerSGD's Q on a CUDA device (ctest
 // compress.cuda, label gpu), against the same compressor on the CPU, on one rank (the
-// self communicator: what a rank sends is what comes back), five steps of each method:
+// self communicator: what a rank sends is what comes back), five steps of each method
+// (top-k and 1-bit gathered and two-phase):
 // top-k selects the same entries, so its sums and residual are the CPU's bits; 1-bit's
 // chunk means are summed in another order (within 1e-6); PowerSGD's products are
 // cuBLAS's instead of oneDNN's (within 1e-4 of the gradient scale). Without a usable
@@ -56,13 +57,23 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("each method on the GPU gives the CPU's result") {
   auto self = dist::make_self_communicator();
   const std::vector<dist::Bucket> buckets = {{0, kTotal, {2, 1, 0}, {}}};
-  for (CompressMethod m :
-       {CompressMethod::topk, CompressMethod::onebit, CompressMethod::powersgd}) {
+  struct Case {
+    CompressMethod m;
+    CompressExchange exchange;
+  };
+  for (const Case c : {Case{CompressMethod::topk, CompressExchange::gather},
+                       Case{CompressMethod::topk, CompressExchange::two_phase},
+                       Case{CompressMethod::onebit, CompressExchange::gather},
+                       Case{CompressMethod::onebit, CompressExchange::two_phase},
+                       Case{CompressMethod::powersgd, CompressExchange::auto_}}) {
+    const CompressMethod m = c.m;
     CAPTURE(std::string(to_string(m)));
+    CAPTURE(std::string(to_string(c.exchange)));
     CompressOptions o;
     o.method = m;
     o.ratio = 0.05;
     o.rank = 2;
+    o.exchange = c.exchange;
     const std::vector<BucketPlan> plan = plan_compression(o, buckets, kParams, 1024);
     Compressor cpu(o, *self, plan, kTotal, AllreduceAlgo::ring, 5);
     Compressor gpu(o, *self, plan, kTotal, AllreduceAlgo::ring, 5, kGpu);
@@ -83,6 +94,11 @@ TEST_CASE("each method on the GPU gives the CPU's result") {
         CHECK(max_diff(from_gpu, g) <= tol * 4);
         CHECK(max_diff(host(cpu.residual()), host(gpu.residual())) <= tol * 4);
       }
+      // Two-phase on one rank: the one segment is the bucket, and its server residual
+      // (what the second compression left) the same on both.
+      CHECK(gpu.server_residual().numel() == cpu.server_residual().numel());
+      if (cpu.server_residual().numel() > 0)
+        CHECK(max_diff(host(cpu.server_residual()), host(gpu.server_residual())) <= tol * 4);
     }
     if (m == CompressMethod::powersgd)
       CHECK(max_diff(host(cpu.powersgd_q()), host(gpu.powersgd_q())) < 1e-3);

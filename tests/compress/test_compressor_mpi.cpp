@@ -198,13 +198,49 @@ TEST_CASE("two-phase top-k at ratio 1 is the exact sum in rank order") {
   for (int64_t i = 0; i < server.numel(); ++i) CHECK(server.data<float>()[i] == 0.0f);
 }
 
-// auto: gather on 2 data ranks (the same bytes), two_phase from 3; PowerSGD takes
-// neither. Two-phase moves about twice what one rank sends at any size; gather grows.
+// A bucket with fewer compressed elements than ranks (a 1 x 2 matrix on 3 ranks): the
+// last rank's segment is empty, it sends and sums nothing, and every rank still ends
+// with the rank-order sum (top-k at ratio 1) or the same bits (1-bit).
+TEST_CASE("two-phase with an empty segment") {
+  dist::Communicator& comm = test_world();
+  const int world = comm.size(), me = comm.rank();
+  const std::vector<ParamInfo> params = {{0, 2, 1}, {2, 2, 0}};
+  const std::vector<dist::Bucket> one = {{0, 4, {1, 0}, {}}};
+  for (const CompressMethod method : {CompressMethod::topk, CompressMethod::onebit}) {
+    CAPTURE(to_string(method));
+    CompressOptions o;
+    o.method = method;
+    o.ratio = 1.0;
+    o.exchange = CompressExchange::two_phase;
+    const std::vector<BucketPlan> plans = plan_compression(o, one, params, 1);
+    REQUIRE(plans[0].compressed.size() == 1);
+    Compressor c(o, comm, plans, 4, AllreduceAlgo::ring, 5);
+    CHECK(c.server_residual().numel() == (2 * (me + 1) / world - 2 * me / world));
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> g = {0.5f * static_cast<float>(me + 1), -1.25f, 3.0f, 4.0f};
+      c.reduce(0, Tensor::wrap(g.data(), Shape{4}, DType::f32));
+      const std::vector<float> all = gather_all(comm, Tensor::wrap(g.data(), Shape{4}, DType::f32));
+      for (int r = 1; r < world; ++r)
+        CHECK(std::memcmp(all.data(), all.data() + 4 * r, 4 * sizeof(float)) == 0);
+      if (method == CompressMethod::topk) {
+        float want = -0.0f;
+        for (int r = 0; r < world; ++r) want += 0.5f * static_cast<float>(r + 1);
+        CHECK(g[0] == want);
+        CHECK(g[1] == -1.25f * static_cast<float>(world));
+      }
+    }
+  }
+}
+
+// auto: gather below 8 data ranks, two_phase from 8 (where gathering moves 4x its bytes);
+// PowerSGD takes neither. Two-phase moves about twice what one rank sends at any size;
+// gather grows.
 TEST_CASE("compress.exchange auto, and the bytes each exchange moves") {
   CompressOptions o;
   o.method = CompressMethod::onebit;
   CHECK(resolve_exchange(o, 2) == CompressExchange::gather);
-  CHECK(resolve_exchange(o, 3) == CompressExchange::two_phase);
+  CHECK(resolve_exchange(o, 7) == CompressExchange::gather);
+  CHECK(resolve_exchange(o, 8) == CompressExchange::two_phase);
   o.exchange = CompressExchange::gather;
   CHECK(resolve_exchange(o, 64) == CompressExchange::gather);
   o.method = CompressMethod::powersgd;
