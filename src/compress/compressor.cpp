@@ -137,7 +137,7 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
         // received go, the gathered pairs and the server selection's workspace come, the
         // sum goes, the whole bucket's sum comes.
         const int64_t most = seg.most(), slot = topk_count(o.ratio, most);
-        const size_t pairs = 2 * f32(slot * world), y = f32(most);
+        const size_t pairs = f32(2 * slot * world), y = f32(most);
         const size_t ws = topk_ws(std::max(topk_ws_bytes(most), topk_ws_bytes(most - 1)));
         e.start = dense + x + 2 * pairs + ws;
         e.held = dense + 2 * pairs;
@@ -161,8 +161,8 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
         // sum comes, the received go, the gathered come, with error feedback what the
         // owner sent, decompressed; the owner's sum goes, the whole bucket's sum comes.
         const int64_t most = seg.most();
-        const size_t bits = f32(words_of(most) * world) + f32(chunks_of(most) * world),
-                     y = f32(most), fb = o.error_feedback ? f32(most) : 0;
+        const size_t bits = f32((words_of(most) + chunks_of(most)) * world), y = f32(most),
+                     fb = o.error_feedback ? f32(most) : 0;
         e.start = dense + x + 2 * bits + (o.error_feedback ? f32(n) : 0);
         e.held = dense + 2 * bits;
         e.complete =
@@ -281,6 +281,19 @@ Tensor Compressor::scratch(int64_t n, DType dtype) const {
   return Tensor::empty(Shape{n}, dtype, &kernels::device_allocator(device_));
 }
 
+Compressor::Slots Compressor::slots(int64_t na, int64_t nb) const {
+  Slots s;
+  s.na = na;
+  s.nb = nb;
+  s.buf = scratch((na + nb) * comm_.size(), DType::i32);
+  return s;
+}
+
+Tensor Compressor::Slots::b(int64_t r, int64_t len) const {
+  int32_t* at = static_cast<int32_t*>(buf.raw()) + r * (na + nb) + na;
+  return Tensor::wrap(at, Shape{len}, DType::f32, buf.device());
+}
+
 void Compressor::gemm(const kernels::GemmArgs& args, const Tensor& a, const Tensor& b,
                       Tensor c) const {
   const size_t bytes = kernels::gemm_workspace_bytes(args, DType::f32, DType::f32, device_);
@@ -297,13 +310,10 @@ struct Compressor::Flight {
   std::vector<dist::Handle> done;  // the method's collectives
   Tensor gathered_a, gathered_b;   // topk: indices, values; onebit: sign words, scales
   int64_t k = 0;                   // topk: entries per rank
-  // two_phase: what this rank sent to each rank and received from each (topk: indices,
-  // values; onebit: sign words, scales), a slot of slot_a / slot_b elements per rank.
-  Tensor sent_a, sent_b, got_a, got_b;
-  int64_t slot_a = 0, slot_b = 0;
-  std::vector<Tensor> ms;       // PowerSGD: every matrix's M (its residual added)
-  std::vector<int64_t> res_lo;  // PowerSGD: each matrix's part of the residual
-  Tensor ps;                    // PowerSGD: every matrix's P, being all-reduced
+  Slots sent, got;                 // two_phase: what this rank sent to each and got
+  std::vector<Tensor> ms;          // PowerSGD: every matrix's M (its residual added)
+  std::vector<int64_t> res_lo;     // PowerSGD: each matrix's part of the residual
+  Tensor ps;                       // PowerSGD: every matrix's P, being all-reduced
 };
 
 Compressor::~Compressor() = default;
@@ -468,7 +478,7 @@ void Compressor::complete_onebit(const BucketPlan& p, Flight& f) {
 // two_phase top-k. Start: each segment's top-k into its slot of the sent pairs (the
 // residual: x with every segment's sent entries taken out), all-to-all. Complete: this
 // rank's segment summed from every rank's pairs in rank order, its server residual
-// added, its top-k into this rank's slot of the gather buffers (the server residual:
+// added, its top-k into this rank's slot of the gathered pairs (the server residual:
 // the rest), all-gathered; every rank's pairs written into its segment of the sum.
 void Compressor::start_topk2(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
@@ -476,11 +486,8 @@ void Compressor::start_topk2(const BucketPlan& p, Flight& f) {
   const Segments seg{n, world};
   const int64_t slot = topk_count(o_.ratio, seg.most());
   Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
-  f.slot_a = slot;
-  f.sent_a = scratch(slot * world, DType::i32);
-  f.sent_b = scratch(slot * world, DType::f32);
-  f.got_a = scratch(slot * world, DType::i32);
-  f.got_b = scratch(slot * world, DType::f32);
+  f.sent = slots(slot, slot);
+  f.got = slots(slot, slot);
   {
     const size_t ws_bytes = std::max(kernels::topk_workspace_bytes(seg.most(), device_),
                                      kernels::topk_workspace_bytes(seg.most() - 1, device_));
@@ -489,7 +496,7 @@ void Compressor::start_topk2(const BucketPlan& p, Flight& f) {
       const int64_t len = seg.len(r), k = topk_count(o_.ratio, len);
       if (k == 0) continue;
       Tensor part = x.view(seg.lo(r), Shape{len});
-      Tensor idx = f.sent_a.view(r * slot, Shape{k}), val = f.sent_b.view(r * slot, Shape{k});
+      Tensor idx = f.sent.a(r, k), val = f.sent.b(r, k);
       kernels::topk_select(part, idx, val, kernels::Workspace{ws.raw(), ws_bytes, device_});
       if (o_.error_feedback) kernels::clear_at(idx, part);
       tally_.sent += static_cast<uint64_t>(k) * 8;
@@ -497,8 +504,7 @@ void Compressor::start_topk2(const BucketPlan& p, Flight& f) {
   }
   if (o_.error_feedback) copy(x, residual_.view(res_at_[f.b], Shape{n}));
   x = Tensor();
-  f.done.push_back(comm_.all_to_all_async(f.sent_a, f.got_a));
-  f.done.push_back(comm_.all_to_all_async(f.sent_b, f.got_b));
+  f.done.push_back(comm_.all_to_all_async(f.sent.buf, f.got.buf));
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
@@ -507,23 +513,21 @@ void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
   const int world = comm_.size(), me = comm_.rank();
   const Segments seg{n, world};
-  const int64_t slot = f.slot_a, len = seg.len(me), k = topk_count(o_.ratio, len);
-  f.sent_a = f.sent_b = Tensor();
-  Tensor gathered_a, gathered_b;
+  const int64_t len = seg.len(me), k = topk_count(o_.ratio, len);
+  f.sent = Slots();
+  Slots gathered;
   {
     Tensor y = scratch(len, DType::f32);  // this rank's segment of the sum
     if (len > 0) {
       kernels::fill(y, -0.0f);
-      for (int r = 0; r < world; ++r)
-        kernels::scatter_add(f.got_a.view(r * slot, Shape{k}), f.got_b.view(r * slot, Shape{k}), k,
-                             y);
+      for (int r = 0; r < world; ++r) kernels::scatter_add(f.got.a(r, k), f.got.b(r, k), k, y);
     }
-    f.got_a = f.got_b = Tensor();
-    gathered_a = scratch(slot * world, DType::i32);
-    gathered_b = scratch(slot * world, DType::f32);
+    const int64_t na = f.got.na, nb = f.got.nb;
+    f.got = Slots();  // before the gathered slots come
+    gathered = slots(na, nb);
     if (len > 0) {
       if (o_.error_feedback) kernels::add(y, server_.view(server_at_[f.b], Shape{len}), y);
-      Tensor idx = gathered_a.view(me * slot, Shape{k}), val = gathered_b.view(me * slot, Shape{k});
+      Tensor idx = gathered.a(me, k), val = gathered.b(me, k);
       const size_t ws_bytes = kernels::topk_workspace_bytes(len, device_);
       Tensor ws = scratch(static_cast<int64_t>(ws_bytes), DType::u8);
       kernels::topk_select(y, idx, val, kernels::Workspace{ws.raw(), ws_bytes, device_});
@@ -533,12 +537,9 @@ void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
       }
     }
   }
-  dist::Handle a = comm_.all_gather_async(gathered_a.view(me * slot, Shape{slot}), gathered_a);
-  dist::Handle b = comm_.all_gather_async(gathered_b.view(me * slot, Shape{slot}), gathered_b);
-  a.wait();
-  b.wait();
-  f.done.push_back(a);
-  f.done.push_back(b);
+  dist::Handle h = comm_.all_gather_async(gathered.slot(me), gathered.buf);
+  h.wait();
+  f.done.push_back(h);
   tally_.sent += static_cast<uint64_t>(k) * 8;
   Tensor sum = scratch(n, DType::f32);
   kernels::fill(sum, -0.0f);
@@ -546,8 +547,7 @@ void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
     const int64_t kr = topk_count(o_.ratio, seg.len(r));
     if (kr == 0) continue;
     Tensor part = sum.view(seg.lo(r), Shape{seg.len(r)});
-    kernels::scatter_add(gathered_a.view(r * slot, Shape{kr}), gathered_b.view(r * slot, Shape{kr}),
-                         kr, part);
+    kernels::scatter_add(gathered.a(r, kr), gathered.b(r, kr), kr, part);
   }
   unpack(p.compressed, sum, f.grads);
 }
@@ -555,25 +555,19 @@ void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
 // two_phase 1-bit, as two_phase top-k with sign words and chunk scales: each segment
 // packed into its slot; the owner's sum is every rank's unpacked segment added in rank
 // order; the owner packs the sum (its server residual added) into its slot of the
-// gather buffers.
+// gathered ones.
 void Compressor::start_onebit2(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
   const int world = comm_.size();
   const Segments seg{n, world};
-  const int64_t wslot = words_of(seg.most()), cslot = chunks_of(seg.most());
   Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
-  f.slot_a = wslot;
-  f.slot_b = cslot;
-  f.sent_a = scratch(wslot * world, DType::i32);
-  f.sent_b = scratch(cslot * world, DType::f32);
-  f.got_a = scratch(wslot * world, DType::i32);
-  f.got_b = scratch(cslot * world, DType::f32);
+  f.sent = slots(words_of(seg.most()), chunks_of(seg.most()));
+  f.got = slots(f.sent.na, f.sent.nb);
   Tensor mine = o_.error_feedback ? scratch(n, DType::f32) : Tensor();
   for (int r = 0; r < world; ++r) {
     const int64_t len = seg.len(r);
     if (len == 0) continue;
-    Tensor words = f.sent_a.view(r * wslot, Shape{words_of(len)});
-    Tensor scales = f.sent_b.view(r * cslot, Shape{chunks_of(len)});
+    Tensor words = f.sent.a(r, words_of(len)), scales = f.sent.b(r, chunks_of(len));
     kernels::sign_pack(x.view(seg.lo(r), Shape{len}), kSignChunk, words, scales);
     Tensor out = o_.error_feedback ? mine.view(seg.lo(r), Shape{len}) : Tensor();
     if (o_.error_feedback) kernels::sign_unpack(words, scales, kSignChunk, out, false);
@@ -585,8 +579,7 @@ void Compressor::start_onebit2(const BucketPlan& p, Flight& f) {
     copy(x, residual_.view(res_at_[f.b], Shape{n}));
   }
   x = Tensor();
-  f.done.push_back(comm_.all_to_all_async(f.sent_a, f.got_a));
-  f.done.push_back(comm_.all_to_all_async(f.sent_b, f.got_b));
+  f.done.push_back(comm_.all_to_all_async(f.sent.buf, f.got.buf));
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
@@ -595,22 +588,21 @@ void Compressor::complete_onebit2(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
   const int world = comm_.size(), me = comm_.rank();
   const Segments seg{n, world};
-  const int64_t wslot = f.slot_a, cslot = f.slot_b, len = seg.len(me);
-  f.sent_a = f.sent_b = Tensor();
-  Tensor gathered_a, gathered_b;
+  const int64_t len = seg.len(me);
+  f.sent = Slots();
+  Slots gathered;
   {
     Tensor y = scratch(len, DType::f32);          // this rank's segment of the sum
     for (int r = 0; r < world && len > 0; ++r) {  // rank order: the same bits on every rank
-      kernels::sign_unpack(f.got_a.view(r * wslot, Shape{words_of(len)}),
-                           f.got_b.view(r * cslot, Shape{chunks_of(len)}), kSignChunk, y, r > 0);
+      kernels::sign_unpack(f.got.a(r, words_of(len)), f.got.b(r, chunks_of(len)), kSignChunk, y,
+                           r > 0);
     }
-    f.got_a = f.got_b = Tensor();
-    gathered_a = scratch(wslot * world, DType::i32);
-    gathered_b = scratch(cslot * world, DType::f32);
+    const int64_t na = f.got.na, nb = f.got.nb;
+    f.got = Slots();  // before the gathered slots come
+    gathered = slots(na, nb);
     if (len > 0) {
       if (o_.error_feedback) kernels::add(y, server_.view(server_at_[f.b], Shape{len}), y);
-      Tensor words = gathered_a.view(me * wslot, Shape{words_of(len)});
-      Tensor scales = gathered_b.view(me * cslot, Shape{chunks_of(len)});
+      Tensor words = gathered.a(me, words_of(len)), scales = gathered.b(me, chunks_of(len));
       kernels::sign_pack(y, kSignChunk, words, scales);
       if (o_.error_feedback) {  // the server residual: the sum - what its bits stand for
         Tensor sent = scratch(len, DType::f32);
@@ -620,20 +612,17 @@ void Compressor::complete_onebit2(const BucketPlan& p, Flight& f) {
       }
     }
   }
-  dist::Handle a = comm_.all_gather_async(gathered_a.view(me * wslot, Shape{wslot}), gathered_a);
-  dist::Handle b = comm_.all_gather_async(gathered_b.view(me * cslot, Shape{cslot}), gathered_b);
-  a.wait();
-  b.wait();
-  f.done.push_back(a);
-  f.done.push_back(b);
+  dist::Handle h = comm_.all_gather_async(gathered.slot(me), gathered.buf);
+  h.wait();
+  f.done.push_back(h);
   tally_.sent += static_cast<uint64_t>(words_of(len) + chunks_of(len)) * 4;
   Tensor sum = scratch(n, DType::f32);
   for (int r = 0; r < world; ++r) {
     const int64_t lr = seg.len(r);
     if (lr == 0) continue;
     Tensor part = sum.view(seg.lo(r), Shape{lr});
-    kernels::sign_unpack(gathered_a.view(r * wslot, Shape{words_of(lr)}),
-                         gathered_b.view(r * cslot, Shape{chunks_of(lr)}), kSignChunk, part, false);
+    kernels::sign_unpack(gathered.a(r, words_of(lr)), gathered.b(r, chunks_of(lr)), kSignChunk,
+                         part, false);
   }
   unpack(p.compressed, sum, f.grads);
 }

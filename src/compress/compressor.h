@@ -144,6 +144,17 @@ class Compressor {
  private:
   bool two_phase() const { return exchange_ == CompressExchange::two_phase; }
   Tensor scratch(int64_t n, DType dtype) const;
+  // two_phase's buffers: one slot per rank, each `na` 32-bit integers (top-k's indices,
+  // 1-bit's sign words) and then `nb` floats (values, scales), in one i32 buffer, so
+  // that each phase is one collective.
+  struct Slots {
+    Tensor buf;
+    int64_t na = 0, nb = 0;
+    Tensor a(int64_t r, int64_t len) const { return buf.view(r * (na + nb), Shape{len}); }
+    Tensor b(int64_t r, int64_t len) const;  // f32, a view of buf's storage
+    Tensor slot(int64_t r) const { return buf.view(r * (na + nb), Shape{na + nb}); }
+  };
+  Slots slots(int64_t na, int64_t nb) const;
   Tensor input(const std::vector<Piece>& pieces, const Tensor& grads, int64_t res_lo) const;
   void gemm(const kernels::GemmArgs& args, const Tensor& a, const Tensor& b, Tensor c) const;
   struct Flight;

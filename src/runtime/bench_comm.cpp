@@ -18,7 +18,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-enum class CommOp { all_reduce, reduce_scatter, all_gather };
+enum class CommOp { all_reduce, reduce_scatter, all_gather, all_to_all };
 
 const char* op_name(CommOp op) {
   switch (op) {
@@ -28,6 +28,8 @@ const char* op_name(CommOp op) {
       return "reduce_scatter";
     case CommOp::all_gather:
       return "all_gather";
+    case CommOp::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }
@@ -62,11 +64,11 @@ double slowest(dist::Communicator& host, double seconds) {
 }
 
 // One collective on buffers sized for `bytes` (the whole buffer: all-reduce's, the
-// reduce-scatter's input, the all-gather's output).
+// reduce-scatter's input, the all-gather's output, the all-to-all's input and output).
 struct Collective {
   CommOp op;
   AllreduceAlgo algo;
-  Tensor big, small;  // all_reduce: big only
+  Tensor big, small;  // all_reduce: big only; all_to_all: big in, small out (as big)
 
   void run(dist::Communicator& comm) {
     switch (op) {
@@ -78,6 +80,9 @@ struct Collective {
         break;
       case CommOp::all_gather:
         comm.all_gather(small, big);
+        break;
+      case CommOp::all_to_all:
+        comm.all_to_all_async(big, small).wait();
         break;
     }
   }
@@ -92,9 +97,9 @@ struct Collective {
     run(comm);
     kernels::synchronize(comm.device());
     int64_t bad = 0;
-    if (op == CommOp::all_gather) {
-      const Tensor h = kernels::to_host(big);
-      const int64_t block = small.numel();
+    if (op == CommOp::all_gather || op == CommOp::all_to_all) {  // block r from rank r
+      const Tensor h = kernels::to_host(op == CommOp::all_gather ? big : small);
+      const int64_t block = op == CommOp::all_gather ? small.numel() : small.numel() / n;
       for (int64_t i = 0; i < h.numel(); ++i)
         bad += element(h, i) != static_cast<float>(i / block + 1) ? 1 : 0;
     } else {
@@ -157,6 +162,7 @@ nlohmann::json bench_comm(dist::Communicator& host, dist::Communicator& comm, co
       for (AllreduceAlgo a : algos) figures.push_back({CommOp::all_reduce, a, {}, {}});
       figures.push_back({CommOp::reduce_scatter, AllreduceAlgo::native, {}, {}});
       figures.push_back({CommOp::all_gather, AllreduceAlgo::native, {}, {}});
+      figures.push_back({CommOp::all_to_all, AllreduceAlgo::native, {}, {}});
       for (Collective& f : figures) {
         const bool ar = f.op == CommOp::all_reduce;
         const int64_t elems = ar ? elems_ar : block * n;
@@ -166,7 +172,7 @@ nlohmann::json bench_comm(dist::Communicator& host, dist::Communicator& comm, co
         if (!o.only.empty() && name.find(o.only) == std::string::npos) continue;
         Allocator* alloc = &kernels::device_allocator(device);
         f.big = Tensor::empty({elems}, dt, alloc);
-        if (!ar) f.small = Tensor::empty({block}, dt, alloc);
+        if (!ar) f.small = Tensor::empty({f.op == CommOp::all_to_all ? elems : block}, dt, alloc);
         fill(f.big, 0.0f);
         if (!ar) fill(f.small, 0.0f);
         f.run(comm);  // warm-up: connections, pages, the ring's scratch

@@ -1122,10 +1122,10 @@ TEST_CASE("dtrain bench --suite comm: every collective's bus bandwidth, checked,
     if (f.at("algorithm") == "ring") CHECK(f.at("speed_vs_native").get<double>() > 0);
   }
   for (const char* size : {"4KiB", "16KiB", "64KiB"})
-    for (const char* figure :
-         {"all_reduce/native", "all_reduce/ring", "reduce_scatter/native", "all_gather/native"})
+    for (const char* figure : {"all_reduce/native", "all_reduce/ring", "reduce_scatter/native",
+                               "all_gather/native", "all_to_all/native"})
       CHECK_MESSAGE(names.count(fmt::format("{}/{} x2", figure, size)) == 1, figure, size);
-  CHECK(names.size() == 12);
+  CHECK(names.size() == 15);
   const nlohmann::json& first = doc.at("results")[0];
   CHECK(first.at("bytes") == 4096);
 
@@ -1150,7 +1150,8 @@ TEST_CASE("dtrain bench --suite comm: every collective's bus bandwidth, checked,
   }
   CHECK(names.count("all_reduce/hierarchical/16KiB x4") == 1);
   CHECK(names.count("all_reduce/native/16KiB x4") == 0);
-  CHECK(names.size() == 8);  // 4 and 16 KiB x (ring, hierarchical, reduce-scatter, all-gather)
+  // 4 and 16 KiB x (ring, hierarchical, reduce-scatter, all-gather, all-to-all).
+  CHECK(names.size() == 10);
 
   // --compare against a baseline 1000x slower (microsecond figures on a loaded machine
   // swing by 10x and more): nothing regressed, and every figure is printed.
