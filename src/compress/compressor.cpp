@@ -146,9 +146,9 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
                       dense + pairs + f32(n)});
         break;
       }
-      // Indices (i32) and values, gathered.
+      // Indices (i32) and values, gathered in one buffer.
       const int64_t k = topk_count(o.ratio, n);
-      const size_t gathered = 2 * f32(k * world), ws = topk_ws(topk_ws_bytes(n));
+      const size_t gathered = f32(2 * k * world), ws = topk_ws(topk_ws_bytes(n));
       e.start = dense + x + gathered + ws;
       e.held = dense + gathered;
       e.complete = e.held + f32(n);  // the sum
@@ -169,8 +169,8 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
             std::max({e.held, dense + bits + y, dense + y + bits + fb, dense + bits + f32(n)});
         break;
       }
-      // Sign words and chunk scales, gathered.
-      const size_t gathered = f32(words_of(n) * world) + f32(chunks_of(n) * world);
+      // Sign words and chunk scales, gathered in one buffer.
+      const size_t gathered = f32((words_of(n) + chunks_of(n)) * world);
       e.start = dense + x + gathered + (o.error_feedback ? f32(n) : 0);  // what was sent
       e.held = dense + gathered;
       e.complete = e.held + f32(n);  // the sum
@@ -308,12 +308,12 @@ struct Compressor::Flight {
   Tensor dense;                    // the dense pieces, being all-reduced
   dist::Handle dense_done;         //
   std::vector<dist::Handle> done;  // the method's collectives
-  Tensor gathered_a, gathered_b;   // topk: indices, values; onebit: sign words, scales
-  int64_t k = 0;                   // topk: entries per rank
-  Slots sent, got;                 // two_phase: what this rank sent to each and got
-  std::vector<Tensor> ms;          // PowerSGD: every matrix's M (its residual added)
-  std::vector<int64_t> res_lo;     // PowerSGD: each matrix's part of the residual
-  Tensor ps;                       // PowerSGD: every matrix's P, being all-reduced
+  // What this rank sent to each rank (two_phase) and what it got from each (gather:
+  // every rank's compressed bucket; two_phase: every rank's part of its segment).
+  Slots sent, got;
+  std::vector<Tensor> ms;       // PowerSGD: every matrix's M (its residual added)
+  std::vector<int64_t> res_lo;  // PowerSGD: each matrix's part of the residual
+  Tensor ps;                    // PowerSGD: every matrix's P, being all-reduced
 };
 
 Compressor::~Compressor() = default;
@@ -403,17 +403,15 @@ Tensor Compressor::input(const std::vector<Piece>& pieces, const Tensor& grads,
   return x;
 }
 
-// Top-k selects straight into this rank's block of the gather buffers, which are then
-// gathered in place.
+// Top-k selects straight into this rank's slot of the gathered pairs (its indices,
+// then its values), which are then gathered in place, one collective.
 void Compressor::start_topk(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
   Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
   const int64_t k = topk_count(o_.ratio, n);
-  const int world = comm_.size(), me = comm_.rank();
-  f.k = k;
-  f.gathered_a = scratch(k * world, DType::i32);
-  f.gathered_b = scratch(k * world, DType::f32);
-  Tensor idx = f.gathered_a.view(me * k, Shape{k}), val = f.gathered_b.view(me * k, Shape{k});
+  const int me = comm_.rank();
+  f.got = slots(k, k);
+  Tensor idx = f.got.a(me, k), val = f.got.b(me, k);
   {
     const size_t ws_bytes = kernels::topk_workspace_bytes(n, device_);
     Tensor ws = scratch(static_cast<int64_t>(ws_bytes), DType::u8);
@@ -424,8 +422,7 @@ void Compressor::start_topk(const BucketPlan& p, Flight& f) {
     copy(x, residual_.view(res_at_[f.b], Shape{n}));
   }
   x = Tensor();
-  f.done.push_back(comm_.all_gather_async(idx, f.gathered_a));
-  f.done.push_back(comm_.all_gather_async(val, f.gathered_b));
+  f.done.push_back(comm_.all_gather_async(f.got.slot(me), f.got.buf));
   tally_.sent += static_cast<uint64_t>(k) * 8;
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
@@ -436,19 +433,17 @@ void Compressor::complete_topk(const BucketPlan& p, Flight& f) {
   // ratio 1 the sum is exactly an all-reduce's; the ranks' pairs added in rank order.
   Tensor sum = scratch(total(p.compressed), DType::f32);
   kernels::fill(sum, -0.0f);
-  kernels::scatter_add(f.gathered_a, f.gathered_b, f.k, sum);
+  const int64_t k = f.got.na;
+  for (int r = 0; r < comm_.size(); ++r) kernels::scatter_add(f.got.a(r, k), f.got.b(r, k), k, sum);
   unpack(p.compressed, sum, f.grads);
 }
 
 void Compressor::start_onebit(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
   Tensor x = input(p.compressed, f.grads, res_at_[f.b]);
-  const int64_t nwords = words_of(n), nchunks = chunks_of(n);
-  const int world = comm_.size(), me = comm_.rank();
-  f.gathered_a = scratch(nwords * world, DType::i32);
-  f.gathered_b = scratch(nchunks * world, DType::f32);
-  Tensor words = f.gathered_a.view(me * nwords, Shape{nwords});
-  Tensor scales = f.gathered_b.view(me * nchunks, Shape{nchunks});
+  const int me = comm_.rank();
+  f.got = slots(words_of(n), chunks_of(n));
+  Tensor words = f.got.a(me, words_of(n)), scales = f.got.b(me, chunks_of(n));
   kernels::sign_pack(x, kSignChunk, words, scales);
   if (o_.error_feedback) {  // residual = x - what this rank's bits and scales stand for
     Tensor mine = scratch(n, DType::f32);
@@ -457,20 +452,17 @@ void Compressor::start_onebit(const BucketPlan& p, Flight& f) {
     copy(x, residual_.view(res_at_[f.b], Shape{n}));
   }
   x = Tensor();
-  f.done.push_back(comm_.all_gather_async(words, f.gathered_a));
-  f.done.push_back(comm_.all_gather_async(scales, f.gathered_b));
-  tally_.sent += static_cast<uint64_t>(nwords + nchunks) * 4;
+  f.done.push_back(comm_.all_gather_async(f.got.slot(me), f.got.buf));
+  tally_.sent += static_cast<uint64_t>(words_of(n) + chunks_of(n)) * 4;
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
 void Compressor::complete_onebit(const BucketPlan& p, Flight& f) {
   for (dist::Handle& h : f.done) h.wait();
   const int64_t n = total(p.compressed);
-  const int64_t nwords = words_of(n), nchunks = chunks_of(n);
   Tensor sum = scratch(n, DType::f32);
   for (int r = 0; r < comm_.size(); ++r) {  // rank order: the same bits on every rank
-    kernels::sign_unpack(f.gathered_a.view(r * nwords, Shape{nwords}),
-                         f.gathered_b.view(r * nchunks, Shape{nchunks}), kSignChunk, sum, r > 0);
+    kernels::sign_unpack(f.got.a(r, words_of(n)), f.got.b(r, chunks_of(n)), kSignChunk, sum, r > 0);
   }
   unpack(p.compressed, sum, f.grads);
 }
