@@ -25,9 +25,9 @@ ROOT=$(pwd)
 CARRY="$ROOT/.gpu-carry"
 BINS=(src/cli/dtrain tests/kernels/test_kernels tests/kernels/test_cuda_runtime bench/bench_gemm
       bench/bench_model tests/optim/test_optim_cuda tests/train/test_train_cuda
-      tests/dist/test_dist_nccl)
+      tests/dist/test_dist_nccl tests/compress/test_compress_cuda)
 FAMILIES=(gemm activation elementwise cast reduce layout layernorm softmax embedding dropout
-          conv batchnorm pooling attention optimizer)
+          conv batchnorm pooling attention optimizer compress)
 die() { echo "gpu-check: $*" >&2; exit 1; }
 
 pack() {
@@ -36,7 +36,7 @@ pack() {
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTRAIN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDTRAIN_MPI=OFF -DDTRAIN_NATIVE=OFF >/dev/null
   cmake --build "$build" -j "${JOBS:-$(nproc)}" --target dtrain test_kernels test_cuda_runtime \
-    bench_gemm bench_model test_optim_cuda test_train_cuda test_dist_nccl
+    bench_gemm bench_model test_optim_cuda test_train_cuda test_dist_nccl test_compress_cuda
   rm -rf "$CARRY" && mkdir -p "$CARRY/stage/bin" "$CARRY/stage/lib"
   local b lib
   for b in "${BINS[@]}"; do cp "$build/$b" "$CARRY/stage/bin/"; done
@@ -86,7 +86,7 @@ run() {
   local f mode rc line
   for f in "${FAMILIES[@]}"; do
     for mode in check grad; do
-      [[ $f == optimizer && $mode == grad ]] && continue  # check-only family (as in ctest)
+      [[ ($f == optimizer || $f == compress) && $mode == grad ]] && continue  # check-only (as in ctest)
       timeout 120 "$bin/test_kernels" --device cuda --mode "$mode" --family "$f" >"$out/kernels-$mode-$f.log" 2>&1
       rc=$?
       line=$(grep -E "passed, [0-9]+ failed|no CUDA implementation yet|skipped: no GPU" "$out/kernels-$mode-$f.log" | tail -n 1)
@@ -98,7 +98,7 @@ run() {
   local arg
   for name in kernels.cuda.runtime:test_cuda_runtime:120 optim.cuda:test_optim_cuda:120 \
               dist.nccl:test_dist_nccl+--gpu:120 dist.cuda_failures:test_dist_nccl:60 \
-              train.cuda:test_train_cuda:300; do
+              compress.cuda:test_compress_cuda:120 train.cuda:test_train_cuda:300; do
     IFS=: read -r name exe limit <<<"$name"
     arg=""
     [[ $exe == *+* ]] && arg=${exe#*+} && exe=${exe%%+*}
