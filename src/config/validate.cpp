@@ -293,9 +293,13 @@ void check_compress(const Checker& c) {
   const std::string method(to_string(k.method));
   if (c.job.parallel.zero_stage >= 2) {
     c.error("compress.method",
-            fmt::format("{} compresses an all-reduce; ZeRO-{} reduce-scatters gradients", method,
-                        c.job.parallel.zero_stage),
-            "use zero_stage 0 or 1 with compression");
+            fmt::format("{} compresses an all-reduce; ZeRO-{} reduces every micro-batch's "
+                        "gradients into their owners and keeps no whole gradient, while error "
+                        "feedback keeps a residual as large as the compressed gradient on every "
+                        "rank",
+                        method, c.job.parallel.zero_stage),
+            "use zero_stage 0 or 1 with compression (ZeRO-1 shards the optimizer state and "
+            "composes with it)");
   }
   if (c.job.parallel.data == 1) {
     c.error("compress.method",
