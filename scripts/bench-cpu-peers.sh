@@ -109,7 +109,9 @@ ensure_blas
 # get one thread each so that only OpenMP runs in parallel (the OpenMP build of
 # OpenBLAS still runs its GEMM on OMP_NUM_THREADS threads: torch.matmul at 2048^3
 # measured 191 GF/s on 2 threads with OPENBLAS_NUM_THREADS=1); OPENBLAS_CORETYPE
-# is the machine's setting and stays as it is.
+# is the caller's setting and stays as it is (the JSON records it): where a machine
+# sets Haswell on an AVX-512 CPU, OPENBLAS_CORETYPE=SkylakeX gives PyTorch OpenBLAS's
+# AVX-512 kernels, the fair peer (README, 2026-12-06).
 export OMP_NUM_THREADS="$THREADS" OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/bench-cpu-peers.XXXXXX")"
