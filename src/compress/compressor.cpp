@@ -289,7 +289,16 @@ Compressor::Slots Compressor::slots(int64_t na, int64_t nb) const {
   return s;
 }
 
+Tensor Compressor::Slots::a(int64_t r, int64_t len) const {
+  DTRAIN_CHECK(r >= 0 && (r + 1) * (na + nb) <= buf.numel() && len >= 0 && len <= na,
+               "slot {}: {} of {} + {} in {}", r, len, na, nb, buf.str());
+  return buf.view(r * (na + nb), Shape{len});
+}
+
+// A wrapped view's storage is its own (len floats): the bounds are checked here.
 Tensor Compressor::Slots::b(int64_t r, int64_t len) const {
+  DTRAIN_CHECK(r >= 0 && (r + 1) * (na + nb) <= buf.numel() && len >= 0 && len <= nb,
+               "slot {}: {} of {} after {} in {}", r, len, nb, na, buf.str());
   int32_t* at = static_cast<int32_t*>(buf.raw()) + r * (na + nb) + na;
   return Tensor::wrap(at, Shape{len}, DType::f32, buf.device());
 }

@@ -150,8 +150,8 @@ class Compressor {
   struct Slots {
     Tensor buf;
     int64_t na = 0, nb = 0;
-    Tensor a(int64_t r, int64_t len) const { return buf.view(r * (na + nb), Shape{len}); }
-    Tensor b(int64_t r, int64_t len) const;  // f32, a view of buf's storage
+    Tensor a(int64_t r, int64_t len) const;  // i32, the first `len` of slot r's na
+    Tensor b(int64_t r, int64_t len) const;  // f32 over buf's storage: slot r's first `len` of nb
     Tensor slot(int64_t r) const { return buf.view(r * (na + nb), Shape{na + nb}); }
   };
   Slots slots(int64_t na, int64_t nb) const;

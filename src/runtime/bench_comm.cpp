@@ -93,13 +93,35 @@ struct Collective {
     const int n = comm.size();
     const float mine = static_cast<float>(comm.rank() + 1);
     const float sum = static_cast<float>(n * (n + 1) / 2);
-    fill(op == CommOp::all_gather ? small : big, mine);
+    if (op == CommOp::all_to_all) {  // rank s's block d holds s n + d + 1
+      Tensor h = Tensor::empty(big.shape(), big.dtype());
+      const int64_t block = big.numel() / n;
+      for (int64_t i = 0; i < h.numel(); ++i) {
+        const auto v = static_cast<float>(comm.rank() * n + i / block + 1);
+        if (h.dtype() == DType::bf16) {
+          h.data<bf16>()[i] = to_bf16(v);
+        } else {
+          h.data<float>()[i] = v;
+        }
+      }
+      kernels::copy(h, big);
+    } else {
+      fill(op == CommOp::all_gather ? small : big, mine);
+    }
     run(comm);
     kernels::synchronize(comm.device());
     int64_t bad = 0;
-    if (op == CommOp::all_gather || op == CommOp::all_to_all) {  // block r from rank r
-      const Tensor h = kernels::to_host(op == CommOp::all_gather ? big : small);
-      const int64_t block = op == CommOp::all_gather ? small.numel() : small.numel() / n;
+    if (op == CommOp::all_to_all) {  // block r from rank r, its block rank()
+      const Tensor h = kernels::to_host(small);
+      const int64_t block = small.numel() / n;
+      for (int64_t i = 0; i < h.numel(); ++i) {
+        float want = static_cast<float>((i / block) * n + comm.rank() + 1);
+        if (h.dtype() == DType::bf16) want = to_f32(to_bf16(want));  // as the sender rounded it
+        bad += element(h, i) != want ? 1 : 0;
+      }
+    } else if (op == CommOp::all_gather) {  // block r from rank r
+      const Tensor h = kernels::to_host(big);
+      const int64_t block = small.numel();
       for (int64_t i = 0; i < h.numel(); ++i)
         bad += element(h, i) != static_cast<float>(i / block + 1) ? 1 : 0;
     } else {

@@ -198,9 +198,9 @@ TEST_CASE("two-phase top-k at ratio 1 is the exact sum in rank order") {
   for (int64_t i = 0; i < server.numel(); ++i) CHECK(server.data<float>()[i] == 0.0f);
 }
 
-// A bucket with fewer compressed elements than ranks (a 1 x 2 matrix on 3 ranks): the
-// last rank's segment is empty, it sends and sums nothing, and every rank still ends
-// with the rank-order sum (top-k at ratio 1) or the same bits (1-bit).
+// A bucket with fewer compressed elements than ranks (a 1 x 2 matrix on 3 ranks): rank
+// 0's segment is empty ([0, 0), then [0, 1) and [1, 2)), it sends and sums nothing, and every rank
+// still ends with the rank-order sum (top-k at ratio 1) or the same bits (1-bit).
 TEST_CASE("two-phase with an empty segment") {
   dist::Communicator& comm = test_world();
   const int world = comm.size(), me = comm.rank();
