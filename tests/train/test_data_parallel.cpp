@@ -998,7 +998,8 @@ TEST_CASE("compression: its state is checkpointed and a resumed run continues bi
   // Another exchange or other buckets: a rank's own residual does not depend on them and
   // is restored; the server residual is restored only with the same buckets, else it
   // starts empty, with a note. Gathered top-k resumed two-phase; two-phase resumed in
-  // other buckets; two-phase resumed in its own buckets (no note).
+  // other buckets; two-phase resumed in its own buckets, and gathered (no note: the
+  // gather exchange has no server residual).
   struct Resume {
     std::string from, name;
     std::vector<std::string> sets;
@@ -1011,7 +1012,8 @@ TEST_CASE("compression: its state is checkpointed and a resumed run continues bi
                "other-buckets",
                {"--set", "compress.exchange=two_phase", "--set", "comm.bucket_mb=1"},
                true},
-        Resume{topk2, "same-buckets", {"--set", "compress.exchange=two_phase"}, false}}) {
+        Resume{topk2, "same-buckets", {"--set", "compress.exchange=two_phase"}, false},
+        Resume{topk2, "to-gather", {"--set", "compress.exchange=gather"}, false}}) {
     CAPTURE(r.name);
     std::vector<std::string> args = compression_methods()[0];
     args.insert(args.end(), {"--set", "data.micro_batch=2", "--set", "parallel.micro_batches=2",
