@@ -85,9 +85,10 @@ class NcclGroup {
   bool open_ = true;
 };
 
-// Peers per group of an all-to-all: a send and a receive each, well within what one
-// NCCL group takes (older releases allowed 2048 operations).
-constexpr int kAllToAllPeersPerGroup = 256;
+// Operations per NCCL group: NCCL's documentation allows at most 2048 between
+// ncclGroupStart and ncclGroupEnd; half of that leaves room. The per-rank loops below
+// (all-to-all, all_gatherv) split into groups of this size, which match across ranks.
+constexpr int kGroupOps = 1024;
 
 // Sub-communicators for hierarchical all-reduce.
 struct Nodes {
@@ -327,8 +328,8 @@ class NcclCommunicator final : public Communicator {
         {in, out});
   }
   // One send and one receive per peer (NCCL has no all-to-all collective), in groups of
-  // kAllToAllPeersPerGroup shifts: at shift d every rank sends to rank + d and receives
-  // from rank - d, so each group's sends and receives match within the group.
+  // kGroupOps / 2 shifts: at shift d every rank sends to rank + d and receives from
+  // rank - d, so each group's sends and receives match within the group.
   Handle all_to_all_async(Tensor in, Tensor out) override {
     check(in, "all_to_all", false);
     check(out, "all_to_all", false);
@@ -341,9 +342,10 @@ class NcclCommunicator final : public Communicator {
                    const int world = s_->size, me = s_->rank;
                    const auto n = static_cast<size_t>(in.numel() / world);
                    const size_t block = n * dtype_size(in.dtype());
-                   for (int first = 0; first < world; first += kAllToAllPeersPerGroup) {
+                   constexpr int shifts = kGroupOps / 2;
+                   for (int first = 0; first < world; first += shifts) {
                      NcclGroup group;
-                     for (int d = first; d < std::min(world, first + kAllToAllPeersPerGroup); ++d) {
+                     for (int d = first; d < std::min(world, first + shifts); ++d) {
                        const int to = (me + d) % world, from = (me - d + world) % world;
                        DTRAIN_NCCL_CHECK(ncclSend(static_cast<const char*>(in.raw()) + to * block,
                                                   n, nccl_type(in.dtype()), to, s_->comm, st));
@@ -363,7 +365,9 @@ class NcclCommunicator final : public Communicator {
                                       nccl_type(buf.dtype()), root, s_->comm, st));
     }).wait();
   }
-  // One broadcast per rank's block, grouped: NCCL's all-gather wants equal blocks.
+  // One broadcast per rank's block, grouped (kGroupOps ranks to a group; broadcasts are
+  // collectives, issued in the same order everywhere): NCCL's all-gather wants equal
+  // blocks.
   Handle all_gatherv_async(Tensor buf, std::vector<int64_t> counts) override {
     check(buf, "all_gatherv", false);
     DTRAIN_CHECK(static_cast<int>(counts.size()) == s_->size, "all_gatherv: {} counts for {} ranks",
@@ -375,17 +379,19 @@ class NcclCommunicator final : public Communicator {
         "all_gather", buf.nbytes(),
         [this, buf, counts](cudaStream_t st) {
           const size_t elem = dtype_size(buf.dtype());
-          NcclGroup group;
           int64_t at = 0;
-          for (int r = 0; r < s_->size; ++r) {
-            const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
-            char* p = static_cast<char*>(buf.raw()) + static_cast<size_t>(at) * elem;
-            if (n > 0) {
-              DTRAIN_NCCL_CHECK(ncclBroadcast(p, p, n, nccl_type(buf.dtype()), r, s_->comm, st));
+          for (int first = 0; first < s_->size; first += kGroupOps) {
+            NcclGroup group;
+            for (int r = first; r < std::min(s_->size, first + kGroupOps); ++r) {
+              const auto n = static_cast<size_t>(counts[static_cast<size_t>(r)]);
+              char* p = static_cast<char*>(buf.raw()) + static_cast<size_t>(at) * elem;
+              if (n > 0) {
+                DTRAIN_NCCL_CHECK(ncclBroadcast(p, p, n, nccl_type(buf.dtype()), r, s_->comm, st));
+              }
+              at += static_cast<int64_t>(n);
             }
-            at += static_cast<int64_t>(n);
+            group.end();
           }
-          group.end();
         },
         {buf});
   }
