@@ -90,6 +90,31 @@ std::vector<BucketPlan> plan_compression(const CompressOptions& o,
   return plans;
 }
 
+size_t exchanges_peak(const std::vector<ExchangeBytes>& order) {
+  size_t peak = 0;
+  const ExchangeBytes* first = nullptr;   // started last: its `held`
+  const ExchangeBytes* second = nullptr;  // advanced, not complete: its `held2`
+  const auto advance = [&] {
+    if (second != nullptr) {  // completes beside the one started after it
+      peak = std::max(peak, (first != nullptr ? first->held : 0) + second->complete);
+      second = nullptr;
+    }
+    if (first != nullptr) {
+      peak = std::max(peak, first->advance);
+      if (first->complete > 0) second = first;  // two collectives: completes later
+      first = nullptr;
+    }
+  };
+  for (const ExchangeBytes& e : order) {
+    advance();
+    peak = std::max(peak, (second != nullptr ? second->held2 : 0) + e.start);
+    first = &e;
+  }
+  advance();
+  advance();
+  return peak;
+}
+
 int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans) {
   if (o.method != CompressMethod::powersgd) return 0;
   int64_t n = 0;
@@ -113,14 +138,14 @@ int64_t server_residual_elems(const CompressOptions& o, const std::vector<Bucket
   return n;
 }
 
-// Mirrors the allocations of start() and complete() below, in their order and
+// Mirrors the allocations of start(), advance() and complete() below, in their order and
 // lifetimes.
 ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world,
                              Device device, const std::function<size_t(size_t)>& round) {
   const auto f32 = [&](int64_t n) { return round(static_cast<size_t>(n) * 4); };
   const int64_t d = total(p.dense), n = total(p.compressed);
-  const size_t dense = d > 0 ? f32(d) : 0;  // all-reduced from start() to complete()
-  ExchangeBytes e{dense, dense, dense};
+  const size_t dense = d > 0 ? f32(d) : 0;     // all-reduced from start() to complete()
+  ExchangeBytes e{dense, dense, dense, 0, 0};  // the dense all-reduce, completed by advance()
   if (n == 0) return e;
   const size_t x = f32(n);  // input(): the packed gradient (the residual added in place)
   const bool two_phase = resolve_exchange(o, world) == CompressExchange::two_phase;
@@ -132,55 +157,58 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
   switch (o.method) {
     case CompressMethod::topk: {
       if (two_phase) {
-        // Start: the sent and the received pairs (held until complete), every segment's
-        // selection's workspace. Complete: the sent pairs go, the owner's sum comes, the
+        // Start: the sent and the received pairs (held until advance), every segment's
+        // selection's workspace. Advance: the sent pairs go, the owner's sum comes, the
         // received go, the gathered pairs and the server selection's workspace come, the
-        // sum goes, the whole bucket's sum comes.
+        // sum goes (the gathered held until complete). Complete: the whole bucket's sum.
         const int64_t most = seg.most(), slot = topk_count(o.ratio, most);
         const size_t pairs = f32(2 * slot * world), y = f32(most);
         const size_t ws = topk_ws(std::max(topk_ws_bytes(most), topk_ws_bytes(most - 1)));
         e.start = dense + x + 2 * pairs + ws;
         e.held = dense + 2 * pairs;
-        e.complete =
-            std::max({e.held, dense + pairs + y, dense + y + pairs + topk_ws(topk_ws_bytes(most)),
-                      dense + pairs + f32(n)});
+        e.advance =
+            std::max({e.held, dense + pairs + y, dense + y + pairs + topk_ws(topk_ws_bytes(most))});
+        e.held2 = dense + pairs;
+        e.complete = dense + pairs + f32(n);
         break;
       }
-      // Indices (i32) and values, gathered in one buffer.
+      // Indices (i32) and values, gathered in one buffer; advance() completes it.
       const int64_t k = topk_count(o.ratio, n);
       const size_t gathered = f32(2 * k * world), ws = topk_ws(topk_ws_bytes(n));
       e.start = dense + x + gathered + ws;
       e.held = dense + gathered;
-      e.complete = e.held + f32(n);  // the sum
+      e.advance = e.held + f32(n);  // the sum
       break;
     }
     case CompressMethod::onebit: {
       if (two_phase) {
-        // Start: the sent and the received words and scales (held until complete), with
-        // error feedback what was sent, decompressed. Complete: the sent go, the owner's
+        // Start: the sent and the received words and scales (held until advance), with
+        // error feedback what was sent, decompressed. Advance: the sent go, the owner's
         // sum comes, the received go, the gathered come, with error feedback what the
-        // owner sent, decompressed; the owner's sum goes, the whole bucket's sum comes.
+        // owner sent, decompressed; the owner's sum goes (the gathered held until
+        // complete). Complete: the whole bucket's sum.
         const int64_t most = seg.most();
         const size_t bits = f32((words_of(most) + chunks_of(most)) * world), y = f32(most),
                      fb = o.error_feedback ? f32(most) : 0;
         e.start = dense + x + 2 * bits + (o.error_feedback ? f32(n) : 0);
         e.held = dense + 2 * bits;
-        e.complete =
-            std::max({e.held, dense + bits + y, dense + y + bits + fb, dense + bits + f32(n)});
+        e.advance = std::max({e.held, dense + bits + y, dense + y + bits + fb});
+        e.held2 = dense + bits;
+        e.complete = dense + bits + f32(n);
         break;
       }
-      // Sign words and chunk scales, gathered in one buffer.
+      // Sign words and chunk scales, gathered in one buffer; advance() completes it.
       const size_t gathered = f32((words_of(n) + chunks_of(n)) * world);
       e.start = dense + x + gathered + (o.error_feedback ? f32(n) : 0);  // what was sent
       e.held = dense + gathered;
-      e.complete = e.held + f32(n);  // the sum
+      e.advance = e.held + f32(n);  // the sum
       break;
     }
     case CompressMethod::powersgd: {
       // Every matrix's M (packed with its residual added), then P and per matrix the
-      // workspace of M Q; held: the M's and P. Complete: Q, per matrix the workspace of
+      // workspace of M Q; held: the M's and P. Advance: Q, per matrix the workspace of
       // M^T P and with error feedback P Q^T beside its product's workspace; the M's
-      // freed, Q all-reduced, per matrix the workspace of P Q^T.
+      // freed, Q all-reduced (P and Q held). Complete: per matrix the workspace of P Q^T.
       size_t ms = 0, ws_start = 0, ws_complete = 0, ws_last = 0;
       int64_t p_elems = 0, q_elems = 0;
       const auto ws_of = [&](const kernels::GemmArgs& a) {
@@ -205,8 +233,9 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
       }
       e.start = dense + ms + f32(p_elems) + ws_start;
       e.held = dense + ms + f32(p_elems);
-      e.complete = std::max(e.held + f32(q_elems) + ws_complete,
-                            dense + f32(p_elems) + f32(q_elems) + ws_last);
+      e.advance = e.held + f32(q_elems) + ws_complete;
+      e.held2 = dense + f32(p_elems) + f32(q_elems);
+      e.complete = e.held2 + ws_last;
       break;
     }
     case CompressMethod::none:
@@ -320,9 +349,12 @@ struct Compressor::Flight {
   // What this rank sent to each rank (two_phase) and what it got from each (gather:
   // every rank's compressed bucket; two_phase: every rank's part of its segment).
   Slots sent, got;
+  Slots gathered;               // two_phase: every owner's compressed sum, being all-gathered
   std::vector<Tensor> ms;       // PowerSGD: every matrix's M (its residual added)
   std::vector<int64_t> res_lo;  // PowerSGD: each matrix's part of the residual
   Tensor ps;                    // PowerSGD: every matrix's P, being all-reduced
+  Tensor qs;                    // PowerSGD: every matrix's Q, being all-reduced
+  dist::Handle second;          // the second collective, once advanced
 };
 
 Compressor::~Compressor() = default;
@@ -332,15 +364,23 @@ void Compressor::reduce(size_t b, Tensor grads) {
   complete();
 }
 
+// two_phase top-k and 1-bit, and PowerSGD: a second collective after the first's result.
+bool Compressor::two_collectives(const BucketPlan& p) const {
+  if (p.compressed.empty()) return false;
+  return o_.method == CompressMethod::powersgd ||
+         (two_phase() &&
+          (o_.method == CompressMethod::topk || o_.method == CompressMethod::onebit));
+}
+
 void Compressor::start(size_t b, Tensor grads) {
-  DTRAIN_CHECK(!flight_, "bucket {}'s exchange started while bucket {}'s runs", b,
-               flight_ ? flight_->b : 0);
+  DTRAIN_CHECK(!first_, "bucket {}'s exchange started before bucket {}'s advanced", b,
+               first_ ? first_->b : 0);
   DTRAIN_CHECK(
       grads.device() == device_ && grads.dtype() == DType::f32 && grads.numel() == layout_elems_,
       "compression of {} (f32 [{}] on {} expected)", grads.str(), layout_elems_, device_.str());
   const BucketPlan& p = plans_.at(b);
-  flight_ = std::make_unique<Flight>();
-  Flight& f = *flight_;
+  first_ = std::make_unique<Flight>();
+  Flight& f = *first_;
   f.b = b;
   f.grads = grads;
   if (const int64_t n = total(p.dense); n > 0) {
@@ -366,39 +406,73 @@ void Compressor::start(size_t b, Tensor grads) {
   }
 }
 
-dist::Handle::Timing Compressor::complete() {
-  if (!flight_) return {};
-  const std::unique_ptr<Flight> f = std::move(flight_);
-  const BucketPlan& p = plans_.at(f->b);
+std::vector<dist::Reduced> Compressor::advance() {
+  std::vector<dist::Reduced> done;
+  if (second_) {  // first: what it holds goes before the next one's second phase comes
+    done.push_back(finish(*second_));
+    second_.reset();
+  }
+  if (!first_) return done;
+  const BucketPlan& p = plans_.at(first_->b);
+  if (!two_collectives(p)) {
+    done.push_back(finish(*first_));
+    first_.reset();
+    return done;
+  }
+  switch (o_.method) {
+    case CompressMethod::topk:
+      advance_topk2(p, *first_);
+      break;
+    case CompressMethod::onebit:
+      advance_onebit2(p, *first_);
+      break;
+    case CompressMethod::powersgd:
+      advance_powersgd(p, *first_);
+      break;
+    case CompressMethod::none:
+      break;
+  }
+  second_ = std::move(first_);
+  return done;
+}
+
+std::vector<dist::Reduced> Compressor::complete() {
+  std::vector<dist::Reduced> done = advance();
+  for (const dist::Reduced& r : advance()) done.push_back(r);
+  return done;
+}
+
+dist::Reduced Compressor::finish(Flight& f) {
+  const BucketPlan& p = plans_.at(f.b);
   if (!p.compressed.empty()) {
     switch (o_.method) {
       case CompressMethod::topk:
-        two_phase() ? complete_topk2(p, *f) : complete_topk(p, *f);
+        two_phase() ? complete_topk2(p, f) : complete_topk(p, f);
         break;
       case CompressMethod::onebit:
-        two_phase() ? complete_onebit2(p, *f) : complete_onebit(p, *f);
+        two_phase() ? complete_onebit2(p, f) : complete_onebit(p, f);
         break;
       case CompressMethod::powersgd:
-        complete_powersgd(p, *f);
+        complete_powersgd(p, f);
         break;
       case CompressMethod::none:
         break;
     }
   }
-  if (f->dense_done.valid()) {
-    f->dense_done.wait();
-    unpack(p.dense, f->dense, f->grads);
-    f->done.push_back(f->dense_done);
+  if (f.dense_done.valid()) {
+    f.dense_done.wait();
+    unpack(p.dense, f.dense, f.grads);
+    f.done.push_back(f.dense_done);
   }
   // From the first collective's start to the last one's end, on the communicator.
   double lo = 0, hi = 0;
-  for (const dist::Handle& h : f->done) {
+  for (const dist::Handle& h : f.done) {
     const dist::Handle::Timing t = h.timing();
     if (t.seconds <= 0) continue;
     lo = lo == 0 ? t.start : std::min(lo, t.start);
     hi = std::max(hi, t.start + t.seconds);
   }
-  return {lo, hi > lo ? hi - lo : 0};
+  return {f.b, {lo, hi > lo ? hi - lo : 0}};
 }
 
 // The compressed pieces' gradient, one after another, with this rank's residual added
@@ -477,10 +551,11 @@ void Compressor::complete_onebit(const BucketPlan& p, Flight& f) {
 }
 
 // two_phase top-k. Start: each segment's top-k into its slot of the sent pairs (the
-// residual: x with every segment's sent entries taken out), all-to-all. Complete: this
+// residual: x with every segment's sent entries taken out), all-to-all. Advance: this
 // rank's segment summed from every rank's pairs in rank order, its server residual
 // added, its top-k into this rank's slot of the gathered pairs (the server residual:
-// the rest), all-gathered; every rank's pairs written into its segment of the sum.
+// the rest), all-gathered. Complete: every rank's pairs written into its segment of
+// the sum.
 void Compressor::start_topk2(const BucketPlan& p, Flight& f) {
   const int64_t n = total(p.compressed);
   const int world = comm_.size();
@@ -509,14 +584,14 @@ void Compressor::start_topk2(const BucketPlan& p, Flight& f) {
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
+void Compressor::advance_topk2(const BucketPlan& p, Flight& f) {
   for (dist::Handle& h : f.done) h.wait();
   const int64_t n = total(p.compressed);
   const int world = comm_.size(), me = comm_.rank();
   const Segments seg{n, world};
   const int64_t len = seg.len(me), k = topk_count(o_.ratio, len);
   f.sent = Slots();
-  Slots gathered;
+  Slots& gathered = f.gathered;
   {
     Tensor y = scratch(len, DType::f32);  // this rank's segment of the sum
     if (len > 0) {
@@ -538,17 +613,23 @@ void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
       }
     }
   }
-  dist::Handle h = comm_.all_gather_async(gathered.slot(me), gathered.buf);
-  h.wait();
-  f.done.push_back(h);
+  f.second = comm_.all_gather_async(gathered.slot(me), gathered.buf);
   tally_.sent += static_cast<uint64_t>(k) * 8;
+}
+
+void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
+  f.second.wait();
+  f.done.push_back(f.second);
+  const int64_t n = total(p.compressed);
+  const int world = comm_.size();
+  const Segments seg{n, world};
   Tensor sum = scratch(n, DType::f32);
   kernels::fill(sum, -0.0f);
   for (int r = 0; r < world; ++r) {
     const int64_t kr = topk_count(o_.ratio, seg.len(r));
     if (kr == 0) continue;
     Tensor part = sum.view(seg.lo(r), Shape{seg.len(r)});
-    kernels::scatter_add(gathered.a(r, kr), gathered.b(r, kr), kr, part);
+    kernels::scatter_add(f.gathered.a(r, kr), f.gathered.b(r, kr), kr, part);
   }
   unpack(p.compressed, sum, f.grads);
 }
@@ -584,14 +665,14 @@ void Compressor::start_onebit2(const BucketPlan& p, Flight& f) {
   tally_.dense += static_cast<uint64_t>(n) * 4;
 }
 
-void Compressor::complete_onebit2(const BucketPlan& p, Flight& f) {
+void Compressor::advance_onebit2(const BucketPlan& p, Flight& f) {
   for (dist::Handle& h : f.done) h.wait();
   const int64_t n = total(p.compressed);
   const int world = comm_.size(), me = comm_.rank();
   const Segments seg{n, world};
   const int64_t len = seg.len(me);
   f.sent = Slots();
-  Slots gathered;
+  Slots& gathered = f.gathered;
   {
     Tensor y = scratch(len, DType::f32);          // this rank's segment of the sum
     for (int r = 0; r < world && len > 0; ++r) {  // rank order: the same bits on every rank
@@ -613,24 +694,30 @@ void Compressor::complete_onebit2(const BucketPlan& p, Flight& f) {
       }
     }
   }
-  dist::Handle h = comm_.all_gather_async(gathered.slot(me), gathered.buf);
-  h.wait();
-  f.done.push_back(h);
+  f.second = comm_.all_gather_async(gathered.slot(me), gathered.buf);
   tally_.sent += static_cast<uint64_t>(words_of(len) + chunks_of(len)) * 4;
+}
+
+void Compressor::complete_onebit2(const BucketPlan& p, Flight& f) {
+  f.second.wait();
+  f.done.push_back(f.second);
+  const int64_t n = total(p.compressed);
+  const int world = comm_.size();
+  const Segments seg{n, world};
   Tensor sum = scratch(n, DType::f32);
   for (int r = 0; r < world; ++r) {
     const int64_t lr = seg.len(r);
     if (lr == 0) continue;
     Tensor part = sum.view(seg.lo(r), Shape{lr});
-    kernels::sign_unpack(gathered.a(r, words_of(lr)), gathered.b(r, chunks_of(lr)), kSignChunk,
+    kernels::sign_unpack(f.gathered.a(r, words_of(lr)), f.gathered.b(r, chunks_of(lr)), kSignChunk,
                          part, false);
   }
   unpack(p.compressed, sum, f.grads);
 }
 
 // Start: every matrix's M (with its residual), P = M Q (Q from the last step) for all
-// of them in one buffer, all-reduced. Complete: P orthonormalised, Q = M^T P, the
-// residual, Q all-reduced, the sum P Q^T.
+// of them in one buffer, all-reduced. Advance: P orthonormalised, Q = M^T P, the
+// residual, Q all-reduced. Complete: the sum P Q^T.
 void Compressor::start_powersgd(const BucketPlan& p, Flight& f) {
   using kernels::GemmArgs;
   int64_t p_elems = 0, r = res_at_[f.b];
@@ -655,13 +742,14 @@ void Compressor::start_powersgd(const BucketPlan& p, Flight& f) {
   tally_.dense += static_cast<uint64_t>(total(p.compressed)) * 4;
 }
 
-void Compressor::complete_powersgd(const BucketPlan& p, Flight& f) {
+void Compressor::advance_powersgd(const BucketPlan& p, Flight& f) {
   using kernels::GemmArgs;
   using kernels::Trans;
   for (dist::Handle& h : f.done) h.wait();
   int64_t q_elems = 0;
   for (const Piece& m : p.compressed) q_elems += m.cols * rank_of(o_, m);
-  Tensor qs = scratch(q_elems, DType::f32);
+  f.qs = scratch(q_elems, DType::f32);
+  Tensor& qs = f.qs;
   int64_t at = 0, qt = 0;
   for (size_t i = 0; i < p.compressed.size(); ++i) {  // orthonormal P, then Q = M^T P
     const Piece& m = p.compressed[i];
@@ -685,11 +773,17 @@ void Compressor::complete_powersgd(const BucketPlan& p, Flight& f) {
     qt += m.cols * q;
   }
   f.ms.clear();
-  dist::Handle q_done = comm_.all_reduce_async(qs, dist::ReduceOp::sum, dense_algo_);
-  q_done.wait();
-  f.done.push_back(q_done);
-  at = 0;
-  qt = 0;
+  f.second = comm_.all_reduce_async(qs, dist::ReduceOp::sum, dense_algo_);
+  tally_.sent += static_cast<uint64_t>(q_elems) * 4;
+}
+
+void Compressor::complete_powersgd(const BucketPlan& p, Flight& f) {
+  using kernels::GemmArgs;
+  using kernels::Trans;
+  f.second.wait();
+  f.done.push_back(f.second);
+  const Tensor& qs = f.qs;
+  int64_t at = 0, qt = 0;
   for (size_t i = 0; i < p.compressed.size(); ++i) {  // the sum: P Q^T; Q kept for next time
     const Piece& m = p.compressed[i];
     const int64_t q = rank_of(o_, m);
@@ -702,7 +796,6 @@ void Compressor::complete_powersgd(const BucketPlan& p, Flight& f) {
     at += m.rows * q;
     qt += m.cols * q;
   }
-  tally_.sent += static_cast<uint64_t>(q_elems) * 4;
 }
 
 Tally Compressor::take_tally() {

@@ -24,9 +24,13 @@
 // second compression left out of the sum, added to the next step's sum (what arrives
 // over the steps plus every residual is the sum of the gradients). Tensors that do not compress
 // (1-D, small, or where PowerSGD's factors would not be smaller) are summed exactly by an
-// all-reduce in the same bucket. A bucket's exchange runs in two halves, so that its collectives
-// overlap what the caller does next (the rest of backward): start() compresses and issues them,
-// complete() waits and writes the sum; one bucket is in flight at a time.
+// all-reduce in the same bucket. A bucket's exchange runs in parts, so that its collectives
+// overlap what the caller does next (the rest of backward): start() compresses and issues the
+// first collectives; advance(), before the next bucket starts, waits for them and, where the
+// exchange has a second collective (two_phase's all-gather, PowerSGD's Q), does the work
+// between and issues it, the bucket completing at the following advance() (else there);
+// complete() completes every bucket in flight. So up to two buckets are in flight, one in
+// its first collective and one in its second: neither phase holds up backward.
 // Sums only, as GradSync: the caller scales. Device-neutral: the buffers live on the
 // gradients' device and every step is a kernel of kernels/compress.h or a GEMM
 // (PowerSGD's products), so the same code runs on the CPU and on CUDA.
@@ -86,13 +90,19 @@ double bus_bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan
 // The bytes the exchange of bucket plan `p` allocates on `world` ranks (each buffer
 // rounded by `round`, the allocator's classes), above what was held before start():
 // the most while start() runs, what it holds from its return until complete(), and
-// the most while complete() runs (which frees everything). What a memory estimate adds
-// around the moments a bucket's exchange starts and completes.
+// the most while advance() moves it on, what it holds from there until it completes (0
+// where advance() completed it: one collective), the most while it completes (0 there).
+// What a memory estimate adds around the moments a bucket's exchange starts, advances and
+// completes (exchanges_peak: in sequence).
 struct ExchangeBytes {
-  size_t start = 0, held = 0, complete = 0;
+  size_t start = 0, held = 0, advance = 0, held2 = 0, complete = 0;
 };
 ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world,
                              Device device, const std::function<size_t(size_t)>& round);
+// The most the exchanges of buckets started one after another in `order` hold at once,
+// every start() preceded by advance() and complete() at the end (what the trainer does
+// after backward with comm.overlap off).
+size_t exchanges_peak(const std::vector<ExchangeBytes>& order);
 // The elements of PowerSGD's Q over `plans` (kept between steps); 0 for other methods.
 int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans);
 // The elements of the residual (Compressor::residual) under `plans`: every compressed
@@ -119,11 +129,16 @@ class Compressor {
   // issues the collectives; complete() waits for them and writes the bucket's range of
   // `grads`, which nobody may touch in between. The residual's part of the bucket is
   // updated by one or the other (PowerSGD's by complete(), needing the summed P).
-  // Every rank starts the same buckets in the same order; a bucket must be completed
-  // before the next one starts. complete() without a bucket in flight does nothing;
-  // it returns the collectives' span on the communicator (zeros on the self one).
+  // Every rank starts the same buckets in the same order and calls advance() at the same
+  // points; advance() must come between two start()s. advance() completes the bucket in
+  // its second collective, if any, and moves the one started last on: it waits for its
+  // first collectives and issues its second, or completes it where there is none.
+  // complete() completes every bucket in flight. Both return the buckets they completed,
+  // in the order they started, with their collectives' span on the communicator (zeros
+  // on the self one); without buckets in flight they do nothing.
   void start(size_t b, Tensor grads);
-  dist::Handle::Timing complete();
+  std::vector<dist::Reduced> advance();
+  std::vector<dist::Reduced> complete();
   // start() then complete().
   void reduce(size_t b, Tensor grads);
   const std::vector<BucketPlan>& plans() const { return plans_; }
@@ -163,11 +178,16 @@ class Compressor {
   void start_onebit(const BucketPlan& p, Flight& f);
   void complete_onebit(const BucketPlan& p, Flight& f);
   void start_topk2(const BucketPlan& p, Flight& f);
+  void advance_topk2(const BucketPlan& p, Flight& f);
   void complete_topk2(const BucketPlan& p, Flight& f);
   void start_onebit2(const BucketPlan& p, Flight& f);
+  void advance_onebit2(const BucketPlan& p, Flight& f);
   void complete_onebit2(const BucketPlan& p, Flight& f);
   void start_powersgd(const BucketPlan& p, Flight& f);
+  void advance_powersgd(const BucketPlan& p, Flight& f);
   void complete_powersgd(const BucketPlan& p, Flight& f);
+  bool two_collectives(const BucketPlan& p) const;
+  dist::Reduced finish(Flight& f);  // waits, writes the sum and frees the flight's buffers
 
   CompressOptions o_;
   dist::Communicator& comm_;
@@ -182,7 +202,8 @@ class Compressor {
   // Per bucket, per compressed piece: offset in q_ (pieces in layout order, as residual_).
   std::vector<std::vector<int64_t>> q_at_;
   Tally tally_;
-  std::unique_ptr<Flight> flight_;  // the bucket started and not completed
+  std::unique_ptr<Flight> first_;   // the bucket started last, in its first collectives
+  std::unique_ptr<Flight> second_;  // a bucket advanced and not completed: its second
 };
 
 }  // namespace dtrain::compress

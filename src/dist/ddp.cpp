@@ -141,7 +141,7 @@ void GradSync::after_backward(int micro, int micro_batches) {
 }
 
 void GradSync::arm(Tensor grads, Tensor acc) {
-  DTRAIN_CHECK(reducing_ < 0, "GradSync armed with bucket {}'s exchange in flight", reducing_);
+  DTRAIN_CHECK(!reducing_, "GradSync armed with exchanges in flight");
   grads_ = std::move(grads);
   acc_ = std::move(acc);
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -168,8 +168,8 @@ void GradSync::launch(size_t b) {
   stats_.bytes += static_cast<uint64_t>(g.nbytes());
   launched_[b] = 1;
   if (reducer_.start && reducer_on_) {
-    complete_reduced();  // one bucket in flight: the one before goes first
-    reducing_ = static_cast<int>(b);
+    trace_reduced(reducer_.advance());  // the buckets before move on first
+    reducing_ = true;
     reducer_.start(b, grads_);
     return;
   }
@@ -194,13 +194,13 @@ void GradSync::launch(size_t b) {
   }
 }
 
-void GradSync::complete_reduced() {
-  if (reducing_ < 0) return;
-  const auto b = static_cast<size_t>(reducing_);
-  reducing_ = -1;
-  const Handle::Timing t = reducer_.complete();
-  if (trace_ && t.seconds > 0)
-    trace_(b, t.start, t.seconds, range_of(grads_, buckets_[b]).nbytes());
+void GradSync::trace_reduced(const std::vector<Reduced>& done) {
+  if (!trace_) return;
+  for (const Reduced& r : done) {
+    if (r.timing.seconds > 0)
+      trace_(r.bucket, r.timing.start, r.timing.seconds,
+             range_of(grads_, buckets_[r.bucket]).nbytes());
+  }
 }
 
 std::string GradSync::exchange(size_t bucket) const {
@@ -227,7 +227,10 @@ void GradSync::finish() {
     if (!launched_[b]) launch(b);
   }
   if (!reduced) t0 = after_backward();
-  complete_reduced();
+  if (reducing_) {
+    reducing_ = false;
+    trace_reduced(reducer_.complete());
+  }
   for (std::vector<Handle>& hs : handles_)
     for (Handle& h : hs) h.wait();
   stats_.exposed_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -24,6 +24,13 @@ struct GradRange {
   int64_t numel = 0;
 };
 
+// A bucket whose exchange a reducer completed (GradSync::Reducer) and its collectives'
+// span on the communicator.
+struct Reduced {
+  size_t bucket = 0;
+  Handle::Timing timing;
+};
+
 struct Bucket {
   int64_t begin = 0, end = 0;  // elements [begin, end) of the flat buffer (padding included)
   std::vector<int> params;     // indices into the GradRange list, in the order they finish
@@ -109,14 +116,17 @@ class GradSync : public StepGradients {
   void set_owners(std::vector<std::pair<int64_t, int64_t>> ranges);
   // Gradient compression (src/compress): while on, a ready bucket goes to the reducer
   // instead of the all-reduce: `start(b, grads)` (on the caller's thread; `grads` the
-  // whole flat buffer, the bucket's accumulation already added) begins its exchange,
-  // and `complete()`, called before the next bucket starts and in finish(), must leave
-  // the bucket's sum over the ranks there on every rank and return its collectives'
-  // span (Handle::Timing, for the trace). So one bucket's exchange runs while backward
-  // computes the next one's gradients.
+  // whole flat buffer, the bucket's accumulation already added) begins its exchange;
+  // `advance()`, called before the next bucket starts, moves the exchanges in flight
+  // on (an exchange of two collectives issues its second there and completes at the
+  // following advance()); `complete()`, in finish(), completes every one. A bucket
+  // completed leaves its sum over the ranks in `grads` on every rank; both return the
+  // buckets they completed with their collectives' span (for the trace). So a bucket's
+  // exchange runs while backward computes the next one's (or two's) gradients.
   struct Reducer {
     std::function<void(size_t bucket, Tensor grads)> start;
-    std::function<Handle::Timing()> complete;
+    std::function<std::vector<Reduced>()> advance;
+    std::function<std::vector<Reduced>()> complete;
   };
   void set_reducer(Reducer reducer) { reducer_ = std::move(reducer); }
   void use_reducer(bool on) { reducer_on_ = on; }
@@ -143,7 +153,7 @@ class GradSync : public StepGradients {
   // writes, `acc` the sum of the step's earlier micro-steps (undefined when none).
   void arm(Tensor grads, Tensor acc);
   void launch(size_t b);
-  void complete_reduced();  // the reducer's bucket in flight, if any
+  void trace_reduced(const std::vector<Reduced>& done);
 
   Communicator& comm_;
   std::vector<Bucket> buckets_;
@@ -152,7 +162,7 @@ class GradSync : public StepGradients {
   std::vector<std::vector<Handle>> handles_;
   std::vector<std::pair<int64_t, int64_t>> owners_;
   Reducer reducer_;
-  int reducing_ = -1;  // the bucket the reducer has started and not completed
+  bool reducing_ = false;  // the reducer has buckets started and not completed
   TraceFn trace_;
   bool reducer_on_ = false;
   std::vector<char> launched_;

@@ -153,7 +153,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     std::vector<int> last_user(graph.param_layout().size(), -1);
     std::vector<int> bucket_pending;
     std::vector<char> bucket_open;
-    int in_flight = -1;  // the bucket whose exchange started last and runs on
+    int in_flight = -1;  // the bucket whose exchange started last: its first collectives
+    int second = -1;     // the one before it, advanced into its second (or -1)
     if (buckets != nullptr) {
       bucket_pending.assign(buckets->bytes.size(), 0);
       bucket_open.assign(buckets->bytes.size(), 0);
@@ -190,11 +191,21 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
           continue;
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
         if (--bucket_pending[b] == 0) {
-          if (!buckets->exchange.empty()) {  // compress::Compressor's start and complete
+          if (!buckets->exchange.empty()) {  // compress::Compressor's advance and start
+            if (second >= 0) {
+              const BucketExchange& e = buckets->exchange[static_cast<size_t>(second)];
+              t.spike(e.complete - e.held2, i, Phase::backward);
+              t.remove(e.held2);
+              second = -1;
+            }
             if (in_flight >= 0) {
               const BucketExchange& e = buckets->exchange[static_cast<size_t>(in_flight)];
-              t.spike(e.complete - e.held, i, Phase::backward);
+              t.spike(e.advance - e.held, i, Phase::backward);
               t.remove(e.held);
+              if (e.complete > 0) {  // two collectives: the second runs on
+                t.hold(e.held2);
+                second = in_flight;
+              }
             }
             const BucketExchange& e = buckets->exchange[b];
             t.spike(e.start, i, Phase::backward);
@@ -329,10 +340,19 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       release(2 * n - 1 - i);
       close_buckets(i, node);  // grad_ready: reduced into the shard, freed
     }
-    if (in_flight >= 0) {  // completed after backward (dist::GradSync::finish)
+    // Completed after backward (dist::GradSync::finish): the second first, beside the
+    // last one's first collectives, which then advances and completes.
+    if (second >= 0) {
+      const BucketExchange& e = buckets->exchange[static_cast<size_t>(second)];
+      const size_t beside =
+          in_flight >= 0 ? buckets->exchange[static_cast<size_t>(in_flight)].held : 0;
+      t.remove(e.held2);
+      exchange_after = e.complete + beside;
+    }
+    if (in_flight >= 0) {
       const BucketExchange& e = buckets->exchange[static_cast<size_t>(in_flight)];
       t.remove(e.held);
-      exchange_after = e.complete;
+      exchange_after = std::max({exchange_after, e.advance, e.complete});
     }
   }
   end_pass();  // after backward, or after an evaluation's forward

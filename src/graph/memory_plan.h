@@ -25,8 +25,8 @@ struct ActivationPeak {
   int node = -1;    // the node running then
   Phase phase = Phase::forward;
   size_t at_end = 0;  // still held after the step (pinned values, the loss)
-  // GradBuckets::exchange: the `complete` bytes of the bucket still in flight when
-  // backward ends (completed after it, on top of at_end); 0: none.
+  // GradBuckets::exchange: the most the buckets still in flight when backward ends
+  // hold while they complete after it (on top of at_end); 0: none.
   size_t exchange_after = 0;
   // A pipeline stage (StageRange): what one micro-batch holds from the end of its
   // forward (after Executor::release_unused) until its backward starts.
@@ -56,12 +56,14 @@ using RoundBytes = std::function<size_t(size_t)>;
 // last parameter's gradient is ready; they count with the step's activations.
 // `exchange`: what the bucket's exchange allocates (gradient compression's buffers,
 // compress::exchange_bytes; empty: none): when its last gradient is ready, the bucket
-// in flight before it completes (its `complete` bytes at most, then none) and its own
-// starts (`start` at most, then `held`, until the next one's start or after backward:
-// ActivationPeak::exchange_after); `bytes` may be 0 (the gradients live in the flat
+// in its second collective completes (its `complete` bytes at most, then none), the one
+// started before moves on (`advance` at most, then `held2` until the next bucket's ready,
+// or none where it completed: `complete` 0) and its own starts (`start` at most, then
+// `held`); what is in flight when backward ends completes after it
+// (ActivationPeak::exchange_after). `bytes` may be 0 (the gradients live in the flat
 // buffer).
 struct BucketExchange {
-  size_t start = 0, held = 0, complete = 0;  // rounded
+  size_t start = 0, held = 0, advance = 0, held2 = 0, complete = 0;  // rounded
 };
 struct GradBuckets {
   std::vector<int> bucket_of;            // per parameter; -1: in none (another pipeline stage's)

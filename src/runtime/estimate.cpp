@@ -349,8 +349,9 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // Compression: the residual (the compressed tensors' entries, with error feedback)
   // and PowerSGD's Q live for the run; each bucket's exchange holds its buffers from its
   // start to its completion (compress::exchange_bytes): started as the bucket's last
-  // gradient is ready and completed as the next one's is (overlap on, the last one after
-  // backward), or one bucket after another after backward (off). A pipeline stage compresses its
+  // gradient is ready, advanced as the next one's is and, with a second collective,
+  // completed at the one after (overlap on, the last ones after backward), or one bucket
+  // after another after backward (off). A pipeline stage compresses its
   // own buckets (dist::plan_buckets_of, as the trainer plans them): its own residual,
   // Q and exchanges, the largest stage's in the table.
   size_t exchange_after = 0;  // overlap off: the largest bucket's, after backward
@@ -375,19 +376,22 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                              sizeof(float)
                        : 0.0);
       c.buckets.bucket_of.assign(grad_ranges.size(), -1);
+      std::vector<compress::ExchangeBytes> after;  // overlap off: in bucket order
       for (size_t k = 0; k < b.size(); ++k) {
         c.buckets.bytes.push_back(0);  // the gradients stay in the flat buffer
         for (int p : b[k].params) c.buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(k);
         const compress::ExchangeBytes x =
             compress::exchange_bytes(job.compress, plans[k], world, job.device, round);
-        // Overlap on: in backward (the memory plan), the last one after it; off: one
-        // bucket after another after backward, each completing before the next starts.
+        // Overlap on: in backward (the memory plan), the last ones after it; off: one
+        // bucket after another after backward (GradSync::finish), each advanced before
+        // the next starts.
         if (job.comm.overlap) {
-          c.buckets.exchange.push_back({x.start, x.held, x.complete});
+          c.buckets.exchange.push_back({x.start, x.held, x.advance, x.held2, x.complete});
         } else {
-          c.exchange_after = std::max({c.exchange_after, x.start, x.complete});
+          after.push_back(x);
         }
       }
+      c.exchange_after = compress::exchanges_peak(after);
       return c;
     };
     if (stages.empty()) {

@@ -88,6 +88,7 @@ GradCompression::GradCompression(const CompressOptions& o,
     }
   }
   sync_.set_reducer({[this](size_t b, Tensor grads) { compressor_.start(b, std::move(grads)); },
+                     [this] { return compressor_.advance(); },
                      [this] { return compressor_.complete(); }});
 }
 
