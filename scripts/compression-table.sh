@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The gradient-compression table (issue 16), on 2 CPU ranks (one OpenMP thread each):
+# The gradient-compression table (issue 16), on $RANKS CPU ranks (default 2, one OpenMP
+# thread each; the global batch stays the job's, so more ranks split it finer):
 # the quick-start ResNet-18 on Fashion-MNIST for $EPOCHS epochs (default 3) and the
 # tiny GPT-2 on the fortunes corpus for $GPT_STEPS steps (default 300), each with
 # compress.method none / topk 2% / topk 0.5% / onebit / powersgd rank 2 / rank 4
 # (error feedback on, $WARMUP dense steps first, default 20); METHODS may also name
-# topk-R-2p and onebit-2p, the same with compress.exchange: two_phase (on 2 ranks auto
-# gathers). Per run: the final test
+# topk-R-2p and onebit-2p, the same with compress.exchange: two_phase, and topk-R-g and
+# onebit-g with gather (auto: two_phase where gathering moves over a quarter of a dense
+# all-reduce's bytes, compress::gather_share). Per run: the final test
 # accuracy (ResNet) or validation loss (GPT-2), the bytes each rank sent per step
 # (comm_sent_bytes; for none the all-reduced gradient), the compression ratio, and the
 # median step time. Speed is reported, never asserted.
 # Writes JSON to $1 (default compression-table.json) and prints the table.
-# Environment: DTRAIN (default build/src/cli/dtrain), EPOCHS, GPT_STEPS, WARMUP,
+# Environment: DTRAIN (default build/src/cli/dtrain), RANKS, EPOCHS, GPT_STEPS, WARMUP,
 # MODELS (default "resnet gpt2"), METHODS (names below), KEEP_RUNS=1 keeps the runs.
 set -euo pipefail
 
@@ -20,6 +22,7 @@ DTRAIN="${DTRAIN:-$ROOT/build/src/cli/dtrain}"
 EPOCHS="${EPOCHS:-3}"
 GPT_STEPS="${GPT_STEPS:-300}"
 WARMUP="${WARMUP:-20}"
+RANKS="${RANKS:-2}"
 MODELS="${MODELS:-resnet gpt2}"
 METHODS="${METHODS:-none topk-2 topk-0.5 onebit powersgd-2 powersgd-4}"
 die() { echo "compression-table: $*" >&2; exit 1; }
@@ -35,9 +38,12 @@ method_args() {
     none) echo "" ;;
     topk-*-2p) local r="${1#topk-}"; r="${r%-2p}"
       echo "--set compress.method=topk --set compress.ratio=$(python3 -c "print($r / 100)") --set compress.exchange=two_phase" ;;
+    topk-*-g) local r="${1#topk-}"; r="${r%-g}"
+      echo "--set compress.method=topk --set compress.ratio=$(python3 -c "print($r / 100)") --set compress.exchange=gather" ;;
     topk-*) echo "--set compress.method=topk --set compress.ratio=$(python3 -c "print(${1#topk-} / 100)")" ;;
     onebit) echo "--set compress.method=onebit" ;;
     onebit-2p) echo "--set compress.method=onebit --set compress.exchange=two_phase" ;;
+    onebit-g) echo "--set compress.method=onebit --set compress.exchange=gather" ;;
     powersgd-*) echo "--set compress.method=powersgd --set compress.rank=${1#powersgd-}" ;;
     *) die "METHODS: unknown method $1" ;;
   esac
@@ -62,7 +68,7 @@ for model in $MODELS; do
     out="$WORK/$model-$method"
     echo "compression-table: $model, $method" >&2
     # shellcheck disable=SC2046  # word splitting of the --set lists is wanted
-    "$DTRAIN" train $(model_args "$model") --nproc 2 --set parallel.data=2 \
+    "$DTRAIN" train $(model_args "$model") --nproc "$RANKS" --set parallel.data="$RANKS" \
       --set comm.allreduce=ring --set compress.warmup_steps="$WARMUP" \
       --set train.checkpoint.every=1000000 --set logging.console=false \
       --set run.output_dir="$out" $(method_args "$method") >"$out.log" 2>&1 ||
@@ -95,9 +101,9 @@ PY
   done
 done
 
-python3 - "$OUT" "$rows" <<'PY'
+python3 - "$OUT" "$rows" "$RANKS" <<'PY'
 import json, sys
-out, rows = sys.argv[1], json.loads(sys.argv[2])
+out, rows, ranks = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 print(f"{'model':7} {'method':11} {'accuracy':>9} {'test loss':>9} {'bytes/step':>11} {'ratio':>6} {'step s':>7}")
 base = {r["model"]: r for r in rows if r["method"] == "none"}
 for r in rows:
@@ -106,6 +112,6 @@ for r in rows:
     r["step_time_vs_none"] = r["step_time_s"] / b["step_time_s"] if b else None
     print(f"{r['model']:7} {r['method']:11} {100 * r['test_accuracy']:8.2f}% {r['test_loss']:9.4f} "
           f"{r['bytes_per_step']:11.0f} {r['compression_ratio']:6.1f} {r['step_time_s']:7.4f}")
-json.dump({"ranks": 2, "rows": rows}, open(out, "w"), indent=2)
+json.dump({"ranks": ranks, "rows": rows}, open(out, "w"), indent=2)
 print(f"wrote {out}")
 PY

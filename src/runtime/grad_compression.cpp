@@ -41,8 +41,8 @@ std::string gather_note(const CompressOptions& o, int data_ranks, double bus, do
   return fmt::format(
       "on {} data ranks {} moves {:.1f}x the bytes per rank of a dense all-reduce ({} against "
       "{}): compress.exchange gather all-gathers every rank's compressed gradient, so its traffic "
-      "grows with the ranks; compress.exchange: two_phase (auto's choice from 8 data ranks) moves "
-      "about twice what a rank sends, at any size",
+      "grows with the ranks; compress.exchange: two_phase (auto's choice where gathering moves "
+      "over a quarter of the dense bytes) moves about twice what a rank sends, at any size",
       data_ranks, to_string(o.method), bus / dense, format_bytes(bus), format_bytes(dense));
 }
 

@@ -289,15 +289,38 @@ TEST_CASE("two-phase with an empty segment") {
   }
 }
 
-// auto: gather below 8 data ranks, two_phase from 8 (where gathering moves 4x its bytes);
-// PowerSGD takes neither. Two-phase moves about twice what one rank sends at any size;
-// gather grows.
+// auto: gather while gathering moves at most a quarter of the dense all-reduce's bytes,
+// two_phase beyond (1-bit from 16 data ranks, top-k from 0.25 / ratio); PowerSGD takes
+// neither. gather_share is what the communicator counts. Two-phase moves about twice
+// what one rank sends at any size; gather grows.
 TEST_CASE("compress.exchange auto, and the bytes each exchange moves") {
   CompressOptions o;
   o.method = CompressMethod::onebit;
   CHECK(resolve_exchange(o, 2) == CompressExchange::gather);
-  CHECK(resolve_exchange(o, 7) == CompressExchange::gather);
-  CHECK(resolve_exchange(o, 8) == CompressExchange::two_phase);
+  CHECK(resolve_exchange(o, 15) == CompressExchange::gather);
+  CHECK(resolve_exchange(o, 16) == CompressExchange::two_phase);
+  o.method = CompressMethod::topk;
+  o.ratio = 0.02;
+  CHECK(resolve_exchange(o, 12) == CompressExchange::gather);
+  CHECK(resolve_exchange(o, 13) == CompressExchange::two_phase);
+  o.ratio = 0.01;
+  CHECK(resolve_exchange(o, 25) == CompressExchange::gather);
+  CHECK(resolve_exchange(o, 26) == CompressExchange::two_phase);
+  // The share against the bus bytes of a bucket with no dense tensors (the 40 x 97
+  // matrix alone): 1-bit's scales round up per bucket, so to within 1%.
+  for (const CompressMethod method : {CompressMethod::topk, CompressMethod::onebit}) {
+    o.method = method;
+    o.exchange = CompressExchange::gather;
+    const std::vector<BucketPlan> one = plan_compression(o, {{0, 3880, {0}, {}}}, kParams, 1024);
+    for (const int world : {4, 16, 64}) {
+      const double dense = 2.0 * (world - 1) / world * 3880 * 4;
+      CHECK(std::fabs(bus_bytes_per_step(o, one, world) / dense / gather_share(o, world) - 1) <
+            0.01);
+    }
+  }
+  o.method = CompressMethod::onebit;
+  o.exchange = CompressExchange::auto_;
+  CHECK(resolve_exchange(o, 64) == CompressExchange::two_phase);
   o.exchange = CompressExchange::gather;
   CHECK(resolve_exchange(o, 64) == CompressExchange::gather);
   o.method = CompressMethod::powersgd;
