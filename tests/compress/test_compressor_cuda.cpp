@@ -4,7 +4,8 @@
 // (top-k and 1-bit gathered and two-phase):
 // top-k selects the same entries, so its sums and residual are the CPU's bits; 1-bit's
 // chunk means are summed in another order (within 1e-6); PowerSGD's products are
-// cuBLAS's instead of oneDNN's (within 1e-4 of the gradient scale). Without a usable
+// cuBLAS's instead of oneDNN's (within 1e-4 of the gradient scale). Pipelined (two
+// buckets in flight) gives the bits of one bucket at a time on the device. Without a usable
 // CUDA device it prints "skipped: no GPU (<reason>)" and exits 77.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -102,6 +103,46 @@ TEST_CASE("each method on the GPU gives the CPU's result") {
     }
     if (m == CompressMethod::powersgd)
       CHECK(max_diff(host(cpu.powersgd_q()), host(gpu.powersgd_q())) < 1e-3);
+  }
+}
+
+// Pipelined on the device (advance() before each start(), two buckets in flight, one in
+// its second collective): the same bits as one bucket at a time on the device.
+TEST_CASE("pipelined exchanges on the GPU give the bits of one bucket at a time") {
+  auto self = dist::make_self_communicator();
+  const std::vector<dist::Bucket> three = {
+      {1536, 2816, {1}, {}}, {0, 1536, {0}, {}}, {2816, kTotal, {2}, {}}};
+  for (const CompressMethod m :
+       {CompressMethod::topk, CompressMethod::onebit, CompressMethod::powersgd}) {
+    CAPTURE(std::string(to_string(m)));
+    CompressOptions o;
+    o.method = m;
+    o.ratio = 0.05;
+    o.rank = 2;
+    o.exchange =
+        m == CompressMethod::powersgd ? CompressExchange::auto_ : CompressExchange::two_phase;
+    const std::vector<BucketPlan> plan = plan_compression(o, three, kParams, 1024);
+    Compressor piped(o, *self, plan, kTotal, AllreduceAlgo::ring, 5, kGpu);
+    Compressor alone(o, *self, plan, kTotal, AllreduceAlgo::ring, 5, kGpu);
+    for (uint64_t step = 0; step < 3; ++step) {
+      std::vector<float> g = gradient(step);
+      const auto upload = [&] {
+        Tensor t = Tensor::empty(Shape{kTotal}, DType::f32, &kernels::device_allocator(kGpu));
+        kernels::copy(Tensor::wrap(g.data(), Shape{kTotal}, DType::f32), t);
+        return t;
+      };
+      Tensor a = upload(), b = upload();
+      for (size_t k = 0; k < three.size(); ++k) {
+        piped.advance();
+        piped.start(k, a);
+      }
+      CHECK(piped.complete().size() == 2);  // buckets 1 (the first matrix) and 2 (the bias)
+      for (size_t k = 0; k < three.size(); ++k) alone.reduce(k, b);
+      const std::vector<float> ha = host(a), hb = host(b);
+      CHECK(std::memcmp(ha.data(), hb.data(), ha.size() * 4) == 0);
+    }
+    const std::vector<float> ra = host(piped.residual()), rb = host(alone.residual());
+    CHECK(std::memcmp(ra.data(), rb.data(), ra.size() * 4) == 0);
   }
 }
 
