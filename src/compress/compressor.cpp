@@ -144,8 +144,8 @@ ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int 
                              Device device, const std::function<size_t(size_t)>& round) {
   const auto f32 = [&](int64_t n) { return round(static_cast<size_t>(n) * 4); };
   const int64_t d = total(p.dense), n = total(p.compressed);
-  const size_t dense = d > 0 ? f32(d) : 0;     // all-reduced from start() to complete()
-  ExchangeBytes e{dense, dense, dense, 0, 0};  // the dense all-reduce, completed by advance()
+  const size_t dense = d > 0 ? f32(d) : 0;  // all-reduced from start() until the bucket completes
+  ExchangeBytes e{dense, dense, dense, 0, 0};  // dense tensors alone: advance() completes it
   if (n == 0) return e;
   const size_t x = f32(n);  // input(): the packed gradient (the residual added in place)
   const bool two_phase = resolve_exchange(o, world) == CompressExchange::two_phase;
@@ -339,7 +339,8 @@ void Compressor::gemm(const kernels::GemmArgs& args, const Tensor& a, const Tens
   kernels::gemm(args, a, b, c, kernels::Workspace{ws.raw(), bytes, device_});
 }
 
-// The bucket whose exchange has started and not finished: what complete() needs.
+// A bucket whose exchange has started and not completed: what advance() and complete()
+// need.
 struct Compressor::Flight {
   size_t b = 0;
   Tensor grads;

@@ -1,4 +1,4 @@
-// Gradient compression with error feedback, one data-parallel bucket at a time: the
+// Gradient compression with error feedback, data-parallel bucket by bucket: the
 // stage between "a bucket is ready" and the optimizer (dist::GradSync hands a bucket
 // here instead of all-reducing it). Methods (compress.method):
 //  - topk: each rank keeps the `ratio` largest-magnitude entries of its compressed
@@ -30,7 +30,9 @@
 // exchange has a second collective (two_phase's all-gather, PowerSGD's Q), does the work
 // between and issues it, the bucket completing at the following advance() (else there);
 // complete() completes every bucket in flight. So up to two buckets are in flight, one in
-// its first collective and one in its second: neither phase holds up backward.
+// its first collective and one in its second: each collective has one bucket's backward
+// to finish before it is waited for (on the caller's thread, which also does the owner's
+// work between the two).
 // Sums only, as GradSync: the caller scales. Device-neutral: the buffers live on the
 // gradients' device and every step is a kernel of kernels/compress.h or a GEMM
 // (PowerSGD's products), so the same code runs on the CPU and on CUDA.
@@ -89,8 +91,8 @@ double bus_bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan
 
 // The bytes the exchange of bucket plan `p` allocates on `world` ranks (each buffer
 // rounded by `round`, the allocator's classes), above what was held before start():
-// the most while start() runs, what it holds from its return until complete(), and
-// the most while advance() moves it on, what it holds from there until it completes (0
+// the most while start() runs, what it holds from its return until advance(), the
+// most while advance() moves it on, what it holds from there until it completes (0
 // where advance() completed it: one collective), the most while it completes (0 there).
 // What a memory estimate adds around the moments a bucket's exchange starts, advances and
 // completes (exchanges_peak: in sequence).
@@ -126,9 +128,10 @@ class Compressor {
   // Bucket b of the flat f32 gradient `grads` (the whole layout, this rank's sum over
   // its micro-batches): once complete, its compressed pieces hold the sum over the
   // ranks of what each sent and its dense pieces the exact sum. start() compresses and
-  // issues the collectives; complete() waits for them and writes the bucket's range of
-  // `grads`, which nobody may touch in between. The residual's part of the bucket is
-  // updated by one or the other (PowerSGD's by complete(), needing the summed P).
+  // issues the first collectives; the bucket's range of `grads` is written when it
+  // completes (in advance() or complete()), and nobody may touch it in between. The
+  // residual's part of the bucket is updated by start() (PowerSGD's by advance(),
+  // needing the summed P); the server residual's by advance().
   // Every rank starts the same buckets in the same order and calls advance() at the same
   // points; advance() must come between two start()s. advance() completes the bucket in
   // its second collective, if any, and moves the one started last on: it waits for its

@@ -70,8 +70,9 @@ struct StageCompression {
   size_t residual = 0, q = 0, server = 0;  // bytes, rounded
   double bus = 0;                          // data traffic per step
   graph::GradBuckets buckets;  // the exchanges, as the buckets' last gradients are ready
-  size_t exchange_after = 0;   // overlap off: the largest exchange, after backward (on:
-                               // the plan's ActivationPeak::exchange_after)
+  size_t exchange_after = 0;   // overlap off: the exchanges after backward, in sequence
+                               // (compress::exchanges_peak; on: the plan's
+                               // ActivationPeak::exchange_after)
 };
 
 // A pipeline's stages (runtime/pipeline.h): stage s replays its nodes for one micro-batch
@@ -354,7 +355,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // after another after backward (off). A pipeline stage compresses its
   // own buckets (dist::plan_buckets_of, as the trainer plans them): its own residual,
   // Q and exchanges, the largest stage's in the table.
-  size_t exchange_after = 0;  // overlap off: the largest bucket's, after backward
+  size_t exchange_after = 0;  // overlap off: the largest stage's exchanges_peak
   double compressed_bus = 0;  // the data traffic of the compressed exchanges
   std::vector<StageCompression> stage_compression;
   StageCompression most_compression;  // the largest stage's residual and Q, for the table
