@@ -18,7 +18,7 @@ struct Conv2dArgs {
   int64_t dilation_h = 1, dilation_w = 1;
   int64_t groups = 1;
   MathMode math = MathMode::fp32;  // tf32: f32 convolutions may use TF32 on CUDA
-  // How x / dx and y / dy lie in memory (CPU, f32 only): 0 is NCHW; B (8 or 16) is
+  // How x / dx and y / dy lie in memory (CPU, f32 or bf16): 0 is NCHW; B (8 or 16) is
   // channel-blocked NCHW[B]c, [N, C/B, H, W, B] (C, or K, a multiple of B): what
   // cpu_channel_block() says this CPU's primitives compute in, so none is reordered.
   int64_t x_block = 0, y_block = 0;
@@ -31,6 +31,9 @@ struct Conv2dArgs {
 // The channel block oneDNN's f32 convolutions want activations in on this CPU (8 with
 // AVX2, 16 with AVX-512), or 0 when they want no channel-blocked layout. Probed once.
 int64_t cpu_channel_block();
+// Whether bf16 activations gain from that block too: oneDNN computes bf16 convolutions
+// in bf16 on this CPU (else they widen to f32 whatever the layout) with the same block.
+bool cpu_channel_block_bf16();
 
 // Bytes of workspace each direction needs (the max over the three is safe). CUDA:
 // cuDNN's budget (a constant, so planning works without a GPU); the algorithm

@@ -6,8 +6,9 @@
 // in double. A plain layout runs one channel per task, the lanes in one vector; a
 // blocked one eight channels per task, a vector per lane. Every product and sum is
 // rounded as written (no multiply-add contraction: kernels/CMakeLists.txt), so both
-// layouts give the same bits. Half x/y/dy/dx (plain only) are widened chunk by chunk
-// into stack buffers; no workspace.
+// layouts give the same bits. Half x/y/dy/dx are widened chunk by chunk into stack
+// buffers (plain) or eight channels at a time (blocked: f32 and bf16), and rounded once
+// on store; no workspace.
 #include "kernels/batchnorm.h"
 
 #include <cmath>
@@ -23,15 +24,10 @@ namespace {
 
 constexpr int64_t kChunk = 512;
 
-using v8 = float __attribute__((vector_size(32)));
+using v8 = cpu_io::v8f;
 using v8i = int32_t __attribute__((vector_size(32)));
-
-v8 load8(const float* p) {
-  v8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof v); }
+using cpu_io::load8;
+using cpu_io::store8;
 
 float combine(v8 l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
 v8 combine(const v8* l) {
@@ -54,8 +50,8 @@ float lane_sum(const float* x, int64_t len, F&& f) {
 }
 
 // The same for eight channels at once: x at position i is x[i * stride], 8 channels.
-template <typename F>
-v8 lane_sum8(const float* x, int64_t stride, int64_t len, F&& f) {
+template <typename T, typename F>
+v8 lane_sum8(const T* x, int64_t stride, int64_t len, F&& f) {
   v8 acc[8] = {};
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
@@ -158,19 +154,17 @@ Moments channel_moments(const BatchNormArgs& a, const T* x, int64_t c) {
 // x[((n * C/B + c0 / B) * hw + i) * B + c0 % B].
 struct Group {
   int64_t c0, block, blocks;  // first channel, B, C / B
-  const float* at(const float* x, const BatchNormArgs& a, int64_t n) const {
-    return x + ((n * blocks + c0 / block) * a.hw) * block + c0 % block;
-  }
-  float* at(float* x, const BatchNormArgs& a, int64_t n) const {
+  template <typename T>
+  T* at(T* x, const BatchNormArgs& a, int64_t n) const {
     return x + ((n * blocks + c0 / block) * a.hw) * block + c0 % block;
   }
 };
 
-void group_moments(const BatchNormArgs& a, const Group& g, const float* x, double* mean,
-                   double* var) {
+template <typename T>
+void group_moments(const BatchNormArgs& a, const Group& g, const T* x, double* mean, double* var) {
   double sum[8] = {};
   for (int64_t n = 0; n < a.n; ++n) {
-    const float* xn = g.at(x, a, n);
+    const T* xn = g.at(x, a, n);
     for (int64_t o = 0; o < a.hw; o += kChunk) {
       const v8 s = lane_sum8(xn + o * g.block, g.block, std::min(kChunk, a.hw - o),
                              [](v8 v, int64_t) { return v; });
@@ -182,7 +176,7 @@ void group_moments(const BatchNormArgs& a, const Group& g, const float* x, doubl
   for (int l = 0; l < 8; ++l) mean_f[l] = static_cast<float>(sum[l] / m);
   double sq[8] = {};
   for (int64_t n = 0; n < a.n; ++n) {
-    const float* xn = g.at(x, a, n);
+    const T* xn = g.at(x, a, n);
     for (int64_t o = 0; o < a.hw; o += kChunk) {
       const v8 s =
           lane_sum8(xn + o * g.block, g.block, std::min(kChunk, a.hw - o), [&](v8 v, int64_t) {
@@ -199,11 +193,11 @@ void group_moments(const BatchNormArgs& a, const Group& g, const float* x, doubl
 }
 
 // y = x * scale + shift over a group's eight channels.
-void group_affine(const BatchNormArgs& a, const Group& g, const float* x, float* y, v8 scale,
-                  v8 shift) {
+template <typename T>
+void group_affine(const BatchNormArgs& a, const Group& g, const T* x, T* y, v8 scale, v8 shift) {
   for (int64_t n = 0; n < a.n; ++n) {
-    const float* xn = g.at(x, a, n);
-    float* yn = g.at(y, a, n);
+    const T* xn = g.at(x, a, n);
+    T* yn = g.at(y, a, n);
     for (int64_t i = 0; i < a.hw; ++i) {
       const v8 t = load8(xn + i * g.block) * scale + shift;
       store8(yn + i * g.block, a.relu ? (t < 0.0f ? v8{} : t) : t);
@@ -215,7 +209,7 @@ template <typename T>
 void forward_train(const BatchNormArgs& a, const T* x, const float* gamma, const float* beta, T* y,
                    float* run_mean, float* run_var, float* save_mean, float* save_invstd) {
   if (a.block > 0) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (!std::is_same_v<T, f16>) {  // f32, bf16 (check_common)
       parallel_for(0, a.c / 8, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
           const Group g{gi * 8, a.block, a.c / a.block};
@@ -259,7 +253,7 @@ template <typename T>
 void forward_infer(const BatchNormArgs& a, const T* x, const float* gamma, const float* beta,
                    const float* run_mean, const float* run_var, T* y) {
   if (a.block > 0) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (!std::is_same_v<T, f16>) {  // f32, bf16 (check_common)
       parallel_for(0, a.c / 8, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
           const Group g{gi * 8, a.block, a.c / a.block};
@@ -291,10 +285,11 @@ V dx_of(V g, V x, S mu, S is, S k, S mean_dy, S mean_dy_xhat) {
 }
 
 // relu_y (or null): dy counts where it is > 0 only (the ReLU's backward, fused).
-void group_backward(const BatchNormArgs& a, const Group& grp, const float* x, const float* dy,
-                    const float* relu_y, const float* gamma, const float* mean, const float* invstd,
-                    float* dx, float* dgamma, float* dbeta) {
-  const auto masked = [](v8 g, const float* y) {
+template <typename T>
+void group_backward(const BatchNormArgs& a, const Group& grp, const T* x, const T* dy,
+                    const T* relu_y, const float* gamma, const float* mean, const float* invstd,
+                    T* dx, float* dgamma, float* dbeta) {
+  const auto masked = [](v8 g, const T* y) {
     if (!y) return g;
     return load8(y) > 0.0f ? g : v8{};
   };
@@ -305,14 +300,14 @@ void group_backward(const BatchNormArgs& a, const Group& grp, const float* x, co
   }
   double sum_dy[8] = {}, sum_dy_xhat[8] = {};
   for (int64_t n = 0; n < a.n; ++n) {
-    const float* gn = grp.at(dy, a, n);
-    const float* xn = grp.at(x, a, n);
-    const float* yn = relu_y ? grp.at(relu_y, a, n) : nullptr;
+    const T* gn = grp.at(dy, a, n);
+    const T* xn = grp.at(x, a, n);
+    const T* yn = relu_y ? grp.at(relu_y, a, n) : nullptr;
     for (int64_t o = 0; o < a.hw; o += kChunk) {
       const int64_t len = std::min(kChunk, a.hw - o);
-      const float* gc = gn + o * grp.block;
-      const float* xc = xn + o * grp.block;
-      const float* yc = yn ? yn + o * grp.block : nullptr;
+      const T* gc = gn + o * grp.block;
+      const T* xc = xn + o * grp.block;
+      const T* yc = yn ? yn + o * grp.block : nullptr;
       const auto y_at = [&](int64_t i) { return yc ? yc + i * grp.block : nullptr; };
       const v8 s0 =
           lane_sum8(gc, grp.block, len, [&](v8 v, int64_t i) { return masked(v, y_at(i)); });
@@ -336,10 +331,10 @@ void group_backward(const BatchNormArgs& a, const Group& grp, const float* x, co
     mean_dy_xhat[l] = static_cast<float>(sum_dy_xhat[l] / m);
   }
   for (int64_t n = 0; n < a.n; ++n) {
-    const float* gn = grp.at(dy, a, n);
-    const float* xn = grp.at(x, a, n);
-    const float* yn = relu_y ? grp.at(relu_y, a, n) : nullptr;
-    float* dn = grp.at(dx, a, n);
+    const T* gn = grp.at(dy, a, n);
+    const T* xn = grp.at(x, a, n);
+    const T* yn = relu_y ? grp.at(relu_y, a, n) : nullptr;
+    T* dn = grp.at(dx, a, n);
     for (int64_t i = 0; i < a.hw; ++i) {
       const int64_t p = i * grp.block;
       const v8 g = masked(load8(gn + p), yn ? yn + p : nullptr);
@@ -352,7 +347,7 @@ template <typename T>
 void backward(const BatchNormArgs& a, const T* x, const T* dy, const T* relu_y, const float* gamma,
               const float* mean, const float* invstd, T* dx, float* dgamma, float* dbeta) {
   if (a.block > 0) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (!std::is_same_v<T, f16>) {  // f32, bf16 (check_common)
       parallel_for(0, a.c / 8, 1, [&](int64_t g0, int64_t g1) {
         for (int64_t gi = g0; gi < g1; ++gi) {
           group_backward(a, Group{gi * 8, a.block, a.c / a.block}, x, dy, relu_y, gamma, mean,
@@ -437,9 +432,9 @@ void check_common(std::string_view op, const BatchNormArgs& a, const Tensor& x, 
   require_numel(op, "x", x, a.n * a.c * a.hw);
   require_numel(op, "y", y, a.n * a.c * a.hw);
   DTRAIN_CHECK(a.block == 0 || ((a.block == 8 || a.block == 16) && a.c % a.block == 0 &&
-                                x.dtype() == DType::f32 && x.device().is_cpu()),
-               "{}: channel block {} needs f32 on the CPU and C {} a multiple of it", op, a.block,
-               a.c);
+                                x.dtype() != DType::f16 && x.device().is_cpu()),
+               "{}: channel block {} needs f32 or bf16 on the CPU and C {} a multiple of it", op,
+               a.block, a.c);
   DTRAIN_CHECK(!a.relu || (x.dtype() == DType::f32 && x.device().is_cpu()),
                "{}: the fused ReLU is f32 on the CPU only, not {}", op, x.str());
   for (const Tensor* t : per_channel) {

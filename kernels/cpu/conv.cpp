@@ -127,9 +127,9 @@ void check_args(const Conv2dArgs& a, DType t) {
   DTRAIN_CHECK(a.out_h() > 0 && a.out_w() > 0, "conv2d: empty output {}", describe(a, t));
   for (const auto& [block, channels] : {std::pair{a.x_block, a.c}, std::pair{a.y_block, a.k}}) {
     DTRAIN_CHECK(block == 0 || ((block == 8 || block == 16) && channels % block == 0 &&
-                                t == DType::f32 && a.groups == 1),
-                 "conv2d: channel block {} needs f32, groups 1 and a multiple of it {}", block,
-                 describe(a, t));
+                                t != DType::f16 && a.groups == 1),
+                 "conv2d: channel block {} needs f32 or bf16, groups 1 and a multiple of it {}",
+                 block, describe(a, t));
   }
 }
 
@@ -165,25 +165,40 @@ void check_tensors(std::string_view op, const Conv2dArgs& a, const Tensor& x, co
 
 }  // namespace
 
-int64_t cpu_channel_block() {
-  static const int64_t block = [] {
-    // A ResNet middle layer: 64 -> 64 channels, 3 x 3, 56 x 56.
-    const dnnl::memory::dims x{1, 64, 56, 56}, w{64, 64, 3, 3};
-    const md any_x(x, dt::f32, tag::any), any_w(w, dt::f32, tag::any);
-    using fwd_t = dnnl::convolution_forward;
-    const fwd_t::primitive_desc pd(
-        fwd_t::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_x,
-                    any_w, any_x, {1, 1}, {0, 0}, {1, 1}, {1, 1}),
-        cpu_engine());
-    for (int64_t b : {16, 8}) {
-      if (pd.src_desc() == md(x, dt::f32, activation_tag(b)) &&
-          pd.dst_desc() == md(x, dt::f32, activation_tag(b))) {
-        return b;
-      }
+namespace {
+
+// The channel block of a ResNet middle layer's primitive (64 -> 64 channels, 3 x 3,
+// 56 x 56) computing in `t`, or 0 where it is neither nChw16c nor nChw8c.
+int64_t preferred_block(dt t) {
+  const dnnl::memory::dims x{1, 64, 56, 56}, w{64, 64, 3, 3};
+  const md any_x(x, t, tag::any), any_w(w, t, tag::any);
+  using fwd_t = dnnl::convolution_forward;
+  const fwd_t::primitive_desc pd(
+      fwd_t::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, any_x,
+                  any_w, any_x, {1, 1}, {0, 0}, {1, 1}, {1, 1}),
+      cpu_engine());
+  for (int64_t b : {16, 8}) {
+    if (pd.src_desc() == md(x, t, activation_tag(b)) &&
+        pd.dst_desc() == md(x, t, activation_tag(b))) {
+      return b;
     }
-    return int64_t{0};
-  }();
+  }
+  return 0;
+}
+
+}  // namespace
+
+int64_t cpu_channel_block() {
+  static const int64_t block = preferred_block(dt::f32);
   return block;
+}
+
+bool cpu_channel_block_bf16() {
+  // Only where oneDNN computes in bf16 (else bf16 convolutions widen to f32 whatever the
+  // layout) and its bf16 primitives want the f32 ones' block.
+  static const bool ok =
+      cpu_channel_block() > 0 && bf16_compute() && preferred_block(dt::bf16) == cpu_channel_block();
+  return ok;
 }
 
 size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device) {
@@ -195,7 +210,7 @@ size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device
   // The most any layout the executor may pass needs (graph/layouts.h): NCHW, or x / y
   // in this CPU's channel block where their channels allow.
   const int64_t b = cpu_channel_block();
-  const bool can = b > 0 && dtype == DType::f32 && args.groups == 1;
+  const bool can = b > 0 && (dtype == DType::f32 || dtype == DType::bf16) && args.groups == 1;
   size_t bytes = 0;
   for (const int64_t xb : {int64_t{0}, can && args.c % b == 0 ? b : int64_t{-1}}) {
     for (const int64_t yb : {int64_t{0}, can && args.k % b == 0 ? b : int64_t{-1}}) {

@@ -12,6 +12,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/dtype.h"
@@ -64,6 +65,37 @@ inline float load(const bf16* p, int64_t i) { return bf16_to_float(p[i].bits); }
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
 inline void store(f16* p, int64_t i, float v) { p[i].bits = float_to_f16(v); }
 inline void store(bf16* p, int64_t i, float v) { p[i].bits = float_to_bf16(v); }
+
+// Eight consecutive elements as one f32 vector and back (channel-blocked kernels: eight
+// channels of a position), bit for bit as load / store per lane; f32 and bf16.
+using v8f = float __attribute__((vector_size(32)));
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+inline v8f load8(const bf16* p) {
+  using v8h = uint16_t __attribute__((vector_size(16)));
+  using v8u = uint32_t __attribute__((vector_size(32)));
+  v8h h;
+  std::memcpy(&h, p, sizeof h);
+  const v8u w = __builtin_convertvector(h, v8u) << 16;
+  v8f v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+inline void store8(bf16* p, v8f v) {  // float_to_bf16, lane by lane
+  using v8h = uint16_t __attribute__((vector_size(16)));
+  using v8u = uint32_t __attribute__((vector_size(32)));
+  v8u u;
+  std::memcpy(&u, &v, sizeof u);
+  const v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const v8u nan = (u >> 16) | 0x0040u;
+  const v8u r = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  const v8h h = __builtin_convertvector(r, v8h);
+  std::memcpy(p, &h, sizeof h);
+}
 
 #if defined(__AVX512F__)
 // The zero-masked forms with every lane enabled compile to the plain

@@ -1,6 +1,6 @@
 // CPU max / average pooling over NCHW planes (or channel-blocked ones: a plane's
-// elements B apart) and global average pooling. One thread per (n, c) plane; blocked
-// f32 max pooling takes eight channels per vector, lane by lane the same rules. Backward is a
+// elements B apart; f32 and bf16) and global average pooling. One thread per (n, c) plane;
+// blocked max pooling takes eight channels per vector, lane by lane the same rules. Backward is a
 // gather (each input element sums the windows that contain it, in (oh, ow) order), so it needs no
 // scratch, writes each dx once and rounds half outputs once; max pooling scatters instead, to
 // the same bits (halves into a thread's f32 plane, then rounded once: ResNet-50's bf16 stem
@@ -147,13 +147,15 @@ void backward_plane(PoolKind kind, const Pool2dArgs& a, const T* dy, const int32
   }
 }
 
-using v8 = float __attribute__((vector_size(32)));
+using v8 = cpu_io::v8f;
 using v8i = int32_t __attribute__((vector_size(32)));
 
-// Blocked f32 max pooling, eight channels at once (x, y, argmax at an image's group:
-// position p at [p * B]). The same rules as forward_plane's branch-free loop, lane by
-// lane; false when some window held a NaN (the caller then runs forward_plane per lane).
-bool max_group8(const Pool2dArgs& a, const float* x, float* y, int32_t* argmax, int64_t st) {
+// Blocked max pooling (f32, bf16), eight channels at once (x, y, argmax at an image's
+// group: position p at [p * B]). The same rules as forward_plane's branch-free loop, lane
+// by lane; false when some window held a NaN (the caller then runs forward_plane per
+// lane). A bf16 maximum is one of its inputs: stored back, exactly.
+template <typename T>
+bool max_group8(const Pool2dArgs& a, const T* x, T* y, int32_t* argmax, int64_t st) {
   const int64_t oh_n = a.out_h(), ow_n = a.out_w();
   v8i nan = {};
   for (int64_t oh = 0; oh < oh_n; ++oh) {
@@ -163,8 +165,7 @@ bool max_group8(const Pool2dArgs& a, const float* x, float* y, int32_t* argmax, 
       v8i best_i = v8i{} + static_cast<int32_t>(win.h0 * a.w + win.w0);
       for (int64_t ih = win.h0; ih < win.h1; ++ih) {
         for (int64_t iw = win.w0; iw < win.w1; ++iw) {
-          v8 v;
-          std::memcpy(&v, x + (ih * a.w + iw) * st, sizeof v);
+          const v8 v = cpu_io::load8(x + (ih * a.w + iw) * st);
           nan |= v != v;
           const v8i greater = v > best;
           best_i = greater ? v8i{} + static_cast<int32_t>(ih * a.w + iw) : best_i;
@@ -172,7 +173,7 @@ bool max_group8(const Pool2dArgs& a, const float* x, float* y, int32_t* argmax, 
         }
       }
       const int64_t o = oh * ow_n + ow;
-      std::memcpy(y + o * st, &best, sizeof best);
+      cpu_io::store8(y + o * st, best);
       std::memcpy(argmax + o * st, &best_i, sizeof best_i);
     }
   }
@@ -210,8 +211,8 @@ void check_pool(std::string_view op, const Pool2dArgs& a) {
 void check_block(std::string_view op, int64_t block, int64_t c, const Tensor& t) {
   DTRAIN_CHECK(block == 0 || ((block == 8 || block == 16) && c % block == 0),
                "{}: channel block {} of {} channels", op, block, c);
-  DTRAIN_CHECK(block == 0 || (t.dtype() == DType::f32 && t.device().is_cpu()),
-               "{}: channel blocks are f32 on the CPU only, not {}", op, t.str());
+  DTRAIN_CHECK(block == 0 || (t.dtype() != DType::f16 && t.device().is_cpu()),
+               "{}: channel blocks are f32 or bf16 on the CPU only, not {}", op, t.str());
 }
 
 }  // namespace
@@ -236,18 +237,19 @@ void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tens
   if (kind == PoolKind::max) am = argmax.data<int32_t>();
   const Planes pl{args.c, args.block};
   if (kind == PoolKind::max && args.block > 0) {  // eight channels per vector
-    const float* xp = x.data<float>();
-    float* yp = y.data<float>();
-    parallel_for(0, planes / 8, 1, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g) {
-        const int64_t xo = pl.offset(g * 8, in), yo = pl.offset(g * 8, out);
-        if (max_group8(args, xp + xo, yp + yo, am + yo, args.block)) continue;
-        for (int64_t l = 0; l < 8; ++l) {
-          forward_plane(kind, args, xp + xo + l, yp + yo + l, am + yo + l, args.block);
+    const auto groups = [&](auto* xp, auto* yp) {
+      parallel_for(0, planes / 8, 1, [&](int64_t g0, int64_t g1) {
+        for (int64_t g = g0; g < g1; ++g) {
+          const int64_t xo = pl.offset(g * 8, in), yo = pl.offset(g * 8, out);
+          if (max_group8(args, xp + xo, yp + yo, am + yo, args.block)) continue;
+          for (int64_t l = 0; l < 8; ++l) {
+            forward_plane(kind, args, xp + xo + l, yp + yo + l, am + yo + l, args.block);
+          }
         }
-      }
-    });
-    return;
+      });
+    };
+    if (x.dtype() == DType::f32) return groups(x.data<float>(), y.data<float>());
+    return groups(x.data<bf16>(), y.data<bf16>());  // check_block: f32 or bf16
   }
   cpu_io::dispatch_float(x.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -14,7 +14,7 @@ bool reads_blocked(const Op& op) { return op.blocked_form() != BlockedForm::none
 }  // namespace
 
 std::vector<int32_t> channel_blocks(const Graph& graph, int64_t block, std::span<const char> pinned,
-                                    int begin, int end) {
+                                    int begin, int end, bool bf16) {
   const auto nv = static_cast<size_t>(graph.num_values());
   std::vector<int32_t> out(nv, 0);
   if (block <= 0) return out;
@@ -35,8 +35,9 @@ std::vector<int32_t> channel_blocks(const Graph& graph, int64_t block, std::span
   for (size_t v = 0; v < nv; ++v) {
     const Value& val = graph.value(static_cast<ValueId>(v));
     const Shape& s = val.spec.shape;
-    const bool fits = val.producer >= 0 && val.spec.dtype == DType::f32 && s.rank() == 4 &&
-                      s[1] % block == 0 && readers[v] > 0 && (pinned.empty() || pinned[v] == 0);
+    const bool dtype = val.spec.dtype == DType::f32 || (bf16 && val.spec.dtype == DType::bf16);
+    const bool fits = val.producer >= 0 && dtype && s.rank() == 4 && s[1] % block == 0 &&
+                      readers[v] > 0 && (pinned.empty() || pinned[v] == 0);
     if (!fits) ok[v] = 0;
   }
   // Operands alike: one plain operand makes the node's others plain; until nothing changes.

@@ -11,11 +11,11 @@
 // without its ReLU), max / average pooling, ReLU and add (with or without its ReLU)
 // need their operands alike; a convolution with groups 1 and no bias takes each
 // operand as it lies; global average pooling reads a blocked input. A value is blocked
-// when it is an f32 [N, C, H, W] with C a multiple of B, made inside the executor's
-// range by an op with a blocked form and read only inside the range by such ops; and
-// it is not pinned (the caller reads it) nor crosses the range (what pipeline stages
-// send and receive stays NCHW). A node that needs its operands alike has them all
-// blocked or none. A value's gradient lies as the value.
+// when it is an f32 (or, with `bf16`, a bf16) [N, C, H, W] with C a multiple of B, made inside the
+// executor's range by an op with a blocked form and read only inside the range by such ops; and it
+// is not pinned (the caller reads it) nor crosses the range (what pipeline stages send and receive
+// stays NCHW). A node that needs its operands alike has them all blocked or none. A value's
+// gradient lies as the value.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +26,9 @@
 
 namespace dtrain::graph {
 
-// Per value: B or 0. block 0: none. pinned: per value, or empty (none).
+// Per value: B or 0. block 0: none. pinned: per value, or empty (none). bf16: bf16
+// values too (kernels::cpu_channel_block_bf16: oneDNN computes them in that block).
 std::vector<int32_t> channel_blocks(const Graph& graph, int64_t block, std::span<const char> pinned,
-                                    int begin, int end);
+                                    int begin, int end, bool bf16 = false);
 
 }  // namespace dtrain::graph

@@ -1,9 +1,9 @@
 // Channel-blocked activations (NCHW[B]c, graph/layouts.h) against plain NCHW, bit for
-// bit, for every CPU kernel with a blocked form: convolution (each direction, either
-// side blocked), batch norm (train, eval and backward, planes shorter than a lane
-// group, longer than a sum chunk), max pooling (ties, a NaN), average and global
-// average pooling; for B = 8 and 16 on any CPU. And batch norm with its ReLU fused
-// against the two kernels in turn, in either layout.
+// bit, for every CPU kernel with a blocked form, in f32 and bf16: convolution (each
+// direction, either side blocked), batch norm (train, eval and backward, planes shorter
+// than a lane group, longer than a sum chunk), max pooling (ties, a NaN), average and
+// global average pooling; for B = 8 and 16 on any CPU. And batch norm with its ReLU
+// fused against the two kernels in turn, in either layout (f32).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +13,7 @@
 #include "kernels/activation.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
+#include "kernels/elementwise.h"
 #include "kernels/pooling.h"
 
 using namespace dtrain;
@@ -32,19 +33,21 @@ Tensor random_tensor(const Shape& s, uint32_t seed, bool relu_like = false) {
   return t;
 }
 
-// [N, C, H, W] <-> [N, C/B, H, W, B] (any element type of 4 bytes).
+// [N, C, H, W] <-> [N, C/B, H, W, B] (any element type).
 Tensor relayout(const Tensor& x, int64_t b, bool to_blocked) {
   const Shape& s = x.shape();
   Tensor y = Tensor::empty(s, x.dtype());
   const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
-  const auto* in = static_cast<const uint32_t*>(x.raw());
-  auto* out = static_cast<uint32_t*>(y.raw());
+  const size_t e = dtype_size(x.dtype());
+  const auto* in = static_cast<const char*>(x.raw());
+  auto* out = static_cast<char*>(y.raw());
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t ch = 0; ch < c; ++ch) {
       for (int64_t p = 0; p < hw; ++p) {
         const int64_t plain = (i * c + ch) * hw + p;
         const int64_t blocked = ((i * (c / b) + ch / b) * hw + p) * b + ch % b;
-        out[to_blocked ? blocked : plain] = in[to_blocked ? plain : blocked];
+        const int64_t to = to_blocked ? blocked : plain, from = to_blocked ? plain : blocked;
+        std::memcpy(out + static_cast<size_t>(to) * e, in + static_cast<size_t>(from) * e, e);
       }
     }
   }
@@ -59,6 +62,14 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype()); }
 
+// `t` (f32) in `dtype`, rounded.
+Tensor as(const Tensor& t, DType dtype) {
+  if (dtype == t.dtype()) return t;
+  Tensor out = Tensor::empty(t.shape(), dtype);
+  cast(t, out);
+  return out;
+}
+
 struct Scratch {  // generous: a non-native block reorders into the primitive's layout
   Tensor t = Tensor::empty({int64_t{64} << 20}, DType::u8);
   Workspace ws() { return {t.raw(), t.nbytes(), Device::cpu()}; }
@@ -68,79 +79,89 @@ struct Scratch {  // generous: a non-native block reorders into the primitive's 
 
 TEST_CASE("conv2d: channel-blocked x and y give the NCHW bits in every direction") {
   Scratch scratch;
-  for (int64_t b : {8, 16}) {
-    for (const auto& [c, k, r, stride, pad] :
-         {std::tuple{16, 32, 3, 1, 1}, std::tuple{32, 16, 1, 2, 0}, std::tuple{16, 16, 3, 2, 1}}) {
-      Conv2dArgs a;
-      a.n = 2, a.c = c, a.h = 9, a.w = 7, a.k = k, a.r = a.s = r;
-      a.stride_h = a.stride_w = stride, a.pad_h = a.pad_w = pad;
-      CAPTURE(b);
-      CAPTURE(c);
-      CAPTURE(r);
-      const Tensor x = random_tensor({a.n, a.c, a.h, a.w}, 1);
-      const Tensor w = random_tensor({a.k, a.c, a.r, a.s}, 2);
-      const Tensor dy = random_tensor({a.n, a.k, a.out_h(), a.out_w()}, 3);
-      Tensor y = empty_like(dy), dx = empty_like(x), dw = empty_like(w);
-      conv2d_forward(a, x, w, y, scratch.ws());
-      conv2d_backward_data(a, dy, w, dx, scratch.ws());
-      conv2d_backward_filter(a, x, dy, dw, scratch.ws());
-      for (const auto& [xb, yb] :
-           {std::pair{b, b}, std::pair{int64_t{0}, b}, std::pair{b, int64_t{0}}}) {
-        Conv2dArgs ab = a;
-        ab.x_block = xb, ab.y_block = yb;
-        const auto lay = [](const Tensor& t, int64_t blk) { return blk ? to_blocked(t, blk) : t; };
-        const auto unlay = [](const Tensor& t, int64_t blk) {
-          return blk ? from_blocked(t, blk) : t;
-        };
-        Tensor yk = empty_like(dy), dxk = empty_like(x), dwk = empty_like(w);
-        conv2d_forward(ab, lay(x, xb), w, yk, scratch.ws());
-        conv2d_backward_data(ab, lay(dy, yb), w, dxk, scratch.ws());
-        conv2d_backward_filter(ab, lay(x, xb), lay(dy, yb), dwk, scratch.ws());
-        CHECK(same_bits(unlay(yk, yb), y));
-        CHECK(same_bits(unlay(dxk, xb), dx));
-        CHECK(same_bits(dwk, dw));
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    for (int64_t b : {8, 16}) {
+      for (const auto& [c, k, r, stride, pad] :
+           {std::tuple{16, 32, 3, 1, 1}, std::tuple{32, 16, 1, 2, 0},
+            std::tuple{16, 16, 3, 2, 1}}) {
+        Conv2dArgs a;
+        a.n = 2, a.c = c, a.h = 9, a.w = 7, a.k = k, a.r = a.s = r;
+        a.stride_h = a.stride_w = stride, a.pad_h = a.pad_w = pad;
+        CAPTURE(dtype_name(dt));
+        CAPTURE(b);
+        CAPTURE(c);
+        CAPTURE(r);
+        const Tensor x = as(random_tensor({a.n, a.c, a.h, a.w}, 1), dt);
+        const Tensor w = as(random_tensor({a.k, a.c, a.r, a.s}, 2), dt);
+        const Tensor dy = as(random_tensor({a.n, a.k, a.out_h(), a.out_w()}, 3), dt);
+        Tensor y = empty_like(dy), dx = empty_like(x), dw = empty_like(w);
+        conv2d_forward(a, x, w, y, scratch.ws());
+        conv2d_backward_data(a, dy, w, dx, scratch.ws());
+        conv2d_backward_filter(a, x, dy, dw, scratch.ws());
+        for (const auto& [xb, yb] :
+             {std::pair{b, b}, std::pair{int64_t{0}, b}, std::pair{b, int64_t{0}}}) {
+          Conv2dArgs ab = a;
+          ab.x_block = xb, ab.y_block = yb;
+          const auto lay = [](const Tensor& t, int64_t blk) {
+            return blk ? to_blocked(t, blk) : t;
+          };
+          const auto unlay = [](const Tensor& t, int64_t blk) {
+            return blk ? from_blocked(t, blk) : t;
+          };
+          Tensor yk = empty_like(dy), dxk = empty_like(x), dwk = empty_like(w);
+          conv2d_forward(ab, lay(x, xb), w, yk, scratch.ws());
+          conv2d_backward_data(ab, lay(dy, yb), w, dxk, scratch.ws());
+          conv2d_backward_filter(ab, lay(x, xb), lay(dy, yb), dwk, scratch.ws());
+          CHECK(same_bits(unlay(yk, yb), y));
+          CHECK(same_bits(unlay(dxk, xb), dx));
+          CHECK(same_bits(dwk, dw));
+        }
       }
     }
   }
 }
 
 TEST_CASE("batch norm: channel-blocked train, eval and backward give the NCHW bits") {
-  for (int64_t b : {8, 16}) {
-    for (const auto& [n, c, h, w] : {std::tuple{3, 16, 7, 7}, std::tuple{2, 32, 1, 3},
-                                     std::tuple{2, 16, 20, 30}, std::tuple{1, 48, 4, 4}}) {
-      if (c % b) continue;
-      CAPTURE(b);
-      CAPTURE(c);
-      CAPTURE(h * w);
-      const BatchNormArgs plain{n, c, h * w, 1e-5f, 0.1f, 0};
-      BatchNormArgs blk = plain;
-      blk.block = b;
-      Tensor x = random_tensor({n, c, h, w}, 4);
-      for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] += 0.25f * (i % 5);  // a mean
-      const Tensor dy = random_tensor({n, c, h, w}, 5);
-      const Tensor gamma = random_tensor({c}, 6), beta = random_tensor({c}, 7);
-      struct Run {
-        Tensor y, rm, rv, sm, si, dx, dg, db, yi;
-      };
-      const auto run = [&](const BatchNormArgs& a, const Tensor& xin, const Tensor& dyin) {
-        Run r{empty_like(xin),   random_tensor({c}, 8), random_tensor({c}, 9),
-              empty_like(gamma), empty_like(gamma),     empty_like(xin),
-              empty_like(gamma), empty_like(gamma),     empty_like(xin)};
-        for (int64_t i = 0; i < c; ++i) r.rv.data<float>()[i] = std::fabs(r.rv.data<float>()[i]);
-        batch_norm_forward_train(a, xin, gamma, beta, r.y, r.rm, r.rv, r.sm, r.si);
-        batch_norm_backward(a, xin, dyin, gamma, r.sm, r.si, r.dx, r.dg, r.db);
-        batch_norm_forward_infer(a, xin, gamma, beta, r.rm, r.rv, r.yi);
-        return r;
-      };
-      const Run p = run(plain, x, dy);
-      const Run k = run(blk, to_blocked(x, b), to_blocked(dy, b));
-      CHECK(same_bits(from_blocked(k.y, b), p.y));
-      CHECK(same_bits(from_blocked(k.dx, b), p.dx));
-      CHECK(same_bits(from_blocked(k.yi, b), p.yi));
-      for (const auto& [kt, pt] :
-           {std::pair{&k.rm, &p.rm}, std::pair{&k.rv, &p.rv}, std::pair{&k.sm, &p.sm},
-            std::pair{&k.si, &p.si}, std::pair{&k.dg, &p.dg}, std::pair{&k.db, &p.db}}) {
-        CHECK(same_bits(*kt, *pt));
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    for (int64_t b : {8, 16}) {
+      for (const auto& [n, c, h, w] : {std::tuple{3, 16, 7, 7}, std::tuple{2, 32, 1, 3},
+                                       std::tuple{2, 16, 20, 30}, std::tuple{1, 48, 4, 4}}) {
+        if (c % b) continue;
+        CAPTURE(dtype_name(dt));
+        CAPTURE(b);
+        CAPTURE(c);
+        CAPTURE(h * w);
+        const BatchNormArgs plain{n, c, h * w, 1e-5f, 0.1f, 0};
+        BatchNormArgs blk = plain;
+        blk.block = b;
+        Tensor xf = random_tensor({n, c, h, w}, 4);
+        for (int64_t i = 0; i < xf.numel(); ++i) xf.data<float>()[i] += 0.25f * (i % 5);  // a mean
+        const Tensor x = as(xf, dt);
+        const Tensor dy = as(random_tensor({n, c, h, w}, 5), dt);
+        const Tensor gamma = random_tensor({c}, 6), beta = random_tensor({c}, 7);
+        struct Run {
+          Tensor y, rm, rv, sm, si, dx, dg, db, yi;
+        };
+        const auto run = [&](const BatchNormArgs& a, const Tensor& xin, const Tensor& dyin) {
+          Run r{empty_like(xin),   random_tensor({c}, 8), random_tensor({c}, 9),
+                empty_like(gamma), empty_like(gamma),     empty_like(xin),
+                empty_like(gamma), empty_like(gamma),     empty_like(xin)};
+          for (int64_t i = 0; i < c; ++i) r.rv.data<float>()[i] = std::fabs(r.rv.data<float>()[i]);
+          batch_norm_forward_train(a, xin, gamma, beta, r.y, r.rm, r.rv, r.sm, r.si);
+          batch_norm_backward(a, xin, dyin, gamma, r.sm, r.si, r.dx, r.dg, r.db);
+          batch_norm_forward_infer(a, xin, gamma, beta, r.rm, r.rv, r.yi);
+          return r;
+        };
+        const Run p = run(plain, x, dy);
+        const Run k = run(blk, to_blocked(x, b), to_blocked(dy, b));
+        CHECK(same_bits(from_blocked(k.y, b), p.y));
+        CHECK(same_bits(from_blocked(k.dx, b), p.dx));
+        CHECK(same_bits(from_blocked(k.yi, b), p.yi));
+        for (const auto& [kt, pt] :
+             {std::pair{&k.rm, &p.rm}, std::pair{&k.rv, &p.rv}, std::pair{&k.sm, &p.sm},
+              std::pair{&k.si, &p.si}, std::pair{&k.dg, &p.dg}, std::pair{&k.db, &p.db}}) {
+          CHECK(same_bits(*kt, *pt));
+        }
       }
     }
   }
@@ -198,56 +219,60 @@ TEST_CASE("batch norm with the ReLU fused gives batch norm then ReLU's bits, in 
 
 TEST_CASE(
     "pooling: channel-blocked max (ties, a NaN), average and global average give the NCHW bits") {
-  for (int64_t b : {8, 16}) {
-    for (const auto& [kernel, stride, pad] :
-         {std::tuple{3, 2, 1}, std::tuple{2, 2, 0}, std::tuple{3, 1, 1}}) {
-      for (PoolKind kind : {PoolKind::max, PoolKind::avg}) {
-        for (bool nan : {false, true}) {
-          CAPTURE(b);
-          CAPTURE(kernel);
-          CAPTURE(nan);
-          Pool2dArgs a{2, 32, 11, 10, kernel, kernel, stride, stride, pad, pad};
-          Tensor x = random_tensor({a.n, a.c, a.h, a.w}, 10, true);
-          if (nan) x.data<float>()[3 * a.h * a.w + 17] = std::numeric_limits<float>::quiet_NaN();
-          const Shape ys{a.n, a.c, a.out_h(), a.out_w()};
-          const Tensor dy = random_tensor(ys, 11);
-          Tensor y = Tensor::empty(ys, DType::f32), am = Tensor::empty(ys, DType::i32);
-          Tensor dx = empty_like(x);
-          pool2d_forward(kind, a, x, y, am);
-          pool2d_backward(kind, a, dy, am, dx);
-          Pool2dArgs ab = a;
-          ab.block = b;
-          Tensor yk = empty_like(y), amk = empty_like(am), dxk = empty_like(x);
-          pool2d_forward(kind, ab, to_blocked(x, b), yk, amk);
-          pool2d_backward(kind, ab, to_blocked(dy, b), amk, dxk);
-          CHECK(same_bits(from_blocked(yk, b), y));
-          if (kind == PoolKind::max) CHECK(same_bits(from_blocked(amk, b), am));
-          CHECK(same_bits(from_blocked(dxk, b), dx));
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    for (int64_t b : {8, 16}) {
+      for (const auto& [kernel, stride, pad] :
+           {std::tuple{3, 2, 1}, std::tuple{2, 2, 0}, std::tuple{3, 1, 1}}) {
+        for (PoolKind kind : {PoolKind::max, PoolKind::avg}) {
+          for (bool nan : {false, true}) {
+            CAPTURE(dtype_name(dt));
+            CAPTURE(b);
+            CAPTURE(kernel);
+            CAPTURE(nan);
+            Pool2dArgs a{2, 32, 11, 10, kernel, kernel, stride, stride, pad, pad};
+            Tensor xf = random_tensor({a.n, a.c, a.h, a.w}, 10, true);
+            if (nan) xf.data<float>()[3 * a.h * a.w + 17] = std::numeric_limits<float>::quiet_NaN();
+            const Tensor x = as(xf, dt);
+            const Shape ys{a.n, a.c, a.out_h(), a.out_w()};
+            const Tensor dy = as(random_tensor(ys, 11), dt);
+            Tensor y = Tensor::empty(ys, dt), am = Tensor::empty(ys, DType::i32);
+            Tensor dx = empty_like(x);
+            pool2d_forward(kind, a, x, y, am);
+            pool2d_backward(kind, a, dy, am, dx);
+            Pool2dArgs ab = a;
+            ab.block = b;
+            Tensor yk = empty_like(y), amk = empty_like(am), dxk = empty_like(x);
+            pool2d_forward(kind, ab, to_blocked(x, b), yk, amk);
+            pool2d_backward(kind, ab, to_blocked(dy, b), amk, dxk);
+            CHECK(same_bits(from_blocked(yk, b), y));
+            if (kind == PoolKind::max) CHECK(same_bits(from_blocked(amk, b), am));
+            CHECK(same_bits(from_blocked(dxk, b), dx));
+          }
         }
       }
+      const Tensor x = as(random_tensor({3, 32, 5, 6}, 12), dt);
+      const Tensor dy = as(random_tensor({3, 32}, 13), dt);
+      Tensor y = Tensor::empty({3, 32}, dt), yk = empty_like(y);
+      Tensor dx = empty_like(x), dxk = empty_like(x);
+      global_avg_pool_forward(3, 32, 30, x, y);
+      global_avg_pool_forward(3, 32, 30, to_blocked(x, b), yk, b);
+      global_avg_pool_backward(3, 32, 30, dy, dx);
+      global_avg_pool_backward(3, 32, 30, dy, dxk, b);
+      CHECK(same_bits(yk, y));
+      CHECK(same_bits(from_blocked(dxk, b), dx));
     }
-    const Tensor x = random_tensor({3, 32, 5, 6}, 12);
-    const Tensor dy = random_tensor({3, 32}, 13);
-    Tensor y = Tensor::empty({3, 32}, DType::f32), yk = empty_like(y);
-    Tensor dx = empty_like(x), dxk = empty_like(x);
-    global_avg_pool_forward(3, 32, 30, x, y);
-    global_avg_pool_forward(3, 32, 30, to_blocked(x, b), yk, b);
-    global_avg_pool_backward(3, 32, 30, dy, dx);
-    global_avg_pool_backward(3, 32, 30, dy, dxk, b);
-    CHECK(same_bits(yk, y));
-    CHECK(same_bits(from_blocked(dxk, b), dx));
   }
 }
 
-TEST_CASE("channel blocks: refused for half types, a channel count off the block, CUDA") {
+TEST_CASE("channel blocks: refused for f16, a channel count off the block, CUDA") {
   Pool2dArgs a{1, 12, 4, 4, 2, 2, 2, 2, 0, 0};
   a.block = 8;  // 12 channels
   Tensor x = random_tensor({1, 12, 4, 4}, 1), y = Tensor::empty({1, 12, 2, 2}, DType::f32);
   Tensor am = Tensor::empty({1, 12, 2, 2}, DType::i32);
   CHECK_THROWS(pool2d_forward(PoolKind::max, a, x, y, am));
   BatchNormArgs bn{1, 16, 4, 1e-5f, 0.1f, 8};
-  Tensor h = Tensor::empty({1, 16, 2, 2}, DType::bf16),
-         hy = Tensor::empty({1, 16, 2, 2}, DType::bf16);
+  Tensor h = Tensor::empty({1, 16, 2, 2}, DType::f16),
+         hy = Tensor::empty({1, 16, 2, 2}, DType::f16);
   Tensor s[6];
   for (Tensor& t : s) t = Tensor::empty({16}, DType::f32);
   CHECK_THROWS(batch_norm_forward_train(bn, h, s[0], s[1], hy, s[2], s[3], s[4], s[5]));
