@@ -12,7 +12,7 @@ struct BatchNormArgs {
   int64_t n = 1, c = 1, hw = 1;
   float eps = 1e-5f;
   float momentum = 0.1f;  // running = (1 - momentum) * running + momentum * batch
-  // 0: x, y, dy, dx are [N, C, HW]; B (8 or 16, f32 on the CPU only): channel-blocked
+  // 0: x, y, dy, dx are [N, C, HW]; B (8 or 16, f32 or bf16 on the CPU): channel-blocked
   // [N, C/B, HW, B], C a multiple of B. The same bits either way.
   int64_t block = 0;
   // y = max(batch_norm(x), 0), the ReLU fused (f32 on the CPU only): forward writes the

@@ -16,7 +16,7 @@ struct Pool2dArgs {
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;
   PadCount pad_count = PadCount::exclude;
-  // 0: x, y, argmax, dy, dx are NCHW; B (8 or 16, f32 on the CPU): channel-blocked
+  // 0: x, y, argmax, dy, dx are NCHW; B (8 or 16, f32 or bf16 on the CPU): channel-blocked
   // [N, C/B, H, W, B] (argmax too, still indexing h * W + w), C a multiple of B.
   int64_t block = 0;
 
@@ -31,7 +31,7 @@ void pool2d_forward(PoolKind kind, const Pool2dArgs& args, const Tensor& x, Tens
 void pool2d_backward(PoolKind kind, const Pool2dArgs& args, const Tensor& dy, const Tensor& argmax,
                      Tensor& dx);
 
-// x [N, C, HW] (block B > 0: [N, C/B, HW, B], f32 on the CPU) -> y [N, C]
+// x [N, C, HW] (block B > 0: [N, C/B, HW, B], f32 or bf16 on the CPU) -> y [N, C]
 void global_avg_pool_forward(int64_t n, int64_t c, int64_t hw, const Tensor& x, Tensor& y,
                              int64_t block = 0);
 // dy [N, C] -> dx [N, C, HW] (or blocked, as forward's x)

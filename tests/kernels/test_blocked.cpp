@@ -9,10 +9,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/activation.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
+#include "kernels/cpu/float_io.h"
 #include "kernels/elementwise.h"
 #include "kernels/pooling.h"
 
@@ -264,6 +266,41 @@ TEST_CASE(
   }
 }
 
+// The blocked kernels' eight-lane bf16 load and store against core/dtype.h's
+// conversions: every bf16 pattern widened, and special and swept f32 values rounded
+// (NaNs quiet and kept NaN, overflow to Inf, denormals, -0, ties to even).
+TEST_CASE("bf16 load8 / store8: core/dtype.h's conversions, lane by lane") {
+  for (uint32_t h0 = 0; h0 < 65536; h0 += 8) {
+    bf16 in[8];
+    for (uint32_t l = 0; l < 8; ++l) in[l].bits = static_cast<uint16_t>(h0 + l);
+    const cpu_io::v8f v = cpu_io::load8(in);
+    for (int l = 0; l < 8; ++l) {
+      const float want = bf16_bits_to_f32(in[l].bits);
+      CHECK(std::memcmp(&v[l], &want, sizeof want) == 0);
+    }
+  }
+  std::vector<uint32_t> patterns = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu,
+                                    0x00008000u, 0x00018000u, 0x3f808000u, 0x3f818000u,
+                                    0x7f7fffffu, 0xff7fffffu, 0x7f800000u, 0xff800000u,
+                                    0x7f800001u, 0xffc00000u, 0x7fbfffffu, 0x7f7f8000u};
+  for (uint32_t u = 1; u < 0xffffffffu / 7919; ++u) patterns.push_back(u * 7919u);
+  while (patterns.size() % 8) patterns.push_back(0x3f800000u);
+  size_t differ = 0;
+  for (size_t i = 0; i < patterns.size(); i += 8) {
+    cpu_io::v8f v;
+    std::memcpy(&v, &patterns[i], sizeof v);
+    bf16 out[8];
+    cpu_io::store8(out, v);
+    for (size_t l = 0; l < 8; ++l) {
+      float f;
+      std::memcpy(&f, &patterns[i + l], sizeof f);
+      differ += out[l].bits != f32_to_bf16_bits(f) ? 1 : 0;
+    }
+  }
+  CHECK(patterns.size() > 500000);
+  CHECK(differ == 0);
+}
+
 TEST_CASE("channel blocks: refused for f16, a channel count off the block, CUDA") {
   Pool2dArgs a{1, 12, 4, 4, 2, 2, 2, 2, 0, 0};
   a.block = 8;  // 12 channels
@@ -276,6 +313,17 @@ TEST_CASE("channel blocks: refused for f16, a channel count off the block, CUDA"
   Tensor s[6];
   for (Tensor& t : s) t = Tensor::empty({16}, DType::f32);
   CHECK_THROWS(batch_norm_forward_train(bn, h, s[0], s[1], hy, s[2], s[3], s[4], s[5]));
+  Pool2dArgs hp{1, 16, 2, 2, 2, 2, 2, 2, 0, 0};
+  hp.block = 8;
+  Tensor hpy = Tensor::empty({1, 16, 1, 1}, DType::f16),
+         hpa = Tensor::empty({1, 16, 1, 1}, DType::i32);
+  CHECK_THROWS(pool2d_forward(PoolKind::max, hp, h, hpy, hpa));
+  Conv2dArgs hc;
+  hc.n = 1, hc.c = 16, hc.h = hc.w = 2, hc.k = 16, hc.r = hc.s = 1;
+  hc.x_block = 8;
+  Tensor hw = Tensor::empty({16, 16, 1, 1}, DType::f16), hcy = empty_like(h);
+  Scratch half_scratch;
+  CHECK_THROWS(conv2d_forward(hc, h, hw, hcy, half_scratch.ws()));
   Conv2dArgs c;
   c.n = 1, c.c = 16, c.h = c.w = 4, c.k = 12, c.r = c.s = 1;
   c.y_block = 8;  // 12 output channels

@@ -304,6 +304,26 @@ TEST_CASE("channel blocks: a grouped or biased convolution keeps its operands NC
 
 // In f32, and in bf16 where this CPU's oneDNN computes bf16 convolutions in the block
 // (kernels::cpu_channel_block_bf16; elsewhere bf16 stays NCHW, and the test says so).
+// bf16 values are blocked as f32 ones where the executor says so (bf16: the CPU's oneDNN
+// computes them in the block); f16 ones never.
+TEST_CASE("channel blocks: bf16 activations when asked, f16 never") {
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    CAPTURE(dtype_name(dt));
+    const ModelGraph m = build_model(tiny(), 2, graph::DTypePolicy{dt});
+    const int nodes = static_cast<int>(m.graph.nodes().size());
+    const std::vector<int32_t> off = graph::channel_blocks(m.graph, 8, {}, 0, nodes);
+    const std::vector<int32_t> on = graph::channel_blocks(m.graph, 8, {}, 0, nodes, true);
+    int blocked = 0;
+    for (size_t v = 0; v < on.size(); ++v) {
+      CHECK(off[v] == 0);
+      blocked += on[v] != 0;
+      if (on[v] != 0)
+        CHECK(m.graph.value(static_cast<graph::ValueId>(v)).spec.dtype == DType::bf16);
+    }
+    CHECK((blocked > 40) == (dt == DType::bf16));
+  }
+}
+
 TEST_CASE("tiny ResNet-18: channel-blocked activations give the NCHW run's bits") {
   for (const DType dt : {DType::f32, DType::bf16}) {
     CAPTURE(dtype_name(dt));

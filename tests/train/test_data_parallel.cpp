@@ -820,7 +820,8 @@ TEST_CASE("compression: the estimate says when gathering outgrows the dense all-
 // Gradient compression (compress.method) in the data-parallel buckets. Top-k at ratio 1
 // sends every entry: the gathered pairs summed from -0 in rank order are what any
 // all-reduce of two ranks computes, so the run is plain data parallelism's bit for bit,
-// whichever algorithm comm.allreduce names (the dense tensors travel by it).
+// whichever algorithm comm.allreduce names (the dense tensors travel by it); so is the
+// two-phase exchange auto picks at that ratio.
 TEST_CASE("compression: top-k at ratio 1 on 2 ranks is plain data parallelism, bit for bit") {
   OneThread one;
   TempDir tmp("topk1");
@@ -833,13 +834,22 @@ TEST_CASE("compression: top-k at ratio 1 on 2 ranks is plain data parallelism, b
       base.insert(base.end(), {"--set", "comm.ranks_per_node=1"});
     std::vector<std::string> topk = base;
     topk.insert(topk.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=1.0"});
+    std::vector<std::string> gathered = topk;
+    gathered.insert(gathered.end(), {"--set", "compress.exchange=gather"});
     const fs::path plain = train(job, tmp.path(), std::string("plain-") + algo, {2, algo}, base);
-    const fs::path all = train(job, tmp.path(), std::string("topk-") + algo, {2, algo}, topk);
+    const fs::path all = train(job, tmp.path(), std::string("topk-") + algo, {2, algo}, gathered);
     require_same(plain, all);
     // Every entry as an (index, value) pair, gathered: twice a dense all-reduce's bytes.
     CHECK(read_bytes(all / "logs" / "rank-0.log")
               .find("warning: on 2 data ranks topk moves 2.0x the bytes per rank") !=
           std::string::npos);
+    // auto: gathering at ratio 1 moves more than a quarter of the dense bytes, so two
+    // phases, each owner's sum from -0 in rank order kept whole: the same bits again.
+    const fs::path two = train(job, tmp.path(), std::string("auto-") + algo, {2, algo}, topk);
+    require_same(plain, two);
+    const std::string log = read_bytes(two / "logs" / "rank-0.log");
+    CHECK(log.find("exchange two_phase") != std::string::npos);
+    CHECK(log.find("warning: on 2 data ranks") == std::string::npos);
   }
 }
 
