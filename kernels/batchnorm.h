@@ -15,7 +15,7 @@ struct BatchNormArgs {
   // 0: x, y, dy, dx are [N, C, HW]; B (8 or 16, f32 or bf16 on the CPU): channel-blocked
   // [N, C/B, HW, B], C a multiple of B. The same bits either way.
   int64_t block = 0;
-  // y = max(batch_norm(x), 0), the ReLU fused (f32 on the CPU only): forward writes the
+  // y = max(batch_norm(x), 0), the ReLU fused (f32 or bf16 on the CPU): forward writes the
   // ReLU's output, backward reads it (relu_y) and takes dy where it is > 0, else 0. The
   // bits of batch norm then ReLU as two ops, without the pre-activation in memory.
   bool relu = false;

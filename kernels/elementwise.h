@@ -7,7 +7,7 @@
 namespace dtrain::kernels {
 
 void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b
-// out = max(a + b, 0): add then ReLU in one pass, their bits (f32 on the CPU only).
+// out = max(a + b, 0): add then ReLU in one pass, their bits (f32 or bf16 on the CPU).
 void add_relu(const Tensor& a, const Tensor& b, Tensor& out);
 void mul(const Tensor& a, const Tensor& b, Tensor& out);  // out = a * b
 void scale(float alpha, const Tensor& x, Tensor& out);    // out = alpha * x

@@ -76,8 +76,30 @@ void for_chunks(const T* row, int64_t n, Fn&& fn) {
   }
 }
 
-// y[0:n] = x * scale + shift, through f32 chunks.
-// relu (f32 only): max(t, 0) as the ReLU op computes it, (t < 0 ? 0 : t).
+// The ReLU fused (f32, bf16): the ReLU op's (r < 0 ? 0 : r) of what batch norm alone would
+// store, r: for bf16 the rounded value (a tiny negative t rounds to -0, which the ReLU
+// keeps), so the fused op gives batch norm then ReLU's bits.
+template <typename T>
+float relu_of(float t) {
+  if constexpr (std::is_same_v<T, bf16>) t = cpu_io::bf16_to_float(cpu_io::float_to_bf16(t));
+  return t < 0.0f ? 0.0f : t;
+}
+// Stores relu_of(t), eight lanes: bf16 on the rounded bits (a negative number, not a NaN
+// nor -0, becomes +0).
+template <typename T>
+void store8_relu(T* p, v8 t) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    using v8h = cpu_io::v8h;
+    v8h h = cpu_io::round8_bf16(t);
+    const v8h mag = h & 0x7fffu;
+    h = (h & 0x8000u) != 0 && mag != 0 && mag <= 0x7f80u ? v8h{} : h;
+    std::memcpy(p, &h, sizeof h);
+  } else {
+    store8(p, t < 0.0f ? v8{} : t);
+  }
+}
+
+// y[0:n] = x * scale + shift, through f32 chunks; relu: relu_of.
 template <typename T>
 void affine_row(const T* x, T* y, int64_t n, float scale, float shift, bool relu) {
   if constexpr (std::is_same_v<T, float>) {  // straight through: no staging
@@ -97,6 +119,9 @@ void affine_row(const T* x, T* y, int64_t n, float scale, float shift, bool relu
     float out[kChunk];
 #pragma omp simd
     for (int64_t i = 0; i < len; ++i) out[i] = xc[i] * scale + shift;
+    if (relu) {
+      for (int64_t i = 0; i < len; ++i) out[i] = relu_of<T>(out[i]);
+    }
     cpu_io::store_n(out, y + o, len);
   });
 }
@@ -200,7 +225,11 @@ void group_affine(const BatchNormArgs& a, const Group& g, const T* x, T* y, v8 s
     T* yn = g.at(y, a, n);
     for (int64_t i = 0; i < a.hw; ++i) {
       const v8 t = load8(xn + i * g.block) * scale + shift;
-      store8(yn + i * g.block, a.relu ? (t < 0.0f ? v8{} : t) : t);
+      if (a.relu) {
+        store8_relu(yn + i * g.block, t);
+      } else {
+        store8(yn + i * g.block, t);
+      }
     }
   }
 }
@@ -369,13 +398,13 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const T* relu_y, 
           const float* xc = staged;
           if constexpr (std::is_same_v<T, float>) {
             xc = x + row + o;
-            if (relu_y) {  // f32 only (check_common)
-              for (int64_t i = 0; i < len; ++i)
-                masked[i] = relu_y[row + o + i] > 0.0f ? g[i] : 0.0f;
-              g = masked;
-            }
           } else {
             cpu_io::load_n(x + row + o, staged, len);
+          }
+          if (relu_y) {  // f32, bf16 (check_common)
+            for (int64_t i = 0; i < len; ++i)
+              masked[i] = cpu_io::load(relu_y, row + o + i) > 0.0f ? g[i] : 0.0f;
+            g = masked;
           }
           sum_dy += lane_sum(g, len, [](v8 v) { return v; });
           // x rides along as the lane sum's second stream: chunk element i of both.
@@ -410,8 +439,13 @@ void backward(const BatchNormArgs& a, const T* x, const T* dy, const T* relu_y, 
           continue;
         }
         for_chunks(dy + row, a.hw, [&](const float* g, int64_t len, int64_t o) {
-          float xc[kChunk], out[kChunk];
+          float xc[kChunk], out[kChunk], masked[kChunk];
           cpu_io::load_n(x + row + o, xc, len);
+          if (relu_y) {
+            for (int64_t i = 0; i < len; ++i)
+              masked[i] = cpu_io::load(relu_y, row + o + i) > 0.0f ? g[i] : 0.0f;
+            g = masked;
+          }
 #pragma omp simd
           for (int64_t i = 0; i < len; ++i) {
             out[i] = dx_of(g[i], xc[i], mu, is, k, mean_dy, mean_dy_xhat);
@@ -435,8 +469,8 @@ void check_common(std::string_view op, const BatchNormArgs& a, const Tensor& x, 
                                 x.dtype() != DType::f16 && x.device().is_cpu()),
                "{}: channel block {} needs f32 or bf16 on the CPU and C {} a multiple of it", op,
                a.block, a.c);
-  DTRAIN_CHECK(!a.relu || (x.dtype() == DType::f32 && x.device().is_cpu()),
-               "{}: the fused ReLU is f32 on the CPU only, not {}", op, x.str());
+  DTRAIN_CHECK(!a.relu || (x.dtype() != DType::f16 && x.device().is_cpu()),
+               "{}: the fused ReLU is f32 or bf16 on the CPU only, not {}", op, x.str());
   for (const Tensor* t : per_channel) {
     require_dtype(op, "per-channel tensor", *t, {DType::f32});
     require_numel(op, "per-channel tensor", *t, a.c);

@@ -125,9 +125,11 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void add_relu(const Tensor& a, const Tensor& b, Tensor& out) {
   const Device device = check_same("add_relu", a, b, out);
-  DTRAIN_CHECK(device.is_cpu() && a.dtype() == DType::f32, "add_relu: f32 on the CPU only, not {}",
-               a.str());
-  // std::max(s, 0), as the ReLU: -0 and NaN pass through.
+  DTRAIN_CHECK(device.is_cpu() && (a.dtype() == DType::f32 || a.dtype() == DType::bf16),
+               "add_relu: f32 or bf16 on the CPU only, not {}", a.str());
+  // (s < 0 ? 0 : s), as the ReLU: -0 and NaN pass through. In bf16 the same as the ReLU
+  // of the rounded sum: a sum of two bf16 values is 0 or at least bf16's least denormal in
+  // magnitude, so no negative sum rounds to -0.
   binary(a.dtype(), a, b, out, [](float x, float y) {
     const float s = x + y;
     return s < 0.0f ? 0.0f : s;

@@ -75,8 +75,8 @@ inline v8f load8(const float* p) {
   return v;
 }
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+using v8h = uint16_t __attribute__((vector_size(16)));
 inline v8f load8(const bf16* p) {
-  using v8h = uint16_t __attribute__((vector_size(16)));
   using v8u = uint32_t __attribute__((vector_size(32)));
   v8h h;
   std::memcpy(&h, p, sizeof h);
@@ -85,15 +85,17 @@ inline v8f load8(const bf16* p) {
   std::memcpy(&v, &w, sizeof v);
   return v;
 }
-inline void store8(bf16* p, v8f v) {  // float_to_bf16, lane by lane
-  using v8h = uint16_t __attribute__((vector_size(16)));
+inline v8h round8_bf16(v8f v) {  // float_to_bf16, lane by lane
   using v8u = uint32_t __attribute__((vector_size(32)));
   v8u u;
   std::memcpy(&u, &v, sizeof u);
   const v8u rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   const v8u nan = (u >> 16) | 0x0040u;
   const v8u r = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
-  const v8h h = __builtin_convertvector(r, v8h);
+  return __builtin_convertvector(r, v8h);
+}
+inline void store8(bf16* p, v8f v) {
+  const v8h h = round8_bf16(v);
   std::memcpy(p, &h, sizeof h);
 }
 

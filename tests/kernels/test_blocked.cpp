@@ -169,54 +169,89 @@ TEST_CASE("batch norm: channel-blocked train, eval and backward give the NCHW bi
   }
 }
 
+// In bf16 the ReLU takes what batch norm alone would store: channel 3's gamma 0 and
+// beta a tiny negative make every t round to -0, which the ReLU keeps.
 TEST_CASE("batch norm with the ReLU fused gives batch norm then ReLU's bits, in either layout") {
   const int64_t n = 2, c = 16, hw = 45;
-  for (int64_t b : {int64_t{0}, int64_t{8}, int64_t{16}}) {
-    CAPTURE(b);
-    const auto lay = [&](const Tensor& t) { return b ? to_blocked(t, b) : t; };
-    const auto unlay = [&](const Tensor& t) { return b ? from_blocked(t, b) : t; };
-    Tensor x = random_tensor({n, c, 5, 9}, 21);
-    x.data<float>()[7] = -0.0f;
-    const Tensor dy = random_tensor({n, c, 5, 9}, 22);
-    const Tensor gamma = random_tensor({c}, 23), beta = random_tensor({c}, 24);
-    const BatchNormArgs plain{n, c, hw, 1e-5f, 0.1f, b};
-    BatchNormArgs fused = plain;
-    fused.relu = true;
-    Tensor stats[8];
-    for (Tensor& t : stats) t = random_tensor({c}, 25);
-    for (Tensor* t : {&stats[1], &stats[5]})
-      for (int64_t i = 0; i < c; ++i) t->data<float>()[i] = 1.0f;
-    // Two kernels: batch norm, ReLU, ReLU's backward from its input, batch norm's backward.
-    Tensor pre = empty_like(x), y = empty_like(x), g = empty_like(x), dx = empty_like(x);
-    Tensor dgamma = empty_like(gamma), dbeta = empty_like(gamma);
-    batch_norm_forward_train(plain, lay(x), gamma, beta, pre, stats[0], stats[1], stats[2],
-                             stats[3]);
-    activation_forward(Activation::relu, pre, y);
-    activation_backward(Activation::relu, pre, lay(dy), g);
-    batch_norm_backward(plain, lay(x), g, gamma, stats[2], stats[3], dx, dgamma, dbeta);
-    // Fused.
-    Tensor yf = empty_like(x), dxf = empty_like(x), dgf = empty_like(gamma),
-           dbf = empty_like(gamma);
-    batch_norm_forward_train(fused, lay(x), gamma, beta, yf, stats[4], stats[5], stats[6],
-                             stats[7]);
-    batch_norm_backward(fused, lay(x), lay(dy), gamma, stats[6], stats[7], dxf, dgf, dbf, yf);
-    CHECK(same_bits(unlay(yf), unlay(y)));
-    CHECK(same_bits(unlay(dxf), unlay(dx)));
-    CHECK(same_bits(dgf, dgamma));
-    CHECK(same_bits(dbf, dbeta));
-    for (int k = 0; k < 4; ++k) CHECK(same_bits(stats[k], stats[k + 4]));
-    // Eval.
-    Tensor yi = empty_like(x), yif = empty_like(x);
-    batch_norm_forward_infer(plain, lay(x), gamma, beta, stats[0], stats[1], yi);
-    activation_forward(Activation::relu, yi, yi);
-    batch_norm_forward_infer(fused, lay(x), gamma, beta, stats[0], stats[1], yif);
-    CHECK(same_bits(yif, yi));
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    for (int64_t b : {int64_t{0}, int64_t{8}, int64_t{16}}) {
+      CAPTURE(dtype_name(dt));
+      CAPTURE(b);
+      const auto lay = [&](const Tensor& t) { return b ? to_blocked(t, b) : t; };
+      const auto unlay = [&](const Tensor& t) { return b ? from_blocked(t, b) : t; };
+      Tensor xf = random_tensor({n, c, 5, 9}, 21);
+      xf.data<float>()[7] = -0.0f;
+      const Tensor x = as(xf, dt);
+      const Tensor dy = as(random_tensor({n, c, 5, 9}, 22), dt);
+      Tensor gamma = random_tensor({c}, 23), beta = random_tensor({c}, 24);
+      gamma.data<float>()[3] = 0.0f;
+      beta.data<float>()[3] = -1e-41f;  // below half bf16's least denormal (2^-133)
+      const BatchNormArgs plain{n, c, hw, 1e-5f, 0.1f, b};
+      BatchNormArgs fused = plain;
+      fused.relu = true;
+      Tensor stats[8];
+      for (Tensor& t : stats) t = random_tensor({c}, 25);
+      for (Tensor* t : {&stats[1], &stats[5]})
+        for (int64_t i = 0; i < c; ++i) t->data<float>()[i] = 1.0f;
+      // Two kernels: batch norm, ReLU, ReLU's backward from its input, batch norm's backward.
+      Tensor pre = empty_like(x), y = empty_like(x), g = empty_like(x), dx = empty_like(x);
+      Tensor dgamma = empty_like(gamma), dbeta = empty_like(gamma);
+      batch_norm_forward_train(plain, lay(x), gamma, beta, pre, stats[0], stats[1], stats[2],
+                               stats[3]);
+      activation_forward(Activation::relu, pre, y);
+      activation_backward(Activation::relu, pre, lay(dy), g);
+      batch_norm_backward(plain, lay(x), g, gamma, stats[2], stats[3], dx, dgamma, dbeta);
+      // Fused.
+      Tensor yf = empty_like(x), dxf = empty_like(x), dgf = empty_like(gamma),
+             dbf = empty_like(gamma);
+      batch_norm_forward_train(fused, lay(x), gamma, beta, yf, stats[4], stats[5], stats[6],
+                               stats[7]);
+      batch_norm_backward(fused, lay(x), lay(dy), gamma, stats[6], stats[7], dxf, dgf, dbf, yf);
+      CHECK(same_bits(unlay(yf), unlay(y)));
+      CHECK(same_bits(unlay(dxf), unlay(dx)));
+      CHECK(same_bits(dgf, dgamma));
+      CHECK(same_bits(dbf, dbeta));
+      for (int k = 0; k < 4; ++k) CHECK(same_bits(stats[k], stats[k + 4]));
+      // Eval.
+      Tensor yi = empty_like(x), yif = empty_like(x);
+      batch_norm_forward_infer(plain, lay(x), gamma, beta, stats[0], stats[1], yi);
+      activation_forward(Activation::relu, yi, yi);
+      batch_norm_forward_infer(fused, lay(x), gamma, beta, stats[0], stats[1], yif);
+      CHECK(same_bits(yif, yi));
+      if (dt == DType::bf16) {  // channel 3 of image 0 (in either layout): -0 kept
+        const Tensor plain_y = unlay(yf);
+        const uint16_t bits = plain_y.data<bf16>()[3 * hw].bits;
+        CHECK(bits == 0x8000);
+      }
+    }
   }
   const BatchNormArgs half{1, 16, 4, 1e-5f, 0.1f, 0, true};
-  Tensor h = Tensor::empty({1, 16, 2, 2}, DType::bf16), hy = empty_like(h);
+  Tensor h = Tensor::empty({1, 16, 2, 2}, DType::f16), hy = empty_like(h);
   Tensor s[6];
   for (Tensor& t : s) t = Tensor::empty({16}, DType::f32);
   CHECK_THROWS(batch_norm_forward_train(half, h, s[0], s[1], hy, s[2], s[3], s[4], s[5]));
+}
+
+// add_relu in one pass against add then ReLU, f32 and bf16: -0 + -0 (kept by the ReLU),
+// x + -x (+0), a NaN, random sums.
+TEST_CASE("add with the ReLU fused gives add then ReLU's bits") {
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dt));
+    Tensor af = random_tensor({1000}, 31), bf = random_tensor({1000}, 32);
+    af.data<float>()[0] = -0.0f, bf.data<float>()[0] = -0.0f;
+    af.data<float>()[1] = 0.5f, bf.data<float>()[1] = -0.5f;
+    af.data<float>()[2] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor a = as(af, dt), b = as(bf, dt);
+    Tensor sum = empty_like(a), two = empty_like(a), one = empty_like(a);
+    add(a, b, sum);
+    activation_forward(Activation::relu, sum, two);
+    add_relu(a, b, one);
+    CHECK(same_bits(one, two));
+    if (dt == DType::bf16) CHECK(one.data<bf16>()[0].bits == 0x8000);
+    if (dt == DType::f32) CHECK(std::signbit(one.data<float>()[0]));
+  }
+  Tensor h = Tensor::empty({4}, DType::f16);
+  CHECK_THROWS(add_relu(h, h, h));
 }
 
 TEST_CASE(

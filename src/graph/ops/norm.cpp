@@ -10,7 +10,7 @@ namespace dtrain::graph {
 namespace {
 
 // With relu: batch norm then ReLU as one op ("batch_norm2d_relu"), whose output is the
-// ReLU's: the pre-activation is never stored, and on the CPU (f32) one pass does both
+// ReLU's: the pre-activation is never stored, and on the CPU (f32, bf16) one pass does both
 // (kernels::BatchNormArgs::relu). Elsewhere the two kernels run in turn. Either way the
 // bits of the two ops.
 class BatchNorm2d final : public Op {
@@ -30,8 +30,14 @@ class BatchNorm2d final : public Op {
     a.relu = fused(ctx);
     return a;
   }
+  // Forward: f32 and bf16. Backward: f32 (in bf16 the fused backward, converting the
+  // kept output at each of its three reads, was slower than the ReLU's pass before it).
   bool fused(const OpContext& ctx) const {
-    return relu_ && ctx.inputs[0].dtype() == DType::f32 && ctx.inputs[0].device().is_cpu();
+    const DType t = ctx.inputs[0].dtype();
+    return relu_ && (t == DType::f32 || t == DType::bf16) && ctx.inputs[0].device().is_cpu();
+  }
+  bool fused_backward(const OpContext& ctx) const {
+    return fused(ctx) && ctx.inputs[0].dtype() == DType::f32;
   }
   // The ReLU after an unfused forward, in place.
   void relu_after(const OpContext& ctx, Tensor& y) const {
@@ -91,7 +97,8 @@ class BatchNorm2d final : public Op {
                               &kernels::device_allocator(ctx.inputs[0].device()));
       dx = scratch;
     }
-    const kernels::BatchNormArgs a = args(ctx);
+    kernels::BatchNormArgs a = args(ctx);
+    a.relu = fused_backward(ctx);
     Tensor dy = ctx.grad_outputs[0];
     if (relu_ && !a.relu) {
       // The ReLU's backward first, from its output, over dy: nothing reads dy after this

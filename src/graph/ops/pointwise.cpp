@@ -92,7 +92,7 @@ class Dropout final : public Op {
 };
 
 // a + b; with relu, relu(a + b) as one op ("add_relu"), whose output is the ReLU's: the
-// sum is never stored, and on the CPU (f32) one pass makes it. Its backward gives each
+// sum is never stored, and on the CPU (f32, bf16) one pass makes it. Its backward gives each
 // input dy where the output is > 0 (where the sum is), else 0: the bits of add then ReLU.
 class Add final : public Op {
  public:
@@ -114,7 +114,8 @@ class Add final : public Op {
     return info;
   }
   void do_forward(OpContext& ctx) const override {
-    if (relu_ && ctx.inputs[0].dtype() == DType::f32 && ctx.inputs[0].device().is_cpu()) {
+    const DType t = ctx.inputs[0].dtype();
+    if (relu_ && (t == DType::f32 || t == DType::bf16) && ctx.inputs[0].device().is_cpu()) {
       kernels::add_relu(ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]);
       return;
     }
