@@ -114,16 +114,20 @@ uint32_t pick(uint32_t& state, int64_t n) {
   return static_cast<uint32_t>((state >> 8) % static_cast<uint32_t>(n));
 }
 
+// As a linear layer's forward computes it: x [m, k] times the weight [n, k] (out, in)
+// transposed (NT). Until 2026-12-06 B lay [k, n] (NN), a layout no model multiplies in:
+// GPT-2's head ran 62 ms there on Zen 5 against 42 ms as the model runs it.
 Figure gemm_figure(const std::string& name, int64_t m, int64_t n, int64_t k, DType dt, Device d) {
   auto a = std::make_shared<Operand>(operand(Shape{m, k}, dt, d, 1));
-  auto b = std::make_shared<Operand>(operand(Shape{k, n}, dt, d, 2));
+  auto b = std::make_shared<Operand>(operand(Shape{n, k}, dt, d, 2));
   auto c = std::make_shared<Tensor>(output(Shape{m, n}, DType::f32, d));
   kernels::GemmArgs args;
   args.m = m, args.n = n, args.k = k;
+  args.trans_b = kernels::Trans::yes;
   auto ws = std::make_shared<Workspace>(kernels::gemm_workspace_bytes(args, dt, DType::f32, d), d);
   Figure f;
   f.name = "gemm/" + name;
-  f.shape = fmt::format("M{} N{} K{}", m, n, k);
+  f.shape = fmt::format("M{} N{} K{} NT", m, n, k);
   f.flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
   f.run = [=] { kernels::gemm(args, a->t, b->t, *c, ws->ws); };
   f.check = [=] {
@@ -135,7 +139,7 @@ Figure gemm_figure(const std::string& name, int64_t m, int64_t n, int64_t k, DTy
       double want = 0, mag = 0;
       for (int64_t l = 0; l < k; ++l) {
         const double t = static_cast<double>(a->host[static_cast<size_t>(r * k + l)]) *
-                         b->host[static_cast<size_t>(l * n + col)];
+                         b->host[static_cast<size_t>(col * k + l)];
         want += t;
         mag += std::fabs(t);
       }
