@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "dist/mpi_info.h"
 #include "kernels/attention.h"
@@ -151,14 +152,44 @@ Figure gemm_figure(const std::string& name, int64_t m, int64_t n, int64_t k, DTy
   return f;
 }
 
-// 3x3 or 1x1, stride 1, "same" padding: forward, backward-data or backward-filter.
+// [N, C, H, W] host tensor -> [N, C/B, H, W, B] (the CPU executor's channel-blocked
+// activations, graph/layouts.h), any element size.
+Tensor channel_blocked(const Tensor& t, int64_t b) {
+  const Shape& s = t.shape();
+  Tensor out = Tensor::empty(s, t.dtype());
+  const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
+  const size_t e = dtype_size(t.dtype());
+  const auto* in = static_cast<const char*>(t.raw());
+  auto* o = static_cast<char*>(out.raw());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < hw; ++p)
+        std::memcpy(o + static_cast<size_t>(((i * (c / b) + ch / b) * hw + p) * b + ch % b) * e,
+                    in + static_cast<size_t>((i * c + ch) * hw + p) * e, e);
+  return out;
+}
+
+// 3x3 or 1x1, stride 1, "same" padding: forward, backward-data or backward-filter. On the
+// CPU the activations lie as the executor keeps a ResNet's (channel-blocked where this
+// CPU's oneDNN computes in a block, kernels::cpu_channel_block; "NCHW16c" in the shape),
+// so no reorder is timed that a model does not run; until 2026-12-06 they were NCHW.
 Figure conv_figure(const std::string& name, const std::string& dir, int64_t nb, int64_t ch,
                    int64_t hw, int64_t kout, int64_t rs, DType dt, Device d) {
   kernels::Conv2dArgs g;
   g.n = nb, g.c = ch, g.h = g.w = hw, g.k = kout, g.r = g.s = rs, g.pad_h = g.pad_w = rs / 2;
+  const int64_t block = d.is_cpu() && (dt == DType::f32 || kernels::cpu_channel_block_bf16()) &&
+                                ch % std::max<int64_t>(kernels::cpu_channel_block(), 1) == 0 &&
+                                kout % std::max<int64_t>(kernels::cpu_channel_block(), 1) == 0
+                            ? kernels::cpu_channel_block()
+                            : 0;
+  g.x_block = g.y_block = block;
   auto x = std::make_shared<Operand>(operand(Shape{nb, ch, hw, hw}, dt, d, 3));
   auto w = std::make_shared<Operand>(operand(Shape{kout, ch, rs, rs}, dt, d, 4));
   auto dy = std::make_shared<Operand>(operand(Shape{nb, kout, hw, hw}, dt, d, 5));
+  if (block > 0) {  // the host copies stay NCHW, for the check
+    x->t = channel_blocked(x->t, block);
+    dy->t = channel_blocked(dy->t, block);
+  }
   auto out = std::make_shared<Tensor>(output(dir == "fwd"        ? Shape{nb, kout, hw, hw}
                                              : dir == "bwd_data" ? Shape{nb, ch, hw, hw}
                                                                  : Shape{kout, ch, rs, rs},
@@ -166,7 +197,8 @@ Figure conv_figure(const std::string& name, const std::string& dir, int64_t nb, 
   auto ws = std::make_shared<Workspace>(kernels::conv2d_workspace_bytes(g, dt, d), d);
   Figure f;
   f.name = "conv/" + name + "." + dir;
-  f.shape = fmt::format("N{} C{} {}x{} K{} {}x{}", nb, ch, hw, hw, kout, rs, rs);
+  f.shape = fmt::format("N{} C{} {}x{} K{} {}x{}{}", nb, ch, hw, hw, kout, rs, rs,
+                        block > 0 ? fmt::format(" NCHW{}c", block) : std::string());
   f.flops = g.flops();
   if (dir == "fwd") {
     f.run = [=] { kernels::conv2d_forward(g, x->t, w->t, *out, ws->ws); };
@@ -187,6 +219,13 @@ Figure conv_figure(const std::string& name, const std::string& dir, int64_t nb, 
   auto W = [=](int64_t k, int64_t c, int64_t r, int64_t s) -> double {
     return w->host[static_cast<size_t>(((k * ch + c) * rs + r) * rs + s)];
   };
+  // An NCHW index of an activation with `c` channels where it lies (blocked or not).
+  const auto lies = [=](size_t at, int64_t c) {
+    if (block == 0) return at;
+    const auto i = static_cast<int64_t>(at), plane = hw * hw;
+    const int64_t n = i / (c * plane), ch = i / plane % c, p = i % plane;
+    return static_cast<size_t>(((n * (c / block) + ch / block) * plane + p) * block + ch % block);
+  };
   f.check = [=] {
     const std::vector<float> got = host_floats(*out);
     Check chk;
@@ -202,7 +241,7 @@ Figure conv_figure(const std::string& name, const std::string& dir, int64_t nb, 
               const double t = X(n, c, oy - pad + r, ox - pad + q) * W(k, c, r, q);
               want += t, mag += std::fabs(t);
             }
-        at = static_cast<size_t>(((n * kout + k) * hw + oy) * hw + ox);
+        at = lies(static_cast<size_t>(((n * kout + k) * hw + oy) * hw + ox), kout);
       } else if (dir == "bwd_data") {
         const int64_t n = pick(s, nb), c = pick(s, ch), yy = pick(s, hw), xx = pick(s, hw);
         for (int64_t k = 0; k < kout; ++k)
@@ -211,7 +250,7 @@ Figure conv_figure(const std::string& name, const std::string& dir, int64_t nb, 
               const double t = DY(n, k, yy + pad - r, xx + pad - q) * W(k, c, r, q);
               want += t, mag += std::fabs(t);
             }
-        at = static_cast<size_t>(((n * ch + c) * hw + yy) * hw + xx);
+        at = lies(static_cast<size_t>(((n * ch + c) * hw + yy) * hw + xx), ch);
       } else {
         const int64_t k = pick(s, kout), c = pick(s, ch), r = pick(s, rs), q = pick(s, rs);
         for (int64_t n = 0; n < nb; ++n)
