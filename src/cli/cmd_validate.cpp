@@ -174,6 +174,7 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
   s.tensors = static_cast<int>(layout.size());
   const std::string warning =
       runtime::gather_warning(job.compress, all, job.parallel.data, job.parallel.zero_stage == 1);
+  const std::string choice = runtime::two_phase_note(job.compress, job.parallel.data);
   return fmt::format(
              "# compression: {} on {} of {} parameter tensors{}; {} bytes sent per step per {} "
              "instead of {} ({:.1f}x less), after {} dense step(s)\n",
@@ -188,7 +189,8 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
                                        : "rank",
              with_commas(static_cast<int64_t>(s.per_step.dense)), s.ratio(),
              job.compress.warmup_steps) +
-         (warning.empty() ? std::string() : "# " + warning + "\n");
+         (warning.empty() ? std::string() : "# " + warning + "\n") +
+         (choice.empty() ? std::string() : "# " + choice + "\n");
 }
 
 // The data-parallel layout as YAML comments: the split of the global batch, the

@@ -50,6 +50,12 @@ std::string gather_note(const CompressOptions& o, int data_ranks, double bus, do
 std::string gather_warning(const CompressOptions& o, const std::vector<compress::BucketPlan>& plans,
                            int data_ranks, bool zero1);
 
+// Where compress.exchange auto took two_phase for top-k or 1-bit on `data_ranks`
+// (compress::gather_share over a quarter): the note saying so, what it costs and how to
+// keep one compression; empty otherwise (gather, two_phase named, PowerSGD). The
+// start-up line and `dtrain validate` print it.
+std::string two_phase_note(const CompressOptions& o, int data_ranks);
+
 class GradCompression {
  public:
   // Plans `buckets` and routes them through the compressor (after the warm-up steps):

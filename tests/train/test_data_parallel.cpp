@@ -807,6 +807,12 @@ TEST_CASE("compression: the estimate says when gathering outgrows the dense all-
               std::string::npos);
       CHECK((v.log.find(fmt::format("# warning: on {} data ranks {} moves", world, method)) !=
              std::string::npos) == larger);
+      // auto's two-phase choice (1-bit on 16 and 1024 ranks) is said, with its cost.
+      const bool chose = method == "onebit" && exchange == "auto";
+      CHECK((v.log.find(fmt::format("# note: compress.exchange auto took two_phase on {} data "
+                                    "ranks",
+                                    world)) != std::string::npos) == chose);
+      if (chose) CHECK(v.log.find("compress.exchange: gather keeps one") != std::string::npos);
     }
     // Gathered, the bytes grow about with the ranks; two-phase and PowerSGD's stay flat.
     if (exchange == "gather") {
@@ -850,6 +856,8 @@ TEST_CASE("compression: top-k at ratio 1 on 2 ranks is plain data parallelism, b
     const std::string log = read_bytes(two / "logs" / "rank-0.log");
     CHECK(log.find("exchange two_phase") != std::string::npos);
     CHECK(log.find("warning: on 2 data ranks") == std::string::npos);
+    CHECK(log.find("note: compress.exchange auto took two_phase on 2 data ranks, where gathering "
+                   "would move 2.00 of a dense") != std::string::npos);
   }
 }
 
