@@ -31,9 +31,10 @@ struct Conv2dArgs {
 // The channel block oneDNN's f32 convolutions want activations in on this CPU (8 with
 // AVX2, 16 with AVX-512), or 0 when they want no channel-blocked layout. Probed once.
 int64_t cpu_channel_block();
-// Whether bf16 activations gain from that block too: oneDNN computes bf16 convolutions
-// in bf16 on this CPU (else they widen to f32 whatever the layout) with the same block.
-bool cpu_channel_block_bf16();
+// The block activations of `dtype` are kept in: f32's above; bf16's the same where
+// oneDNN computes bf16 convolutions in bf16 on this CPU with that block (else they widen
+// to f32 whatever the layout), else 0; 0 for other dtypes.
+int64_t cpu_channel_block(DType dtype);
 
 // Bytes of workspace each direction needs (the max over the three is safe). CUDA:
 // cuDNN's budget (a constant, so planning works without a GPU); the algorithm

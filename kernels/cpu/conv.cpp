@@ -193,10 +193,11 @@ int64_t cpu_channel_block() {
   return block;
 }
 
-bool cpu_channel_block_bf16() {
-  // Only where oneDNN computes in bf16 (else bf16 convolutions widen to f32 whatever the
-  // layout) and its bf16 primitives want the f32 ones' block. A probe oneDNN refuses
-  // means no (every CPU executor asks, f32 ones too).
+int64_t cpu_channel_block(DType dtype) {
+  if (dtype == DType::f32) return cpu_channel_block();
+  if (dtype != DType::bf16) return 0;
+  // Only where oneDNN computes in bf16 and its bf16 primitives want the f32 ones' block.
+  // A probe oneDNN refuses means none (every CPU executor asks, f32 ones too).
   static const bool ok = [] {
     try {
       return cpu_channel_block() > 0 && bf16_compute() &&
@@ -205,7 +206,7 @@ bool cpu_channel_block_bf16() {
       return false;
     }
   }();
-  return ok;
+  return ok ? cpu_channel_block() : 0;
 }
 
 size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device) {
@@ -216,9 +217,8 @@ size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device
   }
   // The most any layout the executor may pass needs (graph/layouts.h): NCHW, or x / y
   // in this CPU's channel block where their channels allow.
-  const int64_t b = cpu_channel_block();
-  const bool can = b > 0 && args.groups == 1 &&
-                   (dtype == DType::f32 || (dtype == DType::bf16 && cpu_channel_block_bf16()));
+  const int64_t b = cpu_channel_block(dtype);
+  const bool can = b > 0 && args.groups == 1;
   size_t bytes = 0;
   for (const int64_t xb : {int64_t{0}, can && args.c % b == 0 ? b : int64_t{-1}}) {
     for (const int64_t yb : {int64_t{0}, can && args.k % b == 0 ? b : int64_t{-1}}) {

@@ -445,6 +445,10 @@ std::vector<dist::Reduced> Compressor::complete() {
 
 dist::Reduced Compressor::finish(Flight& f) {
   const BucketPlan& p = plans_.at(f.b);
+  if (f.second.valid()) {  // advanced: its second collective, before the method's completion
+    f.second.wait();
+    f.done.push_back(f.second);
+  }
   if (!p.compressed.empty()) {
     switch (o_.method) {
       case CompressMethod::topk:
@@ -619,8 +623,6 @@ void Compressor::advance_topk2(const BucketPlan& p, Flight& f) {
 }
 
 void Compressor::complete_topk2(const BucketPlan& p, Flight& f) {
-  f.second.wait();
-  f.done.push_back(f.second);
   const int64_t n = total(p.compressed);
   const int world = comm_.size();
   const Segments seg{n, world};
@@ -700,8 +702,6 @@ void Compressor::advance_onebit2(const BucketPlan& p, Flight& f) {
 }
 
 void Compressor::complete_onebit2(const BucketPlan& p, Flight& f) {
-  f.second.wait();
-  f.done.push_back(f.second);
   const int64_t n = total(p.compressed);
   const int world = comm_.size();
   const Segments seg{n, world};
@@ -781,8 +781,6 @@ void Compressor::advance_powersgd(const BucketPlan& p, Flight& f) {
 void Compressor::complete_powersgd(const BucketPlan& p, Flight& f) {
   using kernels::GemmArgs;
   using kernels::Trans;
-  f.second.wait();
-  f.done.push_back(f.second);
   const Tensor& qs = f.qs;
   int64_t at = 0, qt = 0;
   for (size_t i = 0; i < p.compressed.size(); ++i) {  // the sum: P Q^T; Q kept for next time

@@ -236,8 +236,9 @@ void Executor::set_channel_block(int64_t block) {
 std::vector<int32_t> Executor::value_blocks() const {
   std::vector<char> pinned(pinned_[0]);
   for (size_t v = 0; v < pinned.size(); ++v) pinned[v] = pinned[v] || pinned_[1][v];
-  return channel_blocks(graph_, channel_block_, pinned, begin_, end_,
-                        channel_block_ > 0 && kernels::cpu_channel_block_bf16());
+  return channel_blocks(
+      graph_, channel_block_, pinned, begin_, end_,
+      channel_block_ > 0 && kernels::cpu_channel_block(DType::bf16) == channel_block_);
 }
 
 void Executor::bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& store) const {

@@ -27,7 +27,7 @@
 namespace dtrain::graph {
 
 // Per value: B or 0. block 0: none. pinned: per value, or empty (none). bf16: bf16
-// values too (kernels::cpu_channel_block_bf16: oneDNN computes them in that block).
+// values too (kernels::cpu_channel_block(DType::bf16): oneDNN computes them in that block).
 std::vector<int32_t> channel_blocks(const Graph& graph, int64_t block, std::span<const char> pinned,
                                     int begin, int end, bool bf16 = false);
 

@@ -171,17 +171,14 @@ Tensor channel_blocked(const Tensor& t, int64_t b) {
 
 // 3x3 or 1x1, stride 1, "same" padding: forward, backward-data or backward-filter. On the
 // CPU the activations lie as the executor keeps a ResNet's (channel-blocked where this
-// CPU's oneDNN computes in a block, kernels::cpu_channel_block; "NCHW16c" in the shape),
+// CPU's oneDNN computes in a block, kernels::cpu_channel_block(dtype); "NCHW16c" in the shape),
 // so no reorder is timed that a model does not run; until 2026-12-06 they were NCHW.
 Figure conv_figure(const std::string& name, const std::string& dir, int64_t nb, int64_t ch,
                    int64_t hw, int64_t kout, int64_t rs, DType dt, Device d) {
   kernels::Conv2dArgs g;
   g.n = nb, g.c = ch, g.h = g.w = hw, g.k = kout, g.r = g.s = rs, g.pad_h = g.pad_w = rs / 2;
-  const int64_t block = d.is_cpu() && (dt == DType::f32 || kernels::cpu_channel_block_bf16()) &&
-                                ch % std::max<int64_t>(kernels::cpu_channel_block(), 1) == 0 &&
-                                kout % std::max<int64_t>(kernels::cpu_channel_block(), 1) == 0
-                            ? kernels::cpu_channel_block()
-                            : 0;
+  const int64_t b = d.is_cpu() ? kernels::cpu_channel_block(dt) : 0;
+  const int64_t block = b > 0 && ch % b == 0 && kout % b == 0 ? b : 0;
   g.x_block = g.y_block = block;
   auto x = std::make_shared<Operand>(operand(Shape{nb, ch, hw, hw}, dt, d, 3));
   auto w = std::make_shared<Operand>(operand(Shape{kout, ch, rs, rs}, dt, d, 4));

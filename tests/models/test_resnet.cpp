@@ -303,7 +303,7 @@ TEST_CASE("channel blocks: a grouped or biased convolution keeps its operands NC
 }
 
 // In f32, and in bf16 where this CPU's oneDNN computes bf16 convolutions in the block
-// (kernels::cpu_channel_block_bf16; elsewhere bf16 stays NCHW, and the test says so).
+// (kernels::cpu_channel_block(DType::bf16); elsewhere bf16 stays NCHW, and the test says so).
 // bf16 values are blocked as f32 ones where the executor says so (bf16: the CPU's oneDNN
 // computes them in the block); f16 ones never.
 TEST_CASE("channel blocks: bf16 activations when asked, f16 never") {
@@ -329,7 +329,7 @@ TEST_CASE("tiny ResNet-18: channel-blocked activations give the NCHW run's bits"
     CAPTURE(dtype_name(dt));
     const ModelGraph m = build_model(tiny(), 2, graph::DTypePolicy{dt});
     const int64_t native = kernels::cpu_channel_block();
-    const bool blocks = native > 0 && (dt == DType::f32 || kernels::cpu_channel_block_bf16());
+    const bool blocks = native > 0 && kernels::cpu_channel_block(dt) == native;
     if (!blocks) MESSAGE(dtype_name(dt), ": this CPU's convolutions keep NCHW in that dtype");
     for (int segment : {0, 1}) {
       CAPTURE(segment);
