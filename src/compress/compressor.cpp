@@ -90,31 +90,6 @@ std::vector<BucketPlan> plan_compression(const CompressOptions& o,
   return plans;
 }
 
-size_t exchanges_peak(const std::vector<ExchangeBytes>& order) {
-  size_t peak = 0;
-  const ExchangeBytes* first = nullptr;   // started last: its `held`
-  const ExchangeBytes* second = nullptr;  // advanced, not complete: its `held2`
-  const auto advance = [&] {
-    if (second != nullptr) {  // completes beside the one started after it
-      peak = std::max(peak, (first != nullptr ? first->held : 0) + second->complete);
-      second = nullptr;
-    }
-    if (first != nullptr) {
-      peak = std::max(peak, first->advance);
-      if (first->complete > 0) second = first;  // two collectives: completes later
-      first = nullptr;
-    }
-  };
-  for (const ExchangeBytes& e : order) {
-    advance();
-    peak = std::max(peak, (second != nullptr ? second->held2 : 0) + e.start);
-    first = &e;
-  }
-  advance();
-  advance();
-  return peak;
-}
-
 int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans) {
   if (o.method != CompressMethod::powersgd) return 0;
   int64_t n = 0;

@@ -95,16 +95,12 @@ double bus_bytes_per_step(const CompressOptions& o, const std::vector<BucketPlan
 // most while advance() moves it on, what it holds from there until it completes (0
 // where advance() completed it: one collective), the most while it completes (0 there).
 // What a memory estimate adds around the moments a bucket's exchange starts, advances and
-// completes (exchanges_peak: in sequence).
+// completes (graph::ExchangeSequence walks them in the trainer's order).
 struct ExchangeBytes {
   size_t start = 0, held = 0, advance = 0, held2 = 0, complete = 0;
 };
 ExchangeBytes exchange_bytes(const CompressOptions& o, const BucketPlan& p, int world,
                              Device device, const std::function<size_t(size_t)>& round);
-// The most the exchanges of buckets started one after another in `order` hold at once,
-// every start() preceded by advance() and complete() at the end (what the trainer does
-// after backward with comm.overlap off).
-size_t exchanges_peak(const std::vector<ExchangeBytes>& order);
 // The elements of PowerSGD's Q over `plans` (kept between steps); 0 for other methods.
 int64_t powersgd_q_elems(const CompressOptions& o, const std::vector<BucketPlan>& plans);
 // The elements of the residual (Compressor::residual) under `plans`: every compressed

@@ -153,8 +153,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     std::vector<int> last_user(graph.param_layout().size(), -1);
     std::vector<int> bucket_pending;
     std::vector<char> bucket_open;
-    int in_flight = -1;  // the bucket whose exchange started last: its first collectives
-    int second = -1;     // the one before it, advanced into its second (or -1)
+    ExchangeSequence exchanges;  // compress::Compressor's advance, start and complete
     if (buckets != nullptr) {
       bucket_pending.assign(buckets->bytes.size(), 0);
       bucket_open.assign(buckets->bytes.size(), 0);
@@ -191,26 +190,12 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
           continue;
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
         if (--bucket_pending[b] == 0) {
-          if (!buckets->exchange.empty()) {  // compress::Compressor's advance and start
-            if (second >= 0) {
-              const BucketExchange& e = buckets->exchange[static_cast<size_t>(second)];
-              t.spike(e.complete - e.held2, i, Phase::backward);
-              t.remove(e.held2);
-              second = -1;
-            }
-            if (in_flight >= 0) {
-              const BucketExchange& e = buckets->exchange[static_cast<size_t>(in_flight)];
-              t.spike(e.advance - e.held, i, Phase::backward);
-              t.remove(e.held);
-              if (e.complete > 0) {  // two collectives: the second runs on
-                t.hold(e.held2);
-                second = in_flight;
-              }
-            }
-            const BucketExchange& e = buckets->exchange[b];
-            t.spike(e.start, i, Phase::backward);
-            t.hold(e.held);
-            in_flight = static_cast<int>(b);
+          if (!buckets->exchange.empty()) {
+            const size_t before = exchanges.held();
+            const size_t most = exchanges.ready(buckets->exchange[b]);
+            t.remove(before);
+            t.spike(most, i, Phase::backward);
+            t.hold(exchanges.held());
           }
           t.remove(buckets->bytes[b]);
           bucket_open[b] = 0;
@@ -340,20 +325,9 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       release(2 * n - 1 - i);
       close_buckets(i, node);  // grad_ready: reduced into the shard, freed
     }
-    // Completed after backward (dist::GradSync::finish): the second first, beside the
-    // last one's first collectives, which then advances and completes.
-    if (second >= 0) {
-      const BucketExchange& e = buckets->exchange[static_cast<size_t>(second)];
-      const size_t beside =
-          in_flight >= 0 ? buckets->exchange[static_cast<size_t>(in_flight)].held : 0;
-      t.remove(e.held2);
-      exchange_after = e.complete + beside;
-    }
-    if (in_flight >= 0) {
-      const BucketExchange& e = buckets->exchange[static_cast<size_t>(in_flight)];
-      t.remove(e.held);
-      exchange_after = std::max({exchange_after, e.advance, e.complete});
-    }
+    // Completed after backward (dist::GradSync::finish).
+    t.remove(exchanges.held());
+    exchange_after = exchanges.finish();
   }
   end_pass();  // after backward, or after an evaluation's forward
   ActivationPeak p = t.peak();
@@ -361,6 +335,36 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
   p.exchange_after = exchange_after;
   if (stage != nullptr) p.held_after_forward = after_forward;
   return p;
+}
+
+size_t ExchangeSequence::advance() {
+  size_t most = 0;
+  if (second_ != nullptr) {  // completes beside the one started after it
+    most = (first_ != nullptr ? first_->held : 0) + second_->complete;
+    second_ = nullptr;
+  }
+  if (first_ != nullptr) {
+    most = std::max(most, first_->advance);
+    if (first_->complete > 0) second_ = first_;  // two collectives: completes later
+    first_ = nullptr;
+  }
+  return most;
+}
+
+size_t ExchangeSequence::ready(const BucketExchange& e) {
+  const size_t most = advance();
+  const size_t started = held() + e.start;
+  first_ = &e;
+  return std::max(most, started);
+}
+
+size_t ExchangeSequence::finish() {
+  const size_t most = advance();
+  return std::max(most, advance());
+}
+
+size_t ExchangeSequence::held() const {
+  return (first_ != nullptr ? first_->held : 0) + (second_ != nullptr ? second_->held2 : 0);
 }
 
 ExecutorBytes executor_bytes(const Graph& graph, Device device, const RoundBytes& round) {

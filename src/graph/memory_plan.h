@@ -65,6 +65,26 @@ using RoundBytes = std::function<size_t(size_t)>;
 struct BucketExchange {
   size_t start = 0, held = 0, advance = 0, held2 = 0, complete = 0;  // rounded
 };
+// The buckets' exchanges in flight, walked in the order compress::Compressor runs them
+// (GradSync::launch and finish): the one walk behind the memory plan (overlap on) and
+// the estimate's exchanges after backward (overlap off). Holds pointers to the
+// exchanges it is given; they must outlive it.
+class ExchangeSequence {
+ public:
+  // A bucket's last gradient is ready: the exchange in its second collective completes,
+  // the one started last advances, `e` starts. Returns the most the exchanges hold at
+  // once meanwhile; held() is what they hold after, until the next call.
+  size_t ready(const BucketExchange& e);
+  // Backward has ended: what is in flight completes. Returns the most held meanwhile;
+  // held() is 0 after.
+  size_t finish();
+  size_t held() const;
+
+ private:
+  size_t advance();
+  const BucketExchange* first_ = nullptr;   // started last: its `held`
+  const BucketExchange* second_ = nullptr;  // advanced, not complete: its `held2`
+};
 struct GradBuckets {
   std::vector<int> bucket_of;            // per parameter; -1: in none (another pipeline stage's)
   std::vector<size_t> bytes;             // per bucket, rounded

@@ -71,7 +71,7 @@ struct StageCompression {
   double bus = 0;                          // data traffic per step
   graph::GradBuckets buckets;  // the exchanges, as the buckets' last gradients are ready
   size_t exchange_after = 0;   // overlap off: the exchanges after backward, in sequence
-                               // (compress::exchanges_peak; on: the plan's
+                               // (graph::ExchangeSequence; on: the plan's
                                // ActivationPeak::exchange_after)
 };
 
@@ -355,7 +355,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // after another after backward (off). A pipeline stage compresses its
   // own buckets (dist::plan_buckets_of, as the trainer plans them): its own residual,
   // Q and exchanges, the largest stage's in the table.
-  size_t exchange_after = 0;  // overlap off: the largest stage's exchanges_peak
+  size_t exchange_after = 0;  // overlap off: the largest stage's exchanges after backward
   double compressed_bus = 0;  // the data traffic of the compressed exchanges
   std::vector<StageCompression> stage_compression;
   StageCompression most_compression;  // the largest stage's residual and Q, for the table
@@ -377,22 +377,24 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                              sizeof(float)
                        : 0.0);
       c.buckets.bucket_of.assign(grad_ranges.size(), -1);
-      std::vector<compress::ExchangeBytes> after;  // overlap off: in bucket order
+      std::vector<graph::BucketExchange> exchanges;
       for (size_t k = 0; k < b.size(); ++k) {
         c.buckets.bytes.push_back(0);  // the gradients stay in the flat buffer
         for (int p : b[k].params) c.buckets.bucket_of[static_cast<size_t>(p)] = static_cast<int>(k);
         const compress::ExchangeBytes x =
             compress::exchange_bytes(job.compress, plans[k], world, job.device, round);
-        // Overlap on: in backward (the memory plan), the last ones after it; off: one
-        // bucket after another after backward (GradSync::finish), each advanced before
-        // the next starts.
-        if (job.comm.overlap) {
-          c.buckets.exchange.push_back({x.start, x.held, x.advance, x.held2, x.complete});
-        } else {
-          after.push_back(x);
-        }
+        exchanges.push_back({x.start, x.held, x.advance, x.held2, x.complete});
       }
-      c.exchange_after = compress::exchanges_peak(after);
+      // Overlap on: in backward (the memory plan), the last ones after it; off: one
+      // bucket after another after backward (GradSync::finish), in the same sequence.
+      if (job.comm.overlap) {
+        c.buckets.exchange = std::move(exchanges);
+      } else {
+        graph::ExchangeSequence after;
+        for (const graph::BucketExchange& x : exchanges)
+          c.exchange_after = std::max(c.exchange_after, after.ready(x));
+        c.exchange_after = std::max(c.exchange_after, after.finish());
+      }
       return c;
     };
     if (stages.empty()) {
