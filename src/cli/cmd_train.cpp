@@ -96,7 +96,7 @@ void add_train(CLI::App& app, Action& action) {
                   "a fresh start when there is none), a .dtckpt file, or a directory");
   cmd->add_option("--nproc", args->nproc,
                   "run N data-parallel ranks on this machine (starts them with mpirun)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 24));
   cmd->callback([args, &action] { action = [args] { return run_train(*args); }; });
 }
 

@@ -2,6 +2,7 @@
 // Maps errors to the documented exit codes; no work happens here.
 #include <cstdio>
 
+#include <exception>
 #include <string>
 
 #include "cli/commands.h"
@@ -30,8 +31,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? kExitOk : kExitBadInput;
+    if (e.get_exit_code() == 0) return app.exit(e) == 0 ? kExitOk : kExitBadInput;  // --help
+    std::fprintf(stderr, "dtrain: error: %s\n  hint: see dtrain --help, or dtrain COMMAND --help\n",
+                 e.what());
+    return kExitBadInput;
   }
   // One of several ranks: every message says which.
   const std::string who = dtrain::dist::launcher_world_size().value_or(1) > 1
@@ -41,6 +44,7 @@ int main(int argc, char** argv) {
     if (show_version) return run_version();
     if (!action) {
       std::fputs(app.help().c_str(), stdout);
+      std::fputs("dtrain: error: no command given (one of those above)\n", stderr);
       return kExitBadInput;
     }
     return action();
@@ -54,6 +58,10 @@ int main(int argc, char** argv) {
     return kExitBadInput;
   } catch (const dtrain::InternalError& e) {
     std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+    return kExitInternal;
+  } catch (const std::exception& e) {  // escaped every check: a dtrain bug, said as one
+    std::fprintf(stderr, "%s: internal error (a dtrain bug; please report it): %s\n", who.c_str(),
+                 e.what());
     return kExitInternal;
   }
 }

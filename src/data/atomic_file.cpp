@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 
 [[noreturn]] void io_error(const std::string& file, const std::string& what) {
   throw Error(fmt::format("{}: {}: {}", file, what, std::strerror(errno)),
-              "check the disk space and the permissions of the output directory");
+              "check the disk space and the permissions of its directory");
 }
 
 void write_all(int fd, const std::string& file, std::string_view bytes) {
@@ -34,16 +34,16 @@ void write_all(int fd, const std::string& file, std::string_view bytes) {
   }
 }
 
-void fsync_dir(const fs::path& dir) {
-  const std::string name = dir.empty() ? "." : dir.string();
+}  // namespace
+
+void sync_directory(const std::string& dir) {
+  const std::string name = dir.empty() ? "." : dir;
   const int fd = ::open(name.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) io_error(name, "cannot open the directory to fsync it");
   const int rc = ::fsync(fd);
   ::close(fd);
   if (rc != 0) io_error(name, "fsync of the directory failed");
 }
-
-}  // namespace
 
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& parts) {
   const fs::path dir = fs::path(path).parent_path();
@@ -71,7 +71,7 @@ void write_file_atomic(const std::string& path, const std::vector<std::string_vi
     ::unlink(tmp.c_str());
     io_error(path, "rename into place failed");
   }
-  fsync_dir(dir);
+  sync_directory(dir.string());
 }
 
 }  // namespace dtrain

@@ -6,7 +6,6 @@
 //   end "DTRAINEND\0\0\0\0\0\0\0" (16 bytes) so a truncated file is recognised
 #include "runtime/checkpoint.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include <regex>
 
 #include "core/checksum.h"
+#include "data/atomic_file.h"
 
 namespace dtrain::runtime {
 
@@ -29,31 +29,6 @@ constexpr char kTrailer[16] = {'D', 'T', 'R', 'A', 'I', 'N', 'E', 'N', 'D'};
 constexpr size_t kPrefix = 24;
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
-
-[[noreturn]] void io_error(const fs::path& file, const std::string& what) {
-  throw Error(fmt::format("{}: {}: {}", file.string(), what, std::strerror(errno)),
-              "check the disk space and permissions of the checkpoint directory");
-}
-
-// Writes all of [data, data + n) or throws.
-void write_all(int fd, const fs::path& file, const void* data, size_t n) {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) io_error(file, "write failed");
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) io_error(dir, "cannot open directory to fsync it");
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) io_error(dir, "fsync of the directory failed");
-}
 
 std::string build_header(const nlohmann::json& meta, const std::vector<NamedTensor>& tensors,
                          std::vector<size_t>& offsets) {
@@ -92,34 +67,21 @@ void write_checkpoint(const fs::path& file, const nlohmann::json& meta,
   }
   std::vector<size_t> offsets;
   const std::string header = build_header(meta, tensors, offsets);
-  const fs::path dir = file.parent_path();
-  if (!dir.empty()) fs::create_directories(dir);
-  const fs::path tmp = fs::path(file.string() + fmt::format(".tmp{}", ::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) io_error(tmp, "cannot create");
-  try {
-    uint32_t fixed[4] = {kCheckpointVersion, static_cast<uint32_t>(header.size()),
-                         crc32c(header.data(), header.size()), 0};
-    write_all(fd, tmp, kMagic, 8);
-    write_all(fd, tmp, fixed, sizeof(fixed));
-    write_all(fd, tmp, header.data(), header.size());
-    size_t at = kPrefix + header.size();
-    static constexpr char kZeros[64] = {};
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      write_all(fd, tmp, kZeros, offsets[i] - at);
-      write_all(fd, tmp, tensors[i].tensor.raw(), tensors[i].tensor.nbytes());
-      at = offsets[i] + tensors[i].tensor.nbytes();
-    }
-    write_all(fd, tmp, kTrailer, sizeof(kTrailer));
-    if (::fsync(fd) != 0) io_error(tmp, "fsync failed");
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  const uint32_t fixed[4] = {kCheckpointVersion, static_cast<uint32_t>(header.size()),
+                             crc32c(header.data(), header.size()), 0};
+  static constexpr char kZeros[64] = {};
+  const auto bytes = [](const void* p, size_t n) {
+    return std::string_view(static_cast<const char*>(p), n);
+  };
+  std::vector<std::string_view> parts = {bytes(kMagic, 8), bytes(fixed, sizeof(fixed)), header};
+  size_t at = kPrefix + header.size();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    parts.push_back(bytes(kZeros, offsets[i] - at));
+    parts.push_back(bytes(tensors[i].tensor.raw(), tensors[i].tensor.nbytes()));
+    at = offsets[i] + tensors[i].tensor.nbytes();
   }
-  if (::close(fd) != 0) io_error(tmp, "close failed");
-  if (::rename(tmp.c_str(), file.c_str()) != 0) io_error(file, "rename into place failed");
-  fsync_dir(dir);
+  parts.push_back(bytes(kTrailer, sizeof(kTrailer)));
+  write_file_atomic(file.string(), parts);
 }
 
 namespace {
@@ -328,8 +290,6 @@ bool is_sharded_checkpoint(const fs::path& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::is_regular_file(path / "manifest.dtckpt", ec);
 }
-
-void sync_directory(const fs::path& dir) { fsync_dir(dir); }
 
 std::vector<fs::path> list_checkpoints(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> found;

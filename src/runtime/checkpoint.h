@@ -52,7 +52,5 @@ bool is_sharded_checkpoint(const std::filesystem::path& path);
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir);
 // Deletes all but the newest `keep` checkpoints (and stale temporary files).
 void prune_checkpoints(const std::filesystem::path& dir, int keep);
-// fsync of a directory (after a rename in it), or an Error naming it.
-void sync_directory(const std::filesystem::path& dir);
 
 }  // namespace dtrain::runtime

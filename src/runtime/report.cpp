@@ -9,6 +9,7 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -157,13 +158,22 @@ std::string chart(const std::string& title, const std::string& y_unit,
   return svg + "</svg>\n";
 }
 
+// Field `key` of a line where it is a number (a line of another version, or a damaged one,
+// may lack it or hold something else: that field is left out, never the report).
+std::optional<double> number(const nlohmann::json& j, const std::string& key) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return std::nullopt;
+  return it->get<double>();
+}
+
 // Series `key` of the train (or eval) lines, times `scale`.
 Series series_of(const std::vector<nlohmann::json>& lines, const std::string& key,
                  const std::string& name, double scale = 1.0, bool dots = false) {
   Series s{name, {}, dots};
-  for (const nlohmann::json& j : lines)
-    if (j.contains(key) && j[key].is_number())
-      s.points.emplace_back(j.value("step", 0.0), j[key].get<double>() * scale);
+  for (const nlohmann::json& j : lines) {
+    const std::optional<double> step = number(j, "step"), v = number(j, key);
+    if (step && v) s.points.emplace_back(*step, *v * scale);
+  }
   return s;
 }
 
@@ -171,10 +181,16 @@ Series series_of(const std::vector<nlohmann::json>& lines, const std::string& ke
 Series ratio_of(const std::vector<nlohmann::json>& lines, const std::string& a,
                 const std::string& b, const std::string& name) {
   Series s{name, {}, false};
-  for (const nlohmann::json& j : lines)
-    if (j.contains(a) && j.contains(b) && j[b].get<double>() > 0)
-      s.points.emplace_back(j.value("step", 0.0), 100.0 * j[a].get<double>() / j[b].get<double>());
+  for (const nlohmann::json& j : lines) {
+    const std::optional<double> step = number(j, "step"), x = number(j, a), y = number(j, b);
+    if (step && x && y && *y > 0) s.points.emplace_back(*step, 100.0 * *x / *y);
+  }
   return s;
+}
+
+bool flag(const nlohmann::json& j, const std::string& key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_boolean() && it->get<bool>();
 }
 
 std::string read_text(const fs::path& file) {
@@ -195,16 +211,18 @@ std::string render_report(const fs::path& run_dir) {
     throw Error(fmt::format("{}: cannot read it", metrics.string()),
                 "pass the run.output_dir of a run with logging.jsonl: true");
   }
+  // A run still going, stopped or killed has no summary line yet; a torn or foreign line
+  // is skipped.
   std::vector<nlohmann::json> train, eval;
-  nlohmann::json summary;
+  nlohmann::json summary = nlohmann::json::object();
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) continue;  // a torn last line
-    if (j.value("summary", false)) {
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (flag(j, "summary")) {
       summary = j;
-    } else if (j.value("eval", false)) {
+    } else if (flag(j, "eval")) {
       eval.push_back(j);
-    } else if (j.contains("loss")) {
+    } else if (number(j, "loss") && number(j, "step")) {
       train.push_back(j);
     }
   }
@@ -231,24 +249,28 @@ std::string render_report(const fs::path& run_dir) {
   body += chart("Model FLOP/s (per rank)", "GFLOP/s",
                 {series_of(train, "model_gflops_per_s", "model GFLOP/s")});
   body += chart("MFU", "%", {series_of(train, "mfu", "MFU", 100.0)});
-  const nlohmann::json est = summary.value("memory_estimate", nlohmann::json::object());
+  const auto est_it = summary.find("memory_estimate");
+  const nlohmann::json est =
+      est_it != summary.end() && est_it->is_object() ? *est_it : nlohmann::json::object();
+  const std::optional<double> est_peak = number(est, "peak_bytes");
   const bool cuda = !train.empty() && train.back().contains("peak_device_bytes");
   body += chart("Memory", "GB",
                 {series_of(train, cuda ? "peak_device_bytes" : "peak_host_bytes",
                            cuda ? "peak (device)" : "peak (allocator)", 1e-9),
                  series_of(train, "host_rss_bytes", "resident (process)", 1e-9)},
-                false, est.contains("peak_bytes") ? est["peak_bytes"].get<double>() * 1e-9 : NAN,
-                "estimate");
+                false, est_peak ? *est_peak * 1e-9 : NAN, "estimate");
   body += chart("Communication share of the step", "%",
                 {ratio_of(train, "comm_time_s", "step_time_s", "communication"),
                  ratio_of(train, "exposed_comm_s", "step_time_s", "exposed")});
   body += chart("Data-loader wait", "ms", {series_of(train, "data_wait_s", "wait", 1e3)});
 
   std::string by_kind;
-  if (est.contains("by_kind")) {
+  if (est.contains("by_kind") && est["by_kind"].is_object()) {
     double most = 0;
-    for (const auto& [k, v] : est["by_kind"].items()) most = std::max(most, v.get<double>());
+    for (const auto& [k, v] : est["by_kind"].items())
+      if (v.is_number()) most = std::max(most, v.get<double>());
     for (const auto& [k, v] : est["by_kind"].items()) {
+      if (!v.is_number()) continue;
       by_kind += fmt::format(
           "<tr><td>{}</td><td class=\"n\">{}</td><td><div class=\"bar\" style=\"width:{:.0f}px\">"
           "</div></td></tr>\n",
@@ -281,8 +303,8 @@ std::string render_report(const fs::path& run_dir) {
       "<table>\n{}</table>\n<h2>Summary</h2>\n<table>\n{}</table>\n<h2>Job (resolved)</h2>\n"
       "<pre>{}</pre>\n</body></html>\n",
       escape(name), escape(name), train.size(), eval.size(),
-      summary.value("steps", train.back().value("step", 0)), body, by_kind, summary_rows,
-      escape(job));
+      static_cast<int64_t>(number(summary, "steps").value_or(*number(train.back(), "step"))), body,
+      by_kind, summary_rows, escape(job));
 }
 
 void write_report(const fs::path& run_dir, const fs::path& out) {

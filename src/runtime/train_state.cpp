@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/checksum.h"
+#include "data/atomic_file.h"
 #include "kernels/memory.h"
 #include "runtime/checkpoint.h"
 
@@ -337,7 +338,7 @@ void save_sharded_state(const fs::path& dir, const ShardedSave& s, const TrainCo
                               ec.message()),
                   "check the checkpoint directory's permissions");
     }
-    sync_directory(dir.parent_path());
+    sync_directory(dir.parent_path().string());
     phase("renamed");
   }
   comm.barrier();  // visible before any rank goes on (and prunes, or saves again)

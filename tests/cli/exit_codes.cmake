@@ -1,11 +1,21 @@
-# Usage errors exit 2 (not 1, not a crash; `estimate job.yaml`: no such file), and
+# Usage errors exit 2 (not 1, not a crash; `estimate job.yaml`: no such file) with a
+# `dtrain: error:` line, and
 # --help lists the subcommands that exist (bench and report now among them).
 foreach(args "frobnicate" "train;no-such-job.yaml" "train" "estimate;job.yaml" "bench;--suite;nothing" "report" "report;no-such-run" "validate" "--no-such-flag" "data" "data;tokenize" "ckpt" "ckpt;verify;no-such-checkpoint" "ckpt;export;no-such-checkpoint")
   execute_process(COMMAND ${DTRAIN} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 2)
     message(FATAL_ERROR "dtrain ${args}: exit ${rc}, expected 2\n${out}${err}")
   endif()
+  # Every refusal is one of dtrain's errors, the command line's included.
+  if(NOT err MATCHES "^dtrain: error: ")
+    message(FATAL_ERROR "dtrain ${args}: stderr does not begin with 'dtrain: error: '\n${err}")
+  endif()
 endforeach()
+# A range refused by the command line says the range, with the hint.
+execute_process(COMMAND ${DTRAIN} train no-such-job.yaml --nproc 0 RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--nproc: Value 0 not in range 1 to" OR NOT err MATCHES "hint: see dtrain --help")
+  message(FATAL_ERROR "dtrain train --nproc 0: exit ${rc}\n${err}")
+endif()
 execute_process(COMMAND ${DTRAIN} --help RESULT_VARIABLE rc OUTPUT_VARIABLE out)
 if(NOT rc EQUAL 0 OR NOT out MATCHES "\n  bench " OR NOT out MATCHES "\n  report " OR NOT out MATCHES "\n  estimate " OR NOT out MATCHES "\n  ckpt ")
   message(FATAL_ERROR "dtrain --help: exit ${rc}, does not list every subcommand:\n${out}")

@@ -403,6 +403,28 @@ TEST_CASE("the run report: drawn from metrics.jsonl, self-contained, rendered by
   CHECK_MESSAGE(bad.rc == 2, bad.describe());
   CHECK_MESSAGE(bad.log.find("metrics.jsonl") != std::string::npos, bad.log);
 
+  // A run still going, stopped or killed has no summary line, and a damaged file may hold
+  // anything: the report draws what is there (a line, or a field, of the wrong kind is
+  // left out), never aborts. Here: the first four lines, then foreign and damaged ones.
+  {
+    const fs::path cut = tmp.path() / "cut";
+    fs::create_directories(cut);
+    std::ifstream in(run / "metrics.jsonl");
+    std::ofstream out(cut / "metrics.jsonl");
+    std::string line;
+    for (int i = 0; i < 4 && std::getline(in, line); ++i) out << line << "\n";
+    out << "garbage\n{}\n[1,2]\n{\"step\":\"x\",\"loss\":1}\n{\"step\":9,\"loss\":\"y\"}\n"
+        << "{\"summary\":\"yes\",\"memory_estimate\":3}\n{\"eval\":1,\"step\":9}\n";
+  }
+  const RunResult partial =
+      run_dtrain_command({"report", (tmp.path() / "cut").string()}, tmp.path() / "cut.log");
+  REQUIRE_MESSAGE(partial.rc == 0, partial.describe());
+  const auto cut_drawn = drawn_series(read_bytes(tmp.path() / "cut" / "report.html"));
+  REQUIRE(cut_drawn.count("train loss") == 1);
+  std::vector<int64_t> cut_steps;
+  for (const auto& [step, loss] : cut_drawn.at("train loss")) cut_steps.push_back(step);
+  CHECK(cut_steps == std::vector<int64_t>{1, 2, 3});  // step 2's eval line was the fourth
+
   // Headless Chromium draws it: a screenshot with the charts' lines in it.
   const std::string cmd = std::string(DTRAIN_SOURCE_DIR) + "/tests/scripts/report-screenshot.sh " +
                           (run / "report.html").string() + " " +
