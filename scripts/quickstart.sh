@@ -9,4 +9,10 @@ BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target dtrain
 "$BUILD_DIR/src/cli/dtrain" info
+# A fresh run refuses a directory that holds an earlier run's checkpoints: this script's
+# own runs/quickstart/ is replaced (unless --set run.output_dir=... sends the run elsewhere).
+if [[ -d runs/quickstart/checkpoints && "$*" != *run.output_dir* ]]; then
+  echo "quickstart: replacing the earlier run in runs/quickstart/"
+  rm -rf runs/quickstart
+fi
 exec "$BUILD_DIR/src/cli/dtrain" train configs/quickstart.yaml "$@"

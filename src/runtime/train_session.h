@@ -187,6 +187,7 @@ class TrainSession {
   std::string algo_summary_;
   fs::path out_dir_, ckpt_dir_;
   bool resumed_ = false;
+  bool finished_ = false;  // resumed at the job's last step: nothing to train or write
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
   std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)

@@ -331,7 +331,17 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                 "lower data.global_batch or data.micro_batch");
   }
   total_steps_ = job_.train.steps ? *job_.train.steps : *job_.train.epochs * per_epoch;
-  open_run_dir();  // last: input refused above leaves the run directory untouched
+  if (resumed_ && counters_.step > total_steps_) {
+    throw Error(fmt::format("{}: the checkpoint is at step {}, past the job's last step {}",
+                            job_.train.steps ? "train.steps" : "train.epochs", counters_.step,
+                            total_steps_),
+                "raise train.steps (or train.epochs) to continue the run, or resume from an "
+                "earlier checkpoint (--resume FILE)");
+  }
+  // Every run ends with an evaluation: its data is checked now, not after the training.
+  source_->feed(FeedSplit::eval, {});
+  finished_ = resumed_ && counters_.step == total_steps_;
+  if (!finished_) open_run_dir();  // last: input refused above leaves the run directory untouched
   if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
   if (!init_note_.empty()) {
     note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);
@@ -801,6 +811,14 @@ EvalResult TrainSession::evaluate() {
 }
 
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
+  if (finished_) {  // a requeued or repeated resume
+    note(
+        fmt::format("the checkpoint is the run's last step ({} of {}): nothing left to train, "
+                    "metrics.jsonl and summary.json stay as they are; raise train.steps (or "
+                    "train.epochs) to continue it",
+                    counters_.step, total_steps_));
+    return 0;
+  }
   connect(watchdog);
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;

@@ -116,6 +116,17 @@ void TrainSession::resume_if_asked() {
     } else {
       note("no checkpoint yet; starting from step 0");
     }
+    return;
+  }
+  // A fresh run beside an earlier run's checkpoints would prune its own (theirs have the
+  // higher steps) and a later --resume latest would take theirs: refused.
+  const std::vector<fs::path> earlier = list_checkpoints(ckpt_dir_);
+  if (!earlier.empty()) {
+    throw Error(fmt::format("{}: holds {} checkpoint(s) of an earlier run (the newest {}); a "
+                            "fresh run would mix its checkpoints with them",
+                            ckpt_dir_.string(), earlier.size(), earlier.back().filename().string()),
+                "continue that run with --resume latest, or give this one another "
+                "run.output_dir (or train.checkpoint.dir), or remove the old checkpoints");
   }
 }
 

@@ -234,6 +234,11 @@ TEST_CASE("unusable token data is refused with exit 2, naming the key or file") 
       {"a flipped payload byte in train.bin",
        {"--set", "data.path=" + damaged.string()},
        {"error: " + (damaged / "train.bin").string(), "checksum"}},
+      // The evaluation that ends every run is checked at start-up, not after the training.
+      {"val.bin shorter than one window",
+       {"--set", "model.seq_len=" + std::to_string(t.val_tokens), "--set",
+        "model.max_positions=" + std::to_string(t.val_tokens)},
+       {"error: " + (t.dir / "val.bin").string(), "fewer than one window"}},
   };
   for (const Case& c : cases) {
     const std::string what = c.what;

@@ -2,7 +2,8 @@
 // a run split at a checkpoint and resumed must log the same per-step losses,
 // bit for bit, and end with the same parameters and optimizer state as the run
 // done in one go — also when an epoch ends between the halves or exactly at
-// the split. Does not test damaged checkpoints (test_damage.cpp).
+// the split; and a run directory that already holds a run. Does not test damaged
+// checkpoints (test_damage.cpp).
 #include <doctest/doctest.h>
 
 #include "harness.h"
@@ -101,4 +102,60 @@ TEST_CASE("the same job gives the same bits and another seed does not") {
   int same = 0;
   for (size_t i = 0; i < a.size(); ++i) same += a[i].loss == other[i].loss;
   CHECK_MESSAGE(same == 0, same << " of " << a.size() << " losses equal across seeds 1 and 2");
+}
+
+// A fresh run beside an earlier run's checkpoints would prune its own (theirs have the
+// higher steps) and hand a later --resume latest theirs: refused, touching nothing. A
+// resume at the job's last step (a requeue after the end) trains and writes nothing; a
+// checkpoint past it is refused; a longer job continues it.
+TEST_CASE("a run directory that holds a run: a fresh start is refused, a finished run stays") {
+  constexpr int kExitBadInput = 2;
+  const auto contains = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  TempDir tmp("rerun");
+  const fs::path job = write_job(tmp.path(), "run");
+  const fs::path out = tmp.path() / "run";
+  const RunResult first =
+      run_dtrain({job.string(), "--set", "train.steps=4"}, tmp.path() / "a.log");
+  REQUIRE_MESSAGE(first.rc == 0, first.describe());
+  const std::string metrics = read_bytes(out / "metrics.jsonl");
+  const std::string summary = read_bytes(out / "summary.json");
+  const fs::path ckpt = newest_checkpoint(out / "checkpoints");
+  REQUIRE(checkpoint_step(ckpt) == 4);
+  const auto untouched = [&] {
+    CHECK(read_bytes(out / "metrics.jsonl") == metrics);
+    CHECK(read_bytes(out / "summary.json") == summary);
+    CHECK(newest_checkpoint(out / "checkpoints") == ckpt);
+  };
+
+  const RunResult fresh =
+      run_dtrain({job.string(), "--set", "train.steps=2"}, tmp.path() / "b.log");
+  CHECK_MESSAGE(fresh.rc == kExitBadInput, fresh.describe());
+  CHECK_MESSAGE(contains(fresh.log, "holds 1 checkpoint(s) of an earlier run"), fresh.log);
+  CHECK_MESSAGE(contains(fresh.log, "--resume latest"), fresh.log);
+  untouched();
+
+  const RunResult done = run_dtrain({job.string(), "--set", "train.steps=4", "--resume", "latest"},
+                                    tmp.path() / "c.log");
+  CHECK_MESSAGE(done.rc == 0, done.describe());
+  CHECK_MESSAGE(contains(done.log, "nothing left to train"), done.log);
+  untouched();
+
+  const RunResult past = run_dtrain({job.string(), "--set", "train.steps=3", "--resume", "latest"},
+                                    tmp.path() / "d.log");
+  CHECK_MESSAGE(past.rc == kExitBadInput, past.describe());
+  CHECK_MESSAGE(contains(past.log,
+                         "train.steps: the checkpoint is at step 4, past the job's "
+                         "last step 3"),
+                past.log);
+  untouched();
+
+  const RunResult more = run_dtrain({job.string(), "--set", "train.steps=6", "--resume", "latest"},
+                                    tmp.path() / "e.log");
+  REQUIRE_MESSAGE(more.rc == 0, more.describe());
+  CHECK(checkpoint_step(newest_checkpoint(out / "checkpoints")) == 6);
+  const auto losses = read_losses(out / "metrics.jsonl");
+  REQUIRE(losses.size() == 6);
+  for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i].step == static_cast<int64_t>(i + 1));
 }
