@@ -73,6 +73,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
   // ZeRO-3's gathered units, as ShardedParams::before / end_pass hold them.
   std::unique_ptr<GatherSchedule> schedule;
   std::vector<size_t> unit_held;  // rounded bytes per unit, 0 when not held
+  double gathered = 0;            // ActivationPeak::gathered_bytes
   if (gathers != nullptr) {
     schedule = std::make_unique<GatherSchedule>(*gathers->units);
     unit_held.assign(gathers->units->units().size(), 0);
@@ -88,10 +89,14 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       size_t& held = unit_held[static_cast<size_t>(u)];
       if (held > 0) return;
       const ParamUnit& pu = gathers->units->units()[static_cast<size_t>(u)];
-      held = t.add(static_cast<size_t>(pu.hi - pu.lo) * dtype_size(gathers->dtype));
-      for (int p : pu.wide)
-        held +=
-            t.add(bytes_of({gathers->f32_layout[static_cast<size_t>(p)].spec.shape, DType::f32}));
+      const size_t bytes = static_cast<size_t>(pu.hi - pu.lo) * dtype_size(gathers->dtype);
+      held = t.add(bytes);
+      gathered += static_cast<double>(bytes);
+      for (int p : pu.wide) {
+        const TensorSpec wide{gathers->f32_layout[static_cast<size_t>(p)].spec.shape, DType::f32};
+        held += t.add(bytes_of(wide));
+        gathered += static_cast<double>(wide.shape.numel()) * sizeof(float);
+      }
     };
     for (int u : a.acquire) hold(u);
     for (int u : a.prefetch) hold(u);
@@ -333,6 +338,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
   ActivationPeak p = t.peak();
   p.at_end = t.current();
   p.exchange_after = exchange_after;
+  p.gathered_bytes = gathered;
   if (stage != nullptr) p.held_after_forward = after_forward;
   return p;
 }

@@ -31,6 +31,9 @@ struct ActivationPeak {
   // A pipeline stage (StageRange): what one micro-batch holds from the end of its
   // forward (after Executor::release_unused) until its backward starts.
   size_t held_after_forward = 0;
+  // ZeRO-3 (ParamGathers): the bytes the pass's all-gathers fill, each unit each time it
+  // is gathered (unrounded); a rank receives (n - 1) / n of them.
+  double gathered_bytes = 0;
 };
 
 // A pipeline stage's part of one micro-batch (graph/stages.h, Executor::set_range): its

@@ -544,6 +544,14 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   }
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
   e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
+  if (zero2) {  // ZeRO-2 and 3 reduce each micro-batch's gradients into their owners
+    const double share = static_cast<double>(world - 1) / world;
+    const double layout = static_cast<double>(layout_elems) * sizeof(float);
+    const double micro = job.parallel.micro_batches;
+    e.comm.data = micro * share * layout +
+                  (zero3 ? micro * share * e.train.gathered_bytes  // every pass's gathers
+                         : share * layout);  // ZeRO-2: the stepped parameters, gathered
+  }
   if (compressed) {
     e.comm.data_dense = e.comm.data;
     e.comm.data = compressed_bus;

@@ -63,8 +63,7 @@ void model_step(const Cluster& c, const Job& v, const MemoryEstimate& e, LayoutP
                     static_cast<double>(e.comm.tensor_calls) * 2.0 * (l.tensor - 1) * tl.latency;
   }
   if (l.data > 1) {
-    const double bytes = e.comm.data * (l.zero_stage == 3 ? 1.5 : 1.0);
-    const double all = bytes / dl.bandwidth + 2.0 * (l.data - 1) * dl.latency;
+    const double all = e.comm.data / dl.bandwidth + 2.0 * (l.data - 1) * dl.latency;
     l.data_comm = std::max(0.0, all - 2.0 * forward);  // hidden behind the last backward
   }
   if (p > 1) l.pipeline_comm = e.comm.pipeline / pl.bandwidth + 4.0 * m * pl.latency;

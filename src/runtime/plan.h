@@ -11,7 +11,8 @@
 //    slowest stage;
 //  - the tensor axis: its all-reduces are not overlapped (the next op needs them), over
 //    the link the tensor group spans (inside a node while it fits in one);
-//  - the data axis: the gradient all-reduce (ZeRO-3: 1.5x the bytes) overlapped with the
+//  - the data axis: the estimate's bytes (the gradient all-reduce; ZeRO-2 and 3: a
+//    reduce-scatter per micro-batch and the parameters' gathers) overlapped with the
 //    last micro-batch's backward, only what is left over counted;
 //  - the pipeline axis: each exchange is on the critical path;
 //  - a link moves `bytes / bandwidth + latency` per message; a ring all-reduce over n
