@@ -408,6 +408,12 @@ int run_bench(const BenchArgs& a) {
       print("comm: not timed (one process; --nproc N times the collectives across N ranks)");
     }
   }
+  if (!a.only.empty() && results.empty()) {
+    throw Error(
+        fmt::format("--only {}: no figure of --suite {} has it in its name", a.only, a.suite),
+        "see the names dtrain bench prints without --only (gemm/..., conv/..., "
+        "attention/..., the model names)");
+  }
   runtime::add_comm_shares(results, machine);
   bool checks_ok = true;
   for (const nlohmann::json& r : results)

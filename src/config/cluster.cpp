@@ -63,7 +63,7 @@ runtime::Link read_link(const ConfigNode& node, const std::string& path) {
 }  // namespace
 
 runtime::Cluster load_cluster_file(const std::string& path) {
-  const std::string text = read_job_file(path);
+  const std::string text = read_job_file(path, "cluster file");
   const ConfigNode root = parse_yaml(text, path);
   const auto top = read_map(root, "", {"nodes", "devices_per_node", "device", "links"});
   runtime::Cluster c;

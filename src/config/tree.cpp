@@ -7,6 +7,7 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -71,17 +72,18 @@ std::string_view kind_name(ConfigNode::Kind kind) {
   return "?";
 }
 
-std::string read_job_file(const std::string& path) {
+std::string read_job_file(const std::string& path, std::string_view kind) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(path, ec);
+  const bool job = kind == "job file";
   if (ec || !fs::exists(status)) {
-    throw Error(fmt::format("{}: job file not found", path),
-                "check the path; ready-made job files are in configs/");
+    throw Error(fmt::format("{}: {} not found", path, kind),
+                job ? "check the path; ready-made job files are in configs/" : "check the path");
   }
   if (fs::is_directory(status)) {
-    throw Error(fmt::format("{}: is a directory, not a job file", path),
-                "pass a YAML file, e.g. configs/example-resnet.yaml");
+    throw Error(fmt::format("{}: is a directory, not a {}", path, kind),
+                job ? "pass a YAML file, e.g. configs/example-resnet.yaml" : "pass a YAML file");
   }
   const auto size = fs::file_size(path, ec);
   if (!ec && size > kMaxFileBytes) {
@@ -370,6 +372,16 @@ ConfigNode parse_yaml(std::string_view text, std::string_view origin, bool posit
       return ConfigNode{ConfigNode::Kind::null, {}, false, top, {}, {}};
     doc = YAML::Load(std::string(text));
   } catch (const YAML::ParserException& e) {
+    // YAML indents with spaces only; yaml-cpp reports a tab as a structural error.
+    const size_t tab = text.starts_with('\t') ? 0 : text.find("\n\t");
+    if (tab != std::string_view::npos) {
+      const auto line =
+          std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(tab), '\n') +
+          (tab == 0 ? 1 : 2);  // "\n\t" at `tab`: the tab begins the next line
+      throw Error(fmt::format("{}: YAML syntax error: {} (line {} is indented with a tab)",
+                              where(e.mark), e.msg, line),
+                  "YAML indents with spaces only: replace the tab with spaces");
+    }
     throw Error(fmt::format("{}: YAML syntax error: {}", where(e.mark), e.msg),
                 "check the indentation, colons and brackets around that position");
   } catch (const YAML::Exception& e) {

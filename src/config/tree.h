@@ -32,8 +32,9 @@ struct Entry {
   ConfigNode value;
 };
 
-// Reads a job file: refuses missing / unreadable / oversized files with a hint.
-std::string read_job_file(const std::string& path);
+// Reads a job file (or, by `kind`, another YAML input such as a cluster file): refuses
+// missing / unreadable / oversized files with a hint.
+std::string read_job_file(const std::string& path, std::string_view kind = "job file");
 
 // Parses one YAML document. `origin` names the source in messages; with
 // positions == false every node is located at the origin alone (for --set values).

@@ -126,7 +126,8 @@ void check_grid(const Checker& c) {
     c.error(c.given("parallel.data") ? "parallel.data" : "parallel",
             fmt::format("tensor ({}) x pipeline ({}) x data ({}) = {}, but the world size is {}",
                         p.tensor, p.pipeline, p.data, product, c.ctx.world_size),
-            "the product must equal the number of ranks (mpirun -np / srun -n, or --world); "
+            "the product must equal the number of ranks (dtrain train --nproc, mpirun -np, "
+            "srun -n; --world for validate, estimate); "
             "leave parallel.data out to derive it");
   }
   if (p.zero_stage > 0 && p.data == 1) {

@@ -1,7 +1,7 @@
 # Usage errors exit 2 (not 1, not a crash; `estimate job.yaml`: no such file) with a
 # `dtrain: error:` line, and
 # --help lists the subcommands that exist (bench and report now among them).
-foreach(args "frobnicate" "train;no-such-job.yaml" "train" "estimate;job.yaml" "bench;--suite;nothing" "report" "report;no-such-run" "validate" "--no-such-flag" "data" "data;tokenize" "ckpt" "ckpt;verify;no-such-checkpoint" "ckpt;export;no-such-checkpoint")
+foreach(args "frobnicate" "train;no-such-job.yaml" "train" "estimate;job.yaml" "bench;--suite;nothing" "bench;--suite;kernels;--only;no-such-figure" "report" "report;no-such-run" "validate" "--no-such-flag" "data" "data;tokenize" "ckpt" "ckpt;verify;no-such-checkpoint" "ckpt;export;no-such-checkpoint")
   execute_process(COMMAND ${DTRAIN} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 2)
     message(FATAL_ERROR "dtrain ${args}: exit ${rc}, expected 2\n${out}${err}")

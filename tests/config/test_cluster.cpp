@@ -68,4 +68,12 @@ TEST_CASE("a cluster file's mistakes name the key") {
   bad = kGood;
   bad.replace(bad.find("nodes: 4"), 8, "nodes: two");
   CHECK(error_of(bad).find("nodes") != std::string::npos);
+  // A missing file is named as the cluster file it should be, not as a job file.
+  std::string missing;
+  try {
+    config::load_cluster_file("/nonexistent/cluster.yaml");
+  } catch (const Error& e) {
+    missing = e.what();
+  }
+  CHECK(missing.find("/nonexistent/cluster.yaml: cluster file not found") != std::string::npos);
 }
