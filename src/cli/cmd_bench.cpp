@@ -51,10 +51,10 @@ struct BenchArgs {
   int steps = 5, warmup = 2;
   // comm suite
   int nproc = 0;
-  int64_t min_bytes = 4096, max_bytes = int64_t{64} << 20;
-  std::string algorithms;  // comma list; empty: the ones that apply
-  int ranks_per_node = 0;  // 0: the shared-memory split
-  bool child = false;      // one of the ranks --nproc started (no machine section)
+  std::string min_bytes = "4096", max_bytes = "67108864";  // sizes: 4KiB, 64MiB, ...
+  std::string algorithms;                                  // comma list; empty: the ones that apply
+  int ranks_per_node = 0;                                  // 0: the shared-memory split
+  bool child = false;  // one of the ranks --nproc started (no machine section)
 };
 
 // The models suite's jobs: configs/*-synthetic.yaml's models and batches (ViT-B/16 at
@@ -236,8 +236,8 @@ std::vector<AllreduceAlgo> parse_algorithms(const std::string& text) {
 
 runtime::CommBenchOptions comm_options(const BenchArgs& a) {
   runtime::CommBenchOptions c;
-  c.min_bytes = a.min_bytes;
-  c.max_bytes = a.max_bytes;
+  c.min_bytes = static_cast<int64_t>(runtime::parse_bytes(a.min_bytes, "--min-bytes"));
+  c.max_bytes = static_cast<int64_t>(runtime::parse_bytes(a.max_bytes, "--max-bytes"));
   c.algorithms = parse_algorithms(a.algorithms);
   if (c.min_bytes < 4 || c.min_bytes > c.max_bytes) {
     throw Error(fmt::format("--min-bytes {} --max-bytes {}: sizes from at least 4 bytes up",
@@ -281,8 +281,7 @@ nlohmann::json comm_via_mpirun(const BenchArgs& a, int& rc) {
       argv.end(),
       {self_executable(), "bench", "--suite", "comm", "--child", "--out", tmp.string(), "--device",
        a.device, "--dtype", a.dtypes, "--min-time", fmt::format("{}", a.min_time), "--max-time",
-       fmt::format("{}", a.max_time), "--min-bytes", std::to_string(a.min_bytes), "--max-bytes",
-       std::to_string(a.max_bytes)});
+       fmt::format("{}", a.max_time), "--min-bytes", a.min_bytes, "--max-bytes", a.max_bytes});
   if (!a.algorithms.empty()) argv.insert(argv.end(), {"--algorithms", a.algorithms});
   if (a.ranks_per_node > 0)
     argv.insert(argv.end(), {"--ranks-per-node", std::to_string(a.ranks_per_node)});
@@ -467,7 +466,8 @@ void add_bench(CLI::App& app, Action& action) {
   cmd->add_option("--warmup", args->warmup, "models suite: untimed steps first (2)");
   cmd->add_option("--nproc", args->nproc,
                   "comm suite: start N local ranks through mpirun (else run under mpirun/srun)");
-  cmd->add_option("--min-bytes", args->min_bytes, "comm suite: smallest buffer (4096)");
+  cmd->add_option("--min-bytes", args->min_bytes,
+                  "comm suite: smallest buffer (4096; units too: 4KiB, 1MB)");
   cmd->add_option("--max-bytes", args->max_bytes,
                   "comm suite: largest buffer (67108864); sizes go up x4");
   cmd->add_option("--algorithms", args->algorithms,

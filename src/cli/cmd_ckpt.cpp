@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,12 @@ std::vector<fs::path> checkpoints_in(const fs::path& dir) {
   if (all.empty() && fs::is_directory(dir / "checkpoints"))
     all = runtime::list_checkpoints(dir / "checkpoints");
   if (all.empty()) {
+    const std::regex step_dir(R"(step-\d+)");
+    if (std::regex_match(dir.filename().string(), step_dir)) {  // a shard directory, damaged
+      throw Error(fmt::format("{}: a sharded checkpoint without its manifest.dtckpt", dir.string()),
+                  "the save did not finish or the manifest was removed; resume from an older "
+                  "checkpoint (they are kept beside it)");
+    }
     throw Error(fmt::format("{}: no checkpoint (step-N.dtckpt or step-N/) in it", dir.string()),
                 "pass a run's checkpoint directory (run.output_dir/checkpoints)");
   }

@@ -89,7 +89,14 @@ int run_estimate(const EstimateArgs& args) {
   ctx.world_size = args.world > 0 ? args.world : world_from_env();
   ctx.warnings = &warnings;
   std::vector<std::string> overrides = args.overrides;
-  if (!args.device.empty()) overrides.push_back("device=" + args.device);
+  if (!args.device.empty()) {
+    try {
+      Device::parse(args.device);  // named as the user wrote it, not as the --set it becomes
+    } catch (const Error& e) {
+      throw Error(fmt::format("--device {}: {}", args.device, e.message()), e.hint());
+    }
+    overrides.push_back("device=" + args.device);
+  }
   const Job job = config::load_job_file(args.job, overrides, ctx);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
   if (models::find_model(job.model.arch) == nullptr) {

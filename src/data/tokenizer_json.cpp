@@ -34,12 +34,13 @@ constexpr const char* kRebuild =
   throw Error(fmt::format("{}: {}", path, what), hint);
 }
 
-json parse_json(const std::string& path, const std::string& missing_hint) {
+json parse_json(const std::string& path, const std::string& missing_hint,
+                const std::string& bad_hint = kRebuild) {
   const FileBytes f = read_file_bytes(path, missing_hint);
   try {
     return json::parse(f.bytes.begin(), f.bytes.end());
   } catch (const json::parse_error& e) {
-    bad_file(path, fmt::format("not valid JSON (near byte {}): {}", e.byte, e.what()));
+    bad_file(path, fmt::format("not valid JSON (near byte {}): {}", e.byte, e.what()), bad_hint);
   }
 }
 
@@ -190,8 +191,8 @@ struct Gpt2Vocab {
 };
 
 Gpt2Vocab read_gpt2_vocab(const std::string& path) {
-  const json root = parse_json(path, "pass GPT-2's vocab.json (from the model's files)");
   const char* hint = "expected GPT-2's vocab.json: an object mapping token strings to ids";
+  const json root = parse_json(path, "pass GPT-2's vocab.json (from the model's files)", hint);
   if (!root.is_object()) bad_file(path, "expected a JSON object of token -> id", hint);
   Gpt2Vocab v;
   std::vector<bool> seen(root.size(), false);
