@@ -26,20 +26,23 @@ inline bool from_string(std::string_view text, DatasetName& out) {
 inline const auto& enum_names(DatasetName) { return kDatasetNames; }
 
 // Shape of the samples a real dataset yields; image datasets only.
+// An image dataset's geometry, and its published split sizes (what the loader holds in
+// memory, u8 pixels and labels, for the run: dtrain estimate counts them).
 struct DatasetShape {
   int image_size = 0;
   int channels = 0;
   int classes = 0;
+  int64_t train_samples = 0, test_samples = 0;
 };
 inline std::optional<DatasetShape> dataset_shape(DatasetName d) {
   switch (d) {
     case DatasetName::fashion_mnist:
     case DatasetName::mnist:
-      return DatasetShape{28, 1, 10};
+      return DatasetShape{28, 1, 10, 60000, 10000};
     case DatasetName::cifar10:
-      return DatasetShape{32, 3, 10};
+      return DatasetShape{32, 3, 10, 50000, 10000};
     case DatasetName::cifar100:
-      return DatasetShape{32, 3, 100};
+      return DatasetShape{32, 3, 100, 50000, 10000};
     default:
       return std::nullopt;
   }

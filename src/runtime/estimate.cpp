@@ -10,6 +10,7 @@
 #include "compress/compressor.h"
 #include "core/allocator.h"
 #include "core/block_pool.h"
+#include "data/options.h"
 #include "dist/ddp.h"
 #include "graph/stages.h"
 #include "graph/tensor_parallel.h"
@@ -483,6 +484,17 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   add("data", data,
       images ? fmt::format("{} loader slot(s) of {} samples", slots, batch)
              : fmt::format("2 batches of {} windows", batch));
+  // An image dataset read from files is held whole for the run: u8 pixels and labels of
+  // both splits (data::read_idx, read_cifar), whatever data.limit uses of them.
+  if (const std::optional<DatasetShape> ds = dataset_shape(job.data.dataset)) {
+    const auto pixels = static_cast<size_t>(ds->channels) * ds->image_size * ds->image_size;
+    size_t held = 0;
+    for (const int64_t n : {ds->train_samples, ds->test_samples})
+      held += round(static_cast<size_t>(n) * pixels) + round(static_cast<size_t>(n));
+    add("dataset", held,
+        fmt::format("{}, {} + {} images and labels, u8", to_string(job.data.dataset),
+                    ds->train_samples, ds->test_samples));
+  }
   for (const MemoryItem& i : e.state) e.state_bytes += i.bytes;
 
   // ZeRO-3: the gathered blocks, held as runtime/zero_params.h holds them.

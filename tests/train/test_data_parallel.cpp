@@ -1048,8 +1048,9 @@ TEST_CASE("compression: its state is checkpointed and a resumed run continues bi
         Resume{topk2, "to-gather", {"--set", "compress.exchange=gather"}, false}}) {
     CAPTURE(r.name);
     std::vector<std::string> args = compression_methods()[0];
+    // One step past the step-6 checkpoint (a resume at or past a job's end trains nothing).
     args.insert(args.end(), {"--set", "data.micro_batch=2", "--set", "parallel.micro_batches=2",
-                             "--set", "train.steps=4", "--resume",
+                             "--set", "train.steps=7", "--resume",
                              newest_checkpoint(tmp.path() / r.from / "checkpoints").string()});
     args.insert(args.end(), r.sets.begin(), r.sets.end());
     const fs::path out = train(job, tmp.path(), r.name, {2, "ring"}, args);
