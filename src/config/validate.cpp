@@ -93,6 +93,11 @@ void check_precision(const Checker& c) {
                        "against the weight) are lost; fp32 master weights avoid that",
                        to_string(p.dtype)));
   }
+  if (p.dtype == PrecisionDType::fp32 && !p.master_weights) {
+    c.warn("precision.master_weights",
+           "false has no effect with dtype fp32: the parameters are already the fp32 weights "
+           "the optimizer steps");
+  }
   if (p.dtype != PrecisionDType::fp16 && s.mode != LossScaleMode::none) {
     // Legal (a power-of-two scale changes no fp32 or bf16 bit unless something
     // overflows, which then skips the step instead of ending the run), but unneeded.

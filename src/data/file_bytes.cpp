@@ -39,6 +39,8 @@ File open_or_throw(const std::string& path, const std::string& missing_hint) {
 
 std::vector<uint8_t> read_plain(std::FILE* f, const std::string& path) {
   std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))  // a device, a pipe, a socket
+    throw Error(fmt::format("{}: not a regular file", path), "pass a file on disk");
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) throw Error(fmt::format("{}: cannot stat: {}", path, ec.message()));
   std::vector<uint8_t> bytes(size);

@@ -170,6 +170,7 @@ bool ProfileWindow::covers(int64_t step) const {
 void ProfileWindow::before(int64_t step, graph::Executor& ex, dist::TracedBuckets* sync) {
   if (!covers(step)) return;
   if (!profiler_) {
+    first_ = step;
     profiler_ = std::make_unique<Profiler>(graph_, device_, rank_);
     if (sync) {
       for (size_t b = 0; b < sync->buckets().size(); ++b)
@@ -191,9 +192,21 @@ std::string ProfileWindow::after(int64_t step, bool last, dist::TracedBuckets* s
   if (covers(step + 1) && !last) return {};
   profiler_->detach();
   if (sync) sync->set_trace(nullptr);
-  profiler_->write(file_);
-  return fmt::format("profile: steps {}-{} written to {} ({} events; open in Perfetto)",
-                     std::max<int64_t>(o_.start, 1), step, file_.string(), profiler_->events());
+  // A run resumed inside the window traces the rest of it; the file of the steps before
+  // the stop stays as it is, beside this one.
+  const int64_t window = std::max<int64_t>(o_.start, 1);
+  std::filesystem::path file = file_;
+  std::string rest;
+  if (first_ > window) {
+    file.replace_filename(fmt::format("{}-from-step-{}.json", file_.stem().string(), first_));
+    rest = fmt::format(
+        "; the run resumed inside logging.profile's steps {}-{}, whose earlier "
+        "steps stay in {}",
+        window, window + o_.steps - 1, file_.string());
+  }
+  profiler_->write(file);
+  return fmt::format("profile: steps {}-{} written to {} ({} events; open in Perfetto){}", first_,
+                     step, file.string(), profiler_->events(), rest);
 }
 
 }  // namespace dtrain::runtime

@@ -121,6 +121,7 @@ class ProfileWindow {
   int rank_;
   std::filesystem::path file_;
   std::unique_ptr<Profiler> profiler_;
+  int64_t first_ = 0;  // the first step traced (later than the window's in a resumed run)
 };
 
 }  // namespace dtrain::runtime

@@ -422,8 +422,11 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
   try {
     if (!is_sharded_checkpoint(path)) {
       const Checkpoint ck = read_checkpoint(path);  // every checksum verified here
-      if (ck.meta.at("format") != "dtrain-train-state")
-        throw Error(fmt::format("{}: not a training checkpoint", path.string()));
+      if (ck.meta.at("format") != "dtrain-train-state") {
+        throw Error(fmt::format("{}: not a training checkpoint", path.string()),
+                    "a sharded checkpoint is resumed from its step-N/ directory, not from one "
+                    "of its files");
+      }
       check_layout(ck, "params", layout_of(*l.layout));
       check_layout(ck, "buffers", layout_of(*l.buffers));
       check_optimizer(ck, opt);
@@ -513,12 +516,16 @@ fs::path resolve_resume(const std::string& resume, const fs::path& checkpoint_di
     throw Error(fmt::format("--resume {}: no such checkpoint file or directory", resume),
                 "pass latest, a .dtckpt file or a checkpoint directory");
   }
-  const auto all = list_checkpoints(dir);
+  auto all = list_checkpoints(dir);
+  // A run directory stands for its checkpoints/ (as for dtrain ckpt).
+  if (all.empty() && resume != "latest" && fs::is_directory(dir / "checkpoints"))
+    all = list_checkpoints(dir / "checkpoints");
   if (all.empty() && resume == "latest") return {};  // nothing saved yet: start afresh
   if (all.empty()) {
-    throw Error(
-        fmt::format("--resume {}: no checkpoint (step-*.dtckpt) in {}", resume, dir.string()),
-        "train without --resume to start afresh");
+    throw Error(fmt::format("--resume {}: no checkpoint (step-N.dtckpt or step-N/) in {}", resume,
+                            dir.string()),
+                "pass a run's directory or its checkpoints/, a step-N.dtckpt file or a "
+                "step-N/ directory; or train without --resume to start afresh");
   }
   return all.back();
 }

@@ -749,7 +749,10 @@ void TrainSession::fail_non_finite(double loss) const {
     throw RunError(
         fmt::format("step {}: the loss is {} and the gradient holds inf or nan ({})",
                     counters_.step, loss, where),
-        "lower optimizer.lr, add optimizer.clip_grad_norm, or resume from an earlier checkpoint");
+        resumed_ || (job_.train.checkpoint.every && counters_.step > *job_.train.checkpoint.every)
+            ? "lower optimizer.lr, add optimizer.clip_grad_norm, or resume from an earlier "
+              "checkpoint"
+            : "lower optimizer.lr or add optimizer.clip_grad_norm");
   }
   throw RunError(fmt::format("step {}: inf or nan in the gradients ({}) with the loss scale "
                              "already at precision.loss_scale.min = {}",

@@ -177,6 +177,10 @@ TEST_CASE("warnings for legal but useless settings") {
   REQUIRE(warnings.size() == 1);
   CHECK(has(warnings[0], "precision.loss_scale.mode: dynamic loss scaling with dtype fp32"));
   warnings.clear();
+  load(std::string(kMinimal) + "precision: {master_weights: false}\n", {}, 1, &warnings);
+  REQUIRE(warnings.size() == 1);  // fp32: nothing to keep apart, so the key does nothing
+  CHECK(has(warnings[0], "precision.master_weights: false has no effect with dtype fp32"));
+  warnings.clear();
   const Job in_place =
       load(std::string(kMinimal) + "precision: {dtype: fp16, master_weights: false}\n", {}, 1,
            &warnings);

@@ -235,6 +235,27 @@ TEST_CASE("logging.profile writes a Chrome trace of exactly the chosen steps") {
     CHECK(e.at("args").at("host_bytes").get<double>() > 0);
   }
   CHECK(counters == per_cat["forward"] + per_cat["backward"]);
+
+  // A run that stops inside the window (here: ends at step 2 of the window 2-3) and
+  // resumes traces the rest into its own file; the first file stays as it was.
+  const fs::path split = write_job(tmp.path(), "split");
+  const std::vector<std::string> prof = {"--set", "logging.profile={start: 2, steps: 2}"};
+  std::vector<std::string> first = {split.string(), "--set", "train.steps=2"};
+  first.insert(first.end(), prof.begin(), prof.end());
+  REQUIRE(run_dtrain(first, tmp.path() / "s1.log").rc == 0);
+  const std::string before = read_bytes(tmp.path() / "split" / "trace-rank-0.json");
+  std::vector<std::string> rest = {split.string(), "--set", "train.steps=5", "--resume", "latest"};
+  rest.insert(rest.end(), prof.begin(), prof.end());
+  const RunResult resumed = run_dtrain(rest, tmp.path() / "s2.log");
+  REQUIRE_MESSAGE(resumed.rc == 0, resumed.describe());
+  CHECK_MESSAGE(resumed.log.find("profile: steps 3-3 written to") != std::string::npos,
+                resumed.log);
+  CHECK(read_bytes(tmp.path() / "split" / "trace-rank-0.json") == before);
+  std::vector<std::string> resumed_steps;
+  for (const Span& sp : spans_of(nlohmann::json::parse(
+           read_bytes(tmp.path() / "split" / "trace-rank-0-from-step-3.json"))))
+    if (sp.cat == "step") resumed_steps.push_back(sp.name);
+  CHECK(resumed_steps == std::vector<std::string>{"step 3"});
 }
 
 TEST_CASE("dtrain bench: figures checked against fp64, JSON, --compare gates on a threshold") {

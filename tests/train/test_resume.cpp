@@ -151,8 +151,9 @@ TEST_CASE("a run directory that holds a run: a fresh start is refused, a finishe
                 past.log);
   untouched();
 
-  const RunResult more = run_dtrain({job.string(), "--set", "train.steps=6", "--resume", "latest"},
-                                    tmp.path() / "e.log");
+  // The run directory stands for its checkpoints/ (as for dtrain ckpt).
+  const RunResult more = run_dtrain(
+      {job.string(), "--set", "train.steps=6", "--resume", out.string()}, tmp.path() / "e.log");
   REQUIRE_MESSAGE(more.rc == 0, more.describe());
   CHECK(checkpoint_step(newest_checkpoint(out / "checkpoints")) == 6);
   const auto losses = read_losses(out / "metrics.jsonl");
