@@ -102,6 +102,12 @@ int run_tokenize(const TokenizeArgs& args) {
               tokens > 0 ? static_cast<double>(corpus.bytes()) / tokens : 0.0);
   std::printf("wrote %s/{tokenizer.json,train.bin,val.bin} in %.2f s\n", args.out.c_str(),
               seconds_since(t0));
+  if (val.empty()) {  // every run ends with an evaluation: dtrain train refuses this directory
+    std::fprintf(stderr,
+                 "dtrain: warning: val.bin holds no tokens (no document fell to the validation "
+                 "split); dtrain train needs at least one window there: give more documents or "
+                 "a larger --val-fraction\n");
+  }
   return kExitOk;
 }
 

@@ -287,9 +287,12 @@ class Converter {
       const std::string child = path.empty() ? key : path + "." + key;
       if (auto [pos, fresh] = seen.emplace(key, out.entries.size()); !fresh) {
         const SourceLoc& first = out.entries[pos->second].key_loc;
-        throw Error(fmt::format("{}: {}duplicate key \"{}\" (first at line {}, column {})",
-                                key_loc.str(), prefix(path), key, first.line, first.col),
-                    "YAML keeps only one of them; delete or merge the other");
+        const std::string where =  // a --set value has no lines to point at
+            first.line > 0 ? fmt::format("first at line {}, column {}", first.line, first.col)
+                           : std::string("given twice in one value");
+        throw Error(
+            fmt::format("{}: {}duplicate key \"{}\" ({})", key_loc.str(), prefix(path), key, where),
+            "YAML keeps only one of them; delete or merge the other");
       }
       ConfigNode value = convert(it->second, depth + 1, child, key_loc);
       out.entries.push_back(Entry{key, key_loc, std::move(value)});

@@ -35,3 +35,14 @@ file(REMOVE_RECURSE "/tmp/dtrain-exit-codes-${tag}")
 if(NOT rc EQUAL 2 OR NOT err MATCHES "a sharded checkpoint without its manifest.dtckpt")
   message(FATAL_ERROR "dtrain ckpt verify of a step directory without a manifest: exit ${rc}\n${err}")
 endif()
+# A corpus too small to give the validation split a token is written, with a warning:
+# dtrain train refuses such a directory at start-up.
+string(RANDOM LENGTH 8 tag)
+set(work "/tmp/dtrain-exit-codes-${tag}")
+file(WRITE ${work}/one.txt "one single document with a few words in it\n")
+execute_process(COMMAND ${DTRAIN} data tokenize --input ${work}/one.txt --vocab-size 300 --out ${work}/tok
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+file(REMOVE_RECURSE ${work})
+if(NOT rc EQUAL 0 OR NOT err MATCHES "warning: val.bin holds no tokens")
+  message(FATAL_ERROR "dtrain data tokenize of one document: exit ${rc}\n${err}")
+endif()

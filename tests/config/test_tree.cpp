@@ -55,6 +55,10 @@ TEST_CASE("duplicate keys name both positions") {
   CHECK(msg.find("d.yaml:4:3: x: duplicate key \"a\" (first at line 2, column 3)") == 0);
   CHECK(error_of([] { parse_yaml("a: 1\na: 1\n", "d.yaml"); }).find("d.yaml:2:1: duplicate key") ==
         0);
+  // A --set value has no positions: no "line 0, column 0".
+  const std::string set = error_of([] { parse_yaml("{data: 1, data: 1}", "--set p=...", false); });
+  CHECK(set.find("duplicate key \"data\" (given twice in one value)") != std::string::npos);
+  CHECK(set.find("line 0") == std::string::npos);
 }
 
 TEST_CASE("bytes: NUL, invalid UTF-8, control characters are refused with a position") {
