@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -44,8 +43,7 @@ std::vector<fs::path> checkpoints_in(const fs::path& dir) {
   if (all.empty() && fs::is_directory(dir / "checkpoints"))
     all = runtime::list_checkpoints(dir / "checkpoints");
   if (all.empty()) {
-    const std::regex step_dir(R"(step-\d+)");
-    if (std::regex_match(dir.filename().string(), step_dir)) {  // a shard directory, damaged
+    if (runtime::step_of_name(dir) && dir.extension() != ".dtckpt") {  // a step-N/, damaged
       throw Error(fmt::format("{}: a sharded checkpoint without its manifest.dtckpt", dir.string()),
                   "the save did not finish or the manifest was removed; resume from an older "
                   "checkpoint (they are kept beside it)");

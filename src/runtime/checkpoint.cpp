@@ -291,18 +291,22 @@ bool is_sharded_checkpoint(const fs::path& path) {
   return fs::is_directory(path, ec) && fs::is_regular_file(path / "manifest.dtckpt", ec);
 }
 
+std::optional<int64_t> step_of_name(const fs::path& path) {
+  static const std::regex kName(R"(step-(\d+)(\.dtckpt)?)");
+  std::smatch m;
+  const std::string name = path.filename().string();
+  if (!std::regex_match(name, m, kName)) return std::nullopt;
+  return std::stoll(m[1]);
+}
+
 std::vector<fs::path> list_checkpoints(const fs::path& dir) {
   std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
-  static const std::regex kName(R"(step-(\d+)\.dtckpt)");
-  static const std::regex kDir(R"(step-(\d+))");
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, kName) ||
-        (std::regex_match(name, m, kDir) && is_sharded_checkpoint(entry.path()))) {
-      found.emplace_back(std::stoll(m[1]), entry.path());
-    }
+    const std::optional<int64_t> step = step_of_name(entry.path());
+    const bool file = entry.path().extension() == ".dtckpt";
+    if (step && (file || is_sharded_checkpoint(entry.path())))
+      found.emplace_back(*step, entry.path());
   }
   std::sort(found.begin(), found.end());
   std::vector<fs::path> out;

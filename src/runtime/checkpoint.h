@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t 
 std::filesystem::path sharded_checkpoint_path(const std::filesystem::path& dir, int64_t step);
 // Whether `path` is a sharded checkpoint: a directory holding manifest.dtckpt.
 bool is_sharded_checkpoint(const std::filesystem::path& path);
+// The step a checkpoint's name carries: step-N.dtckpt, or step-N (a sharded checkpoint's
+// directory); none for any other name.
+std::optional<int64_t> step_of_name(const std::filesystem::path& path);
 // The checkpoints in `dir`, oldest first (by step): step-N.dtckpt files and complete
 // step-N directories (a step-N.partial directory, a save that did not finish, is not one).
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir);

@@ -146,6 +146,9 @@ class TextSource final : public DataSource {
     }
     train_ = first_windows(train_, job.data.limit.train, seq, "train");
     val_ = first_windows(val_, job.data.limit.test, seq, "test");
+    // Every run ends with an evaluation: a validation split without one window is refused
+    // now (counting its windows), not after the training.
+    feed(FeedSplit::eval, {});
   }
 
   std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {

@@ -97,6 +97,8 @@ class TrainSession {
   std::string first_non_finite(const Tensor& grads) const;
   Tensor own_grads() const;
   [[noreturn]] void fail_non_finite(double loss) const;
+  // Resumed at the job's last step (a requeue after the end): nothing to train or write.
+  bool resumed_at_end() const { return resumed_ && counters_.step == total_steps_; }
   StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();
   void log_window(double loss, double seconds, double wait);
@@ -187,7 +189,6 @@ class TrainSession {
   std::string algo_summary_;
   fs::path out_dir_, ckpt_dir_;
   bool resumed_ = false;
-  bool finished_ = false;  // resumed at the job's last step: nothing to train or write
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
   std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)

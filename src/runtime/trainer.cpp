@@ -338,10 +338,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                 "raise train.steps (or train.epochs) to continue the run, or resume from an "
                 "earlier checkpoint (--resume FILE)");
   }
-  // Every run ends with an evaluation: its data is checked now, not after the training.
-  source_->feed(FeedSplit::eval, {});
-  finished_ = resumed_ && counters_.step == total_steps_;
-  if (!finished_) open_run_dir();  // last: input refused above leaves the run directory untouched
+  if (!resumed_at_end()) open_run_dir();  // last: input refused above leaves it untouched
   if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
   if (!init_note_.empty()) {
     note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);
@@ -749,7 +746,7 @@ void TrainSession::fail_non_finite(double loss) const {
     throw RunError(
         fmt::format("step {}: the loss is {} and the gradient holds inf or nan ({})",
                     counters_.step, loss, where),
-        resumed_ || (job_.train.checkpoint.every && counters_.step > *job_.train.checkpoint.every)
+        !list_checkpoints(ckpt_dir_).empty()
             ? "lower optimizer.lr, add optimizer.clip_grad_norm, or resume from an earlier "
               "checkpoint"
             : "lower optimizer.lr or add optimizer.clip_grad_norm");
@@ -814,7 +811,7 @@ EvalResult TrainSession::evaluate() {
 }
 
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
-  if (finished_) {  // a requeued or repeated resume
+  if (resumed_at_end()) {  // a requeued or repeated resume
     note(
         fmt::format("the checkpoint is the run's last step ({} of {}): nothing left to train, "
                     "metrics.jsonl and summary.json stay as they are; raise train.steps (or "

@@ -118,6 +118,17 @@ TEST_CASE("without loss scaling an inf gradient ends the run with exit 3, naming
       r.log.find("and the gradient holds inf or nan (first in fc.bias, element 0 = inf)") !=
           std::string::npos,
       r.log);
+  // No checkpoint exists at step 2: the hint does not offer one.
+  CHECK_MESSAGE(
+      r.log.find("hint: lower optimizer.lr or add optimizer.clip_grad_norm\n") != std::string::npos,
+      r.log);
+  // With a checkpoint written at step 2, an overflow at step 4 offers it.
+  const RunResult later = run_with_overflow(
+      "*:4", with(write_job(tmp.path(), "later"), {"--set", "train.checkpoint.every=2"}),
+      tmp.path() / "later.log");
+  CHECK(later.rc == 3);
+  CHECK_MESSAGE(later.log.find("or resume from an earlier checkpoint") != std::string::npos,
+                later.log);
 }
 
 TEST_CASE("an overflow at the minimum scale: exit 3 with on_min error, skip with clamp") {
