@@ -179,6 +179,21 @@ bool ignored_on_import(ModelFamily family, std::string_view name) {
   return false;
 }
 
+bool is_head_tensor(ModelFamily family, std::string_view name) {
+  const auto starts = [&](std::string_view prefix) { return name.rfind(prefix, 0) == 0; };
+  switch (family) {
+    case cnn:
+      return starts("fc.");
+    case vit:
+      return starts("heads.");
+    case bert:
+      return starts("cls.") || starts("bert.pooler.") || starts("classifier.");
+    case gpt:
+      return false;  // its head is the word table (tied)
+  }
+  return false;
+}
+
 std::string canonical_import_name(ModelFamily family, std::string_view name) {
   if (family == gpt && name.rfind("transformer.", 0) != 0 && name.rfind("lm_head.", 0) != 0)
     return "transformer." + std::string(name);

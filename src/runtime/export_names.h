@@ -48,6 +48,12 @@ std::vector<ExportTensor> export_plan(ModelFamily family,
 // position_ids and attention-mask buffers, and the copies of tied weights
 // (lm_head.weight, cls.predictions.decoder.*).
 bool ignored_on_import(ModelFamily family, std::string_view name);
+// Whether a reference name belongs to a task head, the part a fine-tuning run replaces:
+// torchvision's fc.* (ResNet) and heads.* (ViT), Hugging Face BERT's cls.* (masked-LM
+// head), bert.pooler.* and classifier.* (sequence classification). model.init_from lets
+// these differ between the file and the model (Hugging Face's "newly initialized" and
+// "not used" weights); every other tensor must match.
+bool is_head_tensor(ModelFamily family, std::string_view name);
 // A Hugging Face GPT2Model file names "h.0.ln_1.weight" what GPT2LMHeadModel names
 // "transformer.h.0.ln_1.weight": the name the plan uses for `name` (itself otherwise).
 std::string canonical_import_name(ModelFamily family, std::string_view name);

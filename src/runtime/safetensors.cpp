@@ -303,6 +303,11 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
     const std::string name = canonical_import_name(family, t.name);
     if (ignored_on_import(family, t.name) || ignored_on_import(family, name)) continue;
     const auto it = wanted.find(name);
+    const bool head = is_head_tensor(family, name);
+    if (head && (it == wanted.end() || !(t.tensor.shape() == it->second->shape))) {
+      out.unused.push_back(t.name);  // another task's head, or another class count
+      continue;
+    }
     if (it == wanted.end()) {
       init_error(file, fmt::format("tensor {} is not part of this model ({})", t.name, arch), hint);
     }
@@ -329,13 +334,26 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
     from_reference(x, widen(t.tensor), dst);
     ++out.tensors;
   }
+  std::vector<bool> fresh(p32.size(), false);
   for (const ExportTensor& t : plan) {
-    if (!seen.contains(t.name)) {
-      init_error(file,
-                 fmt::format("no tensor {} {}, which this model needs", t.name, t.shape.str()),
-                 hint);
+    if (seen.contains(t.name)) continue;
+    if (t.store == StoreKind::params && is_head_tensor(family, t.name)) {
+      out.fresh.push_back(t.name);
+      fresh[static_cast<size_t>(t.entry)] = true;
+      continue;
     }
+    init_error(file, fmt::format("no tensor {} {}, which this model needs", t.name, t.shape.str()),
+               hint);
   }
+  // The loaded parameter entries as runs of the buffer (a fresh entry splits them).
+  const int64_t total = out.params.numel();
+  int64_t lo = 0;
+  for (size_t i = 0; i < p32.size(); ++i) {
+    if (!fresh[i]) continue;
+    if (p32[i].offset > lo) out.pieces.emplace_back(lo, p32[i].offset - lo);
+    lo = p32[i].offset + p32[i].spec.shape.numel();
+  }
+  if (lo < total) out.pieces.emplace_back(lo, total - lo);
   return out;
 }
 

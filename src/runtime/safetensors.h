@@ -11,6 +11,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -52,11 +53,19 @@ ExportSummary export_safetensors(const Checkpoint& ck, const std::filesystem::pa
 // as graph::FlatStore assigns them to these entries, whatever their dtype; padding 0).
 // A name the model lacks, a name of the model the file lacks, or another shape is an
 // Error naming the file and the tensor; tensors of the reference that dtrain does not
-// train (num_batches_tracked, tied copies: export_names.h) are skipped.
+// train (num_batches_tracked, tied copies: export_names.h) are skipped. Task heads
+// (is_head_tensor) are the exception that fine-tuning needs: a head tensor of the file
+// that the model lacks or holds in another shape (10 classes instead of 1000) is not
+// used, and a head tensor of the model that the file lacks keeps its seeded value.
 struct InitWeights {
   Tensor params;        // f32 [FlatStore(params).buffer_elems(f32)] with every entry made f32
   Tensor buffers;       // the same for the buffers (undefined when there are none)
   int64_t tensors = 0;  // read from the file
+  // The runs [lo, lo + n) of `params` that came from the file, in order: one run over
+  // the whole buffer unless a head is fresh.
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  std::vector<std::string> fresh;   // the model's head tensors left at their seeded values
+  std::vector<std::string> unused;  // the file's head tensors not used (absent or reshaped)
 };
 InitWeights load_init_weights(const std::filesystem::path& file, std::string_view arch,
                               const std::vector<graph::FlatEntry>& params,

@@ -1,6 +1,7 @@
 // TrainSession's checkpoint side (runtime/train_session.h): model.init_from, resuming
 // from any layout's checkpoint, and the saves of every layout (a file, a ZeRO or
 // pipeline range by shard, tensor-parallel parts of the one-rank model).
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -19,7 +20,7 @@ void TrainSession::init_from(const std::string& path) {
   } catch (const Error& e) {
     throw Error("model.init_from: " + e.message(), e.hint());
   }
-  weights_->load_piece(0, w.params);
+  for (const auto& [lo, n] : w.pieces) weights_->load_piece(lo, w.params.view(lo, Shape{n}));
   weights_->finish_load();
   if (w.buffers.defined()) {
     Tensor live = ex_->buffers().flat(DType::f32);
@@ -29,6 +30,21 @@ void TrainSession::init_from(const std::string& path) {
     kernels::copy(w.buffers, live);
   }
   init_note_ = fmt::format("initialised from {} ({} tensors)", path, w.tensors);
+  // A fine-tuning start: say which head tensors were not carried over, as Hugging Face does.
+  const auto names = [](const std::vector<std::string>& v) {
+    constexpr size_t kShown = 4;
+    std::string s;
+    for (size_t i = 0; i < std::min(v.size(), kShown); ++i) s += (i ? ", " : "") + v[i];
+    return v.size() > kShown ? fmt::format("{} and {} more", s, v.size() - kShown) : s;
+  };
+  if (!w.fresh.empty()) {
+    init_note_ += fmt::format("; {} head tensor(s) not in the file start from the seed: {}",
+                              w.fresh.size(), names(w.fresh));
+  }
+  if (!w.unused.empty()) {
+    init_note_ += fmt::format("; {} head tensor(s) of the file not used: {}", w.unused.size(),
+                              names(w.unused));
+  }
 }
 
 // Tensor parallelism: the checkpoint holds the one-rank model's layout; every rank

@@ -230,3 +230,68 @@ TEST_CASE("model.init_from starts a run from an exported file, mismatches are ex
   CHECK_MESSAGE(missing.rc == 2, missing.describe());
   CHECK_MESSAGE(has(missing.log, "model.init_from: /nonexistent.safetensors"), missing.log);
 }
+
+// Fine-tuning: an export of a 10-class ResNet and ViT into 4-class models. Their heads
+// (fc.*, heads.head.*) have another shape: not used, and the model's own heads keep the
+// seed's values (those of the same job without init_from), while every other weight
+// is the export's. One step at lr 1e-30 leaves all of them as they came in.
+TEST_CASE("model.init_from into another class count: the head starts from the seed") {
+  TempDir tmp("ckpt-init-head");
+  for (const Family* f : {&kFamilies[0], &kFamilies[3]}) {
+    CAPTURE(f->arch);
+    const fs::path run = train(tmp.path(), *f, 2);
+    const fs::path exported = tmp.path() / (std::string(f->arch) + ".safetensors");
+    const RunResult ex =
+        ckpt(tmp.path(), {"export", run.string(), "--safetensors", exported.string()});
+    REQUIRE_MESSAGE(ex.rc == 0, ex.describe());
+    std::string yaml = f->yaml;
+    const size_t at = yaml.find("num_classes: 10");
+    REQUIRE(at != std::string::npos);
+    yaml.replace(at, 15, "num_classes: 4");
+    const auto fine_tune = [&](const std::string& tag, bool init) {
+      const fs::path job = tmp.path() / (std::string(f->arch) + "-" + tag + ".yaml");
+      const fs::path out = tmp.path() / (std::string(f->arch) + "-" + tag);
+      std::ofstream(job) << "run: {seed: 11, output_dir: " << out.string() << "}\n"
+                         << yaml << "train: {steps: 1, log_every: 1}\n"
+                         << "logging: {console: false}\n";
+      std::vector<std::string> args = {job.string(), "--set", "optimizer.lr=1.0e-30", "--set",
+                                       "optimizer.weight_decay=0"};
+      if (init) args.insert(args.end(), {"--set", "model.init_from=" + exported.string()});
+      const RunResult r = run_dtrain(args, tmp.path() / (tag + ".log"));
+      REQUIRE_MESSAGE(r.rc == 0, r.describe());
+      if (init) {
+        const std::string head =
+            f == &kFamilies[0] ? "fc.weight, fc.bias" : "heads.head.weight, heads.head.bias";
+        CHECK_MESSAGE(has(r.log, "2 head tensor(s) not in the file start from the seed: " + head),
+                      r.log);
+        CHECK_MESSAGE(has(r.log, "2 head tensor(s) of the file not used: " + head), r.log);
+      }
+      return runtime::read_any_checkpoint(newest_checkpoint(out / "checkpoints"));
+    };
+    const runtime::Checkpoint tuned = fine_tune("tuned", true);
+    const runtime::Checkpoint seeded = fine_tune("seeded", false);
+    const runtime::Checkpoint source =
+        runtime::read_any_checkpoint(newest_checkpoint(run / "checkpoints"));
+    const auto layout = runtime::layout_from_meta(tuned.meta.at("params"));
+    const auto source_layout = runtime::layout_from_meta(source.meta.at("params"));
+    const auto value = [](const runtime::Checkpoint& ck, const graph::FlatEntry& e, int64_t i) {
+      return double{ck.get("params.f32").data<float>()[e.offset + i]};
+    };
+    int heads = 0;
+    for (const graph::FlatEntry& e : layout) {
+      CAPTURE(e.name);
+      const bool head = e.name.rfind("fc.", 0) == 0 || e.name.rfind("heads.", 0) == 0;
+      heads += head;
+      const auto from = std::find_if(source_layout.begin(), source_layout.end(),
+                                     [&](const graph::FlatEntry& s) { return s.name == e.name; });
+      REQUIRE(from != source_layout.end());
+      double worst = 0;
+      for (int64_t i = 0; i < e.spec.shape.numel(); ++i) {
+        const double want = head ? value(seeded, e, i) : value(source, *from, i);
+        worst = std::max(worst, std::fabs(value(tuned, e, i) - want));
+      }
+      CHECK(worst < 1e-20);
+    }
+    CHECK(heads == 2);
+  }
+}
