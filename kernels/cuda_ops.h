@@ -117,6 +117,7 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs& args, const Tensor& 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tensor& out);
+void padding_mask(const Tensor& ids, int32_t pad_id, Tensor& mask);
 
 void dropout_forward(const DropoutArgs& args, const Tensor& x, Tensor& y, Tensor& mask);
 void dropout_backward(const DropoutArgs& args, const Tensor& dy, const Tensor& mask, Tensor& dx);

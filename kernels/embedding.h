@@ -32,4 +32,9 @@ void embedding_backward_share(const Tensor& ids, const Tensor& dout, int64_t fir
 // copied to the host) the positions past the R-th are not predicted.
 void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tensor& out);
 
+// The key-padding mask of a batch of token ids: ids i32 [B, T] -> mask u8 [B, T], 1 where
+// the id is not pad_id (attend), 0 where it is (padding). A pad_id outside the
+// vocabulary (-1) masks nothing.
+void padding_mask(const Tensor& ids, int32_t pad_id, Tensor& mask);
+
 }  // namespace dtrain::kernels

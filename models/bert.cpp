@@ -18,10 +18,11 @@ ValueId layer_norm(Graph& g, const std::string& name, ValueId x, int64_t c) {
   return g.add1(name, graph::layer_norm(c, kLnEps), {x});
 }
 
-ValueId encoder_layer(Graph& g, const std::string& p, ValueId x, const TransformerShape& s) {
+ValueId encoder_layer(Graph& g, const std::string& p, ValueId x, const TransformerShape& s,
+                      ValueId key_mask) {
   ValueId a = attention_block(
       g, {p + ".attention.self.qkv", p + ".attention.self", p + ".attention.output.dense"}, x, s,
-      kernels::Causal::no);
+      kernels::Causal::no, kInitStd, key_mask);
   a = maybe_dropout(g, p + ".attention.output.dropout", a, s.dropout);
   x = g.add1(p + ".attention.output.residual", graph::add(), {x, a});
   x = layer_norm(g, p + ".attention.output.LayerNorm", x, s.hidden);
@@ -74,13 +75,20 @@ ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head,
   Graph& g = m.graph;
   g.set_policy(policy);
   m.input = g.input("input_ids", {batch, s.seq_len}, DType::i32);
+  // A classifier reads one text per row, [CLS] text [SEP] then [PAD]s: attention sees no
+  // padding (Hugging Face's attention_mask). Masked-LM windows are all text.
+  const ValueId key_mask =
+      head == BertHead::masked_lm
+          ? -1
+          : g.add1("embeddings.padding_mask",
+                   graph::padding_mask(options.pad_token_id.value_or(-1)), {m.input});
   ValueId x = g.add1("embeddings", graph::token_embedding({s.vocab, s.max_positions, 2, s.hidden}),
                      {m.input});
   x = layer_norm(g, "embeddings.LayerNorm", x, s.hidden);
   x = maybe_dropout(g, "embeddings.dropout", x, s.dropout);
   for (int64_t i = 0; i < s.layers; ++i) {
     g.begin_block();  // a transformer layer: the unit activation checkpointing recomputes
-    x = encoder_layer(g, fmt::format("encoder.layer.{}", i), x, s);
+    x = encoder_layer(g, fmt::format("encoder.layer.{}", i), x, s, key_mask);
     g.end_block();
   }
   if (head == BertHead::pooler) {

@@ -51,6 +51,10 @@ struct ModelOptions {
   // count (not a job-file key: resolved from data.mlm_probability); unset means
   // masked_lm_predictions(seq_len, 0.15).
   std::optional<int> mlm_predictions;
+  // bert classifier: the [PAD] id of the tokenizer its data came from (not a job-file
+  // key: the trainer reads it from data.path's tokenizer.json); attention ignores keys
+  // holding it. Unset: nothing is masked (synthetic data, `dtrain estimate`).
+  std::optional<int> pad_token_id;
   // A safetensors file of the family's reference weights to start from (`dtrain ckpt
   // export` writes one); read by the trainer, ignored by the graph builders.
   std::optional<std::string> init_from;

@@ -77,16 +77,19 @@ TransformerShape resolve_transformer(const ModelOptions& o, ModelFamily family) 
 }
 
 graph::ValueId attention_block(graph::Graph& g, const AttentionNames& names, graph::ValueId x,
-                               const TransformerShape& s, kernels::Causal causal, double proj_std) {
+                               const TransformerShape& s, kernels::Causal causal, double proj_std,
+                               graph::ValueId key_mask) {
   using graph::Bias;
   const int64_t c = s.hidden;
   graph::ValueId h = g.add1(names.qkv, graph::linear(c, 3 * c, Bias::yes, {kInitStd}), {x});
   // Attention-probability dropout at the hidden rate (BERT's attention_probs_dropout_prob
   // and GPT-2's attn_pdrop equal hidden dropout in every released size).
+  const bool masked = key_mask >= 0;
   h = g.add1(
       names.core,
-      graph::self_attention(s.heads, causal, graph::KeyMask::none, static_cast<float>(s.dropout)),
-      {h});
+      graph::self_attention(s.heads, causal, masked ? graph::KeyMask::input : graph::KeyMask::none,
+                            static_cast<float>(s.dropout)),
+      masked ? std::vector<graph::ValueId>{h, key_mask} : std::vector<graph::ValueId>{h});
   return g.add1(names.proj, graph::linear(c, c, Bias::yes, {proj_std}), {h});
 }
 

@@ -33,10 +33,11 @@ inline constexpr double kInitStd = 0.02;
 struct AttentionNames {
   std::string qkv, core, proj;  // node names of the fused projection, the attention, the output
 };
-// x [B, T, C] -> qkv linear -> self_attention -> proj linear -> [B, T, C]
+// x [B, T, C] -> qkv linear -> self_attention -> proj linear -> [B, T, C]; key_mask
+// (u8 [B, T], graph::padding_mask) hides padded keys, -1: none.
 graph::ValueId attention_block(graph::Graph& g, const AttentionNames& names, graph::ValueId x,
                                const TransformerShape& s, kernels::Causal causal,
-                               double proj_std = kInitStd);
+                               double proj_std = kInitStd, graph::ValueId key_mask = -1);
 
 struct MlpNames {
   std::string fc1, act, fc2;

@@ -203,4 +203,16 @@ void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tenso
   }
 }
 
+void padding_mask(const Tensor& ids, int32_t pad_id, Tensor& mask) {
+  constexpr std::string_view op = "padding_mask";
+  const Device device = same_device(op, {&ids, &mask});
+  require_dtype(op, "ids", ids, {DType::i32});
+  require_dtype(op, "mask", mask, {DType::u8});
+  require_numel(op, "mask", mask, ids.numel());
+  if (device.is_cuda()) return cuda_ops::padding_mask(ids, pad_id, mask);
+  const int32_t* id = ids.data<int32_t>();
+  uint8_t* m = mask.data<uint8_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) m[i] = id[i] != pad_id;
+}
+
 }  // namespace dtrain::kernels

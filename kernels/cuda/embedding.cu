@@ -102,6 +102,10 @@ __global__ void labeled_rows_kernel(const int32_t* labels, int64_t b, int64_t t,
   }
 }
 
+__global__ void padding_mask_kernel(const int32_t* ids, int64_t n, int32_t pad_id, uint8_t* mask) {
+  for (int64_t i = thread_index(); i < n; i += thread_stride()) mask[i] = ids[i] != pad_id;
+}
+
 }  // namespace
 
 void launch_embedding_forward(DType id_type, const void* ids, int64_t n, const void* table,
@@ -144,6 +148,13 @@ void launch_labeled_rows(const int32_t* labels, int64_t b, int64_t t, int64_t ro
   if (b == 0 || rows == 0) return;
   labeled_rows_kernel<<<grid_for(b), kThreads, 0, stream>>>(labels, b, t, rows, ignore_index, ids,
                                                             out);
+  DTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_padding_mask(const int32_t* ids, int64_t n, int32_t pad_id, uint8_t* mask,
+                         cudaStream_t stream) {
+  if (n == 0) return;
+  padding_mask_kernel<<<grid_for(n), kThreads, 0, stream>>>(ids, n, pad_id, mask);
   DTRAIN_CUDA_CHECK_LAUNCH();
 }
 

@@ -27,4 +27,8 @@ void launch_embedding_backward(DType id_type, const void* ids, int64_t n, DType 
 void launch_labeled_rows(const int32_t* labels, int64_t b, int64_t t, int64_t rows,
                          int32_t ignore_index, int32_t* ids, int32_t* out, cudaStream_t stream);
 
+// ids i32 [n] -> mask u8 [n]: 1 where ids[i] != pad_id.
+void launch_padding_mask(const int32_t* ids, int64_t n, int32_t pad_id, uint8_t* mask,
+                         cudaStream_t stream);
+
 }  // namespace dtrain::kernels::cuda_ops

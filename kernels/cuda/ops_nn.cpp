@@ -71,6 +71,11 @@ void labeled_rows(const Tensor& labels, int64_t ignore_index, Tensor& ids, Tenso
                       stream_of(labels));
 }
 
+void padding_mask(const Tensor& ids, int32_t pad_id, Tensor& mask) {
+  launch_padding_mask(static_cast<const int32_t*>(ids.raw()), ids.numel(), pad_id,
+                      static_cast<uint8_t*>(mask.raw()), stream_of(ids));
+}
+
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   launch_embedding_backward(ids.dtype(), ids.raw(), ids.numel(), dout.dtype(), dtable.dtype(),
                             dout.raw(), dtable.dim(0), dtable.dim(1), dtable.raw(),

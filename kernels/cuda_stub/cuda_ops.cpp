@@ -119,6 +119,7 @@ void softmax_cross_entropy_backward(const CrossEntropyArgs&, const Tensor&, cons
 void embedding_forward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_forward"); }
 void embedding_backward(const Tensor&, const Tensor&, Tensor&) { no_cuda("embedding_backward"); }
 void labeled_rows(const Tensor&, int64_t, Tensor&, Tensor&) { no_cuda("labeled_rows"); }
+void padding_mask(const Tensor&, int32_t, Tensor&) { no_cuda("padding_mask"); }
 
 void dropout_forward(const DropoutArgs&, const Tensor&, Tensor&, Tensor&) {
   no_cuda("dropout_forward");

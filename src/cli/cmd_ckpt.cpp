@@ -277,12 +277,13 @@ int run_verify(const CkptArgs& a) {
 int run_export(const CkptArgs& a) {
   const fs::path path =
       is_one_checkpoint(a.path) ? fs::path(a.path) : checkpoints_in(a.path).back();
-  const DType dtype = parse_dtype(a.dtype);
+  const std::string name = a.dtype == "fp32" ? "f32" : a.dtype == "fp16" ? "f16" : a.dtype;
+  const DType dtype = parse_dtype(name);
   const runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
   const runtime::ExportSummary s = runtime::export_safetensors(ck, a.out, dtype);
   std::printf("wrote %s: %lld tensors, %lld elements in %s, %s (%s, step %s, from %s)\n",
               a.out.c_str(), static_cast<long long>(s.tensors), static_cast<long long>(s.elements),
-              a.dtype.c_str(), human_bytes(s.bytes).c_str(), s.arch.c_str(),
+              name.c_str(), human_bytes(s.bytes).c_str(), s.arch.c_str(),
               ck.meta.value("step", nlohmann::json()).dump().c_str(), path.string().c_str());
   return kExitOk;
 }
@@ -323,8 +324,9 @@ void add_ckpt(CLI::App& app, Action& action) {
                   "a checkpoint file, step-N/ directory, or a directory (its newest)")
       ->required();
   cmd->add_option("--safetensors", exp->out, "the file to write")->required();
-  cmd->add_option("--dtype", exp->dtype, "f32 (default), bf16 or f16")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  // The job file's names (precision.dtype: fp32 | bf16 | fp16) are accepted too.
+  cmd->add_option("--dtype", exp->dtype, "f32 (default), bf16 or f16 (or fp32, fp16)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "fp32", "fp16"}));
   cmd->callback([exp, &action] { action = [exp] { return run_export(*exp); }; });
 }
 

@@ -1,8 +1,11 @@
 // `dtrain data tokenize --input PATH... --out DIR (--vocab-size N | --vocab-json F
-// --merges-txt F) [--val-fraction F] [--seed S]`: reads a text corpus, trains a
-// byte-level BPE tokenizer on its training documents (or loads GPT-2's), and
-// writes DIR/tokenizer.json, DIR/train.bin and DIR/val.bin (the data.path of a
-// `dataset: tokens` job). The rules for inputs and documents are in data/text_corpus.h.
+// --merges-txt F | --tokenizer F) [--labelled] [--val-fraction F] [--seed S]`: reads a
+// text corpus, trains a byte-level BPE tokenizer on its training documents (or loads
+// GPT-2's, or an earlier run's tokenizer.json: fine-tuning data for a pretrained model),
+// and writes DIR/tokenizer.json, DIR/train.bin and DIR/val.bin (the data.path of a
+// `dataset: tokens` job). --labelled: each input is a class (DIR/labels.json and one
+// label per text in DIR/{train,val}.labels.bin), for a BERT classifier. The rules for
+// inputs and documents are in data/text_corpus.h.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +17,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/text_corpus.h"
+#include "data/text_loader.h"
 #include "data/token_shards.h"
 #include "data/tokenizer.h"
 
@@ -27,6 +31,8 @@ struct TokenizeArgs {
   double val_fraction = 0.01;
   std::string vocab_json;
   std::string merges_txt;
+  std::string tokenizer;  // an earlier run's tokenizer.json
+  bool labelled = false;
   uint64_t seed = 0;
 };
 
@@ -37,6 +43,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 Tokenizer make_tokenizer(const TokenizeArgs& args, const TextCorpus& corpus,
                          const std::vector<DocSplit>& split) {
   if (!args.vocab_json.empty()) return Tokenizer::load_gpt2(args.vocab_json, args.merges_txt);
+  if (!args.tokenizer.empty()) return Tokenizer::load(args.tokenizer);
   std::vector<std::string_view> docs;
   for (size_t i = 0; i < split.size(); ++i)
     if (split[i] == DocSplit::train) docs.push_back(corpus.document(i));
@@ -44,6 +51,13 @@ Tokenizer make_tokenizer(const TokenizeArgs& args, const TextCorpus& corpus,
 }
 
 void check_args(const TokenizeArgs& args) {
+  if (!args.tokenizer.empty() &&
+      (args.vocab_size != 0 || !args.vocab_json.empty() || !args.merges_txt.empty()))
+    throw Error(
+        "--tokenizer reuses a tokenizer; it cannot be combined with --vocab-size, "
+        "--vocab-json or --merges-txt",
+        "pass one way to get a vocabulary");
+  if (!args.tokenizer.empty()) return;
   const bool gpt2 = !args.vocab_json.empty() || !args.merges_txt.empty();
   if (gpt2 && (args.vocab_json.empty() || args.merges_txt.empty()))
     throw Error("--vocab-json and --merges-txt go together",
@@ -54,7 +68,7 @@ void check_args(const TokenizeArgs& args) {
   if (!gpt2 && args.vocab_size == 0)
     throw Error(
         "dtrain data tokenize needs --vocab-size N (or GPT-2's --vocab-json and "
-        "--merges-txt)",
+        "--merges-txt, or --tokenizer DIR/tokenizer.json of an earlier run)",
         "e.g. --vocab-size 8192");
   if (!gpt2 && args.vocab_size < kMinVocab)
     throw Error(fmt::format("--vocab-size {} is below {} (256 byte tokens and {} specials)",
@@ -69,7 +83,13 @@ void check_args(const TokenizeArgs& args) {
 int run_tokenize(const TokenizeArgs& args) {
   const auto t0 = std::chrono::steady_clock::now();
   check_args(args);
-  const TextCorpus corpus = read_text_corpus(args.inputs);
+  LabelledCorpus labelled;
+  if (args.labelled) {
+    labelled = read_labelled_corpus(args.inputs);
+  } else {
+    labelled.corpus = read_text_corpus(args.inputs);
+  }
+  const TextCorpus& corpus = labelled.corpus;
   const std::vector<DocSplit> split =
       split_documents(corpus.documents(), args.seed, args.val_fraction);
   const auto t_tok = std::chrono::steady_clock::now();
@@ -81,6 +101,18 @@ int run_tokenize(const TokenizeArgs& args) {
   tok.save((dir / "tokenizer.json").string());
   write_token_shard((dir / "train.bin").string(), train, tok.vocab_size());
   write_token_shard((dir / "val.bin").string(), val, tok.vocab_size());
+  if (args.labelled) {  // one class per text, in the shards' order
+    std::vector<TokenId> labels[2];
+    for (size_t i = 0; i < split.size(); ++i)
+      labels[split[i] == DocSplit::train ? 0 : 1].push_back(labelled.labels[i]);
+    const auto classes = static_cast<int64_t>(labelled.names.size());
+    write_token_shard((dir / "train.labels.bin").string(), labels[0], classes);
+    write_token_shard((dir / "val.labels.bin").string(), labels[1], classes);
+    write_class_names(dir.string(), labelled.names);
+  } else {  // labels of an earlier --labelled run into this directory would not match
+    for (const char* stale : {"labels.json", "train.labels.bin", "val.labels.bin"})
+      std::filesystem::remove(dir / stale);
+  }
 
   const int64_t val_docs = std::count(split.begin(), split.end(), DocSplit::validation);
   const auto tokens = static_cast<double>(train.size() + val.size());
@@ -93,20 +125,35 @@ int run_tokenize(const TokenizeArgs& args) {
       args.vocab_size > tok.vocab_size()
           ? fmt::format(" (of {} asked: no pair occurs twice any more)", args.vocab_size)
           : "";
+  if (args.labelled) {
+    std::string per_class;
+    for (size_t c = 0; c < labelled.names.size(); ++c) {
+      per_class += fmt::format(
+          "{}{} {}", c ? ", " : "", labelled.names[c],
+          std::count(labelled.labels.begin(), labelled.labels.end(), static_cast<int32_t>(c)));
+    }
+    std::printf("classes: %zu (%s texts)\n", labelled.names.size(), per_class.c_str());
+  }
   std::printf("tokenizer: %s, vocab %lld%s (%zu merges), %.2f s\n",
-              args.vocab_json.empty() ? "trained" : "GPT-2 files",
+              !args.tokenizer.empty()   ? "reused"
+              : args.vocab_json.empty() ? "trained"
+                                        : "GPT-2 files",
               static_cast<long long>(tok.vocab_size()), short_of.c_str(), tok.spec().merges.size(),
               tok_s);
   std::printf("tokens: %zu train, %zu val (%s); %.2f bytes/token\n", train.size(), val.size(),
               tok.vocab_size() <= 65536 ? "u16" : "u32",
               tokens > 0 ? static_cast<double>(corpus.bytes()) / tokens : 0.0);
-  std::printf("wrote %s/{tokenizer.json,train.bin,val.bin} in %.2f s\n", args.out.c_str(),
+  std::printf("wrote %s/{tokenizer.json,train.bin,val.bin%s} in %.2f s\n", args.out.c_str(),
+              args.labelled ? ",labels.json,train.labels.bin,val.labels.bin" : "",
               seconds_since(t0));
   if (val.empty()) {  // every run ends with an evaluation: dtrain train refuses this directory
     std::fprintf(stderr,
                  "dtrain: warning: val.bin holds no tokens (no document fell to the validation "
-                 "split); dtrain train needs at least one window there: give more documents or "
-                 "a larger --val-fraction\n");
+                 "split); dtrain train needs at least one window there: %s\n",
+                 corpus.documents() < 2
+                     ? "the input is one document; split it into several (files, or fortune "
+                       "records between lines holding %)"
+                     : "give more documents or a larger --val-fraction");
   }
   return kExitOk;
 }
@@ -132,6 +179,10 @@ void add_data(CLI::App& app, Action& action) {
       ->check(CLI::Range(0.0, 0.99));
   cmd->add_option("--vocab-json", args->vocab_json, "GPT-2 vocab.json (instead of training)");
   cmd->add_option("--merges-txt", args->merges_txt, "GPT-2 merges.txt (with --vocab-json)");
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "an earlier run's tokenizer.json to encode with (instead of training)");
+  cmd->add_flag("--labelled", args->labelled,
+                "each --input is one class, named by its file name (text classification)");
   cmd->add_option("--seed", args->seed, "seed of the train/validation split (default 0)");
   cmd->callback([args, &action] { action = [args] { return run_tokenize(*args); }; });
 }

@@ -40,7 +40,9 @@ void resolve_model(Job& job, const SourceMap& where) {
     p.in_channels = shape->channels;
     p.num_classes = shape->classes;
   }
-  take_preset(m.num_classes, p.num_classes, "num_classes", *arch, where);
+  // BERT has no class count of its own: num_classes asks for the classifier head.
+  if (arch->family != ModelFamily::bert)
+    take_preset(m.num_classes, p.num_classes, "num_classes", *arch, where);
   take_preset(m.image_size, p.image_size, "image_size", *arch, where);
   take_preset(m.in_channels, p.in_channels, "in_channels", *arch, where);
   take_preset(m.stem, p.stem, "stem", *arch, where);

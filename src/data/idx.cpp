@@ -37,11 +37,12 @@ IdxHeader parse_header(const FileBytes& f, const std::vector<int64_t>& expect) {
         kRedownload);
   const uint32_t magic = be32(f.bytes.data());
   if (magic != want_magic)
-    throw Error(fmt::format("{}: wrong magic 0x{:08x}, expected 0x{:08x} (IDX, unsigned bytes, "
-                            "{} dims: an {} file)",
-                            f.where(0), magic, want_magic, ndims, ndims == 1 ? "labels" : "images"),
-                "check that the images and labels files are not swapped; otherwise " +
-                    std::string(kRedownload));
+    throw Error(
+        fmt::format("{}: wrong magic 0x{:08x}, expected 0x{:08x} (IDX, unsigned bytes, "
+                    "{} dims: {} file)",
+                    f.where(0), magic, want_magic, ndims, ndims == 1 ? "a labels" : "an images"),
+        "check that the images and labels files are not swapped; otherwise " +
+            std::string(kRedownload));
   IdxHeader h;
   h.payload_offset = 4 + 4 * ndims;
   if (size < h.payload_offset)
@@ -49,6 +50,8 @@ IdxHeader parse_header(const FileBytes& f, const std::vector<int64_t>& expect) {
                             size, h.payload_offset),
                 kRedownload);
   for (size_t d = 0; d < ndims; ++d) h.dims.push_back(be32(f.bytes.data() + 4 + 4 * d));
+  if (h.dims[0] == 0)
+    throw Error(fmt::format("{}: the header declares 0 samples", f.where(4)), kRedownload);
   for (size_t d = 1; d < ndims; ++d) {
     if (h.dims[d] != expect[d - 1])
       throw Error(fmt::format("{}: wrong dims: dimension {} is {}, expected {}", f.where(4 + 4 * d),

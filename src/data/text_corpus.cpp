@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -120,6 +121,48 @@ TextCorpus read_text_corpus(const std::vector<std::string>& inputs) {
                             corpus.files.size(), corpus.skipped.size()),
                 kInputHint);
   return corpus;
+}
+
+LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs) {
+  if (inputs.size() < 2) {
+    throw Error(fmt::format("--labelled: {} input(s); each input is one class, and a classifier "
+                            "needs at least two",
+                            inputs.size()),
+                "pass one --input per class, e.g. --input reviews/pos --input reviews/neg");
+  }
+  LabelledCorpus out;
+  std::map<std::string, std::string> file_class;  // each file read, and the class it went to
+  for (const std::string& input : inputs) {
+    const fs::path p = fs::path(input).lexically_normal();
+    const fs::path base = p.has_filename() ? p : p.parent_path();
+    const std::string name =
+        fs::is_directory(input) ? base.filename().string() : base.stem().string();
+    if (std::find(out.names.begin(), out.names.end(), name) != out.names.end()) {
+      throw Error(fmt::format("--labelled: two inputs make the class \"{}\" ({})", name, input),
+                  "each input's file name names its class: give the classes distinct names");
+    }
+    const TextCorpus one = read_text_corpus({input});
+    for (const std::string& f : one.files) {
+      std::error_code ec;
+      const std::string key = fs::weakly_canonical(f, ec).string();
+      const auto [it, fresh] = file_class.emplace(ec ? f : key, name);
+      if (!fresh) {
+        throw Error(fmt::format("--labelled: {} is read for class \"{}\" and for class \"{}\"", f,
+                                it->second, name),
+                    "a text belongs to one class: keep the classes' files apart");
+      }
+    }
+    const auto id = static_cast<int32_t>(out.names.size());
+    out.names.push_back(name);
+    for (const auto& [offset, length] : one.spans) {
+      out.corpus.spans.emplace_back(out.corpus.text.size() + offset, length);
+      out.labels.push_back(id);
+    }
+    out.corpus.text += one.text;
+    out.corpus.files.insert(out.corpus.files.end(), one.files.begin(), one.files.end());
+    out.corpus.skipped.insert(out.corpus.skipped.end(), one.skipped.begin(), one.skipped.end());
+  }
+  return out;
 }
 
 std::vector<DocSplit> split_documents(int64_t documents, uint64_t seed, double fraction) {

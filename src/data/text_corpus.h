@@ -34,6 +34,18 @@ struct TextCorpus {
 };
 TextCorpus read_text_corpus(const std::vector<std::string>& inputs);
 
+// Text classification (`dtrain data tokenize --labelled`): each input, a file or a
+// directory read by the rules above, is one class, named by its file name (without
+// the extension for a file): `--input reviews/pos --input reviews/neg`, or fortune
+// files by topic. Classes take ids in input order; every document of an input has its
+// class. At least two classes, each with a document; names and files are not shared.
+struct LabelledCorpus {
+  TextCorpus corpus;
+  std::vector<int32_t> labels;     // per document of corpus
+  std::vector<std::string> names;  // per class id
+};
+LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs);
+
 // Document i goes to validation when the first word of Philox(seed, (doc_split, i))
 // is below fraction * 2^32. With 0 < fraction and at least two documents, each
 // side keeps at least one (the lowest draw moves to validation, the highest to train).

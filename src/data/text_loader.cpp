@@ -6,6 +6,7 @@
 #include "data/text_loader.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,8 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/atomic_file.h"
+#include "data/file_bytes.h"
 #include "data/rng_streams.h"
 
 namespace dtrain {
@@ -165,6 +168,100 @@ TokenBatch TextBatches::next() {
   return out;
 }
 
+// The first token of each text: the one after each separator.
+std::vector<int64_t> text_starts(const TokenShard& shard, TokenId separator) {
+  std::vector<int64_t> starts;
+  for (size_t i = 0; i < shard.tokens.size(); ++i)
+    if (shard.tokens[i] == separator) starts.push_back(static_cast<int64_t>(i) + 1);
+  return starts;
+}
+
+ClassifyBatches::ClassifyBatches(LabelledText data, ClassifyConfig config, DataPosition start)
+    : data_(std::move(data)),
+      config_(config),
+      starts_(text_starts(*data_.tokens, config_.separator)),
+      sampler_(
+          [&] {
+            DTRAIN_CHECK(config_.seq_len >= 2 && config_.batch > 0 && config_.world > 0,
+                         "T {} B {} world {}", config_.seq_len, config_.batch, config_.world);
+            const auto n = static_cast<int64_t>(starts_.size());
+            if (n != static_cast<int64_t>(data_.labels->tokens.size())) {
+              throw Error(fmt::format("{}: {} texts, but {} holds {} labels", data_.tokens->path, n,
+                                      data_.labels->path, data_.labels->tokens.size()),
+                          "the two files come from different runs; run `dtrain data tokenize "
+                          "--labelled` again into an empty directory");
+            }
+            const bool train = config_.order == TextOrder::shuffled;
+            const int64_t global = config_.batch * config_.world;
+            if (n == 0 || (train && n < global)) {
+              throw Error(fmt::format("{}: {} texts, fewer than {}", data_.tokens->path, n,
+                                      train ? fmt::format("one global batch of {} ({} per rank "
+                                                          "x {} ranks)",
+                                                          global, config_.batch, config_.world)
+                                            : std::string("one")),
+                          "lower data.global_batch, or give more texts (a larger "
+                          "--val-fraction for the validation split)");
+            }
+            SamplerConfig s;
+            s.dataset_size = n;
+            s.batch = config_.batch;
+            s.rank = config_.rank;
+            s.world = config_.world;
+            s.seed = config_.seed;
+            s.shuffle = train ? Shuffle::on : Shuffle::off;
+            s.tail = train ? Tail::drop : Tail::pad;
+            return s;
+          }(),
+          start),
+      rows_(static_cast<size_t>(config_.batch)) {}
+
+BatchInfo ClassifyBatches::next(int32_t* input, int32_t* labels) {
+  const BatchInfo info = sampler_.next(rows_.data());
+  const int64_t t_len = config_.seq_len;
+  const std::vector<TokenId>& tokens = data_.tokens->tokens;
+  const auto n = static_cast<int64_t>(starts_.size());
+  for (int64_t b = 0; b < config_.batch; ++b) {
+    const int64_t k = rows_[static_cast<size_t>(b)];
+    const int64_t begin = starts_[static_cast<size_t>(k)];
+    const int64_t end =
+        k + 1 < n ? starts_[static_cast<size_t>(k + 1)] - 1 : static_cast<int64_t>(tokens.size());
+    const int64_t len = std::min(end - begin, t_len - 2);
+    int32_t* row = input + b * t_len;
+    row[0] = config_.cls;
+    std::copy(tokens.begin() + begin, tokens.begin() + begin + len, row + 1);
+    row[len + 1] = config_.sep;
+    std::fill(row + len + 2, row + t_len, config_.pad);
+    labels[b] = b < info.valid ? data_.labels->tokens[static_cast<size_t>(k)] : kIgnoreLabel;
+  }
+  return info;
+}
+
+namespace {
+
+constexpr const char* kRetokenize =
+    "the files come from different runs; run `dtrain data tokenize` again into an empty "
+    "directory";
+
+std::vector<std::string> read_class_names(const std::filesystem::path& file) {
+  const FileBytes f = read_file_bytes(file.string(), kRetokenize);
+  try {
+    const auto j = nlohmann::json::parse(f.bytes.begin(), f.bytes.end());
+    auto names = j.at("classes").get<std::vector<std::string>>();
+    if (names.size() < 2) throw Error(fmt::format("{}: fewer than two classes", file.string()));
+    return names;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: not a labels file: {}", file.string(), e.what()),
+                "expected {\"classes\": [names]}, as `dtrain data tokenize --labelled` writes");
+  }
+}
+
+}  // namespace
+
+void write_class_names(const std::string& dir, const std::vector<std::string>& names) {
+  const std::string text = nlohmann::json{{"classes", names}}.dump(1) + "\n";
+  write_file_atomic((std::filesystem::path(dir) / "labels.json").string(), {text});
+}
+
 TextData open_text_data(const std::string& dir) {
   const std::filesystem::path d(dir);
   TextData data;
@@ -178,6 +275,18 @@ TextData open_text_data(const std::string& dir) {
                               shard->vocab_size, dir, data.tokenizer->vocab_size()),
                   "the shards and the tokenizer come from different runs; run `dtrain data "
                   "tokenize` again into an empty directory");
+  }
+  if (!std::filesystem::exists(d / "labels.json")) return data;
+  data.classes = read_class_names(d / "labels.json");
+  data.train_labels =
+      std::make_shared<const TokenShard>(read_token_shard((d / "train.labels.bin").string()));
+  data.val_labels =
+      std::make_shared<const TokenShard>(read_token_shard((d / "val.labels.bin").string()));
+  for (const auto& shard : {data.train_labels, data.val_labels}) {
+    if (shard->vocab_size != static_cast<int64_t>(data.classes.size()))
+      throw Error(fmt::format("{}: {} classes, but {}/labels.json names {}", shard->path,
+                              shard->vocab_size, dir, data.classes.size()),
+                  kRetokenize);
   }
   return data;
 }

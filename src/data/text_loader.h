@@ -89,13 +89,58 @@ class TextBatches {
   std::vector<int64_t> rows_;
 };
 
+// Text classification (BERT with a classifier head): one labelled text per row.
+// A shard from `dtrain data tokenize --labelled` holds <|endoftext|> before each
+// text (as every shard does); its labels file holds one class per text, in order.
+// Row of text k: [CLS], its first T - 2 tokens, [SEP], then [PAD] up to T (the model
+// masks the [PAD] keys); the label is its class. The Sampler orders the texts per
+// epoch and shards them by rank as it does image samples; evaluation pads its last
+// batch by wrapping around, those rows' labels kIgnoreLabel.
+struct LabelledText {
+  std::shared_ptr<const TokenShard> tokens;  // train.bin / val.bin
+  std::shared_ptr<const TokenShard> labels;  // train.labels.bin / val.labels.bin
+};
+struct ClassifyConfig {
+  int64_t seq_len = 0;  // T, at least 2
+  int64_t batch = 1;    // B, per rank
+  int rank = 0;
+  int world = 1;
+  uint64_t seed = 0;
+  TextOrder order = TextOrder::shuffled;
+  TokenId separator = -1;  // the id before each text in the shard (<|endoftext|>)
+  TokenId cls = -1, sep = -1, pad = -1;
+};
+class ClassifyBatches {
+ public:
+  ClassifyBatches(LabelledText data, ClassifyConfig config, DataPosition start = {});
+  // input i32 [B, T], labels i32 [B]
+  BatchInfo next(int32_t* input, int32_t* labels);
+  int64_t texts() const { return static_cast<int64_t>(starts_.size()); }
+  int64_t batches_per_epoch() const { return sampler_.batches_per_epoch(); }
+  const std::string& path() const { return data_.tokens->path; }
+
+ private:
+  LabelledText data_;
+  ClassifyConfig config_;
+  std::vector<int64_t> starts_;  // the first token of each text, after its separator
+  Sampler sampler_;
+  std::vector<int64_t> rows_;
+};
+
 // What `dtrain data tokenize` writes into one directory (data.path).
 struct TextData {
   std::shared_ptr<const Tokenizer> tokenizer;  // dir/tokenizer.json
   std::shared_ptr<const TokenShard> train;     // dir/train.bin
   std::shared_ptr<const TokenShard> val;       // dir/val.bin
+  // --labelled: dir/labels.json (the class names) and one class per text of each shard
+  // (dir/train.labels.bin, dir/val.labels.bin); all empty for a language-model corpus.
+  std::vector<std::string> classes;
+  std::shared_ptr<const TokenShard> train_labels, val_labels;
 };
-// Loads and cross-checks the three files (the shards' vocab size is the tokenizer's).
+// Loads and cross-checks the files (the shards' vocab size is the tokenizer's; a labels
+// shard's is the class count, and it holds one label per text of its token shard).
 TextData open_text_data(const std::string& dir);
+// dir/labels.json: {"classes": [names in id order]}, written atomically.
+void write_class_names(const std::string& dir, const std::vector<std::string>& names);
 
 }  // namespace dtrain

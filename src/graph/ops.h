@@ -92,6 +92,9 @@ std::unique_ptr<Op> patchify(int64_t patch);
 // x [N, T, C] -> [N, T + 1, C]: a learned class token prepended, then learned
 // positions added. Params class_token [C] (zeros), position_embeddings [T + 1, C].
 std::unique_ptr<Op> class_token_positions(int64_t tokens, int64_t channels, double init_std = 0.02);
+// ids i32 [B, T] -> u8 [B, T]: 0 where the id is pad_id, else 1: self_attention's key
+// mask for padded sequences (BERT classification). pad_id -1 masks nothing.
+std::unique_ptr<Op> padding_mask(int64_t pad_id);
 // x [B, T, C] -> x[:, index] [B, C] (BERT's pooler, ViT's class head)
 std::unique_ptr<Op> select_token(int64_t index);
 // x [B, T, C], labels i32 [B, T] -> rows [B, M, C], labels i32 [B, M]: the

@@ -76,6 +76,30 @@ class ImageSource final : public DataSource {
 
 // ---- tokens ----------------------------------------------------------------
 
+// data.path of a tokens job, checked against the model's vocabulary.
+TextData open_token_dir(const Job& job, int64_t vocab) {
+  if (!job.data.path) {
+    throw Error("data.path: the tokens dataset needs the directory `dtrain data tokenize` wrote",
+                "run `dtrain data tokenize --input TEXT... --vocab-size N --out DIR`, then set "
+                "data.path: DIR");
+  }
+  const std::string& dir = *job.data.path;
+  if (!std::filesystem::is_directory(dir)) {
+    throw Error(fmt::format("data.path: {} is not a directory", dir),
+                fmt::format("tokenize a corpus first, e.g. `dtrain data tokenize --input "
+                            "/usr/share/games/fortunes --vocab-size 8192 --out {}`",
+                            dir));
+  }
+  TextData data = open_text_data(dir);
+  if (data.tokenizer->vocab_size() > vocab) {
+    throw Error(fmt::format("model.vocab_size: {} is smaller than the {} tokens of {}/"
+                            "tokenizer.json",
+                            vocab, data.tokenizer->vocab_size(), dir),
+                fmt::format("set model.vocab_size: {}", data.tokenizer->vocab_size()));
+  }
+  return data;
+}
+
 class TextFeed final : public DataFeed {
  public:
   TextFeed(std::shared_ptr<const TokenShard> shard, const TextBatchConfig& cfg,
@@ -169,25 +193,7 @@ class TextSource final : public DataSource {
 
  private:
   void open_shards(int64_t vocab) {
-    if (!job_.data.path) {
-      throw Error("data.path: the tokens dataset needs the directory `dtrain data tokenize` wrote",
-                  "run `dtrain data tokenize --input TEXT... --vocab-size N --out DIR`, then set "
-                  "data.path: DIR");
-    }
-    const std::string& dir = *job_.data.path;
-    if (!std::filesystem::is_directory(dir)) {
-      throw Error(fmt::format("data.path: {} is not a directory", dir),
-                  fmt::format("tokenize a corpus first, e.g. `dtrain data tokenize --input "
-                              "/usr/share/games/fortunes --vocab-size 8192 --out {}`",
-                              dir));
-    }
-    TextData data = open_text_data(dir);
-    if (data.tokenizer->vocab_size() > vocab) {
-      throw Error(fmt::format("model.vocab_size: {} is smaller than the {} tokens of {}/"
-                              "tokenizer.json",
-                              vocab, data.tokenizer->vocab_size(), dir),
-                  fmt::format("set model.vocab_size: {}", data.tokenizer->vocab_size()));
-    }
+    const TextData data = open_token_dir(job_, vocab);
     masking_ = {predictions(), data.tokenizer->special(Special::mask),
                 data.tokenizer->first_special()};
     train_ = data.train;
@@ -209,7 +215,170 @@ class TextSource final : public DataSource {
   std::shared_ptr<const TokenShard> train_, val_;
 };
 
+// ---- labelled texts (BERT classification) ----------------------------------
+
+class ClassifyFeed final : public DataFeed {
+ public:
+  ClassifyFeed(LabelledText data, const ClassifyConfig& cfg, DataPosition start = {})
+      : batches_(std::move(data), cfg, start),
+        input_(Tensor::empty({cfg.batch, cfg.seq_len}, DType::i32)),
+        labels_(Tensor::empty({cfg.batch}, DType::i32)) {}
+
+  const FeedBatch& next() override {
+    const BatchInfo info = batches_.next(input_.data<int32_t>(), labels_.data<int32_t>());
+    batch_ = {input_, labels_, info.next, info.epoch, count_labelled(labels_)};
+    return batch_;
+  }
+  int64_t batches_per_epoch() const override { return batches_.batches_per_epoch(); }
+  double wait_seconds() const override { return 0.0; }
+  std::string describe() const override {
+    return fmt::format("{} texts in {}", batches_.texts(), batches_.path());
+  }
+
+ private:
+  ClassifyBatches batches_;
+  Tensor input_, labels_;
+  FeedBatch batch_;
+};
+
+// Synthetic labelled texts in the layout of a dtrain vocabulary of `vocab` ids (the
+// specials on top: <|endoftext|> vocab - 6 ... [MASK] vocab - 1): `count` texts of 1 to
+// seq_len ordinary ids, each with a uniform class.
+LabelledText synthetic_texts(int64_t vocab, int64_t seq_len, int64_t classes, int64_t count,
+                             uint64_t seed, uint32_t split) {
+  auto tokens = std::make_shared<TokenShard>();
+  auto labels = std::make_shared<TokenShard>();
+  const char* name = split == 0 ? "train" : "test";
+  tokens->path = fmt::format("<synthetic {} texts>", name);
+  labels->path = fmt::format("<synthetic {} labels>", name);
+  tokens->vocab_size = vocab;
+  labels->vocab_size = classes;
+  const auto ordinary = static_cast<uint32_t>(vocab - kNumSpecials);
+  // Stream (synthetic, 4 + split, 0): words 2k and 2k + 1 draw text k's class and length;
+  // stream (synthetic, 6 + split, k) its ids.
+  const Philox meta(seed, rng_stream_id(data_rng::kSynthetic, 4 + split, 0));
+  for (int64_t k = 0; k < count; ++k) {
+    const auto u = static_cast<uint64_t>(k);
+    labels->tokens.push_back(
+        static_cast<TokenId>(meta.u32(2 * u) % static_cast<uint32_t>(classes)));
+    const int64_t len =
+        1 + static_cast<int64_t>(meta.u32(2 * u + 1) % static_cast<uint32_t>(seq_len));
+    const Philox text(seed, rng_stream_id(data_rng::kSynthetic, 6 + split, u));
+    tokens->tokens.push_back(static_cast<TokenId>(vocab - kNumSpecials));  // <|endoftext|>
+    for (int64_t i = 0; i < len; ++i)
+      tokens->tokens.push_back(static_cast<TokenId>(text.u32(static_cast<uint64_t>(i)) % ordinary));
+  }
+  return {tokens, labels};
+}
+
+class ClassifySource final : public DataSource {
+ public:
+  ClassifySource(const Job& job, uint64_t seed, DataShard shard)
+      : job_(job), seed_(seed), shard_(shard) {
+    const ModelOptions& m = job.model;
+    const int64_t vocab = m.vocab_size.value_or(0), seq = m.seq_len.value_or(0);
+    const int64_t classes = *m.num_classes;
+    if (seq < 3) {
+      throw Error(fmt::format("model.seq_len: {}; a classifier's row holds [CLS] and [SEP] "
+                              "around its text",
+                              seq),
+                  "set model.seq_len to at least 3 (texts longer than seq_len - 2 tokens are cut)");
+    }
+    if (job.data.dataset == DatasetName::synthetic) {
+      if (vocab <= kNumSpecials) {
+        throw Error(fmt::format("model.vocab_size: {} leaves no ordinary token after the {} "
+                                "specials",
+                                vocab, kNumSpecials),
+                    "set a larger model.vocab_size");
+      }
+      train_ = synthetic_texts(vocab, seq - 2, classes, 4096, seed, 0);
+      val_ = synthetic_texts(vocab, seq - 2, classes, 256, seed, 1);
+      ids_ = {static_cast<TokenId>(vocab - kNumSpecials), static_cast<TokenId>(vocab - 3),
+              static_cast<TokenId>(vocab - 2), static_cast<TokenId>(vocab - 5)};
+    } else {
+      const TextData data = open_token_dir(job, vocab);
+      const std::string& dir = *job.data.path;
+      if (data.classes.empty()) {
+        throw Error(fmt::format("data.path: {} holds token shards without labels, but "
+                                "model.num_classes: {} asks for a classifier",
+                                dir, classes),
+                    "tokenize labelled texts with `dtrain data tokenize --labelled --input "
+                    "CLASS_A --input CLASS_B ...`, or remove model.num_classes to pretrain "
+                    "with the masked-LM objective");
+      }
+      if (static_cast<int64_t>(data.classes.size()) != classes) {
+        throw Error(fmt::format("model.num_classes: {}, but {}/labels.json names {} classes",
+                                classes, dir, data.classes.size()),
+                    fmt::format("set model.num_classes: {}", data.classes.size()));
+      }
+      train_ = {data.train, data.train_labels};
+      val_ = {data.val, data.val_labels};
+      const Tokenizer& tok = *data.tokenizer;
+      ids_ = {tok.special(Special::endoftext), tok.special(Special::cls), tok.special(Special::sep),
+              tok.special(Special::pad)};
+    }
+    train_ = first_texts(train_, job.data.limit.train, "train");
+    val_ = first_texts(val_, job.data.limit.test, "test");
+    feed(FeedSplit::eval, {});  // a validation split without one text is refused now
+  }
+
+  std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {
+    ClassifyConfig cfg;
+    cfg.seq_len = job_.model.seq_len.value_or(0);
+    cfg.batch = job_.data.micro_batch;
+    cfg.rank = shard_.rank;
+    cfg.world = shard_.world;
+    cfg.seed = seed_;
+    cfg.separator = ids_.separator;
+    cfg.cls = ids_.cls;
+    cfg.sep = ids_.sep;
+    cfg.pad = ids_.pad;
+    if (split == FeedSplit::eval) {
+      cfg.order = TextOrder::sequential;
+      return std::make_unique<ClassifyFeed>(val_, cfg);
+    }
+    return std::make_unique<ClassifyFeed>(train_, cfg, start);
+  }
+
+ private:
+  // The first `texts` texts (data.limit.<key>): tokens up to the next separator after them.
+  LabelledText first_texts(const LabelledText& d, std::optional<int64_t> texts,
+                           const char* key) const {
+    if (!texts || *texts >= static_cast<int64_t>(d.labels->tokens.size())) return d;
+    int64_t seen = 0;
+    size_t end = 0;
+    for (; end < d.tokens->tokens.size(); ++end)
+      if (d.tokens->tokens[end] == ids_.separator && seen++ == *texts) break;
+    auto tokens = std::make_shared<TokenShard>(*d.tokens);
+    auto labels = std::make_shared<TokenShard>(*d.labels);
+    tokens->tokens.resize(end);
+    labels->tokens.resize(static_cast<size_t>(*texts));
+    tokens->path = fmt::format("{} cut to {} texts by data.limit.{}", d.tokens->path, *texts, key);
+    return {tokens, labels};
+  }
+
+  struct Ids {
+    TokenId separator = -1, cls = -1, sep = -1, pad = -1;
+  };
+  const Job& job_;
+  uint64_t seed_;
+  DataShard shard_;
+  LabelledText train_, val_;
+  Ids ids_;
+};
+
 }  // namespace
+
+std::optional<int> padding_token(const Job& job) {
+  const ArchPreset* arch = find_arch(job.model.arch);
+  if (!arch || arch->family != ModelFamily::bert || !job.model.num_classes) return std::nullopt;
+  if (job.data.dataset == DatasetName::synthetic) return job.model.vocab_size.value_or(0) - 5;
+  if (!job.data.path) return std::nullopt;
+  const std::filesystem::path file = std::filesystem::path(*job.data.path) / "tokenizer.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return std::nullopt;  // open() says why
+  return Tokenizer::load(file.string()).special(Special::pad);
+}
 
 int64_t count_labelled(const Tensor& labels) {
   const int32_t* l = labels.data<int32_t>();
@@ -229,12 +398,8 @@ std::unique_ptr<DataSource> DataSource::open(const Job& job, uint64_t seed, Data
                   "use data.dataset: tokens (with data.path from `dtrain data tokenize`) or "
                   "synthetic");
     }
-    if (arch->family == ModelFamily::bert && job.model.num_classes) {
-      throw Error(
-          "model.num_classes: BERT sequence classification needs a labelled text dataset, "
-          "which dtrain does not read yet",
-          "remove model.num_classes to pretrain with the masked-LM objective");
-    }
+    if (arch->family == ModelFamily::bert && job.model.num_classes)
+      return std::make_unique<ClassifySource>(job, seed, shard);
     return std::make_unique<TextSource>(job, seed, shard);
   }
   if (job.data.dataset == DatasetName::tokens) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
@@ -22,6 +23,11 @@ struct FeedBatch {
   int64_t epoch = 0;
   int64_t labelled = 0;  // labels that count (not -100): the loss is their mean
 };
+
+// A BERT classifier's [PAD] id (the tokenizer's in data.path, or the synthetic
+// layout's), which the model's attention masks (ModelOptions::pad_token_id); nullopt for
+// every other model, or when data.path has no tokenizer (DataSource::open says why).
+std::optional<int> padding_token(const Job& job);
 
 // The labels of `labels` (i32, on the host) that count for the loss.
 int64_t count_labelled(const Tensor& labels);

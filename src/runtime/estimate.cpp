@@ -472,18 +472,21 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     add("gradient accumulation", stage_grads_bytes, "f32, over micro-batches" + stage_note);
   // Data: what the feed holds. Images: the loader's slots (prefetch + 1 with workers),
   // each a batch of f32 images and i32 labels, and the feed's label copy. Tokens: the
-  // batch in use and the next one, each ids and labels i32 [batch, seq].
+  // batch in use and the next one, each ids and labels i32 [batch, seq]; labelled texts
+  // (a classifier's labels are [batch]): the one batch the feed refills.
   const graph::TensorSpec& in = g.value(m.input).spec;
   const size_t in_bytes = static_cast<size_t>(in.shape.numel()) * dtype_size(in.dtype);
   const size_t label_bytes = static_cast<size_t>(g.value(m.labels).spec.shape.numel()) * 4;
   const bool images = in.dtype != DType::i32;
   const int slots = job.data.workers == 0 ? 1 : job.data.prefetch + 1;
+  const bool texts = !images && g.value(m.labels).spec.shape.rank() == 1;
   const size_t data = images ? static_cast<size_t>(slots) * (round(in_bytes) + round(label_bytes)) +
                                    round(label_bytes)
-                             : 2 * (round(in_bytes) + round(label_bytes));
+                             : (texts ? 1 : 2) * (round(in_bytes) + round(label_bytes));
   add("data", data,
-      images ? fmt::format("{} loader slot(s) of {} samples", slots, batch)
-             : fmt::format("2 batches of {} windows", batch));
+      images  ? fmt::format("{} loader slot(s) of {} samples", slots, batch)
+      : texts ? fmt::format("1 batch of {} texts", batch)
+              : fmt::format("2 batches of {} windows", batch));
   // An image dataset read from files is held whole for the run: u8 pixels and labels of
   // both splits (data::read_idx, read_cifar), whatever data.limit uses of them.
   if (const std::optional<DatasetShape> ds = dataset_shape(job.data.dataset)) {

@@ -4,6 +4,7 @@
 #include "runtime/safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -331,7 +332,15 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
     const bool is_param = x.store == StoreKind::params;
     const graph::FlatEntry& e = (is_param ? p32 : b32)[static_cast<size_t>(x.entry)];
     Tensor dst = (is_param ? out.params : out.buffers).view(e.offset, e.spec.shape);
-    from_reference(x, widen(t.tensor), dst);
+    const Tensor wide = widen(t.tensor);
+    const float* v = wide.data<float>();
+    const float* bad = std::find_if(v, v + wide.numel(), [](float f) { return !std::isfinite(f); });
+    if (bad != v + wide.numel()) {
+      init_error(file, fmt::format("tensor {} holds {} at element {}", t.name, *bad, bad - v),
+                 "a training run would start from it and diverge at once: export the "
+                 "weights of an earlier checkpoint, or check how the file was written");
+    }
+    from_reference(x, wide, dst);
     ++out.tensors;
   }
   std::vector<bool> fresh(p32.size(), false);

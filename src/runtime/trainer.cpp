@@ -173,7 +173,9 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   micro_batches_ = job_.parallel.micro_batches;
   const int64_t batch = job_.data.micro_batch;
   policy_.compute = compute_dtype(job_.precision.dtype);
-  model_ = models::build_model(job_.model, batch, policy_);
+  ModelOptions model = job_.model;
+  model.pad_token_id = padding_token(job_);  // a BERT classifier's attention mask
+  model_ = models::build_model(model, batch, policy_);
   coord_ = dist::grid_coord(comm.rank(), dist::degrees_of(job_.parallel));
   if (job_.parallel.tensor > 1) {  // the split graph's ops reach the group once connected
     whole_layout_ = whole_f32_layout(model_.graph);
@@ -315,7 +317,9 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
     }
   }
   if (job_.model.init_from) init_from(*job_.model.init_from);
-  language_model_ = is_language_model(find_arch(job_.model.arch)->family);
+  // A BERT classifier predicts one class per text, as the image models do per image.
+  language_model_ =
+      is_language_model(find_arch(job_.model.arch)->family) && !job_.model.num_classes;
   // Data-parallel ranks read their shares; the stages of one pipeline read the same.
   source_ = DataSource::open(job_, counters_.seed, {coord_.dp, job_.parallel.data});
   out_dir_ = job_.run.output_dir;
@@ -754,8 +758,9 @@ void TrainSession::fail_non_finite(double loss) const {
   throw RunError(fmt::format("step {}: inf or nan in the gradients ({}) with the loss scale "
                              "already at precision.loss_scale.min = {}",
                              counters_.step, where, scaler_.scale()),
-                 "the model diverged: lower optimizer.lr, or set loss_scale.on_min: clamp to "
-                 "keep skipping");
+                 "the model diverged, or precision.loss_scale.min is too high for its "
+                 "gradients: lower optimizer.lr or loss_scale.min, or set loss_scale.on_min: "
+                 "clamp to keep skipping");
 }
 
 // Mean loss and top-1 accuracy over every predicted label of the test split:
@@ -903,6 +908,16 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
                               counters_.step, format_duration(secs),
                               language_model_ ? "token " : "", 100 * last_eval_.accuracy,
                               out_dir_.string()));
+  // A run that mostly skipped its updates still exits 0; it must not look like a good one.
+  const int64_t skipped = scaler_.state().skipped_steps;
+  if (skipped > 0 && 2 * skipped >= counters_.step) {
+    std::fprintf(stderr,
+                 "dtrain: warning: %lld of the run's %lld steps were skipped (inf or nan "
+                 "gradients), so the weights changed in %lld steps only; with "
+                 "precision.loss_scale.mode: static, lower loss_scale.init (or use dynamic)\n",
+                 static_cast<long long>(skipped), static_cast<long long>(counters_.step),
+                 static_cast<long long>(counters_.step - skipped));
+  }
   return 0;
 }
 

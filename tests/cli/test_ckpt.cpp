@@ -142,6 +142,13 @@ TEST_CASE("dtrain ckpt inspect and verify a single-file checkpoint, damage is ex
     r = ckpt(tmp.path(), bad);
     CHECK_MESSAGE(r.rc == 2, r.describe());
   }
+  // The job file's dtype names work too: fp16 is f16.
+  const fs::path half = tmp.path() / "half.safetensors";
+  r = ckpt(tmp.path(),
+           {"export", step2.string(), "--safetensors", half.string(), "--dtype", "fp16"});
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(has(r.log, " in f16, "), r.log);
+  CHECK(runtime::read_safetensors(half).tensors.at(0).tensor.dtype() == DType::f16);
 }
 
 TEST_CASE("dtrain ckpt export: every family under PyTorch names, back into our layout exactly") {
@@ -179,7 +186,8 @@ TEST_CASE("dtrain ckpt export: every family under PyTorch names, back into our l
 // model.init_from, end to end: a run started from another run's export holds that run's
 // weights (one step at lr 1e-30 leaves the parameters as they came in) for
 // GPT-2 (transposed Conv1D weights) and ResNet (batch-norm statistics); another
-// family's file, or a missing file, is exit 2 naming the key and the tensor or file.
+// family's file, a missing file or a NaN weight is exit 2 naming the key and the tensor
+// or file.
 TEST_CASE("model.init_from starts a run from an exported file, mismatches are exit 2") {
   TempDir tmp("ckpt-init-from");
   for (const Family* f : {&kFamilies[0], &kFamilies[1]}) {
@@ -229,6 +237,25 @@ TEST_CASE("model.init_from starts a run from an exported file, mismatches are ex
                  tmp.path() / "missing.log");
   CHECK_MESSAGE(missing.rc == 2, missing.describe());
   CHECK_MESSAGE(has(missing.log, "model.init_from: /nonexistent.safetensors"), missing.log);
+  // A NaN weight: refused naming the tensor, not trained on until the loss is NaN.
+  runtime::SafetensorsFile st = runtime::read_safetensors(gpt);
+  runtime::NamedTensor* fc = nullptr;
+  for (runtime::NamedTensor& t : st.tensors)
+    if (t.name == "transformer.h.0.mlp.c_fc.weight") fc = &t;
+  REQUIRE(fc != nullptr);
+  REQUIRE(fc->tensor.dtype() == DType::f32);
+  fc->tensor.data<float>()[5] = std::nanf("");
+  const fs::path nan_file = tmp.path() / "nan.safetensors";
+  runtime::write_safetensors(nan_file, st.tensors, st.metadata);
+  const fs::path gpt_job = tmp.path() / "gpt2-tiny-init.yaml";
+  const RunResult nan =
+      run_dtrain({gpt_job.string(), "--set", "model.init_from=" + nan_file.string(), "--set",
+                  "run.output_dir=" + (tmp.path() / "nan").string()},
+                 tmp.path() / "nan.log");
+  CHECK_MESSAGE(nan.rc == 2, nan.describe());
+  CHECK_MESSAGE(has(nan.log, "model.init_from: " + nan_file.string() +
+                                 ": tensor transformer.h.0.mlp.c_fc.weight holds nan at element 5"),
+                nan.log);
 }
 
 // Fine-tuning: an export of a 10-class ResNet and ViT into 4-class models. Their heads

@@ -39,6 +39,13 @@ TEST_CASE("IDX: wrong magic names the file, byte 0, and the swap it suggests") {
   Bytes b = idx_images(4);
   b[2] = 0x0d;  // a float IDX file
   CHECK(has(idx_error(b, idx_labels(4)), "wrong magic 0x00000d03"));
+  CHECK(
+      has(idx_error(idx_images(4), idx_images(4)), "(IDX, unsigned bytes, 1 dims: a labels file)"));
+}
+
+TEST_CASE("IDX: a header that declares no samples names the file") {
+  CHECK(has(idx_error(idx_images(0), idx_labels(0)),
+            "images: byte 4: the header declares 0 samples"));
 }
 
 TEST_CASE("IDX: wrong dims") {

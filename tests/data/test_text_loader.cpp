@@ -276,3 +276,145 @@ TEST_CASE("open_text_data loads a tokenized directory and cross-checks vocab siz
   CHECK(has(error_of([&] { open_text_data(dir.str()); }),
             dir.file("val.bin") + ": vocab size 300, but"));
 }
+
+// ---- text classification ------------------------------------------------------
+
+namespace {
+
+constexpr TokenId kCls = 1003, kSep = 1004, kPad = 1001;
+
+// Text k holds ids 10k, 10k+1, ... (k % 5 + 1 of them), class k % 3.
+LabelledText make_texts(int64_t n) {
+  auto tokens = std::make_shared<TokenShard>();
+  auto labels = std::make_shared<TokenShard>();
+  tokens->path = "/data/train.bin";
+  labels->path = "/data/train.labels.bin";
+  tokens->vocab_size = kVocab;
+  labels->vocab_size = 3;
+  for (int64_t k = 0; k < n; ++k) {
+    tokens->tokens.push_back(kEot);
+    for (int64_t i = 0; i < k % 5 + 1; ++i) tokens->tokens.push_back(TokenId(10 * k + i));
+    labels->tokens.push_back(TokenId(k % 3));
+  }
+  return {tokens, labels};
+}
+
+ClassifyConfig classify(int64_t t, int64_t b, int rank = 0, int world = 1) {
+  ClassifyConfig c;
+  c.seq_len = t;
+  c.batch = b;
+  c.rank = rank;
+  c.world = world;
+  c.seed = 5;
+  c.separator = kEot;
+  c.cls = kCls;
+  c.sep = kSep;
+  c.pad = kPad;
+  return c;
+}
+
+struct ClassRows {
+  std::vector<int32_t> input, labels;
+  BatchInfo info;
+};
+ClassRows take(ClassifyBatches& cb, const ClassifyConfig& c) {
+  ClassRows r;
+  r.input.resize(static_cast<size_t>(c.batch * c.seq_len));
+  r.labels.resize(static_cast<size_t>(c.batch));
+  r.info = cb.next(r.input.data(), r.labels.data());
+  return r;
+}
+
+// The text of a row ([CLS] ids [SEP] [PAD]...), or an empty vector when the row breaks
+// that layout.
+std::vector<int32_t> text_of(const int32_t* row, int64_t t) {
+  if (row[0] != kCls) return {};
+  int64_t sep = 1;
+  while (sep < t && row[sep] != kSep) ++sep;
+  if (sep == t) return {};
+  for (int64_t i = sep + 1; i < t; ++i)
+    if (row[i] != kPad) return {};
+  return std::vector<int32_t>(row + 1, row + sep);
+}
+
+}  // namespace
+
+TEST_CASE("classification rows: [CLS] text [SEP] [PAD]..., the text's class, cut at T - 2") {
+  const LabelledText d = make_texts(40);
+  for (const int64_t t : {8, 4}) {
+    CAPTURE(t);
+    const ClassifyConfig c = classify(t, 8);
+    ClassifyBatches cb(d, c);
+    CHECK(cb.texts() == 40);
+    CHECK(cb.batches_per_epoch() == 5);
+    std::set<int64_t> seen;
+    for (int step = 0; step < 5; ++step) {
+      const ClassRows r = take(cb, c);
+      for (int64_t b = 0; b < c.batch; ++b) {
+        const std::vector<int32_t> text = text_of(r.input.data() + b * t, t);
+        REQUIRE(!text.empty());
+        const int64_t k = text[0] / 10;  // which text this row is
+        const auto len = std::min<int64_t>(k % 5 + 1, t - 2);
+        REQUIRE(static_cast<int64_t>(text.size()) == len);
+        for (int64_t i = 0; i < len; ++i) CHECK(text[i] == 10 * k + i);
+        CHECK(r.labels[b] == k % 3);
+        seen.insert(k);
+      }
+    }
+    CHECK(seen.size() == 40);  // one epoch: every text once
+  }
+}
+
+TEST_CASE("classification: ranks split each global batch, evaluation pads with ignored rows") {
+  const LabelledText d = make_texts(40);
+  ClassifyBatches one(d, classify(8, 4));
+  ClassifyBatches r0(d, classify(8, 2, 0, 2)), r1(d, classify(8, 2, 1, 2));
+  for (int step = 0; step < 12; ++step) {  // past an epoch
+    const ClassRows a = take(one, classify(8, 4));
+    const ClassRows b0 = take(r0, classify(8, 2, 0, 2));
+    const ClassRows b1 = take(r1, classify(8, 2, 1, 2));
+    std::vector<int32_t> joined = b0.input;
+    joined.insert(joined.end(), b1.input.begin(), b1.input.end());
+    CHECK(joined == a.input);
+    CHECK(a.info.next == b1.info.next);
+  }
+  ClassifyConfig ev = classify(8, 16);
+  ev.order = TextOrder::sequential;
+  ClassifyBatches eval(d, ev);
+  CHECK(eval.batches_per_epoch() == 3);
+  ClassRows last;
+  for (int i = 0; i < 3; ++i) last = take(eval, ev);
+  CHECK(last.info.valid == 8);  // texts 32..39, then 8 padding rows
+  CHECK(last.labels[7] == 39 % 3);
+  CHECK(last.labels[8] == kIgnoreLabel);
+  CHECK(last.labels[15] == kIgnoreLabel);
+}
+
+TEST_CASE("classification data errors name the files") {
+  LabelledText d = make_texts(10);
+  auto fewer = std::make_shared<TokenShard>(*d.labels);
+  fewer->tokens.pop_back();
+  CHECK(has(error_of([&] {
+              ClassifyBatches({d.tokens, fewer}, classify(8, 2));
+            }),
+            "/data/train.bin: 10 texts, but /data/train.labels.bin holds 9 labels"));
+  CHECK(has(error_of([&] { ClassifyBatches(d, classify(8, 16)); }),
+            "/data/train.bin: 10 texts, fewer than one global batch of 16"));
+
+  TempDir dir("text-labels");
+  const Tokenizer t = Tokenizer::train({"ab ab cd cd"}, 1000);
+  t.save(dir.file("tokenizer.json"));
+  std::vector<TokenId> ids = {t.special(Special::endoftext)};
+  for (TokenId id : t.encode("ab cd")) ids.push_back(id);
+  write_token_shard(dir.file("train.bin"), ids, t.vocab_size());
+  write_token_shard(dir.file("val.bin"), ids, t.vocab_size());
+  write_class_names(dir.str(), {"a", "b"});
+  write_token_shard(dir.file("train.labels.bin"), {1}, 2);
+  write_token_shard(dir.file("val.labels.bin"), {0}, 3);
+  CHECK(has(error_of([&] { open_text_data(dir.str()); }),
+            dir.file("val.labels.bin") + ": 3 classes, but " + dir.str() + "/labels.json names 2"));
+  write_token_shard(dir.file("val.labels.bin"), {0}, 2);
+  const TextData ok = open_text_data(dir.str());
+  CHECK(ok.classes == std::vector<std::string>{"a", "b"});
+  CHECK(ok.train_labels->tokens == std::vector<TokenId>{1});
+}

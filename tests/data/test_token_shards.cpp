@@ -121,6 +121,31 @@ TEST_CASE("text corpus: fortune records, skipped files, whole-file documents") {
   CHECK(has(error_of([&] { read_text_corpus({empty.str()}); }), "no text in"));
 }
 
+TEST_CASE("labelled corpus: each input is a class named by its file name") {
+  TempDir dir("labelled");
+  std::filesystem::create_directories(dir.file("pos"));
+  write_plain(dir.file("pos/a.txt"), Bytes{'g', 'o', 'o', 'd'});
+  write_plain(dir.file("pos/b.txt"), Bytes{'f', 'i', 'n', 'e'});
+  write_plain(dir.file("neg.txt"), Bytes{'b', 'a', 'd', '\n', '%', '\n', 'p', 'o', 'o', 'r'});
+  const LabelledCorpus c = read_labelled_corpus({dir.file("pos") + "/", dir.file("neg.txt")});
+  CHECK(c.names == std::vector<std::string>{"pos", "neg"});
+  REQUIRE(c.corpus.documents() == 4);
+  CHECK(c.labels == std::vector<int32_t>{0, 0, 1, 1});
+  CHECK(c.corpus.document(1) == "fine");
+  CHECK(c.corpus.document(3) == "poor");
+
+  std::string e = error_of([&] { read_labelled_corpus({dir.file("pos")}); });
+  CHECK(has(e, "--labelled: 1 input(s); each input is one class"));
+  e = error_of([&] {
+    read_labelled_corpus({dir.file("pos"), dir.file("pos/a.txt"), dir.file("pos")});
+  });
+  CHECK(has(e, "is read for class \"pos\" and for class \"a\""));
+  std::filesystem::create_directories(dir.file("other/pos"));
+  write_plain(dir.file("other/pos/c.txt"), Bytes{'o', 'k'});
+  e = error_of([&] { read_labelled_corpus({dir.file("pos"), dir.file("other/pos")}); });
+  CHECK(has(e, "two inputs make the class \"pos\""));
+}
+
 TEST_CASE("document split: deterministic, near the fraction, both sides non-empty") {
   const auto a = split_documents(10000, 3, 0.05);
   CHECK(a == split_documents(10000, 3, 0.05));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 
 #include "graph/executor.h"
 #include "models/bert.h"
@@ -268,6 +269,67 @@ TEST_CASE("tiny BERT masked-LM: whole-model gradients match finite differences")
   // Position rows past seq_len are never used: exactly zero gradient.
   for (int64_t i = 8 * 16; i < 12 * 16; ++i)
     CHECK(grad_at(ex, "embeddings.position_embeddings.weight", i) == 0.0);
+}
+
+// A BERT classifier reads [CLS] text [SEP] then [PAD]s (vocab 50: [CLS] 47, [SEP] 48,
+// [PAD] 49 here); attention hides the [PAD] keys, so a text's loss and every gradient
+// are the same with 3 or 7 padding tokens after it (seq_len 8 or 12), and the [PAD]
+// embedding row gets no gradient at all; without the mask (no pad_token_id) it does.
+// Finite differences check the classifier's gradients through the mask.
+TEST_CASE("BERT classifier: padding keys are masked, gradients match finite differences") {
+  ModelOptions o = tiny("bert-base");
+  o.num_classes = 3;
+  o.mlm_predictions.reset();
+  const auto feed = [](graph::Executor& ex, const ModelGraph& m) {
+    const int64_t t = m.graph.value(m.input).spec.shape[1];
+    Tensor in = Tensor::empty({2, t}, DType::i32);
+    std::fill(in.data<int32_t>(), in.data<int32_t>() + in.numel(), 49);
+    const int32_t rows[2][5] = {{47, 3, 4, 5, 48}, {47, 9, 48, 49, 49}};
+    for (int b = 0; b < 2; ++b) std::copy(rows[b], rows[b] + 5, in.data<int32_t>() + b * t);
+    ex.set_input(m.input, in);
+    ex.set_input(m.labels, ids({2}, 3, 1, 1));
+  };
+  double pad_grad = 0;  // the largest |gradient| of the [PAD] word embedding, last run
+  const auto run = [&](int seq_len, std::optional<int> pad, std::vector<float>* grads) {
+    o.seq_len = seq_len;
+    o.pad_token_id = pad;
+    const ModelGraph m = build_model(o, 2);
+    graph::Executor ex(m.graph);
+    ex.initialize(21);
+    feed(ex, m);
+    const float loss = loss_of(ex, m);
+    ex.backward(m.loss);
+    const Tensor g = ex.grads().flat(DType::f32);
+    grads->assign(g.data<float>(), g.data<float>() + g.numel());
+    const float* row = ex.grads().view("embeddings.word_embeddings.weight").data<float>() + 49 * 16;
+    pad_grad = 0;
+    for (int i = 0; i < 16; ++i) pad_grad = std::max(pad_grad, std::abs(double{row[i]}));
+    return loss;
+  };
+  std::vector<float> g8, g12, unmasked;
+  const float l8 = run(8, 49, &g8);
+  CHECK(pad_grad == 0.0);
+  const float l12 = run(12, 49, &g12);
+  CHECK(pad_grad == 0.0);
+  CHECK(l8 == doctest::Approx(l12).epsilon(1e-6));
+  REQUIRE(g8.size() == g12.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < g8.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(g8[i]) - g12[i]));
+    norm = std::max(norm, std::abs(static_cast<double>(g12[i])));
+  }
+  CHECK(norm > 0);
+  CHECK(diff <= 1e-5 * norm);
+  run(12, std::nullopt, &unmasked);
+  CHECK(pad_grad > 1e-6);
+
+  o.seq_len = 8;
+  o.pad_token_id = 49;
+  const ModelGraph m = build_model(o, 2);
+  graph::Executor ex(m.graph);
+  ex.initialize(21);
+  feed(ex, m);
+  check_entries(ex, m, every_param(ex, m));
 }
 
 TEST_CASE("tiny GPT-2: whole-model gradients match finite differences") {

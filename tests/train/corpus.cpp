@@ -97,4 +97,45 @@ TokenDir tokenize(const fs::path& tmp, int records) {
   return t;
 }
 
+TokenDir tokenize_labelled(const fs::path& tmp, int records, const std::string& out,
+                           const fs::path& tokenizer) {
+  const std::string text = generated_corpus(records);
+  std::string questions, statements;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find("%\n", at) + 2;
+    const std::string record = text.substr(at, end - at);
+    (record.find('?') != std::string::npos ? questions : statements) += record;
+    at = end;
+  }
+  const fs::path dir = tmp / "labelled";
+  fs::create_directories(dir);
+  write_bytes(dir / "questions", questions);
+  write_bytes(dir / "statements", statements);
+  TokenDir t;
+  t.dir = tmp / out;
+  std::vector<std::string> args = {"data",
+                                   "tokenize",
+                                   "--labelled",
+                                   "--input",
+                                   (dir / "questions").string(),
+                                   "--input",
+                                   (dir / "statements").string(),
+                                   "--val-fraction",
+                                   "0.1",
+                                   "--out",
+                                   t.dir.string()};
+  if (tokenizer.empty()) {
+    args.insert(args.end(), {"--vocab-size", "300"});
+  } else {
+    args.insert(args.end(), {"--tokenizer", tokenizer.string()});
+  }
+  const RunResult r = run_dtrain_command(args, tmp / (out + ".log"));
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const auto tok = nlohmann::json::parse(std::ifstream(t.dir / "tokenizer.json"));
+  t.vocab = tok.at("vocab_size").get<int64_t>();
+  t.train_tokens = shard_tokens(t.dir / "train.bin");
+  t.val_tokens = shard_tokens(t.dir / "val.bin");
+  return t;
+}
+
 }  // namespace dtrain::train_test

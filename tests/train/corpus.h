@@ -23,4 +23,12 @@ struct TokenDir {
 // The real `dtrain data tokenize` on a generated corpus, vocabulary 300.
 TokenDir tokenize(const fs::path& tmp, int records);
 
+// The same records as two classes, for a classifier: those that ask a question
+// (tmp/labelled/questions) and the others (tmp/labelled/statements), tokenized by
+// `dtrain data tokenize --labelled` into tmp/<out>, vocabulary 300 (or with
+// `--tokenizer` an earlier run's tokenizer.json, when given).
+TokenDir tokenize_labelled(const fs::path& tmp, int records,
+                           const std::string& out = "labelled-tokens",
+                           const fs::path& tokenizer = {});
+
 }  // namespace dtrain::train_test

@@ -159,6 +159,16 @@ std::vector<StepLoss> read_losses(const fs::path& metrics_jsonl) {
   return out;
 }
 
+nlohmann::json last_eval(const fs::path& metrics_jsonl) {
+  std::ifstream in(metrics_jsonl);
+  nlohmann::json out;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("eval", false)) out = std::move(j);
+  }
+  return out;
+}
+
 size_t count_lines(const fs::path& file) {
   std::ifstream in(file);
   size_t n = 0;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,8 @@ struct StepLoss {
   bool operator==(const StepLoss&) const = default;
 };
 std::vector<StepLoss> read_losses(const fs::path& metrics_jsonl);
+// The last evaluation line of a metrics.jsonl (null when there is none).
+nlohmann::json last_eval(const fs::path& metrics_jsonl);
 // `key` of the summary line of run_dir/metrics.jsonl (peak_host_bytes, ...); 0 when absent.
 double summary_value(const fs::path& run_dir, const std::string& key);
 size_t count_lines(const fs::path& file);

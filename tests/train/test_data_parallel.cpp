@@ -1,8 +1,9 @@
 // Data parallelism end to end: `dtrain train --nproc N` (mpirun under the hood)
 // against one rank with N micro-batches of the same global batch. Two ranks must
 // match bit for bit (losses and the final checkpoint) for a batch-norm ResNet,
-// GPT-2 with dropout and BERT masked LM (label counts differ per micro-batch), with
-// each all-reduce algorithm; four ranks within 1e-5 and bitwise run to run;
+// GPT-2 with dropout, BERT masked LM (label counts differ per micro-batch) and a BERT
+// classifier (padded texts), with each all-reduce algorithm; four ranks within 1e-5
+// and bitwise run to run;
 // checkpoints resume across layouts; bad layouts exit 2 with one message; a rank
 // that dies or hangs ends every rank (the watchdog) with the checkpoint intact.
 #include <doctest/doctest.h>
@@ -95,6 +96,8 @@ TEST_CASE("2 ranks train exactly like 1 rank with 2 micro-batches, with every al
   OneThread one;
   TempDir tmp("dp2");
   const TokenDir tokens = tokenize(tmp.path(), 300);
+  const TokenDir labelled = tokenize_labelled(tmp.path(), 300);
+  fs::create_directories(tmp.path() / "classifier");
   struct Model {
     const char* name;
     fs::path job;
@@ -106,6 +109,10 @@ TEST_CASE("2 ranks train exactly like 1 rank with 2 micro-batches, with every al
        {"--set", "data.micro_batch=16", "--set", "train.steps=4", "--set", "comm.bucket_mb=0.02"}},
       {"gpt2", lm_job(tmp.path(), "gpt2-tiny", tokens), {}},
       {"bert", lm_job(tmp.path(), "bert-mini", tokens), {}},
+      // One labelled text per row, padded: the padding mask and the [B] labels.
+      {"bert-classifier",
+       lm_job(tmp.path() / "classifier", "bert-mini", labelled),
+       {"--set", "model.num_classes=2"}},
   };
   for (const Model& m : models) {
     CAPTURE(m.name);

@@ -62,13 +62,6 @@ std::vector<int64_t> train_epochs(const fs::path& metrics_jsonl) {
   return out;
 }
 
-nlohmann::json last_eval(const fs::path& metrics_jsonl) {
-  nlohmann::json out;
-  for (const auto& j : read_lines(metrics_jsonl))
-    if (j.value("eval", false)) out = j;
-  return out;
-}
-
 // ---- resume ------------------------------------------------------------------
 
 struct LmResumeCase {

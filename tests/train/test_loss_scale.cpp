@@ -150,6 +150,14 @@ TEST_CASE("an overflow at the minimum scale: exit 3 with on_min error, skip with
   const auto m = metrics(tmp.path() / "clamp" / "metrics.jsonl");
   CHECK(m.at(2).at("loss_scale") == 1.0);
   CHECK(m.at(7).at("skipped_steps") == 2);
+  CHECK_MESSAGE(clamp.log.find("were skipped") == std::string::npos, clamp.log);
+  // Most steps skipped: the run still ends with exit 0, and a warning says so.
+  const RunResult most = run_with_overflow(
+      "*:1,2,3,4,5", with(write_job(tmp.path(), "most"), {"--set", scale + "clamp}"}),
+      tmp.path() / "m.log");
+  REQUIRE_MESSAGE(most.rc == 0, most.describe());
+  CHECK_MESSAGE(most.log.find("warning: 5 of the run's 8 steps were skipped") != std::string::npos,
+                most.log);
 }
 
 TEST_CASE("the scaler's state is in the checkpoint: a run resumed across overflows is exact") {

@@ -1,7 +1,8 @@
 // Token-layout ops of vision and language transformers: patchify (images to a
 // sequence of flattened patches, a pure permutation), select_token (one token
-// of each sequence, e.g. BERT's [CLS] for the pooler) and gather_labeled (the
-// labelled positions of each sequence, for BERT's masked-LM head). No arithmetic.
+// of each sequence, e.g. BERT's [CLS] for the pooler), padding_mask (which tokens
+// attention may see) and gather_labeled (the labelled positions of each sequence,
+// for BERT's masked-LM head). No arithmetic.
 #include "graph/ops.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -90,6 +91,31 @@ class SelectToken final : public Op {
   int64_t index_;
 };
 
+class PaddingMask final : public Op {
+ public:
+  explicit PaddingMask(int32_t pad_id) : pad_id_(pad_id) {}
+  std::string_view kind() const override { return "padding_mask"; }
+
+ protected:
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    if (in[0].shape.rank() != 2 || in[0].dtype != DType::i32) {
+      op_error(kind(), fmt::format("needs i32 token ids [B, T], got {} {}", dtype_name(in[0].dtype),
+                                   in[0].shape.str()));
+    }
+    OpInfo info;
+    info.outputs = {{in[0].shape, DType::u8}};
+    info.keep = Keep::nothing;
+    return info;
+  }
+  void do_forward(OpContext& ctx) const override {
+    kernels::padding_mask(ctx.inputs[0], pad_id_, ctx.outputs[0]);
+  }
+  void do_backward(OpContext&) const override {}  // integer in, integer out
+
+ private:
+  int32_t pad_id_;
+};
+
 // Rows are gathered through the embedding kernels with x as the table: forward
 // copies rows, backward scatter-adds them (deterministic, in id order).
 class GatherLabeled final : public Op {
@@ -147,6 +173,10 @@ std::unique_ptr<Op> gather_labeled(int64_t rows, int64_t ignore_index) {
 std::unique_ptr<Op> patchify(int64_t patch) {
   if (patch <= 0) op_error("patchify", fmt::format("patch size must be positive, got {}", patch));
   return std::make_unique<Patchify>(patch);
+}
+
+std::unique_ptr<Op> padding_mask(int64_t pad_id) {
+  return std::make_unique<PaddingMask>(static_cast<int32_t>(pad_id));
 }
 
 std::unique_ptr<Op> select_token(int64_t index) {
