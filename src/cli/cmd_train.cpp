@@ -4,15 +4,19 @@
 // the ranks agree that each of them could start before training begins. --nproc N
 // starts N local ranks through mpirun itself. Exit codes: README.md.
 
+#include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/launcher.h"
 #include "config/config.h"
 #include "core/allocator.h"
+#include "core/parallel.h"
 #include "dist/communicator.h"
 #include "dist/launcher.h"
 #include "dist/watchdog.h"
@@ -39,8 +43,24 @@ struct TrainArgs {
   exec_or_throw(argv);
 }
 
+// Under srun or mpirun without OMP_NUM_THREADS, every rank would start an OpenMP pool
+// as wide as the machine (dist::threads_per_rank); --nproc sets the variable itself.
+void size_rank_threads() {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::optional<dist::RankThreads> t = dist::threads_per_rank(cores);
+  if (!t) return;
+  set_num_threads(t->threads);
+  if (dist::launcher_rank() == 0) {
+    std::fprintf(stderr,
+                 "dtrain: note: OMP_NUM_THREADS is not set: each of the %d ranks on this "
+                 "machine runs %d OpenMP thread(s) (%s)\n",
+                 dist::launcher_local_size().value_or(1), t->threads, t->source);
+  }
+}
+
 int run_train(const TrainArgs& args) {
   if (args.nproc > 0) exec_local_ranks(args);
+  size_rank_threads();
   const std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
   // Installed before start-up, so a signal while data loads is also a graceful stop.
   runtime::StopSignals signals;

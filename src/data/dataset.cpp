@@ -3,6 +3,7 @@
 #include "data/dataset.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -11,8 +12,11 @@
 
 namespace dtrain {
 
-ImageDataset::ImageDataset(ImageGeometry geometry, LabeledImages data)
-    : geometry_(geometry), data_(std::move(data)), size_(data_.labels.numel()) {
+ImageDataset::ImageDataset(ImageGeometry geometry, LabeledImages data, std::string source)
+    : geometry_(geometry),
+      data_(std::move(data)),
+      size_(data_.labels.numel()),
+      source_(std::move(source)) {
   DTRAIN_CHECK(data_.images.dtype() == DType::u8 && data_.labels.dtype() == DType::u8);
   DTRAIN_CHECK(data_.images.numel() == size_ * geometry_.pixels(), "{} images for {} labels",
                data_.images.str(), size_);
@@ -113,11 +117,12 @@ std::shared_ptr<const Dataset> open_files(DatasetName dataset, const std::string
     paths.push_back(find_data_file(dir, name, hint));
   if (dataset == DatasetName::cifar10 || dataset == DatasetName::cifar100) {
     const auto v = dataset == DatasetName::cifar10 ? CifarVariant::cifar10 : CifarVariant::cifar100;
-    return std::make_shared<ImageDataset>(g, read_cifar(paths, v));
+    return std::make_shared<ImageDataset>(g, read_cifar(paths, v),
+                                          fmt::format("{}", fmt::join(paths, ", ")));
   }
   LabeledImages d = read_idx(paths[0], paths[1], g.classes, g.height, g.width);
   d.images = d.images.reshape({d.labels.numel(), 1, g.height, g.width});
-  return std::make_shared<ImageDataset>(g, std::move(d));
+  return std::make_shared<ImageDataset>(g, std::move(d), fmt::format("{}", fmt::join(paths, ", ")));
 }
 
 }  // namespace
@@ -151,6 +156,9 @@ class FirstSamples final : public Dataset {
   ImageGeometry geometry() const override { return base_->geometry(); }
   void read(int64_t i, float* out) const override { base_->read(i, out); }
   int32_t label(int64_t i) const override { return base_->label(i); }
+  std::string source() const override {
+    return fmt::format("the first {} of {} in {}", n_, base_->size(), base_->source());
+  }
 
  private:
   std::shared_ptr<const Dataset> base_;

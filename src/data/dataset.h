@@ -32,6 +32,8 @@ class Dataset {
   // Sample i as floats in [0, 1]: out is [C, H, W] row-major, geometry().pixels() long.
   virtual void read(int64_t i, float* out) const = 0;
   virtual int32_t label(int64_t i) const = 0;  // in [0, classes)
+  // Where the samples come from, for the run's log: the files read, or "synthetic".
+  virtual std::string source() const = 0;
 };
 
 // What the file readers return. images u8 [N, H, W] (IDX) or [N, C, H, W] (CIFAR),
@@ -44,8 +46,9 @@ struct LabeledImages {
 // Images kept in memory; geometry must match the tensors' shapes.
 class ImageDataset final : public Dataset {
  public:
-  ImageDataset(ImageGeometry geometry, LabeledImages data);
+  ImageDataset(ImageGeometry geometry, LabeledImages data, std::string source = "memory");
   int64_t size() const override { return size_; }
+  std::string source() const override { return source_; }
   ImageGeometry geometry() const override { return geometry_; }
   void read(int64_t i, float* out) const override;
   int32_t label(int64_t i) const override;
@@ -55,6 +58,7 @@ class ImageDataset final : public Dataset {
   ImageGeometry geometry_;
   LabeledImages data_;
   int64_t size_ = 0;
+  std::string source_;
 };
 
 // Uniform pixels in [0, 1) and uniform labels, a pure function of (seed, split,
@@ -66,6 +70,7 @@ class SyntheticDataset final : public Dataset {
   ImageGeometry geometry() const override { return geometry_; }
   void read(int64_t i, float* out) const override;
   int32_t label(int64_t i) const override;
+  std::string source() const override { return "synthetic"; }
 
  private:
   uint64_t stream(int64_t i) const;

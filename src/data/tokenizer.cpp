@@ -61,8 +61,9 @@ uint64_t pair_key(TokenId a, TokenId b) {
 
 [[noreturn]] void bad_vocab(const std::string& source, const std::string& what) {
   throw Error(fmt::format("{}: {}", source, what),
-              "the tokenizer file is damaged or was not written by dtrain; rebuild it with "
-              "`dtrain data tokenize`");
+              "the tokenizer file is damaged or was not written by dtrain: rebuild it with "
+              "`dtrain data tokenize`; GPT-2's vocab.json and merges.txt must come from the "
+              "same release");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Launcher environment variables (see launcher.h).
 #include "dist/launcher.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -43,6 +44,29 @@ std::optional<int> launcher_local_rank() {
     if (auto r = env_int(name)) return r;
   }
   return std::nullopt;
+}
+
+std::optional<int> launcher_local_size() {
+  for (const char* name :
+       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    if (auto n = env_int(name); n && *n > 0) return n;
+  }
+  if (const char* v = std::getenv("SLURM_STEP_TASKS_PER_NODE")) {  // "2", "2(x3)", "2,1"
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end != v && n > 0 && n <= 1'000'000) return static_cast<int>(n);
+  }
+  return std::nullopt;
+}
+
+std::optional<RankThreads> threads_per_rank(int cores) {
+  const char* set = std::getenv("OMP_NUM_THREADS");
+  if (set != nullptr && *set != '\0') return std::nullopt;
+  const int local = launcher_local_size().value_or(1);
+  if (local <= 1) return std::nullopt;
+  if (auto c = env_int("SLURM_CPUS_PER_TASK"); c && *c > 0)
+    return RankThreads{*c, "SLURM_CPUS_PER_TASK"};
+  return RankThreads{std::max(1, cores / local), "a share of the cores"};
 }
 
 }  // namespace dtrain::dist

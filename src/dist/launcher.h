@@ -16,5 +16,20 @@ int launcher_rank();
 // The rank's index among the ranks on its machine: OMPI_COMM_WORLD_LOCAL_RANK,
 // MPI_LOCALRANKID or SLURM_LOCALID, the first one set (picks a GPU per rank).
 std::optional<int> launcher_local_rank();
+// The ranks on this machine: OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS,
+// SLURM_NTASKS_PER_NODE or the first count of SLURM_STEP_TASKS_PER_NODE ("2(x3)"),
+// the first one set; unset: none.
+std::optional<int> launcher_local_size();
+
+// OpenMP threads for one of `local` ranks on a machine of `cores` cores when
+// OMP_NUM_THREADS is not set: SLURM's --cpus-per-task (SLURM_CPUS_PER_TASK) when set,
+// else an equal share of the cores, at least 1. Several ranks that each start a pool as
+// wide as the machine make a step many times slower. nullopt: leave OpenMP's default
+// (OMP_NUM_THREADS is set, or this is the only rank here).
+struct RankThreads {
+  int threads = 1;
+  const char* source = "";  // "SLURM_CPUS_PER_TASK" or "a share of the cores"
+};
+std::optional<RankThreads> threads_per_rank(int cores);
 
 }  // namespace dtrain::dist

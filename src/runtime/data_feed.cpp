@@ -22,7 +22,7 @@ namespace {
 class ImageFeed final : public DataFeed {
  public:
   ImageFeed(std::shared_ptr<const Dataset> set, const LoaderConfig& cfg, bool eval)
-      : loader_(set, cfg), size_(set->size()), eval_(eval) {}
+      : loader_(set, cfg), size_(set->size()), source_(set->source()), eval_(eval) {}
 
   const FeedBatch& next() override {
     const Batch& b = loader_.next();
@@ -36,11 +36,12 @@ class ImageFeed final : public DataFeed {
   }
   int64_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
   double wait_seconds() const override { return loader_.wait_seconds(); }
-  std::string describe() const override { return fmt::format("{} images", size_); }
+  std::string describe() const override { return fmt::format("{} images in {}", size_, source_); }
 
  private:
   Loader loader_;
   int64_t size_;
+  std::string source_;
   bool eval_;
   Tensor labels_;
   FeedBatch batch_;
@@ -65,6 +66,10 @@ class ImageSource final : public DataSource {
         make_loader_config(job_.data, eval ? Split::test : Split::train, seed_, shard_.rank,
                            shard_.world, eval ? DataPosition{} : start);
     return std::make_unique<ImageFeed>(eval ? test_ : train_, cfg, eval);
+  }
+  std::string describe() const override {
+    return fmt::format("{} train images ({}), {} test images ({})", train_->size(),
+                       train_->source(), test_->size(), test_->source());
   }
 
  private:
@@ -189,6 +194,10 @@ class TextSource final : public DataSource {
       return std::make_unique<TextFeed>(val_, cfg);
     }
     return std::make_unique<TextFeed>(train_, cfg, start);
+  }
+  std::string describe() const override {
+    return fmt::format("{} train tokens ({}), {} validation tokens ({})", train_->tokens.size(),
+                       train_->path, val_->tokens.size(), val_->path);
   }
 
  private:
@@ -338,6 +347,11 @@ class ClassifySource final : public DataSource {
       return std::make_unique<ClassifyFeed>(val_, cfg);
     }
     return std::make_unique<ClassifyFeed>(train_, cfg, start);
+  }
+  std::string describe() const override {
+    return fmt::format("{} train texts ({}), {} validation texts ({}), {} classes",
+                       train_.labels->tokens.size(), train_.tokens->path,
+                       val_.labels->tokens.size(), val_.tokens->path, *job_.model.num_classes);
   }
 
  private:

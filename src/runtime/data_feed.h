@@ -60,6 +60,8 @@ class DataSource {
   static std::unique_ptr<DataSource> open(const Job& job, uint64_t seed, DataShard shard = {});
   virtual ~DataSource() = default;
   virtual std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const = 0;
+  // Both splits and where they were read from, for the run's log.
+  virtual std::string describe() const = 0;
 };
 
 }  // namespace dtrain::runtime

@@ -12,6 +12,7 @@
 // non-finite check) and, for evaluation, the logits and targets.
 #include "runtime/trainer.h"
 
+#include "dist/launcher.h"
 #include "runtime/train_session.h"
 
 #include <array>
@@ -99,23 +100,11 @@ void require_supported(const Job& job, int world) {
   }
 }
 
-// The ranks on this machine, as the launcher says (1 when none does).
-int local_ranks() {
-  for (const char* name :
-       {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
-    if (const char* v = std::getenv(name)) {
-      const int n = std::atoi(v);
-      if (n > 0) return n;
-    }
-  }
-  return 1;
-}
-
 // A job whose estimated peak exceeds what this rank has fails now, with the estimate
 // and the smallest change that fits, instead of with an allocator error mid-step.
 MemoryEstimate require_fits(const Job& job) {
   const MemoryEstimate e = estimate_memory(job);
-  const size_t capacity = rank_capacity(job, local_ranks());
+  const size_t capacity = rank_capacity(job, dist::launcher_local_size().value_or(1));
   if (capacity == 0 || e.peak_bytes <= capacity) return e;  // 0: unknown, nothing to compare
   const FitAdvice fit = fit_memory(job, capacity);
   throw RunError(fmt::format("this job needs an estimated {:.2f} GB per rank and {} has {:.2f} "
@@ -343,6 +332,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                 "earlier checkpoint (--resume FILE)");
   }
   if (!resumed_at_end()) open_run_dir();  // last: input refused above leaves it untouched
+  note("data: " + source_->describe());
   if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
   if (!init_note_.empty()) {
     note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);

@@ -65,6 +65,7 @@ class Failing final : public Dataset {
     inner_.read(i, out);
   }
   int32_t label(int64_t i) const override { return inner_.label(i); }
+  std::string source() const override { return "failing"; }
 
  private:
   SyntheticDataset inner_;

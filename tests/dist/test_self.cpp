@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -112,4 +114,33 @@ TEST_CASE("launcher environment") {
   CHECK(launcher_local_rank() == 1);
   unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
   unsetenv("SLURM_LOCALID");
+}
+
+// srun or mpirun without OMP_NUM_THREADS: each rank takes --cpus-per-task, or its share of
+// the cores, instead of a pool as wide as the machine.
+TEST_CASE("threads per rank without OMP_NUM_THREADS") {
+  const char* names[] = {"OMP_NUM_THREADS",           "OMPI_COMM_WORLD_LOCAL_SIZE",
+                         "MPI_LOCALNRANKS",           "SLURM_NTASKS_PER_NODE",
+                         "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK"};
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* name : names) {
+    if (const char* v = std::getenv(name)) saved.emplace_back(name, v);
+    unsetenv(name);
+  }
+  CHECK_FALSE(launcher_local_size().has_value());
+  CHECK_FALSE(threads_per_rank(8).has_value());  // one rank: OpenMP's default
+  setenv("SLURM_STEP_TASKS_PER_NODE", "4(x2)", 1);
+  CHECK(launcher_local_size() == 4);
+  REQUIRE(threads_per_rank(8).has_value());
+  CHECK(threads_per_rank(8)->threads == 2);
+  CHECK(threads_per_rank(2)->threads == 1);  // oversubscribed: at least one
+  setenv("SLURM_CPUS_PER_TASK", "3", 1);
+  CHECK(threads_per_rank(8)->threads == 3);
+  CHECK(std::string(threads_per_rank(8)->source) == "SLURM_CPUS_PER_TASK");
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  CHECK(launcher_local_size() == 2);
+  setenv("OMP_NUM_THREADS", "5", 1);  // the user's choice stands
+  CHECK_FALSE(threads_per_rank(8).has_value());
+  for (const char* name : names) unsetenv(name);
+  for (const auto& [name, value] : saved) setenv(name.c_str(), value.c_str(), 1);
 }

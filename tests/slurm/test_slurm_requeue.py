@@ -19,6 +19,9 @@
 5. Compares the final checkpoint with the reference's bit for bit (header meta
    except config_hash, which hashes the resolved job and so its output_dir; the
    tensor table; every blob's bytes), and the per-step training losses.
+6. Submits the job again and cancels it with a plain `scancel JOBID` (SIGTERM):
+   it must end CANCELLED without a requeue, with the checkpoint dtrain saved and
+   the script's lines saying so in the job's log.
 
 Teardown (always, also on failure, SIGTERM or the internal deadline): cancel the
 jobs, stop the daemons, kill every process left that carries this run's marker
@@ -371,6 +374,57 @@ def main():
         if bad:
             raise Fail(f"losses differ from step {bad[0]}: {la[bad[0]]!r} vs {lb.get(bad[0])!r}")
         log(f"final checkpoint and {STEPS} losses identical to the uninterrupted run")
+
+        # A plain `scancel` (SIGTERM to the shell, srun and the tasks): the job ends
+        # CANCELLED, not requeued, and its log still says what happened: the
+        # checkpoint dtrain saved and how to continue from it.
+        run_dir2 = os.path.join(tmp, "run2")
+        job2 = os.path.join(tmp, "job2.yaml")
+        write_job(job2, run_dir2)
+        out_log2 = os.path.join(tmp, "job2.out")
+        jobid2 = run(["sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1",
+                      f"--output={out_log2}", f"--chdir={tmp}", sbatch_script, job2],
+                     senv).strip().split(";")[0]
+        metrics2 = os.path.join(run_dir2, "metrics.jsonl")
+
+        def logged2():
+            try:
+                with open(metrics2) as f:
+                    return sum(1 for line in f if '"loss"' in line) >= PREEMPT_AFTER
+            except OSError:
+                return False
+        wait_for(f"{PREEMPT_AFTER} logged steps of job {jobid2}", logged2, 60, 0.1)
+        run(["scancel", jobid2], env)
+        log(f"scancel {jobid2}")
+
+        def ended2():
+            info = job_info(jobid2, env)
+            st = info.get("JobState")
+            return info if st in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL") else None
+        info2 = wait_for("the cancelled job to end", ended2, 60, 0.5)
+        # the batch shell's last lines come after the state change: give it a moment
+        wait_for("the job log's last line", lambda: "train.sbatch: dtrain exited" in
+                 open(out_log2).read(), 20, 0.2)
+        text2 = open(out_log2).read()
+        print("---- cancelled job output ----\n" + text2 + "------------------------------",
+              flush=True)
+        if info2["JobState"] != "CANCELLED" or info2.get("Restarts") != "0":
+            raise Fail(f"cancelled job ended {info2['JobState']} Restarts={info2.get('Restarts')}")
+        m2 = re.search(r"signal 15 received: checkpoint saved at step (\d+)", text2)
+        if not m2:
+            raise Fail("no 'signal 15 received: checkpoint saved' in the cancelled job's output")
+        expected2 = [
+            "train.sbatch: SIGTERM reached the batch shell",
+            "train.sbatch: dtrain exited 4",
+            "train.sbatch: cancelled after a checkpoint; not requeued",
+        ]
+        for line in expected2:
+            if line not in text2:
+                raise Fail(f"cancelled job's output lacks: {line!r}")
+        ckpt2 = os.path.join(run_dir2, "checkpoints", f"step-{int(m2.group(1)):08d}.dtckpt")
+        if not os.path.exists(ckpt2):
+            raise Fail(f"{ckpt2} is missing")
+        log(f"scancel: checkpoint at step {m2.group(1)} and the log says so")
         ok = True
     except Fail as e:
         print(f"FAIL: {e}", flush=True)
