@@ -48,9 +48,12 @@ int64_t count_windows(const TokenShard& shard, const TextBatchConfig& c) {
   return w;
 }
 
-SamplerConfig sampler_config(int64_t windows, const TextBatchConfig& c) {
+// Windows or texts as the Sampler's samples: shuffled and cut with the last partial
+// global batch dropped for training, in order with the last one padded for evaluation.
+template <class Config>
+SamplerConfig sampler_config(int64_t samples, const Config& c) {
   SamplerConfig s;
-  s.dataset_size = windows;
+  s.dataset_size = samples;
   s.batch = c.batch;
   s.rank = c.rank;
   s.world = c.world;
@@ -176,43 +179,39 @@ std::vector<int64_t> text_starts(const TokenShard& shard, TokenId separator) {
   return starts;
 }
 
+namespace {
+
+// The texts' sampler, after checking that the labels match the texts and that there
+// are enough of them.
+SamplerConfig classify_sampler(const LabelledText& data, const ClassifyConfig& c, int64_t n) {
+  DTRAIN_CHECK(c.seq_len >= 2 && c.batch > 0 && c.world > 0, "T {} B {} world {}", c.seq_len,
+               c.batch, c.world);
+  if (n != static_cast<int64_t>(data.labels->tokens.size())) {
+    throw Error(fmt::format("{}: {} texts, but {} holds {} labels", data.tokens->path, n,
+                            data.labels->path, data.labels->tokens.size()),
+                "the two files come from different runs; run `dtrain data tokenize "
+                "--labelled` again into an empty directory");
+  }
+  const bool train = c.order == TextOrder::shuffled;
+  const int64_t global = c.batch * c.world;
+  if (n == 0 || (train && n < global)) {
+    throw Error(fmt::format("{}: {} texts, fewer than {}", data.tokens->path, n,
+                            train ? fmt::format("one global batch of {} ({} per rank x {} ranks)",
+                                                global, c.batch, c.world)
+                                  : std::string("one")),
+                "lower data.global_batch, or give more texts (a larger --val-fraction for the "
+                "validation split)");
+  }
+  return sampler_config(n, c);
+}
+
+}  // namespace
+
 ClassifyBatches::ClassifyBatches(LabelledText data, ClassifyConfig config, DataPosition start)
     : data_(std::move(data)),
       config_(config),
       starts_(text_starts(*data_.tokens, config_.separator)),
-      sampler_(
-          [&] {
-            DTRAIN_CHECK(config_.seq_len >= 2 && config_.batch > 0 && config_.world > 0,
-                         "T {} B {} world {}", config_.seq_len, config_.batch, config_.world);
-            const auto n = static_cast<int64_t>(starts_.size());
-            if (n != static_cast<int64_t>(data_.labels->tokens.size())) {
-              throw Error(fmt::format("{}: {} texts, but {} holds {} labels", data_.tokens->path, n,
-                                      data_.labels->path, data_.labels->tokens.size()),
-                          "the two files come from different runs; run `dtrain data tokenize "
-                          "--labelled` again into an empty directory");
-            }
-            const bool train = config_.order == TextOrder::shuffled;
-            const int64_t global = config_.batch * config_.world;
-            if (n == 0 || (train && n < global)) {
-              throw Error(fmt::format("{}: {} texts, fewer than {}", data_.tokens->path, n,
-                                      train ? fmt::format("one global batch of {} ({} per rank "
-                                                          "x {} ranks)",
-                                                          global, config_.batch, config_.world)
-                                            : std::string("one")),
-                          "lower data.global_batch, or give more texts (a larger "
-                          "--val-fraction for the validation split)");
-            }
-            SamplerConfig s;
-            s.dataset_size = n;
-            s.batch = config_.batch;
-            s.rank = config_.rank;
-            s.world = config_.world;
-            s.seed = config_.seed;
-            s.shuffle = train ? Shuffle::on : Shuffle::off;
-            s.tail = train ? Tail::drop : Tail::pad;
-            return s;
-          }(),
-          start),
+      sampler_(classify_sampler(data_, config_, static_cast<int64_t>(starts_.size())), start),
       rows_(static_cast<size_t>(config_.batch)) {}
 
 BatchInfo ClassifyBatches::next(int32_t* input, int32_t* labels) {

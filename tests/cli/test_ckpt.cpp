@@ -75,6 +75,14 @@ RunResult ckpt(const fs::path& dir, const std::vector<std::string>& args) {
   return run_dtrain_command(all, dir / ("ckpt-" + std::to_string(n++) + ".log"));
 }
 
+// `dtrain ckpt export` of a run of `f` to dir/<arch>.safetensors, which must succeed.
+fs::path export_run(const fs::path& dir, const Family& f, const fs::path& run) {
+  const fs::path out = dir / (std::string(f.arch) + ".safetensors");
+  const RunResult r = ckpt(dir, {"export", run.string(), "--safetensors", out.string()});
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  return out;
+}
+
 bool has(const std::string& text, const std::string& what) {
   return text.find(what) != std::string::npos;
 }
@@ -193,10 +201,7 @@ TEST_CASE("model.init_from starts a run from an exported file, mismatches are ex
   for (const Family* f : {&kFamilies[0], &kFamilies[1]}) {
     CAPTURE(f->arch);
     const fs::path run = train(tmp.path(), *f, 2);
-    const fs::path exported = tmp.path() / (std::string(f->arch) + ".safetensors");
-    const RunResult ex =
-        ckpt(tmp.path(), {"export", run.string(), "--safetensors", exported.string()});
-    REQUIRE_MESSAGE(ex.rc == 0, ex.describe());
+    const fs::path exported = export_run(tmp.path(), *f, run);
     const fs::path job = tmp.path() / (std::string(f->arch) + "-init.yaml");
     const fs::path out = tmp.path() / (std::string(f->arch) + "-init");
     std::ofstream(job) << "run: {seed: 11, output_dir: " << out.string() << "}\n"
@@ -267,10 +272,7 @@ TEST_CASE("model.init_from into another class count: the head starts from the se
   for (const Family* f : {&kFamilies[0], &kFamilies[3]}) {
     CAPTURE(f->arch);
     const fs::path run = train(tmp.path(), *f, 2);
-    const fs::path exported = tmp.path() / (std::string(f->arch) + ".safetensors");
-    const RunResult ex =
-        ckpt(tmp.path(), {"export", run.string(), "--safetensors", exported.string()});
-    REQUIRE_MESSAGE(ex.rc == 0, ex.describe());
+    const fs::path exported = export_run(tmp.path(), *f, run);
     std::string yaml = f->yaml;
     const size_t at = yaml.find("num_classes: 10");
     REQUIRE(at != std::string::npos);
