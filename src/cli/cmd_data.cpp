@@ -86,6 +86,7 @@ int run_tokenize(const TokenizeArgs& args) {
   LabelledCorpus labelled;
   if (args.labelled) {
     labelled = read_labelled_corpus(args.inputs);
+    interleave_classes(labelled, args.seed);
   } else {
     labelled.corpus = read_text_corpus(args.inputs);
   }

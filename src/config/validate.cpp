@@ -229,6 +229,26 @@ void check_model(const Checker& c) {
         fmt::format("tensor parallelism splits attention heads and MLPs; {} is a CNN", arch->name),
         "use data or pipeline parallelism for CNNs");
   }
+  const ModelOptions& m = c.job.model;
+  if (arch->family == ModelFamily::bert && m.num_classes) {  // a sequence classifier
+    if (*m.num_classes < 2) {
+      c.error("model.num_classes",
+              fmt::format("{}: a classifier needs at least two classes", *m.num_classes),
+              "leave num_classes out to pretrain with the masked-LM objective");
+    }
+    if (m.seq_len && *m.seq_len < 3) {
+      c.error(
+          "model.seq_len",
+          fmt::format("{}; a classifier's row holds [CLS] and [SEP] around its text", *m.seq_len),
+          "set model.seq_len to at least 3 (texts longer than seq_len - 2 tokens are cut)");
+    }
+    // (A resolved job, as dtrain writes it, holds the default: that one is not refused.)
+    if (c.given("data.mlm_probability") &&
+        c.job.data.mlm_probability != DataOptions{}.mlm_probability) {
+      c.error("data.mlm_probability", "not used by a classifier (model.num_classes is set)",
+              "remove the key, or model.num_classes to pretrain with the masked-LM objective");
+    }
+  }
   check_transformer(c);
 }
 

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "data/file_bytes.h"
 #include "data/rng_streams.h"
+#include "data/sampler.h"
 
 namespace dtrain {
 namespace {
@@ -135,8 +136,10 @@ LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs) {
   for (const std::string& input : inputs) {
     const fs::path p = fs::path(input).lexically_normal();
     const fs::path base = p.has_filename() ? p : p.parent_path();
+    // A file's name without its extension, and without .gz first (neg.txt.gz: neg).
+    const fs::path file = base.extension() == ".gz" ? base.stem() : base;
     const std::string name =
-        fs::is_directory(input) ? base.filename().string() : base.stem().string();
+        fs::is_directory(input) ? base.filename().string() : file.stem().string();
     if (std::find(out.names.begin(), out.names.end(), name) != out.names.end()) {
       throw Error(fmt::format("--labelled: two inputs make the class \"{}\" ({})", name, input),
                   "each input's file name names its class: give the classes distinct names");
@@ -163,6 +166,19 @@ LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs) {
     out.corpus.skipped.insert(out.corpus.skipped.end(), one.skipped.begin(), one.skipped.end());
   }
   return out;
+}
+
+void interleave_classes(LabelledCorpus& c, uint64_t seed) {
+  std::vector<int64_t> order;
+  epoch_order(c.corpus.documents(), seed, 0, Shuffle::on, order);
+  std::vector<std::pair<size_t, size_t>> spans(order.size());
+  std::vector<int32_t> labels(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    spans[i] = c.corpus.spans[static_cast<size_t>(order[i])];
+    labels[i] = c.labels[static_cast<size_t>(order[i])];
+  }
+  c.corpus.spans = std::move(spans);
+  c.labels = std::move(labels);
 }
 
 std::vector<DocSplit> split_documents(int64_t documents, uint64_t seed, double fraction) {

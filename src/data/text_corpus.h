@@ -36,8 +36,8 @@ TextCorpus read_text_corpus(const std::vector<std::string>& inputs);
 
 // Text classification (`dtrain data tokenize --labelled`): each input, a file or a
 // directory read by the rules above, is one class, named by its file name (without
-// the extension for a file): `--input reviews/pos --input reviews/neg`, or fortune
-// files by topic. Classes take ids in input order; every document of an input has its
+// the extension for a file, and a .gz before it): `--input reviews/pos --input reviews/neg`, or
+// fortune files by topic. Classes take ids in input order; every document of an input has its
 // class. At least two classes, each with a document; names and files are not shared.
 struct LabelledCorpus {
   TextCorpus corpus;
@@ -45,6 +45,10 @@ struct LabelledCorpus {
   std::vector<std::string> names;  // per class id
 };
 LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs);
+// The documents (and their labels) in an order drawn from `seed` (epoch_order's
+// permutation), so that the classes are interleaved in the shards: data.limit's first
+// texts and unshuffled batches then hold every class, not the first input's alone.
+void interleave_classes(LabelledCorpus& c, uint64_t seed);
 
 // Document i goes to validation when the first word of Philox(seed, (doc_split, i))
 // is below fraction * 2^32. With 0 < fraction and at least two documents, each

@@ -199,8 +199,9 @@ SamplerConfig classify_sampler(const LabelledText& data, const ClassifyConfig& c
                             train ? fmt::format("one global batch of {} ({} per rank x {} ranks)",
                                                 global, c.batch, c.world)
                                   : std::string("one")),
-                "lower data.global_batch, or give more texts (a larger --val-fraction for the "
-                "validation split)");
+                train ? "lower data.global_batch, or give more texts"
+                      : "tokenize again with a larger --val-fraction, so that the validation "
+                        "split holds texts");
   }
   return sampler_config(n, c);
 }
@@ -277,6 +278,14 @@ TextData open_text_data(const std::string& dir) {
   }
   if (!std::filesystem::exists(d / "labels.json")) return data;
   data.classes = read_class_names(d / "labels.json");
+  for (const char* name : {"train.labels.bin", "val.labels.bin"}) {
+    if (!std::filesystem::exists(d / name)) {
+      throw Error(fmt::format("{}: missing, but {}/labels.json says the directory holds "
+                              "labelled texts",
+                              (d / name).string(), dir),
+                  "run `dtrain data tokenize --labelled ...` into this directory again");
+    }
+  }
   data.train_labels =
       std::make_shared<const TokenShard>(read_token_shard((d / "train.labels.bin").string()));
   data.val_labels =

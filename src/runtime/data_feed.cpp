@@ -287,12 +287,6 @@ class ClassifySource final : public DataSource {
     const ModelOptions& m = job.model;
     const int64_t vocab = m.vocab_size.value_or(0), seq = m.seq_len.value_or(0);
     const int64_t classes = *m.num_classes;
-    if (seq < 3) {
-      throw Error(fmt::format("model.seq_len: {}; a classifier's row holds [CLS] and [SEP] "
-                              "around its text",
-                              seq),
-                  "set model.seq_len to at least 3 (texts longer than seq_len - 2 tokens are cut)");
-    }
     if (job.data.dataset == DatasetName::synthetic) {
       if (vocab <= kNumSpecials) {
         throw Error(fmt::format("model.vocab_size: {} leaves no ordinary token after the {} "

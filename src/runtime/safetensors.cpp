@@ -38,12 +38,25 @@ std::string_view st_dtype(DType dt) {
 }
 
 std::string read_all(const fs::path& file) {
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) {
+    throw Error(fmt::format("{}: is a directory, not a safetensors file", file.string()),
+                "for a run directory or checkpoint, write its weights first: `dtrain ckpt "
+                "export " +
+                    file.string() + " --safetensors FILE.safetensors`");
+  }
   std::ifstream in(file, std::ios::binary);
   if (!in) {
     throw Error(fmt::format("{}: cannot read it", file.string()),
                 "check the path (a .safetensors file) and its permissions");
   }
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (bytes.rfind("DTRAINCK", 0) == 0) {  // runtime/checkpoint.cpp's magic
+    throw Error(fmt::format("{}: is a dtrain checkpoint, not a safetensors file", file.string()),
+                "write its weights first: `dtrain ckpt export " + file.string() +
+                    " --safetensors FILE.safetensors`");
+  }
+  return bytes;
 }
 
 struct Span {

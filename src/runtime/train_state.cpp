@@ -4,6 +4,8 @@
 // checkpoint does not depend on the device it was written from.
 #include "runtime/train_state.h"
 
+#include <bit>
+
 #include <array>
 #include <cstring>
 #include <fstream>
@@ -46,6 +48,9 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
       {"optimizer", {{"name", std::string(to_string(opt))}, {"step", opt_step}}},
       {"params", std::move(params_layout)},
       {"buffers", layout_of(buffers)}};
+  // As bits: a decimal round trip could change the logged mean's last bit.
+  meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
+                        {"losses", c.window_losses}};
   if (c.scaler) {
     meta["loss_scaler"] = {{"scale", c.scaler->scale},
                            {"clean_steps", c.scaler->clean_steps},
@@ -358,6 +363,11 @@ TrainCounters counters_of(const Checkpoint& ck) {
   c.seed = ck.meta.at("seed");
   c.arch = ck.meta.at("arch");
   c.config_hash = ck.meta.at("config_hash");
+  if (ck.meta.contains("log_window")) {
+    const nlohmann::json& w = ck.meta.at("log_window");
+    c.window_loss_sum = std::bit_cast<double>(w.at("loss_sum_bits").get<uint64_t>());
+    c.window_losses = w.at("losses");
+  }
   if (ck.meta.contains("loss_scaler")) {
     const nlohmann::json& ls = ck.meta.at("loss_scaler");
     precision::LossScalerState st;

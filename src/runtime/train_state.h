@@ -27,6 +27,11 @@ struct TrainCounters {
   std::string config_hash;  // FNV-1a of the resolved job; a mismatch on resume is reported
   // The loss scaler's state (absent in checkpoints written before it existed).
   std::optional<precision::LossScalerState> scaler;
+  // The part of the current logging window before this step: the finite losses' sum
+  // (in step order) and their count, so that a run resumed mid-window logs the mean
+  // the uninterrupted run logs (0 and 0 in checkpoints written before it was kept).
+  double window_loss_sum = 0;
+  int64_t window_losses = 0;
 };
 
 // `params`: the parameters the optimizer steps (the executor's for fp32, the fp32

@@ -818,12 +818,13 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;
   const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);
-  double window_loss = 0, window_wait = train_->wait_seconds();
+  // The window's losses live in counters_ (window_loss_sum, window_losses): a checkpoint
+  // keeps them, so the first line after a resume is the uninterrupted run's.
+  double window_wait = train_->wait_seconds();
   int64_t window_steps = 0;
   Clock::time_point window_start = Clock::now();
   double window_excluded = 0;  // seconds of the window spent evaluating or saving
   double last_loss = NAN;
-  int64_t window_losses = 0;  // steps of the window whose loss was finite
   while (counters_.step < total_steps_) {
     const int64_t next = counters_.step + 1;
     dist::TracedBuckets* traced = nullptr;
@@ -841,8 +842,8 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     }
     faults_.after_step(counters_.step);
     if (std::isfinite(last_loss)) {  // a skipped step's loss may be inf: not averaged in
-      window_loss += last_loss;
-      ++window_losses;
+      counters_.window_loss_sum += last_loss;
+      ++counters_.window_losses;
     }
     ++window_steps;
     const int64_t s = counters_.step;
@@ -851,10 +852,11 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
       const double secs =
           (seconds_since(window_start) - window_excluded) / static_cast<double>(window_steps);
       window_excluded = 0;
-      log_window(window_losses > 0 ? window_loss / static_cast<double>(window_losses) : NAN, secs,
+      const int64_t n = counters_.window_losses;
+      log_window(n > 0 ? counters_.window_loss_sum / static_cast<double>(n) : NAN, secs,
                  (train_->wait_seconds() - window_wait) / static_cast<double>(window_steps));
-      window_loss = 0;
-      window_losses = 0;
+      counters_.window_loss_sum = 0;
+      counters_.window_losses = 0;
       window_steps = 0;
       window_wait = train_->wait_seconds();
       window_start = Clock::now();

@@ -13,6 +13,12 @@ namespace dtrain::runtime {
 // the family's reference names replace the seeded ones; the optimizer starts fresh. A
 // resumed run then continues from its checkpoint instead (resume_if_asked, after).
 void TrainSession::init_from(const std::string& path) {
+  if (tensor_split()) {
+    throw Error("model.init_from: not supported with parallel.tensor > 1 yet",
+                "start from the file on one rank (or with data or pipeline parallelism) for "
+                "one step, then resume that checkpoint with parallel.tensor: checkpoints move "
+                "between layouts");
+  }
   InitWeights w;
   try {
     w = load_init_weights(path, job_.model.arch, model_.graph.param_layout(),
@@ -32,14 +38,16 @@ void TrainSession::init_from(const std::string& path) {
   init_note_ = fmt::format("initialised from {} ({} tensors)", path, w.tensors);
   // A fine-tuning start: say which head tensors were not carried over, as Hugging Face does.
   const auto names = [](const std::vector<std::string>& v) {
-    constexpr size_t kShown = 4;
+    constexpr size_t kShown = 8;
     std::string s;
     for (size_t i = 0; i < std::min(v.size(), kShown); ++i) s += (i ? ", " : "") + v[i];
     return v.size() > kShown ? fmt::format("{} and {} more", s, v.size() - kShown) : s;
   };
   if (!w.fresh.empty()) {
-    init_note_ += fmt::format("; {} head tensor(s) not in the file start from the seed: {}",
-                              w.fresh.size(), names(w.fresh));
+    init_note_ += fmt::format(
+        "; {} head tensor(s) start from the seed (not in the file, or shaped differently "
+        "there): {}",
+        w.fresh.size(), names(w.fresh));
   }
   if (!w.unused.empty()) {
     init_note_ += fmt::format("; {} head tensor(s) of the file not used: {}", w.unused.size(),

@@ -242,6 +242,18 @@ TEST_CASE("model.init_from starts a run from an exported file, mismatches are ex
                  tmp.path() / "missing.log");
   CHECK_MESSAGE(missing.rc == 2, missing.describe());
   CHECK_MESSAGE(has(missing.log, "model.init_from: /nonexistent.safetensors"), missing.log);
+  // A run directory or a checkpoint file instead of an export: exit 2 saying to export it.
+  const fs::path gpt_run = tmp.path() / "gpt2-tiny";
+  const fs::path gpt_ckpt = newest_checkpoint(gpt_run / "checkpoints");
+  for (const fs::path& p : {gpt_run, gpt_ckpt}) {
+    const RunResult r = run_dtrain({bert_job.string(), "--set", "model.init_from=" + p.string()},
+                                   tmp.path() / "not-export.log");
+    CHECK_MESSAGE(r.rc == 2, r.describe());
+    CHECK_MESSAGE(has(r.log, p == gpt_run ? "is a directory, not a safetensors file"
+                                          : "is a dtrain checkpoint, not a safetensors file"),
+                  r.log);
+    CHECK_MESSAGE(has(r.log, "dtrain ckpt export " + p.string()), r.log);
+  }
   // A NaN weight: refused naming the tensor, not trained on until the loss is NaN.
   runtime::SafetensorsFile st = runtime::read_safetensors(gpt);
   runtime::NamedTensor* fc = nullptr;
@@ -291,7 +303,10 @@ TEST_CASE("model.init_from into another class count: the head starts from the se
       if (init) {
         const std::string head =
             f == &kFamilies[0] ? "fc.weight, fc.bias" : "heads.head.weight, heads.head.bias";
-        CHECK_MESSAGE(has(r.log, "2 head tensor(s) not in the file start from the seed: " + head),
+        CHECK_MESSAGE(has(r.log,
+                          "2 head tensor(s) start from the seed (not in the file, or shaped "
+                          "differently there): " +
+                              head),
                       r.log);
         CHECK_MESSAGE(has(r.log, "2 head tensor(s) of the file not used: " + head), r.log);
       }

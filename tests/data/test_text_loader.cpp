@@ -417,4 +417,7 @@ TEST_CASE("classification data errors name the files") {
   const TextData ok = open_text_data(dir.str());
   CHECK(ok.classes == std::vector<std::string>{"a", "b"});
   CHECK(ok.train_labels->tokens == std::vector<TokenId>{1});
+  std::filesystem::remove(dir.file("val.labels.bin"));
+  CHECK(has(error_of([&] { open_text_data(dir.str()); }),
+            dir.file("val.labels.bin") + ": missing, but " + dir.str() + "/labels.json says"));
 }

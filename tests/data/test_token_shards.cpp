@@ -5,7 +5,9 @@
 
 #include <cstring>
 #include <functional>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "core/checksum.h"
 #include "core/error.h"
@@ -126,13 +128,31 @@ TEST_CASE("labelled corpus: each input is a class named by its file name") {
   std::filesystem::create_directories(dir.file("pos"));
   write_plain(dir.file("pos/a.txt"), Bytes{'g', 'o', 'o', 'd'});
   write_plain(dir.file("pos/b.txt"), Bytes{'f', 'i', 'n', 'e'});
-  write_plain(dir.file("neg.txt"), Bytes{'b', 'a', 'd', '\n', '%', '\n', 'p', 'o', 'o', 'r'});
-  const LabelledCorpus c = read_labelled_corpus({dir.file("pos") + "/", dir.file("neg.txt")});
+  write_gzip(dir.file("neg.txt.gz"), Bytes{'b', 'a', 'd', '\n', '%', '\n', 'p', 'o', 'o', 'r'});
+  const LabelledCorpus c = read_labelled_corpus({dir.file("pos") + "/", dir.file("neg.txt.gz")});
   CHECK(c.names == std::vector<std::string>{"pos", "neg"});
   REQUIRE(c.corpus.documents() == 4);
   CHECK(c.labels == std::vector<int32_t>{0, 0, 1, 1});
   CHECK(c.corpus.document(1) == "fine");
   CHECK(c.corpus.document(3) == "poor");
+  // Interleaving permutes the texts with their labels, the same way for the same seed.
+  LabelledCorpus a = c, b = c;
+  interleave_classes(a, 7);
+  interleave_classes(b, 7);
+  CHECK(a.labels == b.labels);
+  std::multiset<std::pair<std::string, int32_t>> before, after;
+  for (int64_t i = 0; i < 4; ++i) {
+    before.emplace(std::string(c.corpus.document(static_cast<size_t>(i))), c.labels[i]);
+    after.emplace(std::string(a.corpus.document(static_cast<size_t>(i))), a.labels[i]);
+  }
+  CHECK(before == after);
+  bool moved = false;
+  for (uint64_t seed = 0; seed < 8 && !moved; ++seed) {
+    LabelledCorpus s = c;
+    interleave_classes(s, seed);
+    moved = s.labels != c.labels;
+  }
+  CHECK(moved);
 
   std::string e = error_of([&] { read_labelled_corpus({dir.file("pos")}); });
   CHECK(has(e, "--labelled: 1 input(s); each input is one class"));

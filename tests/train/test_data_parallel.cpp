@@ -66,16 +66,18 @@ double max_relative(const std::vector<StepLoss>& a, const std::vector<StepLoss>&
 }
 
 // A one-layer width-32 transformer on the generated corpus; short documents and a
-// high masking rate make the masked-token count differ from window to window.
-fs::path lm_job(const fs::path& dir, const std::string& arch, const TokenDir& t) {
+// high masking rate make the masked-token count differ from window to window. With
+// `classes`, a BERT classifier of that many classes instead (no masking).
+fs::path lm_job(const fs::path& dir, const std::string& arch, const TokenDir& t, int classes = 0) {
   const fs::path job = dir / (arch + ".yaml");
+  const std::string head = classes > 0 ? ", num_classes: " + std::to_string(classes) : "";
+  const std::string masking = classes > 0 ? "" : " mlm_probability: 0.9,";
   std::ofstream(job) << "run: {seed: 3}\n"
                      << "model: {arch: " << arch << ", layers: 1, hidden: 32, heads: 2,\n"
                      << "        seq_len: " << kSeqLen << ", max_positions: " << kSeqLen
-                     << ", vocab_size: " << t.vocab << ", dropout: 0.1}\n"
+                     << ", vocab_size: " << t.vocab << ", dropout: 0.1" << head << "}\n"
                      << "data: {dataset: tokens, path: " << t.dir.string()
-                     << ", global_batch: 8, micro_batch: 4, mlm_probability: 0.9,"
-                     << " limit: {test: 8}}\n"
+                     << ", global_batch: 8, micro_batch: 4," << masking << " limit: {test: 8}}\n"
                      << "optimizer: {name: adamw, lr: 0.003, weight_decay: 0.01}\n"
                      << "train: {steps: 6, log_every: 1}\n"
                      << "comm: {bucket_mb: 0.005}\n"
@@ -110,9 +112,7 @@ TEST_CASE("2 ranks train exactly like 1 rank with 2 micro-batches, with every al
       {"gpt2", lm_job(tmp.path(), "gpt2-tiny", tokens), {}},
       {"bert", lm_job(tmp.path(), "bert-mini", tokens), {}},
       // One labelled text per row, padded: the padding mask and the [B] labels.
-      {"bert-classifier",
-       lm_job(tmp.path() / "classifier", "bert-mini", labelled),
-       {"--set", "model.num_classes=2"}},
+      {"bert-classifier", lm_job(tmp.path() / "classifier", "bert-mini", labelled, 2), {}},
   };
   for (const Model& m : models) {
     CAPTURE(m.name);

@@ -108,6 +108,43 @@ TEST_CASE(
   CHECK_MESSAGE(rc == 0, read_bytes(tmp.path() / "tb.log"));
 }
 
+// A train line's loss is the mean over its logging window; a checkpoint in the middle
+// of a window (step 4 of the window 4-6) keeps the window's part before it, so the
+// resumed run's step-6 line is the uninterrupted run's, bit for bit.
+TEST_CASE("a run resumed in the middle of a logging window logs the same mean loss") {
+  TempDir tmp("observability-window");
+  const auto args = [&](const fs::path& job) {
+    return std::vector<std::string>{job.string(),
+                                    "--set",
+                                    "train.steps=9",
+                                    "--set",
+                                    "train.log_every=3",
+                                    "--set",
+                                    "train.checkpoint={every: 4, keep: 5}"};
+  };
+  const fs::path straight_job = write_job(tmp.path(), "straight");
+  const fs::path split_job = write_job(tmp.path(), "split");
+  const RunResult whole = run_dtrain(args(straight_job), tmp.path() / "w.log");
+  REQUIRE_MESSAGE(whole.rc == 0, whole.describe());
+  const RunResult first = run_dtrain(args(split_job), tmp.path() / "a.log");
+  REQUIRE_MESSAGE(first.rc == 0, first.describe());
+  std::vector<std::string> again = args(split_job);
+  again.insert(
+      again.end(),
+      {"--resume", (tmp.path() / "split" / "checkpoints" / "step-00000004.dtckpt").string()});
+  const RunResult second = run_dtrain(again, tmp.path() / "b.log");
+  REQUIRE_MESSAGE(second.rc == 0, second.describe());
+  const auto losses = [](const fs::path& metrics) {
+    std::vector<std::pair<int64_t, double>> out;
+    for (const nlohmann::json& j : read_lines(metrics))
+      if (j.contains("loss")) out.emplace_back(j.at("step"), j.at("loss"));
+    return out;
+  };
+  const auto want = losses(tmp.path() / "straight" / "metrics.jsonl");
+  REQUIRE(want.size() == 3);  // steps 3, 6, 9
+  CHECK(losses(tmp.path() / "split" / "metrics.jsonl") == want);
+}
+
 TEST_CASE("train lines carry the process's resident memory and CPU use") {
   TempDir tmp("observability-monitor");
   const fs::path job = write_job(tmp.path());
