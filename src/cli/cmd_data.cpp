@@ -111,8 +111,15 @@ int run_tokenize(const TokenizeArgs& args) {
     write_token_shard((dir / "val.labels.bin").string(), labels[1], classes);
     write_class_names(dir.string(), labelled.names);
   } else {  // labels of an earlier --labelled run into this directory would not match
-    for (const char* stale : {"labels.json", "train.labels.bin", "val.labels.bin"})
-      std::filesystem::remove(dir / stale);
+    for (const char* stale : {"labels.json", "train.labels.bin", "val.labels.bin"}) {
+      std::error_code ec;
+      std::filesystem::remove(dir / stale, ec);
+      if (ec) {
+        throw Error(fmt::format("{}: cannot remove it: {}", (dir / stale).string(), ec.message()),
+                    "it belongs to an earlier --labelled run into this directory; remove it, "
+                    "or write into another --out");
+      }
+    }
   }
 
   const int64_t val_docs = std::count(split.begin(), split.end(), DocSplit::validation);

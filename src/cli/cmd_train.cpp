@@ -4,12 +4,10 @@
 // the ranks agree that each of them could start before training begins. --nproc N
 // starts N local ranks through mpirun itself. Exit codes: README.md.
 
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
@@ -46,8 +44,7 @@ struct TrainArgs {
 // Under srun or mpirun without OMP_NUM_THREADS, every rank would start an OpenMP pool
 // as wide as the machine (dist::threads_per_rank); --nproc sets the variable itself.
 void size_rank_threads() {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const std::optional<dist::RankThreads> t = dist::threads_per_rank(cores);
+  const std::optional<dist::RankThreads> t = dist::threads_per_rank(dist::usable_cpus());
   if (!t) return;
   set_num_threads(t->threads);
   if (dist::launcher_rank() == 0) {

@@ -52,6 +52,22 @@ bool is_separator(std::string_view line) {
   return line == "%";
 }
 
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xe  ? 3
+                     : (c >> 3) == 0x1e ? 4
+                                        : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    i += n;
+  }
+  return true;
+}
+
 bool blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
@@ -138,8 +154,14 @@ LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs) {
     const fs::path base = p.has_filename() ? p : p.parent_path();
     // A file's name without its extension, and without .gz first (neg.txt.gz: neg).
     const fs::path file = base.extension() == ".gz" ? base.stem() : base;
+    std::error_code ec;
     const std::string name =
-        fs::is_directory(input) ? base.filename().string() : file.stem().string();
+        fs::is_directory(input, ec) ? base.filename().string() : file.stem().string();
+    if (!valid_utf8(name)) {
+      throw Error(fmt::format("--labelled: the class name of {} is not UTF-8 text", input),
+                  "labels.json holds the class names as JSON strings: rename the file or "
+                  "directory");
+    }
     if (std::find(out.names.begin(), out.names.end(), name) != out.names.end()) {
       throw Error(fmt::format("--labelled: two inputs make the class \"{}\" ({})", name, input),
                   "each input's file name names its class: give the classes distinct names");

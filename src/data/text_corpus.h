@@ -47,7 +47,7 @@ struct LabelledCorpus {
 LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs);
 // The documents (and their labels) in an order drawn from `seed` (epoch_order's
 // permutation), so that the classes are interleaved in the shards: data.limit's first
-// texts and unshuffled batches then hold every class, not the first input's alone.
+// texts then hold every class, not the first input's alone.
 void interleave_classes(LabelledCorpus& c, uint64_t seed);
 
 // Document i goes to validation when the first word of Philox(seed, (doc_split, i))

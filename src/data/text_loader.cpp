@@ -276,10 +276,11 @@ TextData open_text_data(const std::string& dir) {
                   "the shards and the tokenizer come from different runs; run `dtrain data "
                   "tokenize` again into an empty directory");
   }
-  if (!std::filesystem::exists(d / "labels.json")) return data;
+  std::error_code ec;
+  if (!std::filesystem::exists(d / "labels.json", ec)) return data;
   data.classes = read_class_names(d / "labels.json");
   for (const char* name : {"train.labels.bin", "val.labels.bin"}) {
-    if (!std::filesystem::exists(d / name)) {
+    if (!std::filesystem::exists(d / name, ec)) {
       throw Error(fmt::format("{}: missing, but {}/labels.json says the directory holds "
                               "labelled texts",
                               (d / name).string(), dir),

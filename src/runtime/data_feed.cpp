@@ -4,6 +4,7 @@
 // over synthetic tokens drawn from the seed.
 #include "runtime/data_feed.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -353,6 +354,10 @@ class ClassifySource final : public DataSource {
   LabelledText first_texts(const LabelledText& d, std::optional<int64_t> texts,
                            const char* key) const {
     if (!texts || *texts >= static_cast<int64_t>(d.labels->tokens.size())) return d;
+    // Texts and labels that disagree stay whole, for ClassifyBatches to name the files.
+    const auto separators =
+        std::count(d.tokens->tokens.begin(), d.tokens->tokens.end(), ids_.separator);
+    if (separators != static_cast<int64_t>(d.labels->tokens.size())) return d;
     int64_t seen = 0;
     size_t end = 0;
     for (; end < d.tokens->tokens.size(); ++end)

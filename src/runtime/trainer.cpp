@@ -305,7 +305,6 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
     }
   }
-  if (job_.model.init_from) init_from(*job_.model.init_from);
   // A BERT classifier predicts one class per text, as the image models do per image.
   language_model_ =
       is_language_model(find_arch(job_.model.arch)->family) && !job_.model.num_classes;
@@ -315,6 +314,9 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
                                                 : fs::path(job_.train.checkpoint.dir);
   resume_if_asked();
+  // model.init_from starts a fresh run only: a resumed one continues from its checkpoint
+  // (and never reads the file, so a job that names it resumes in any layout).
+  if (job_.model.init_from && !resumed_) init_from(*job_.model.init_from);
   train_ = std::make_unique<DeviceFeed>(source_->feed(FeedSplit::train, counters_.position),
                                         job_.device);
   const int64_t per_epoch = train_->batches_per_epoch() / micro_batches_;
@@ -334,7 +336,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   if (!resumed_at_end()) open_run_dir();  // last: input refused above leaves it untouched
   note("data: " + source_->describe());
   if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
-  if (!init_note_.empty()) {
+  if (job_.model.init_from) {
     note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);
   }
 }

@@ -16,8 +16,8 @@ void TrainSession::init_from(const std::string& path) {
   if (tensor_split()) {
     throw Error("model.init_from: not supported with parallel.tensor > 1 yet",
                 "start from the file on one rank (or with data or pipeline parallelism) for "
-                "one step, then resume that checkpoint with parallel.tensor: checkpoints move "
-                "between layouts");
+                "one step, then resume that checkpoint with parallel.tensor (--resume; the "
+                "resumed run does not read init_from): checkpoints move between layouts");
   }
   InitWeights w;
   try {

@@ -164,6 +164,9 @@ TEST_CASE("labelled corpus: each input is a class named by its file name") {
   write_plain(dir.file("other/pos/c.txt"), Bytes{'o', 'k'});
   e = error_of([&] { read_labelled_corpus({dir.file("pos"), dir.file("other/pos")}); });
   CHECK(has(e, "two inputs make the class \"pos\""));
+  write_plain(dir.file("n\xe9g.txt"), Bytes{'n', 'o'});  // a Latin-1 file name
+  e = error_of([&] { read_labelled_corpus({dir.file("pos"), dir.file("n\xe9g.txt")}); });
+  CHECK(has(e, "is not UTF-8 text"));
 }
 
 TEST_CASE("document split: deterministic, near the fraction, both sides non-empty") {

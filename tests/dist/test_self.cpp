@@ -119,9 +119,10 @@ TEST_CASE("launcher environment") {
 // srun or mpirun without OMP_NUM_THREADS: each rank takes --cpus-per-task, or its share of
 // the cores, instead of a pool as wide as the machine.
 TEST_CASE("threads per rank without OMP_NUM_THREADS") {
-  const char* names[] = {"OMP_NUM_THREADS",           "OMPI_COMM_WORLD_LOCAL_SIZE",
-                         "MPI_LOCALNRANKS",           "SLURM_NTASKS_PER_NODE",
-                         "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPUS_PER_TASK"};
+  const char* names[] = {
+      "OMP_NUM_THREADS",       "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+      "SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",  "SLURM_CPUS_PER_TASK",
+      "SLURM_STEP_ID"};
   std::vector<std::pair<std::string, std::string>> saved;
   for (const char* name : names) {
     if (const char* v = std::getenv(name)) saved.emplace_back(name, v);
@@ -134,11 +135,18 @@ TEST_CASE("threads per rank without OMP_NUM_THREADS") {
   REQUIRE(threads_per_rank(8).has_value());
   CHECK(threads_per_rank(8)->threads == 2);
   CHECK(threads_per_rank(2)->threads == 1);  // oversubscribed: at least one
-  setenv("SLURM_CPUS_PER_TASK", "3", 1);
+  setenv("SLURM_NTASKS_PER_NODE", "8", 1);   // the allocation's; this step runs 4 here
+  CHECK(launcher_local_size() == 4);
+  setenv("SLURM_CPUS_PER_TASK", "3", 1);  // outside an srun step: not this rank's
+  CHECK(threads_per_rank(8)->threads == 2);
+  setenv("SLURM_STEP_ID", "0", 1);
   CHECK(threads_per_rank(8)->threads == 3);
   CHECK(std::string(threads_per_rank(8)->source) == "SLURM_CPUS_PER_TASK");
-  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  CHECK(threads_per_rank(2)->threads == 2);      // at most the CPUs this process may use
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);  // mpirun inside an allocation
   CHECK(launcher_local_size() == 2);
+  CHECK(threads_per_rank(8)->threads == 4);
+  CHECK(usable_cpus() >= 1);
   setenv("OMP_NUM_THREADS", "5", 1);  // the user's choice stands
   CHECK_FALSE(threads_per_rank(8).has_value());
   for (const char* name : names) unsetenv(name);

@@ -409,3 +409,46 @@ TEST_CASE("dtrain estimate gives a tensor rank's measured peak within 3%, and it
     CHECK(residual);
   }
 }
+
+// model.init_from is not read by a tensor-parallel start yet: exit 2 with the
+// workaround, which works: start from the file on one rank, then resume its checkpoint
+// with tensor 2 (the job still names init_from; a resumed run does not read it), and the
+// run ends where the one-rank run does.
+TEST_CASE("model.init_from with tensor 2: refused with a workaround that resumes in the layout") {
+  OneThread one;
+  TempDir tmp("tp-init-from");
+  const fs::path job = job_for(tmp.path(), "gpt2-tiny");
+  const fs::path source = run_job(job, tmp.path(), "source", 1, {"--set", "train.steps=2"});
+  const fs::path file = tmp.path() / "source.safetensors";
+  const RunResult ex = run_dtrain_command(
+      {"ckpt", "export", source.string(), "--safetensors", file.string()}, tmp.path() / "ex.log");
+  REQUIRE_MESSAGE(ex.rc == 0, ex.describe());
+  const std::vector<std::string> init = {"--set", "model.init_from=" + file.string(), "--set",
+                                         "train.checkpoint.every=10"};
+  std::vector<std::string> refused = {job.string(),
+                                      "--nproc",
+                                      "2",
+                                      "--set",
+                                      "parallel.tensor=2",
+                                      "--set",
+                                      "run.output_dir=" + (tmp.path() / "no").string()};
+  refused.insert(refused.end(), init.begin(), init.end());
+  const RunResult r = run_dtrain(refused, tmp.path() / "refused.log", 120);
+  CHECK_MESSAGE(r.rc == 2, r.describe());
+  CHECK_MESSAGE(
+      r.log.find("model.init_from: not supported with parallel.tensor > 1") != std::string::npos,
+      r.log);
+  const fs::path whole = run_job(job, tmp.path(), "whole", 1, init);
+  const fs::path split = run_job(job, tmp.path(), "split", 1, init);
+  std::vector<std::string> resume = init;
+  resume.insert(resume.end(), {"--set", "parallel.tensor=2", "--resume",
+                               (split / "checkpoints" / "step-00000010.dtckpt").string()});
+  run_job(job, tmp.path(), "split", 2, resume);
+  const std::string log = read_bytes(tmp.path() / "split.log");
+  CHECK_MESSAGE(log.find("model.init_from: not used, the run resumed") != std::string::npos, log);
+  CHECK_MESSAGE(checkpoints_within(newest_checkpoint(split / "checkpoints"),
+                                   newest_checkpoint(whole / "checkpoints"), kWeightTol)
+                    .empty(),
+                checkpoints_within(newest_checkpoint(split / "checkpoints"),
+                                   newest_checkpoint(whole / "checkpoints"), kWeightTol));
+}
