@@ -50,6 +50,11 @@ const Model kModels[] = {
      "model: {arch: gpt2-tiny, seq_len: 32}\n"
      "data: {dataset: synthetic, global_batch: 8, limit: {test: 8}}\n"
      "optimizer: {name: lamb, lr: 1.0e-3, weight_decay: 0.01}\n"},
+    // Padded texts: the padding mask's kernel and attention's key mask on the device.
+    {"bert-tiny-classifier",
+     "model: {arch: bert-tiny, seq_len: 32, num_classes: 3}\n"
+     "data: {dataset: synthetic, global_batch: 8, limit: {test: 8}}\n"
+     "optimizer: {name: adamw, lr: 1.0e-3, weight_decay: 0.01}\n"},
 };
 
 fs::path write_model_job(const fs::path& dir, const std::string& run, const Model& m) {
