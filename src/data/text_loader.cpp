@@ -171,7 +171,6 @@ TokenBatch TextBatches::next() {
   return out;
 }
 
-// The first token of each text: the one after each separator.
 std::vector<int64_t> text_starts(const TokenShard& shard, TokenId separator) {
   std::vector<int64_t> starts;
   for (size_t i = 0; i < shard.tokens.size(); ++i)

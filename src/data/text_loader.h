@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "data/sampler.h"
@@ -110,6 +111,9 @@ struct ClassifyConfig {
   TokenId separator = -1;  // the id before each text in the shard (<|endoftext|>)
   TokenId cls = -1, sep = -1, pad = -1;
 };
+// Where each text of a shard starts: the token after each separator.
+std::vector<int64_t> text_starts(const TokenShard& shard, TokenId separator);
+
 class ClassifyBatches {
  public:
   ClassifyBatches(LabelledText data, ClassifyConfig config, DataPosition start = {});

@@ -325,7 +325,7 @@ Tokenizer Tokenizer::train(const std::vector<std::string_view>& documents, int64
   spec.vocab_size = kMinVocab + static_cast<int64_t>(spec.merges.size());
   for (int s = 0; s < kNumSpecials; ++s)
     spec.special_ids[static_cast<size_t>(s)] =
-        static_cast<TokenId>(256 + spec.merges.size() + static_cast<size_t>(s));
+        trained_special(spec.vocab_size, static_cast<Special>(s));
   return Tokenizer(std::move(spec), "trained tokenizer");
 }
 

@@ -26,6 +26,13 @@ inline constexpr std::array<std::string_view, 6> kSpecialNames = {
     "<|endoftext|>", "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
 inline constexpr int kNumSpecials = 6;
 
+// The id of special `s` in a trained vocabulary of `vocab` ids (the layout above; GPT-2's
+// files keep it too): the specials in enum order on the top ids. Synthetic data, which
+// has no tokenizer, uses the same layout.
+inline TokenId trained_special(int64_t vocab, Special s) {
+  return static_cast<TokenId>(vocab - kNumSpecials + static_cast<int64_t>(s));
+}
+
 // The smallest trainable vocabulary: the 256 bytes and the specials, no merges.
 inline constexpr int64_t kMinVocab = 256 + kNumSpecials;
 

@@ -4,7 +4,6 @@
 // over synthetic tokens drawn from the seed.
 #include "runtime/data_feed.h"
 
-#include <algorithm>
 #include <cstring>
 #include <filesystem>
 
@@ -251,9 +250,9 @@ class ClassifyFeed final : public DataFeed {
   FeedBatch batch_;
 };
 
-// Synthetic labelled texts in the layout of a dtrain vocabulary of `vocab` ids (the
-// specials on top: <|endoftext|> vocab - 6 ... [MASK] vocab - 1): `count` texts of 1 to
-// seq_len ordinary ids, each with a uniform class.
+// Synthetic labelled texts in the layout of a trained vocabulary of `vocab` ids (the
+// specials on top, trained_special): `count` texts of 1 to seq_len ordinary ids, each
+// with a uniform class.
 LabelledText synthetic_texts(int64_t vocab, int64_t seq_len, int64_t classes, int64_t count,
                              uint64_t seed, uint32_t split) {
   auto tokens = std::make_shared<TokenShard>();
@@ -274,7 +273,7 @@ LabelledText synthetic_texts(int64_t vocab, int64_t seq_len, int64_t classes, in
     const int64_t len =
         1 + static_cast<int64_t>(meta.u32(2 * u + 1) % static_cast<uint32_t>(seq_len));
     const Philox text(seed, rng_stream_id(data_rng::kSynthetic, 6 + split, u));
-    tokens->tokens.push_back(static_cast<TokenId>(vocab - kNumSpecials));  // <|endoftext|>
+    tokens->tokens.push_back(trained_special(vocab, Special::endoftext));
     for (int64_t i = 0; i < len; ++i)
       tokens->tokens.push_back(static_cast<TokenId>(text.u32(static_cast<uint64_t>(i)) % ordinary));
   }
@@ -297,8 +296,8 @@ class ClassifySource final : public DataSource {
       }
       train_ = synthetic_texts(vocab, seq - 2, classes, 4096, seed, 0);
       val_ = synthetic_texts(vocab, seq - 2, classes, 256, seed, 1);
-      ids_ = {static_cast<TokenId>(vocab - kNumSpecials), static_cast<TokenId>(vocab - 3),
-              static_cast<TokenId>(vocab - 2), static_cast<TokenId>(vocab - 5)};
+      ids_ = {trained_special(vocab, Special::endoftext), trained_special(vocab, Special::cls),
+              trained_special(vocab, Special::sep), trained_special(vocab, Special::pad)};
     } else {
       const TextData data = open_token_dir(job, vocab);
       const std::string& dir = *job.data.path;
@@ -355,16 +354,11 @@ class ClassifySource final : public DataSource {
                            const char* key) const {
     if (!texts || *texts >= static_cast<int64_t>(d.labels->tokens.size())) return d;
     // Texts and labels that disagree stay whole, for ClassifyBatches to name the files.
-    const auto separators =
-        std::count(d.tokens->tokens.begin(), d.tokens->tokens.end(), ids_.separator);
-    if (separators != static_cast<int64_t>(d.labels->tokens.size())) return d;
-    int64_t seen = 0;
-    size_t end = 0;
-    for (; end < d.tokens->tokens.size(); ++end)
-      if (d.tokens->tokens[end] == ids_.separator && seen++ == *texts) break;
+    const std::vector<int64_t> starts = text_starts(*d.tokens, ids_.separator);
+    if (starts.size() != d.labels->tokens.size()) return d;
     auto tokens = std::make_shared<TokenShard>(*d.tokens);
     auto labels = std::make_shared<TokenShard>(*d.labels);
-    tokens->tokens.resize(end);
+    tokens->tokens.resize(static_cast<size_t>(starts[static_cast<size_t>(*texts)] - 1));
     labels->tokens.resize(static_cast<size_t>(*texts));
     tokens->path = fmt::format("{} cut to {} texts by data.limit.{}", d.tokens->path, *texts, key);
     return {tokens, labels};
@@ -385,7 +379,8 @@ class ClassifySource final : public DataSource {
 std::optional<int> padding_token(const Job& job) {
   const ArchPreset* arch = find_arch(job.model.arch);
   if (!arch || arch->family != ModelFamily::bert || !job.model.num_classes) return std::nullopt;
-  if (job.data.dataset == DatasetName::synthetic) return job.model.vocab_size.value_or(0) - 5;
+  if (job.data.dataset == DatasetName::synthetic)
+    return trained_special(job.model.vocab_size.value_or(0), Special::pad);
   if (!job.data.path) return std::nullopt;
   const std::filesystem::path file = std::filesystem::path(*job.data.path) / "tokenizer.json";
   std::error_code ec;

@@ -10,8 +10,8 @@
 namespace dtrain::runtime {
 
 // model.init_from: the weights (and batch-norm statistics) of a safetensors file under
-// the family's reference names replace the seeded ones; the optimizer starts fresh. A
-// resumed run then continues from its checkpoint instead (resume_if_asked, after).
+// the family's reference names replace the seeded ones; the optimizer starts fresh. Only
+// a fresh run reads it: the constructor calls this when resume_if_asked found nothing.
 void TrainSession::init_from(const std::string& path) {
   if (tensor_split()) {
     throw Error("model.init_from: not supported with parallel.tensor > 1 yet",
