@@ -4,6 +4,8 @@
 // the scatter-add kernel checked directly on half types; out-of-range ids
 // (negative and == vocab) must raise an Error naming the position and the id
 // (on CUDA: give a NaN output row and add nothing to the table gradient).
+// The token-batch helpers beside them: labeled_rows (a masked-LM head's gather ids)
+// and padding_mask (a classifier's key mask), exact on both devices.
 #include <cmath>
 #include <string>
 
@@ -164,6 +166,63 @@ KernelCase bad_dtype_case() {
   return c;
 }
 
+// labeled_rows: labels i32 [b, t] -> the flat positions of each row's first r labelled
+// tokens (padding: the row's first position) and their labels (padding: ignore).
+KernelCase labeled_rows_case(int64_t b, int64_t t, int64_t r, const Values& labels) {
+  constexpr double kIgnore = -100.0;
+  KernelCase c;
+  c.name = "embedding/labeled_rows_i32/i32/" + std::to_string(b) + "x" + std::to_string(t) + "x" +
+           std::to_string(r);
+  ArgSpec lab{"labels", Shape{b, t}, DType::i32, Init::explicit_values};
+  lab.values = labels;
+  lab.differentiable = false;
+  c.inputs = {lab};
+  c.outputs = {{"ids", Shape{b * r}, DType::i32}, {"rows", Shape{b, r}, DType::i32}};
+  for (ArgSpec& o : c.outputs) o.differentiable = false;
+  c.forward = [](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
+    kernels::labeled_rows(in[0], -100, out[0], out[1]);
+  };
+  c.reference = [=](const std::vector<Values>& in, std::vector<Values>& out) {
+    for (int64_t i = 0; i < b; ++i) {
+      int64_t n = 0;
+      for (int64_t j = 0; j < t && n < r; ++j) {
+        const double label = in[0][i * t + j];
+        if (label == kIgnore) continue;
+        out[0][i * r + n] = static_cast<double>(i * t + j);
+        out[1][i * r + n] = label;
+        ++n;
+      }
+      for (; n < r; ++n) {
+        out[0][i * r + n] = static_cast<double>(i * t);
+        out[1][i * r + n] = kIgnore;
+      }
+    }
+  };
+  c.check_tol = {0.0, 0.0};
+  return c;
+}
+
+// padding_mask: ids i32 [b, t] -> u8 1 where the id is not pad (pad -1 masks nothing).
+KernelCase padding_mask_case(int64_t b, int64_t t, int32_t pad, const Values& ids) {
+  KernelCase c;
+  c.name = "embedding/padding_mask_i32/u8/" + std::to_string(b) + "x" + std::to_string(t) +
+           (pad < 0 ? "_nopad" : "_pad" + std::to_string(pad));
+  ArgSpec id{"ids", Shape{b, t}, DType::i32, Init::explicit_values};
+  id.values = ids;
+  id.differentiable = false;
+  c.inputs = {id};
+  c.outputs = {{"mask", Shape{b, t}, DType::u8}};
+  c.outputs[0].differentiable = false;
+  c.forward = [pad](const std::vector<Tensor>& in, std::vector<Tensor>& out, Workspace) {
+    kernels::padding_mask(in[0], pad, out[0]);
+  };
+  c.reference = [pad](const std::vector<Values>& in, std::vector<Values>& out) {
+    for (size_t i = 0; i < in[0].size(); ++i) out[0][i] = in[0][i] != pad ? 1.0 : 0.0;
+  };
+  c.check_tol = {0.0, 0.0};
+  return c;
+}
+
 }  // namespace
 
 std::vector<KernelCase> cases_embedding() {
@@ -182,6 +241,21 @@ std::vector<KernelCase> cases_embedding() {
     cases.push_back(bad_id_case(id_type, 5));
   }
   cases.push_back(bad_dtype_case());
+  // Row 0: labels at both ends; row 1: none (all padding); rows 2 and 3: exactly r, the
+  // last at the row's end (more than r is an Error on the CPU, so no row has more).
+  const double x = -100.0;
+  cases.push_back(labeled_rows_case(
+      4, 6, 3, {7, x, x, x, x, 2, x, x, x, x, x, x, 0, x, 5, x, 9, x, x, 1, x, x, x, x}));
+  cases.push_back(labeled_rows_case(1, 1, 1, {4}));
+  // Padding at a row's end (a short text), none, the whole row, and the pad id at the
+  // start; a second pad id value checks the kernel compares with its argument.
+  const Values ids = {1, 5, 9, 0, 0, 0, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0, 0, 0, 0, 2, 3, 0, 0, 1};
+  cases.push_back(padding_mask_case(4, 6, 0, ids));
+  cases.push_back(padding_mask_case(4, 6, 5, ids));
+  cases.push_back(padding_mask_case(4, 6, -1, ids));
+  Values many(3 * 37);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<double>(i % 3);
+  cases.push_back(padding_mask_case(3, 37, 2, many));  // more than one vector's worth
   return cases;
 }
 
