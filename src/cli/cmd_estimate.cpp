@@ -89,14 +89,7 @@ int run_estimate(const EstimateArgs& args) {
   ctx.world_size = args.world > 0 ? args.world : world_from_env();
   ctx.warnings = &warnings;
   std::vector<std::string> overrides = args.overrides;
-  if (!args.device.empty()) {
-    try {
-      Device::parse(args.device);  // named as the user wrote it, not as the --set it becomes
-    } catch (const Error& e) {
-      throw Error(fmt::format("--device {}: {}", args.device, e.message()), e.hint());
-    }
-    overrides.push_back("device=" + args.device);
-  }
+  add_device_override(args.device, overrides);
   const Job job = config::load_job_file(args.job, overrides, ctx);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
   if (models::find_model(job.model.arch) == nullptr) {
@@ -130,6 +123,16 @@ int run_estimate(const EstimateArgs& args) {
 }
 
 }  // namespace
+
+void add_device_override(const std::string& device, std::vector<std::string>& overrides) {
+  if (device.empty()) return;
+  try {
+    Device::parse(device);  // named as the user wrote it, not as the --set it becomes
+  } catch (const Error& e) {
+    throw Error(fmt::format("--device {}: {}", device, e.message()), e.hint());
+  }
+  overrides.push_back("device=" + device);
+}
 
 void add_estimate(CLI::App& app, Action& action) {
   auto args = std::make_shared<EstimateArgs>();

@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace dtrain::cli {
 
@@ -31,5 +33,10 @@ void add_data(CLI::App& app, Action& action);  // data tokenize
 void add_ckpt(CLI::App& app, Action& action);  // ckpt inspect | verify | export
 void add_bench(CLI::App& app, Action& action);
 void add_report(CLI::App& app, Action& action);
+void add_generate(CLI::App& app, Action& action);
+
+// --device D of estimate and generate: checked as typed, then appended to `overrides`
+// as device=D (nothing when D is empty).
+void add_device_override(const std::string& device, std::vector<std::string>& overrides);
 
 }  // namespace dtrain::cli

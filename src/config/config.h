@@ -20,6 +20,9 @@ inline constexpr int kMaxDepth = 32;                      // nesting of maps and
 
 struct ValidateContext {
   int world_size = 1;
+  // The job's own world instead of world_size: tensor x pipeline x parallel.data (1 when
+  // unset), for commands that read a job's model and data but start no ranks (generate).
+  bool job_world = false;
   std::vector<std::string>* warnings = nullptr;  // non-fatal findings; dropped when null
 };
 

@@ -3,6 +3,10 @@
 // Each step throws dtrain::Error naming the file position or the --set.
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
 #include "config/parse.h"
 #include "core/error.h"
 
@@ -92,8 +96,14 @@ Job load_job_text(std::string_view text, std::string_view filename,
   SourceMap where;
   where[""] = SourceLoc{std::string(filename)};
   parse_job(root, job, where);
-  resolve_job(job, where, ctx);
-  validate_job(job, ctx, &where);
+  ValidateContext own = ctx;
+  if (ctx.job_world) {
+    const ParallelOptions& p = job.parallel;
+    const int64_t world = int64_t{p.tensor} * p.pipeline * std::max(p.data, 1);
+    own.world_size = static_cast<int>(std::min<int64_t>(world, INT32_MAX));
+  }
+  resolve_job(job, where, own);
+  validate_job(job, own, &where);
   return job;
 }
 

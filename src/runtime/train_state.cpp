@@ -518,12 +518,13 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
   }
 }
 
-fs::path resolve_resume(const std::string& resume, const fs::path& checkpoint_dir) {
+fs::path resolve_resume(const std::string& resume, const fs::path& checkpoint_dir,
+                        std::string_view option) {
   fs::path dir = resume == "latest" ? checkpoint_dir : fs::path(resume);
   if (resume != "latest" && (fs::is_regular_file(dir) || is_sharded_checkpoint(dir))) return dir;
   if (resume == "latest" && !fs::exists(dir)) return {};
   if (!fs::is_directory(dir)) {
-    throw Error(fmt::format("--resume {}: no such checkpoint file or directory", resume),
+    throw Error(fmt::format("{} {}: no such checkpoint file or directory", option, resume),
                 "pass latest, a .dtckpt file or a checkpoint directory");
   }
   auto all = list_checkpoints(dir);
@@ -532,10 +533,12 @@ fs::path resolve_resume(const std::string& resume, const fs::path& checkpoint_di
     all = list_checkpoints(dir / "checkpoints");
   if (all.empty() && resume == "latest") return {};  // nothing saved yet: start afresh
   if (all.empty()) {
-    throw Error(fmt::format("--resume {}: no checkpoint (step-N.dtckpt or step-N/) in {}", resume,
-                            dir.string()),
-                "pass a run's directory or its checkpoints/, a step-N.dtckpt file or a "
-                "step-N/ directory; or train without --resume to start afresh");
+    throw Error(
+        fmt::format("{} {}: no checkpoint (step-N.dtckpt or step-N/) in {}", option, resume,
+                    dir.string()),
+        fmt::format("pass a run's directory or its checkpoints/, a step-N.dtckpt file or "
+                    "a step-N/ directory{}",
+                    option == "--resume" ? "; or train without --resume to start afresh" : ""));
   }
   return all.back();
 }

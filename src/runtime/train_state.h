@@ -110,8 +110,10 @@ Checkpoint read_any_checkpoint(const std::filesystem::path& path);
 
 // "latest" -> the newest checkpoint in `checkpoint_dir` (empty when there is none
 // yet: a requeued job that never saved starts afresh); a sharded checkpoint or a
-// file -> itself; another directory -> its newest (an error when empty).
+// file -> itself; another directory -> its newest (an error when empty). `option` names
+// the command-line option in errors.
 std::filesystem::path resolve_resume(const std::string& resume,
-                                     const std::filesystem::path& checkpoint_dir);
+                                     const std::filesystem::path& checkpoint_dir,
+                                     std::string_view option = "--resume");
 
 }  // namespace dtrain::runtime

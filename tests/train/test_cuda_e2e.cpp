@@ -5,6 +5,7 @@
 // split at a checkpoint and resumed must match the CUDA run done in one go bit for
 // bit (every CUDA kernel of dtrain is deterministic); and a CPU checkpoint must
 // resume on the GPU; bf16 and fp16 runs follow the CPU's in the same precision.
+// `dtrain generate` on CUDA draws the CPU's tokens from the same checkpoint.
 // Without a usable CUDA device it prints "skipped: no GPU
 // (<reason>)" and exits 77 (SKIP_RETURN_CODE).
 //
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "corpus.h"
 #include "harness.h"
 #include "kernels/device_info.h"
 
@@ -213,6 +215,37 @@ TEST_CASE("memory.pool: false on CUDA repeats the pooled run bit for bit") {
   const auto plain = train(write_model_job(tmp.path(), "plain", m), tmp.path(), "cuda",
                            {"--set", "memory.pool=false"});
   CHECK_MESSAGE(first_difference(pooled, plain) == "", first_difference(pooled, plain));
+}
+
+// dtrain generate on CUDA reads the CPU run's checkpoint and draws the same tokens with
+// the same log-probabilities (to 1e-4): the same Philox draws pick the same token unless
+// a draw falls within the two backends' rounding of a boundary between two tokens.
+TEST_CASE("generate on CUDA draws the CPU's tokens with the CPU's log-probabilities") {
+  const Model& m = kModels[2];
+  TempDir tmp("cuda-generate");
+  const fs::path job = write_model_job(tmp.path(), "cpu", m);
+  train(job, tmp.path(), "cpu", {"--set", "train.checkpoint.every=20"});
+  const TokenDir tok = tokenize(tmp.path(), 200);  // the synthetic job has no tokenizer
+  const auto run = [&](const std::string& device) {
+    const RunResult r = run_dtrain_command(
+        {"generate", job.string(), "--tokenizer", (tok.dir / "tokenizer.json").string(), "--prompt",
+         "The old king", "--tokens", "16", "--samples", "2", "--ignore-end", "--device", device,
+         "--json"},
+        tmp.path() / ("generate-" + device + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return nlohmann::json::parse(r.log.substr(r.log.find("{\n")));
+  };
+  const nlohmann::json cpu = run("cpu"), gpu = run("cuda");
+  REQUIRE(cpu.at("samples").size() == 2);
+  for (size_t s = 0; s < 2; ++s) {
+    const nlohmann::json& a = cpu.at("samples")[s];
+    const nlohmann::json& b = gpu.at("samples")[s];
+    CHECK(a.at("ids") == b.at("ids"));
+    for (size_t k = 0; k < a.at("logprobs").size(); ++k) {
+      CHECK(a.at("logprobs")[k].get<double>() ==
+            doctest::Approx(b.at("logprobs")[k].get<double>()).epsilon(1e-4));
+    }
+  }
 }
 
 int main(int argc, char** argv) {

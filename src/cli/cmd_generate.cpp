@@ -1,0 +1,166 @@
+// `dtrain generate JOB.yaml [--checkpoint PATH] [--prompt TEXT | --prompt-file F]
+// [--tokens N] [--samples K] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+// [--tokenizer F] [--ignore-end] [--device D] [--json] [--set key=value ...]`: text from a
+// trained GPT-2 (runtime/generate.h). The job file names the model and its tokenizer;
+// its parallel layout does not matter (one process reads any layout's checkpoint).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "config/config.h"
+#include "core/error.h"
+#include "runtime/generate.h"
+
+namespace dtrain::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string job;
+  std::vector<std::string> overrides;
+  std::string checkpoint, tokenizer, prompt, prompt_file, device;
+  int64_t tokens = 64;
+  int samples = 1;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  int64_t seed = -1;  // -1: the job's run.seed
+  bool ignore_end = false;
+  bool json = false;
+};
+
+constexpr size_t kMaxPromptBytes = size_t{1} << 24;
+
+std::string read_prompt_file(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error(fmt::format("--prompt-file {}: cannot open it", file));
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string s = text.str();
+  if (s.size() > kMaxPromptBytes) {
+    throw Error(fmt::format("--prompt-file {}: {} bytes, more than the {} a prompt may have", file,
+                            s.size(), kMaxPromptBytes),
+                "the model sees its last model.seq_len tokens only; pass the end of the text");
+  }
+  return s;
+}
+
+void check_sampling(const GenerateArgs& a) {
+  if (!std::isfinite(a.temperature) || a.temperature < 0.0) {
+    throw Error(fmt::format("--temperature {}: must be 0 (greedy) or more", a.temperature),
+                "1 samples from the model as it is; lower is more conservative");
+  }
+  if (!(a.top_p > 0.0 && a.top_p <= 1.0)) {
+    throw Error(fmt::format("--top-p {}: must be in (0, 1]", a.top_p),
+                "1 keeps every token; 0.9 keeps the most likely tokens holding 90% of the "
+                "probability");
+  }
+  if (!a.prompt.empty() && !a.prompt_file.empty())
+    throw Error("--prompt and --prompt-file: give one of them");
+}
+
+nlohmann::json to_json(const runtime::GenerateResult& g) {
+  nlohmann::json samples = nlohmann::json::array();
+  for (const runtime::GeneratedSample& s : g.samples) {
+    samples.push_back(
+        {{"text", s.text}, {"ids", s.ids}, {"logprobs", s.logprobs}, {"ended", s.ended}});
+  }
+  return {{"weights", g.weights},       {"step", g.step >= 0 ? nlohmann::json(g.step) : nullptr},
+          {"prompt_ids", g.prompt_ids}, {"context", g.context},
+          {"prompt_cut", g.prompt_cut}, {"forwards", g.forwards},
+          {"seconds", g.seconds},       {"samples", samples}};
+}
+
+int run_generate(const GenerateArgs& a) {
+  check_sampling(a);
+  std::vector<std::string> warnings;
+  config::ValidateContext ctx;
+  ctx.job_world = true;
+  ctx.warnings = &warnings;
+  std::vector<std::string> overrides = a.overrides;
+  add_device_override(a.device, overrides);
+  runtime::GenerateRequest r;
+  r.job = config::load_job_file(a.job, overrides, ctx);
+  r.weights = a.checkpoint;
+  r.tokenizer = a.tokenizer;
+  r.prompt = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);
+  r.tokens = a.tokens;
+  r.samples = a.samples;
+  r.sampling = {a.temperature, a.top_k, a.top_p};
+  r.seed = static_cast<uint64_t>(a.seed >= 0 ? a.seed : r.job.run.seed);
+  r.stop_at_end = !a.ignore_end;
+  const runtime::GenerateResult g = runtime::generate(r);
+  if (a.json) {
+    // Byte-level tokens can end inside a UTF-8 character: "text" shows such bytes as
+    // U+FFFD, and "ids" keeps them exactly.
+    std::printf("%s\n",
+                to_json(g).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return kExitOk;
+  }
+  const std::string step = g.step >= 0 ? fmt::format(" (step {})", g.step) : "";
+  std::fprintf(stderr, "dtrain: generating from %s%s, %zu prompt tokens, context %lld\n",
+               g.weights.c_str(), step.c_str(), g.prompt_ids.size(),
+               static_cast<long long>(g.context));
+  if (g.prompt_cut) {
+    std::fprintf(stderr,
+                 "dtrain: warning: the prompt is longer than the model's context (model.seq_len "
+                 "%lld tokens): only its end is seen\n",
+                 static_cast<long long>(g.context));
+  }
+  int64_t made = 0;
+  for (size_t i = 0; i < g.samples.size(); ++i) {
+    const runtime::GeneratedSample& s = g.samples[i];
+    made += static_cast<int64_t>(s.ids.size());
+    if (g.samples.size() > 1) std::printf("--- sample %zu ---\n", i + 1);
+    std::printf("%s%s\n", r.prompt.c_str(), s.text.c_str());
+  }
+  std::fprintf(stderr, "dtrain: %lld tokens in %.2f s (%.1f tokens/s, %lld forwards)\n",
+               static_cast<long long>(made), g.seconds,
+               g.seconds > 0 ? static_cast<double>(made) / g.seconds : 0.0,
+               static_cast<long long>(g.forwards));
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app, Action& action) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "generate", "continue a prompt with a trained GPT-2 (the job's newest checkpoint)");
+  cmd->add_option("job", args->job, "job file (YAML) of the model")->required();
+  cmd->add_option("--set", args->overrides, "override a key, e.g. --set model.seq_len=256")
+      ->allow_extra_args(false);
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "weights: a checkpoint (file or sharded directory), a run or checkpoint "
+                  "directory (its newest), or a .safetensors file (dtrain ckpt export, Hugging "
+                  "Face GPT-2); default: the job's newest checkpoint, else model.init_from");
+  cmd->add_option("--prompt", args->prompt, "text to continue (default: none, a new document)");
+  cmd->add_option("--prompt-file", args->prompt_file, "read the prompt from a file");
+  cmd->add_option("--tokens", args->tokens, "new tokens per sample at most (default 64)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--samples", args->samples, "samples, run as one batch (default 1)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--temperature", args->temperature,
+                  "divides the logits; 0 takes the most likely token (default 1)");
+  cmd->add_option("--top-k", args->top_k, "draw among the k most likely tokens; 0: all (default)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--top-p", args->top_p,
+                  "then among the most likely tokens holding this probability (default 1)");
+  cmd->add_option("--seed", args->seed, "sampling seed (default: run.seed)")
+      ->check(CLI::Range(int64_t{0}, INT64_MAX));
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "tokenizer.json (default: data.path's, the training text's)");
+  cmd->add_flag("--ignore-end", args->ignore_end,
+                "go on past <|endoftext|> (default: a sample ends there)");
+  cmd->add_option("--device", args->device, "cpu, cuda or cuda:N instead of the job's device");
+  cmd->add_flag("--json", args->json,
+                "print JSON: each sample's text, token ids and their log-probabilities");
+  cmd->callback([args, &action] { action = [args] { return run_generate(*args); }; });
+}
+
+}  // namespace dtrain::cli

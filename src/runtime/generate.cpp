@@ -1,0 +1,341 @@
+// `dtrain generate` (runtime/generate.h): weights into a forward-only GPT-2 graph, then
+// one forward and one draw per new token.
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/tokenizer.h"
+#include "graph/executor.h"
+#include "kernels/memory.h"
+#include "models/registry.h"
+#include "models/transformer.h"
+#include "runtime/safetensors.h"
+#include "runtime/train_state.h"
+
+namespace dtrain::runtime {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint32_t kSamplingPurpose = 0x20;  // Philox stream: (seed, sample); word: 2 x token index
+constexpr int64_t kShortestForward = 16;     // positions of the first, smallest graph
+
+// The model's weights as one f32 buffer in the graph's parameter layout (an fp32
+// graph's layout: every entry f32), read from a checkpoint or a safetensors file.
+struct Weights {
+  Tensor params;
+  std::string source;
+  int64_t step = -1;
+};
+
+bool is_safetensors(const std::string& path) {
+  return fs::path(path).extension() == ".safetensors";
+}
+
+Weights from_safetensors(const std::string& file, const Job& job, const graph::Graph& g) {
+  InitWeights w = load_init_weights(file, job.model.arch, g.param_layout(), g.buffer_layout());
+  DTRAIN_CHECK(w.fresh.empty() && !w.buffers.defined(),
+               "a GPT-2 has no task head and no buffers, but {} left {} fresh", file,
+               w.fresh.size());
+  return {w.params, file, -1};
+}
+
+Weights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g) {
+  const Checkpoint ck = read_any_checkpoint(path);
+  const std::string arch = ck.meta.value("arch", std::string());
+  const std::vector<NamedTensor> tensors = checkpoint_model_tensors(ck);
+  std::map<std::string, const Tensor*> by_name;
+  for (const NamedTensor& t : tensors) by_name[t.name] = &t.tensor;
+  const std::string hint = fmt::format(
+      "generate with the job file that trained it (its model.* keys), or export the "
+      "checkpoint (dtrain ckpt export) and pass the .safetensors");
+  const graph::FlatStore layout(g.param_layout());
+  Weights w;
+  w.params = Tensor::empty({layout.buffer_elems(DType::f32)}, DType::f32);
+  std::fill_n(w.params.data<float>(), w.params.numel(), 0.0f);
+  for (const graph::FlatEntry& e : layout.entries()) {
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) {
+      throw Error(fmt::format("{}: no tensor {}: the checkpoint holds a {} model, not the job's {}",
+                              path.string(), e.name, arch, job.model.arch),
+                  hint);
+    }
+    const Tensor& t = *it->second;
+    if (!(t.shape() == e.spec.shape)) {
+      throw Error(
+          fmt::format("{}: tensor {} is {} in the checkpoint, {} in the job's model ({})",
+                      path.string(), e.name, t.shape().str(), e.spec.shape.str(), job.model.arch),
+          hint);
+    }
+    std::copy_n(t.data<float>(), t.numel(), w.params.data<float>() + e.offset);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    throw Error(fmt::format("{}: tensor {} is not part of the job's model ({})", path.string(),
+                            by_name.begin()->first, job.model.arch),
+                hint);
+  }
+  w.source = path.string();
+  w.step = ck.meta.value("step", int64_t{-1});
+  return w;
+}
+
+Weights read_weights(const GenerateRequest& r, const graph::Graph& g) {
+  const Job& job = r.job;
+  if (!r.weights.empty() && r.weights != "latest") {
+    if (is_safetensors(r.weights)) return from_safetensors(r.weights, job, g);
+    return from_checkpoint(resolve_resume(r.weights, job.train.checkpoint.dir, "--checkpoint"), job,
+                           g);
+  }
+  const fs::path newest = resolve_resume("latest", job.train.checkpoint.dir, "--checkpoint");
+  if (!newest.empty()) return from_checkpoint(newest, job, g);
+  if (job.model.init_from) return from_safetensors(*job.model.init_from, job, g);
+  throw Error(fmt::format("no checkpoint in {} (train.checkpoint.dir) to generate from",
+                          job.train.checkpoint.dir),
+              "train the job first (dtrain train), or pass --checkpoint PATH: a checkpoint, a "
+              "run directory or a .safetensors file");
+}
+
+Tokenizer read_tokenizer(const GenerateRequest& r) {
+  std::string file = r.tokenizer;
+  if (file.empty()) {
+    if (!r.job.data.path || r.job.data.dataset != DatasetName::tokens) {
+      throw Error(
+          "generate needs the tokenizer of the model's training text, and the job's data "
+          "has none (data.dataset is not tokens)",
+          "pass --tokenizer FILE (the tokenizer.json `dtrain data tokenize` wrote)");
+    }
+    file = (fs::path(*r.job.data.path) / "tokenizer.json").string();
+  }
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) {
+    throw Error(fmt::format("{}: no such tokenizer file", file),
+                "pass --tokenizer FILE, or point data.path at the directory `dtrain data "
+                "tokenize` wrote");
+  }
+  return Tokenizer::load(file);
+}
+
+// Ids a sample may draw: the tokenizer's ordinary tokens and <|endoftext|>.
+std::vector<int32_t> candidate_ids(const Tokenizer& tok, int64_t model_vocab) {
+  std::vector<int32_t> ids(static_cast<size_t>(tok.first_special()));
+  std::iota(ids.begin(), ids.end(), 0);
+  ids.push_back(tok.special(Special::endoftext));
+  std::sort(ids.begin(), ids.end());
+  DTRAIN_CHECK(ids.back() < model_vocab, "token {} past the vocabulary {}", ids.back(),
+               model_vocab);
+  return ids;
+}
+
+// u in [0, 1) with 53 random bits, from words 2i and 2i + 1 of the stream.
+double uniform53(const Philox& rng, uint64_t i) {
+  const uint64_t hi = rng.u32(2 * i) >> 6, lo = rng.u32(2 * i + 1) >> 5;  // 26 + 27 bits
+  return static_cast<double>((hi << 27) | lo) * 0x1p-53;
+}
+
+// The forward graph at one length, and the executor holding the weights.
+struct Forward {
+  int64_t length = 0;
+  models::ModelGraph model;
+  std::unique_ptr<graph::Executor> ex;
+  Tensor ids_host, ids, labels;
+};
+
+std::unique_ptr<Forward> make_forward(const Job& job, int64_t batch, int64_t length) {
+  auto f = std::make_unique<Forward>();
+  f->length = length;
+  ModelOptions options = job.model;
+  options.seq_len = static_cast<int>(length);
+  f->model = models::build_model(options, batch);  // fp32: the default DTypePolicy
+  f->ex =
+      std::make_unique<graph::Executor>(f->model.graph, job.device, graph::GradBuffer::external);
+  f->ex->keep(f->model.logits, graph::Mode::eval);
+  Allocator* alloc = &kernels::device_allocator(job.device);
+  f->ids_host = Tensor::empty({batch, length}, DType::i32);
+  f->ids = job.device.is_cpu() ? f->ids_host : Tensor::empty({batch, length}, DType::i32, alloc);
+  Tensor zeros = Tensor::empty({batch, length}, DType::i32);  // labels: the loss is not read
+  std::fill_n(zeros.data<int32_t>(), zeros.numel(), 0);
+  f->labels = Tensor::empty({batch, length}, DType::i32, alloc);
+  kernels::copy(zeros, f->labels);
+  return f;
+}
+
+void load_weights(Forward& f, const Tensor& weights) {
+  Tensor live = f.ex->params().flat(DType::f32);
+  DTRAIN_CHECK(live.defined() && live.numel() == weights.numel(),
+               "generate: {} weights for a layout of {}", weights.numel(),
+               live.defined() ? live.numel() : 0);
+  kernels::copy(weights, live);
+}
+
+int64_t forward_length(int64_t positions, int64_t context) {
+  int64_t n = kShortestForward;
+  while (n < positions) n *= 2;
+  return std::min(n, context);
+}
+
+}  // namespace
+
+TokenPick pick_token(std::span<const float> logits, std::span<const int32_t> candidates,
+                     const SamplingOptions& o, double u) {
+  DTRAIN_CHECK(!candidates.empty(), "pick_token: no candidates");
+  double top = -std::numeric_limits<double>::infinity();
+  for (float x : logits) {
+    if (!std::isfinite(x)) {
+      throw RunError("the model's logits are not finite (a checkpoint of a run that diverged?)",
+                     "generate from an earlier checkpoint (--checkpoint)");
+    }
+    top = std::max(top, static_cast<double>(x));
+  }
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
+  const double log_z = top + std::log(sum);
+  const auto pick = [&](int32_t id) {
+    return TokenPick{id, static_cast<double>(logits[static_cast<size_t>(id)]) - log_z};
+  };
+  const auto logit = [&](int32_t id) { return logits[static_cast<size_t>(id)]; };
+  // Most likely first; ties to the smaller id.
+  const auto more_likely = [&](int32_t a, int32_t b) {
+    return logit(a) != logit(b) ? logit(a) > logit(b) : a < b;
+  };
+  if (o.temperature == 0.0)
+    return pick(*std::min_element(candidates.begin(), candidates.end(), more_likely));
+
+  std::vector<int32_t> kept(candidates.begin(), candidates.end());
+  const size_t k = o.top_k > 0 ? std::min(kept.size(), static_cast<size_t>(o.top_k)) : kept.size();
+  if (k < kept.size() || o.top_p < 1.0) {
+    std::partial_sort(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(k), kept.end(),
+                      more_likely);
+    kept.resize(k);
+  }
+  double best = -std::numeric_limits<double>::infinity();
+  for (int32_t id : kept) best = std::max(best, static_cast<double>(logit(id)));
+  std::vector<double> p(kept.size());
+  double total = 0.0;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    p[i] = std::exp((static_cast<double>(logit(kept[i])) - best) / o.temperature);
+    total += p[i];
+  }
+  if (o.top_p < 1.0) {  // kept is in order, most likely first: cut after p is reached
+    double mass = 0.0;
+    size_t n = 0;
+    while (n < kept.size() && (n == 0 || mass < o.top_p * total)) mass += p[n++];
+    kept.resize(n);
+    p.resize(n);
+    total = mass;
+  }
+  // Draw in id order, so the same kept set gives the same token whatever order it came in.
+  std::vector<size_t> by_id(kept.size());
+  std::iota(by_id.begin(), by_id.end(), size_t{0});
+  std::sort(by_id.begin(), by_id.end(), [&](size_t a, size_t b) { return kept[a] < kept[b]; });
+  double acc = 0.0;
+  const double target = u * total;
+  for (size_t i : by_id) {
+    acc += p[i];
+    if (target < acc) return pick(kept[i]);
+  }
+  return pick(kept[by_id.back()]);  // u * total rounded up to the sum
+}
+
+GenerateResult generate(const GenerateRequest& r) {
+  const Job& job = r.job;
+  const ArchPreset* arch = find_arch(job.model.arch);
+  if (arch == nullptr || arch->family != ModelFamily::gpt) {
+    throw Error(fmt::format("model.arch {}: dtrain generate continues text with a GPT-2 model "
+                            "(gpt2, gpt2-tiny, ...)",
+                            job.model.arch),
+                "a BERT predicts masked tokens and an image model classes; neither writes text");
+  }
+  if (r.samples < 1 || r.tokens < 1)
+    throw Error(
+        fmt::format("--samples {} and --tokens {} must be at least 1", r.samples, r.tokens));
+  const models::TransformerShape shape = models::resolve_transformer(job.model, ModelFamily::gpt);
+  const Tokenizer tok = read_tokenizer(r);
+  if (tok.vocab_size() > shape.vocab) {
+    throw Error(fmt::format("the tokenizer has {} tokens, more than the model's vocabulary ({})",
+                            tok.vocab_size(), shape.vocab),
+                "use the tokenizer of the model's training data (data.path or --tokenizer)");
+  }
+  const int64_t context = shape.seq_len;
+  const int64_t batch = r.samples;
+  const std::vector<int32_t> candidates = candidate_ids(tok, shape.vocab);
+  const int32_t end_id = tok.special(Special::endoftext);
+
+  GenerateResult out;
+  out.context = context;
+  out.prompt_ids.push_back(end_id);  // documents in the token shards start after one
+  tok.encode_append(r.prompt, out.prompt_ids);
+  std::unique_ptr<Forward> f = make_forward(job, batch, kShortestForward);
+  const Weights w = read_weights(r, f->model.graph);
+  out.weights = w.source;
+  out.step = w.step;
+  load_weights(*f, w.params);
+
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(batch), out.prompt_ids);
+  out.samples.resize(static_cast<size_t>(batch));
+  std::vector<Philox> rng;
+  for (int64_t b = 0; b < batch; ++b)
+    rng.emplace_back(r.seed, rng_stream_id(kSamplingPurpose, 0, static_cast<uint64_t>(b)));
+  out.prompt_cut = static_cast<int64_t>(out.prompt_ids.size()) > context;
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    // Every sample has the same length: an ended one stops drawing, not running.
+    const int64_t len = static_cast<int64_t>(seq[0].size());
+    const int64_t window = std::min(len, context);
+    const int64_t length = forward_length(window, context);
+    if (length != f->length) {
+      f = make_forward(job, batch, length);
+      load_weights(*f, w.params);
+    }
+    int32_t* ids = f->ids_host.data<int32_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      const std::vector<int32_t>& s = seq[static_cast<size_t>(b)];
+      std::copy(s.end() - window, s.end(), ids + b * length);
+      std::fill(ids + b * length + window, ids + (b + 1) * length, end_id);  // never attended
+    }
+    if (!job.device.is_cpu()) kernels::copy(f->ids_host, f->ids);
+    f->ex->set_input(f->model.input, f->ids);
+    f->ex->set_input(f->model.labels, f->labels);
+    f->ex->forward(graph::Mode::eval);
+    ++out.forwards;
+    const Tensor& logits = f->ex->value(f->model.logits);  // f32 [batch, length, vocab]
+    bool all_ended = true;
+    for (int64_t b = 0; b < batch; ++b) {
+      GeneratedSample& s = out.samples[static_cast<size_t>(b)];
+      std::vector<int32_t>& history = seq[static_cast<size_t>(b)];
+      if (s.ended) {
+        history.push_back(end_id);
+        continue;
+      }
+      const Tensor row =
+          kernels::to_host(logits.view((b * length + window - 1) * shape.vocab, {shape.vocab}));
+      const TokenPick p = pick_token(
+          std::span<const float>(row.data<float>(), static_cast<size_t>(shape.vocab)), candidates,
+          r.sampling, uniform53(rng[static_cast<size_t>(b)], static_cast<uint64_t>(t)));
+      s.ids.push_back(p.id);
+      s.logprobs.push_back(p.logprob);
+      history.push_back(p.id);
+      s.ended = r.stop_at_end && p.id == end_id;
+      all_ended = all_ended && s.ended;
+    }
+    if (all_ended) break;
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (GeneratedSample& s : out.samples) {
+    std::vector<int32_t> text = s.ids;
+    if (s.ended) text.pop_back();
+    s.text = tok.decode(text);
+  }
+  return out;
+}
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,351 @@
+// `dtrain generate`: the sampler on its own (runtime::pick_token), then the command
+// end to end on a two-layer GPT-2 of width 32 trained for a few steps on the generated
+// corpus: its log-probabilities against an independent forward in Python
+// (tests/scripts/gpt2_reference.py, Hugging Face's arithmetic in float64), the
+// sampling invariants (same seed, same text; a sample does not depend on the others
+// beside it), where the weights come from, and its refusals (exit 2).
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "corpus.h"
+#include "harness.h"
+#include "runtime/generate.h"
+
+using namespace dtrain::train_test;
+using dtrain::runtime::pick_token;
+using dtrain::runtime::SamplingOptions;
+
+namespace {
+
+constexpr int kExitBadInput = 2;
+constexpr int64_t kContext = 16;  // model.seq_len of the jobs here
+constexpr int kHeads = 2;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// ---- the sampler -----------------------------------------------------------------
+
+std::vector<int32_t> all_ids(int n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+// How often each id is drawn when u walks a fine grid over [0, 1): the sampler's
+// distribution, to 1 / steps.
+std::vector<double> frequencies(const std::vector<float>& logits,
+                                const std::vector<int32_t>& candidates, const SamplingOptions& o,
+                                int steps = 20000) {
+  std::vector<double> f(logits.size(), 0.0);
+  for (int i = 0; i < steps; ++i) {
+    const double u = (i + 0.5) / steps;
+    f[static_cast<size_t>(pick_token(logits, candidates, o, u).id)] += 1.0 / steps;
+  }
+  return f;
+}
+
+std::vector<double> softmax(const std::vector<float>& logits, double temperature,
+                            const std::vector<int32_t>& keep) {
+  std::vector<double> p(logits.size(), 0.0);
+  double z = 0.0;
+  for (int32_t id : keep) z += std::exp(logits[static_cast<size_t>(id)] / temperature);
+  for (int32_t id : keep) p[static_cast<size_t>(id)] = std::exp(logits[id] / temperature) / z;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("sampler: greedy, temperature, top-k and top-p draw what they say") {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f, 9.0f};
+  // id 5 is the most likely but not a candidate (a padding row of the vocabulary, say).
+  const std::vector<int32_t> cand = {0, 1, 2, 3, 4};
+  double log_z = 0.0;
+  for (float x : logits) log_z += std::exp(static_cast<double>(x));
+  log_z = std::log(log_z);
+
+  SamplingOptions greedy;
+  greedy.temperature = 0.0;
+  for (double u : {0.0, 0.5, 0.999}) {
+    const auto p = pick_token(logits, cand, greedy, u);
+    CHECK(p.id == 1);  // ties (ids 1 and 3) to the smaller id; 5 is not a candidate
+    CHECK(p.logprob == doctest::Approx(3.0 - log_z).epsilon(1e-12));  // over the whole vocabulary
+  }
+
+  SamplingOptions plain;  // temperature 1: the model's distribution over the candidates
+  std::vector<double> f = frequencies(logits, cand, plain);
+  std::vector<double> want = softmax(logits, 1.0, cand);
+  for (size_t i = 0; i < logits.size(); ++i) CHECK(f[i] == doctest::Approx(want[i]).epsilon(1e-3));
+  CHECK(f[5] == 0.0);
+
+  SamplingOptions hot;
+  hot.temperature = 2.5;
+  f = frequencies(logits, cand, hot);
+  want = softmax(logits, 2.5, cand);
+  for (size_t i = 0; i < logits.size(); ++i) CHECK(f[i] == doctest::Approx(want[i]).epsilon(1e-3));
+
+  SamplingOptions top2;  // ids 1 and 3, equally likely
+  top2.top_k = 2;
+  f = frequencies(logits, cand, top2);
+  CHECK(f[1] == doctest::Approx(0.5));
+  CHECK(f[3] == doctest::Approx(0.5));
+  CHECK(f[0] + f[2] + f[4] == 0.0);
+
+  SamplingOptions nucleus;  // p(1) = p(3) = 0.397, p(2) = 0.146: 0.9 needs all three
+  nucleus.top_p = 0.9;
+  f = frequencies(logits, cand, nucleus);
+  want = softmax(logits, 1.0, {1, 2, 3});
+  for (int32_t id : {1, 2, 3}) CHECK(f[id] == doctest::Approx(want[id]).epsilon(1e-3));
+  CHECK(f[0] + f[4] == 0.0);
+  nucleus.top_p = 0.35;  // the first most likely token alone reaches it: the smaller id of the tie
+  f = frequencies(logits, cand, nucleus);
+  CHECK(f[1] == doctest::Approx(1.0));
+
+  const std::vector<float> bad = {0.0f, NAN, 1.0f};
+  CHECK_THROWS_AS(pick_token(bad, all_ids(3), plain, 0.5), dtrain::RunError);
+}
+
+// ---- the command ------------------------------------------------------------------
+
+namespace {
+
+// A two-layer GPT-2 of width 32 and context 16 over `data`, trained `steps` steps
+// (checkpoints every 10), at <dir>/<run>.yaml.
+fs::path write_gpt_job(const fs::path& dir, const std::string& run, const TokenDir& data,
+                       int steps) {
+  const fs::path job = dir / (run + ".yaml");
+  std::ofstream(job) << "run: {output_dir: " << (dir / run).string() << ", seed: 1}\n"
+                     << "model: {arch: gpt2-tiny, layers: 2, hidden: 32, heads: " << kHeads
+                     << ",\n        seq_len: " << kContext << ", max_positions: " << kContext
+                     << ", vocab_size: " << data.vocab << ", dropout: 0.1}\n"
+                     << "data: {dataset: tokens, path: " << data.dir.string()
+                     << ", global_batch: 8}\n"
+                     << "optimizer: {name: adamw, lr: 0.01}\n"
+                     << "train: {steps: " << steps
+                     << ", log_every: 10, checkpoint: {every: 10, keep: 5}}\n"
+                     << "logging: {console: false}\n";
+  return job;
+}
+
+struct Trained {
+  TokenDir data;
+  fs::path job;
+};
+
+Trained train_small(const fs::path& tmp, int steps = 30) {
+  Trained t;
+  t.data = tokenize(tmp, 300);
+  t.job = write_gpt_job(tmp, "gpt", t.data, steps);
+  const RunResult r = run_dtrain({t.job.string()}, tmp / "train.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  return t;
+}
+
+RunResult generate(const fs::path& tmp, const std::string& log,
+                   const std::vector<std::string>& args) {
+  std::vector<std::string> all = {"generate"};
+  all.insert(all.end(), args.begin(), args.end());
+  return run_dtrain_command(all, tmp / log);
+}
+
+// `dtrain generate --json ...`: its JSON (the log holds nothing else unless it failed).
+nlohmann::json generate_json(const fs::path& tmp, const std::string& log,
+                             std::vector<std::string> args) {
+  args.push_back("--json");
+  const RunResult r = generate(tmp, log, args);
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const size_t at = r.log.find("{\n");
+  REQUIRE_MESSAGE(at != std::string::npos, r.log);
+  return nlohmann::json::parse(r.log.substr(at));
+}
+
+// tests/scripts/gpt2_reference.py on an export and generate's JSON: its exit code, and
+// its output into `log`.
+int reference_check(const fs::path& model, const fs::path& json, const fs::path& log,
+                    int64_t candidates, bool greedy) {
+  const std::string cmd = std::string("python3 ") + DTRAIN_SOURCE_DIR +
+                          "/tests/scripts/gpt2_reference.py " + model.string() + " " +
+                          json.string() + " --heads " + std::to_string(kHeads) + " --context " +
+                          std::to_string(kContext) + " --candidates " + std::to_string(candidates) +
+                          (greedy ? " --greedy" : "") + " > " + log.string() + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+}
+
+}  // namespace
+
+TEST_CASE("generate: every new token's log-probability is an independent GPT-2 forward's") {
+  TempDir tmp("generate-reference");
+  const Trained t = train_small(tmp.path());
+  const fs::path model = tmp.path() / "gpt.safetensors";
+  const RunResult e = run_dtrain_command(
+      {"ckpt", "export", (tmp.path() / "gpt").string(), "--safetensors", model.string()},
+      tmp.path() / "export.log");
+  REQUIRE_MESSAGE(e.rc == 0, e.describe());
+  // Trained vocabulary: ordinary tokens below vocab - 6, <|endoftext|> at vocab - 6.
+  const int64_t candidates = t.data.vocab - 5;
+  struct Case {
+    const char* name;
+    std::vector<std::string> args;
+    bool greedy;
+  };
+  // 2 + 24 tokens pass the 16-token context: the window slides for the last ones.
+  const Case cases[] = {
+      {"sampled", {"--samples", "2", "--tokens", "24", "--ignore-end", "--seed", "7"}, false},
+      {"greedy", {"--temperature", "0", "--tokens", "24", "--ignore-end"}, true},
+      {"top-k, top-p", {"--top-k", "5", "--top-p", "0.8", "--tokens", "6"}, false},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    std::vector<std::string> args = {t.job.string(), "--prompt", "The old king"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    const nlohmann::json g = generate_json(tmp.path(), "gen.log", args);
+    CHECK(g.at("step") == 30);
+    const fs::path json = tmp.path() / "gen.json";
+    write_bytes(json, g.dump());
+    const fs::path log = tmp.path() / "reference.log";
+    CHECK_MESSAGE(reference_check(model, json, log, candidates, c.greedy) == 0, read_bytes(log));
+    if (std::string(c.name) != "top-k, top-p") {
+      for (const auto& s : g.at("samples")) CHECK(s.at("ids").size() == 24);
+    }
+  }
+}
+
+TEST_CASE(
+    "generate: one seed gives one text, a sample does not depend on the samples beside "
+    "it, and the weights come from where they are asked") {
+  TempDir tmp("generate-invariants");
+  const Trained t = train_small(tmp.path());
+  const std::vector<std::string> base = {t.job.string(), "--prompt", "A horse",
+                                         "--tokens",     "12",       "--ignore-end"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const nlohmann::json one = generate_json(tmp.path(), "one.log", with({}));
+  const nlohmann::json again = generate_json(tmp.path(), "again.log", with({}));
+  const nlohmann::json three = generate_json(tmp.path(), "three.log", with({"--samples", "3"}));
+  const nlohmann::json other = generate_json(tmp.path(), "other.log", with({"--seed", "99"}));
+  const nlohmann::json& s = one.at("samples")[0];
+  CHECK(again.at("samples")[0] == s);
+  CHECK(three.at("samples")[0].at("ids") == s.at("ids"));
+  CHECK(three.at("samples")[0].at("text") == s.at("text"));
+  CHECK(three.at("samples")[1].at("ids") != s.at("ids"));
+  CHECK(other.at("samples")[0].at("ids") != s.at("ids"));
+  CHECK(contains(one.at("weights").get<std::string>(), "step-00000030.dtckpt"));
+
+  // An older checkpoint by path, and an export of the newest: the export carries the
+  // same f32 weights, so the same tokens with the same log-probabilities.
+  const fs::path older = tmp.path() / "gpt" / "checkpoints" / "step-00000020.dtckpt";
+  const nlohmann::json at20 =
+      generate_json(tmp.path(), "at20.log", with({"--checkpoint", older.string()}));
+  CHECK(at20.at("step") == 20);
+  CHECK(at20.at("samples")[0].at("logprobs") != s.at("logprobs"));
+  const fs::path model = tmp.path() / "gpt.safetensors";
+  REQUIRE(run_dtrain_command(
+              {"ckpt", "export", (tmp.path() / "gpt").string(), "--safetensors", model.string()},
+              tmp.path() / "export.log")
+              .rc == 0);
+  const nlohmann::json exported =
+      generate_json(tmp.path(), "exported.log", with({"--checkpoint", model.string()}));
+  CHECK(exported.at("step").is_null());
+  CHECK(exported.at("samples")[0] == s);
+
+  // The job laid out for 4 ranks (2 x 2, ZeRO-1) still generates in one process.
+  const nlohmann::json grid =
+      generate_json(tmp.path(), "grid.log",
+                    with({"--set", "parallel.data=2", "--set", "parallel.tensor=2", "--set",
+                          "parallel.zero_stage=1"}));
+  CHECK(grid.at("samples")[0] == s);
+
+  // The console form: the prompt and its continuation on stdout, the source on stderr.
+  const RunResult plain = generate(tmp.path(), "plain.log", base);
+  REQUIRE_MESSAGE(plain.rc == 0, plain.describe());
+  CHECK(contains(plain.log, "A horse" + s.at("text").get<std::string>()));
+  CHECK(contains(plain.log, "step-00000030.dtckpt (step 30)"));
+}
+
+// A model of synthetic tokens with a tokenizer given by hand: its draws include single
+// bytes that are not UTF-8 on their own, which --json must still print (as U+FFFD in
+// "text"; "ids" keep every byte).
+TEST_CASE("generate: synthetic-token weights with --tokenizer, and bytes that are not UTF-8") {
+  TempDir tmp("generate-synthetic");
+  const TokenDir tok = tokenize(tmp.path(), 100);
+  const fs::path job = tmp.path() / "synthetic.yaml";
+  std::ofstream(job) << "run: {output_dir: " << (tmp.path() / "run").string() << ", seed: 3}\n"
+                     << "model: {arch: gpt2-tiny, layers: 1, hidden: 32, heads: 2, seq_len: 16,\n"
+                     << "        max_positions: 16, vocab_size: 320}\n"
+                     << "data: {dataset: synthetic, global_batch: 4}\n"
+                     << "optimizer: {name: adamw, lr: 0.001}\n"
+                     << "train: {steps: 2, checkpoint: {every: 2}}\n"
+                     << "logging: {console: false}\n";
+  const RunResult r = run_dtrain({job.string()}, tmp.path() / "train.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const nlohmann::json g =
+      generate_json(tmp.path(), "gen.log",
+                    {job.string(), "--tokenizer", (tok.dir / "tokenizer.json").string(), "--tokens",
+                     "40", "--ignore-end", "--seed", "1"});
+  const nlohmann::json& s = g.at("samples")[0];
+  REQUIRE(s.at("ids").size() == 40);
+  bool high_byte = false;  // a lone byte >= 0x80: invalid UTF-8 by itself
+  for (const auto& id : s.at("ids")) {
+    const int v = id.get<int>();
+    high_byte = high_byte || (v >= 0x80 && v < 0x100);
+    CHECK(v < tok.vocab - 5);  // the tokenizer's tokens and <|endoftext|>, never [PAD] or 300+
+  }
+  CHECK(high_byte);
+  CHECK(contains(s.at("text").get<std::string>(), "\xEF\xBF\xBD"));  // U+FFFD
+}
+
+TEST_CASE("generate refuses what it cannot use with exit 2, naming it") {
+  TempDir tmp("generate-refusals");
+  const Trained t = train_small(tmp.path(), 10);
+  const std::string job = t.job.string();
+  struct Case {
+    const char* name;
+    std::vector<std::string> args;
+    const char* says;
+  };
+  const fs::path nothing = tmp.path() / "nothing";
+  fs::create_directories(nothing);
+  const Case cases[] = {
+      {"a BERT", {job, "--set", "model.arch=bert-tiny"}, "continues text with a GPT-2"},
+      {"no checkpoint yet",
+       {job, "--set", "run.output_dir=" + (tmp.path() / "fresh").string()},
+       "no checkpoint in"},
+      {"an empty checkpoint directory", {job, "--checkpoint", nothing.string()}, "no checkpoint"},
+      {"another model's checkpoint",
+       {job, "--set", "model.hidden=64"},
+       "is [300, 32] in the checkpoint, [300, 64] in the job's model"},
+      {"a negative temperature", {job, "--temperature", "-1"}, "--temperature -1"},
+      {"top-p 0", {job, "--top-p", "0"}, "--top-p 0"},
+      {"top-p above 1", {job, "--top-p", "1.5"}, "--top-p 1.5"},
+      {"a prompt twice",
+       {job, "--prompt", "a", "--prompt-file", job},
+       "--prompt and --prompt-file"},
+      {"a missing prompt file", {job, "--prompt-file", "/nonexistent"}, "/nonexistent"},
+      {"synthetic data without a tokenizer",
+       {job, "--set", "data.dataset=synthetic"},
+       "pass --tokenizer"},
+      {"a missing tokenizer", {job, "--tokenizer", "/nonexistent.json"}, "/nonexistent.json"},
+      {"a tokenizer larger than the vocabulary",
+       {job, "--set", "model.vocab_size=200"},
+       "more than the model's vocabulary (200)"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    const RunResult r = generate(tmp.path(), "refused.log", c.args);
+    CHECK_MESSAGE(r.rc == kExitBadInput, r.describe());
+    CHECK_MESSAGE(contains(r.log, c.says), r.log);
+  }
+}
