@@ -105,24 +105,38 @@ Weights read_weights(const GenerateRequest& r, const graph::Graph& g) {
               "run directory or a .safetensors file");
 }
 
+// data.path's tokenizer.json, or --tokenizer: a tokenizer.json, or a directory holding
+// one or Hugging Face GPT-2's vocab.json and merges.txt.
 Tokenizer read_tokenizer(const GenerateRequest& r) {
-  std::string file = r.tokenizer;
+  constexpr const char* kHint =
+      "pass --tokenizer: the tokenizer.json `dtrain data tokenize` wrote, or a directory with "
+      "GPT-2's vocab.json and merges.txt";
+  fs::path file = r.tokenizer;
   if (file.empty()) {
     if (!r.job.data.path || r.job.data.dataset != DatasetName::tokens) {
       throw Error(
           "generate needs the tokenizer of the model's training text, and the job's data "
           "has none (data.dataset is not tokens)",
-          "pass --tokenizer FILE (the tokenizer.json `dtrain data tokenize` wrote)");
+          kHint);
     }
-    file = (fs::path(*r.job.data.path) / "tokenizer.json").string();
+    file = fs::path(*r.job.data.path) / "tokenizer.json";
   }
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec)) {
-    throw Error(fmt::format("{}: no such tokenizer file", file),
-                "pass --tokenizer FILE, or point data.path at the directory `dtrain data "
-                "tokenize` wrote");
+  if (fs::is_directory(file, ec)) {
+    if (fs::is_regular_file(file / "tokenizer.json", ec)) {
+      file /= "tokenizer.json";
+    } else if (fs::is_regular_file(file / "vocab.json", ec) &&
+               fs::is_regular_file(file / "merges.txt", ec)) {
+      return Tokenizer::load_gpt2((file / "vocab.json").string(), (file / "merges.txt").string());
+    } else {
+      throw Error(fmt::format("{}: neither tokenizer.json nor vocab.json and merges.txt in it",
+                              file.string()),
+                  kHint);
+    }
   }
-  return Tokenizer::load(file);
+  if (!fs::is_regular_file(file, ec))
+    throw Error(fmt::format("{}: no such tokenizer file", file.string()), kHint);
+  return Tokenizer::load(file.string());
 }
 
 // Ids a sample may draw: the tokenizer's ordinary tokens and <|endoftext|>.
@@ -260,9 +274,15 @@ GenerateResult generate(const GenerateRequest& r) {
         fmt::format("--samples {} and --tokens {} must be at least 1", r.samples, r.tokens));
   const models::TransformerShape shape = models::resolve_transformer(job.model, ModelFamily::gpt);
   const Tokenizer tok = read_tokenizer(r);
-  if (tok.vocab_size() > shape.vocab) {
-    throw Error(fmt::format("the tokenizer has {} tokens, more than the model's vocabulary ({})",
-                            tok.vocab_size(), shape.vocab),
+  // What a sample can draw must be a row of the model: the tokenizer's ordinary tokens
+  // and <|endoftext|> (Hugging Face's GPT-2 has 50257 rows, and dtrain appends its five
+  // other specials after them).
+  const int64_t needed =
+      std::max<int64_t>(tok.first_special(), tok.special(Special::endoftext) + 1);
+  if (needed > shape.vocab) {
+    throw Error(fmt::format("the tokenizer's tokens need {} rows, more than the model's "
+                            "vocabulary ({})",
+                            needed, shape.vocab),
                 "use the tokenizer of the model's training data (data.path or --tokenizer)");
   }
   const int64_t context = shape.seq_len;

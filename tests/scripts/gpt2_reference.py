@@ -11,7 +11,8 @@ does. Exit 0 when everything agrees, 1 with the first difference.
     gpt2_reference.py MODEL.safetensors GENERATE.json --heads H --context T
                       --candidates N [--greedy] [--tol 1e-4]
 
-MODEL.safetensors: `dtrain ckpt export` of the checkpoint generate read (F32).
+MODEL.safetensors: `dtrain ckpt export` of the checkpoint generate read, or a Hugging
+Face GPT2Model / GPT2LMHeadModel file (F32).
 --candidates N: ids [0, N) may be drawn (a trained vocabulary's ordinary tokens and
 <|endoftext|>).
 """
@@ -30,8 +31,10 @@ def read_safetensors(path):
     base = 8 + n
     out = {}
     for name, t in header.items():
-        if name == "__metadata__":
-            continue
+        if name == "__metadata__" or name.endswith(".attn.bias") or name == "lm_head.weight":
+            continue  # causal-mask buffers and the tied head's copy: nothing to read
+        if not name.startswith("transformer."):
+            name = "transformer." + name  # GPT2Model's names
         if t["dtype"] != "F32":
             raise SystemExit(f"{name}: {t['dtype']}, expected F32")
         lo, hi = t["data_offsets"]

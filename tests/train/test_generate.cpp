@@ -220,6 +220,45 @@ TEST_CASE("generate: every new token's log-probability is an independent GPT-2 f
   }
 }
 
+// What a user downloads from the Hugging Face Hub for GPT-2: model.safetensors under
+// GPT2Model's names (with the mask buffers and the tied head's copy), vocab.json and
+// merges.txt, here a small one that tests/scripts/make_hf_gpt2.py writes. The job says
+// the shape; --tokenizer takes the directory.
+TEST_CASE("generate: Hugging Face GPT-2 files (model.safetensors, vocab.json, merges.txt)") {
+  TempDir tmp("generate-hf");
+  const fs::path hf = tmp.path() / "gpt2-hf";
+  const std::string make = std::string("python3 ") + DTRAIN_SOURCE_DIR +
+                           "/tests/scripts/make_hf_gpt2.py " + hf.string() +
+                           " --layers 2 --hidden 32 --context " + std::to_string(kContext) + " > " +
+                           (tmp.path() / "make.log").string() + " 2>&1";
+  REQUIRE(std::system(make.c_str()) == 0);
+  const int64_t vocab = std::stoll(read_bytes(tmp.path() / "make.log"));  // <|endoftext|> last
+  const fs::path job = tmp.path() / "hf.yaml";
+  std::ofstream(job) << "run: {output_dir: " << (tmp.path() / "run").string() << ", seed: 1}\n"
+                     << "model: {arch: gpt2-tiny, layers: 2, hidden: 32, heads: " << kHeads
+                     << ", seq_len: " << kContext << ",\n        max_positions: " << kContext
+                     << ", vocab_size: " << vocab << "}\n"
+                     << "data: {dataset: synthetic, global_batch: 4}\n"
+                     << "optimizer: {name: adamw, lr: 0.001}\n"
+                     << "train: {steps: 1}\n";
+  const fs::path model = hf / "model.safetensors";
+  for (const bool greedy : {false, true}) {
+    CAPTURE(greedy);
+    std::vector<std::string> args = {
+        job.string(),       "--checkpoint", model.string(), "--tokenizer",  hf.string(), "--prompt",
+        "the thin and the", "--tokens",     "24",           "--ignore-end", "--samples", "2"};
+    if (greedy) args.insert(args.end(), {"--temperature", "0"});
+    const nlohmann::json g = generate_json(tmp.path(), "gen.log", args);
+    // <|endoftext|>, then "the thin and the" in the file's merges: t he Ġt h in Ġa nd Ġthe.
+    CHECK(g.at("prompt_ids") ==
+          std::vector<int>{static_cast<int>(vocab - 1), 83, 257, 256, 71, 259, 260, 261, 258});
+    const fs::path json = tmp.path() / "gen.json";
+    write_bytes(json, g.dump());
+    const fs::path log = tmp.path() / "reference.log";
+    CHECK_MESSAGE(reference_check(model, json, log, vocab, greedy) == 0, read_bytes(log));
+  }
+}
+
 TEST_CASE(
     "generate: one seed gives one text, a sample does not depend on the samples beside "
     "it, and the weights come from where they are asked") {
