@@ -3,9 +3,13 @@
 // [--tokenizer F] [--ignore-end] [--device D] [--json] [--set key=value ...]`: text from a
 // trained GPT-2 (runtime/generate.h). The job file names the model and its tokenizer;
 // its parallel layout does not matter (one process reads any layout's checkpoint).
+#include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -29,18 +33,28 @@ struct GenerateArgs {
   double temperature = 1.0;
   int64_t top_k = 0;
   double top_p = 1.0;
-  int64_t seed = -1;  // -1: the job's run.seed
+  std::string seed;  // empty: the job's run.seed
   bool ignore_end = false;
   bool json = false;
 };
 
 constexpr size_t kMaxPromptBytes = size_t{1} << 24;
 
+// The prompt as the file holds it (a final newline included); "-" reads standard input.
 std::string read_prompt_file(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error(fmt::format("--prompt-file {}: cannot open it", file));
   std::ostringstream text;
-  text << in.rdbuf();
+  if (file == "-") {
+    text << std::cin.rdbuf();
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(file, ec))
+      throw Error(fmt::format("--prompt-file {}: not a file", file),
+                  "pass a text file, or - for "
+                  "standard input");
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw Error(fmt::format("--prompt-file {}: cannot open it", file));
+    text << in.rdbuf();
+  }
   std::string s = text.str();
   if (s.size() > kMaxPromptBytes) {
     throw Error(fmt::format("--prompt-file {}: {} bytes, more than the {} a prompt may have", file,
@@ -48,6 +62,17 @@ std::string read_prompt_file(const std::string& file) {
                 "the model sees its last model.seq_len tokens only; pass the end of the text");
   }
   return s;
+}
+
+// --seed as run.seed takes it: a whole number in [0, 2^63 - 1], nothing clamped.
+uint64_t parse_seed(const std::string& text) {
+  int64_t v = -1;
+  const char* end = text.data() + text.size();
+  const auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || p != end || v < 0) {
+    throw Error(fmt::format("--seed {}: expected a whole number from 0 to {}", text, INT64_MAX));
+  }
+  return static_cast<uint64_t>(v);
 }
 
 void check_sampling(const GenerateArgs& a) {
@@ -92,8 +117,24 @@ int run_generate(const GenerateArgs& a) {
   r.tokens = a.tokens;
   r.samples = a.samples;
   r.sampling = {a.temperature, a.top_k, a.top_p};
-  r.seed = static_cast<uint64_t>(a.seed >= 0 ? a.seed : r.job.run.seed);
+  r.seed = a.seed.empty() ? static_cast<uint64_t>(r.job.run.seed) : parse_seed(a.seed);
   r.stop_at_end = !a.ignore_end;
+  if (!a.json) {
+    r.on_start = [](const runtime::GenerateResult& g) {  // before the first forward
+      const std::string step = g.step >= 0 ? fmt::format(" (step {})", g.step) : "";
+      std::fprintf(stderr,
+                   "dtrain: generating from %s%s: <|endoftext|> and %zu prompt tokens, context "
+                   "%lld\n",
+                   g.weights.c_str(), step.c_str(), g.prompt_ids.size() - 1,
+                   static_cast<long long>(g.context));
+      if (g.prompt_cut) {
+        std::fprintf(stderr,
+                     "dtrain: warning: the prompt is longer than the model's context "
+                     "(model.seq_len %lld tokens): only its end is seen\n",
+                     static_cast<long long>(g.context));
+      }
+    };
+  }
   const runtime::GenerateResult g = runtime::generate(r);
   if (a.json) {
     // Byte-level tokens can end inside a UTF-8 character: "text" shows such bytes as
@@ -102,16 +143,6 @@ int run_generate(const GenerateArgs& a) {
                 to_json(g).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return kExitOk;
   }
-  const std::string step = g.step >= 0 ? fmt::format(" (step {})", g.step) : "";
-  std::fprintf(stderr, "dtrain: generating from %s%s, %zu prompt tokens, context %lld\n",
-               g.weights.c_str(), step.c_str(), g.prompt_ids.size(),
-               static_cast<long long>(g.context));
-  if (g.prompt_cut) {
-    std::fprintf(stderr,
-                 "dtrain: warning: the prompt is longer than the model's context (model.seq_len "
-                 "%lld tokens): only its end is seen\n",
-                 static_cast<long long>(g.context));
-  }
   int64_t made = 0;
   for (size_t i = 0; i < g.samples.size(); ++i) {
     const runtime::GeneratedSample& s = g.samples[i];
@@ -119,7 +150,7 @@ int run_generate(const GenerateArgs& a) {
     if (g.samples.size() > 1) std::printf("--- sample %zu ---\n", i + 1);
     std::printf("%s%s\n", r.prompt.c_str(), s.text.c_str());
   }
-  std::fprintf(stderr, "dtrain: %lld tokens in %.2f s (%.1f tokens/s, %lld forwards)\n",
+  std::fprintf(stderr, "dtrain: %lld tokens drawn in %.2f s (%.1f tokens/s, %lld forwards)\n",
                static_cast<long long>(made), g.seconds,
                g.seconds > 0 ? static_cast<double>(made) / g.seconds : 0.0,
                static_cast<long long>(g.forwards));
@@ -140,7 +171,8 @@ void add_generate(CLI::App& app, Action& action) {
                   "directory (its newest), or a .safetensors file (dtrain ckpt export, Hugging "
                   "Face GPT-2); default: the job's newest checkpoint, else model.init_from");
   cmd->add_option("--prompt", args->prompt, "text to continue (default: none, a new document)");
-  cmd->add_option("--prompt-file", args->prompt_file, "read the prompt from a file");
+  cmd->add_option("--prompt-file", args->prompt_file,
+                  "read the prompt from a file (- for standard input), a final newline kept");
   cmd->add_option("--tokens", args->tokens, "new tokens per sample at most (default 64)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--samples", args->samples, "samples, run as one batch (default 1)")
@@ -151,10 +183,10 @@ void add_generate(CLI::App& app, Action& action) {
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--top-p", args->top_p,
                   "then among the most likely tokens holding this probability (default 1)");
-  cmd->add_option("--seed", args->seed, "sampling seed (default: run.seed)")
-      ->check(CLI::Range(int64_t{0}, INT64_MAX));
+  cmd->add_option("--seed", args->seed, "sampling seed, 0 to 2^63 - 1 (default: run.seed)");
   cmd->add_option("--tokenizer", args->tokenizer,
-                  "tokenizer.json (default: data.path's, the training text's)");
+                  "tokenizer.json, or a directory with it or with GPT-2's vocab.json and "
+                  "merges.txt (default: data.path's, the training text's)");
   cmd->add_flag("--ignore-end", args->ignore_end,
                 "go on past <|endoftext|> (default: a sample ends there)");
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N instead of the job's device");

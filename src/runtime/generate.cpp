@@ -6,10 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -37,27 +40,72 @@ struct Weights {
   int64_t step = -1;
 };
 
-bool is_safetensors(const std::string& path) {
-  return fs::path(path).extension() == ".safetensors";
+constexpr const char* kWeightsHint =
+    "pass --checkpoint: a checkpoint of this job's model (a step-N.dtckpt file, a step-N/ "
+    "directory, a run directory) or a .safetensors file of its shape (dtrain ckpt export, "
+    "Hugging Face GPT-2)";
+
+// A safetensors file by its name, or by its first bytes: a u64 header length, then the
+// header's '{' (a dtrain checkpoint starts with "DTRAINCK").
+bool is_safetensors(const fs::path& path) {
+  if (path.extension() == ".safetensors") return true;
+  std::ifstream in(path, std::ios::binary);
+  char head[9] = {};
+  return in.read(head, sizeof(head)) && std::string_view(head, 8) != "DTRAINCK" && head[8] == '{';
 }
 
-Weights from_safetensors(const std::string& file, const Job& job, const graph::Graph& g) {
-  InitWeights w = load_init_weights(file, job.model.arch, g.param_layout(), g.buffer_layout());
+// The model's attention heads, which no tensor's shape shows, against the job's.
+void check_heads(const std::string& source, int64_t heads, int64_t job_heads) {
+  if (heads > 0 && heads != job_heads) {
+    throw Error(fmt::format("{}: the model has {} attention heads, the job's model.heads is {}",
+                            source, heads, job_heads),
+                fmt::format("set model.heads: {} (--set model.heads={})", heads, heads));
+  }
+}
+
+// Heads recorded beside a safetensors file: dtrain's export metadata, or the n_head of a
+// Hugging Face config.json in the same directory; 0 when neither says.
+int64_t recorded_heads(const fs::path& file, const std::map<std::string, std::string>& meta) {
+  if (auto it = meta.find("heads"); it != meta.end()) return std::stoll(it->second);
+  const fs::path config = file.parent_path() / "config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(config, ec)) return 0;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(config), nullptr, false);
+  if (j.is_object() && j.contains("n_head") && j.at("n_head").is_number_integer())
+    return j.at("n_head").get<int64_t>();
+  return 0;
+}
+
+Weights from_safetensors(const fs::path& file, const Job& job, const graph::Graph& g,
+                         int64_t job_heads) {
+  InitWeights w;
+  try {
+    w = load_init_weights(file, job.model.arch, g.param_layout(), g.buffer_layout());
+  } catch (const Error& e) {
+    throw Error(e.message(), kWeightsHint);  // its own hint speaks of model.init_from
+  }
   DTRAIN_CHECK(w.fresh.empty() && !w.buffers.defined(),
-               "a GPT-2 has no task head and no buffers, but {} left {} fresh", file,
+               "a GPT-2 has no task head and no buffers, but {} left {} fresh", file.string(),
                w.fresh.size());
-  return {w.params, file, -1};
+  check_heads(file.string(), recorded_heads(file, w.metadata), job_heads);
+  return {w.params, file.string(), -1};
 }
 
-Weights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g) {
-  const Checkpoint ck = read_any_checkpoint(path);
-  const std::string arch = ck.meta.value("arch", std::string());
+Weights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
+                        int64_t job_heads) {
+  Checkpoint ck;
+  try {
+    ck = read_any_checkpoint(path);
+  } catch (const Error& e) {
+    throw Error(e.message(), kWeightsHint);  // its own hint speaks of resuming
+  }
+  if (ck.meta.contains("model"))
+    check_heads(path.string(), ck.meta.at("model").value("heads", int64_t{0}), job_heads);
   const std::vector<NamedTensor> tensors = checkpoint_model_tensors(ck);
   std::map<std::string, const Tensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t.tensor;
-  const std::string hint = fmt::format(
-      "generate with the job file that trained it (its model.* keys), or export the "
-      "checkpoint (dtrain ckpt export) and pass the .safetensors");
+  const std::string hint =
+      "generate with the job file of the run that wrote it (its job.yaml has the model.* keys)";
   const graph::FlatStore layout(g.param_layout());
   Weights w;
   w.params = Tensor::empty({layout.buffer_elems(DType::f32)}, DType::f32);
@@ -65,8 +113,9 @@ Weights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph
   for (const graph::FlatEntry& e : layout.entries()) {
     auto it = by_name.find(e.name);
     if (it == by_name.end()) {
-      throw Error(fmt::format("{}: no tensor {}: the checkpoint holds a {} model, not the job's {}",
-                              path.string(), e.name, arch, job.model.arch),
+      throw Error(fmt::format("{}: the job's model ({}) has a tensor {} that the checkpoint "
+                              "lacks: the run's model.* keys differ from the job's",
+                              path.string(), job.model.arch, e.name),
                   hint);
     }
     const Tensor& t = *it->second;
@@ -80,8 +129,8 @@ Weights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph
     by_name.erase(it);
   }
   if (!by_name.empty()) {
-    throw Error(fmt::format("{}: tensor {} is not part of the job's model ({})", path.string(),
-                            by_name.begin()->first, job.model.arch),
+    throw Error(fmt::format("{}: the checkpoint's tensor {} is not part of the job's model ({})",
+                            path.string(), by_name.begin()->first, job.model.arch),
                 hint);
   }
   w.source = path.string();
@@ -89,16 +138,23 @@ Weights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph
   return w;
 }
 
-Weights read_weights(const GenerateRequest& r, const graph::Graph& g) {
+Weights read_weights(const GenerateRequest& r, const graph::Graph& g, int64_t heads) {
   const Job& job = r.job;
   if (!r.weights.empty() && r.weights != "latest") {
-    if (is_safetensors(r.weights)) return from_safetensors(r.weights, job, g);
-    return from_checkpoint(resolve_resume(r.weights, job.train.checkpoint.dir, "--checkpoint"), job,
-                           g);
+    std::error_code ec;
+    if (fs::is_regular_file(r.weights, ec) && is_safetensors(r.weights))
+      return from_safetensors(r.weights, job, g, heads);
+    fs::path path;
+    try {
+      path = resolve_resume(r.weights, job.train.checkpoint.dir, "--checkpoint");
+    } catch (const Error& e) {
+      throw Error(e.message(), kWeightsHint);
+    }
+    return from_checkpoint(path, job, g, heads);
   }
   const fs::path newest = resolve_resume("latest", job.train.checkpoint.dir, "--checkpoint");
-  if (!newest.empty()) return from_checkpoint(newest, job, g);
-  if (job.model.init_from) return from_safetensors(*job.model.init_from, job, g);
+  if (!newest.empty()) return from_checkpoint(newest, job, g, heads);
+  if (job.model.init_from) return from_safetensors(*job.model.init_from, job, g, heads);
   throw Error(fmt::format("no checkpoint in {} (train.checkpoint.dir) to generate from",
                           job.train.checkpoint.dir),
               "train the job first (dtrain train), or pass --checkpoint PATH: a checkpoint, a "
@@ -191,6 +247,8 @@ void load_weights(Forward& f, const Tensor& weights) {
   kernels::copy(weights, live);
 }
 
+// The positions of the graph for a context of `positions` tokens: a power of two from
+// kShortestForward on, at most the model's context.
 int64_t forward_length(int64_t positions, int64_t context) {
   int64_t n = kShortestForward;
   while (n < positions) n *= 2;
@@ -260,7 +318,29 @@ TokenPick pick_token(std::span<const float> logits, std::span<const int32_t> can
   return pick(kept[by_id.back()]);  // u * total rounded up to the sum
 }
 
+namespace {
+
+GenerateResult generate_on(const GenerateRequest& r);
+
+}  // namespace
+
+// Out of memory while generating: each forward holds every sample's logits over the
+// context (samples x positions x vocabulary floats), so --samples is what to lower.
 GenerateResult generate(const GenerateRequest& r) {
+  try {
+    return generate_on(r);
+  } catch (const Error& e) {
+    const std::string m = e.message();
+    if (m.rfind("out of host memory", 0) != 0 && m.rfind("out of memory on", 0) != 0) throw;
+    throw RunError(m, fmt::format("generate fewer samples at once (--samples {}; each forward "
+                                  "holds every sample's logits over the context)",
+                                  r.samples));
+  }
+}
+
+namespace {
+
+GenerateResult generate_on(const GenerateRequest& r) {
   const Job& job = r.job;
   const ArchPreset* arch = find_arch(job.model.arch);
   if (arch == nullptr || arch->family != ModelFamily::gpt) {
@@ -294,19 +374,27 @@ GenerateResult generate(const GenerateRequest& r) {
   out.context = context;
   out.prompt_ids.push_back(end_id);  // documents in the token shards start after one
   tok.encode_append(r.prompt, out.prompt_ids);
-  std::unique_ptr<Forward> f = make_forward(job, batch, kShortestForward);
-  const Weights w = read_weights(r, f->model.graph);
+  out.prompt_cut = static_cast<int64_t>(out.prompt_ids.size()) > context;
+  // Each sample's history: the last `context` tokens are all the model sees, so no more
+  // than twice that is kept (a long prompt is not copied per sample).
+  const auto last = [&](const std::vector<int32_t>& v) {
+    const size_t keep = std::min(v.size(), static_cast<size_t>(context));
+    return std::vector<int32_t>(v.end() - static_cast<std::ptrdiff_t>(keep), v.end());
+  };
+  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(batch), last(out.prompt_ids));
+  std::unique_ptr<Forward> f =
+      make_forward(job, batch, forward_length(static_cast<int64_t>(seq[0].size()), context));
+  const Weights w = read_weights(r, f->model.graph, shape.heads);
   out.weights = w.source;
   out.step = w.step;
   load_weights(*f, w.params);
+  if (r.on_start) r.on_start(out);
 
   const auto start = std::chrono::steady_clock::now();
-  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(batch), out.prompt_ids);
   out.samples.resize(static_cast<size_t>(batch));
   std::vector<Philox> rng;
   for (int64_t b = 0; b < batch; ++b)
     rng.emplace_back(r.seed, rng_stream_id(kSamplingPurpose, 0, static_cast<uint64_t>(b)));
-  out.prompt_cut = static_cast<int64_t>(out.prompt_ids.size()) > context;
   for (int64_t t = 0; t < r.tokens; ++t) {
     // Every sample has the same length: an ended one stops drawing, not running.
     const int64_t len = static_cast<int64_t>(seq[0].size());
@@ -333,7 +421,7 @@ GenerateResult generate(const GenerateRequest& r) {
       GeneratedSample& s = out.samples[static_cast<size_t>(b)];
       std::vector<int32_t>& history = seq[static_cast<size_t>(b)];
       if (s.ended) {
-        history.push_back(end_id);
+        history.push_back(end_id);  // never read: it keeps every sample the same length
         continue;
       }
       const Tensor row =
@@ -347,6 +435,8 @@ GenerateResult generate(const GenerateRequest& r) {
       s.ended = r.stop_at_end && p.id == end_id;
       all_ended = all_ended && s.ended;
     }
+    for (std::vector<int32_t>& history : seq)
+      if (history.size() >= static_cast<size_t>(2 * context)) history = last(history);
     if (all_ended) break;
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -358,4 +448,5 @@ GenerateResult generate(const GenerateRequest& r) {
   return out;
 }
 
+}  // namespace
 }  // namespace dtrain::runtime

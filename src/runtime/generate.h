@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ struct TokenPick {
 TokenPick pick_token(std::span<const float> logits, std::span<const int32_t> candidates,
                      const SamplingOptions& o, double u);
 
+struct GenerateResult;
+
 struct GenerateRequest {
   Job job;
   std::string weights;    // a checkpoint, a run or checkpoint directory, a .safetensors
@@ -47,6 +50,9 @@ struct GenerateRequest {
   SamplingOptions sampling;
   uint64_t seed = 0;
   bool stop_at_end = true;  // a sample ends at <|endoftext|> (the end of a document)
+  // Called once the weights are loaded, before the first forward (weights, step,
+  // prompt_ids, context and prompt_cut are set), for a console line.
+  std::function<void(const GenerateResult&)> on_start;
 };
 
 struct GeneratedSample {

@@ -285,6 +285,8 @@ ExportSummary export_safetensors(const Checkpoint& ck, const fs::path& out, DTyp
       {"source", "dtrain"},
       {"arch", l.arch},
       {"step", std::to_string(ck.meta.value("step", int64_t{0}))}};
+  if (ck.meta.contains("model") && ck.meta.at("model").contains("heads"))
+    meta["heads"] = std::to_string(ck.meta.at("model").at("heads").get<int64_t>());
   write_safetensors(out, tensors, meta);
   s.tensors = static_cast<int64_t>(tensors.size());
   s.bytes = static_cast<int64_t>(fs::file_size(out));
@@ -306,6 +308,7 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
       arch, plan.size(), plan.empty() ? "" : plan.front().name);
 
   InitWeights out;
+  out.metadata = st.metadata;
   out.params = Tensor::empty({graph::FlatStore(p32).buffer_elems(DType::f32)}, DType::f32);
   std::memset(out.params.raw(), 0, out.params.nbytes());
   if (!b32.empty()) {

@@ -66,6 +66,7 @@ struct InitWeights {
   std::vector<std::pair<int64_t, int64_t>> pieces;
   std::vector<std::string> fresh;   // the model's head tensors left at their seeded values
   std::vector<std::string> unused;  // the file's head tensors not used (absent or reshaped)
+  std::map<std::string, std::string> metadata;  // the file's __metadata__
 };
 InitWeights load_init_weights(const std::filesystem::path& file, std::string_view arch,
                               const std::vector<graph::FlatEntry>& params,

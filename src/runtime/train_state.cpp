@@ -48,6 +48,7 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
       {"optimizer", {{"name", std::string(to_string(opt))}, {"step", opt_step}}},
       {"params", std::move(params_layout)},
       {"buffers", layout_of(buffers)}};
+  if (c.heads > 0) meta["model"] = {{"heads", c.heads}};
   // As bits: a decimal round trip could change the logged mean's last bit.
   meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
                         {"losses", c.window_losses}};
@@ -350,7 +351,16 @@ void save_sharded_state(const fs::path& dir, const ShardedSave& s, const TrainCo
 }
 
 Checkpoint read_any_checkpoint(const fs::path& path) {
-  return is_sharded_checkpoint(path) ? consolidate(path) : read_checkpoint(path);
+  if (is_sharded_checkpoint(path)) return consolidate(path);
+  // One file of a step-N/ directory (a rank's shard, the manifest) holds part of a save.
+  if (const fs::path dir = path.parent_path(); !dir.empty() && is_sharded_checkpoint(dir)) {
+    throw Error(
+        fmt::format("{}: one file of the sharded checkpoint {}", path.string(), dir.string()),
+        fmt::format("pass the directory {}: its manifest and every rank's shard are "
+                    "read together",
+                    dir.string()));
+  }
+  return read_checkpoint(path);
 }
 
 namespace {
@@ -363,6 +373,7 @@ TrainCounters counters_of(const Checkpoint& ck) {
   c.seed = ck.meta.at("seed");
   c.arch = ck.meta.at("arch");
   c.config_hash = ck.meta.at("config_hash");
+  if (ck.meta.contains("model")) c.heads = ck.meta.at("model").value("heads", int64_t{0});
   if (ck.meta.contains("log_window")) {
     const nlohmann::json& w = ck.meta.at("log_window");
     c.window_loss_sum = std::bit_cast<double>(w.at("loss_sum_bits").get<uint64_t>());

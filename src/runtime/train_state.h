@@ -25,6 +25,9 @@ struct TrainCounters {
   uint64_t seed = 0;
   std::string arch;
   std::string config_hash;  // FNV-1a of the resolved job; a mismatch on resume is reported
+  // A transformer's attention heads, the one shape key no tensor shows (0: not a
+  // transformer, or a checkpoint written before it was kept). dtrain generate checks it.
+  int64_t heads = 0;
   // The loss scaler's state (absent in checkpoints written before it existed).
   std::optional<precision::LossScalerState> scaler;
   // The part of the current logging window before this step: the finite losses' sum

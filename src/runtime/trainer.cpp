@@ -13,6 +13,7 @@
 #include "runtime/trainer.h"
 
 #include "dist/launcher.h"
+#include "models/transformer.h"
 #include "runtime/train_session.h"
 
 #include <array>
@@ -197,6 +198,8 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   ex_->keep(model_.targets, graph::Mode::eval);
   counters_.seed = static_cast<uint64_t>(job_.run.seed);
   counters_.arch = job_.model.arch;
+  if (const ArchPreset* a = find_arch(job_.model.arch); a && a->family != ModelFamily::cnn)
+    counters_.heads = models::resolve_transformer(job_.model, a->family).heads;
   counters_.config_hash = fnv1a_hex(r.resolved_yaml);
   ex_->initialize(counters_.seed);
   const MasterMode mode = !policy_.half()                 ? MasterMode::fp32

@@ -66,7 +66,16 @@ TEST_CASE("dtrain ckpt inspects, verifies and exports a ZeRO-1 checkpoint of 2 r
   REQUIRE(w.params.nbytes() == p.nbytes());
   CHECK(std::memcmp(w.params.raw(), p.raw(), p.nbytes()) == 0);
 
+  // One file of the directory is half a save: refused, naming the directory to pass
+  // (inspect once read it as a whole checkpoint and failed with an internal error).
   const fs::path shard1 = dir / "rank-00001-of-00002.dtckpt";
+  for (const fs::path& part : {shard1, dir / "manifest.dtckpt"}) {
+    CAPTURE(part);
+    r = run_dtrain_command({"ckpt", "inspect", part.string()}, tmp.path() / "part.log");
+    CHECK_MESSAGE(r.rc == 2, r.describe());
+    CHECK_MESSAGE(has(r.log, "one file of the sharded checkpoint " + dir.string()), r.log);
+  }
+
   std::string bytes = read_bytes(shard1);
   bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
   write_bytes(shard1, bytes);

@@ -299,6 +299,10 @@ TEST_CASE(
       generate_json(tmp.path(), "exported.log", with({"--checkpoint", model.string()}));
   CHECK(exported.at("step").is_null());
   CHECK(exported.at("samples")[0] == s);
+  const fs::path renamed = tmp.path() / "weights.bin";  // known by its bytes, not its name
+  fs::copy_file(model, renamed);
+  CHECK(generate_json(tmp.path(), "renamed.log", with({"--checkpoint", renamed.string()}))
+            .at("samples")[0] == s);
 
   // The job laid out for 4 ranks (2 x 2, ZeRO-1) still generates in one process.
   const nlohmann::json grid =
@@ -317,6 +321,27 @@ TEST_CASE(
 // A model of synthetic tokens with a tokenizer given by hand: its draws include single
 // bytes that are not UTF-8 on their own, which --json must still print (as U+FFFD in
 // "text"; "ids" keep every byte).
+// A context shorter than the first graph's 16 positions (the forward never exceeds it).
+TEST_CASE("generate: a model whose context is shorter than 16 tokens") {
+  TempDir tmp("generate-short");
+  const TokenDir data = tokenize(tmp.path(), 100);
+  const fs::path job = tmp.path() / "short.yaml";
+  std::ofstream(job) << "run: {output_dir: " << (tmp.path() / "run").string() << ", seed: 1}\n"
+                     << "model: {arch: gpt2-tiny, layers: 1, hidden: 32, heads: 2, seq_len: 8,\n"
+                     << "        max_positions: 8, vocab_size: " << data.vocab << "}\n"
+                     << "data: {dataset: tokens, path: " << data.dir.string()
+                     << ", global_batch: 4}\n"
+                     << "optimizer: {name: adamw, lr: 0.01}\n"
+                     << "train: {steps: 4, checkpoint: {every: 4}}\n"
+                     << "logging: {console: false}\n";
+  const RunResult r = run_dtrain({job.string()}, tmp.path() / "train.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const nlohmann::json g = generate_json(
+      tmp.path(), "gen.log", {job.string(), "--prompt", "The", "--tokens", "12", "--ignore-end"});
+  CHECK(g.at("context") == 8);
+  CHECK(g.at("samples")[0].at("ids").size() == 12);
+}
+
 TEST_CASE("generate: synthetic-token weights with --tokenizer, and bytes that are not UTF-8") {
   TempDir tmp("generate-synthetic");
   const TokenDir tok = tokenize(tmp.path(), 100);
@@ -357,6 +382,11 @@ TEST_CASE("generate refuses what it cannot use with exit 2, naming it") {
   };
   const fs::path nothing = tmp.path() / "nothing";
   fs::create_directories(nothing);
+  const fs::path model = tmp.path() / "gpt.safetensors";
+  REQUIRE(run_dtrain_command(
+              {"ckpt", "export", (tmp.path() / "gpt").string(), "--safetensors", model.string()},
+              tmp.path() / "export.log")
+              .rc == 0);
   const Case cases[] = {
       {"a BERT", {job, "--set", "model.arch=bert-tiny"}, "continues text with a GPT-2"},
       {"no checkpoint yet",
@@ -366,7 +396,19 @@ TEST_CASE("generate refuses what it cannot use with exit 2, naming it") {
       {"another model's checkpoint",
        {job, "--set", "model.hidden=64"},
        "is [300, 32] in the checkpoint, [300, 64] in the job's model"},
+      // The head count is the one shape no tensor shows: the checkpoint and the export
+      // record it.
+      {"another head count",
+       {job, "--set", "model.heads=4"},
+       "the model has 2 attention heads, the job's model.heads is 4"},
+      {"another head count, from the export",
+       {job, "--set", "model.heads=4", "--checkpoint", model.string()},
+       "the model has 2 attention heads, the job's model.heads is 4"},
       {"a negative temperature", {job, "--temperature", "-1"}, "--temperature -1"},
+      {"a seed past 2^63 - 1",
+       {job, "--seed", "9223372036854775808"},
+       "--seed 9223372036854775808: expected a whole number"},
+      {"a prompt file that is a directory", {job, "--prompt-file", nothing.string()}, "not a file"},
       {"top-p 0", {job, "--top-p", "0"}, "--top-p 0"},
       {"top-p above 1", {job, "--top-p", "1.5"}, "--top-p 1.5"},
       {"a prompt twice",
