@@ -35,6 +35,7 @@ struct GenerateArgs {
   double top_p = 1.0;
   std::string seed;  // empty: the job's run.seed
   bool ignore_end = false;
+  bool no_cache = false;
   bool json = false;
 };
 
@@ -95,10 +96,15 @@ nlohmann::json to_json(const runtime::GenerateResult& g) {
     samples.push_back(
         {{"text", s.text}, {"ids", s.ids}, {"logprobs", s.logprobs}, {"ended", s.ended}});
   }
-  return {{"weights", g.weights},       {"step", g.step >= 0 ? nlohmann::json(g.step) : nullptr},
-          {"prompt_ids", g.prompt_ids}, {"context", g.context},
-          {"prompt_cut", g.prompt_cut}, {"forwards", g.forwards},
-          {"seconds", g.seconds},       {"samples", samples}};
+  return {{"weights", g.weights},
+          {"step", g.step >= 0 ? nlohmann::json(g.step) : nullptr},
+          {"prompt_ids", g.prompt_ids},
+          {"context", g.context},
+          {"prompt_cut", g.prompt_cut},
+          {"forwards", g.forwards},
+          {"cached_steps", g.cached_steps},
+          {"seconds", g.seconds},
+          {"samples", samples}};
 }
 
 int run_generate(const GenerateArgs& a) {
@@ -119,6 +125,7 @@ int run_generate(const GenerateArgs& a) {
   r.sampling = {a.temperature, a.top_k, a.top_p};
   r.seed = a.seed.empty() ? static_cast<uint64_t>(r.job.run.seed) : parse_seed(a.seed);
   r.stop_at_end = !a.ignore_end;
+  r.cache = !a.no_cache;
   if (!a.json) {
     r.on_start = [](const runtime::GenerateResult& g) {  // before the first forward
       const std::string step = g.step >= 0 ? fmt::format(" (step {})", g.step) : "";
@@ -150,10 +157,12 @@ int run_generate(const GenerateArgs& a) {
     if (g.samples.size() > 1) std::printf("--- sample %zu ---\n", i + 1);
     std::printf("%s%s\n", r.prompt.c_str(), s.text.c_str());
   }
-  std::fprintf(stderr, "dtrain: %lld tokens drawn in %.2f s (%.1f tokens/s, %lld forwards)\n",
+  std::fprintf(stderr,
+               "dtrain: %lld tokens drawn in %.2f s (%.1f tokens/s; %lld forwards over the "
+               "context, %lld cached steps)\n",
                static_cast<long long>(made), g.seconds,
                g.seconds > 0 ? static_cast<double>(made) / g.seconds : 0.0,
-               static_cast<long long>(g.forwards));
+               static_cast<long long>(g.forwards), static_cast<long long>(g.cached_steps));
   return kExitOk;
 }
 
@@ -189,6 +198,9 @@ void add_generate(CLI::App& app, Action& action) {
                   "merges.txt (default: data.path's, the training text's)");
   cmd->add_flag("--ignore-end", args->ignore_end,
                 "go on past <|endoftext|> (default: a sample ends there)");
+  cmd->add_flag("--no-cache", args->no_cache,
+                "no key/value cache: run the whole context for every token (slower; the "
+                "cache's check)");
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N instead of the job's device");
   cmd->add_flag("--json", args->json,
                 "print JSON: each sample's text, token ids and their log-probabilities");

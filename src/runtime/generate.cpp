@@ -1,5 +1,5 @@
-// `dtrain generate` (runtime/generate.h): weights into a forward-only GPT-2 graph, then
-// one forward and one draw per new token.
+// `dtrain generate` (runtime/generate.h): weights into a forward-only GPT-2 graph, the
+// prompt through it, then one draw per new token (cached steps, or graph forwards).
 #include "runtime/generate.h"
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include "kernels/memory.h"
 #include "models/registry.h"
 #include "models/transformer.h"
+#include "runtime/decoder.h"
 #include "runtime/safetensors.h"
 #include "runtime/train_state.h"
 
@@ -217,7 +218,7 @@ struct Forward {
   int64_t length = 0;
   models::ModelGraph model;
   std::unique_ptr<graph::Executor> ex;
-  Tensor ids_host, ids, labels;
+  Tensor ids_host, ids;
 };
 
 std::unique_ptr<Forward> make_forward(const Job& job, int64_t batch, int64_t length) {
@@ -229,13 +230,15 @@ std::unique_ptr<Forward> make_forward(const Job& job, int64_t batch, int64_t len
   f->ex =
       std::make_unique<graph::Executor>(f->model.graph, job.device, graph::GradBuffer::external);
   f->ex->keep(f->model.logits, graph::Mode::eval);
+  // Up to the logits: the loss node (a softmax over every position) has nothing to do here.
+  const int loss_node = f->model.graph.value(f->model.loss).producer;
+  DTRAIN_CHECK(loss_node == static_cast<int>(f->model.graph.nodes().size()) - 1,
+               "generate: the loss is node {} of {}, not the last", loss_node,
+               f->model.graph.nodes().size());
+  f->ex->set_range(0, loss_node);
   Allocator* alloc = &kernels::device_allocator(job.device);
   f->ids_host = Tensor::empty({batch, length}, DType::i32);
   f->ids = job.device.is_cpu() ? f->ids_host : Tensor::empty({batch, length}, DType::i32, alloc);
-  Tensor zeros = Tensor::empty({batch, length}, DType::i32);  // labels: the loss is not read
-  std::fill_n(zeros.data<int32_t>(), zeros.numel(), 0);
-  f->labels = Tensor::empty({batch, length}, DType::i32, alloc);
-  kernels::copy(zeros, f->labels);
   return f;
 }
 
@@ -395,27 +398,52 @@ GenerateResult generate_on(const GenerateRequest& r) {
   std::vector<Philox> rng;
   for (int64_t b = 0; b < batch; ++b)
     rng.emplace_back(r.seed, rng_stream_id(kSamplingPurpose, 0, static_cast<uint64_t>(b)));
+  // The prompt runs through the graph once (its keys and values pinned for the cache);
+  // then each token is one cached step, until the context is full: from there on the
+  // window slides and every token runs the graph over it (no cache: positions restart).
+  const std::vector<graph::ValueId> qkv = KvDecoder::qkv_values(f->model.graph, shape.layers);
+  if (r.cache) {
+    for (graph::ValueId v : qkv) f->ex->keep(v, graph::Mode::eval);
+  }
+  std::unique_ptr<KvDecoder> cached;
+  const int64_t prompt_len = static_cast<int64_t>(out.prompt_ids.size());
   for (int64_t t = 0; t < r.tokens; ++t) {
     // Every sample has the same length: an ended one stops drawing, not running.
-    const int64_t len = static_cast<int64_t>(seq[0].size());
-    const int64_t window = std::min(len, context);
-    const int64_t length = forward_length(window, context);
-    if (length != f->length) {
-      f = make_forward(job, batch, length);
-      load_weights(*f, w.params);
+    const int64_t total = prompt_len + t;  // positions so far (seq holds their last ones)
+    const int64_t window = std::min(total, context);
+    Tensor logits;  // f32 [batch, rows, vocab]: row `at` of each sample is the next token's
+    int64_t rows = 1, at = 0;
+    if (cached && total <= context) {
+      std::vector<int32_t> last_ids;
+      for (const std::vector<int32_t>& h : seq) last_ids.push_back(h.back());
+      logits = cached->step(last_ids);
+      ++out.cached_steps;
+    } else {
+      cached.reset();
+      const int64_t length = forward_length(window, context);
+      if (length != f->length) {
+        f = make_forward(job, batch, length);
+        load_weights(*f, w.params);
+      }
+      int32_t* ids = f->ids_host.data<int32_t>();
+      for (int64_t b = 0; b < batch; ++b) {
+        const std::vector<int32_t>& s = seq[static_cast<size_t>(b)];
+        std::copy(s.end() - window, s.end(), ids + b * length);
+        std::fill(ids + b * length + window, ids + (b + 1) * length, end_id);  // never attended
+      }
+      if (!job.device.is_cpu()) kernels::copy(f->ids_host, f->ids);
+      f->ex->set_input(f->model.input, f->ids);
+      f->ex->forward(graph::Mode::eval);
+      ++out.forwards;
+      logits = f->ex->value(f->model.logits);
+      rows = length;
+      at = window - 1;
+      if (r.cache && t == 0 && total < context && t + 1 < r.tokens) {
+        cached = std::make_unique<KvDecoder>(shape, batch, f->model.graph.param_layout(),
+                                             f->ex->params().flat(DType::f32));
+        cached->fill(*f->ex, qkv, length, total);
+      }
     }
-    int32_t* ids = f->ids_host.data<int32_t>();
-    for (int64_t b = 0; b < batch; ++b) {
-      const std::vector<int32_t>& s = seq[static_cast<size_t>(b)];
-      std::copy(s.end() - window, s.end(), ids + b * length);
-      std::fill(ids + b * length + window, ids + (b + 1) * length, end_id);  // never attended
-    }
-    if (!job.device.is_cpu()) kernels::copy(f->ids_host, f->ids);
-    f->ex->set_input(f->model.input, f->ids);
-    f->ex->set_input(f->model.labels, f->labels);
-    f->ex->forward(graph::Mode::eval);
-    ++out.forwards;
-    const Tensor& logits = f->ex->value(f->model.logits);  // f32 [batch, length, vocab]
     bool all_ended = true;
     for (int64_t b = 0; b < batch; ++b) {
       GeneratedSample& s = out.samples[static_cast<size_t>(b)];
@@ -425,7 +453,7 @@ GenerateResult generate_on(const GenerateRequest& r) {
         continue;
       }
       const Tensor row =
-          kernels::to_host(logits.view((b * length + window - 1) * shape.vocab, {shape.vocab}));
+          kernels::to_host(logits.view((b * rows + at) * shape.vocab, {shape.vocab}));
       const TokenPick p = pick_token(
           std::span<const float>(row.data<float>(), static_cast<size_t>(shape.vocab)), candidates,
           r.sampling, uniform53(rng[static_cast<size_t>(b)], static_cast<uint64_t>(t)));

@@ -2,11 +2,12 @@
 // its tokenizer is; the weights come from one of its checkpoints (any layout: a file,
 // a ZeRO / pipeline / tensor-parallel directory) or a safetensors file under Hugging
 // Face's GPT2LMHeadModel names (`dtrain ckpt export`, or Hugging Face's own GPT-2).
-// The forward is the training graph's, in fp32 and in evaluation mode (no dropout),
-// on the job's device: each new token runs the graph over the context so far (no
-// key/value cache), at a length rounded up to a power of two, so a short context
-// costs a short forward. Causal attention makes the padding after the context
-// invisible to it. Sampling draws from Philox keyed by (seed, sample, position), so
+// The prompt runs through the training graph, in fp32 and evaluation mode (no dropout),
+// on the job's device; each new token is then one position through a key/value cache
+// (runtime/decoder.h) while the context has room. Past model.seq_len the window slides:
+// every token runs the graph over the last seq_len tokens (positions from 0), at a
+// length rounded up to a power of two; causal attention makes the padding after the
+// window invisible. Sampling draws from Philox keyed by (seed, sample, token index), so
 // a sample does not depend on how many others run beside it.
 #pragma once
 
@@ -50,6 +51,9 @@ struct GenerateRequest {
   SamplingOptions sampling;
   uint64_t seed = 0;
   bool stop_at_end = true;  // a sample ends at <|endoftext|> (the end of a document)
+  // Continue the prompt's forward with a key/value cache (runtime/decoder.h) while the
+  // context has room; false: run the graph over the whole context for every token.
+  bool cache = true;
   // Called once the weights are loaded, before the first forward (weights, step,
   // prompt_ids, context and prompt_cut are set), for a console line.
   std::function<void(const GenerateResult&)> on_start;
@@ -69,8 +73,9 @@ struct GenerateResult {
   int64_t context = 0;      // the most positions the model sees: model.seq_len
   bool prompt_cut = false;  // the prompt was longer than the context: its start was dropped
   std::vector<GeneratedSample> samples;
-  int64_t forwards = 0;
-  double seconds = 0.0;  // the forwards' and draws' wall time (weights and tokenizer excluded)
+  int64_t forwards = 0;      // graph forwards over the context
+  int64_t cached_steps = 0;  // one-position steps with the key/value cache
+  double seconds = 0.0;      // the forwards' and draws' wall time (weights and tokenizer excluded)
 };
 
 GenerateResult generate(const GenerateRequest& r);

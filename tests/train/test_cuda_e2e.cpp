@@ -5,7 +5,8 @@
 // split at a checkpoint and resumed must match the CUDA run done in one go bit for
 // bit (every CUDA kernel of dtrain is deterministic); and a CPU checkpoint must
 // resume on the GPU; bf16 and fp16 runs follow the CPU's in the same precision.
-// `dtrain generate` on CUDA draws the CPU's tokens from the same checkpoint.
+// `dtrain generate` on CUDA (the key/value cache's steps too) draws the CPU's tokens from
+// the same checkpoint.
 // Without a usable CUDA device it prints "skipped: no GPU
 // (<reason>)" and exits 77 (SKIP_RETURN_CODE).
 //
@@ -237,6 +238,7 @@ TEST_CASE("generate on CUDA draws the CPU's tokens with the CPU's log-probabilit
   };
   const nlohmann::json cpu = run("cpu"), gpu = run("cuda");
   REQUIRE(cpu.at("samples").size() == 2);
+  CHECK(gpu.at("cached_steps") == 15);  // the key/value cache's kernels ran on the device
   for (size_t s = 0; s < 2; ++s) {
     const nlohmann::json& a = cpu.at("samples")[s];
     const nlohmann::json& b = gpu.at("samples")[s];

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -202,6 +203,9 @@ TEST_CASE("generate: every new token's log-probability is an independent GPT-2 f
   const Case cases[] = {
       {"sampled", {"--samples", "2", "--tokens", "24", "--ignore-end", "--seed", "7"}, false},
       {"greedy", {"--temperature", "0", "--tokens", "24", "--ignore-end"}, true},
+      {"sampled, no cache",
+       {"--samples", "2", "--tokens", "24", "--ignore-end", "--seed", "7", "--no-cache"},
+       false},
       {"top-k, top-p", {"--top-k", "5", "--top-p", "0.8", "--tokens", "6"}, false},
   };
   for (const Case& c : cases) {
@@ -277,6 +281,22 @@ TEST_CASE(
   const nlohmann::json other = generate_json(tmp.path(), "other.log", with({"--seed", "99"}));
   const nlohmann::json& s = one.at("samples")[0];
   CHECK(again.at("samples")[0] == s);
+  // The prompt's forward, then cached steps while the P + t positions fit the context
+  // (t = 1 .. 11), then forwards over the sliding window; without the cache 12 forwards,
+  // the same tokens and (to rounding) log-probabilities.
+  const int64_t prompt = static_cast<int64_t>(one.at("prompt_ids").size());
+  const int64_t cached = std::clamp<int64_t>(kContext - prompt, 0, 11);
+  CHECK(cached > 0);
+  CHECK(one.at("cached_steps") == cached);
+  CHECK(one.at("forwards") == 12 - cached);
+  const nlohmann::json uncached = generate_json(tmp.path(), "uncached.log", with({"--no-cache"}));
+  CHECK(uncached.at("forwards") == 12);
+  CHECK(uncached.at("cached_steps") == 0);
+  CHECK(uncached.at("samples")[0].at("ids") == s.at("ids"));
+  for (size_t k = 0; k < s.at("logprobs").size(); ++k) {
+    CHECK(uncached.at("samples")[0].at("logprobs")[k].get<double>() ==
+          doctest::Approx(s.at("logprobs")[k].get<double>()).epsilon(1e-5));
+  }
   CHECK(three.at("samples")[0].at("ids") == s.at("ids"));
   CHECK(three.at("samples")[0].at("text") == s.at("text"));
   CHECK(three.at("samples")[1].at("ids") != s.at("ids"));
