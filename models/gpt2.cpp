@@ -13,7 +13,7 @@ namespace {
 using graph::Graph;
 using graph::ValueId;
 
-constexpr float kLnEps = 1e-5f;
+constexpr float kLnEps = kGpt2LayerNormEps;
 
 ValueId block(Graph& g, const std::string& p, ValueId x, const TransformerShape& s) {
   const double resid_std = kInitStd / std::sqrt(2.0 * static_cast<double>(s.layers));

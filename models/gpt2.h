@@ -19,4 +19,8 @@ namespace dtrain::models {
 ModelGraph build_gpt2(const ModelOptions& options, int64_t batch,
                       const graph::DTypePolicy& policy = {});
 
+// The epsilon of every layer norm of the graph (Hugging Face's layer_norm_epsilon); the
+// generation decoder (runtime/decoder.h) uses it too.
+inline constexpr float kGpt2LayerNormEps = 1e-5f;
+
 }  // namespace dtrain::models

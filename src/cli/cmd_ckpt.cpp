@@ -241,9 +241,13 @@ int run_inspect(const CkptArgs& a) {
   return kExitOk;
 }
 
-// "ok: PATH (step 6, 5 tensors, 1.2 MB)" after every checksum, or the Error.
+// "ok: PATH (step 6, 5 tensors, 1.2 MB)" after every checksum, or the Error. One file of
+// a sharded step-N/ (a rank's shard, the manifest) is verified on its own: its checksums.
 std::string verify_one(const fs::path& path) {
-  const runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
+  const bool part = fs::is_regular_file(path) && path.has_parent_path() &&
+                    runtime::is_sharded_checkpoint(path.parent_path());
+  const runtime::Checkpoint ck =
+      part ? runtime::read_checkpoint(path) : runtime::read_any_checkpoint(path);
   return fmt::format("ok: {} (step {}, {} tensors, {} verified)", path.string(),
                      ck.meta.value("step", nlohmann::json()).dump(), ck.tensors.size(),
                      human_bytes(bytes_on_disk(path)));

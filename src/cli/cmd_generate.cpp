@@ -1,7 +1,7 @@
 // `dtrain generate JOB.yaml [--checkpoint PATH] [--prompt TEXT | --prompt-file F]
 // [--tokens N] [--samples K] [--temperature T] [--top-k K] [--top-p P] [--seed S]
-// [--tokenizer F] [--ignore-end] [--device D] [--json] [--set key=value ...]`: text from a
-// trained GPT-2 (runtime/generate.h). The job file names the model and its tokenizer;
+// [--tokenizer F] [--ignore-end] [--no-cache] [--device D] [--json] [--set key=value ...]`:
+// text from a trained GPT-2 (runtime/generate.h). The job file names the model and its tokenizer;
 // its parallel layout does not matter (one process reads any layout's checkpoint).
 #include <charconv>
 #include <climits>
@@ -111,12 +111,13 @@ int run_generate(const GenerateArgs& a) {
   check_sampling(a);
   std::vector<std::string> warnings;
   config::ValidateContext ctx;
-  ctx.job_world = true;
+  ctx.model_only = true;
   ctx.warnings = &warnings;
   std::vector<std::string> overrides = a.overrides;
   add_device_override(a.device, overrides);
   runtime::GenerateRequest r;
   r.job = config::load_job_file(a.job, overrides, ctx);
+  for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
   r.weights = a.checkpoint;
   r.tokenizer = a.tokenizer;
   r.prompt = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);

@@ -20,9 +20,11 @@ inline constexpr int kMaxDepth = 32;                      // nesting of maps and
 
 struct ValidateContext {
   int world_size = 1;
-  // The job's own world instead of world_size: tensor x pipeline x parallel.data (1 when
-  // unset), for commands that read a job's model and data but start no ranks (generate).
-  bool job_world = false;
+  // For commands that read a job's model and data but run none of its layout (generate):
+  // the world is the job's own (tensor x pipeline x parallel.data, 1 when unset) instead
+  // of world_size, and the checks of the layout (grid, batches, comm, compression,
+  // memory) are skipped.
+  bool model_only = false;
   std::vector<std::string>* warnings = nullptr;  // non-fatal findings; dropped when null
 };
 

@@ -97,10 +97,12 @@ Job load_job_text(std::string_view text, std::string_view filename,
   where[""] = SourceLoc{std::string(filename)};
   parse_job(root, job, where);
   ValidateContext own = ctx;
-  if (ctx.job_world) {
+  if (ctx.model_only) {  // saturating: each degree may be as large as an int
     const ParallelOptions& p = job.parallel;
-    const int64_t world = int64_t{p.tensor} * p.pipeline * std::max(p.data, 1);
-    own.world_size = static_cast<int>(std::min<int64_t>(world, INT32_MAX));
+    int64_t world = 1;
+    for (const int d : {p.tensor, p.pipeline, std::max(p.data, 1)})
+      world = std::min<int64_t>(world * std::max(d, 1), INT32_MAX);
+    own.world_size = static_cast<int>(world);
   }
   resolve_job(job, where, own);
   validate_job(job, own, &where);

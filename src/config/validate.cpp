@@ -381,9 +381,10 @@ void validate_job(const Job& job, const ValidateContext& ctx, const SourceMap* w
   check_optimizer(c);
   check_precision(c);
   check_model(c);
+  check_data(c);
+  if (ctx.model_only) return;  // the layout is not run
   check_grid(c);
   check_batches(c);
-  check_data(c);
   check_comm(c);
   check_compress(c);
   check_memory(c);

@@ -3,6 +3,7 @@
 // K classes, V vocabulary, P positions (or patch size, where it says so).
 #pragma once
 
+#include <array>
 #include <memory>
 
 #include "graph/op.h"
@@ -68,6 +69,9 @@ enum class KeyMask : uint8_t { none, input };
 // exists in forward or backward (backward recomputes probabilities per tile).
 // dropout: on the attention probabilities in training (BERT's and GPT-2's
 // attention dropout), drawn inside the kernel per (op, step); eval has none.
+// How self_attention splits its fused projection [B, T, 3 * hidden] into heads: viewed as
+// [B, T, 3, H, D] and permuted to q, k, v [3, B, H, T, D] (kernels::permute's perm).
+inline constexpr std::array<int, 5> kSplitHeads = {2, 0, 3, 1, 4};
 std::unique_ptr<Op> self_attention(int64_t heads, kernels::Causal causal,
                                    KeyMask mask = KeyMask::none, float dropout = 0.0f);
 // Whether token_embedding takes a second input, token-type ids i32 [B, T];

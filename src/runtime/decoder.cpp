@@ -2,12 +2,13 @@
 // sample, its keys and values kept per layer.
 #include "runtime/decoder.h"
 
-#include <algorithm>
-#include <array>
-
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <string>
+
 #include "core/error.h"
+#include "graph/ops.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
@@ -16,11 +17,10 @@
 #include "kernels/layernorm.h"
 #include "kernels/layout.h"
 #include "kernels/memory.h"
+#include "models/gpt2.h"
 
 namespace dtrain::runtime {
 namespace {
-
-constexpr float kLnEps = 1e-5f;  // GPT-2's layer norms (models/gpt2.cpp)
 
 std::string layer(int64_t i, const char* part) {
   return fmt::format("transformer.h.{}.{}", i, part);
@@ -39,21 +39,30 @@ kernels::GemmArgs block_copy(int64_t batch, int64_t n, int64_t stride_b, int64_t
   return a;
 }
 
-kernels::Workspace workspace_of(const Tensor& t) { return {t.raw(), t.nbytes(), t.device()}; }
-
 }  // namespace
 
 KvDecoder::KvDecoder(const models::TransformerShape& shape, int64_t batch,
-                     const std::vector<graph::FlatEntry>& layout, const Tensor& weights)
-    : s_(shape),
-      batch_(batch),
-      d_(shape.hidden / shape.heads),
-      device_(weights.device()),
-      layout_(layout),
-      weights_(weights) {
-  DTRAIN_CHECK(weights.dtype() == DType::f32 && weights.numel() == layout_.buffer_elems(DType::f32),
-               "KvDecoder: weights {} for a layout of {} f32", weights.str(),
-               layout_.buffer_elems(DType::f32));
+                     const graph::FlatStore& weights)
+    : s_(shape), batch_(batch), d_(shape.hidden / shape.heads), device_(weights.device()) {
+  const auto view = [&](const std::string& name) {
+    Tensor t = weights.view(name);
+    DTRAIN_CHECK(t.dtype() == DType::f32, "KvDecoder: {} is {}, not f32", name,
+                 dtype_name(t.dtype()));
+    return t;
+  };
+  const auto linear = [&](int64_t i, const char* part) {
+    return Linear{view(layer(i, part) + ".weight"), view(layer(i, part) + ".bias")};
+  };
+  const auto norm = [&](const std::string& name) {
+    return Norm{view(name + ".weight"), view(name + ".bias")};
+  };
+  wte_ = view("transformer.word_embeddings.weight");
+  wpe_ = view("transformer.position_embeddings.weight");
+  ln_f_ = norm("transformer.ln_f");
+  for (int64_t i = 0; i < s_.layers; ++i) {
+    layers_.push_back({norm(layer(i, "ln_1")), norm(layer(i, "ln_2")), linear(i, "attn.c_attn"),
+                       linear(i, "attn.c_proj"), linear(i, "mlp.c_fc"), linear(i, "mlp.c_proj")});
+  }
   const int64_t b = batch_, h = s_.hidden, c = s_.seq_len;
   for (int64_t i = 0; i < s_.layers; ++i) {
     for (std::vector<Tensor>* cache : {&k_, &v_}) {
@@ -82,26 +91,6 @@ KvDecoder::KvDecoder(const models::TransformerShape& shape, int64_t batch,
   one.data<float>()[0] = 1.0f;
   one_ = alloc({1});
   kernels::copy(one, one_);
-
-  // One workspace for the largest need of any call.
-  size_t ws = 0;
-  const auto gemm_need = [&](int64_t m, int64_t n, int64_t k) {
-    kernels::GemmArgs a;
-    a.trans_b = kernels::Trans::yes;
-    a.m = m, a.n = n, a.k = k;
-    ws = std::max(ws, kernels::gemm_workspace_bytes(a, DType::f32, DType::f32, device_));
-  };
-  gemm_need(b, 3 * h, h);
-  gemm_need(b, h, h);
-  gemm_need(b, s_.ffn, h);
-  gemm_need(b, h, s_.ffn);
-  gemm_need(b, s_.vocab, h);
-  ws = std::max(ws, kernels::gemm_workspace_bytes(block_copy(b * s_.heads, c * d_, c * d_, c * d_),
-                                                  DType::f32, DType::f32, device_));
-  kernels::AttentionArgs att;
-  att.b = b, att.h = s_.heads, att.tq = 1, att.tk = c, att.d = d_;
-  ws = std::max(ws, kernels::attention_workspace_bytes(att, DType::f32, device_));
-  workspace_ = alloc({static_cast<int64_t>(std::max<size_t>(ws, 64))}, DType::u8);
 }
 
 std::vector<graph::ValueId> KvDecoder::qkv_values(const graph::Graph& g, int64_t layers) {
@@ -117,27 +106,32 @@ std::vector<graph::ValueId> KvDecoder::qkv_values(const graph::Graph& g, int64_t
   return out;
 }
 
-Tensor KvDecoder::w(const std::string& name) const {
-  for (const graph::FlatEntry& e : layout_.entries())
-    if (e.name == name) return weights_.view(e.offset, e.spec.shape);
-  DTRAIN_CHECK(false, "KvDecoder: no parameter {}", name);
-  return {};
-}
-
 Tensor KvDecoder::alloc(Shape shape, DType dtype) const {
   return Tensor::empty(shape, dtype, &kernels::device_allocator(device_));
 }
 
-void KvDecoder::linear(const std::string& name, const Tensor& x, Tensor& y, bool gelu) {
-  const Tensor weight = w(name + ".weight");  // [out, in]
+kernels::Workspace KvDecoder::workspace(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 64);
+  if (!workspace_.defined() || workspace_.nbytes() < bytes)
+    workspace_ = alloc({static_cast<int64_t>(bytes)}, DType::u8);
+  return {workspace_.raw(), workspace_.nbytes(), device_};
+}
+
+void KvDecoder::linear(const Linear& l, const Tensor& x, Tensor& y, bool gelu) {
   kernels::GemmArgs a;
   a.trans_b = kernels::Trans::yes;
   a.m = batch_;
-  a.n = weight.dim(0);
-  a.k = weight.dim(1);
+  a.n = l.weight.dim(0);
+  a.k = l.weight.dim(1);
   a.epilogue = gelu ? kernels::Epilogue::bias_gelu : kernels::Epilogue::bias;
-  kernels::gemm(a, x, weight, y, workspace_of(workspace_), w(name + ".bias"),
-                gelu ? pre_ : Tensor());
+  const kernels::Workspace ws =
+      workspace(kernels::gemm_workspace_bytes(a, DType::f32, DType::f32, device_));
+  kernels::gemm(a, x, l.weight, y, ws, l.bias, gelu ? pre_ : Tensor());
+}
+
+void KvDecoder::norm(const Norm& n, const Tensor& x, Tensor& y) {
+  kernels::layer_norm_forward({batch_, s_.hidden, models::kGpt2LayerNormEps}, x, n.gamma, n.beta, y,
+                              mean_, rstd_);
 }
 
 void KvDecoder::append(const Tensor& src, int64_t src_rows, int64_t rows, int64_t at,
@@ -146,8 +140,10 @@ void KvDecoder::append(const Tensor& src, int64_t src_rows, int64_t rows, int64_
   DTRAIN_CHECK(at + rows <= c && rows <= src_rows, "KvDecoder: rows [{}, {}) of {}", at, at + rows,
                c);
   Tensor dst = cache.view(at * d_, {(bh - 1) * c * d_ + rows * d_});
-  kernels::gemm(block_copy(bh, rows * d_, src_rows * d_, c * d_), one_, src, dst,
-                workspace_of(workspace_));
+  const kernels::GemmArgs a = block_copy(bh, rows * d_, src_rows * d_, c * d_);
+  const kernels::Workspace ws =
+      workspace(kernels::gemm_workspace_bytes(a, DType::f32, DType::f32, device_));
+  kernels::gemm(a, one_, src, dst, ws);
 }
 
 void KvDecoder::fill(const graph::Executor& ex, const std::vector<graph::ValueId>& qkv,
@@ -157,12 +153,10 @@ void KvDecoder::fill(const graph::Executor& ex, const std::vector<graph::ValueId
       "KvDecoder::fill: {} of {} positions", filled, length);
   const int64_t b = batch_, heads = s_.heads;
   Tensor split = alloc({3, b, heads, length, d_});
-  constexpr std::array<int, 5> perm = {2, 0, 3, 1,
-                                       4};  // [B, L, 3, heads, d] -> [3, B, heads, L, d]
+  const int64_t part = b * heads * length * d_;
   for (int64_t i = 0; i < s_.layers; ++i) {
     const Tensor& t = ex.value(qkv[static_cast<size_t>(i)]);  // [B, L, 3 * hidden]
-    kernels::permute(t.view(0, {b, length, 3, heads, d_}), perm, split);
-    const int64_t part = b * heads * length * d_;
+    kernels::permute(t.view(0, {b, length, 3, heads, d_}), graph::kSplitHeads, split);
     append(split.view(part, {b * heads, length, d_}), length, filled, 0,
            k_[static_cast<size_t>(i)]);
     append(split.view(2 * part, {b * heads, length, d_}), length, filled, 0,
@@ -184,10 +178,9 @@ const Tensor& KvDecoder::step(const std::vector<int32_t>& tokens) {
   kernels::copy(pos_host_, pos_);
   kernels::copy(mask_host_, mask_);
 
-  kernels::embedding_forward(ids_, w("transformer.word_embeddings.weight"), tok_);
-  kernels::embedding_forward(pos_, w("transformer.position_embeddings.weight"), h_);
+  kernels::embedding_forward(ids_, wte_, tok_);
+  kernels::embedding_forward(pos_, wpe_, h_);
   kernels::add(tok_, h_, x_);
-  const kernels::LayerNormArgs ln{b, h, kLnEps};
   const auto residual = [&](const Tensor& y) {  // x += y
     kernels::add(x_, y, tok_);
     std::swap(x_, tok_);
@@ -195,35 +188,33 @@ const Tensor& KvDecoder::step(const std::vector<int32_t>& tokens) {
   kernels::AttentionArgs att;
   att.b = b, att.h = s_.heads, att.tq = 1, att.tk = c, att.d = d_;
   const int64_t part = b * s_.heads * d_;
-  constexpr std::array<int, 5> perm = {2, 0, 3, 1,
-                                       4};  // [B, 1, 3, heads, d] -> [3, B, heads, 1, d]
-  for (int64_t i = 0; i < s_.layers; ++i) {
-    const auto k = static_cast<size_t>(i);
-    kernels::layer_norm_forward(ln, x_, w(layer(i, "ln_1.weight")), w(layer(i, "ln_1.bias")), h_,
-                                mean_, rstd_);
-    linear(layer(i, "attn.c_attn"), h_, qkv_);
-    kernels::permute(qkv_.view(0, {b, 1, 3, s_.heads, d_}), perm, qkv_heads_);
-    append(qkv_heads_.view(part, {b * s_.heads, 1, d_}), 1, 1, pos, k_[k]);
-    append(qkv_heads_.view(2 * part, {b * s_.heads, 1, d_}), 1, 1, pos, v_[k]);
-    kernels::attention_forward(att, qkv_heads_.view(0, {b, s_.heads, 1, d_}), k_[k], v_[k], mask_,
-                               att_, lse_, workspace_of(workspace_));
-    linear(layer(i, "attn.c_proj"), att_.view(0, {b, h}), proj_);  // [B, heads, 1, d] = [B, h]
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    norm(l.ln_1, x_, h_);
+    linear(l.c_attn, h_, qkv_);
+    kernels::permute(qkv_.view(0, {b, 1, 3, s_.heads, d_}), graph::kSplitHeads, qkv_heads_);
+    append(qkv_heads_.view(part, {b * s_.heads, 1, d_}), 1, 1, pos, k_[i]);
+    append(qkv_heads_.view(2 * part, {b * s_.heads, 1, d_}), 1, 1, pos, v_[i]);
+    const kernels::Workspace ws =
+        workspace(kernels::attention_workspace_bytes(att, DType::f32, device_));
+    kernels::attention_forward(att, qkv_heads_.view(0, {b, s_.heads, 1, d_}), k_[i], v_[i], mask_,
+                               att_, lse_, ws);
+    linear(l.c_proj, att_.view(0, {b, h}), proj_);  // [B, heads, 1, d] is [B, hidden]
     residual(proj_);
-    kernels::layer_norm_forward(ln, x_, w(layer(i, "ln_2.weight")), w(layer(i, "ln_2.bias")), h_,
-                                mean_, rstd_);
-    linear(layer(i, "mlp.c_fc"), h_, fc_, /*gelu=*/true);
-    linear(layer(i, "mlp.c_proj"), fc_, proj_);
+    norm(l.ln_2, x_, h_);
+    linear(l.c_fc, h_, fc_, /*gelu=*/true);
+    linear(l.mlp_proj, fc_, proj_);
     residual(proj_);
   }
-  kernels::layer_norm_forward(ln, x_, w("transformer.ln_f.weight"), w("transformer.ln_f.bias"), h_,
-                              mean_, rstd_);
-  kernels::GemmArgs head;  // the tied word table
+  norm(ln_f_, x_, h_);
+  kernels::GemmArgs head;  // the tied word table, no bias
   head.trans_b = kernels::Trans::yes;
   head.m = b;
   head.n = s_.vocab;
   head.k = h;
-  kernels::gemm(head, h_, w("transformer.word_embeddings.weight"), logits_,
-                workspace_of(workspace_));
+  const kernels::Workspace ws =
+      workspace(kernels::gemm_workspace_bytes(head, DType::f32, DType::f32, device_));
+  kernels::gemm(head, h_, wte_, logits_, ws);
   ++filled_;
   return logits_;
 }

@@ -3,12 +3,13 @@
 // it, each new token costing one position's work (a matrix-vector product per weight)
 // instead of a forward over the whole context. The same arithmetic as the graph's ops
 // (layer norm, linear layers with fused bias / GELU, attention over the cached keys),
-// through the same kernels on the job's device, in fp32; rounding may differ from the
-// graph's forward in the last bits (other GEMM shapes), not more.
+// through the same kernels on the job's device, in fp32. Its GEMMs have one row per
+// sample where the graph's have one per position, so rounding may differ in the last
+// bits (on this CPU the two have given the same bits; a GPU's GEMMs choose kernels by
+// shape).
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -20,10 +21,9 @@ namespace dtrain::runtime {
 
 class KvDecoder {
  public:
-  // `weights`: the f32 buffer of `layout` (the graph's parameter layout) on the device
-  // the decoder runs on; `batch` samples, up to shape.seq_len positions each.
-  KvDecoder(const models::TransformerShape& shape, int64_t batch,
-            const std::vector<graph::FlatEntry>& layout, const Tensor& weights);
+  // `weights`: the graph's parameters (an fp32 graph's store: every entry f32) on the
+  // device the decoder runs on; `batch` samples, up to shape.seq_len positions each.
+  KvDecoder(const models::TransformerShape& shape, int64_t batch, const graph::FlatStore& weights);
 
   // The value ids of each layer's fused q, k, v projection in a GPT-2 graph (node
   // "transformer.h.<i>.attn.c_attn", [batch, length, 3 * hidden]): pin them (keep) before
@@ -43,10 +43,23 @@ class KvDecoder {
   int64_t filled() const { return filled_; }
 
  private:
-  Tensor w(const std::string& name) const;  // a view of one parameter
+  struct Linear {
+    Tensor weight, bias;  // [out, in], [out]
+  };
+  struct Norm {
+    Tensor gamma, beta;
+  };
+  struct Layer {
+    Norm ln_1, ln_2;
+    Linear c_attn, c_proj, c_fc, mlp_proj;
+  };
+
   Tensor alloc(Shape shape, DType dtype = DType::f32) const;
+  // The shared workspace, grown to `bytes` when a call needs more.
+  kernels::Workspace workspace(size_t bytes);
   // y [batch, out] = x [batch, in] W^T + b (with GELU when gelu; `pre` then holds x W^T + b).
-  void linear(const std::string& name, const Tensor& x, Tensor& y, bool gelu = false);
+  void linear(const Linear& l, const Tensor& x, Tensor& y, bool gelu = false);
+  void norm(const Norm& n, const Tensor& x, Tensor& y);
   // Rows [0, rows) of each (batch, head) of `src` ([batch * heads, src_rows, d]) into the
   // cache's rows [at, at + rows).
   void append(const Tensor& src, int64_t src_rows, int64_t rows, int64_t at, Tensor& cache);
@@ -54,14 +67,15 @@ class KvDecoder {
   models::TransformerShape s_;
   int64_t batch_, d_;
   Device device_;
-  graph::FlatStore layout_;
-  Tensor weights_;
+  Tensor wte_, wpe_;  // [vocab, hidden] (also the head), [positions, hidden]
+  Norm ln_f_;
+  std::vector<Layer> layers_;
   std::vector<Tensor> k_, v_;  // per layer [batch, heads, seq_len, d]
   int64_t filled_ = 0;
   // Scratch, reused every step.
   Tensor ids_host_, pos_host_, ids_, pos_, mask_host_, mask_;
   Tensor x_, tok_, h_, qkv_, qkv_heads_, att_, lse_, proj_, fc_, pre_, logits_, one_;
-  Tensor mean_, rstd_, workspace_;
+  Tensor mean_, rstd_, workspace_;  // workspace_: u8, grown on demand
 };
 
 }  // namespace dtrain::runtime

@@ -3,6 +3,7 @@
 #include "runtime/generate.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -67,7 +68,16 @@ void check_heads(const std::string& source, int64_t heads, int64_t job_heads) {
 // Heads recorded beside a safetensors file: dtrain's export metadata, or the n_head of a
 // Hugging Face config.json in the same directory; 0 when neither says.
 int64_t recorded_heads(const fs::path& file, const std::map<std::string, std::string>& meta) {
-  if (auto it = meta.find("heads"); it != meta.end()) return std::stoll(it->second);
+  if (auto it = meta.find("heads"); it != meta.end()) {
+    int64_t heads = 0;
+    const std::string& v = it->second;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), heads);
+    if (ec != std::errc() || end != v.data() + v.size() || heads < 1) {
+      throw Error(fmt::format("{}: metadata heads \"{}\" is not a head count", file.string(), v),
+                  kWeightsHint);
+    }
+    return heads;
+  }
   const fs::path config = file.parent_path() / "config.json";
   std::error_code ec;
   if (!fs::is_regular_file(config, ec)) return 0;
@@ -82,6 +92,8 @@ Weights from_safetensors(const fs::path& file, const Job& job, const graph::Grap
   InitWeights w;
   try {
     w = load_init_weights(file, job.model.arch, g.param_layout(), g.buffer_layout());
+  } catch (const RunError&) {
+    throw;
   } catch (const Error& e) {
     throw Error(e.message(), kWeightsHint);  // its own hint speaks of model.init_from
   }
@@ -97,11 +109,19 @@ Weights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph
   Checkpoint ck;
   try {
     ck = read_any_checkpoint(path);
+  } catch (const RunError&) {
+    throw;
   } catch (const Error& e) {
     throw Error(e.message(), kWeightsHint);  // its own hint speaks of resuming
   }
-  if (ck.meta.contains("model"))
-    check_heads(path.string(), ck.meta.at("model").value("heads", int64_t{0}), job_heads);
+  if (ck.meta.contains("model")) {
+    const nlohmann::json& m = ck.meta.at("model");
+    if (!m.is_object() || (m.contains("heads") && !m.at("heads").is_number_integer())) {
+      throw Error(fmt::format("{}: its model metadata {} is not dtrain's", path.string(), m.dump()),
+                  kWeightsHint);
+    }
+    check_heads(path.string(), m.value("heads", int64_t{0}), job_heads);
+  }
   const std::vector<NamedTensor> tensors = checkpoint_model_tensors(ck);
   std::map<std::string, const Tensor*> by_name;
   for (const NamedTensor& t : tensors) by_name[t.name] = &t.tensor;
@@ -323,27 +343,105 @@ TokenPick pick_token(std::span<const float> logits, std::span<const int32_t> can
 
 namespace {
 
-GenerateResult generate_on(const GenerateRequest& r);
+// The draws: the prompt through the graph (pinning each layer's q/k/v projection when a
+// cache will follow), then cached steps while the context has room, then graph forwards
+// over the sliding window. Out of memory surfaces as the allocator's Error.
+void decode(const GenerateRequest& r, const models::TransformerShape& shape, const Tokenizer& tok,
+            const Tensor& weights, GenerateResult& out) {
+  const Job& job = r.job;
+  const int64_t context = shape.seq_len, batch = r.samples;
+  const std::vector<int32_t> candidates = candidate_ids(tok, shape.vocab);
+  const int32_t end_id = tok.special(Special::endoftext);
+  const int64_t prompt_len = static_cast<int64_t>(out.prompt_ids.size());
+  // Each sample's history: the last `context` tokens are all the model sees, so no more
+  // than twice that is kept (a long prompt is not copied per sample).
+  const auto last = [&](const std::vector<int32_t>& v) {
+    const size_t keep = std::min(v.size(), static_cast<size_t>(context));
+    return std::vector<int32_t>(v.end() - static_cast<std::ptrdiff_t>(keep), v.end());
+  };
+  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(batch), last(out.prompt_ids));
+  const bool will_cache = r.cache && prompt_len < context && r.tokens > 1;
+
+  const auto start = std::chrono::steady_clock::now();
+  out.samples.resize(static_cast<size_t>(batch));
+  std::vector<Philox> rng;
+  for (int64_t b = 0; b < batch; ++b)
+    rng.emplace_back(r.seed, rng_stream_id(kSamplingPurpose, 0, static_cast<uint64_t>(b)));
+  std::unique_ptr<Forward> f;
+  std::unique_ptr<KvDecoder> cached;
+  std::vector<float> rows(static_cast<size_t>(batch * shape.vocab));  // this token's logits
+  for (int64_t t = 0; t < r.tokens; ++t) {
+    // Every sample has the same length: an ended one stops drawing, not running.
+    const int64_t total = prompt_len + t;  // positions so far (seq holds their last ones)
+    const int64_t window = std::min(total, context);
+    if (cached && total <= context) {
+      std::vector<int32_t> last_ids;
+      for (const std::vector<int32_t>& h : seq) last_ids.push_back(h.back());
+      const Tensor host = kernels::to_host(cached->step(last_ids));  // [batch, vocab]: one copy
+      std::copy_n(host.data<float>(), rows.size(), rows.data());
+      ++out.cached_steps;
+    } else {
+      cached.reset();
+      const int64_t length = forward_length(window, context);
+      if (!f || length != f->length) {
+        f.reset();  // one executor at a time
+        f = make_forward(job, batch, length);
+        load_weights(*f, weights);
+      }
+      const std::vector<graph::ValueId> qkv = KvDecoder::qkv_values(f->model.graph, shape.layers);
+      const bool fill = will_cache && t == 0;
+      if (fill) {
+        for (graph::ValueId v : qkv) f->ex->keep(v, graph::Mode::eval);
+      }
+      int32_t* ids = f->ids_host.data<int32_t>();
+      for (int64_t b = 0; b < batch; ++b) {
+        const std::vector<int32_t>& s = seq[static_cast<size_t>(b)];
+        std::copy(s.end() - window, s.end(), ids + b * length);
+        std::fill(ids + b * length + window, ids + (b + 1) * length, end_id);  // never attended
+      }
+      if (!job.device.is_cpu()) kernels::copy(f->ids_host, f->ids);
+      f->ex->set_input(f->model.input, f->ids);
+      f->ex->forward(graph::Mode::eval);
+      ++out.forwards;
+      const Tensor& logits = f->ex->value(f->model.logits);  // [batch, length, vocab]
+      for (int64_t b = 0; b < batch; ++b) {
+        const Tensor row =
+            kernels::to_host(logits.view((b * length + window - 1) * shape.vocab, {shape.vocab}));
+        std::copy_n(row.data<float>(), shape.vocab, rows.data() + b * shape.vocab);
+      }
+      if (fill) {
+        cached = std::make_unique<KvDecoder>(shape, batch, f->ex->params());
+        cached->fill(*f->ex, qkv, length, total);
+        f.reset();  // the prompt's activations and logits; the weights stay with the cache
+      }
+    }
+    bool all_ended = true;
+    for (int64_t b = 0; b < batch; ++b) {
+      GeneratedSample& s = out.samples[static_cast<size_t>(b)];
+      std::vector<int32_t>& history = seq[static_cast<size_t>(b)];
+      if (s.ended) {
+        history.push_back(end_id);  // never read: it keeps every sample the same length
+        continue;
+      }
+      const TokenPick p = pick_token(
+          std::span<const float>(rows.data() + b * shape.vocab, static_cast<size_t>(shape.vocab)),
+          candidates, r.sampling, uniform53(rng[static_cast<size_t>(b)], static_cast<uint64_t>(t)));
+      s.ids.push_back(p.id);
+      s.logprobs.push_back(p.logprob);
+      history.push_back(p.id);
+      s.ended = r.stop_at_end && p.id == end_id;
+      all_ended = all_ended && s.ended;
+    }
+    for (std::vector<int32_t>& history : seq)
+      if (history.size() >= static_cast<size_t>(2 * context)) history = last(history);
+    if (all_ended) break;
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 }  // namespace
 
-// Out of memory while generating: each forward holds every sample's logits over the
-// context (samples x positions x vocabulary floats), so --samples is what to lower.
 GenerateResult generate(const GenerateRequest& r) {
-  try {
-    return generate_on(r);
-  } catch (const Error& e) {
-    const std::string m = e.message();
-    if (m.rfind("out of host memory", 0) != 0 && m.rfind("out of memory on", 0) != 0) throw;
-    throw RunError(m, fmt::format("generate fewer samples at once (--samples {}; each forward "
-                                  "holds every sample's logits over the context)",
-                                  r.samples));
-  }
-}
-
-namespace {
-
-GenerateResult generate_on(const GenerateRequest& r) {
   const Job& job = r.job;
   const ArchPreset* arch = find_arch(job.model.arch);
   if (arch == nullptr || arch->family != ModelFamily::gpt) {
@@ -369,8 +467,6 @@ GenerateResult generate_on(const GenerateRequest& r) {
                 "use the tokenizer of the model's training data (data.path or --tokenizer)");
   }
   const int64_t context = shape.seq_len;
-  const int64_t batch = r.samples;
-  const std::vector<int32_t> candidates = candidate_ids(tok, shape.vocab);
   const int32_t end_id = tok.special(Special::endoftext);
 
   GenerateResult out;
@@ -378,96 +474,23 @@ GenerateResult generate_on(const GenerateRequest& r) {
   out.prompt_ids.push_back(end_id);  // documents in the token shards start after one
   tok.encode_append(r.prompt, out.prompt_ids);
   out.prompt_cut = static_cast<int64_t>(out.prompt_ids.size()) > context;
-  // Each sample's history: the last `context` tokens are all the model sees, so no more
-  // than twice that is kept (a long prompt is not copied per sample).
-  const auto last = [&](const std::vector<int32_t>& v) {
-    const size_t keep = std::min(v.size(), static_cast<size_t>(context));
-    return std::vector<int32_t>(v.end() - static_cast<std::ptrdiff_t>(keep), v.end());
-  };
-  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(batch), last(out.prompt_ids));
-  std::unique_ptr<Forward> f =
-      make_forward(job, batch, forward_length(static_cast<int64_t>(seq[0].size()), context));
-  const Weights w = read_weights(r, f->model.graph, shape.heads);
+  const Weights w = [&] {
+    ModelOptions options = job.model;  // the layout alone: no executor, nothing allocated
+    options.seq_len = static_cast<int>(std::min<int64_t>(context, kShortestForward));
+    return read_weights(r, models::build_model(options, 1).graph, shape.heads);
+  }();
   out.weights = w.source;
   out.step = w.step;
-  load_weights(*f, w.params);
   if (r.on_start) r.on_start(out);
-
-  const auto start = std::chrono::steady_clock::now();
-  out.samples.resize(static_cast<size_t>(batch));
-  std::vector<Philox> rng;
-  for (int64_t b = 0; b < batch; ++b)
-    rng.emplace_back(r.seed, rng_stream_id(kSamplingPurpose, 0, static_cast<uint64_t>(b)));
-  // The prompt runs through the graph once (its keys and values pinned for the cache);
-  // then each token is one cached step, until the context is full: from there on the
-  // window slides and every token runs the graph over it (no cache: positions restart).
-  const std::vector<graph::ValueId> qkv = KvDecoder::qkv_values(f->model.graph, shape.layers);
-  if (r.cache) {
-    for (graph::ValueId v : qkv) f->ex->keep(v, graph::Mode::eval);
+  try {
+    decode(r, shape, tok, w.params, out);
+  } catch (const Error& e) {
+    const std::string m = e.message();
+    if (m.rfind("out of host memory", 0) != 0 && m.rfind("out of memory on", 0) != 0) throw;
+    throw RunError(m, fmt::format("generate fewer samples at once (--samples {}; each forward "
+                                  "holds every sample's logits over the context)",
+                                  r.samples));
   }
-  std::unique_ptr<KvDecoder> cached;
-  const int64_t prompt_len = static_cast<int64_t>(out.prompt_ids.size());
-  for (int64_t t = 0; t < r.tokens; ++t) {
-    // Every sample has the same length: an ended one stops drawing, not running.
-    const int64_t total = prompt_len + t;  // positions so far (seq holds their last ones)
-    const int64_t window = std::min(total, context);
-    Tensor logits;  // f32 [batch, rows, vocab]: row `at` of each sample is the next token's
-    int64_t rows = 1, at = 0;
-    if (cached && total <= context) {
-      std::vector<int32_t> last_ids;
-      for (const std::vector<int32_t>& h : seq) last_ids.push_back(h.back());
-      logits = cached->step(last_ids);
-      ++out.cached_steps;
-    } else {
-      cached.reset();
-      const int64_t length = forward_length(window, context);
-      if (length != f->length) {
-        f = make_forward(job, batch, length);
-        load_weights(*f, w.params);
-      }
-      int32_t* ids = f->ids_host.data<int32_t>();
-      for (int64_t b = 0; b < batch; ++b) {
-        const std::vector<int32_t>& s = seq[static_cast<size_t>(b)];
-        std::copy(s.end() - window, s.end(), ids + b * length);
-        std::fill(ids + b * length + window, ids + (b + 1) * length, end_id);  // never attended
-      }
-      if (!job.device.is_cpu()) kernels::copy(f->ids_host, f->ids);
-      f->ex->set_input(f->model.input, f->ids);
-      f->ex->forward(graph::Mode::eval);
-      ++out.forwards;
-      logits = f->ex->value(f->model.logits);
-      rows = length;
-      at = window - 1;
-      if (r.cache && t == 0 && total < context && t + 1 < r.tokens) {
-        cached = std::make_unique<KvDecoder>(shape, batch, f->model.graph.param_layout(),
-                                             f->ex->params().flat(DType::f32));
-        cached->fill(*f->ex, qkv, length, total);
-      }
-    }
-    bool all_ended = true;
-    for (int64_t b = 0; b < batch; ++b) {
-      GeneratedSample& s = out.samples[static_cast<size_t>(b)];
-      std::vector<int32_t>& history = seq[static_cast<size_t>(b)];
-      if (s.ended) {
-        history.push_back(end_id);  // never read: it keeps every sample the same length
-        continue;
-      }
-      const Tensor row =
-          kernels::to_host(logits.view((b * rows + at) * shape.vocab, {shape.vocab}));
-      const TokenPick p = pick_token(
-          std::span<const float>(row.data<float>(), static_cast<size_t>(shape.vocab)), candidates,
-          r.sampling, uniform53(rng[static_cast<size_t>(b)], static_cast<uint64_t>(t)));
-      s.ids.push_back(p.id);
-      s.logprobs.push_back(p.logprob);
-      history.push_back(p.id);
-      s.ended = r.stop_at_end && p.id == end_id;
-      all_ended = all_ended && s.ended;
-    }
-    for (std::vector<int32_t>& history : seq)
-      if (history.size() >= static_cast<size_t>(2 * context)) history = last(history);
-    if (all_ended) break;
-  }
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (GeneratedSample& s : out.samples) {
     std::vector<int32_t> text = s.ids;
     if (s.ended) text.pop_back();
@@ -476,5 +499,4 @@ GenerateResult generate_on(const GenerateRequest& r) {
   return out;
 }
 
-}  // namespace
 }  // namespace dtrain::runtime

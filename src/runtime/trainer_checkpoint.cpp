@@ -112,6 +112,7 @@ void TrainSession::resume_if_asked() {
     const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
     if (!file.empty()) {
       const std::string hash = counters_.config_hash;
+      const int64_t heads = counters_.heads;  // this job's: the next saves record it
       // Any layout's checkpoint (a file, or a sharded directory of any world size):
       // every parameter piece, and this rank's range of the optimizer state; tensor
       // parallelism takes its parts of the one-rank model.
@@ -125,6 +126,7 @@ void TrainSession::resume_if_asked() {
       take_extra_blobs(load);
       counters_ = tensor_split() ? resume_whole(file) : load_train_state_ranges(file, load);
       weights_->finish_load();
+      counters_.heads = heads;
       if (counters_.config_hash != hash) {
         note(
             fmt::format("note: {} was written by a different job file (the model "

@@ -7,7 +7,10 @@ a few merges, <|endoftext|> last) and model.safetensors with GPT2Model's names
 drawn from a seeded generator, wide enough that the next-token distribution is far
 from uniform. Standard library only.
 
-    make_hf_gpt2.py DIR --layers L --hidden H --context T [--seed S]
+    make_hf_gpt2.py DIR --layers L --hidden H --heads N --context T [--seed S]
+
+Also writes config.json with GPT2Config's shape keys (n_layer, n_embd, n_head,
+n_positions, vocab_size).
 
 Prints the vocabulary size (the model's rows).
 """
@@ -52,6 +55,7 @@ def main():
     ap.add_argument("dir")
     ap.add_argument("--layers", type=int, required=True)
     ap.add_argument("--hidden", type=int, required=True)
+    ap.add_argument("--heads", type=int, required=True)
     ap.add_argument("--context", type=int, required=True)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
@@ -92,6 +96,9 @@ def main():
     w["ln_f.bias"] = normal([h], 0.1)
     w["lm_head.weight"] = w["wte.weight"]
     write_safetensors(out / "model.safetensors", w)
+    (out / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "n_layer": a.layers, "n_embd": h, "n_head": a.heads,
+        "n_positions": t, "vocab_size": v, "layer_norm_epsilon": 1e-5}))
     print(v)
 
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "corpus.h"
 #include "harness.h"
 #include "runtime/export_names.h"
 #include "runtime/safetensors.h"
@@ -29,7 +30,7 @@ TEST_CASE("dtrain ckpt inspects, verifies and exports a ZeRO-1 checkpoint of 2 r
   const fs::path job = tmp.path() / "gpt2.yaml", run = tmp.path() / "run";
   std::ofstream(job) << "run: {seed: 3, output_dir: " << run.string() << "}\n"
                      << "model: {arch: gpt2-tiny, layers: 1, hidden: 32, heads: 2, seq_len: 16,"
-                     << " vocab_size: 256}\n"
+                     << " vocab_size: 320}\n"
                      << "data: {dataset: synthetic, global_batch: 4, limit: {test: 4}}\n"
                      << "optimizer: {name: adamw, lr: 1.0e-3}\n"
                      << "parallel: {zero_stage: 1}\n"
@@ -74,6 +75,23 @@ TEST_CASE("dtrain ckpt inspects, verifies and exports a ZeRO-1 checkpoint of 2 r
     r = run_dtrain_command({"ckpt", "inspect", part.string()}, tmp.path() / "part.log");
     CHECK_MESSAGE(r.rc == 2, r.describe());
     CHECK_MESSAGE(has(r.log, "one file of the sharded checkpoint " + dir.string()), r.log);
+    // verify checks such a file's own checksums.
+    r = run_dtrain_command({"ckpt", "verify", part.string()}, tmp.path() / "part-verify.log");
+    CHECK_MESSAGE(r.rc == 0, r.describe());
+    CHECK_MESSAGE(has(r.log, "ok: " + part.string()), r.log);
+  }
+  // generate reads the sharded directory: the export's weights, so the export's tokens.
+  {
+    const TokenDir tok = tokenize(tmp.path(), 100);
+    const auto gen = [&](const fs::path& weights, const std::string& log) {
+      const RunResult g = run_dtrain_command(
+          {"generate", job.string(), "--checkpoint", weights.string(), "--tokenizer",
+           (tok.dir / "tokenizer.json").string(), "--tokens", "8", "--ignore-end", "--json"},
+          tmp.path() / log);
+      REQUIRE_MESSAGE(g.rc == 0, g.describe());
+      return nlohmann::json::parse(g.log.substr(g.log.find("{\n"))).at("samples");
+    };
+    CHECK(gen(dir, "gen-sharded.log") == gen(out, "gen-export.log"));
   }
 
   std::string bytes = read_bytes(shard1);

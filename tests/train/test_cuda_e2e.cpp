@@ -227,25 +227,38 @@ TEST_CASE("generate on CUDA draws the CPU's tokens with the CPU's log-probabilit
   const fs::path job = write_model_job(tmp.path(), "cpu", m);
   train(job, tmp.path(), "cpu", {"--set", "train.checkpoint.every=20"});
   const TokenDir tok = tokenize(tmp.path(), 200);  // the synthetic job has no tokenizer
-  const auto run = [&](const std::string& device) {
+  // 40 tokens after a prompt of about 10 pass the 32-token context: cached steps, then
+  // forwards over the sliding window; and once without the cache.
+  const auto run = [&](const std::string& device, bool cache) {
+    std::vector<std::string> args = {"generate",     job.string(),
+                                     "--tokenizer",  (tok.dir / "tokenizer.json").string(),
+                                     "--prompt",     "The old king",
+                                     "--tokens",     "40",
+                                     "--samples",    "2",
+                                     "--ignore-end", "--device",
+                                     device,         "--json"};
+    if (!cache) args.push_back("--no-cache");
     const RunResult r = run_dtrain_command(
-        {"generate", job.string(), "--tokenizer", (tok.dir / "tokenizer.json").string(), "--prompt",
-         "The old king", "--tokens", "16", "--samples", "2", "--ignore-end", "--device", device,
-         "--json"},
-        tmp.path() / ("generate-" + device + ".log"));
+        args, tmp.path() / ("generate-" + device + (cache ? "" : "-no-cache") + ".log"));
     REQUIRE_MESSAGE(r.rc == 0, r.describe());
     return nlohmann::json::parse(r.log.substr(r.log.find("{\n")));
   };
-  const nlohmann::json cpu = run("cpu"), gpu = run("cuda");
+  const nlohmann::json cpu = run("cpu", true);
   REQUIRE(cpu.at("samples").size() == 2);
-  CHECK(gpu.at("cached_steps") == 15);  // the key/value cache's kernels ran on the device
-  for (size_t s = 0; s < 2; ++s) {
-    const nlohmann::json& a = cpu.at("samples")[s];
-    const nlohmann::json& b = gpu.at("samples")[s];
-    CHECK(a.at("ids") == b.at("ids"));
-    for (size_t k = 0; k < a.at("logprobs").size(); ++k) {
-      CHECK(a.at("logprobs")[k].get<double>() ==
-            doctest::Approx(b.at("logprobs")[k].get<double>()).epsilon(1e-4));
+  for (const bool cache : {true, false}) {
+    CAPTURE(cache);
+    const nlohmann::json gpu = run("cuda", cache);
+    const int64_t prompt = static_cast<int64_t>(gpu.at("prompt_ids").size());
+    CHECK(gpu.at("cached_steps") == (cache ? 32 - prompt : 0));  // the cache ran on the device
+    CHECK(gpu.at("forwards") == (cache ? 40 - (32 - prompt) : 40));
+    for (size_t s = 0; s < 2; ++s) {
+      const nlohmann::json& a = cpu.at("samples")[s];
+      const nlohmann::json& b = gpu.at("samples")[s];
+      CHECK(a.at("ids") == b.at("ids"));
+      for (size_t k = 0; k < a.at("logprobs").size(); ++k) {
+        CHECK(a.at("logprobs")[k].get<double>() ==
+              doctest::Approx(b.at("logprobs")[k].get<double>()).epsilon(1e-4));
+      }
     }
   }
 }

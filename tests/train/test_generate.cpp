@@ -199,7 +199,8 @@ TEST_CASE("generate: every new token's log-probability is an independent GPT-2 f
     std::vector<std::string> args;
     bool greedy;
   };
-  // 2 + 24 tokens pass the 16-token context: the window slides for the last ones.
+  // The prompt's 10 tokens + 24 pass the 16-token context: the window slides for the last
+  // ones (the cache, when on, serves the tokens before).
   const Case cases[] = {
       {"sampled", {"--samples", "2", "--tokens", "24", "--ignore-end", "--seed", "7"}, false},
       {"greedy", {"--temperature", "0", "--tokens", "24", "--ignore-end"}, true},
@@ -207,10 +208,20 @@ TEST_CASE("generate: every new token's log-probability is an independent GPT-2 f
        {"--samples", "2", "--tokens", "24", "--ignore-end", "--seed", "7", "--no-cache"},
        false},
       {"top-k, top-p", {"--top-k", "5", "--top-p", "0.8", "--tokens", "6"}, false},
+      // Samples that end at <|endoftext|> while the others go on (the cache keeps
+      // running them): 6 samples, 24 tokens each at most.
+      {"ending early", {"--samples", "6", "--tokens", "24", "--seed", "3"}, false},
+      // A prompt longer than the context: its last 16 tokens, every token a window.
+      {"long prompt",
+       {"--prompt", "The old king sees the farmer near the house. A horse walked in the garden.",
+        "--tokens", "6", "--ignore-end"},
+       false},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
-    std::vector<std::string> args = {t.job.string(), "--prompt", "The old king"};
+    const std::string name = c.name;
+    std::vector<std::string> args = {t.job.string()};
+    if (name != "long prompt") args.insert(args.end(), {"--prompt", "The old king"});
     args.insert(args.end(), c.args.begin(), c.args.end());
     const nlohmann::json g = generate_json(tmp.path(), "gen.log", args);
     CHECK(g.at("step") == 30);
@@ -218,8 +229,20 @@ TEST_CASE("generate: every new token's log-probability is an independent GPT-2 f
     write_bytes(json, g.dump());
     const fs::path log = tmp.path() / "reference.log";
     CHECK_MESSAGE(reference_check(model, json, log, candidates, c.greedy) == 0, read_bytes(log));
-    if (std::string(c.name) != "top-k, top-p") {
+    CHECK(g.at("prompt_cut") == (name == "long prompt"));
+    if (name == "long prompt") CHECK(g.at("cached_steps") == 0);
+    if (name != "top-k, top-p" && name != "ending early" && name != "long prompt") {
       for (const auto& s : g.at("samples")) CHECK(s.at("ids").size() == 24);
+    }
+    if (name == "ending early") {  // some ended before 24 tokens, on <|endoftext|>
+      int ended = 0;
+      for (const auto& s : g.at("samples")) {
+        if (!s.at("ended").get<bool>()) continue;
+        ++ended;
+        CHECK(s.at("ids").back() == t.data.vocab - 6);
+        CHECK(s.at("ids").size() < 24);
+      }
+      CHECK(ended > 0);
     }
   }
 }
@@ -231,10 +254,10 @@ TEST_CASE("generate: every new token's log-probability is an independent GPT-2 f
 TEST_CASE("generate: Hugging Face GPT-2 files (model.safetensors, vocab.json, merges.txt)") {
   TempDir tmp("generate-hf");
   const fs::path hf = tmp.path() / "gpt2-hf";
-  const std::string make = std::string("python3 ") + DTRAIN_SOURCE_DIR +
-                           "/tests/scripts/make_hf_gpt2.py " + hf.string() +
-                           " --layers 2 --hidden 32 --context " + std::to_string(kContext) + " > " +
-                           (tmp.path() / "make.log").string() + " 2>&1";
+  const std::string make =
+      std::string("python3 ") + DTRAIN_SOURCE_DIR + "/tests/scripts/make_hf_gpt2.py " +
+      hf.string() + " --layers 2 --hidden 32 --heads " + std::to_string(kHeads) + " --context " +
+      std::to_string(kContext) + " > " + (tmp.path() / "make.log").string() + " 2>&1";
   REQUIRE(std::system(make.c_str()) == 0);
   const int64_t vocab = std::stoll(read_bytes(tmp.path() / "make.log"));  // <|endoftext|> last
   const fs::path job = tmp.path() / "hf.yaml";
@@ -261,6 +284,13 @@ TEST_CASE("generate: Hugging Face GPT-2 files (model.safetensors, vocab.json, me
     const fs::path log = tmp.path() / "reference.log";
     CHECK_MESSAGE(reference_check(model, json, log, vocab, greedy) == 0, read_bytes(log));
   }
+  // The head count no tensor shows comes from config.json's n_head.
+  const RunResult r = generate(tmp.path(), "heads.log",
+                               {job.string(), "--checkpoint", model.string(), "--tokenizer",
+                                hf.string(), "--set", "model.heads=4"});
+  CHECK_MESSAGE(r.rc == kExitBadInput, r.describe());
+  CHECK_MESSAGE(contains(r.log, "the model has 2 attention heads, the job's model.heads is 4"),
+                r.log);
 }
 
 TEST_CASE(
@@ -338,10 +368,8 @@ TEST_CASE(
   CHECK(contains(plain.log, "step-00000030.dtckpt (step 30)"));
 }
 
-// A model of synthetic tokens with a tokenizer given by hand: its draws include single
-// bytes that are not UTF-8 on their own, which --json must still print (as U+FFFD in
-// "text"; "ids" keep every byte).
-// A context shorter than the first graph's 16 positions (the forward never exceeds it).
+// A context shorter than the first graph's 16 positions (the forward never exceeds it),
+// with and without the cache.
 TEST_CASE("generate: a model whose context is shorter than 16 tokens") {
   TempDir tmp("generate-short");
   const TokenDir data = tokenize(tmp.path(), 100);
@@ -360,8 +388,16 @@ TEST_CASE("generate: a model whose context is shorter than 16 tokens") {
       tmp.path(), "gen.log", {job.string(), "--prompt", "The", "--tokens", "12", "--ignore-end"});
   CHECK(g.at("context") == 8);
   CHECK(g.at("samples")[0].at("ids").size() == 12);
+  CHECK(g.at("cached_steps").get<int>() > 0);
+  const nlohmann::json n = generate_json(
+      tmp.path(), "gen-no-cache.log",
+      {job.string(), "--prompt", "The", "--tokens", "12", "--ignore-end", "--no-cache"});
+  CHECK(n.at("samples")[0].at("ids") == g.at("samples")[0].at("ids"));
 }
 
+// A model of synthetic tokens with a tokenizer given by hand: its draws include single
+// bytes that are not UTF-8 on their own, which --json must still print (as U+FFFD in
+// "text"; "ids" keep every byte).
 TEST_CASE("generate: synthetic-token weights with --tokenizer, and bytes that are not UTF-8") {
   TempDir tmp("generate-synthetic");
   const TokenDir tok = tokenize(tmp.path(), 100);
@@ -389,6 +425,24 @@ TEST_CASE("generate: synthetic-token weights with --tokenizer, and bytes that ar
   }
   CHECK(high_byte);
   CHECK(contains(s.at("text").get<std::string>(), "\xEF\xBF\xBD"));  // U+FFFD
+}
+
+// Resume allows another head count (no tensor changes shape); the checkpoints after it
+// record the resumed job's, not the one read.
+TEST_CASE("generate: a resumed run's checkpoints record its own head count") {
+  TempDir tmp("generate-resumed-heads");
+  const Trained t = train_small(tmp.path(), 10);
+  const RunResult r = run_dtrain(
+      {t.job.string(), "--resume", "latest", "--set", "model.heads=4", "--set", "train.steps=20"},
+      tmp.path() / "resume.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const nlohmann::json g = generate_json(
+      tmp.path(), "gen.log", {t.job.string(), "--set", "model.heads=4", "--tokens", "3"});
+  CHECK(g.at("step") == 20);
+  const RunResult old = generate(tmp.path(), "old.log", {t.job.string(), "--tokens", "3"});
+  CHECK_MESSAGE(old.rc == kExitBadInput, old.describe());
+  CHECK_MESSAGE(contains(old.log, "the model has 4 attention heads, the job's model.heads is 2"),
+                old.log);
 }
 
 TEST_CASE("generate refuses what it cannot use with exit 2, naming it") {

@@ -12,7 +12,6 @@
 namespace dtrain::graph {
 namespace {
 
-constexpr int kSplit[5] = {2, 0, 3, 1, 4};        // [B, T, 3, H, D] -> [3, B, H, T, D]
 constexpr int kMerge[4] = {0, 2, 1, 3};           // [B, H, T, D] <-> [B, T, H, D]
 constexpr uint32_t kAttentionDropoutPurpose = 4;  // Philox purposes: 1 init, 3 dropout
 
@@ -91,7 +90,7 @@ class SelfAttention final : public Op {
   // Carves the [3, B, H, T, D] split of `qkv` out of the workspace.
   Tensor split(const Tensor& qkv, const Dims& s, kernels::Workspace ws, size_t& off) const {
     Tensor heads = ws.tensor(off, {3, s.b, heads_, s.t, s.d}, qkv.dtype());
-    kernels::permute(qkv.reshape({s.b, s.t, 3, heads_, s.d}), kSplit, heads);
+    kernels::permute(qkv.reshape({s.b, s.t, 3, heads_, s.d}), kSplitHeads, heads);
     return heads;
   }
 
