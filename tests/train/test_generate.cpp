@@ -354,11 +354,12 @@ TEST_CASE(
   CHECK(generate_json(tmp.path(), "renamed.log", with({"--checkpoint", renamed.string()}))
             .at("samples")[0] == s);
 
-  // The job laid out for 4 ranks (2 x 2, ZeRO-1) still generates in one process.
+  // The job laid out for 4 ranks (2 x 2, ZeRO-1, nodes of 8) still generates in one
+  // process: the layout's checks do not apply.
   const nlohmann::json grid =
       generate_json(tmp.path(), "grid.log",
                     with({"--set", "parallel.data=2", "--set", "parallel.tensor=2", "--set",
-                          "parallel.zero_stage=1"}));
+                          "parallel.zero_stage=1", "--set", "comm.ranks_per_node=8"}));
   CHECK(grid.at("samples")[0] == s);
 
   // The console form: the prompt and its continuation on stdout, the source on stderr.
