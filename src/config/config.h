@@ -20,10 +20,10 @@ inline constexpr int kMaxDepth = 32;                      // nesting of maps and
 
 struct ValidateContext {
   int world_size = 1;
-  // For commands that read a job's model and data but run none of its layout (generate):
-  // the world is the job's own (tensor x pipeline x parallel.data, 1 when unset) instead
-  // of world_size, and the checks of the layout (grid, batches, comm, compression,
-  // memory) are skipped.
+  // For commands that read a job's model and data but train nothing (generate): the
+  // world is the job's own (tensor x pipeline x parallel.data, 1 when unset) instead of
+  // world_size, and only the model, data and precision are checked (not train.*,
+  // optimizer.*, the grid, batches, comm, compression or memory).
   bool model_only = false;
   std::vector<std::string>* warnings = nullptr;  // non-fatal findings; dropped when null
 };

@@ -41,9 +41,15 @@ kernels::GemmArgs block_copy(int64_t batch, int64_t n, int64_t stride_b, int64_t
 
 }  // namespace
 
-KvDecoder::KvDecoder(const models::TransformerShape& shape, int64_t batch,
+KvDecoder::KvDecoder(const models::TransformerShape& shape, int64_t batch, int64_t capacity,
                      const graph::FlatStore& weights)
-    : s_(shape), batch_(batch), d_(shape.hidden / shape.heads), device_(weights.device()) {
+    : s_(shape),
+      batch_(batch),
+      capacity_(capacity),
+      d_(shape.hidden / shape.heads),
+      device_(weights.device()) {
+  DTRAIN_CHECK(capacity >= 1 && capacity <= shape.seq_len, "KvDecoder: {} positions of {}",
+               capacity, shape.seq_len);
   const auto view = [&](const std::string& name) {
     Tensor t = weights.view(name);
     DTRAIN_CHECK(t.dtype() == DType::f32, "KvDecoder: {} is {}, not f32", name,
@@ -63,7 +69,7 @@ KvDecoder::KvDecoder(const models::TransformerShape& shape, int64_t batch,
     layers_.push_back({norm(layer(i, "ln_1")), norm(layer(i, "ln_2")), linear(i, "attn.c_attn"),
                        linear(i, "attn.c_proj"), linear(i, "mlp.c_fc"), linear(i, "mlp.c_proj")});
   }
-  const int64_t b = batch_, h = s_.hidden, c = s_.seq_len;
+  const int64_t b = batch_, h = s_.hidden, c = capacity_;
   for (int64_t i = 0; i < s_.layers; ++i) {
     for (std::vector<Tensor>* cache : {&k_, &v_}) {
       Tensor t = alloc({b, s_.heads, c, d_});
@@ -136,7 +142,7 @@ void KvDecoder::norm(const Norm& n, const Tensor& x, Tensor& y) {
 
 void KvDecoder::append(const Tensor& src, int64_t src_rows, int64_t rows, int64_t at,
                        Tensor& cache) {
-  const int64_t bh = batch_ * s_.heads, c = s_.seq_len;
+  const int64_t bh = batch_ * s_.heads, c = capacity_;
   DTRAIN_CHECK(at + rows <= c && rows <= src_rows, "KvDecoder: rows [{}, {}) of {}", at, at + rows,
                c);
   Tensor dst = cache.view(at * d_, {(bh - 1) * c * d_ + rows * d_});
@@ -149,7 +155,7 @@ void KvDecoder::append(const Tensor& src, int64_t src_rows, int64_t rows, int64_
 void KvDecoder::fill(const graph::Executor& ex, const std::vector<graph::ValueId>& qkv,
                      int64_t length, int64_t filled) {
   DTRAIN_CHECK(
-      static_cast<int64_t>(qkv.size()) == s_.layers && filled <= length && filled <= s_.seq_len,
+      static_cast<int64_t>(qkv.size()) == s_.layers && filled <= length && filled <= capacity_,
       "KvDecoder::fill: {} of {} positions", filled, length);
   const int64_t b = batch_, heads = s_.heads;
   Tensor split = alloc({3, b, heads, length, d_});
@@ -166,7 +172,7 @@ void KvDecoder::fill(const graph::Executor& ex, const std::vector<graph::ValueId
 }
 
 const Tensor& KvDecoder::step(const std::vector<int32_t>& tokens) {
-  const int64_t b = batch_, h = s_.hidden, c = s_.seq_len, pos = filled_;
+  const int64_t b = batch_, h = s_.hidden, c = capacity_, pos = filled_;
   DTRAIN_CHECK(static_cast<int64_t>(tokens.size()) == b && pos < c,
                "KvDecoder::step: {} tokens at position {} of {}", tokens.size(), pos, c);
   std::copy(tokens.begin(), tokens.end(), ids_host_.data<int32_t>());

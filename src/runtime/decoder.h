@@ -22,8 +22,10 @@ namespace dtrain::runtime {
 class KvDecoder {
  public:
   // `weights`: the graph's parameters (an fp32 graph's store: every entry f32) on the
-  // device the decoder runs on; `batch` samples, up to shape.seq_len positions each.
-  KvDecoder(const models::TransformerShape& shape, int64_t batch, const graph::FlatStore& weights);
+  // device the decoder runs on; `batch` samples, `capacity` positions each (at most
+  // shape.seq_len: what the generation will reach, so a short one holds a short cache).
+  KvDecoder(const models::TransformerShape& shape, int64_t batch, int64_t capacity,
+            const graph::FlatStore& weights);
 
   // The value ids of each layer's fused q, k, v projection in a GPT-2 graph (node
   // "transformer.h.<i>.attn.c_attn", [batch, length, 3 * hidden]): pin them (keep) before
@@ -36,7 +38,7 @@ class KvDecoder {
   void fill(const graph::Executor& ex, const std::vector<graph::ValueId>& qkv, int64_t length,
             int64_t filled);
 
-  // Token ids [batch] (host) at position `filled()`: the cache grows by one and the
+  // Token ids [batch] (host) at position `filled()` (< capacity): the cache grows by one and the
   // logits f32 [batch, vocab] (on the device) of the next token are returned.
   const Tensor& step(const std::vector<int32_t>& tokens);
 
@@ -65,12 +67,12 @@ class KvDecoder {
   void append(const Tensor& src, int64_t src_rows, int64_t rows, int64_t at, Tensor& cache);
 
   models::TransformerShape s_;
-  int64_t batch_, d_;
+  int64_t batch_, capacity_, d_;
   Device device_;
   Tensor wte_, wpe_;  // [vocab, hidden] (also the head), [positions, hidden]
   Norm ln_f_;
   std::vector<Layer> layers_;
-  std::vector<Tensor> k_, v_;  // per layer [batch, heads, seq_len, d]
+  std::vector<Tensor> k_, v_;  // per layer [batch, heads, capacity, d]
   int64_t filled_ = 0;
   // Scratch, reused every step.
   Tensor ids_host_, pos_host_, ids_, pos_, mask_host_, mask_;

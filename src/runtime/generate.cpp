@@ -410,7 +410,10 @@ void decode(const GenerateRequest& r, const models::TransformerShape& shape, con
         std::copy_n(row.data<float>(), shape.vocab, rows.data() + b * shape.vocab);
       }
       if (fill) {
-        cached = std::make_unique<KvDecoder>(shape, batch, f->ex->params());
+        // Positions the cache will hold: up to the last token fed back (the last drawn
+        // is never fed), within the context.
+        const int64_t capacity = std::min(context, prompt_len + r.tokens - 1);
+        cached = std::make_unique<KvDecoder>(shape, batch, capacity, f->ex->params());
         cached->fill(*f->ex, qkv, length, total);
         f.reset();  // the prompt's activations and logits; the weights stay with the cache
       }
@@ -473,7 +476,8 @@ GenerateResult generate(const GenerateRequest& r) {
   out.context = context;
   out.prompt_ids.push_back(end_id);  // documents in the token shards start after one
   tok.encode_append(r.prompt, out.prompt_ids);
-  out.prompt_cut = static_cast<int64_t>(out.prompt_ids.size()) > context;
+  // Cut when the user's tokens do not all fit (the leading <|endoftext|> may go alone).
+  out.prompt_cut = static_cast<int64_t>(out.prompt_ids.size()) - 1 > context;
   const Weights w = [&] {
     ModelOptions options = job.model;  // the layout alone: no executor, nothing allocated
     options.seq_len = static_cast<int>(std::min<int64_t>(context, kShortestForward));
@@ -487,8 +491,10 @@ GenerateResult generate(const GenerateRequest& r) {
   } catch (const Error& e) {
     const std::string m = e.message();
     if (m.rfind("out of host memory", 0) != 0 && m.rfind("out of memory on", 0) != 0) throw;
-    throw RunError(m, fmt::format("generate fewer samples at once (--samples {}; each forward "
-                                  "holds every sample's logits over the context)",
+    throw RunError(m, fmt::format("generate fewer samples at once (--samples {}): each forward "
+                                  "holds every sample's logits over the context, and the "
+                                  "key/value cache each sample's keys and values per layer "
+                                  "(--no-cache holds none)",
                                   r.samples));
   }
   for (GeneratedSample& s : out.samples) {

@@ -261,13 +261,11 @@ TEST_CASE("generate: Hugging Face GPT-2 files (model.safetensors, vocab.json, me
   REQUIRE(std::system(make.c_str()) == 0);
   const int64_t vocab = std::stoll(read_bytes(tmp.path() / "make.log"));  // <|endoftext|> last
   const fs::path job = tmp.path() / "hf.yaml";
-  std::ofstream(job) << "run: {output_dir: " << (tmp.path() / "run").string() << ", seed: 1}\n"
-                     << "model: {arch: gpt2-tiny, layers: 2, hidden: 32, heads: " << kHeads
+  // The model's shape and nothing to train: generate checks no training keys.
+  std::ofstream(job) << "model: {arch: gpt2-tiny, layers: 2, hidden: 32, heads: " << kHeads
                      << ", seq_len: " << kContext << ",\n        max_positions: " << kContext
                      << ", vocab_size: " << vocab << "}\n"
-                     << "data: {dataset: synthetic, global_batch: 4}\n"
-                     << "optimizer: {name: adamw, lr: 0.001}\n"
-                     << "train: {steps: 1}\n";
+                     << "data: {dataset: synthetic}\n";
   const fs::path model = hf / "model.safetensors";
   for (const bool greedy : {false, true}) {
     CAPTURE(greedy);
@@ -354,6 +352,14 @@ TEST_CASE(
   CHECK(generate_json(tmp.path(), "renamed.log", with({"--checkpoint", renamed.string()}))
             .at("samples")[0] == s);
 
+  // A prompt that fills the context with its <|endoftext|> dropped is not cut: every
+  // token of the user's text is seen.
+  const int64_t fits = static_cast<int64_t>(one.at("prompt_ids").size()) - 1;
+  const nlohmann::json full = generate_json(
+      tmp.path(), "full.log", with({"--set", "model.seq_len=" + std::to_string(fits)}));
+  CHECK(full.at("context") == fits);
+  CHECK_FALSE(full.at("prompt_cut").get<bool>());
+  CHECK(full.at("cached_steps") == 0);
   // The job laid out for 4 ranks (2 x 2, ZeRO-1, nodes of 8) still generates in one
   // process: the layout's checks do not apply.
   const nlohmann::json grid =
