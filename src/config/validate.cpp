@@ -377,14 +377,19 @@ void validate_job(const Job& job, const ValidateContext& ctx, const SourceMap* w
   if (ctx.world_size < 1)
     throw Error(fmt::format("world size {} must be at least 1", ctx.world_size));
   const Checker c(job, ctx, where);
-  check_precision(c);
-  check_model(c);
-  check_data(c);
-  if (ctx.model_only) return;  // neither the training nor its layout runs
+  if (ctx.model_only) {  // neither the training nor its layout runs
+    check_precision(c);
+    check_model(c);
+    check_data(c);
+    return;
+  }
   check_train(c);
   check_optimizer(c);
+  check_precision(c);
+  check_model(c);
   check_grid(c);
   check_batches(c);
+  check_data(c);
   check_comm(c);
   check_compress(c);
   check_memory(c);
