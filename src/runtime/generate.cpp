@@ -382,14 +382,16 @@ void decode(const GenerateRequest& r, const models::TransformerShape& shape, con
       ++out.cached_steps;
     } else {
       cached.reset();
-      const int64_t length = forward_length(window, context);
+      // The prompt's forward before a cache runs at its exact length: no padding at all
+      // (padding is invisible to causal attention only while its activations are finite).
+      const bool fill = will_cache && t == 0;
+      const int64_t length = fill ? window : forward_length(window, context);
       if (!f || length != f->length) {
         f.reset();  // one executor at a time
         f = make_forward(job, batch, length);
         load_weights(*f, weights);
       }
       const std::vector<graph::ValueId> qkv = KvDecoder::qkv_values(f->model.graph, shape.layers);
-      const bool fill = will_cache && t == 0;
       if (fill) {
         for (graph::ValueId v : qkv) f->ex->keep(v, graph::Mode::eval);
       }

@@ -5,11 +5,12 @@
 // The prompt runs through the training graph, in fp32 and evaluation mode (no dropout),
 // on the job's device; each new token is then one position through a key/value cache
 // (runtime/decoder.h) while the context has room. Past model.seq_len the window slides:
-// every token runs the graph over the last seq_len tokens (positions from 0). A graph
-// forward over a shorter context (the prompt's; every token's with the cache off) runs
-// at a length rounded up to a power of two; causal attention makes the padding after
-// the context invisible. Sampling draws from Philox keyed by (seed, sample, token index), so
-// a sample does not depend on how many others run beside it.
+// every token runs the graph over the last seq_len tokens (positions from 0). The
+// prompt's forward runs at its exact length; with the cache off, a forward over a
+// shorter context runs at a length rounded up to a power of two, and causal attention
+// makes the padding after the context invisible (while its activations are finite). Sampling draws
+// from Philox keyed by (seed, sample, token index), so a sample does not depend on how many others
+// run beside it.
 #pragma once
 
 #include <cstdint>

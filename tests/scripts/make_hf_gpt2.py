@@ -8,7 +8,10 @@ drawn from a seeded generator, wide enough that the next-token distribution is f
 from uniform. Standard library only.
 
     make_hf_gpt2.py DIR --layers L --hidden H --heads N --context T [--seed S]
+                    [--poison-position P]
 
+--poison-position P sets row P of the position table to 3e38 (finite, but its
+activations overflow): a run that never reaches position P must not notice.
 Also writes config.json with GPT2Config's shape keys (n_layer, n_embd, n_head,
 n_positions, vocab_size).
 
@@ -58,6 +61,7 @@ def main():
     ap.add_argument("--heads", type=int, required=True)
     ap.add_argument("--context", type=int, required=True)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--poison-position", type=int, default=-1)
     a = ap.parse_args()
     out = Path(a.dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -95,6 +99,9 @@ def main():
     w["ln_f.weight"] = normal([h], 0.1, 1.0)
     w["ln_f.bias"] = normal([h], 0.1)
     w["lm_head.weight"] = w["wte.weight"]
+    if a.poison_position >= 0:
+        values = w["wpe.weight"][1]
+        values[a.poison_position * h:(a.poison_position + 1) * h] = [3e38] * h
     write_safetensors(out / "model.safetensors", w)
     (out / "config.json").write_text(json.dumps({
         "model_type": "gpt2", "n_layer": a.layers, "n_embd": h, "n_head": a.heads,

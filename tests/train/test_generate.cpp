@@ -282,6 +282,22 @@ TEST_CASE("generate: Hugging Face GPT-2 files (model.safetensors, vocab.json, me
     const fs::path log = tmp.path() / "reference.log";
     CHECK_MESSAGE(reference_check(model, json, log, vocab, greedy) == 0, read_bytes(log));
   }
+  // Weights that overflow at a position the run never reaches (the 16th): the prompt's
+  // forward runs at its exact length and the cache covers the rest, so nothing of that
+  // row enters. (With --no-cache the padded forwards reach it: their masked attention
+  // multiplies its non-finite values by 0.)
+  const fs::path poisoned = tmp.path() / "poisoned";
+  const std::string poison = std::string("python3 ") + DTRAIN_SOURCE_DIR +
+                             "/tests/scripts/make_hf_gpt2.py " + poisoned.string() +
+                             " --layers 2 --hidden 32 --heads " + std::to_string(kHeads) +
+                             " --context " + std::to_string(kContext) + " --poison-position 15 > " +
+                             (tmp.path() / "poison.log").string() + " 2>&1";
+  REQUIRE(std::system(poison.c_str()) == 0);
+  const nlohmann::json p = generate_json(
+      tmp.path(), "poisoned.log",
+      {job.string(), "--checkpoint", (poisoned / "model.safetensors").string(), "--tokenizer",
+       hf.string(), "--prompt", "the", "--tokens", "8", "--ignore-end"});
+  CHECK(p.at("samples")[0].at("ids").size() == 8);
   // The head count no tensor shows comes from config.json's n_head.
   const RunResult r = generate(tmp.path(), "heads.log",
                                {job.string(), "--checkpoint", model.string(), "--tokenizer",
