@@ -3,8 +3,9 @@
 // text corpus, trains a byte-level BPE tokenizer on its training documents (or loads
 // GPT-2's, or an earlier run's tokenizer.json: fine-tuning data for a pretrained model),
 // and writes DIR/tokenizer.json, DIR/train.bin and DIR/val.bin (the data.path of a
-// `dataset: tokens` job). --labelled: each input is a class (DIR/labels.json and one
-// label per text in DIR/{train,val}.labels.bin), for a BERT classifier. The rules for
+// `dataset: tokens` job). --labelled: each input is a class, or one .jsonl / .tsv input
+// holds labelled rows (DIR/labels.json and one label per text in
+// DIR/{train,val}.labels.bin), for a BERT classifier. The rules for
 // inputs and documents are in data/text_corpus.h.
 #include <algorithm>
 #include <chrono>
@@ -190,7 +191,9 @@ void add_data(CLI::App& app, Action& action) {
   cmd->add_option("--tokenizer", args->tokenizer,
                   "an earlier run's tokenizer.json to encode with (instead of training)");
   cmd->add_flag("--labelled", args->labelled,
-                "each --input is one class, named by its file name (text classification)");
+                "text classification: each --input is one class, named by its file name; or "
+                "one --input FILE.jsonl ({\"text\", \"label\"} per line) or FILE.tsv (label, "
+                "tab, text per line) holds labelled rows");
   cmd->add_option("--seed", args->seed, "seed of the train/validation split (default 0)");
   cmd->callback([args, &action] { action = [args] { return run_tokenize(*args); }; });
 }

@@ -5,7 +5,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -140,12 +143,126 @@ TextCorpus read_text_corpus(const std::vector<std::string>& inputs) {
   return corpus;
 }
 
+namespace {
+
+constexpr const char* kRowsHint =
+    "a .jsonl file holds one {\"text\": ..., \"label\": ...} object per line (label a "
+    "string or a whole number); a .tsv file one label, a tab and the text per line";
+
+// The file name without .gz: "train.jsonl.gz" -> "train.jsonl".
+fs::path without_gz(const fs::path& p) { return p.extension() == ".gz" ? p.stem() : p.filename(); }
+
+bool whole_number(std::string_view s) {
+  int64_t v = 0;
+  const char* end = s.data() + s.size();
+  const auto [at, ec] = std::from_chars(s.data(), end, v);
+  return !s.empty() && ec == std::errc() && at == end;
+}
+
+// One row's label and text, or an Error naming the file and line.
+std::pair<std::string, std::string_view> parse_row(std::string_view line, bool jsonl,
+                                                   const std::string& where,
+                                                   std::string& json_text) {
+  if (!jsonl) {
+    const size_t tab = line.find('\t');
+    if (tab == std::string_view::npos)
+      throw Error(fmt::format("{}: no tab between the label and the text", where), kRowsHint);
+    return {std::string(line.substr(0, tab)), line.substr(tab + 1)};
+  }
+  const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+  if (!row.is_object() || !row.contains("text") || !row.contains("label") ||
+      !row.at("text").is_string()) {
+    throw Error(fmt::format("{}: not an object with a string \"text\" and a \"label\"", where),
+                kRowsHint);
+  }
+  const nlohmann::json& label = row.at("label");
+  std::string name;
+  if (label.is_string()) {
+    name = label.get<std::string>();
+  } else if (label.is_number_integer()) {
+    name = std::to_string(label.get<int64_t>());
+  } else {
+    throw Error(
+        fmt::format("{}: label {} is neither a string nor a whole number", where, label.dump()),
+        kRowsHint);
+  }
+  json_text = row.at("text").get<std::string>();
+  return {name, json_text};
+}
+
+}  // namespace
+
+bool is_labelled_rows_file(const std::string& input) {
+  const fs::path name = without_gz(fs::path(input));
+  std::error_code ec;
+  return fs::is_regular_file(input, ec) &&
+         (name.extension() == ".jsonl" || name.extension() == ".tsv");
+}
+
+LabelledCorpus read_labelled_rows(const std::string& file) {
+  const bool jsonl = without_gz(fs::path(file)).extension() == ".jsonl";
+  const FileBytes f = read_file_bytes(file, kRowsHint);
+  const std::string_view all(reinterpret_cast<const char*>(f.bytes.data()), f.bytes.size());
+  std::vector<std::pair<std::string, std::pair<size_t, size_t>>> rows;  // label, text span
+  LabelledCorpus out;
+  std::string json_text;
+  int64_t line_no = 0;
+  for (size_t at = 0; at < all.size();) {
+    size_t end = all.find('\n', at);
+    if (end == std::string_view::npos) end = all.size();
+    std::string_view line = all.substr(at, end - at);
+    at = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (blank(line)) continue;  // a blank line (a last newline, say) is no row
+    const std::string where = fmt::format("{}:{}", file, line_no);
+    const auto [label, text] = parse_row(line, jsonl, where, json_text);
+    if (label.empty() || !valid_utf8(label)) {
+      throw Error(fmt::format("{}: the label is empty or not UTF-8 text", where), kRowsHint);
+    }
+    if (blank(text)) {
+      throw Error(fmt::format("{}: the text is empty", where),
+                  "remove the row: a classifier learns nothing from it");
+    }
+    rows.push_back({label, {out.corpus.text.size(), text.size()}});
+    out.corpus.text += text;
+  }
+  // Classes in a fixed order, whatever the rows' order: whole numbers by value, else by
+  // their bytes. Labels 0, 1, 2 keep those ids.
+  std::vector<std::string> names;
+  for (const auto& row : rows) names.push_back(row.first);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  if (std::all_of(names.begin(), names.end(), whole_number)) {
+    std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+      const int64_t x = std::stoll(a), y = std::stoll(b);
+      return x != y ? x < y : a < b;  // "7" and "07" apart, in a fixed order
+    });
+  }
+  if (names.size() < 2) {
+    throw Error(fmt::format("{}: {} row(s), all of one class; a classifier needs at least two",
+                            file, rows.size()),
+                kRowsHint);
+  }
+  std::map<std::string, int32_t> id;
+  for (size_t i = 0; i < names.size(); ++i) id[names[i]] = static_cast<int32_t>(i);
+  for (const auto& [label, span] : rows) {
+    out.corpus.spans.push_back(span);
+    out.labels.push_back(id.at(label));
+  }
+  out.names = names;
+  out.corpus.files.push_back(file);
+  return out;
+}
+
 LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs) {
+  if (inputs.size() == 1 && is_labelled_rows_file(inputs[0])) return read_labelled_rows(inputs[0]);
   if (inputs.size() < 2) {
     throw Error(fmt::format("--labelled: {} input(s); each input is one class, and a classifier "
                             "needs at least two",
                             inputs.size()),
-                "pass one --input per class, e.g. --input reviews/pos --input reviews/neg");
+                "pass one --input per class, e.g. --input reviews/pos --input reviews/neg, or one "
+                ".jsonl or .tsv file of labelled rows");
   }
   LabelledCorpus out;
   std::map<std::string, std::string> file_class;  // each file read, and the class it went to

@@ -44,7 +44,16 @@ struct LabelledCorpus {
   std::vector<int32_t> labels;     // per document of corpus
   std::vector<std::string> names;  // per class id
 };
+// One input that is a rows file (is_labelled_rows_file) is read by read_labelled_rows.
 LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs);
+// Labelled rows in one file (optionally .gz): JSON Lines, one {"text": ..., "label": ...}
+// object per line (label a string or a whole number; other keys ignored), or TSV, one
+// label, a tab and the text (the rest of the line) per line. Blank lines are skipped; a
+// row without a text, or a malformed one, is an Error naming the file and line. Each row
+// is one document. Classes are the distinct labels in a fixed order: by value when every
+// label is a whole number (so 0, 1, 2 keep their ids), else by their bytes.
+bool is_labelled_rows_file(const std::string& input);  // an existing *.jsonl or *.tsv (.gz)
+LabelledCorpus read_labelled_rows(const std::string& file);
 // The documents (and their labels) in an order drawn from `seed` (epoch_order's
 // permutation), so that the classes are interleaved in the shards: data.limit's first
 // texts then hold every class, not the first input's alone.

@@ -1,6 +1,7 @@
 // Token shards: write/read round trips in both widths, and every way a shard can
 // be wrong ends in an Error naming the file and the byte offset. Also the text
-// corpus rules (fortune records, skipped files) and the document split.
+// corpus rules (fortune records, skipped files, labelled inputs and rows) and the
+// document split.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -167,6 +168,60 @@ TEST_CASE("labelled corpus: each input is a class named by its file name") {
   write_plain(dir.file("n\xe9g.txt"), Bytes{'n', 'o'});  // a Latin-1 file name
   e = error_of([&] { read_labelled_corpus({dir.file("pos"), dir.file("n\xe9g.txt")}); });
   CHECK(has(e, "is not UTF-8 text"));
+}
+
+namespace {
+
+Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+}  // namespace
+
+TEST_CASE("labelled rows: JSON Lines and TSV, classes in a fixed order, bad rows by line") {
+  TempDir dir("rows");
+  // String labels: classes by their bytes, whatever the rows' order; other keys ignored;
+  // a blank line and CRLF endings are fine; a text may hold a tab or an escaped newline.
+  write_plain(dir.file("reviews.jsonl"),
+              bytes_of("{\"text\": \"so good\", \"label\": \"pos\", \"id\": 1}\r\n"
+                       "{\"label\": \"neg\", \"text\": \"bad\\nworse\"}\n"
+                       "\n"
+                       "{\"text\": \"fine\\tok\", \"label\": \"pos\"}\n"));
+  LabelledCorpus c = read_labelled_corpus({dir.file("reviews.jsonl")});
+  CHECK(c.names == std::vector<std::string>{"neg", "pos"});
+  CHECK(c.labels == std::vector<int32_t>{1, 0, 1});
+  REQUIRE(c.corpus.documents() == 3);
+  CHECK(c.corpus.document(0) == "so good");
+  CHECK(c.corpus.document(1) == "bad\nworse");
+  CHECK(c.corpus.document(2) == "fine\tok");
+  // Whole-number labels keep their order by value (10 after 2), also gzipped.
+  write_gzip(dir.file("topics.jsonl.gz"),
+             bytes_of("{\"text\": \"a\", \"label\": 10}\n{\"text\": \"b\", \"label\": 2}\n"
+                      "{\"text\": \"c\", \"label\": 0}\n"));
+  c = read_labelled_corpus({dir.file("topics.jsonl.gz")});
+  CHECK(c.names == std::vector<std::string>{"0", "2", "10"});
+  CHECK(c.labels == std::vector<int32_t>{2, 1, 0});
+  // TSV: the label, a tab, the rest of the line.
+  write_plain(dir.file("rows.tsv"), bytes_of("spam\tbuy now\tcheap\nham\thello there\n"));
+  c = read_labelled_corpus({dir.file("rows.tsv")});
+  CHECK(c.names == std::vector<std::string>{"ham", "spam"});
+  CHECK(c.labels == std::vector<int32_t>{1, 0});
+  CHECK(c.corpus.document(0) == "buy now\tcheap");
+
+  const auto refused = [&](const std::string& name, const std::string& text) {
+    write_plain(dir.file(name), bytes_of(text));
+    return error_of([&] { read_labelled_corpus({dir.file(name)}); });
+  };
+  std::string e = refused("bad.jsonl", "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\"}\n");
+  CHECK(has(e, "bad.jsonl:2: not an object with a string \"text\" and a \"label\""));
+  e = refused("float.jsonl", "{\"text\": \"a\", \"label\": 0.5}\n");
+  CHECK(has(e, "float.jsonl:1: label 0.5 is neither a string nor a whole number"));
+  e = refused("empty.jsonl", "{\"text\": \"a\", \"label\": 1}\n{\"text\": \" \", \"label\": 0}\n");
+  CHECK(has(e, "empty.jsonl:2: the text is empty"));
+  e = refused("one.tsv", "x\ta\nx\tb\n");
+  CHECK(has(e, "2 row(s), all of one class"));
+  e = refused("notab.tsv", "x\ta\ny b\n");
+  CHECK(has(e, "notab.tsv:2: no tab between the label and the text"));
+  e = refused("nolabel.tsv", "\ta\n");
+  CHECK(has(e, "nolabel.tsv:1: the label is empty or not UTF-8 text"));
 }
 
 TEST_CASE("document split: deterministic, near the fraction, both sides non-empty") {

@@ -78,6 +78,43 @@ TEST_CASE("a BERT classifier learns questions from statements, and resumes bit f
   CHECK_MESSAGE(diff.empty(), diff);
 }
 
+// The same records as labelled rows in one JSON Lines file, as datasets are often
+// shipped: {"text": ..., "label": "question" | "statement"} per line.
+TEST_CASE("a classifier learns from a .jsonl file of labelled rows") {
+  TempDir tmp("classify-jsonl");
+  const std::string text = generated_corpus(600);
+  std::string rows;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find("%\n", at);
+    const std::string record = text.substr(at, end - at);
+    at = end + 2;
+    const bool question = record.find('?') != std::string::npos;
+    rows +=
+        nlohmann::json{{"text", record}, {"label", question ? "question" : "statement"}}.dump() +
+        "\n";
+  }
+  const fs::path file = tmp.path() / "records.jsonl";
+  write_bytes(file, rows);
+  TokenDir t;
+  t.dir = tmp.path() / "rows";
+  const RunResult tok =
+      run_dtrain_command({"data", "tokenize", "--labelled", "--input", file.string(),
+                          "--vocab-size", "300", "--val-fraction", "0.1", "--out", t.dir.string()},
+                         tmp.path() / "tokenize.log");
+  REQUIRE_MESSAGE(tok.rc == 0, tok.describe());
+  CHECK(contains(tok.log, "classes: 2 (question"));
+  const auto labels = nlohmann::json::parse(std::ifstream(t.dir / "labels.json"));
+  CHECK(labels.at("classes") == std::vector<std::string>{"question", "statement"});
+  t.vocab = 300;
+  const RunResult r =
+      run_dtrain({classifier_job(tmp.path(), "learn", t, 120).string()}, tmp.path() / "learn.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const nlohmann::json eval = last_eval(tmp.path() / "learn" / "metrics.jsonl");
+  REQUIRE(eval.contains("test_accuracy"));
+  MESSAGE("accuracy " << eval.at("test_accuracy").get<double>());
+  CHECK(eval.at("test_accuracy").get<double>() > 0.9);
+}
+
 TEST_CASE("fine-tuning: a classifier starts from a masked-LM run's export") {
   TempDir tmp("classify-init");
   const TokenDir t = tokenize_labelled(tmp.path(), 300);
