@@ -267,6 +267,11 @@ LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs) {
   LabelledCorpus out;
   std::map<std::string, std::string> file_class;  // each file read, and the class it went to
   for (const std::string& input : inputs) {
+    if (is_labelled_rows_file(input)) {
+      throw Error(fmt::format("--labelled: {} holds labelled rows, but {} inputs make classes",
+                              input, inputs.size()),
+                  "pass a .jsonl or .tsv file of rows as the only --input");
+    }
     const fs::path p = fs::path(input).lexically_normal();
     const fs::path base = p.has_filename() ? p : p.parent_path();
     // A file's name without its extension, and without .gz first (neg.txt.gz: neg).

@@ -222,6 +222,9 @@ TEST_CASE("labelled rows: JSON Lines and TSV, classes in a fixed order, bad rows
   CHECK(has(e, "notab.tsv:2: no tab between the label and the text"));
   e = refused("nolabel.tsv", "\ta\n");
   CHECK(has(e, "nolabel.tsv:1: the label is empty or not UTF-8 text"));
+  // A rows file among class inputs would be read as one class's text: refused.
+  e = error_of([&] { read_labelled_corpus({dir.file("rows.tsv"), dir.file("reviews.jsonl")}); });
+  CHECK(has(e, "rows.tsv holds labelled rows, but 2 inputs make classes"));
 }
 
 TEST_CASE("document split: deterministic, near the fraction, both sides non-empty") {
