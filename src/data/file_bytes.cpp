@@ -115,4 +115,17 @@ std::string find_data_file(const std::string& dir, const std::string& name,
   throw Error(fmt::format("{}: neither {} nor {}.gz exists", dir, name, name), missing_hint);
 }
 
+void for_each_line(std::string_view text,
+                   const std::function<void(std::string_view line, int64_t number)>& fn) {
+  int64_t number = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(at, end - at);
+    at = end + 1;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    fn(line, ++number);
+  }
+}
+
 }  // namespace dtrain

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dtrain {
@@ -17,7 +19,15 @@ struct FileBytes {
   std::vector<uint8_t> bytes;  // decompressed contents
   // "byte 16 of /d/x.gz (decompressed)": where a parse error points.
   std::string where(uint64_t offset) const;
+  std::string_view text() const {
+    return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+  }
 };
+
+// fn(line, number) for each line of a text file's contents: split at '\n', a final '\r'
+// dropped, numbered from 1; nothing for the empty piece after a final newline.
+void for_each_line(std::string_view text,
+                   const std::function<void(std::string_view line, int64_t number)>& fn);
 
 // Reads `path` completely; `hint` is shown when the file does not exist.
 FileBytes read_file_bytes(const std::string& path, const std::string& missing_hint);

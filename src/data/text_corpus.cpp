@@ -202,19 +202,11 @@ bool is_labelled_rows_file(const std::string& input) {
 LabelledCorpus read_labelled_rows(const std::string& file) {
   const bool jsonl = without_gz(fs::path(file)).extension() == ".jsonl";
   const FileBytes f = read_file_bytes(file, kRowsHint);
-  const std::string_view all(reinterpret_cast<const char*>(f.bytes.data()), f.bytes.size());
   std::vector<std::pair<std::string, std::pair<size_t, size_t>>> rows;  // label, text span
   LabelledCorpus out;
   std::string json_text;
-  int64_t line_no = 0;
-  for (size_t at = 0; at < all.size();) {
-    size_t end = all.find('\n', at);
-    if (end == std::string_view::npos) end = all.size();
-    std::string_view line = all.substr(at, end - at);
-    at = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (blank(line)) continue;  // a blank line (a last newline, say) is no row
+  for_each_line(f.text(), [&](std::string_view line, int64_t line_no) {
+    if (blank(line)) return;  // a blank line (a last newline, say) is no row
     const std::string where = fmt::format("{}:{}", file, line_no);
     const auto [label, text] = parse_row(line, jsonl, where, json_text);
     if (label.empty() || !valid_utf8(label)) {
@@ -226,7 +218,7 @@ LabelledCorpus read_labelled_rows(const std::string& file) {
     }
     rows.push_back({label, {out.corpus.text.size(), text.size()}});
     out.corpus.text += text;
-  }
+  });
   // Classes in a fixed order, whatever the rows' order: whole numbers by value, else by
   // their bytes. Labels 0, 1, 2 keep those ids.
   std::vector<std::string> names;

@@ -244,16 +244,9 @@ Gpt2Vocab read_gpt2_vocab(const std::string& path) {
 
 void read_gpt2_merges(const std::string& path, const std::string& vocab_path, Gpt2Vocab& v) {
   const FileBytes f = read_file_bytes(path, "pass GPT-2's merges.txt (from the model's files)");
-  const std::string text(f.bytes.begin(), f.bytes.end());
-  size_t line_no = 0;
-  for (size_t at = 0; at < text.size();) {
-    size_t end = text.find('\n', at);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(at, end - at);
-    at = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.empty() || (line_no == 1 && line.rfind("#version", 0) == 0)) continue;
+  for_each_line(f.text(), [&](std::string_view text, int64_t line_no) {
+    const std::string line(text);
+    if (line.empty() || (line_no == 1 && line.rfind("#version", 0) == 0)) return;
     const size_t space = line.find(' ');
     if (space == 0 || space == std::string::npos || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string::npos)
@@ -268,7 +261,7 @@ void read_gpt2_merges(const std::string& path, const std::string& vocab_path, Gp
                  "vocab.json and merges.txt must come from the same model");
     }
     v.spec.merges.push_back({v.id_of[left], v.id_of[right], v.id_of[left + right]});
-  }
+  });
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <bit>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <fstream>
@@ -239,11 +240,26 @@ void check_same(const Checkpoint& ck, const std::string& name, const Tensor& liv
 }
 
 void check_layout(const Checkpoint& ck, const char* key, const nlohmann::json& layout) {
-  if (ck.meta.value(key, nlohmann::json()) != layout) {
-    throw Error(fmt::format("{}: the {} layout differs from this model's", ck.file.string(), key),
-                "the checkpoint was written for another model (check model.arch and its "
-                "options), or pass no --resume to start afresh");
+  const nlohmann::json saved = ck.meta.value(key, nlohmann::json::array());
+  if (saved == layout) return;
+  // The first entry that differs ([name, dtype, shape] each), or the one only one side has.
+  std::string where;
+  const size_t n = std::min(saved.size(), layout.size());
+  size_t i = 0;
+  while (i < n && saved[i] == layout[i]) ++i;
+  if (i < n) {
+    where = fmt::format(": its entry {} is {}, this model's is {}", i, saved[i].dump(),
+                        layout[i].dump());
+  } else {
+    where = fmt::format(": it has {} entries, this model {} (first extra: {})", saved.size(),
+                        layout.size(), (saved.size() > n ? saved : layout)[n].dump());
   }
+  throw Error(
+      fmt::format("{}: the {} layout differs from this model's{}", ck.file.string(), key, where),
+      "the checkpoint was written for another model (check model.arch and its options). "
+      "To start this model from its weights (a new task head, say), export it (dtrain "
+      "ckpt export CHECKPOINT --safetensors F) and set model.init_from: F; or pass no "
+      "--resume to start afresh");
 }
 
 void copy_into(const Tensor& from, Tensor to) { kernels::copy(from, to); }

@@ -113,6 +113,10 @@ TEST_CASE("a checkpoint of another model or optimizer is refused before any step
     CHECK_MESSAGE(r.rc == kExitBadInput, r.describe());
     CHECK_MESSAGE(contains(r.log, (run.ckpts / "step-00000012.dtckpt").string()), r.log);
     CHECK_MESSAGE(contains(r.log, "another model"), r.log);
+    // It names the first entry that differs and says how to start from these weights.
+    CHECK_MESSAGE(contains(r.log, "the params layout differs from this model's: its entry 0 is"),
+                  r.log);
+    CHECK_MESSAGE(contains(r.log, "set model.init_from"), r.log);
   }
   SUBCASE("optimizer changed") {
     const RunResult r =
