@@ -208,6 +208,13 @@ std::vector<KernelCase> cases_gemm() {
   GemmArgs strided = dims(3, 5, 6, 7, N, T);
   strided.stride_a = 50, strided.stride_b = 45, strided.stride_c = 31, strided.beta = 1.0f;
   cases.push_back(make_case({"strided", strided}, true));
+  // The generation cache's append (runtime/decoder.cpp): 1 x (rows x d) blocks times a
+  // broadcast 1 x 1, from blocks of 3 rows into slots of 5 (C read first: beta 1, so the
+  // gaps between the blocks must keep their values).
+  GemmArgs block_copy = dims(6, 1, 2 * 8, 1);
+  block_copy.stride_a = 0, block_copy.stride_b = 3 * 8, block_copy.stride_c = 5 * 8;
+  block_copy.beta = 1.0f;
+  cases.push_back(make_case({"block_copy", block_copy}, false));
   GemmArgs zero_k = dims(2, 3, 4, 0);
   zero_k.beta = 0.5f;
   cases.push_back(make_case({"k0", zero_k}, false));
