@@ -391,8 +391,9 @@ void decode(const GenerateRequest& r, const models::TransformerShape& shape, con
         f = make_forward(job, batch, length);
         load_weights(*f, weights);
       }
-      const std::vector<graph::ValueId> qkv = KvDecoder::qkv_values(f->model.graph, shape.layers);
+      std::vector<graph::ValueId> qkv;  // pinned for the cache to copy, when one follows
       if (fill) {
+        qkv = KvDecoder::qkv_values(f->model.graph, shape.layers);
         for (graph::ValueId v : qkv) f->ex->keep(v, graph::Mode::eval);
       }
       int32_t* ids = f->ids_host.data<int32_t>();

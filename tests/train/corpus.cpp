@@ -78,6 +78,18 @@ std::string generated_corpus(int records) {
   return text;
 }
 
+std::vector<Record> generated_records(int records) {
+  const std::string text = generated_corpus(records);
+  std::vector<Record> out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find("%\n", at);
+    const std::string record = text.substr(at, end - at);
+    out.push_back({record, record.find('?') != std::string::npos});
+    at = end + 2;
+  }
+  return out;
+}
+
 // The real `dtrain data tokenize` on a generated corpus, vocabulary 300.
 TokenDir tokenize(const fs::path& tmp, int records) {
   const fs::path text = tmp / "corpus.txt";
@@ -99,14 +111,9 @@ TokenDir tokenize(const fs::path& tmp, int records) {
 
 TokenDir tokenize_labelled(const fs::path& tmp, int records, const std::string& out,
                            const fs::path& tokenizer) {
-  const std::string text = generated_corpus(records);
   std::string questions, statements;
-  for (size_t at = 0; at < text.size();) {
-    const size_t end = text.find("%\n", at) + 2;
-    const std::string record = text.substr(at, end - at);
-    (record.find('?') != std::string::npos ? questions : statements) += record;
-    at = end;
-  }
+  for (const Record& r : generated_records(records))
+    (r.question ? questions : statements) += r.text + "%\n";
   const fs::path dir = tmp / "labelled";
   fs::create_directories(dir);
   write_bytes(dir / "questions", questions);

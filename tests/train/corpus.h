@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "harness.h"
 
@@ -12,6 +13,14 @@ namespace dtrain::train_test {
 // `records` fortune-style records of 1-3 sentences with "%" lines between them,
 // so `dtrain data tokenize` reads each record as one document.
 std::string generated_corpus(int records);
+
+// The same records one by one (without their "%" lines), each with whether it asks a
+// question: the two classes of the classifier tests.
+struct Record {
+  std::string text;
+  bool question = false;
+};
+std::vector<Record> generated_records(int records);
 
 struct TokenDir {
   fs::path dir;

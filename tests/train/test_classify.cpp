@@ -82,15 +82,10 @@ TEST_CASE("a BERT classifier learns questions from statements, and resumes bit f
 // shipped: {"text": ..., "label": "question" | "statement"} per line.
 TEST_CASE("a classifier learns from a .jsonl file of labelled rows") {
   TempDir tmp("classify-jsonl");
-  const std::string text = generated_corpus(600);
   std::string rows;
-  for (size_t at = 0; at < text.size();) {
-    const size_t end = text.find("%\n", at);
-    const std::string record = text.substr(at, end - at);
-    at = end + 2;
-    const bool question = record.find('?') != std::string::npos;
+  for (const Record& r : generated_records(600)) {
     rows +=
-        nlohmann::json{{"text", record}, {"label", question ? "question" : "statement"}}.dump() +
+        nlohmann::json{{"text", r.text}, {"label", r.question ? "question" : "statement"}}.dump() +
         "\n";
   }
   const fs::path file = tmp.path() / "records.jsonl";
