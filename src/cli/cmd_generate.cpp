@@ -109,15 +109,8 @@ nlohmann::json to_json(const runtime::GenerateResult& g) {
 
 int run_generate(const GenerateArgs& a) {
   check_sampling(a);
-  std::vector<std::string> warnings;
-  config::ValidateContext ctx;
-  ctx.model_only = true;
-  ctx.warnings = &warnings;
-  std::vector<std::string> overrides = a.overrides;
-  add_device_override(a.device, overrides);
   runtime::GenerateRequest r;
-  r.job = config::load_job_file(a.job, overrides, ctx);
-  for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  r.job = load_model_job(a.job, a.overrides, a.device);
   r.weights = a.checkpoint;
   r.tokenizer = a.tokenizer;
   r.prompt = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);
@@ -168,6 +161,18 @@ int run_generate(const GenerateArgs& a) {
 }
 
 }  // namespace
+
+Job load_model_job(const std::string& file, std::vector<std::string> overrides,
+                   const std::string& device) {
+  std::vector<std::string> warnings;
+  config::ValidateContext ctx;
+  ctx.model_only = true;
+  ctx.warnings = &warnings;
+  add_device_override(device, overrides);
+  Job job = config::load_job_file(file, overrides, ctx);
+  for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  return job;
+}
 
 void add_generate(CLI::App& app, Action& action) {
   auto args = std::make_shared<GenerateArgs>();

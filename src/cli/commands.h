@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/job.h"
+
 namespace dtrain::cli {
 
 // Exit codes (documented in README.md).
@@ -34,9 +36,16 @@ void add_ckpt(CLI::App& app, Action& action);  // ckpt inspect | verify | export
 void add_bench(CLI::App& app, Action& action);
 void add_report(CLI::App& app, Action& action);
 void add_generate(CLI::App& app, Action& action);
+void add_predict(CLI::App& app, Action& action);  // a BERT's classes or fill-mask
 
 // --device D of estimate and generate: checked as typed, then appended to `overrides`
 // as device=D (nothing when D is empty).
 void add_device_override(const std::string& device, std::vector<std::string>& overrides);
+
+// The job file of generate and predict: the model's job, checked for what inference reads
+// (its precision, model and data keys, in its own world), with --set and --device
+// applied; its warnings printed.
+Job load_model_job(const std::string& file, std::vector<std::string> overrides,
+                   const std::string& device);
 
 }  // namespace dtrain::cli

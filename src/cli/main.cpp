@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add_plan(app, action);
   add_train(app, action);
   add_generate(app, action);
+  add_predict(app, action);
   add_data(app, action);
   add_ckpt(app, action);
   bool show_version = false;

@@ -199,11 +199,10 @@ bool is_labelled_rows_file(const std::string& input) {
          (name.extension() == ".jsonl" || name.extension() == ".tsv");
 }
 
-LabelledCorpus read_labelled_rows(const std::string& file) {
+std::vector<LabelledRow> read_labelled_row_list(const std::string& file) {
   const bool jsonl = without_gz(fs::path(file)).extension() == ".jsonl";
   const FileBytes f = read_file_bytes(file, kRowsHint);
-  std::vector<std::pair<std::string, std::pair<size_t, size_t>>> rows;  // label, text span
-  LabelledCorpus out;
+  std::vector<LabelledRow> rows;
   std::string json_text;
   for_each_line(f.text(), [&](std::string_view line, int64_t line_no) {
     if (blank(line)) return;  // a blank line (a last newline, say) is no row
@@ -216,13 +215,17 @@ LabelledCorpus read_labelled_rows(const std::string& file) {
       throw Error(fmt::format("{}: the text is empty", where),
                   "remove the row: a classifier learns nothing from it");
     }
-    rows.push_back({label, {out.corpus.text.size(), text.size()}});
-    out.corpus.text += text;
+    rows.push_back({label, std::string(text), line_no});
   });
+  return rows;
+}
+
+LabelledCorpus read_labelled_rows(const std::string& file) {
+  const std::vector<LabelledRow> rows = read_labelled_row_list(file);
   // Classes in a fixed order, whatever the rows' order: whole numbers by value, else by
   // their bytes. Labels 0, 1, 2 keep those ids.
   std::vector<std::string> names;
-  for (const auto& row : rows) names.push_back(row.first);
+  for (const LabelledRow& row : rows) names.push_back(row.label);
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
   if (std::all_of(names.begin(), names.end(), whole_number)) {
@@ -238,9 +241,11 @@ LabelledCorpus read_labelled_rows(const std::string& file) {
   }
   std::map<std::string, int32_t> id;
   for (size_t i = 0; i < names.size(); ++i) id[names[i]] = static_cast<int32_t>(i);
-  for (const auto& [label, span] : rows) {
-    out.corpus.spans.push_back(span);
-    out.labels.push_back(id.at(label));
+  LabelledCorpus out;
+  for (const LabelledRow& row : rows) {
+    out.corpus.spans.emplace_back(out.corpus.text.size(), row.text.size());
+    out.corpus.text += row.text;
+    out.labels.push_back(id.at(row.label));
   }
   out.names = names;
   out.corpus.files.push_back(file);

@@ -54,6 +54,13 @@ LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs);
 // label is a whole number (so 0, 1, 2 keep their ids), else by their bytes.
 bool is_labelled_rows_file(const std::string& input);  // an existing *.jsonl or *.tsv (.gz)
 LabelledCorpus read_labelled_rows(const std::string& file);
+// The same file's rows as they stand, in file order (`dtrain predict` scores a model on them).
+struct LabelledRow {
+  std::string label;
+  std::string text;
+  int64_t line = 0;  // 1-based
+};
+std::vector<LabelledRow> read_labelled_row_list(const std::string& file);
 // The documents (and their labels) in an order drawn from `seed` (epoch_order's
 // permutation), so that the classes are interleaved in the shards: data.limit's first
 // texts then hold every class, not the first input's alone.

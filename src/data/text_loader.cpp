@@ -241,6 +241,8 @@ constexpr const char* kRetokenize =
     "the files come from different runs; run `dtrain data tokenize` again into an empty "
     "directory";
 
+}  // namespace
+
 std::vector<std::string> read_class_names(const std::filesystem::path& file) {
   const FileBytes f = read_file_bytes(file.string(), kRetokenize);
   try {
@@ -253,8 +255,6 @@ std::vector<std::string> read_class_names(const std::filesystem::path& file) {
                 "expected {\"classes\": [names]}, as `dtrain data tokenize --labelled` writes");
   }
 }
-
-}  // namespace
 
 void write_class_names(const std::string& dir, const std::vector<std::string>& names) {
   const std::string text = nlohmann::json{{"classes", names}}.dump(1) + "\n";

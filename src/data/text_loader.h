@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -146,5 +147,7 @@ struct TextData {
 TextData open_text_data(const std::string& dir);
 // dir/labels.json: {"classes": [names in id order]}, written atomically.
 void write_class_names(const std::string& dir, const std::vector<std::string>& names);
+// The names a labels.json holds (at least two), or an Error naming the file.
+std::vector<std::string> read_class_names(const std::filesystem::path& file);
 
 }  // namespace dtrain

@@ -3,17 +3,11 @@
 #include "runtime/generate.h"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
-#include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <numeric>
-#include <string_view>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -23,198 +17,14 @@
 #include "models/registry.h"
 #include "models/transformer.h"
 #include "runtime/decoder.h"
-#include "runtime/safetensors.h"
-#include "runtime/train_state.h"
+#include "runtime/inference.h"
 
 namespace dtrain::runtime {
-namespace fs = std::filesystem;
 
 namespace {
 
 constexpr uint32_t kSamplingPurpose = 0x20;  // Philox stream: (seed, sample); word: 2 x token index
 constexpr int64_t kShortestForward = 16;     // positions of the first, smallest graph
-
-// The model's weights as one f32 buffer in the graph's parameter layout (an fp32
-// graph's layout: every entry f32), read from a checkpoint or a safetensors file.
-struct Weights {
-  Tensor params;
-  std::string source;
-  int64_t step = -1;
-};
-
-constexpr const char* kWeightsHint =
-    "pass --checkpoint: a checkpoint of this job's model (a step-N.dtckpt file, a step-N/ "
-    "directory, a run directory) or a .safetensors file of its shape (dtrain ckpt export, "
-    "Hugging Face GPT-2)";
-
-// A safetensors file by its name, or by its first bytes: a u64 header length, then the
-// header's '{' (a dtrain checkpoint starts with "DTRAINCK").
-bool is_safetensors(const fs::path& path) {
-  if (path.extension() == ".safetensors") return true;
-  std::ifstream in(path, std::ios::binary);
-  char head[9] = {};
-  return in.read(head, sizeof(head)) && std::string_view(head, 8) != "DTRAINCK" && head[8] == '{';
-}
-
-// The model's attention heads, which no tensor's shape shows, against the job's.
-void check_heads(const std::string& source, int64_t heads, int64_t job_heads) {
-  if (heads > 0 && heads != job_heads) {
-    throw Error(fmt::format("{}: the model has {} attention heads, the job's model.heads is {}",
-                            source, heads, job_heads),
-                fmt::format("set model.heads: {} (--set model.heads={})", heads, heads));
-  }
-}
-
-// Heads recorded beside a safetensors file: dtrain's export metadata, or the n_head of a
-// Hugging Face config.json in the same directory; 0 when neither says.
-int64_t recorded_heads(const fs::path& file, const std::map<std::string, std::string>& meta) {
-  if (auto it = meta.find("heads"); it != meta.end()) {
-    int64_t heads = 0;
-    const std::string& v = it->second;
-    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), heads);
-    if (ec != std::errc() || end != v.data() + v.size() || heads < 1) {
-      throw Error(fmt::format("{}: metadata heads \"{}\" is not a head count", file.string(), v),
-                  kWeightsHint);
-    }
-    return heads;
-  }
-  const fs::path config = file.parent_path() / "config.json";
-  std::error_code ec;
-  if (!fs::is_regular_file(config, ec)) return 0;
-  const nlohmann::json j = nlohmann::json::parse(std::ifstream(config), nullptr, false);
-  if (j.is_object() && j.contains("n_head") && j.at("n_head").is_number_integer())
-    return j.at("n_head").get<int64_t>();
-  return 0;
-}
-
-Weights from_safetensors(const fs::path& file, const Job& job, const graph::Graph& g,
-                         int64_t job_heads) {
-  InitWeights w;
-  try {
-    w = load_init_weights(file, job.model.arch, g.param_layout(), g.buffer_layout());
-  } catch (const RunError&) {
-    throw;
-  } catch (const Error& e) {
-    throw Error(e.message(), kWeightsHint);  // its own hint speaks of model.init_from
-  }
-  DTRAIN_CHECK(w.fresh.empty() && !w.buffers.defined(),
-               "a GPT-2 has no task head and no buffers, but {} left {} fresh", file.string(),
-               w.fresh.size());
-  check_heads(file.string(), recorded_heads(file, w.metadata), job_heads);
-  return {w.params, file.string(), -1};
-}
-
-Weights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
-                        int64_t job_heads) {
-  Checkpoint ck;
-  try {
-    ck = read_any_checkpoint(path);
-  } catch (const RunError&) {
-    throw;
-  } catch (const Error& e) {
-    throw Error(e.message(), kWeightsHint);  // its own hint speaks of resuming
-  }
-  if (ck.meta.contains("model")) {
-    const nlohmann::json& m = ck.meta.at("model");
-    if (!m.is_object() || (m.contains("heads") && !m.at("heads").is_number_integer())) {
-      throw Error(fmt::format("{}: its model metadata {} is not dtrain's", path.string(), m.dump()),
-                  kWeightsHint);
-    }
-    check_heads(path.string(), m.value("heads", int64_t{0}), job_heads);
-  }
-  const std::vector<NamedTensor> tensors = checkpoint_model_tensors(ck);
-  std::map<std::string, const Tensor*> by_name;
-  for (const NamedTensor& t : tensors) by_name[t.name] = &t.tensor;
-  const std::string hint =
-      "generate with the job file of the run that wrote it (its job.yaml has the model.* keys)";
-  const graph::FlatStore layout(g.param_layout());
-  Weights w;
-  w.params = Tensor::empty({layout.buffer_elems(DType::f32)}, DType::f32);
-  std::fill_n(w.params.data<float>(), w.params.numel(), 0.0f);
-  for (const graph::FlatEntry& e : layout.entries()) {
-    auto it = by_name.find(e.name);
-    if (it == by_name.end()) {
-      throw Error(fmt::format("{}: the job's model ({}) has a tensor {} that the checkpoint "
-                              "lacks: the run's model.* keys differ from the job's",
-                              path.string(), job.model.arch, e.name),
-                  hint);
-    }
-    const Tensor& t = *it->second;
-    if (!(t.shape() == e.spec.shape)) {
-      throw Error(
-          fmt::format("{}: tensor {} is {} in the checkpoint, {} in the job's model ({})",
-                      path.string(), e.name, t.shape().str(), e.spec.shape.str(), job.model.arch),
-          hint);
-    }
-    std::copy_n(t.data<float>(), t.numel(), w.params.data<float>() + e.offset);
-    by_name.erase(it);
-  }
-  if (!by_name.empty()) {
-    throw Error(fmt::format("{}: the checkpoint's tensor {} is not part of the job's model ({})",
-                            path.string(), by_name.begin()->first, job.model.arch),
-                hint);
-  }
-  w.source = path.string();
-  w.step = ck.meta.value("step", int64_t{-1});
-  return w;
-}
-
-Weights read_weights(const GenerateRequest& r, const graph::Graph& g, int64_t heads) {
-  const Job& job = r.job;
-  if (!r.weights.empty() && r.weights != "latest") {
-    std::error_code ec;
-    if (fs::is_regular_file(r.weights, ec) && is_safetensors(r.weights))
-      return from_safetensors(r.weights, job, g, heads);
-    fs::path path;
-    try {
-      path = resolve_resume(r.weights, job.train.checkpoint.dir, "--checkpoint");
-    } catch (const Error& e) {
-      throw Error(e.message(), kWeightsHint);
-    }
-    return from_checkpoint(path, job, g, heads);
-  }
-  const fs::path newest = resolve_resume("latest", job.train.checkpoint.dir, "--checkpoint");
-  if (!newest.empty()) return from_checkpoint(newest, job, g, heads);
-  if (job.model.init_from) return from_safetensors(*job.model.init_from, job, g, heads);
-  throw Error(fmt::format("no checkpoint in {} (train.checkpoint.dir) to generate from",
-                          job.train.checkpoint.dir),
-              "train the job first (dtrain train), or pass --checkpoint PATH: a checkpoint, a "
-              "run directory or a .safetensors file");
-}
-
-// data.path's tokenizer.json, or --tokenizer: a tokenizer.json, or a directory holding
-// one or Hugging Face GPT-2's vocab.json and merges.txt.
-Tokenizer read_tokenizer(const GenerateRequest& r) {
-  constexpr const char* kHint =
-      "pass --tokenizer: the tokenizer.json `dtrain data tokenize` wrote, or a directory with "
-      "GPT-2's vocab.json and merges.txt";
-  fs::path file = r.tokenizer;
-  if (file.empty()) {
-    if (!r.job.data.path || r.job.data.dataset != DatasetName::tokens) {
-      throw Error(
-          "generate needs the tokenizer of the model's training text, and the job's data "
-          "has none (data.dataset is not tokens)",
-          kHint);
-    }
-    file = fs::path(*r.job.data.path) / "tokenizer.json";
-  }
-  std::error_code ec;
-  if (fs::is_directory(file, ec)) {
-    if (fs::is_regular_file(file / "tokenizer.json", ec)) {
-      file /= "tokenizer.json";
-    } else if (fs::is_regular_file(file / "vocab.json", ec) &&
-               fs::is_regular_file(file / "merges.txt", ec)) {
-      return Tokenizer::load_gpt2((file / "vocab.json").string(), (file / "merges.txt").string());
-    } else {
-      throw Error(fmt::format("{}: neither tokenizer.json nor vocab.json and merges.txt in it",
-                              file.string()),
-                  kHint);
-    }
-  }
-  if (!fs::is_regular_file(file, ec))
-    throw Error(fmt::format("{}: no such tokenizer file", file.string()), kHint);
-  return Tokenizer::load(file.string());
-}
 
 // Ids a sample may draw: the tokenizer's ordinary tokens and <|endoftext|>.
 std::vector<int32_t> candidate_ids(const Tokenizer& tok, int64_t model_vocab) {
@@ -231,43 +41,6 @@ std::vector<int32_t> candidate_ids(const Tokenizer& tok, int64_t model_vocab) {
 double uniform53(const Philox& rng, uint64_t i) {
   const uint64_t hi = rng.u32(2 * i) >> 6, lo = rng.u32(2 * i + 1) >> 5;  // 26 + 27 bits
   return static_cast<double>((hi << 27) | lo) * 0x1p-53;
-}
-
-// The forward graph at one length, and the executor holding the weights.
-struct Forward {
-  int64_t length = 0;
-  models::ModelGraph model;
-  std::unique_ptr<graph::Executor> ex;
-  Tensor ids_host, ids;
-};
-
-std::unique_ptr<Forward> make_forward(const Job& job, int64_t batch, int64_t length) {
-  auto f = std::make_unique<Forward>();
-  f->length = length;
-  ModelOptions options = job.model;
-  options.seq_len = static_cast<int>(length);
-  f->model = models::build_model(options, batch);  // fp32: the default DTypePolicy
-  f->ex =
-      std::make_unique<graph::Executor>(f->model.graph, job.device, graph::GradBuffer::external);
-  f->ex->keep(f->model.logits, graph::Mode::eval);
-  // Up to the logits: the loss node (a softmax over every position) has nothing to do here.
-  const int loss_node = f->model.graph.value(f->model.loss).producer;
-  DTRAIN_CHECK(loss_node == static_cast<int>(f->model.graph.nodes().size()) - 1,
-               "generate: the loss is node {} of {}, not the last", loss_node,
-               f->model.graph.nodes().size());
-  f->ex->set_range(0, loss_node);
-  Allocator* alloc = &kernels::device_allocator(job.device);
-  f->ids_host = Tensor::empty({batch, length}, DType::i32);
-  f->ids = job.device.is_cpu() ? f->ids_host : Tensor::empty({batch, length}, DType::i32, alloc);
-  return f;
-}
-
-void load_weights(Forward& f, const Tensor& weights) {
-  Tensor live = f.ex->params().flat(DType::f32);
-  DTRAIN_CHECK(live.defined() && live.numel() == weights.numel(),
-               "generate: {} weights for a layout of {}", weights.numel(),
-               live.defined() ? live.numel() : 0);
-  kernels::copy(weights, live);
 }
 
 // The positions of the graph for a context of `positions` tokens: a power of two from
@@ -367,7 +140,7 @@ void decode(const GenerateRequest& r, const models::TransformerShape& shape, con
   std::vector<Philox> rng;
   for (int64_t b = 0; b < batch; ++b)
     rng.emplace_back(r.seed, rng_stream_id(kSamplingPurpose, 0, static_cast<uint64_t>(b)));
-  std::unique_ptr<Forward> f;
+  std::unique_ptr<InferenceGraph> f;
   std::unique_ptr<KvDecoder> cached;
   std::vector<float> rows(static_cast<size_t>(batch * shape.vocab));  // this token's logits
   for (int64_t t = 0; t < r.tokens; ++t) {
@@ -388,8 +161,9 @@ void decode(const GenerateRequest& r, const models::TransformerShape& shape, con
       const int64_t length = fill ? window : forward_length(window, context);
       if (!f || length != f->length) {
         f.reset();  // one executor at a time
-        f = make_forward(job, batch, length);
-        load_weights(*f, weights);
+        ModelOptions options = job.model;
+        options.seq_len = static_cast<int>(length);
+        f = make_inference_graph(job, options, batch, weights);
       }
       std::vector<graph::ValueId> qkv;  // pinned for the cache to copy, when one follows
       if (fill) {
@@ -402,11 +176,8 @@ void decode(const GenerateRequest& r, const models::TransformerShape& shape, con
         std::copy(s.end() - window, s.end(), ids + b * length);
         std::fill(ids + b * length + window, ids + (b + 1) * length, end_id);  // never attended
       }
-      if (!job.device.is_cpu()) kernels::copy(f->ids_host, f->ids);
-      f->ex->set_input(f->model.input, f->ids);
-      f->ex->forward(graph::Mode::eval);
+      const Tensor& logits = f->forward();  // [batch, length, vocab]
       ++out.forwards;
-      const Tensor& logits = f->ex->value(f->model.logits);  // [batch, length, vocab]
       for (int64_t b = 0; b < batch; ++b) {
         const Tensor row =
             kernels::to_host(logits.view((b * length + window - 1) * shape.vocab, {shape.vocab}));
@@ -460,7 +231,7 @@ GenerateResult generate(const GenerateRequest& r) {
     throw Error(
         fmt::format("--samples {} and --tokens {} must be at least 1", r.samples, r.tokens));
   const models::TransformerShape shape = models::resolve_transformer(job.model, ModelFamily::gpt);
-  const Tokenizer tok = read_tokenizer(r);
+  const Tokenizer tok = read_model_tokenizer(r.job, r.tokenizer, "generate");
   // What a sample can draw must be a row of the model: the tokenizer's ordinary tokens
   // and <|endoftext|> (Hugging Face's GPT-2 has 50257 rows, and dtrain appends its five
   // other specials after them).
@@ -481,10 +252,11 @@ GenerateResult generate(const GenerateRequest& r) {
   tok.encode_append(r.prompt, out.prompt_ids);
   // Cut when the user's tokens do not all fit (the leading <|endoftext|> may go alone).
   out.prompt_cut = static_cast<int64_t>(out.prompt_ids.size()) - 1 > context;
-  const Weights w = [&] {
+  const ModelWeights w = [&] {
     ModelOptions options = job.model;  // the layout alone: no executor, nothing allocated
     options.seq_len = static_cast<int>(std::min<int64_t>(context, kShortestForward));
-    return read_weights(r, models::build_model(options, 1).graph, shape.heads);
+    return read_model_weights(job, r.weights, models::build_model(options, 1).graph, shape.heads,
+                              "generate");
   }();
   out.weights = w.source;
   out.step = w.step;

@@ -19,33 +19,19 @@ Face GPT2Model / GPT2LMHeadModel file (F32).
 import argparse
 import json
 import math
-import struct
 import sys
+
+from f32_safetensors import read_f32_safetensors
+
+
+def gpt2_name(name):
+    if name.endswith(".attn.bias") or name == "lm_head.weight":
+        return None  # causal-mask buffers and the tied head's copy: nothing to read
+    return name if name.startswith("transformer.") else "transformer." + name  # GPT2Model's
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack_from("<Q", data, 0)
-    header = json.loads(data[8:8 + n])
-    base = 8 + n
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__" or name.endswith(".attn.bias") or name == "lm_head.weight":
-            continue  # causal-mask buffers and the tied head's copy: nothing to read
-        if not name.startswith("transformer."):
-            name = "transformer." + name  # GPT2Model's names
-        if t["dtype"] != "F32":
-            raise SystemExit(f"{name}: {t['dtype']}, expected F32")
-        lo, hi = t["data_offsets"]
-        flat = struct.unpack_from(f"<{(hi - lo) // 4}f", data, base + lo)
-        shape = t["shape"]
-        if len(shape) == 1:
-            out[name] = list(flat)
-        else:
-            cols = shape[1]
-            out[name] = [list(flat[r * cols:(r + 1) * cols]) for r in range(shape[0])]
-    return out
+    return read_f32_safetensors(path, gpt2_name)
 
 
 def layer_norm(x, w, b, eps=1e-5):

@@ -145,4 +145,20 @@ TokenDir tokenize_labelled(const fs::path& tmp, int records, const std::string& 
   return t;
 }
 
+fs::path classifier_job(const fs::path& dir, const std::string& run, const TokenDir& data,
+                        int steps) {
+  const fs::path job = dir / (run + ".yaml");
+  std::ofstream(job) << "run: {output_dir: " << (dir / run).string() << ", seed: 1}\n"
+                     << "model: {arch: bert-tiny, layers: 1, hidden: 32, heads: 2, seq_len: 64,\n"
+                     << "        max_positions: 64, vocab_size: " << data.vocab
+                     << ", num_classes: 2, dropout: 0.1}\n"
+                     << "data: {dataset: tokens, path: " << data.dir.string()
+                     << ", global_batch: 16}\n"
+                     << "optimizer: {name: adamw, lr: 0.003, weight_decay: 0.01}\n"
+                     << "train: {steps: " << steps << ", log_every: 10, eval_every: " << steps
+                     << "}\n"
+                     << "logging: {console: false}\n";
+  return job;
+}
+
 }  // namespace dtrain::train_test

@@ -40,4 +40,9 @@ TokenDir tokenize_labelled(const fs::path& tmp, int records,
                            const std::string& out = "labelled-tokens",
                            const fs::path& tokenizer = {});
 
+// A one-layer, width-32 BERT classifier of 2 classes over `data`, 64-token rows (the
+// longest records are cut).
+fs::path classifier_job(const fs::path& dir, const std::string& run, const TokenDir& data,
+                        int steps);
+
 }  // namespace dtrain::train_test

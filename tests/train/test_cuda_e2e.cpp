@@ -6,7 +6,7 @@
 // bit (every CUDA kernel of dtrain is deterministic); and a CPU checkpoint must
 // resume on the GPU; bf16 and fp16 runs follow the CPU's in the same precision.
 // `dtrain generate` on CUDA (the key/value cache's steps too) draws the CPU's tokens from
-// the same checkpoint.
+// the same checkpoint; `dtrain predict` on CUDA gives the CPU's classes and fill-mask.
 // Without a usable CUDA device it prints "skipped: no GPU
 // (<reason>)" and exits 77 (SKIP_RETURN_CODE).
 //
@@ -258,6 +258,62 @@ TEST_CASE("generate on CUDA draws the CPU's tokens with the CPU's log-probabilit
       for (size_t k = 0; k < a.at("logprobs").size(); ++k) {
         CHECK(a.at("logprobs")[k].get<double>() ==
               doctest::Approx(b.at("logprobs")[k].get<double>()).epsilon(1e-4));
+      }
+    }
+  }
+}
+
+// dtrain predict on CUDA reads the CPU runs' checkpoints: a classifier's probabilities
+// (padded rows: the key mask on the device) and a masked-LM's fill-mask (two [MASK]s in
+// one text: the head's gather) are the CPU's to 1e-4.
+TEST_CASE("predict on CUDA gives the CPU's classes and fill-mask") {
+  TempDir tmp("cuda-predict");
+  const TokenDir tok = tokenize(tmp.path(), 200);  // the synthetic jobs have no tokenizer
+  for (const Model* m : {&kModels[3], &kModels[1]}) {
+    CAPTURE(m->name);
+    const fs::path job = write_model_job(tmp.path(), m->name, *m);
+    train(job, tmp.path(), "cpu", {"--set", "train.checkpoint.every=20"});
+    const bool classify = m == &kModels[3];
+    const auto run = [&](const std::string& device) {
+      std::vector<std::string> args = {
+          "predict",     job.string(),
+          "--tokenizer", (tok.dir / "tokenizer.json").string(),
+          "--text",      classify ? "The old king sees the farmer." : "The [MASK] king [MASK].",
+          "--text",      classify ? "Who?" : "A [MASK] walked in the garden.",
+          "--device",    device,
+          "--json"};
+      const RunResult r = run_dtrain_command(args, tmp.path() / ("predict-" + device + ".log"));
+      REQUIRE_MESSAGE(r.rc == 0, r.describe());
+      return nlohmann::json::parse(r.log.substr(r.log.find("{\n")));
+    };
+    const nlohmann::json cpu = run("cpu"), gpu = run("cuda");
+    REQUIRE(cpu.at("texts").size() == 2);
+    for (size_t i = 0; i < 2; ++i) {
+      const nlohmann::json& a = cpu.at("texts")[i];
+      const nlohmann::json& b = gpu.at("texts")[i];
+      if (classify) {
+        CHECK(a.at("label") == b.at("label"));
+        for (size_t k = 0; k < a.at("probabilities").size(); ++k) {
+          CHECK(a.at("probabilities")[k].get<double>() ==
+                doctest::Approx(b.at("probabilities")[k].get<double>()).epsilon(1e-4));
+        }
+        continue;
+      }
+      // The listed probabilities agree rank for rank; the ids too, unless the CPU's
+      // next rank is within the tolerance (20 steps on uniform tokens leave near-ties).
+      REQUIRE(a.at("masks").size() == b.at("masks").size());
+      for (size_t k = 0; k < a.at("masks").size(); ++k) {
+        const nlohmann::json& x = a.at("masks")[k];
+        const nlohmann::json& y = b.at("masks")[k];
+        REQUIRE(x.size() == y.size());
+        for (size_t j = 0; j < x.size(); ++j) {
+          const double p = x[j].at("probability").get<double>();
+          CHECK(p == doctest::Approx(y[j].at("probability").get<double>()).epsilon(1e-4));
+          const bool tie =
+              j + 1 < x.size() && p - x[j + 1].at("probability").get<double>() < 1e-4 * p;
+          if (!tie && (j == 0 || p - x[j - 1].at("probability").get<double>() < -1e-4 * p))
+            CHECK(x[j].at("id") == y[j].at("id"));
+        }
       }
     }
   }

@@ -1,0 +1,292 @@
+// `dtrain predict JOB.yaml [--text TEXT ...] [--input FILE] [--checkpoint PATH]
+// [--tokenizer F] [--top N] [--batch N] [--device D] [--json] [--set key=value ...]`:
+// a trained BERT's classes for texts, or its fill-mask (runtime/predict.h). --input reads
+// one text per line, or labelled rows (.jsonl / .tsv, as `dtrain data tokenize --labelled`
+// reads them), which also score the classifier: accuracy, and per class.
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "data/file_bytes.h"
+#include "data/text_corpus.h"
+#include "runtime/job.h"
+#include "runtime/predict.h"
+
+namespace dtrain::cli {
+namespace {
+
+struct PredictArgs {
+  std::string job;
+  std::vector<std::string> overrides;
+  std::vector<std::string> texts;
+  std::string input, checkpoint, tokenizer, device;
+  int64_t top = 5;
+  int64_t batch = 32;
+  bool json = false;
+};
+
+struct Inputs {
+  std::vector<std::string> texts;
+  std::vector<std::optional<std::string>> labels;  // per text: its row's label, if it had one
+  std::vector<std::string> where;                  // per text: "--text 2", "rows.tsv:7"
+};
+
+constexpr const char* kInputHint =
+    "--input takes one text per line, or labelled rows in a .jsonl ({\"text\": ..., \"label\": "
+    "...} per line) or .tsv (label, tab, text) file; - reads standard input";
+
+Inputs read_inputs(const PredictArgs& a) {
+  Inputs in;
+  for (size_t i = 0; i < a.texts.size(); ++i) {
+    in.texts.push_back(a.texts[i]);
+    in.labels.emplace_back();
+    in.where.push_back(fmt::format("--text {}", i + 1));
+  }
+  if (a.input.empty()) return in;
+  if (is_labelled_rows_file(a.input)) {
+    for (LabelledRow& row : read_labelled_row_list(a.input)) {
+      in.texts.push_back(std::move(row.text));
+      in.labels.emplace_back(std::move(row.label));
+      in.where.push_back(fmt::format("{}:{}", a.input, row.line));
+    }
+    return in;
+  }
+  std::string text;
+  if (a.input == "-") {
+    std::ostringstream s;
+    s << std::cin.rdbuf();
+    text = s.str();
+  } else {
+    text = std::string(read_file_bytes(a.input, kInputHint).text());
+  }
+  for_each_line(text, [&](std::string_view line, int64_t number) {
+    if (line.find_first_not_of(" \t\r\v\f") == std::string_view::npos) return;  // blank
+    in.texts.emplace_back(line);
+    in.labels.emplace_back();
+    in.where.push_back(fmt::format("{}:{}", a.input == "-" ? "stdin" : a.input, number));
+  });
+  if (in.texts.empty())
+    throw Error(fmt::format("--input {}: no texts in it (every line is blank)", a.input),
+                kInputHint);
+  return in;
+}
+
+// A text on one console line: control characters as spaces, cut after 80 bytes.
+std::string one_line(const std::string& text) {
+  std::string s;
+  for (char c : text) s += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
+  if (s.size() > 80) {
+    size_t cut = 77;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // not mid-UTF-8
+    s = s.substr(0, cut) + "...";
+  }
+  return s;
+}
+
+// Each text's class id by its row's label (-1: no label), checked before any forward:
+// labels are the model's class names, and only a classifier takes them.
+std::vector<int32_t> expected_classes(const Job& job, const Inputs& in) {
+  std::vector<int32_t> expected(in.texts.size(), -1);
+  const std::vector<std::string> classes =
+      job.model.num_classes ? runtime::class_names(job) : std::vector<std::string>{};
+  std::map<std::string, int32_t> id;
+  for (size_t k = 0; k < classes.size(); ++k) id[classes[k]] = static_cast<int32_t>(k);
+  for (size_t i = 0; i < in.texts.size(); ++i) {
+    if (!in.labels[i]) continue;
+    if (classes.empty()) {
+      throw Error(fmt::format("{}: labelled rows score a classifier, and the job's model is "
+                              "not one (no model.num_classes)",
+                              in.where[i]),
+                  "pass a file of texts, one per line (a masked-LM's with [MASK]s)");
+    }
+    auto it = id.find(*in.labels[i]);
+    if (it == id.end()) {
+      std::string names;
+      for (const std::string& c : classes) names += (names.empty() ? "" : ", ") + c;
+      throw Error(fmt::format("{}: label \"{}\" is none of the model's classes ({})", in.where[i],
+                              *in.labels[i], names),
+                  "label rows with the class names the model was trained on (data.path's "
+                  "labels.json)");
+    }
+    expected[i] = it->second;
+  }
+  return expected;
+}
+
+// The score of a classifier over the labelled texts: correct / labelled, and per class.
+struct Score {
+  int64_t labelled = 0, correct = 0;
+  std::vector<int64_t> per_class, right_per_class;
+};
+
+Score score(const runtime::PredictResult& p, const std::vector<int32_t>& expected) {
+  Score s;
+  s.per_class.assign(p.classes.size(), 0);
+  s.right_per_class.assign(p.classes.size(), 0);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const int32_t want = expected[i];
+    if (want < 0) continue;
+    ++s.labelled;
+    ++s.per_class[static_cast<size_t>(want)];
+    if (p.texts[i].label == want) {
+      ++s.correct;
+      ++s.right_per_class[static_cast<size_t>(want)];
+    }
+  }
+  return s;
+}
+
+nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const Score& s) {
+  nlohmann::json texts = nlohmann::json::array();
+  for (size_t i = 0; i < p.texts.size(); ++i) {
+    const runtime::TextPrediction& t = p.texts[i];
+    nlohmann::json j = {{"text", in.texts[i]}, {"tokens", t.tokens}, {"ids", t.ids}};
+    if (p.classify) {
+      j["label"] = p.classes[static_cast<size_t>(t.label)];
+      j["label_id"] = t.label;
+      j["probabilities"] = t.probabilities;
+      j["cut"] = t.cut;
+      if (in.labels[i]) j["expected"] = *in.labels[i];
+    } else {
+      nlohmann::json masks = nlohmann::json::array();
+      for (const auto& m : t.masks) {
+        nlohmann::json top = nlohmann::json::array();
+        for (const runtime::TokenScore& c : m)
+          top.push_back({{"id", c.id}, {"token", c.token}, {"probability", c.probability}});
+        masks.push_back(top);
+      }
+      j["masks"] = masks;
+      j["filled"] = t.filled;
+    }
+    texts.push_back(j);
+  }
+  nlohmann::json out = {{"task", p.classify ? "classify" : "fill-mask"},
+                        {"weights", p.weights},
+                        {"step", p.step >= 0 ? nlohmann::json(p.step) : nullptr},
+                        {"forwards", p.forwards},
+                        {"seconds", p.seconds}};
+  if (!p.classify) out["mask_id"] = p.mask_id;
+  if (p.classify) {
+    out["classes"] = p.classes;
+    if (s.labelled > 0) {
+      out["labelled"] = s.labelled;
+      out["correct"] = s.correct;
+      out["accuracy"] = static_cast<double>(s.correct) / static_cast<double>(s.labelled);
+    }
+  }
+  out["texts"] = texts;
+  return out;
+}
+
+void print_console(const runtime::PredictResult& p, const Inputs& in, const Score& s) {
+  if (p.classify) {
+    for (size_t i = 0; i < p.texts.size(); ++i) {
+      const runtime::TextPrediction& t = p.texts[i];
+      std::printf("%s\t%.4f\t%s\n", p.classes[static_cast<size_t>(t.label)].c_str(),
+                  t.probabilities[static_cast<size_t>(t.label)], one_line(in.texts[i]).c_str());
+    }
+  } else {
+    for (size_t i = 0; i < p.texts.size(); ++i) {
+      const runtime::TextPrediction& t = p.texts[i];
+      std::printf("%s\n", one_line(t.filled).c_str());
+      for (size_t m = 0; m < t.masks.size(); ++m) {
+        std::string line;
+        for (const runtime::TokenScore& c : t.masks[m]) {
+          line += fmt::format("{}{} {:.4f}", line.empty() ? "" : ", ",
+                              nlohmann::json(c.token).dump(
+                                  -1, ' ', false, nlohmann::json::error_handler_t::replace),
+                              c.probability);
+        }
+        std::printf("  [MASK] %zu: %s\n", m + 1, line.c_str());
+      }
+    }
+  }
+  int64_t cut = 0;
+  for (const runtime::TextPrediction& t : p.texts) cut += t.cut ? 1 : 0;
+  if (cut > 0) {
+    std::fprintf(stderr,
+                 "dtrain: warning: %lld text(s) longer than the model's rows: their first "
+                 "model.seq_len - 2 tokens were read\n",
+                 static_cast<long long>(cut));
+  }
+  std::fprintf(stderr, "dtrain: %zu text(s) in %.2f s (%lld forwards)\n", p.texts.size(), p.seconds,
+               static_cast<long long>(p.forwards));
+  if (s.labelled == 0) return;
+  std::string per_class;
+  for (size_t k = 0; k < p.classes.size(); ++k) {
+    if (s.per_class[k] == 0) continue;
+    per_class += fmt::format("{}{} {}/{}", per_class.empty() ? "" : ", ", p.classes[k],
+                             s.right_per_class[k], s.per_class[k]);
+  }
+  std::fprintf(stderr, "dtrain: accuracy %.4f (%lld of %lld labelled texts; per class: %s)\n",
+               static_cast<double>(s.correct) / static_cast<double>(s.labelled),
+               static_cast<long long>(s.correct), static_cast<long long>(s.labelled),
+               per_class.c_str());
+}
+
+int run_predict(const PredictArgs& a) {
+  runtime::PredictRequest r;
+  r.job = load_model_job(a.job, a.overrides, a.device);
+  const Inputs in = read_inputs(a);
+  const std::vector<int32_t> expected = expected_classes(r.job, in);
+  r.texts = in.texts;
+  r.weights = a.checkpoint;
+  r.tokenizer = a.tokenizer;
+  r.top = a.top;
+  r.batch = a.batch;
+  const runtime::PredictResult p = runtime::predict(r);
+  const Score s = score(p, expected);
+  if (a.json) {
+    std::printf(
+        "%s\n",
+        to_json(p, in, s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    const std::string step = p.step >= 0 ? fmt::format(" (step {})", p.step) : "";
+    std::fprintf(stderr, "dtrain: %s with %s%s\n", p.classify ? "classifying" : "filling [MASK]s",
+                 p.weights.c_str(), step.c_str());
+    print_console(p, in, s);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void add_predict(CLI::App& app, Action& action) {
+  auto args = std::make_shared<PredictArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "predict",
+      "classify texts with a trained BERT classifier, or fill a masked-LM BERT's [MASK]s");
+  cmd->add_option("job", args->job, "job file (YAML) of the model")->required();
+  cmd->add_option("--set", args->overrides, "override a key, e.g. --set model.seq_len=256")
+      ->allow_extra_args(false);
+  cmd->add_option("--text", args->texts, "a text (repeatable); a masked-LM's holds [MASK]s")
+      ->allow_extra_args(false);
+  cmd->add_option("--input", args->input,
+                  "texts from a file: one per line (- for standard input), or labelled rows "
+                  "(.jsonl, .tsv), which also give the classifier's accuracy");
+  cmd->add_option("--checkpoint", args->checkpoint,
+                  "weights: a checkpoint (file or sharded directory), a run or checkpoint "
+                  "directory (its newest), or a .safetensors file (dtrain ckpt export); "
+                  "default: the job's newest checkpoint, else model.init_from");
+  cmd->add_option("--tokenizer", args->tokenizer,
+                  "tokenizer.json, or a directory with it (default: data.path's)");
+  cmd->add_option("--top", args->top, "fill-mask: tokens listed per [MASK] (default 5)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--batch", args->batch, "texts per forward at most (default 32)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--device", args->device, "cpu, cuda or cuda:N instead of the job's device");
+  cmd->add_flag("--json", args->json,
+                "print JSON: each text's class and every class's probability, or each [MASK]'s "
+                "tokens");
+  cmd->callback([args, &action] { action = [args] { return run_predict(*args); }; });
+}
+
+}  // namespace dtrain::cli

@@ -1,0 +1,245 @@
+// The weights and tokenizer of `dtrain generate` and `dtrain predict`
+// (runtime/inference.h).
+#include "runtime/inference.h"
+
+#include <charconv>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "kernels/memory.h"
+#include "models/registry.h"
+#include "runtime/safetensors.h"
+#include "runtime/train_state.h"
+
+namespace dtrain::runtime {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kWeightsHint =
+    "pass --checkpoint: a checkpoint of this job's model (a step-N.dtckpt file, a step-N/ "
+    "directory, a run directory) or a .safetensors file of its shape (dtrain ckpt export; "
+    "Hugging Face's files for a GPT-2)";
+
+// The model's attention heads, which no tensor's shape shows, against the job's.
+void check_heads(const std::string& source, int64_t heads, int64_t job_heads) {
+  if (heads > 0 && job_heads > 0 && heads != job_heads) {
+    throw Error(fmt::format("{}: the model has {} attention heads, the job's model.heads is {}",
+                            source, heads, job_heads),
+                fmt::format("set model.heads: {} (--set model.heads={})", heads, heads));
+  }
+}
+
+// Heads recorded beside a safetensors file: dtrain's export metadata, or the n_head of a
+// Hugging Face config.json in the same directory; 0 when neither says.
+int64_t recorded_heads(const fs::path& file, const std::map<std::string, std::string>& meta) {
+  if (auto it = meta.find("heads"); it != meta.end()) {
+    int64_t heads = 0;
+    const std::string& v = it->second;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), heads);
+    if (ec != std::errc() || end != v.data() + v.size() || heads < 1) {
+      throw Error(fmt::format("{}: metadata heads \"{}\" is not a head count", file.string(), v),
+                  kWeightsHint);
+    }
+    return heads;
+  }
+  const fs::path config = file.parent_path() / "config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(config, ec)) return 0;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(config), nullptr, false);
+  if (j.is_object() && j.contains("n_head") && j.at("n_head").is_number_integer())
+    return j.at("n_head").get<int64_t>();
+  return 0;
+}
+
+ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph::Graph& g,
+                              int64_t job_heads, std::string_view command) {
+  InitWeights w;
+  try {
+    w = load_init_weights(file, job.model.arch, g.param_layout(), g.buffer_layout());
+  } catch (const RunError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(e.message(), kWeightsHint);  // its own hint speaks of model.init_from
+  }
+  DTRAIN_CHECK(!w.buffers.defined(), "{}: a transformer has no buffers", file.string());
+  if (!w.fresh.empty()) {
+    throw Error(fmt::format("{}: the file has no {} ({} tensor(s) of the model's task head "
+                            "missing or shaped otherwise): it holds another head's weights",
+                            file.string(), w.fresh.front(), w.fresh.size()),
+                fmt::format("{} with the checkpoint of the run that trained this head (a "
+                            "fine-tuning run's checkpoint, or its export)",
+                            command));
+  }
+  check_heads(file.string(), recorded_heads(file, w.metadata), job_heads);
+  return {w.params, file.string(), -1};
+}
+
+ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
+                             int64_t job_heads, std::string_view command) {
+  Checkpoint ck;
+  try {
+    ck = read_any_checkpoint(path);
+  } catch (const RunError&) {
+    throw;
+  } catch (const Error& e) {
+    throw Error(e.message(), kWeightsHint);  // its own hint speaks of resuming
+  }
+  if (ck.meta.contains("model")) {
+    const nlohmann::json& m = ck.meta.at("model");
+    if (!m.is_object() || (m.contains("heads") && !m.at("heads").is_number_integer())) {
+      throw Error(fmt::format("{}: its model metadata {} is not dtrain's", path.string(), m.dump()),
+                  kWeightsHint);
+    }
+    check_heads(path.string(), m.value("heads", int64_t{0}), job_heads);
+  }
+  const std::vector<NamedTensor> tensors = checkpoint_model_tensors(ck);
+  std::map<std::string, const Tensor*> by_name;
+  for (const NamedTensor& t : tensors) by_name[t.name] = &t.tensor;
+  const std::string hint = fmt::format(
+      "{} with the job file of the run that wrote it (its job.yaml has the model.* keys)", command);
+  const graph::FlatStore layout(g.param_layout());
+  ModelWeights w;
+  w.params = Tensor::empty({layout.buffer_elems(DType::f32)}, DType::f32);
+  std::fill_n(w.params.data<float>(), w.params.numel(), 0.0f);
+  for (const graph::FlatEntry& e : layout.entries()) {
+    auto it = by_name.find(e.name);
+    if (it == by_name.end()) {
+      throw Error(fmt::format("{}: the job's model ({}) has a tensor {} that the checkpoint "
+                              "lacks: the run's model.* keys differ from the job's",
+                              path.string(), job.model.arch, e.name),
+                  hint);
+    }
+    const Tensor& t = *it->second;
+    if (!(t.shape() == e.spec.shape)) {
+      throw Error(
+          fmt::format("{}: tensor {} is {} in the checkpoint, {} in the job's model ({})",
+                      path.string(), e.name, t.shape().str(), e.spec.shape.str(), job.model.arch),
+          hint);
+    }
+    std::copy_n(t.data<float>(), t.numel(), w.params.data<float>() + e.offset);
+    by_name.erase(it);
+  }
+  if (!by_name.empty()) {
+    throw Error(fmt::format("{}: the checkpoint's tensor {} is not part of the job's model ({})",
+                            path.string(), by_name.begin()->first, job.model.arch),
+                hint);
+  }
+  w.source = path.string();
+  w.step = ck.meta.value("step", int64_t{-1});
+  return w;
+}
+
+}  // namespace
+
+bool is_safetensors(const fs::path& path) {
+  if (path.extension() == ".safetensors") return true;
+  std::ifstream in(path, std::ios::binary);
+  char head[9] = {};
+  return in.read(head, sizeof(head)) && std::string_view(head, 8) != "DTRAINCK" && head[8] == '{';
+}
+
+ModelWeights read_model_weights(const Job& job, const std::string& weights, const graph::Graph& g,
+                                int64_t heads, std::string_view command) {
+  if (!weights.empty() && weights != "latest") {
+    std::error_code ec;
+    if (fs::is_regular_file(weights, ec) && is_safetensors(weights))
+      return from_safetensors(weights, job, g, heads, command);
+    fs::path path;
+    try {
+      path = resolve_resume(weights, job.train.checkpoint.dir, "--checkpoint");
+    } catch (const Error& e) {
+      throw Error(e.message(), kWeightsHint);
+    }
+    return from_checkpoint(path, job, g, heads, command);
+  }
+  const fs::path newest = resolve_resume("latest", job.train.checkpoint.dir, "--checkpoint");
+  if (!newest.empty()) return from_checkpoint(newest, job, g, heads, command);
+  if (job.model.init_from) return from_safetensors(*job.model.init_from, job, g, heads, command);
+  throw Error(fmt::format("no checkpoint in {} (train.checkpoint.dir) to {} from",
+                          job.train.checkpoint.dir, command),
+              "train the job first (dtrain train), or pass --checkpoint PATH: a checkpoint, a "
+              "run directory or a .safetensors file");
+}
+
+Tokenizer read_model_tokenizer(const Job& job, const std::string& tokenizer,
+                               std::string_view command) {
+  constexpr const char* kHint =
+      "pass --tokenizer: the tokenizer.json `dtrain data tokenize` wrote, or a directory with "
+      "GPT-2's vocab.json and merges.txt";
+  fs::path file = tokenizer;
+  if (file.empty()) {
+    if (!job.data.path || job.data.dataset != DatasetName::tokens) {
+      throw Error(fmt::format("{} needs the tokenizer of the model's training text, and the job's "
+                              "data has none (data.dataset is not tokens)",
+                              command),
+                  kHint);
+    }
+    file = fs::path(*job.data.path) / "tokenizer.json";
+  }
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) {
+    if (fs::is_regular_file(file / "tokenizer.json", ec)) {
+      file /= "tokenizer.json";
+    } else if (fs::is_regular_file(file / "vocab.json", ec) &&
+               fs::is_regular_file(file / "merges.txt", ec)) {
+      return Tokenizer::load_gpt2((file / "vocab.json").string(), (file / "merges.txt").string());
+    } else {
+      throw Error(fmt::format("{}: neither tokenizer.json nor vocab.json and merges.txt in it",
+                              file.string()),
+                  kHint);
+    }
+  }
+  if (!fs::is_regular_file(file, ec))
+    throw Error(fmt::format("{}: no such tokenizer file", file.string()), kHint);
+  return Tokenizer::load(file.string());
+}
+
+std::unique_ptr<InferenceGraph> make_inference_graph(const Job& job, const ModelOptions& options,
+                                                     int64_t batch, const Tensor& weights,
+                                                     bool labels) {
+  auto f = std::make_unique<InferenceGraph>();
+  f->copy_inputs = !job.device.is_cpu();
+  f->batch = batch;
+  f->length = options.seq_len.value_or(0);
+  f->model = models::build_model(options, batch);  // fp32: the default DTypePolicy
+  f->ex =
+      std::make_unique<graph::Executor>(f->model.graph, job.device, graph::GradBuffer::external);
+  f->ex->keep(f->model.logits, graph::Mode::eval);
+  const int loss_node = f->model.graph.value(f->model.loss).producer;
+  DTRAIN_CHECK(loss_node == static_cast<int>(f->model.graph.nodes().size()) - 1,
+               "inference: the loss is node {} of {}, not the last", loss_node,
+               f->model.graph.nodes().size());
+  f->ex->set_range(0, loss_node);
+  Tensor live = f->ex->params().flat(DType::f32);
+  DTRAIN_CHECK(live.defined() && live.numel() == weights.numel(),
+               "inference: {} weights for a layout of {}", weights.numel(),
+               live.defined() ? live.numel() : 0);
+  kernels::copy(weights, live);
+  Allocator* alloc = &kernels::device_allocator(job.device);
+  const auto on_device = [&](const Tensor& host) {
+    return job.device.is_cpu() ? host : Tensor::empty(host.shape(), DType::i32, alloc);
+  };
+  f->ids_host = Tensor::empty({batch, f->length}, DType::i32);
+  f->ids = on_device(f->ids_host);
+  if (labels) {
+    f->labels_host = Tensor::empty({batch, f->length}, DType::i32);
+    f->labels = on_device(f->labels_host);
+  }
+  return f;
+}
+
+const Tensor& InferenceGraph::forward() {
+  if (copy_inputs) kernels::copy(ids_host, ids);
+  ex->set_input(model.input, ids);
+  if (labels.defined()) {
+    if (copy_inputs) kernels::copy(labels_host, labels);
+    ex->set_input(model.labels, labels);
+  }
+  ex->forward(graph::Mode::eval);
+  return ex->value(model.logits);
+}
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,69 @@
+// What the inference commands (`dtrain generate`, `dtrain predict`) share: the model's
+// weights, from one of its checkpoints (any layout: a file, a ZeRO / pipeline /
+// tensor-parallel directory) or a safetensors file under the reference names (`dtrain ckpt
+// export`, Hugging Face's own files); the tokenizer of its training text; and the training
+// graph run forward only, in fp32 and evaluation mode, holding those weights.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "data/tokenizer.h"
+#include "graph/executor.h"
+#include "graph/graph.h"
+#include "models/model.h"
+#include "runtime/job.h"
+
+namespace dtrain::runtime {
+
+// The model's weights as one f32 buffer in the graph's parameter layout (an fp32
+// graph's layout: every entry f32).
+struct ModelWeights {
+  Tensor params;
+  std::string source;  // what was read
+  int64_t step = -1;   // the checkpoint's step; -1: a safetensors file
+};
+
+// `weights`: a checkpoint (a step file or step-N/ directory), a run or checkpoints
+// directory (its newest), or a safetensors file (known by its bytes too); empty or
+// "latest": the job's newest checkpoint, else model.init_from. `g` gives the layout
+// (any sequence length and batch: the parameters do not depend on them), `heads` the
+// job's attention heads (0: no heads to check), `command` the subcommand for messages.
+// Every tensor of the model must come from the file: a safetensors file without the
+// model's task head is an Error. Errors say what to pass instead.
+ModelWeights read_model_weights(const Job& job, const std::string& weights, const graph::Graph& g,
+                                int64_t heads, std::string_view command);
+
+// `tokenizer`: a tokenizer.json, or a directory holding one or GPT-2's vocab.json and
+// merges.txt; empty: data.path's tokenizer.json (data.dataset tokens).
+Tokenizer read_model_tokenizer(const Job& job, const std::string& tokenizer,
+                               std::string_view command);
+
+// A safetensors file by its name, or by its first bytes: a u64 header length, then the
+// header's '{' (a dtrain checkpoint starts with "DTRAINCK").
+bool is_safetensors(const std::filesystem::path& path);
+
+// The model of `options` at batch x options.seq_len, fp32 (the default DTypePolicy), up to
+// its logits: the loss node (the graph's last) is not run. Dropout is off (Mode::eval).
+struct InferenceGraph {
+  int64_t batch = 0, length = 0;
+  models::ModelGraph model;
+  std::unique_ptr<graph::Executor> ex;
+  Tensor ids_host, ids;  // the input ids, i32 [batch, length]: host, and on the device
+  // The labels input, i32 [batch, length], when asked for (a masked-LM BERT: its head
+  // reads the positions whose label is not kIgnoreLabel); else undefined.
+  Tensor labels_host, labels;
+  bool copy_inputs = false;  // a device job: the host tensors are copied before a forward
+
+  // ids_host (and labels_host) to the device, then the forward; returns the logits.
+  const Tensor& forward();
+};
+std::unique_ptr<InferenceGraph> make_inference_graph(const Job& job, const ModelOptions& options,
+                                                     int64_t batch, const Tensor& weights,
+                                                     bool labels = false);
+
+}  // namespace dtrain::runtime

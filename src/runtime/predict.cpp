@@ -1,0 +1,278 @@
+// `dtrain predict` (runtime/predict.h): a BERT classifier's classes, or a masked-LM
+// BERT's fill-mask, over texts.
+#include "runtime/predict.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <string_view>
+
+#include "core/error.h"
+#include "data/text_loader.h"
+#include "data/tokenizer.h"
+#include "kernels/memory.h"
+#include "models/registry.h"
+#include "models/transformer.h"
+#include "runtime/inference.h"
+
+namespace dtrain::runtime {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::string_view kMaskText = "[MASK]";
+
+// Softmax in double over one row of logits.
+std::vector<double> probabilities(const float* logits, int64_t n) {
+  double top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(logits[i])) {
+      throw RunError("the model's logits are not finite (a checkpoint of a run that diverged?)",
+                     "predict with an earlier checkpoint (--checkpoint)");
+    }
+    top = std::max(top, static_cast<double>(logits[i]));
+  }
+  std::vector<double> p(static_cast<size_t>(n));
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += p[static_cast<size_t>(i)] = std::exp(logits[i] - top);
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+// The most likely class, ties to the smaller id.
+int32_t most_likely(const std::vector<double>& p) {
+  return static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
+}
+
+void classify(const PredictRequest& r, const models::TransformerShape& shape, const Tokenizer& tok,
+              const Tensor& weights, PredictResult& out) {
+  const Job& job = r.job;
+  const int64_t n = static_cast<int64_t>(r.texts.size()), t_len = shape.seq_len;
+  const int64_t classes = *shape.classes;
+  const TokenId cls = tok.special(Special::cls), sep = tok.special(Special::sep),
+                pad = tok.special(Special::pad);
+  ModelOptions options = job.model;
+  options.pad_token_id = pad;  // attention ignores the [PAD]s, as in training
+  const int64_t batch = std::min(r.batch, n);
+  const std::unique_ptr<InferenceGraph> f = make_inference_graph(job, options, batch, weights);
+  std::vector<TokenId> ids;
+  for (int64_t first = 0; first < n; first += batch) {
+    int32_t* rows = f->ids_host.data<int32_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      int32_t* row = rows + b * t_len;
+      ids.clear();  // a row past the last text stays [CLS] [SEP], never read
+      if (first + b < n) tok.encode_append(r.texts[static_cast<size_t>(first + b)], ids);
+      const int64_t len = std::min(static_cast<int64_t>(ids.size()), t_len - 2);
+      row[0] = cls;
+      std::copy_n(ids.begin(), len, row + 1);
+      row[len + 1] = sep;
+      std::fill(row + len + 2, row + t_len, pad);
+      if (first + b < n) {
+        TextPrediction& p = out.texts[static_cast<size_t>(first + b)];
+        p.tokens = static_cast<int64_t>(ids.size());
+        p.cut = p.tokens > t_len - 2;
+        p.ids.assign(row, row + len + 2);
+      }
+    }
+    const Tensor logits = kernels::to_host(f->forward());  // [batch, classes]
+    ++out.forwards;
+    for (int64_t b = 0; b < batch && first + b < n; ++b) {
+      TextPrediction& p = out.texts[static_cast<size_t>(first + b)];
+      p.probabilities = probabilities(logits.data<float>() + b * classes, classes);
+      p.label = most_likely(p.probabilities);
+    }
+  }
+}
+
+// One fill-mask text as ids: <|endoftext|>, the text's tokens with [MASK] where the text
+// says "[MASK]", <|endoftext|>. A space before "[MASK]" belongs to the masked word, as
+// words carry their leading space in the byte-level BPE (" cat"): the [MASK] takes it
+// (RoBERTa's mask token strips it likewise), so "the [MASK] sat" can become "the cat sat".
+std::vector<TokenId> fill_mask_ids(const std::string& text, const Tokenizer& tok, size_t index,
+                                   int64_t& masks) {
+  std::vector<TokenId> ids = {tok.special(Special::endoftext)};
+  masks = 0;
+  size_t at = 0;
+  for (size_t m = text.find(kMaskText); m != std::string::npos; m = text.find(kMaskText, at)) {
+    std::string_view before = std::string_view(text).substr(at, m - at);
+    if (!before.empty() && before.back() == ' ') before.remove_suffix(1);
+    tok.encode_append(before, ids);
+    ids.push_back(tok.special(Special::mask));
+    ++masks;
+    at = m + kMaskText.size();
+  }
+  tok.encode_append(std::string_view(text).substr(at), ids);
+  ids.push_back(tok.special(Special::endoftext));
+  if (masks == 0) {
+    throw Error(fmt::format("text {} has no [MASK]: a masked-LM BERT predicts the tokens at "
+                            "[MASK]s",
+                            index + 1),
+                "write [MASK] where a token is to be predicted, e.g. \"The [MASK] is blue.\"; a "
+                "classifier's job (model.num_classes) classifies whole texts");
+  }
+  return ids;
+}
+
+void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, const Tokenizer& tok,
+               const Tensor& weights, PredictResult& out) {
+  const Job& job = r.job;
+  const int64_t n = static_cast<int64_t>(r.texts.size()), vocab = shape.vocab;
+  const TokenId mask = tok.special(Special::mask);
+  std::vector<std::vector<TokenId>> ids(static_cast<size_t>(n));
+  std::vector<int64_t> masks(static_cast<size_t>(n));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = fill_mask_ids(r.texts[i], tok, i, masks[i]);
+    out.texts[i].tokens = static_cast<int64_t>(ids[i].size()) - 2;
+    if (static_cast<int64_t>(ids[i].size()) > shape.seq_len) {
+      throw Error(fmt::format("text {}: {} tokens with the two <|endoftext|> around it, more "
+                              "than the model's context (model.seq_len {})",
+                              i + 1, ids[i].size(), shape.seq_len),
+                  "shorten the text around its [MASK]s");
+    }
+  }
+  // Texts of one length share forwards, in input order within a length.
+  std::vector<size_t> order(ids.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
+  std::unique_ptr<InferenceGraph> f;
+  for (size_t first = 0; first < order.size();) {
+    const size_t length = ids[order[first]].size();
+    size_t end = first;
+    int64_t most = 0;  // the head's rows per text: the most [MASK]s of these texts
+    while (end < order.size() && ids[order[end]].size() == length &&
+           static_cast<int64_t>(end - first) < r.batch) {
+      most = std::max(most, masks[order[end]]);
+      ++end;
+    }
+    const auto batch = static_cast<int64_t>(end - first);
+    const auto t_len = static_cast<int64_t>(length);
+    f.reset();  // one executor at a time
+    ModelOptions options = job.model;
+    options.seq_len = static_cast<int>(t_len);
+    options.mlm_predictions = static_cast<int>(most);
+    f = make_inference_graph(job, options, batch, weights, /*labels=*/true);
+    for (int64_t b = 0; b < batch; ++b) {
+      const std::vector<TokenId>& s = ids[order[first + static_cast<size_t>(b)]];
+      std::copy(s.begin(), s.end(), f->ids_host.data<int32_t>() + b * t_len);
+      int32_t* labels = f->labels_host.data<int32_t>() + b * t_len;
+      for (int64_t p = 0; p < t_len; ++p)
+        labels[p] = s[static_cast<size_t>(p)] == mask ? 0 : kIgnoreLabel;  // the head reads these
+    }
+    const Tensor logits = kernels::to_host(f->forward());  // [batch, most, vocab]
+    ++out.forwards;
+    for (int64_t b = 0; b < batch; ++b) {
+      const size_t i = order[first + static_cast<size_t>(b)];
+      TextPrediction& p = out.texts[i];
+      p.ids = ids[i];
+      std::vector<TokenId> filled = ids[i];
+      size_t next_mask = 0;
+      for (int64_t m = 0; m < masks[i]; ++m) {
+        const std::vector<double> prob =
+            probabilities(logits.data<float>() + (b * most + m) * vocab, vocab);
+        // The most likely ordinary tokens (bytes and merges; never a special), ties to
+        // the smaller id.
+        std::vector<int32_t> cand(static_cast<size_t>(tok.first_special()));
+        std::iota(cand.begin(), cand.end(), 0);
+        const size_t k = std::min(cand.size(), static_cast<size_t>(r.top));
+        std::partial_sort(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(k), cand.end(),
+                          [&](int32_t a, int32_t c) {
+                            return prob[static_cast<size_t>(a)] != prob[static_cast<size_t>(c)]
+                                       ? prob[static_cast<size_t>(a)] > prob[static_cast<size_t>(c)]
+                                       : a < c;
+                          });
+        std::vector<TokenScore> top;
+        for (size_t j = 0; j < k; ++j)
+          top.push_back({cand[j], tok.piece(cand[j]), prob[static_cast<size_t>(cand[j])]});
+        while (filled[next_mask] != mask) ++next_mask;
+        filled[next_mask] = top.front().id;
+        p.masks.push_back(std::move(top));
+      }
+      p.filled = tok.decode(std::vector<TokenId>(filled.begin() + 1, filled.end() - 1));
+    }
+    first = end;
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> class_names(const Job& job) {
+  const int classes = job.model.num_classes.value_or(0);
+  if (job.data.path && job.data.dataset == DatasetName::tokens) {
+    const fs::path file = fs::path(*job.data.path) / "labels.json";
+    std::error_code ec;
+    if (fs::exists(file, ec)) {
+      std::vector<std::string> names = read_class_names(file);
+      if (static_cast<int>(names.size()) != classes) {
+        throw Error(fmt::format("{} names {} classes, the job's model.num_classes is {}",
+                                file.string(), names.size(), classes),
+                    fmt::format("set model.num_classes: {}, as the run that trained the model "
+                                "did",
+                                names.size()));
+      }
+      return names;
+    }
+  }
+  std::vector<std::string> names;
+  for (int k = 0; k < classes; ++k) names.push_back(std::to_string(k));
+  return names;
+}
+
+PredictResult predict(const PredictRequest& r) {
+  const Job& job = r.job;
+  const ArchPreset* arch = find_arch(job.model.arch);
+  if (arch == nullptr || arch->family != ModelFamily::bert) {
+    const bool gpt = arch != nullptr && arch->family == ModelFamily::gpt;
+    throw Error(fmt::format("model.arch {}: dtrain predict reads texts with a BERT (a "
+                            "classifier, or a masked-LM filling [MASK]s)",
+                            job.model.arch),
+                gpt ? "a GPT-2 continues text: dtrain generate"
+                    : "an image model's accuracy on its test split is the eval line of dtrain "
+                      "train (train.eval_every)");
+  }
+  if (r.texts.empty())
+    throw Error("no texts to predict", "pass --text TEXT (repeatable) or --input FILE");
+  if (r.batch < 1 || r.top < 1)
+    throw Error(fmt::format("--batch {} and --top {} must be at least 1", r.batch, r.top));
+  const models::TransformerShape shape = models::resolve_transformer(job.model, ModelFamily::bert);
+  const Tokenizer tok = read_model_tokenizer(job, r.tokenizer, "predict");
+  if (tok.vocab_size() > shape.vocab) {
+    throw Error(fmt::format("the tokenizer has {} tokens, more than the model's vocabulary ({})",
+                            tok.vocab_size(), shape.vocab),
+                "use the tokenizer of the model's training data (data.path or --tokenizer)");
+  }
+  PredictResult out;
+  out.classify = shape.classes.has_value();
+  if (out.classify) out.classes = class_names(job);
+  out.mask_id = tok.special(Special::mask);
+  const ModelWeights w = [&] {
+    ModelOptions options = job.model;  // the layout alone: no executor, nothing allocated
+    options.seq_len = static_cast<int>(std::min<int64_t>(shape.seq_len, 16));
+    options.mlm_predictions = 1;
+    return read_model_weights(job, r.weights, models::build_model(options, 1).graph, shape.heads,
+                              "predict");
+  }();
+  out.weights = w.source;
+  out.step = w.step;
+  out.texts.resize(r.texts.size());
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    if (out.classify) {
+      classify(r, shape, tok, w.params, out);
+    } else {
+      fill_mask(r, shape, tok, w.params, out);
+    }
+  } catch (const Error& e) {
+    const std::string m = e.message();
+    if (m.rfind("out of host memory", 0) != 0 && m.rfind("out of memory on", 0) != 0) throw;
+    throw RunError(m, fmt::format("predict fewer texts at once (--batch {})", r.batch));
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace dtrain::runtime

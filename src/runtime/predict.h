@@ -1,0 +1,74 @@
+// `dtrain predict`: what a trained BERT says about texts. A classifier (model.num_classes)
+// gives each text its class and every class's probability; a masked-LM BERT fills each
+// [MASK] of a text with its most likely tokens (Hugging Face's fill-mask). The weights
+// come as for `dtrain generate` (runtime/inference.h): the job's newest checkpoint
+// of any layout, --checkpoint, or a safetensors file; the forward is the training graph
+// in fp32 and evaluation mode (no dropout), on the job's device.
+//
+// A classifier's text becomes the row its training data made: [CLS], the text's first
+// seq_len - 2 tokens, [SEP], then [PAD]s that attention ignores; rows run at the
+// model's seq_len, as the trainer's evaluation runs them. A fill-mask text becomes
+// <|endoftext|>, its tokens with one [MASK] per "[MASK]" in the text, then <|endoftext|>
+// (a document as the token shards hold it), and runs at its own length: a masked-LM
+// BERT trained on windows of text has no padding mask, so texts of one length share a
+// forward and no text sees padding.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/job.h"
+
+namespace dtrain::runtime {
+
+struct PredictRequest {
+  Job job;
+  std::string weights;    // as GenerateRequest::weights
+  std::string tokenizer;  // tokenizer.json or a directory; empty: data.path's
+  std::vector<std::string> texts;
+  int64_t batch = 32;  // texts per forward at most
+  int64_t top = 5;     // fill-mask: tokens listed per [MASK]
+};
+
+struct TokenScore {
+  int32_t id = -1;
+  std::string token;  // its bytes
+  double probability = 0.0;
+};
+
+struct TextPrediction {
+  int64_t tokens = 0;  // the text's own tokens (without [CLS] / [SEP] / <|endoftext|>)
+  // What the model read: [CLS] ... [SEP] (its [PAD]s not shown), or <|endoftext|> ...
+  // <|endoftext|> with the [MASK]s' ids
+  std::vector<int32_t> ids;
+  // classify: the most likely class (ties to the smaller id), every class's probability,
+  // and whether the text was cut to seq_len - 2 tokens
+  int32_t label = -1;
+  std::vector<double> probabilities;
+  bool cut = false;
+  // fill-mask: per [MASK] in text order, its most likely ordinary tokens (probabilities
+  // over the whole vocabulary, as the model gives them), and the text with the first
+  // of each filled in
+  std::vector<std::vector<TokenScore>> masks;
+  std::string filled;
+};
+
+struct PredictResult {
+  bool classify = false;  // else fill-mask
+  std::string weights;
+  int64_t step = -1;
+  std::vector<std::string> classes;  // classify: data.path's labels.json, else "0", "1", ...
+  int32_t mask_id = -1;              // fill-mask: the tokenizer's [MASK]
+  std::vector<TextPrediction> texts;
+  int64_t forwards = 0;
+  double seconds = 0.0;  // the forwards' wall time (weights and tokenizer excluded)
+};
+
+PredictResult predict(const PredictRequest& r);
+
+// The names of the job's classes: data.path/labels.json when it exists (its count must be
+// model.num_classes), else "0" ... "K-1".
+std::vector<std::string> class_names(const Job& job);
+
+}  // namespace dtrain::runtime
