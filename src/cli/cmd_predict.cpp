@@ -3,7 +3,9 @@
 // a trained BERT's classes for texts, or its fill-mask (runtime/predict.h). --input reads
 // one text per line, or labelled rows (.jsonl / .tsv, as `dtrain data tokenize --labelled`
 // reads them), which also score the classifier: accuracy, and per class.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -11,6 +13,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/commands.h"
@@ -27,7 +30,7 @@ struct PredictArgs {
   std::string job;
   std::vector<std::string> overrides;
   std::vector<std::string> texts;
-  std::string input, checkpoint, tokenizer, device;
+  std::string input, format = "auto", checkpoint, tokenizer, device;
   int64_t top = 5;
   int64_t batch = 32;
   bool json = false;
@@ -41,7 +44,24 @@ struct Inputs {
 
 constexpr const char* kInputHint =
     "--input takes one text per line, or labelled rows in a .jsonl ({\"text\": ..., \"label\": "
-    "...} per line) or .tsv (label, tab, text) file; - reads standard input";
+    "...} per line) or .tsv (label, tab, text) file (--format says which for standard input, "
+    "-, or another name)";
+
+// --format: how --input's lines read. auto: by the file's name (.jsonl, .tsv, either
+// .gz'ed: labelled rows), else one text per line.
+enum class InputFormat { lines, tsv, jsonl };
+
+InputFormat input_format(const PredictArgs& a) {
+  if (a.format == "lines") return InputFormat::lines;
+  if (a.format == "tsv") return InputFormat::tsv;
+  if (a.format == "jsonl") return InputFormat::jsonl;
+  std::string name = a.input;
+  if (name.size() > 3 && name.substr(name.size() - 3) == ".gz") name.resize(name.size() - 3);
+  const auto ends = [&](const std::string& ext) {
+    return name.size() > ext.size() && name.substr(name.size() - ext.size()) == ext;
+  };
+  return ends(".jsonl") ? InputFormat::jsonl : ends(".tsv") ? InputFormat::tsv : InputFormat::lines;
+}
 
 Inputs read_inputs(const PredictArgs& a) {
   Inputs in;
@@ -51,52 +71,97 @@ Inputs read_inputs(const PredictArgs& a) {
     in.where.push_back(fmt::format("--text {}", i + 1));
   }
   if (a.input.empty()) return in;
-  if (is_labelled_rows_file(a.input)) {
-    for (LabelledRow& row : read_labelled_row_list(a.input)) {
-      in.texts.push_back(std::move(row.text));
-      in.labels.emplace_back(std::move(row.label));
-      in.where.push_back(fmt::format("{}:{}", a.input, row.line));
-    }
-    return in;
-  }
-  std::string text;
+  std::error_code ec;
+  if (std::filesystem::is_directory(a.input, ec))
+    throw Error(fmt::format("--input {}: a directory, not a file of texts", a.input), kInputHint);
+  std::string contents;
   if (a.input == "-") {
     std::ostringstream s;
     s << std::cin.rdbuf();
-    text = s.str();
+    contents = s.str();
   } else {
-    text = std::string(read_file_bytes(a.input, kInputHint).text());
+    contents = std::string(read_file_bytes(a.input, kInputHint).text());
   }
-  for_each_line(text, [&](std::string_view line, int64_t number) {
+  const std::string name = a.input == "-" ? "stdin" : a.input;
+  const InputFormat format = input_format(a);
+  if (format != InputFormat::lines) {
+    for (LabelledRow& row : parse_labelled_rows(contents, format == InputFormat::jsonl, name)) {
+      in.texts.push_back(std::move(row.text));
+      in.labels.emplace_back(std::move(row.label));
+      in.where.push_back(fmt::format("{}:{}", name, row.line));
+    }
+    if (in.labels.empty() || !in.labels.back())
+      throw Error(fmt::format("--input {}: no rows in it", a.input), kInputHint);
+    return in;
+  }
+  int64_t tabbed = 0, objects = 0, lines = 0;
+  for_each_line(contents, [&](std::string_view line, int64_t number) {
     if (line.find_first_not_of(" \t\r\v\f") == std::string_view::npos) return;  // blank
+    ++lines;
+    tabbed += line.find('\t') != std::string_view::npos ? 1 : 0;
+    objects += line.front() == '{' && line.back() == '}' ? 1 : 0;
     in.texts.emplace_back(line);
     in.labels.emplace_back();
-    in.where.push_back(fmt::format("{}:{}", a.input == "-" ? "stdin" : a.input, number));
+    in.where.push_back(fmt::format("{}:{}", name, number));
   });
-  if (in.texts.empty())
+  if (lines == 0) {
     throw Error(fmt::format("--input {}: no texts in it (every line is blank)", a.input),
                 kInputHint);
+  }
+  if (a.format == "auto" && (tabbed == lines || objects == lines)) {
+    std::fprintf(stderr,
+                 "dtrain: warning: every line of %s looks like a labelled row (%s), but each is "
+                 "read as one text: --format %s reads them as rows\n",
+                 name.c_str(), tabbed == lines ? "label, tab, text" : "a JSON object",
+                 tabbed == lines ? "tsv" : "jsonl");
+  }
   return in;
 }
 
-// A text on one console line: control characters as spaces, cut after 80 bytes.
-std::string one_line(const std::string& text) {
-  std::string s;
-  for (char c : text) s += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
-  if (s.size() > 80) {
-    size_t cut = 77;
-    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // not mid-UTF-8
-    s = s.substr(0, cut) + "...";
+// The bytes of a UTF-8 character starting at s[i] (1 to 4), or 0 when none starts there.
+size_t utf8_length(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  const size_t n = c < 0x80           ? 1
+                   : (c >> 5) == 0x6  ? 2
+                   : (c >> 4) == 0xE  ? 3
+                   : (c >> 3) == 0x1E ? 4
+                                      : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+// A text on one console line: control characters as spaces, bytes that are no UTF-8
+// character (a byte-level token can be half of one) as U+FFFD, cut after 80 characters.
+std::string one_line(std::string_view text) {
+  std::vector<std::string> chars;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_length(text, i);
+    if (n == 0) {
+      chars.emplace_back("\xEF\xBF\xBD");
+    } else if (n == 1 && (static_cast<unsigned char>(text[i]) < 0x20 || text[i] == 0x7F)) {
+      chars.emplace_back(" ");
+    } else {
+      chars.emplace_back(text.substr(i, n));
+    }
+    i += std::max<size_t>(n, 1);
   }
-  return s;
+  const bool cut = chars.size() > 80;
+  if (cut) chars.resize(77);
+  std::string s;
+  for (const std::string& c : chars) s += c;
+  return cut ? s + "..." : s;
 }
 
 // Each text's class id by its row's label (-1: no label), checked before any forward:
 // labels are the model's class names, and only a classifier takes them.
-std::vector<int32_t> expected_classes(const Job& job, const Inputs& in) {
+std::vector<int32_t> expected_classes(const Job& job, const std::string& tokenizer,
+                                      const Inputs& in) {
   std::vector<int32_t> expected(in.texts.size(), -1);
   const std::vector<std::string> classes =
-      job.model.num_classes ? runtime::class_names(job) : std::vector<std::string>{};
+      job.model.num_classes ? runtime::class_names(job, tokenizer) : std::vector<std::string>{};
   std::map<std::string, int32_t> id;
   for (size_t k = 0; k < classes.size(); ++k) id[classes[k]] = static_cast<int32_t>(k);
   for (size_t i = 0; i < in.texts.size(); ++i) {
@@ -152,7 +217,7 @@ nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const 
     if (p.classify) {
       j["label"] = p.classes[static_cast<size_t>(t.label)];
       j["label_id"] = t.label;
-      j["probabilities"] = t.probabilities;
+      j["probabilities"] = t.probabilities;  // in the order of "classes"
       j["cut"] = t.cut;
       if (in.labels[i]) j["expected"] = *in.labels[i];
     } else {
@@ -180,6 +245,11 @@ nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const 
       out["labelled"] = s.labelled;
       out["correct"] = s.correct;
       out["accuracy"] = static_cast<double>(s.correct) / static_cast<double>(s.labelled);
+      nlohmann::json per_class = nlohmann::json::object();
+      for (size_t k = 0; k < p.classes.size(); ++k) {
+        per_class[p.classes[k]] = {{"labelled", s.per_class[k]}, {"correct", s.right_per_class[k]}};
+      }
+      out["per_class"] = per_class;
     }
   }
   out["texts"] = texts;
@@ -235,15 +305,22 @@ void print_console(const runtime::PredictResult& p, const Inputs& in, const Scor
 int run_predict(const PredictArgs& a) {
   runtime::PredictRequest r;
   r.job = load_model_job(a.job, a.overrides, a.device);
+  runtime::check_predict_model(r.job);
   const Inputs in = read_inputs(a);
-  const std::vector<int32_t> expected = expected_classes(r.job, in);
+  const std::vector<int32_t> expected = expected_classes(r.job, a.tokenizer, in);
   r.texts = in.texts;
+  r.where = in.where;
   r.weights = a.checkpoint;
   r.tokenizer = a.tokenizer;
   r.top = a.top;
   r.batch = a.batch;
   const runtime::PredictResult p = runtime::predict(r);
   const Score s = score(p, expected);
+  if (p.classify && p.classes_file.empty()) {
+    std::fprintf(stderr,
+                 "dtrain: warning: no labels.json in data.path or beside --tokenizer: the "
+                 "classes are shown by number\n");
+  }
   if (a.json) {
     std::printf(
         "%s\n",
@@ -272,12 +349,18 @@ void add_predict(CLI::App& app, Action& action) {
   cmd->add_option("--input", args->input,
                   "texts from a file: one per line (- for standard input), or labelled rows "
                   "(.jsonl, .tsv), which also give the classifier's accuracy");
+  cmd->add_option("--format", args->format,
+                  "how --input reads: lines (one text per line), tsv or jsonl (labelled rows); "
+                  "default auto: by the name (.tsv, .jsonl, .gz after them), else lines")
+      ->check(CLI::IsMember({"auto", "lines", "tsv", "jsonl"}));
   cmd->add_option("--checkpoint", args->checkpoint,
                   "weights: a checkpoint (file or sharded directory), a run or checkpoint "
                   "directory (its newest), or a .safetensors file (dtrain ckpt export); "
                   "default: the job's newest checkpoint, else model.init_from");
   cmd->add_option("--tokenizer", args->tokenizer,
-                  "tokenizer.json, or a directory with it (default: data.path's)");
+                  "tokenizer.json, or a directory with it (or with GPT-2's vocab.json and "
+                  "merges.txt); a labels.json beside it names a classifier's classes "
+                  "(default: data.path's)");
   cmd->add_option("--top", args->top, "fill-mask: tokens listed per [MASK] (default 5)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--batch", args->batch, "texts per forward at most (default 32)")

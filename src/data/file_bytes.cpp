@@ -118,6 +118,7 @@ std::string find_data_file(const std::string& dir, const std::string& name,
 void for_each_line(std::string_view text,
                    const std::function<void(std::string_view line, int64_t number)>& fn) {
   int64_t number = 0;
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a byte-order mark
   for (size_t at = 0; at < text.size();) {
     size_t end = text.find('\n', at);
     if (end == std::string_view::npos) end = text.size();

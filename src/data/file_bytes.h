@@ -25,7 +25,8 @@ struct FileBytes {
 };
 
 // fn(line, number) for each line of a text file's contents: split at '\n', a final '\r'
-// dropped, numbered from 1; nothing for the empty piece after a final newline.
+// dropped, numbered from 1; nothing for the empty piece after a final newline. A UTF-8
+// byte-order mark before the first line is no part of it.
 void for_each_line(std::string_view text,
                    const std::function<void(std::string_view line, int64_t number)>& fn);
 

@@ -202,9 +202,14 @@ bool is_labelled_rows_file(const std::string& input) {
 std::vector<LabelledRow> read_labelled_row_list(const std::string& file) {
   const bool jsonl = without_gz(fs::path(file)).extension() == ".jsonl";
   const FileBytes f = read_file_bytes(file, kRowsHint);
+  return parse_labelled_rows(f.text(), jsonl, file);
+}
+
+std::vector<LabelledRow> parse_labelled_rows(std::string_view contents, bool jsonl,
+                                             const std::string& file) {
   std::vector<LabelledRow> rows;
   std::string json_text;
-  for_each_line(f.text(), [&](std::string_view line, int64_t line_no) {
+  for_each_line(contents, [&](std::string_view line, int64_t line_no) {
     if (blank(line)) return;  // a blank line (a last newline, say) is no row
     const std::string where = fmt::format("{}:{}", file, line_no);
     const auto [label, text] = parse_row(line, jsonl, where, json_text);

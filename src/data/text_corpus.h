@@ -61,6 +61,9 @@ struct LabelledRow {
   int64_t line = 0;  // 1-based
 };
 std::vector<LabelledRow> read_labelled_row_list(const std::string& file);
+// The same from a file's contents (`file` names it in errors): JSON Lines, else TSV.
+std::vector<LabelledRow> parse_labelled_rows(std::string_view contents, bool jsonl,
+                                             const std::string& file);
 // The documents (and their labels) in an order drawn from `seed` (epoch_order's
 // permutation), so that the classes are interleaved in the shards: data.limit's first
 // texts then hold every class, not the first input's alone.

@@ -32,8 +32,9 @@ void check_heads(const std::string& source, int64_t heads, int64_t job_heads) {
   }
 }
 
-// Heads recorded beside a safetensors file: dtrain's export metadata, or the n_head of a
-// Hugging Face config.json in the same directory; 0 when neither says.
+// Heads recorded beside a safetensors file: dtrain's export metadata, or the n_head (GPT-2)
+// or num_attention_heads (BERT) of a Hugging Face config.json in the same directory; 0
+// when neither says.
 int64_t recorded_heads(const fs::path& file, const std::map<std::string, std::string>& meta) {
   if (auto it = meta.find("heads"); it != meta.end()) {
     int64_t heads = 0;
@@ -49,8 +50,10 @@ int64_t recorded_heads(const fs::path& file, const std::map<std::string, std::st
   std::error_code ec;
   if (!fs::is_regular_file(config, ec)) return 0;
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(config), nullptr, false);
-  if (j.is_object() && j.contains("n_head") && j.at("n_head").is_number_integer())
-    return j.at("n_head").get<int64_t>();
+  for (const char* key : {"n_head", "num_attention_heads"}) {
+    if (j.is_object() && j.contains(key) && j.at(key).is_number_integer())
+      return j.at(key).get<int64_t>();
+  }
   return 0;
 }
 
@@ -157,28 +160,27 @@ ModelWeights read_model_weights(const Job& job, const std::string& weights, cons
   }
   const fs::path newest = resolve_resume("latest", job.train.checkpoint.dir, "--checkpoint");
   if (!newest.empty()) return from_checkpoint(newest, job, g, heads, command);
-  if (job.model.init_from) return from_safetensors(*job.model.init_from, job, g, heads, command);
+  if (job.model.init_from) {
+    try {
+      return from_safetensors(*job.model.init_from, job, g, heads, command);
+    } catch (const RunError&) {
+      throw;
+    } catch (const Error& e) {  // say why that file was read at all
+      throw Error(fmt::format("no checkpoint in {} (train.checkpoint.dir) yet, so {} read "
+                              "model.init_from: {}",
+                              job.train.checkpoint.dir, command, e.message()),
+                  "train the job first (dtrain train), or pass --checkpoint PATH");
+    }
+  }
   throw Error(fmt::format("no checkpoint in {} (train.checkpoint.dir) to {} from",
                           job.train.checkpoint.dir, command),
               "train the job first (dtrain train), or pass --checkpoint PATH: a checkpoint, a "
               "run directory or a .safetensors file");
 }
 
-Tokenizer read_model_tokenizer(const Job& job, const std::string& tokenizer,
-                               std::string_view command) {
-  constexpr const char* kHint =
-      "pass --tokenizer: the tokenizer.json `dtrain data tokenize` wrote, or a directory with "
-      "GPT-2's vocab.json and merges.txt";
-  fs::path file = tokenizer;
-  if (file.empty()) {
-    if (!job.data.path || job.data.dataset != DatasetName::tokens) {
-      throw Error(fmt::format("{} needs the tokenizer of the model's training text, and the job's "
-                              "data has none (data.dataset is not tokens)",
-                              command),
-                  kHint);
-    }
-    file = fs::path(*job.data.path) / "tokenizer.json";
-  }
+namespace {
+
+Tokenizer load_tokenizer(fs::path file, const char* hint) {
   std::error_code ec;
   if (fs::is_directory(file, ec)) {
     if (fs::is_regular_file(file / "tokenizer.json", ec)) {
@@ -189,12 +191,56 @@ Tokenizer read_model_tokenizer(const Job& job, const std::string& tokenizer,
     } else {
       throw Error(fmt::format("{}: neither tokenizer.json nor vocab.json and merges.txt in it",
                               file.string()),
-                  kHint);
+                  hint);
     }
   }
   if (!fs::is_regular_file(file, ec))
-    throw Error(fmt::format("{}: no such tokenizer file", file.string()), kHint);
+    throw Error(fmt::format("{}: no such tokenizer file", file.string()), hint);
   return Tokenizer::load(file.string());
+}
+
+bool same_vocabulary(const Tokenizer& a, const Tokenizer& b) {
+  const TokenizerSpec &x = a.spec(), &y = b.spec();
+  if (x.vocab_size != y.vocab_size || x.byte_ids != y.byte_ids || x.special_ids != y.special_ids ||
+      x.merges.size() != y.merges.size())
+    return false;
+  for (size_t i = 0; i < x.merges.size(); ++i) {
+    const Merge &m = x.merges[i], &n = y.merges[i];
+    if (m.left != n.left || m.right != n.right || m.result != n.result) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Tokenizer read_model_tokenizer(const Job& job, const std::string& tokenizer,
+                               std::string_view command) {
+  constexpr const char* kHint =
+      "pass --tokenizer: the tokenizer.json `dtrain data tokenize` wrote, or a directory with "
+      "GPT-2's vocab.json and merges.txt";
+  const bool tokens = job.data.path && job.data.dataset == DatasetName::tokens;
+  if (tokenizer.empty()) {
+    if (!tokens) {
+      throw Error(fmt::format("{} needs the tokenizer of the model's training text, and the job's "
+                              "data has none (data.dataset is not tokens)",
+                              command),
+                  kHint);
+    }
+    return load_tokenizer(fs::path(*job.data.path) / "tokenizer.json", kHint);
+  }
+  Tokenizer tok = load_tokenizer(tokenizer, kHint);
+  // The training data's tokenizer, where it is still there, is the one the model knows.
+  std::error_code ec;
+  const fs::path trained = tokens ? fs::path(*job.data.path) / "tokenizer.json" : fs::path();
+  if (tokens && fs::is_regular_file(trained, ec) &&
+      !same_vocabulary(tok, Tokenizer::load(trained))) {
+    throw Error(fmt::format("--tokenizer {}: not the vocabulary of the model's training data "
+                            "({}; its tokens and special ids differ)",
+                            tokenizer, trained.string()),
+                "leave --tokenizer out to use the training data's, or point data.path at the "
+                "data the model was trained on");
+  }
+  return tok;
 }
 
 std::unique_ptr<InferenceGraph> make_inference_graph(const Job& job, const ModelOptions& options,

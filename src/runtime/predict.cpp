@@ -26,6 +26,22 @@ namespace {
 
 constexpr std::string_view kMaskText = "[MASK]";
 
+// The special ids the model was trained with: the tokenizer's for token shards (the
+// trainer reads them from data.path's tokenizer.json), the top ids of the model's
+// vocabulary for synthetic data (the trainer's trained_special layout), whichever
+// tokenizer --tokenizer names for the ordinary tokens.
+struct Specials {
+  TokenId endoftext, cls, sep, pad, mask;
+};
+
+Specials trained_specials(const Job& job, const Tokenizer& tok, int64_t vocab) {
+  const auto id = [&](Special s) {
+    return job.data.dataset == DatasetName::synthetic ? trained_special(vocab, s) : tok.special(s);
+  };
+  return {id(Special::endoftext), id(Special::cls), id(Special::sep), id(Special::pad),
+          id(Special::mask)};
+}
+
 // Softmax in double over one row of logits.
 std::vector<double> probabilities(const float* logits, int64_t n) {
   double top = -INFINITY;
@@ -49,12 +65,11 @@ int32_t most_likely(const std::vector<double>& p) {
 }
 
 void classify(const PredictRequest& r, const models::TransformerShape& shape, const Tokenizer& tok,
-              const Tensor& weights, PredictResult& out) {
+              const Specials& special, const Tensor& weights, PredictResult& out) {
   const Job& job = r.job;
   const int64_t n = static_cast<int64_t>(r.texts.size()), t_len = shape.seq_len;
   const int64_t classes = *shape.classes;
-  const TokenId cls = tok.special(Special::cls), sep = tok.special(Special::sep),
-                pad = tok.special(Special::pad);
+  const TokenId cls = special.cls, sep = special.sep, pad = special.pad;
   ModelOptions options = job.model;
   options.pad_token_id = pad;  // attention ignores the [PAD]s, as in training
   const int64_t batch = std::min(r.batch, n);
@@ -92,46 +107,48 @@ void classify(const PredictRequest& r, const models::TransformerShape& shape, co
 // says "[MASK]", <|endoftext|>. A space before "[MASK]" belongs to the masked word, as
 // words carry their leading space in the byte-level BPE (" cat"): the [MASK] takes it
 // (RoBERTa's mask token strips it likewise), so "the [MASK] sat" can become "the cat sat".
-std::vector<TokenId> fill_mask_ids(const std::string& text, const Tokenizer& tok, size_t index,
+std::vector<TokenId> fill_mask_ids(const std::string& text, const Tokenizer& tok,
+                                   const Specials& special, const std::string& where,
                                    int64_t& masks) {
-  std::vector<TokenId> ids = {tok.special(Special::endoftext)};
+  std::vector<TokenId> ids = {special.endoftext};
   masks = 0;
   size_t at = 0;
   for (size_t m = text.find(kMaskText); m != std::string::npos; m = text.find(kMaskText, at)) {
     std::string_view before = std::string_view(text).substr(at, m - at);
     if (!before.empty() && before.back() == ' ') before.remove_suffix(1);
     tok.encode_append(before, ids);
-    ids.push_back(tok.special(Special::mask));
+    ids.push_back(special.mask);
     ++masks;
     at = m + kMaskText.size();
   }
   tok.encode_append(std::string_view(text).substr(at), ids);
-  ids.push_back(tok.special(Special::endoftext));
+  ids.push_back(special.endoftext);
   if (masks == 0) {
-    throw Error(fmt::format("text {} has no [MASK]: a masked-LM BERT predicts the tokens at "
-                            "[MASK]s",
-                            index + 1),
-                "write [MASK] where a token is to be predicted, e.g. \"The [MASK] is blue.\"; a "
-                "classifier's job (model.num_classes) classifies whole texts");
+    throw Error(
+        fmt::format("{} has no [MASK]: a masked-LM BERT predicts the tokens at [MASK]s", where),
+        "write [MASK] (in capitals) where a token is to be predicted, e.g. \"The [MASK] "
+        "is blue.\"; a classifier's job (model.num_classes) classifies whole texts");
   }
   return ids;
 }
 
 void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, const Tokenizer& tok,
-               const Tensor& weights, PredictResult& out) {
+               const Specials& special, const Tensor& weights, PredictResult& out) {
   const Job& job = r.job;
   const int64_t n = static_cast<int64_t>(r.texts.size()), vocab = shape.vocab;
-  const TokenId mask = tok.special(Special::mask);
+  const TokenId mask = special.mask;
   std::vector<std::vector<TokenId>> ids(static_cast<size_t>(n));
   std::vector<int64_t> masks(static_cast<size_t>(n));
   for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = fill_mask_ids(r.texts[i], tok, i, masks[i]);
+    const std::string where = i < r.where.size() ? r.where[i] : fmt::format("text {}", i + 1);
+    ids[i] = fill_mask_ids(r.texts[i], tok, special, where, masks[i]);
     out.texts[i].tokens = static_cast<int64_t>(ids[i].size()) - 2;
     if (static_cast<int64_t>(ids[i].size()) > shape.seq_len) {
-      throw Error(fmt::format("text {}: {} tokens with the two <|endoftext|> around it, more "
-                              "than the model's context (model.seq_len {})",
-                              i + 1, ids[i].size(), shape.seq_len),
-                  "shorten the text around its [MASK]s");
+      throw Error(fmt::format("{}: {} tokens with the two <|endoftext|> around it, more than the "
+                              "model's context (model.seq_len {})",
+                              where, ids[i].size(), shape.seq_len),
+                  "shorten the text around its [MASK]s (a [MASK] sees the whole text, so "
+                  "predict does not cut it as it cuts a classifier's)");
     }
   }
   // Texts of one length share forwards, in input order within a length.
@@ -140,6 +157,7 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
   std::unique_ptr<InferenceGraph> f;
+  int64_t predictions = 0;  // f's head rows per text
   for (size_t first = 0; first < order.size();) {
     const size_t length = ids[order[first]].size();
     size_t end = first;
@@ -151,11 +169,14 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
     }
     const auto batch = static_cast<int64_t>(end - first);
     const auto t_len = static_cast<int64_t>(length);
-    f.reset();  // one executor at a time
-    ModelOptions options = job.model;
-    options.seq_len = static_cast<int>(t_len);
-    options.mlm_predictions = static_cast<int>(most);
-    f = make_inference_graph(job, options, batch, weights, /*labels=*/true);
+    if (!f || f->batch != batch || f->length != t_len || predictions != most) {
+      f.reset();  // one executor at a time
+      ModelOptions options = job.model;
+      options.seq_len = static_cast<int>(t_len);
+      options.mlm_predictions = static_cast<int>(most);
+      f = make_inference_graph(job, options, batch, weights, /*labels=*/true);
+      predictions = most;
+    }
     for (int64_t b = 0; b < batch; ++b) {
       const std::vector<TokenId>& s = ids[order[first + static_cast<size_t>(b)]];
       std::copy(s.begin(), s.end(), f->ids_host.data<int32_t>() + b * t_len);
@@ -200,10 +221,18 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
 
 }  // namespace
 
-std::vector<std::string> class_names(const Job& job) {
+std::vector<std::string> class_names(const Job& job, const std::string& tokenizer,
+                                     std::string* found) {
   const int classes = job.model.num_classes.value_or(0);
-  if (job.data.path && job.data.dataset == DatasetName::tokens) {
-    const fs::path file = fs::path(*job.data.path) / "labels.json";
+  std::vector<fs::path> places;
+  if (job.data.path && job.data.dataset == DatasetName::tokens) places.emplace_back(*job.data.path);
+  if (!tokenizer.empty()) {
+    std::error_code ec;
+    places.push_back(fs::is_directory(tokenizer, ec) ? fs::path(tokenizer)
+                                                     : fs::path(tokenizer).parent_path());
+  }
+  for (const fs::path& dir : places) {
+    const fs::path file = dir / "labels.json";
     std::error_code ec;
     if (fs::exists(file, ec)) {
       std::vector<std::string> names = read_class_names(file);
@@ -214,6 +243,7 @@ std::vector<std::string> class_names(const Job& job) {
                                 "did",
                                 names.size()));
       }
+      if (found != nullptr) *found = file.string();
       return names;
     }
   }
@@ -222,8 +252,7 @@ std::vector<std::string> class_names(const Job& job) {
   return names;
 }
 
-PredictResult predict(const PredictRequest& r) {
-  const Job& job = r.job;
+void check_predict_model(const Job& job) {
   const ArchPreset* arch = find_arch(job.model.arch);
   if (arch == nullptr || arch->family != ModelFamily::bert) {
     const bool gpt = arch != nullptr && arch->family == ModelFamily::gpt;
@@ -234,6 +263,11 @@ PredictResult predict(const PredictRequest& r) {
                     : "an image model's accuracy on its test split is the eval line of dtrain "
                       "train (train.eval_every)");
   }
+}
+
+PredictResult predict(const PredictRequest& r) {
+  const Job& job = r.job;
+  check_predict_model(job);
   if (r.texts.empty())
     throw Error("no texts to predict", "pass --text TEXT (repeatable) or --input FILE");
   if (r.batch < 1 || r.top < 1)
@@ -247,8 +281,9 @@ PredictResult predict(const PredictRequest& r) {
   }
   PredictResult out;
   out.classify = shape.classes.has_value();
-  if (out.classify) out.classes = class_names(job);
-  out.mask_id = tok.special(Special::mask);
+  if (out.classify) out.classes = class_names(job, r.tokenizer, &out.classes_file);
+  const Specials special = trained_specials(job, tok, shape.vocab);
+  out.mask_id = special.mask;
   const ModelWeights w = [&] {
     ModelOptions options = job.model;  // the layout alone: no executor, nothing allocated
     options.seq_len = static_cast<int>(std::min<int64_t>(shape.seq_len, 16));
@@ -262,14 +297,16 @@ PredictResult predict(const PredictRequest& r) {
   const auto start = std::chrono::steady_clock::now();
   try {
     if (out.classify) {
-      classify(r, shape, tok, w.params, out);
+      classify(r, shape, tok, special, w.params, out);
     } else {
-      fill_mask(r, shape, tok, w.params, out);
+      fill_mask(r, shape, tok, special, w.params, out);
     }
   } catch (const Error& e) {
     const std::string m = e.message();
     if (m.rfind("out of host memory", 0) != 0 && m.rfind("out of memory on", 0) != 0) throw;
-    throw RunError(m, fmt::format("predict fewer texts at once (--batch {})", r.batch));
+    const int64_t ran = std::min<int64_t>(r.batch, static_cast<int64_t>(r.texts.size()));
+    throw RunError(m, fmt::format("predict fewer texts at once: --batch {} (this run: {})",
+                                  std::max<int64_t>(1, ran / 2), ran));
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;

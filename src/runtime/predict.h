@@ -27,8 +27,9 @@ struct PredictRequest {
   std::string weights;    // as GenerateRequest::weights
   std::string tokenizer;  // tokenizer.json or a directory; empty: data.path's
   std::vector<std::string> texts;
-  int64_t batch = 32;  // texts per forward at most
-  int64_t top = 5;     // fill-mask: tokens listed per [MASK]
+  std::vector<std::string> where;  // per text, for messages ("rows.tsv:7"); empty: "text N"
+  int64_t batch = 32;              // texts per forward at most
+  int64_t top = 5;                 // fill-mask: tokens listed per [MASK]
 };
 
 struct TokenScore {
@@ -59,6 +60,7 @@ struct PredictResult {
   std::string weights;
   int64_t step = -1;
   std::vector<std::string> classes;  // classify: data.path's labels.json, else "0", "1", ...
+  std::string classes_file;          // the labels.json read; empty: none found
   int32_t mask_id = -1;              // fill-mask: the tokenizer's [MASK]
   std::vector<TextPrediction> texts;
   int64_t forwards = 0;
@@ -67,8 +69,15 @@ struct PredictResult {
 
 PredictResult predict(const PredictRequest& r);
 
-// The names of the job's classes: data.path/labels.json when it exists (its count must be
-// model.num_classes), else "0" ... "K-1".
-std::vector<std::string> class_names(const Job& job);
+// An Error unless the job's model is a BERT (what predict reads), saying what reads the
+// others.
+void check_predict_model(const Job& job);
+
+// The names of the job's classes: the labels.json that `dtrain data tokenize --labelled`
+// writes beside the tokenizer, in data.path or else beside `tokenizer` (--tokenizer: a
+// file or a directory); its count must be model.num_classes. Neither: "0" ... "K-1".
+// `file`, when given, is set to the labels.json read (empty: none).
+std::vector<std::string> class_names(const Job& job, const std::string& tokenizer,
+                                     std::string* file = nullptr);
 
 }  // namespace dtrain::runtime

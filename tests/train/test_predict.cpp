@@ -186,10 +186,68 @@ TEST_CASE("predict: a masked-LM BERT fills [MASK]s as an independent BERT does")
       for (const auto& c : m) CHECK(c.at("id").get<int64_t>() < t.vocab - 6);  // no special
     }
   }
+  // What the model read: <|endoftext|>, the text's tokens with the space before "[MASK]"
+  // given to the mask, <|endoftext|>.
+  const dtrain::Tokenizer tok = dtrain::Tokenizer::load((t.dir / "tokenizer.json").string());
+  std::vector<dtrain::TokenId> want = {tok.special(dtrain::Special::endoftext)};
+  tok.encode_append("The old king", want);
+  want.push_back(tok.special(dtrain::Special::mask));
+  tok.encode_append(" the farmer.", want);
+  want.push_back(tok.special(dtrain::Special::endoftext));
+  CHECK(texts[1].at("ids") == want);
   // The first token of each mask fills it; the space before "[MASK]" is the token's.
   const std::string first = texts[1].at("masks")[0][0].at("token");
   CHECK(texts[1].at("filled") == "The old king" + first + " the farmer.");
   CHECK(reference_check(model, got, tmp.path(), t.vocab - 6) == 0);
+}
+
+// Where the class names and the special tokens come from when the job's data is not the
+// training data: a labels.json beside --tokenizer, and for a model trained on synthetic
+// data the top ids of its vocabulary (where the trainer put [CLS], [SEP] and [PAD]).
+TEST_CASE("predict: class names beside --tokenizer, and a synthetic-data model's special ids") {
+  TempDir tmp("predict-elsewhere");
+  const TokenDir t = tokenize_labelled(tmp.path(), 300);
+  const fs::path job = classifier_job(tmp.path(), "cls", t, 4);
+  REQUIRE(run_dtrain({job.string()}, tmp.path() / "cls.log").rc == 0);
+  const fs::path moved = tmp.path() / "moved";
+  fs::create_directories(moved);
+  fs::copy_file(t.dir / "tokenizer.json", moved / "tokenizer.json");
+  const std::vector<std::string> elsewhere = {
+      job.string(),  "--text",      "Who?", "--set", "data.path=" + (tmp.path() / "gone").string(),
+      "--tokenizer", moved.string()};
+  CHECK(predict_json(tmp.path(), elsewhere).at("classes") == std::vector<std::string>{"0", "1"});
+  fs::copy_file(t.dir / "labels.json", moved / "labels.json");
+  CHECK(predict_json(tmp.path(), elsewhere).at("classes") ==
+        std::vector<std::string>{"questions", "statements"});
+
+  // Labelled rows under another name (--format), a byte-order mark before the first.
+  const fs::path rows = tmp.path() / "rows.txt";
+  write_bytes(rows, "\xEF\xBB\xBFquestions\tWho sees the king?\r\nstatements\tThe king sees.\r\n");
+  const nlohmann::json scored =
+      predict_json(tmp.path(), {job.string(), "--input", rows.string(), "--format", "tsv"});
+  CHECK(scored.at("labelled") == 2);
+  CHECK(scored.at("per_class").at("questions").at("labelled") == 1);
+  CHECK(scored.at("texts")[0].at("text") == "Who sees the king?");
+  const RunResult plain =
+      predict(tmp.path(), "plain.log", {job.string(), "--input", rows.string()});
+  REQUIRE_MESSAGE(plain.rc == 0, plain.describe());
+  CHECK_MESSAGE(contains(plain.log, "looks like a labelled row (label, tab, text)"), plain.log);
+
+  // Synthetic data, a vocabulary of 400 and the 300-token tokenizer: [CLS] is 400 - 3.
+  const fs::path synthetic = tmp.path() / "synthetic.yaml";
+  std::ofstream(synthetic) << "run: {output_dir: " << (tmp.path() / "synthetic").string()
+                           << ", seed: 1}\n"
+                           << "model: {arch: bert-tiny, layers: 1, hidden: 32, heads: 2, "
+                              "seq_len: 16, vocab_size: 400, num_classes: 2}\n"
+                           << "data: {dataset: synthetic, global_batch: 4}\n"
+                           << "optimizer: {name: adamw, lr: 0.001}\n"
+                           << "train: {steps: 2}\nlogging: {console: false}\n";
+  REQUIRE(run_dtrain({synthetic.string()}, tmp.path() / "synthetic.log").rc == 0);
+  const nlohmann::json got = predict_json(
+      tmp.path(), {synthetic.string(), "--tokenizer", moved.string(), "--text", "Who?"});
+  const auto& ids = got.at("texts")[0].at("ids");
+  CHECK(ids.front() == 397);  // [CLS]
+  CHECK(ids.back() == 398);   // [SEP]
 }
 
 TEST_CASE("predict refuses what it cannot use with exit 2, naming it") {
@@ -206,6 +264,9 @@ TEST_CASE("predict refuses what it cannot use with exit 2, naming it") {
   write_bytes(rows, "questions\tWho is there?\nanswers\tNobody.\n");
   const fs::path blank = tmp.path() / "blank.txt";
   write_bytes(blank, "\n  \n");
+  const fs::path masks = tmp.path() / "masks.txt";
+  write_bytes(masks, "The [MASK] king.\n\nno mask here\n");
+  const TokenDir other = tokenize(tmp.path(), 200);  // another corpus: another vocabulary
   const std::string j = job.string();
   const std::vector<std::string> mlm = {"--set", "model.num_classes=null", "--set",
                                         "run.output_dir=" + (tmp.path() / "mlm").string()};
@@ -226,12 +287,25 @@ TEST_CASE("predict refuses what it cannot use with exit 2, naming it") {
       {"no texts", {j}, "no texts to predict"},
       {"a blank input file", {j, "--input", blank.string()}, "every line is blank"},
       {"a missing input file", {j, "--input", "/nonexistent.txt"}, "/nonexistent.txt"},
+      {"a directory as input", {j, "--input", tmp.path().string()}, "a directory, not a file"},
+      {"labelled rows for a GPT-2",
+       with({j, "--set", "model.arch=gpt2-tiny", "--input", rows.string()}, mlm),
+       "dtrain generate"},
       {"a label the model does not know",
        {j, "--input", rows.string()},
        "rows.tsv:2: label \"answers\" is none of the model's classes (questions, statements)"},
       {"labelled rows for a masked-LM", with({j, "--input", rows.string()}, mlm),
        "labelled rows score a classifier"},
       {"a fill-mask text without [MASK]", with({j, "--text", "no mask"}, mlm), "has no [MASK]"},
+      {"a fill-mask line without [MASK]", with({j, "--input", masks.string()}, mlm),
+       "masks.txt:3 has no [MASK]"},
+      {"another corpus's tokenizer",
+       {j, "--text", "a", "--tokenizer", (other.dir / "tokenizer.json").string()},
+       "not the vocabulary of the model's training data"},
+      {"an untrained job whose model.init_from has no classifier",
+       {j, "--text", "a", "--set", "run.output_dir=" + (tmp.path() / "untrained").string(), "--set",
+        "model.init_from=" + mlm_export.string()},
+       "yet, so predict read model.init_from"},
       {"a fill-mask text past the context", with({j, "--text", too_long + "[MASK]"}, mlm),
        "more than the model's context (model.seq_len 64)"},
       {"a classifier from a masked-LM export",
