@@ -150,3 +150,37 @@ TEST_CASE("labelled data that does not fit the classifier is exit 2, naming key 
   CHECK_MESSAGE(contains(short_rows.log, "model.seq_len: 2"), short_rows.log);
   CHECK_MESSAGE(!fs::exists(tmp.path() / "bad" / "checkpoints"), "a refused run wrote checkpoints");
 }
+
+// dtrain validate opens the data as the trainer does: a mismatch that `dtrain train`
+// would stop at is exit 2 before anything is printed, and --no-data skips the check.
+TEST_CASE("validate opens the job's data as train does") {
+  TempDir tmp("classify-validate");
+  const TokenDir t = tokenize_labelled(tmp.path(), 300);
+  const fs::path job = classifier_job(tmp.path(), "v", t, 4);
+  const RunResult ok = run_dtrain_command({"validate", job.string()}, tmp.path() / "ok.log");
+  REQUIRE_MESSAGE(ok.rc == 0, ok.describe());
+  CHECK_MESSAGE(contains(ok.log, "\n# data: "), ok.log);
+  CHECK_MESSAGE(contains(ok.log, "validation texts"), ok.log);
+  struct Case {
+    std::vector<std::string> sets;
+    const char* says;
+  };
+  const Case cases[] = {
+      {{"model.num_classes=3"}, "labels.json names 2 classes"},
+      {{"data.path=" + (tmp.path() / "gone").string()}, "gone"},
+      {{"data.global_batch=4096"}, "fewer than one global batch of 4096"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.says);
+    std::vector<std::string> args = {"validate", job.string()};
+    for (const std::string& s : c.sets) args.insert(args.end(), {"--set", s});
+    const RunResult bad = run_dtrain_command(args, tmp.path() / "bad.log");
+    CHECK_MESSAGE(bad.rc == 2, bad.describe());
+    CHECK_MESSAGE(contains(bad.log, c.says), bad.log);
+    CHECK_MESSAGE(!contains(bad.log, "run:"), bad.log);  // no YAML printed before the error
+    args.push_back("--no-data");
+    const RunResult skipped = run_dtrain_command(args, tmp.path() / "skipped.log");
+    CHECK_MESSAGE(skipped.rc == 0, skipped.describe());
+    CHECK_MESSAGE(contains(skipped.log, "# data: not opened (--no-data)"), skipped.log);
+  }
+}
