@@ -1,9 +1,11 @@
-// `dtrain predict JOB.yaml [--text TEXT ...] [--input FILE] [--checkpoint PATH]
-// [--tokenizer F] [--top N] [--batch N] [--device D] [--json] [--set key=value ...]`:
-// a trained BERT's classes for texts, or its fill-mask (runtime/predict.h). --input reads
-// one text per line, or labelled rows (.jsonl / .tsv, as `dtrain data tokenize --labelled`
-// reads them), which also score the classifier: accuracy, and per class.
+// `dtrain predict JOB.yaml [--text TEXT ...] [--input FILE [--format F]] [--checkpoint
+// PATH] [--tokenizer F] [--top N] [--batch N] [--device D] [--json] [--set key=value ...]`:
+// a BERT classifier's classes for texts, a masked-LM BERT's fill-mask, or a GPT-2's
+// scores (runtime/predict.h). --input reads one text per line, or labelled rows (.jsonl /
+// .tsv, as `dtrain data tokenize --labelled` reads them), which also score the
+// classifier: accuracy, and per class.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -209,12 +211,54 @@ Score score(const runtime::PredictResult& p, const std::vector<int32_t>& expecte
   return s;
 }
 
+// A GPT-2's scores over texts: the scored tokens, their log-probabilities' sum, and the
+// perplexity exp(-mean log-probability); nullopt without a scored token.
+struct Perplexity {
+  int64_t tokens = 0;
+  double logprob = 0.0;
+  std::optional<double> value() const {
+    if (tokens == 0) return std::nullopt;
+    return std::exp(-logprob / static_cast<double>(tokens));
+  }
+};
+
+Perplexity perplexity(const std::vector<double>& logprobs) {
+  Perplexity p;
+  for (double l : logprobs) p.logprob += l;
+  p.tokens = static_cast<int64_t>(logprobs.size());
+  return p;
+}
+
+nlohmann::json or_null(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nullptr; }
+
+const char* task_name(runtime::PredictTask t) {
+  switch (t) {
+    case runtime::PredictTask::classify:
+      return "classify";
+    case runtime::PredictTask::fill_mask:
+      return "fill-mask";
+    case runtime::PredictTask::score:
+      return "score";
+  }
+  return "?";
+}
+
 nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const Score& s) {
+  const bool classify = p.task == runtime::PredictTask::classify;
   nlohmann::json texts = nlohmann::json::array();
+  Perplexity all;
   for (size_t i = 0; i < p.texts.size(); ++i) {
     const runtime::TextPrediction& t = p.texts[i];
     nlohmann::json j = {{"text", in.texts[i]}, {"tokens", t.tokens}, {"ids", t.ids}};
-    if (p.classify) {
+    if (p.task == runtime::PredictTask::score) {
+      const Perplexity one = perplexity(t.logprobs);
+      all.tokens += one.tokens;
+      all.logprob += one.logprob;
+      j["logprobs"] = t.logprobs;
+      j["logprob"] = one.logprob;
+      j["perplexity"] = or_null(one.value());
+      j["windows"] = t.windows;
+    } else if (classify) {
       j["label"] = p.classes[static_cast<size_t>(t.label)];
       j["label_id"] = t.label;
       j["probabilities"] = t.probabilities;  // in the order of "classes"
@@ -233,13 +277,18 @@ nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const 
     }
     texts.push_back(j);
   }
-  nlohmann::json out = {{"task", p.classify ? "classify" : "fill-mask"},
+  nlohmann::json out = {{"task", task_name(p.task)},
                         {"weights", p.weights},
                         {"step", p.step >= 0 ? nlohmann::json(p.step) : nullptr},
                         {"forwards", p.forwards},
                         {"seconds", p.seconds}};
-  if (!p.classify) out["mask_id"] = p.mask_id;
-  if (p.classify) {
+  if (p.task == runtime::PredictTask::fill_mask) out["mask_id"] = p.mask_id;
+  if (p.task == runtime::PredictTask::score) {
+    out["scored_tokens"] = all.tokens;
+    out["logprob"] = all.logprob;
+    out["perplexity"] = or_null(all.value());
+  }
+  if (classify) {
     out["classes"] = p.classes;
     if (s.labelled > 0) {
       out["labelled"] = s.labelled;
@@ -257,7 +306,28 @@ nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const 
 }
 
 void print_console(const runtime::PredictResult& p, const Inputs& in, const Score& s) {
-  if (p.classify) {
+  if (p.task == runtime::PredictTask::score) {
+    Perplexity all;
+    for (size_t i = 0; i < p.texts.size(); ++i) {
+      const Perplexity one = perplexity(p.texts[i].logprobs);
+      all.tokens += one.tokens;
+      all.logprob += one.logprob;
+      const std::string ppl = one.value() ? fmt::format("{:.3f}", *one.value()) : "-";
+      std::printf("%s\t%lld\t%s\n", ppl.c_str(), static_cast<long long>(one.tokens),
+                  one_line(in.texts[i]).c_str());
+    }
+    std::fprintf(stderr, "dtrain: %zu text(s) in %.2f s (%lld forwards)\n", p.texts.size(),
+                 p.seconds, static_cast<long long>(p.forwards));
+    if (all.value()) {
+      std::fprintf(stderr,
+                   "dtrain: perplexity %.4f over %lld scored tokens (mean log-probability "
+                   "%.4f)\n",
+                   *all.value(), static_cast<long long>(all.tokens),
+                   all.logprob / static_cast<double>(all.tokens));
+    }
+    return;
+  }
+  if (p.task == runtime::PredictTask::classify) {
     for (size_t i = 0; i < p.texts.size(); ++i) {
       const runtime::TextPrediction& t = p.texts[i];
       std::printf("%s\t%.4f\t%s\n", p.classes[static_cast<size_t>(t.label)].c_str(),
@@ -316,7 +386,7 @@ int run_predict(const PredictArgs& a) {
   r.batch = a.batch;
   const runtime::PredictResult p = runtime::predict(r);
   const Score s = score(p, expected);
-  if (p.classify && p.classes_file.empty()) {
+  if (p.task == runtime::PredictTask::classify && p.classes_file.empty()) {
     std::fprintf(stderr,
                  "dtrain: warning: no labels.json in data.path or beside --tokenizer: the "
                  "classes are shown by number\n");
@@ -327,8 +397,10 @@ int run_predict(const PredictArgs& a) {
         to_json(p, in, s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     const std::string step = p.step >= 0 ? fmt::format(" (step {})", p.step) : "";
-    std::fprintf(stderr, "dtrain: %s with %s%s\n", p.classify ? "classifying" : "filling [MASK]s",
-                 p.weights.c_str(), step.c_str());
+    const char* doing = p.task == runtime::PredictTask::classify    ? "classifying"
+                        : p.task == runtime::PredictTask::fill_mask ? "filling [MASK]s"
+                                                                    : "scoring";
+    std::fprintf(stderr, "dtrain: %s with %s%s\n", doing, p.weights.c_str(), step.c_str());
     print_console(p, in, s);
   }
   return kExitOk;
@@ -340,7 +412,8 @@ void add_predict(CLI::App& app, Action& action) {
   auto args = std::make_shared<PredictArgs>();
   CLI::App* cmd = app.add_subcommand(
       "predict",
-      "classify texts with a trained BERT classifier, or fill a masked-LM BERT's [MASK]s");
+      "classify texts with a BERT classifier, fill a masked-LM BERT's [MASK]s, or score texts "
+      "with a GPT-2 (log-probabilities, perplexity)");
   cmd->add_option("job", args->job, "job file (YAML) of the model")->required();
   cmd->add_option("--set", args->overrides, "override a key, e.g. --set model.seq_len=256")
       ->allow_extra_args(false);

@@ -42,8 +42,8 @@ Specials trained_specials(const Job& job, const Tokenizer& tok, int64_t vocab) {
           id(Special::mask)};
 }
 
-// Softmax in double over one row of logits.
-std::vector<double> probabilities(const float* logits, int64_t n) {
+// The largest of one row of logits, which must all be finite.
+double finite_max(const float* logits, int64_t n) {
   double top = -INFINITY;
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(logits[i])) {
@@ -52,11 +52,25 @@ std::vector<double> probabilities(const float* logits, int64_t n) {
     }
     top = std::max(top, static_cast<double>(logits[i]));
   }
+  return top;
+}
+
+// Softmax in double over one row of logits.
+std::vector<double> probabilities(const float* logits, int64_t n) {
+  const double top = finite_max(logits, n);
   std::vector<double> p(static_cast<size_t>(n));
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += p[static_cast<size_t>(i)] = std::exp(logits[i] - top);
   for (double& x : p) x /= sum;
   return p;
+}
+
+// log p(target) under one row of logits, in double: the logit less the log of the sum.
+double log_probability(const float* logits, int64_t n, TokenId target) {
+  const double top = finite_max(logits, n);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(logits[i] - top);
+  return static_cast<double>(logits[target]) - top - std::log(sum);
 }
 
 // The most likely class, ties to the smaller id.
@@ -219,6 +233,88 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
   }
 }
 
+// ---- GPT-2: scores -------------------------------------------------------------------
+
+// One window of one text: ids[begin, end) run, and targets [first, end) scored.
+struct Window {
+  size_t text;
+  int64_t begin, end, first;
+};
+
+// The graph's positions for a window of n tokens: a power of two from 16, at most the
+// context.
+int64_t window_length(int64_t n, int64_t context) {
+  int64_t length = 16;
+  while (length < n) length *= 2;
+  return std::min(length, context);
+}
+
+void score(const PredictRequest& r, const models::TransformerShape& shape, const Tokenizer& tok,
+           const Tensor& weights, PredictResult& out) {
+  const Job& job = r.job;
+  const int64_t context = shape.seq_len, vocab = shape.vocab;
+  const int64_t stride = std::max<int64_t>(1, context / 2);
+  const TokenId end_id = tok.special(Special::endoftext);
+  std::vector<std::vector<TokenId>> ids(r.texts.size());
+  std::vector<Window> windows;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = {end_id};
+    tok.encode_append(r.texts[i], ids[i]);
+    const auto n = static_cast<int64_t>(ids[i].size());
+    out.texts[i].tokens = n - 1;
+    out.texts[i].logprobs.assign(static_cast<size_t>(n - 1), 0.0);  // windows fill them
+    for (int64_t begin = 0, scored = 1; scored < n; begin += stride) {
+      const int64_t end = std::min(begin + context, n);
+      windows.push_back({i, begin, end, scored});
+      scored = end;
+    }
+  }
+  // Windows of one graph length share forwards; texts keep their order within a length.
+  std::stable_sort(windows.begin(), windows.end(), [&](const Window& a, const Window& b) {
+    return window_length(a.end - a.begin, context) < window_length(b.end - b.begin, context);
+  });
+  std::unique_ptr<InferenceGraph> f;
+  for (size_t first = 0; first < windows.size();) {
+    const int64_t length = window_length(windows[first].end - windows[first].begin, context);
+    size_t last = first;
+    while (last < windows.size() &&
+           window_length(windows[last].end - windows[last].begin, context) == length &&
+           static_cast<int64_t>(last - first) < r.batch)
+      ++last;
+    const auto batch = static_cast<int64_t>(last - first);
+    if (!f || f->batch != batch || f->length != length) {
+      f.reset();  // one executor at a time
+      ModelOptions options = job.model;
+      options.seq_len = static_cast<int>(length);
+      f = make_inference_graph(job, options, batch, weights);
+    }
+    int32_t* rows = f->ids_host.data<int32_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      const Window& w = windows[first + static_cast<size_t>(b)];
+      const std::vector<TokenId>& s = ids[w.text];
+      std::copy(s.begin() + w.begin, s.begin() + w.end, rows + b * length);
+      std::fill(rows + b * length + (w.end - w.begin), rows + (b + 1) * length, end_id);
+    }
+    const Tensor& logits = f->forward();  // [batch, length, vocab]
+    ++out.forwards;
+    for (int64_t b = 0; b < batch; ++b) {
+      const Window& w = windows[first + static_cast<size_t>(b)];
+      TextPrediction& p = out.texts[w.text];
+      ++p.windows;
+      const int64_t row0 = b * length + (w.first - 1 - w.begin);  // predicts token w.first
+      const Tensor rows_host = kernels::to_host(
+          logits.view(row0 * vocab, {(w.end - w.first) * vocab}));  // the rows it needs
+      for (int64_t t = w.first; t < w.end; ++t) {
+        const TokenId target = ids[w.text][static_cast<size_t>(t)];
+        p.logprobs[static_cast<size_t>(t - 1)] =
+            log_probability(rows_host.data<float>() + (t - w.first) * vocab, vocab, target);
+      }
+    }
+    first = last;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) out.texts[i].ids = std::move(ids[i]);
+}
+
 }  // namespace
 
 std::vector<std::string> class_names(const Job& job, const std::string& tokenizer,
@@ -254,14 +350,12 @@ std::vector<std::string> class_names(const Job& job, const std::string& tokenize
 
 void check_predict_model(const Job& job) {
   const ArchPreset* arch = find_arch(job.model.arch);
-  if (arch == nullptr || arch->family != ModelFamily::bert) {
-    const bool gpt = arch != nullptr && arch->family == ModelFamily::gpt;
+  if (arch == nullptr || !is_language_model(arch->family)) {
     throw Error(fmt::format("model.arch {}: dtrain predict reads texts with a BERT (a "
-                            "classifier, or a masked-LM filling [MASK]s)",
+                            "classifier, or a masked-LM filling [MASK]s) or a GPT-2 (scores)",
                             job.model.arch),
-                gpt ? "a GPT-2 continues text: dtrain generate"
-                    : "an image model's accuracy on its test split is the eval line of dtrain "
-                      "train (train.eval_every)");
+                "an image model's accuracy on its test split is the eval line of dtrain train "
+                "(train.eval_every)");
   }
 }
 
@@ -272,16 +366,28 @@ PredictResult predict(const PredictRequest& r) {
     throw Error("no texts to predict", "pass --text TEXT (repeatable) or --input FILE");
   if (r.batch < 1 || r.top < 1)
     throw Error(fmt::format("--batch {} and --top {} must be at least 1", r.batch, r.top));
-  const models::TransformerShape shape = models::resolve_transformer(job.model, ModelFamily::bert);
+  const bool gpt = find_arch(job.model.arch)->family == ModelFamily::gpt;
+  const models::TransformerShape shape =
+      models::resolve_transformer(job.model, gpt ? ModelFamily::gpt : ModelFamily::bert);
   const Tokenizer tok = read_model_tokenizer(job, r.tokenizer, "predict");
-  if (tok.vocab_size() > shape.vocab) {
-    throw Error(fmt::format("the tokenizer has {} tokens, more than the model's vocabulary ({})",
-                            tok.vocab_size(), shape.vocab),
+  // The rows the texts need: every token for a BERT (its specials take the top ids); the
+  // ordinary tokens and <|endoftext|> for a GPT-2 (Hugging Face's has 50257 rows, and
+  // dtrain appends its five other specials after them).
+  const int64_t needed =
+      gpt ? std::max<int64_t>(tok.first_special(), tok.special(Special::endoftext) + 1)
+          : tok.vocab_size();
+  if (needed > shape.vocab) {
+    throw Error(fmt::format("the tokenizer's tokens need {} rows, more than the model's "
+                            "vocabulary ({})",
+                            needed, shape.vocab),
                 "use the tokenizer of the model's training data (data.path or --tokenizer)");
   }
   PredictResult out;
-  out.classify = shape.classes.has_value();
-  if (out.classify) out.classes = class_names(job, r.tokenizer, &out.classes_file);
+  out.task = gpt                         ? PredictTask::score
+             : shape.classes.has_value() ? PredictTask::classify
+                                         : PredictTask::fill_mask;
+  if (out.task == PredictTask::classify)
+    out.classes = class_names(job, r.tokenizer, &out.classes_file);
   const Specials special = trained_specials(job, tok, shape.vocab);
   out.mask_id = special.mask;
   const ModelWeights w = [&] {
@@ -296,10 +402,16 @@ PredictResult predict(const PredictRequest& r) {
   out.texts.resize(r.texts.size());
   const auto start = std::chrono::steady_clock::now();
   try {
-    if (out.classify) {
-      classify(r, shape, tok, special, w.params, out);
-    } else {
-      fill_mask(r, shape, tok, special, w.params, out);
+    switch (out.task) {
+      case PredictTask::classify:
+        classify(r, shape, tok, special, w.params, out);
+        break;
+      case PredictTask::fill_mask:
+        fill_mask(r, shape, tok, special, w.params, out);
+        break;
+      case PredictTask::score:
+        score(r, shape, tok, w.params, out);
+        break;
     }
   } catch (const Error& e) {
     const std::string m = e.message();

@@ -1,6 +1,8 @@
-// `dtrain predict`: what a trained BERT says about texts. A classifier (model.num_classes)
-// gives each text its class and every class's probability; a masked-LM BERT fills each
-// [MASK] of a text with its most likely tokens (Hugging Face's fill-mask). The weights
+// `dtrain predict`: what a trained model says about texts. A BERT classifier
+// (model.num_classes) gives each text its class and every class's probability; a
+// masked-LM BERT fills each [MASK] of a text with its most likely tokens (Hugging Face's
+// fill-mask); a GPT-2 scores each text: every token's log-probability given the ones
+// before it, and the text's perplexity. The weights
 // come as for `dtrain generate` (runtime/inference.h): the job's newest checkpoint
 // of any layout, --checkpoint, or a safetensors file; the forward is the training graph
 // in fp32 and evaluation mode (no dropout), on the job's device.
@@ -12,6 +14,14 @@
 // (a document as the token shards hold it), and runs at its own length: a masked-LM
 // BERT trained on windows of text has no padding mask, so texts of one length share a
 // forward and no text sees padding.
+//
+// A GPT-2 text becomes <|endoftext|> then its tokens (a document as the token shards hold
+// it), and every token after the first is scored. A text longer than the context is
+// scored in windows of seq_len tokens that advance by seq_len / 2 (Hugging Face's strided
+// perplexity): each window scores the tokens the one before did not reach, so every token
+// is scored once, with at least seq_len / 2 tokens before it after the first window.
+// Windows run at a power-of-two length (16 up to seq_len) with <|endoftext|> after the
+// text, which causal attention never lets an earlier position see.
 #pragma once
 
 #include <cstdint>
@@ -53,10 +63,16 @@ struct TextPrediction {
   // of each filled in
   std::vector<std::vector<TokenScore>> masks;
   std::string filled;
+  // score: each scored token's log-probability (natural log, under the model: the whole
+  // vocabulary), in text order: ids[1..] (ids holds <|endoftext|> and the text's tokens)
+  std::vector<double> logprobs;
+  int64_t windows = 0;  // forwards over this text's windows
 };
 
+enum class PredictTask : uint8_t { classify, fill_mask, score };
+
 struct PredictResult {
-  bool classify = false;  // else fill-mask
+  PredictTask task = PredictTask::classify;
   std::string weights;
   int64_t step = -1;
   std::vector<std::string> classes;  // classify: data.path's labels.json, else "0", "1", ...

@@ -161,4 +161,19 @@ fs::path classifier_job(const fs::path& dir, const std::string& run, const Token
   return job;
 }
 
+fs::path gpt_job(const fs::path& dir, const std::string& run, const TokenDir& data, int steps) {
+  const fs::path job = dir / (run + ".yaml");
+  std::ofstream(job) << "run: {output_dir: " << (dir / run).string() << ", seed: 1}\n"
+                     << "model: {arch: gpt2-tiny, layers: 2, hidden: 32, heads: " << kGptHeads
+                     << ",\n        seq_len: " << kGptContext << ", max_positions: " << kGptContext
+                     << ", vocab_size: " << data.vocab << ", dropout: 0.1}\n"
+                     << "data: {dataset: tokens, path: " << data.dir.string()
+                     << ", global_batch: 8}\n"
+                     << "optimizer: {name: adamw, lr: 0.01}\n"
+                     << "train: {steps: " << steps
+                     << ", log_every: 10, checkpoint: {every: 10, keep: 5}}\n"
+                     << "logging: {console: false}\n";
+  return job;
+}
+
 }  // namespace dtrain::train_test

@@ -45,4 +45,10 @@ TokenDir tokenize_labelled(const fs::path& tmp, int records,
 fs::path classifier_job(const fs::path& dir, const std::string& run, const TokenDir& data,
                         int steps);
 
+// A two-layer GPT-2 of width 32 and context 16 over `data`, trained `steps` steps
+// (checkpoints every 10), at <dir>/<run>.yaml.
+inline constexpr int64_t kGptContext = 16;
+inline constexpr int kGptHeads = 2;
+fs::path gpt_job(const fs::path& dir, const std::string& run, const TokenDir& data, int steps);
+
 }  // namespace dtrain::train_test

@@ -6,7 +6,8 @@
 // bit (every CUDA kernel of dtrain is deterministic); and a CPU checkpoint must
 // resume on the GPU; bf16 and fp16 runs follow the CPU's in the same precision.
 // `dtrain generate` on CUDA (the key/value cache's steps too) draws the CPU's tokens from
-// the same checkpoint; `dtrain predict` on CUDA gives the CPU's classes and fill-mask.
+// the same checkpoint; `dtrain predict` on CUDA gives the CPU's classes, fill-mask and
+// scores.
 // Without a usable CUDA device it prints "skipped: no GPU
 // (<reason>)" and exits 77 (SKIP_RETURN_CODE).
 //
@@ -264,24 +265,29 @@ TEST_CASE("generate on CUDA draws the CPU's tokens with the CPU's log-probabilit
 }
 
 // dtrain predict on CUDA reads the CPU runs' checkpoints: a classifier's probabilities
-// (padded rows: the key mask on the device) and a masked-LM's fill-mask (two [MASK]s in
-// one text: the head's gather) are the CPU's to 1e-4.
-TEST_CASE("predict on CUDA gives the CPU's classes and fill-mask") {
+// (padded rows: the key mask on the device), a masked-LM's fill-mask (two [MASK]s in
+// one text: the head's gather) and a GPT-2's scores (a text past the 32-token context:
+// strided windows) are the CPU's to 1e-4.
+TEST_CASE("predict on CUDA gives the CPU's classes, fill-mask and scores") {
   TempDir tmp("cuda-predict");
   const TokenDir tok = tokenize(tmp.path(), 200);  // the synthetic jobs have no tokenizer
-  for (const Model* m : {&kModels[3], &kModels[1]}) {
+  const std::string story =
+      "The old king sees the farmer near the house. A horse walked in the garden. The farmer "
+      "sees a horse, and the old king walked to the river.";
+  for (const Model* m : {&kModels[3], &kModels[1], &kModels[2]}) {
     CAPTURE(m->name);
     const fs::path job = write_model_job(tmp.path(), m->name, *m);
     train(job, tmp.path(), "cpu", {"--set", "train.checkpoint.every=20"});
-    const bool classify = m == &kModels[3];
+    const bool classify = m == &kModels[3], score = m == &kModels[2];
+    const std::string first = classify ? "The old king sees the farmer."
+                              : score  ? story
+                                       : "The [MASK] king [MASK].";
+    const std::string second = classify || score ? "Who?" : "A [MASK] walked in the garden.";
     const auto run = [&](const std::string& device) {
       std::vector<std::string> args = {
-          "predict",     job.string(),
-          "--tokenizer", (tok.dir / "tokenizer.json").string(),
-          "--text",      classify ? "The old king sees the farmer." : "The [MASK] king [MASK].",
-          "--text",      classify ? "Who?" : "A [MASK] walked in the garden.",
-          "--device",    device,
-          "--json"};
+          "predict",  job.string(), "--tokenizer", (tok.dir / "tokenizer.json").string(),
+          "--text",   first,        "--text",      second,
+          "--device", device,       "--json"};
       const RunResult r = run_dtrain_command(args, tmp.path() / ("predict-" + device + ".log"));
       REQUIRE_MESSAGE(r.rc == 0, r.describe());
       return nlohmann::json::parse(r.log.substr(r.log.find("{\n")));
@@ -291,6 +297,15 @@ TEST_CASE("predict on CUDA gives the CPU's classes and fill-mask") {
     for (size_t i = 0; i < 2; ++i) {
       const nlohmann::json& a = cpu.at("texts")[i];
       const nlohmann::json& b = gpu.at("texts")[i];
+      if (score) {
+        CHECK(a.at("windows") == b.at("windows"));
+        REQUIRE(a.at("logprobs").size() == b.at("logprobs").size());
+        for (size_t k = 0; k < a.at("logprobs").size(); ++k) {
+          CHECK(a.at("logprobs")[k].get<double>() ==
+                doctest::Approx(b.at("logprobs")[k].get<double>()).epsilon(1e-4));
+        }
+        continue;
+      }
       if (classify) {
         CHECK(a.at("label") == b.at("label"));
         for (size_t k = 0; k < a.at("probabilities").size(); ++k) {

@@ -27,8 +27,8 @@ using dtrain::runtime::SamplingOptions;
 namespace {
 
 constexpr int kExitBadInput = 2;
-constexpr int64_t kContext = 16;  // model.seq_len of the jobs here
-constexpr int kHeads = 2;
+constexpr int64_t kContext = kGptContext;  // model.seq_len of the jobs here
+constexpr int kHeads = kGptHeads;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -119,24 +119,6 @@ TEST_CASE("sampler: greedy, temperature, top-k and top-p draw what they say") {
 
 namespace {
 
-// A two-layer GPT-2 of width 32 and context 16 over `data`, trained `steps` steps
-// (checkpoints every 10), at <dir>/<run>.yaml.
-fs::path write_gpt_job(const fs::path& dir, const std::string& run, const TokenDir& data,
-                       int steps) {
-  const fs::path job = dir / (run + ".yaml");
-  std::ofstream(job) << "run: {output_dir: " << (dir / run).string() << ", seed: 1}\n"
-                     << "model: {arch: gpt2-tiny, layers: 2, hidden: 32, heads: " << kHeads
-                     << ",\n        seq_len: " << kContext << ", max_positions: " << kContext
-                     << ", vocab_size: " << data.vocab << ", dropout: 0.1}\n"
-                     << "data: {dataset: tokens, path: " << data.dir.string()
-                     << ", global_batch: 8}\n"
-                     << "optimizer: {name: adamw, lr: 0.01}\n"
-                     << "train: {steps: " << steps
-                     << ", log_every: 10, checkpoint: {every: 10, keep: 5}}\n"
-                     << "logging: {console: false}\n";
-  return job;
-}
-
 struct Trained {
   TokenDir data;
   fs::path job;
@@ -145,7 +127,7 @@ struct Trained {
 Trained train_small(const fs::path& tmp, int steps = 30) {
   Trained t;
   t.data = tokenize(tmp, 300);
-  t.job = write_gpt_job(tmp, "gpt", t.data, steps);
+  t.job = gpt_job(tmp, "gpt", t.data, steps);
   const RunResult r = run_dtrain({t.job.string()}, tmp / "train.log");
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
   return t;

@@ -201,6 +201,72 @@ TEST_CASE("predict: a masked-LM BERT fills [MASK]s as an independent BERT does")
   CHECK(reference_check(model, got, tmp.path(), t.vocab - 6) == 0);
 }
 
+// A GPT-2 scores each token of a text given the ones before it; a text past the 16-token
+// context in windows of 16 advancing by 8, each scoring the tokens the previous one did
+// not reach. Every window is checked against the independent GPT-2 forward of
+// tests/scripts/gpt2_reference.py, given the same tokens before the scored ones.
+TEST_CASE("predict: a GPT-2's scores are an independent GPT-2's, window by window") {
+  TempDir tmp("predict-score");
+  const TokenDir t = tokenize(tmp.path(), 300);
+  const fs::path job = gpt_job(tmp.path(), "gpt", t, 30);
+  const RunResult r = run_dtrain({job.string()}, tmp.path() / "train.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const fs::path model = export_run(tmp.path(), "gpt");
+  const std::string long_text =
+      "The old king sees the farmer near the house. A horse walked in the garden. The farmer "
+      "sees a horse.";
+  const nlohmann::json got =
+      predict_json(tmp.path(), {job.string(), "--batch", "2", "--text", "The old king sees.",
+                                "--text", long_text, "--text", ""});
+  CHECK(got.at("task") == "score");
+  const auto& texts = got.at("texts");
+  REQUIRE(texts.size() == 3);
+  CHECK(texts[2].at("tokens") == 0);
+  CHECK(texts[2].at("perplexity").is_null());
+  int64_t scored = 0;
+  double sum = 0.0;
+  for (size_t i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    const std::vector<int32_t> ids = texts[i].at("ids");
+    const std::vector<double> logprobs = texts[i].at("logprobs");
+    const auto n = static_cast<int64_t>(ids.size());
+    REQUIRE(static_cast<int64_t>(logprobs.size()) == n - 1);
+    CHECK(ids.front() == t.vocab - 6);  // <|endoftext|>
+    int64_t windows = 0;
+    for (int64_t begin = 0, first = 1; first < n; begin += kGptContext / 2, ++windows) {
+      const int64_t end = std::min(begin + kGptContext, n);
+      nlohmann::json window = {
+          {"prompt_ids", std::vector<int32_t>(ids.begin() + begin, ids.begin() + first)},
+          {"samples",
+           {{{"ids", std::vector<int32_t>(ids.begin() + first, ids.begin() + end)},
+             {"logprobs",
+              std::vector<double>(logprobs.begin() + first - 1, logprobs.begin() + end - 1)}}}}};
+      const fs::path json = tmp.path() / "window.json", log = tmp.path() / "window.log";
+      write_bytes(json, window.dump());
+      const std::string cmd = std::string("python3 ") + DTRAIN_SOURCE_DIR +
+                              "/tests/scripts/gpt2_reference.py " + model.string() + " " +
+                              json.string() + " --heads " + std::to_string(kGptHeads) +
+                              " --context " + std::to_string(kGptContext) + " --candidates " +
+                              std::to_string(t.vocab - 5) + " > " + log.string() + " 2>&1";
+      const int rc = std::system(cmd.c_str());
+      CHECK_MESSAGE((WIFEXITED(rc) && WEXITSTATUS(rc) == 0), read_bytes(log));
+      first = end;
+    }
+    CHECK(texts[i].at("windows") == windows);
+    double text_sum = 0.0;
+    for (double l : logprobs) text_sum += l;
+    CHECK(texts[i].at("perplexity").get<double>() ==
+          doctest::Approx(std::exp(-text_sum / static_cast<double>(n - 1))).epsilon(1e-12));
+    scored += n - 1;
+    sum += text_sum;
+  }
+  CHECK(texts[0].at("windows") == 1);
+  CHECK(texts[1].at("windows").get<int64_t>() > 2);
+  CHECK(got.at("scored_tokens") == scored);
+  CHECK(got.at("perplexity").get<double>() ==
+        doctest::Approx(std::exp(-sum / static_cast<double>(scored))).epsilon(1e-12));
+}
+
 // Where the class names and the special tokens come from when the job's data is not the
 // training data: a labels.json beside --tokenizer, and for a model trained on synthetic
 // data the top ids of its vocabulary (where the trainer put [CLS], [SEP] and [PAD]).
@@ -282,15 +348,16 @@ TEST_CASE("predict refuses what it cannot use with exit 2, naming it") {
   std::string too_long;
   for (int i = 0; i < 40; ++i) too_long += "king ";
   const Case cases[] = {
-      {"a GPT-2", with({j, "--set", "model.arch=gpt2-tiny", "--text", "a"}, mlm),
-       "dtrain generate"},
+      {"a ResNet",
+       {std::string(DTRAIN_SOURCE_DIR) + "/configs/example-resnet.yaml", "--text", "a"},
+       "an image model"},
       {"no texts", {j}, "no texts to predict"},
       {"a blank input file", {j, "--input", blank.string()}, "every line is blank"},
       {"a missing input file", {j, "--input", "/nonexistent.txt"}, "/nonexistent.txt"},
       {"a directory as input", {j, "--input", tmp.path().string()}, "a directory, not a file"},
       {"labelled rows for a GPT-2",
        with({j, "--set", "model.arch=gpt2-tiny", "--input", rows.string()}, mlm),
-       "dtrain generate"},
+       "labelled rows score a classifier"},
       {"a label the model does not know",
        {j, "--input", rows.string()},
        "rows.tsv:2: label \"answers\" is none of the model's classes (questions, statements)"},
