@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "data/file_bytes.h"
 #include "data/text_corpus.h"
+#include "models/options.h"
 #include "runtime/job.h"
 #include "runtime/predict.h"
 
@@ -33,8 +34,8 @@ struct PredictArgs {
   std::vector<std::string> overrides;
   std::vector<std::string> texts;
   std::string input, format = "auto", checkpoint, tokenizer, device;
-  int64_t top = 5;
-  int64_t batch = 32;
+  int64_t top = 0;    // unset: 5 for fill-mask
+  int64_t batch = 0;  // auto
   bool json = false;
 };
 
@@ -110,7 +111,7 @@ Inputs read_inputs(const PredictArgs& a) {
     throw Error(fmt::format("--input {}: no texts in it (every line is blank)", a.input),
                 kInputHint);
   }
-  if (a.format == "auto" && (tabbed == lines || objects == lines)) {
+  if (a.format == "auto" && lines > 1 && (tabbed == lines || objects == lines)) {
     std::fprintf(stderr,
                  "dtrain: warning: every line of %s looks like a labelled row (%s), but each is "
                  "read as one text: --format %s reads them as rows\n",
@@ -158,10 +159,12 @@ std::string one_line(std::string_view text) {
 }
 
 // Each text's class id by its row's label (-1: no label), checked before any forward:
-// labels are the model's class names, and only a classifier takes them.
+// labels are the model's class names for a classifier, any names for a GPT-2 (its
+// perplexity is also given per label), and a masked-LM takes none.
 std::vector<int32_t> expected_classes(const Job& job, const std::string& tokenizer,
                                       const Inputs& in) {
   std::vector<int32_t> expected(in.texts.size(), -1);
+  if (find_arch(job.model.arch)->family == ModelFamily::gpt) return expected;
   const std::vector<std::string> classes =
       job.model.num_classes ? runtime::class_names(job, tokenizer) : std::vector<std::string>{};
   std::map<std::string, int32_t> id;
@@ -169,10 +172,10 @@ std::vector<int32_t> expected_classes(const Job& job, const std::string& tokeniz
   for (size_t i = 0; i < in.texts.size(); ++i) {
     if (!in.labels[i]) continue;
     if (classes.empty()) {
-      throw Error(fmt::format("{}: labelled rows score a classifier, and the job's model is "
-                              "not one (no model.num_classes)",
+      throw Error(fmt::format("{}: labelled rows score a classifier (or a GPT-2, per label), "
+                              "and the job's model is a masked-LM BERT",
                               in.where[i]),
-                  "pass a file of texts, one per line (a masked-LM's with [MASK]s)");
+                  "pass a file of texts with [MASK]s, one per line");
     }
     auto it = id.find(*in.labels[i]);
     if (it == id.end()) {
@@ -231,6 +234,19 @@ Perplexity perplexity(const std::vector<double>& logprobs) {
 
 nlohmann::json or_null(const std::optional<double>& v) { return v ? nlohmann::json(*v) : nullptr; }
 
+// A GPT-2's perplexity per label of labelled rows (empty without labels).
+std::map<std::string, Perplexity> per_label(const runtime::PredictResult& p, const Inputs& in) {
+  std::map<std::string, Perplexity> out;
+  for (size_t i = 0; i < p.texts.size(); ++i) {
+    if (!in.labels[i]) continue;
+    const Perplexity one = perplexity(p.texts[i].logprobs);
+    Perplexity& sum = out[*in.labels[i]];
+    sum.tokens += one.tokens;
+    sum.logprob += one.logprob;
+  }
+  return out;
+}
+
 const char* task_name(runtime::PredictTask t) {
   switch (t) {
     case runtime::PredictTask::classify:
@@ -287,6 +303,13 @@ nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const 
     out["scored_tokens"] = all.tokens;
     out["logprob"] = all.logprob;
     out["perplexity"] = or_null(all.value());
+    const std::map<std::string, Perplexity> labels = per_label(p, in);
+    if (!labels.empty()) {
+      nlohmann::json j = nlohmann::json::object();
+      for (const auto& [label, l] : labels)
+        j[label] = {{"scored_tokens", l.tokens}, {"perplexity", or_null(l.value())}};
+      out["per_label"] = j;
+    }
   }
   if (classify) {
     out["classes"] = p.classes;
@@ -325,6 +348,12 @@ void print_console(const runtime::PredictResult& p, const Inputs& in, const Scor
                    *all.value(), static_cast<long long>(all.tokens),
                    all.logprob / static_cast<double>(all.tokens));
     }
+    std::string labels;
+    for (const auto& [label, l] : per_label(p, in)) {
+      labels += fmt::format("{}{} {} ({} tokens)", labels.empty() ? "" : ", ", label,
+                            l.value() ? fmt::format("{:.4f}", *l.value()) : "-", l.tokens);
+    }
+    if (!labels.empty()) std::fprintf(stderr, "dtrain: perplexity per label: %s\n", labels.c_str());
     return;
   }
   if (p.task == runtime::PredictTask::classify) {
@@ -376,6 +405,9 @@ int run_predict(const PredictArgs& a) {
   runtime::PredictRequest r;
   r.job = load_model_job(a.job, a.overrides, a.device);
   runtime::check_predict_model(r.job);
+  if (a.format != "auto" && a.input.empty())
+    throw Error(
+        fmt::format("--format {}: says how --input reads, and there is no --input", a.format));
   const Inputs in = read_inputs(a);
   const std::vector<int32_t> expected = expected_classes(r.job, a.tokenizer, in);
   r.texts = in.texts;
@@ -436,12 +468,14 @@ void add_predict(CLI::App& app, Action& action) {
                   "(default: data.path's)");
   cmd->add_option("--top", args->top, "fill-mask: tokens listed per [MASK] (default 5)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--batch", args->batch, "texts per forward at most (default 32)")
+  cmd->add_option("--batch", args->batch,
+                  "texts (GPT-2: windows) per forward at most (default: 32; for a GPT-2 "
+                  "fewer where one forward's logits would pass 1 GiB)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N instead of the job's device");
   cmd->add_flag("--json", args->json,
-                "print JSON: each text's class and every class's probability, or each [MASK]'s "
-                "tokens");
+                "print JSON: each text's class and every class's probability, each [MASK]'s "
+                "tokens, or each token's log-probability and the perplexity");
   cmd->callback([args, &action] { action = [args] { return run_predict(*args); }; });
 }
 

@@ -27,6 +27,8 @@
 #include "runtime/estimate.h"
 #include "runtime/grad_compression.h"
 #include "runtime/pipeline.h"
+#include "runtime/safetensors.h"
+#include "runtime/train_state.h"
 
 namespace dtrain::cli {
 namespace {
@@ -281,9 +283,31 @@ std::string data_line(const Job& job, bool skip) {
   if (skip) return "# data: not opened (--no-data)\n";
   const auto source =
       runtime::DataSource::open(job, static_cast<uint64_t>(job.run.seed), {0, job.parallel.data});
-  source->feed(runtime::FeedSplit::train, {});
+  const auto train = source->feed(runtime::FeedSplit::train, {});
+  runtime::steps_per_epoch(train->batches_per_epoch(), train->describe(), job);
   source->feed(runtime::FeedSplit::eval, {});
   return "# data: " + source->describe() + "\n";
+}
+
+// model.init_from read and matched against the model as a fresh run reads it (a run that
+// finds a checkpoint resumes and never reads it), as one comment line.
+std::string init_from_line(const Job& job, bool skip) {
+  if (!job.model.init_from) return {};
+  if (skip) return "# init_from: not read (--no-data)\n";
+  const std::filesystem::path resumes =
+      runtime::resolve_resume("latest", job.train.checkpoint.dir, "--resume");
+  if (!resumes.empty())
+    return fmt::format("# init_from: not read: the run resumes from {}\n", resumes.string());
+  const models::ModelGraph m = models::build_model(job.model, 1);
+  runtime::InitWeights w;
+  try {
+    w = runtime::load_init_weights(*job.model.init_from, job.model.arch, m.graph.param_layout(),
+                                   m.graph.buffer_layout());
+  } catch (const Error& e) {
+    throw Error("model.init_from: " + e.message(), e.hint());
+  }
+  return fmt::format("# init_from: {} ({} tensors; {} head tensor(s) from the seed)\n",
+                     *job.model.init_from, w.tensors, w.fresh.size());
 }
 
 int run_validate(const ValidateArgs& args) {
@@ -294,7 +318,8 @@ int run_validate(const ValidateArgs& args) {
   const Job job = config::load_job_file(args.job, args.overrides, ctx);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
   const std::string summary = model_summary_line(job.model);
-  const std::string data = data_line(job, args.no_data);  // before any output: exit 2 prints none
+  // The files a run starts from, before any output: exit 2 prints none.
+  const std::string data = data_line(job, args.no_data) + init_from_line(job, args.no_data);
   std::fputs(config::dump_job_yaml(job).c_str(), stdout);
   std::fputs(summary.c_str(), stdout);
   if (!summary.empty()) std::fputs(memory_line(job).c_str(), stdout);
@@ -319,8 +344,9 @@ void add_validate(CLI::App& app, Action& action) {
                   "(default: the launcher's, else 1)")
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_flag("--no-data", args->no_data,
-                "do not open data.path (by default its files are read and checked as dtrain "
-                "train reads them, which takes as long as train's start-up)");
+                "do not read data.path and model.init_from (by default they are read and "
+                "checked as dtrain train reads them, which takes as long as train's "
+                "start-up)");
   cmd->callback([args, &action] { action = [args] { return run_validate(*args); }; });
 }
 

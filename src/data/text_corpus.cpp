@@ -77,8 +77,10 @@ bool blank(std::string_view s) {
   });
 }
 
-// Appends the documents of one file's text to the corpus.
+// Appends the documents of one file's text to the corpus (a UTF-8 byte-order mark at its
+// start is no part of them).
 void add_documents(TextCorpus& corpus, std::string_view text) {
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);
   std::vector<std::string_view> records;
   size_t start = 0;
   bool fortune = false;

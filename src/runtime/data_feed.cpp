@@ -90,10 +90,16 @@ TextData open_token_dir(const Job& job, int64_t vocab) {
   }
   const std::string& dir = *job.data.path;
   if (!std::filesystem::is_directory(dir)) {
+    // The command that writes it for this job: its vocabulary, and a class per input for
+    // a classifier.
+    const std::string inputs = job.model.num_classes
+                                   ? "--labelled --input CLASS_A --input CLASS_B ..."
+                                   : "--input TEXT...";
     throw Error(fmt::format("data.path: {} is not a directory", dir),
-                fmt::format("tokenize a corpus first, e.g. `dtrain data tokenize --input "
-                            "/usr/share/games/fortunes --vocab-size 8192 --out {}`",
-                            dir));
+                fmt::format("tokenize a corpus into it first: `dtrain data tokenize {} "
+                            "--vocab-size {} --out {}` (the token shards' directory, not a file "
+                            "in it)",
+                            inputs, vocab, dir));
   }
   TextData data = open_text_data(dir);
   if (data.tokenizer->vocab_size() > vocab) {
@@ -393,6 +399,16 @@ int64_t count_labelled(const Tensor& labels) {
   int64_t n = 0;
   for (int64_t i = 0; i < labels.numel(); ++i) n += l[i] != kIgnoreLabel;
   return n;
+}
+
+int64_t steps_per_epoch(int64_t batches, const std::string& describe, const Job& job) {
+  const int64_t per_epoch = batches / job.parallel.micro_batches;
+  if (per_epoch <= 0) {
+    throw Error(fmt::format("data.global_batch: {} samples per step, but the training set has {}",
+                            job.data.global_batch, describe),
+                "lower data.global_batch or data.micro_batch");
+  }
+  return per_epoch;
 }
 
 std::unique_ptr<DataSource> DataSource::open(const Job& job, uint64_t seed, DataShard shard) {

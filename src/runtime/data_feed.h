@@ -55,6 +55,11 @@ struct DataShard {
   int world = 1;
 };
 
+// Steps in one epoch of a training feed that yields `batches` batches of data.micro_batch
+// per epoch (`describe`: the feed's describe()), parallel.micro_batches batches per step;
+// an Error naming data.global_batch when the training set holds less than one step.
+int64_t steps_per_epoch(int64_t batches, const std::string& describe, const Job& job);
+
 class DataSource {
  public:
   static std::unique_ptr<DataSource> open(const Job& job, uint64_t seed, DataShard shard = {});

@@ -86,7 +86,8 @@ void classify(const PredictRequest& r, const models::TransformerShape& shape, co
   const TokenId cls = special.cls, sep = special.sep, pad = special.pad;
   ModelOptions options = job.model;
   options.pad_token_id = pad;  // attention ignores the [PAD]s, as in training
-  const int64_t batch = std::min(r.batch, n);
+  const int64_t batch = std::min(r.batch > 0 ? r.batch : 32, n);
+  out.rows_per_forward = batch;
   const std::unique_ptr<InferenceGraph> f = make_inference_graph(job, options, batch, weights);
   std::vector<TokenId> ids;
   for (int64_t first = 0; first < n; first += batch) {
@@ -170,6 +171,8 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return ids[a].size() < ids[b].size(); });
+  const int64_t rows_per_forward = r.batch > 0 ? r.batch : 32;
+  out.rows_per_forward = rows_per_forward;
   std::unique_ptr<InferenceGraph> f;
   int64_t predictions = 0;  // f's head rows per text
   for (size_t first = 0; first < order.size();) {
@@ -177,7 +180,7 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
     size_t end = first;
     int64_t most = 0;  // the head's rows per text: the most [MASK]s of these texts
     while (end < order.size() && ids[order[end]].size() == length &&
-           static_cast<int64_t>(end - first) < r.batch) {
+           static_cast<int64_t>(end - first) < rows_per_forward) {
       most = std::max(most, masks[order[end]]);
       ++end;
     }
@@ -213,7 +216,7 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
         // the smaller id.
         std::vector<int32_t> cand(static_cast<size_t>(tok.first_special()));
         std::iota(cand.begin(), cand.end(), 0);
-        const size_t k = std::min(cand.size(), static_cast<size_t>(r.top));
+        const size_t k = std::min(cand.size(), static_cast<size_t>(r.top > 0 ? r.top : 5));
         std::partial_sort(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(k), cand.end(),
                           [&](int32_t a, int32_t c) {
                             return prob[static_cast<size_t>(a)] != prob[static_cast<size_t>(c)]
@@ -235,7 +238,8 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
 
 // ---- GPT-2: scores -------------------------------------------------------------------
 
-// One window of one text: ids[begin, end) run, and targets [first, end) scored.
+// One window of one text: ids[begin, end) run, and the tokens at [first, end] scored
+// (token t by the logits at position t - 1: the window's last position predicts ids[end]).
 struct Window {
   size_t text;
   int64_t begin, end, first;
@@ -254,6 +258,10 @@ void score(const PredictRequest& r, const models::TransformerShape& shape, const
   const Job& job = r.job;
   const int64_t context = shape.seq_len, vocab = shape.vocab;
   const int64_t stride = std::max<int64_t>(1, context / 2);
+  // Windows per forward: --batch, else as many as keep the logits within 1 GiB.
+  const int64_t rows_per_forward =
+      r.batch > 0 ? r.batch : std::clamp<int64_t>((int64_t{1} << 28) / (context * vocab), 1, 32);
+  out.rows_per_forward = rows_per_forward;
   const TokenId end_id = tok.special(Special::endoftext);
   std::vector<std::vector<TokenId>> ids(r.texts.size());
   std::vector<Window> windows;
@@ -263,10 +271,13 @@ void score(const PredictRequest& r, const models::TransformerShape& shape, const
     const auto n = static_cast<int64_t>(ids[i].size());
     out.texts[i].tokens = n - 1;
     out.texts[i].logprobs.assign(static_cast<size_t>(n - 1), 0.0);  // windows fill them
-    for (int64_t begin = 0, scored = 1; scored < n; begin += stride) {
-      const int64_t end = std::min(begin + context, n);
-      windows.push_back({i, begin, end, scored});
-      scored = end;
+    // Each window runs up to `context` tokens and scores the ones after them that the
+    // previous window did not: a text of up to `context` tokens after <|endoftext|> is one
+    // window, every token seeing all before it, as the trainer's evaluation sees them.
+    for (int64_t begin = 0, first = 1; first < n; begin += stride) {
+      const int64_t end = std::min(begin + context, n - 1);
+      windows.push_back({i, begin, end, first});
+      first = end + 1;
     }
   }
   // Windows of one graph length share forwards; texts keep their order within a length.
@@ -279,7 +290,7 @@ void score(const PredictRequest& r, const models::TransformerShape& shape, const
     size_t last = first;
     while (last < windows.size() &&
            window_length(windows[last].end - windows[last].begin, context) == length &&
-           static_cast<int64_t>(last - first) < r.batch)
+           static_cast<int64_t>(last - first) < rows_per_forward)
       ++last;
     const auto batch = static_cast<int64_t>(last - first);
     if (!f || f->batch != batch || f->length != length) {
@@ -303,8 +314,8 @@ void score(const PredictRequest& r, const models::TransformerShape& shape, const
       ++p.windows;
       const int64_t row0 = b * length + (w.first - 1 - w.begin);  // predicts token w.first
       const Tensor rows_host = kernels::to_host(
-          logits.view(row0 * vocab, {(w.end - w.first) * vocab}));  // the rows it needs
-      for (int64_t t = w.first; t < w.end; ++t) {
+          logits.view(row0 * vocab, {(w.end + 1 - w.first) * vocab}));  // the rows it needs
+      for (int64_t t = w.first; t <= w.end; ++t) {
         const TokenId target = ids[w.text][static_cast<size_t>(t)];
         p.logprobs[static_cast<size_t>(t - 1)] =
             log_probability(rows_host.data<float>() + (t - w.first) * vocab, vocab, target);
@@ -364,8 +375,8 @@ PredictResult predict(const PredictRequest& r) {
   check_predict_model(job);
   if (r.texts.empty())
     throw Error("no texts to predict", "pass --text TEXT (repeatable) or --input FILE");
-  if (r.batch < 1 || r.top < 1)
-    throw Error(fmt::format("--batch {} and --top {} must be at least 1", r.batch, r.top));
+  if (r.batch < 0 || r.top < 0)
+    throw Error(fmt::format("--batch {} and --top {}: at least 0 (auto)", r.batch, r.top));
   const bool gpt = find_arch(job.model.arch)->family == ModelFamily::gpt;
   const models::TransformerShape shape =
       models::resolve_transformer(job.model, gpt ? ModelFamily::gpt : ModelFamily::bert);
@@ -386,6 +397,15 @@ PredictResult predict(const PredictRequest& r) {
   out.task = gpt                         ? PredictTask::score
              : shape.classes.has_value() ? PredictTask::classify
                                          : PredictTask::fill_mask;
+  if (r.top > 0 && out.task != PredictTask::fill_mask) {
+    throw Error(fmt::format("--top {}: lists the most likely tokens of a masked-LM's [MASK]s, "
+                            "and this job's model {}",
+                            r.top,
+                            out.task == PredictTask::score ? "is a GPT-2 (it scores texts)"
+                                                           : "is a classifier (every class's "
+                                                             "probability is printed)"),
+                "leave --top out");
+  }
   if (out.task == PredictTask::classify)
     out.classes = class_names(job, r.tokenizer, &out.classes_file);
   const Specials special = trained_specials(job, tok, shape.vocab);
@@ -416,8 +436,10 @@ PredictResult predict(const PredictRequest& r) {
   } catch (const Error& e) {
     const std::string m = e.message();
     if (m.rfind("out of host memory", 0) != 0 && m.rfind("out of memory on", 0) != 0) throw;
-    const int64_t ran = std::min<int64_t>(r.batch, static_cast<int64_t>(r.texts.size()));
-    throw RunError(m, fmt::format("predict fewer texts at once: --batch {} (this run: {})",
+    const int64_t ran = out.rows_per_forward;
+    throw RunError(m, fmt::format("predict fewer {} at once: --batch {} (this run: {} per "
+                                  "forward)",
+                                  out.task == PredictTask::score ? "windows" : "texts",
                                   std::max<int64_t>(1, ran / 2), ran));
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -16,12 +16,16 @@
 // forward and no text sees padding.
 //
 // A GPT-2 text becomes <|endoftext|> then its tokens (a document as the token shards hold
-// it), and every token after the first is scored. A text longer than the context is
-// scored in windows of seq_len tokens that advance by seq_len / 2 (Hugging Face's strided
-// perplexity): each window scores the tokens the one before did not reach, so every token
-// is scored once, with at least seq_len / 2 tokens before it after the first window.
+// it), and every token after the first is scored. A text of up to seq_len tokens is one
+// forward: each token sees every token before it, as in the trainer's evaluation. A
+// longer one runs in windows of seq_len tokens that advance by seq_len / 2 (Hugging
+// Face's strided perplexity, with the window's last position used too: it predicts the
+// token after the window); each window scores the tokens the one before did not reach,
+// so every token is scored once, with at least seq_len / 2 tokens before it.
 // Windows run at a power-of-two length (16 up to seq_len) with <|endoftext|> after the
-// text, which causal attention never lets an earlier position see.
+// text: causal attention never lets an earlier position see it (while its activations
+// are finite, as a trained model's are). A GPT-2's <|endoftext|> is the tokenizer's,
+// whatever the data (Hugging Face's GPT-2 files run as a synthetic-data job).
 #pragma once
 
 #include <cstdint>
@@ -38,8 +42,10 @@ struct PredictRequest {
   std::string tokenizer;  // tokenizer.json or a directory; empty: data.path's
   std::vector<std::string> texts;
   std::vector<std::string> where;  // per text, for messages ("rows.tsv:7"); empty: "text N"
-  int64_t batch = 32;              // texts per forward at most
-  int64_t top = 5;                 // fill-mask: tokens listed per [MASK]
+  // Rows per forward at most: texts (GPT-2: windows); 0: 32, and for a GPT-2 as many as
+  // keep one forward's logits (rows x length x vocab floats) within 1 GiB, at least 1.
+  int64_t batch = 0;
+  int64_t top = 0;  // fill-mask: tokens listed per [MASK] (0: 5); no other task lists any
 };
 
 struct TokenScore {
@@ -80,7 +86,8 @@ struct PredictResult {
   int32_t mask_id = -1;              // fill-mask: the tokenizer's [MASK]
   std::vector<TextPrediction> texts;
   int64_t forwards = 0;
-  double seconds = 0.0;  // the forwards' wall time (weights and tokenizer excluded)
+  int64_t rows_per_forward = 0;  // texts (GPT-2: windows) per forward at most
+  double seconds = 0.0;          // the forwards' wall time (weights and tokenizer excluded)
 };
 
 PredictResult predict(const PredictRequest& r);

@@ -322,12 +322,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   if (job_.model.init_from && !resumed_) init_from(*job_.model.init_from);
   train_ = std::make_unique<DeviceFeed>(source_->feed(FeedSplit::train, counters_.position),
                                         job_.device);
-  const int64_t per_epoch = train_->batches_per_epoch() / micro_batches_;
-  if (per_epoch <= 0) {
-    throw Error(fmt::format("data.global_batch: {} samples per step, but the training set has {}",
-                            job_.data.global_batch, train_->describe()),
-                "lower data.global_batch or data.micro_batch");
-  }
+  const int64_t per_epoch = steps_per_epoch(train_->batches_per_epoch(), train_->describe(), job_);
   total_steps_ = job_.train.steps ? *job_.train.steps : *job_.train.epochs * per_epoch;
   if (resumed_ && counters_.step > total_steps_) {
     throw Error(fmt::format("{}: the checkpoint is at step {}, past the job's last step {}",

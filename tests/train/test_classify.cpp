@@ -151,8 +151,9 @@ TEST_CASE("labelled data that does not fit the classifier is exit 2, naming key 
   CHECK_MESSAGE(!fs::exists(tmp.path() / "bad" / "checkpoints"), "a refused run wrote checkpoints");
 }
 
-// dtrain validate opens the data as the trainer does: a mismatch that `dtrain train`
-// would stop at is exit 2 before anything is printed, and --no-data skips the check.
+// dtrain validate opens the data (and reads model.init_from) as the trainer does: a
+// mismatch that `dtrain train` would stop at is exit 2 before anything is printed, and
+// --no-data skips the check.
 TEST_CASE("validate opens the job's data as train does") {
   TempDir tmp("classify-validate");
   const TokenDir t = tokenize_labelled(tmp.path(), 300);
@@ -169,6 +170,9 @@ TEST_CASE("validate opens the job's data as train does") {
       {{"model.num_classes=3"}, "labels.json names 2 classes"},
       {{"data.path=" + (tmp.path() / "gone").string()}, "gone"},
       {{"data.global_batch=4096"}, "fewer than one global batch of 4096"},
+      // 16 texts per micro-batch, 32 micro-batches per step: more than the training set.
+      {{"data.global_batch=512", "data.micro_batch=16"}, "512 samples per step"},
+      {{"model.init_from=" + (tmp.path() / "none.safetensors").string()}, "model.init_from: "},
   };
   for (const Case& c : cases) {
     CAPTURE(c.says);

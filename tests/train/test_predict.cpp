@@ -215,17 +215,28 @@ TEST_CASE("predict: a GPT-2's scores are an independent GPT-2's, window by windo
   const std::string long_text =
       "The old king sees the farmer near the house. A horse walked in the garden. The farmer "
       "sees a horse.";
+  // A text of exactly the context's 16 tokens: one window, as the trainer's evaluation
+  // scores a window (each token seeing every one before it).
+  const dtrain::Tokenizer tok = dtrain::Tokenizer::load((t.dir / "tokenizer.json").string());
+  std::string sixteen;
+  for (size_t cut = 1; cut <= long_text.size() && sixteen.empty(); ++cut) {
+    if (tok.encode(long_text.substr(0, cut)).size() == static_cast<size_t>(kGptContext))
+      sixteen = long_text.substr(0, cut);
+  }
+  REQUIRE(!sixteen.empty());
   const nlohmann::json got =
       predict_json(tmp.path(), {job.string(), "--batch", "2", "--text", "The old king sees.",
-                                "--text", long_text, "--text", ""});
+                                "--text", long_text, "--text", sixteen, "--text", ""});
   CHECK(got.at("task") == "score");
   const auto& texts = got.at("texts");
-  REQUIRE(texts.size() == 3);
-  CHECK(texts[2].at("tokens") == 0);
-  CHECK(texts[2].at("perplexity").is_null());
+  REQUIRE(texts.size() == 4);
+  CHECK(texts[3].at("tokens") == 0);
+  CHECK(texts[3].at("perplexity").is_null());
+  CHECK(texts[2].at("tokens") == kGptContext);
+  CHECK(texts[2].at("windows") == 1);
   int64_t scored = 0;
   double sum = 0.0;
-  for (size_t i = 0; i < 2; ++i) {
+  for (size_t i = 0; i < 3; ++i) {
     CAPTURE(i);
     const std::vector<int32_t> ids = texts[i].at("ids");
     const std::vector<double> logprobs = texts[i].at("logprobs");
@@ -234,13 +245,14 @@ TEST_CASE("predict: a GPT-2's scores are an independent GPT-2's, window by windo
     CHECK(ids.front() == t.vocab - 6);  // <|endoftext|>
     int64_t windows = 0;
     for (int64_t begin = 0, first = 1; first < n; begin += kGptContext / 2, ++windows) {
-      const int64_t end = std::min(begin + kGptContext, n);
+      // ids[begin, end) run; the tokens at [first, end] are scored.
+      const int64_t end = std::min(begin + kGptContext, n - 1);
       nlohmann::json window = {
           {"prompt_ids", std::vector<int32_t>(ids.begin() + begin, ids.begin() + first)},
           {"samples",
-           {{{"ids", std::vector<int32_t>(ids.begin() + first, ids.begin() + end)},
+           {{{"ids", std::vector<int32_t>(ids.begin() + first, ids.begin() + end + 1)},
              {"logprobs",
-              std::vector<double>(logprobs.begin() + first - 1, logprobs.begin() + end - 1)}}}}};
+              std::vector<double>(logprobs.begin() + first - 1, logprobs.begin() + end)}}}}};
       const fs::path json = tmp.path() / "window.json", log = tmp.path() / "window.log";
       write_bytes(json, window.dump());
       const std::string cmd = std::string("python3 ") + DTRAIN_SOURCE_DIR +
@@ -250,7 +262,7 @@ TEST_CASE("predict: a GPT-2's scores are an independent GPT-2's, window by windo
                               std::to_string(t.vocab - 5) + " > " + log.string() + " 2>&1";
       const int rc = std::system(cmd.c_str());
       CHECK_MESSAGE((WIFEXITED(rc) && WEXITSTATUS(rc) == 0), read_bytes(log));
-      first = end;
+      first = end + 1;
     }
     CHECK(texts[i].at("windows") == windows);
     double text_sum = 0.0;
@@ -265,6 +277,17 @@ TEST_CASE("predict: a GPT-2's scores are an independent GPT-2's, window by windo
   CHECK(got.at("scored_tokens") == scored);
   CHECK(got.at("perplexity").get<double>() ==
         doctest::Approx(std::exp(-sum / static_cast<double>(scored))).epsilon(1e-12));
+
+  // Labelled rows: the perplexity per label too, over the same scores.
+  const fs::path rows = tmp.path() / "rows.tsv";
+  write_bytes(rows, "short\tThe old king sees.\nlong\t" + long_text + "\nshort\t" + sixteen + "\n");
+  const nlohmann::json labelled =
+      predict_json(tmp.path(), {job.string(), "--input", rows.string()});
+  const auto& per_label = labelled.at("per_label");
+  const int64_t short_tokens = texts[0].at("tokens").get<int64_t>() + kGptContext;
+  CHECK(per_label.at("short").at("scored_tokens") == short_tokens);
+  CHECK(per_label.at("long").at("perplexity").get<double>() ==
+        doctest::Approx(texts[1].at("perplexity").get<double>()).epsilon(1e-12));
 }
 
 // Where the class names and the special tokens come from when the job's data is not the
@@ -355,9 +378,7 @@ TEST_CASE("predict refuses what it cannot use with exit 2, naming it") {
       {"a blank input file", {j, "--input", blank.string()}, "every line is blank"},
       {"a missing input file", {j, "--input", "/nonexistent.txt"}, "/nonexistent.txt"},
       {"a directory as input", {j, "--input", tmp.path().string()}, "a directory, not a file"},
-      {"labelled rows for a GPT-2",
-       with({j, "--set", "model.arch=gpt2-tiny", "--input", rows.string()}, mlm),
-       "labelled rows score a classifier"},
+      {"--top for a classifier", {j, "--text", "a", "--top", "3"}, "--top 3: lists the most"},
       {"a label the model does not know",
        {j, "--input", rows.string()},
        "rows.tsv:2: label \"answers\" is none of the model's classes (questions, statements)"},
