@@ -108,8 +108,21 @@ nlohmann::json describe(const fs::path& path) {
   if (runtime::is_sharded_checkpoint(path)) {
     const runtime::Checkpoint man = runtime::read_checkpoint(path / "manifest.dtckpt");
     nlohmann::json sh = man.meta.at("sharded");
-    for (nlohmann::json& s : sh.at("shards"))
+    for (nlohmann::json& s : sh.at("shards")) {
       s["elements"] = s.at("end").get<int64_t>() - s.at("begin").get<int64_t>();
+      // Each rank's own state (gradient compression's error feedback), which a resume in
+      // the same layout reads back and the one-process view above leaves out.
+      nlohmann::json own = nlohmann::json::array();
+      for (const runtime::NamedTensor& t :
+           runtime::read_checkpoint(path / s.at("file").get<std::string>()).tensors) {
+        if (t.name.rfind("compress.", 0) != 0) continue;
+        own.push_back({{"name", t.name},
+                       {"dtype", dtype_name(t.tensor.dtype())},
+                       {"shape", dims(t.tensor.shape())},
+                       {"bytes", t.tensor.nbytes()}});
+      }
+      s["rank_state"] = own;
+    }
     out["sharded"] = sh;
   }
   int64_t params = 0, buffers = 0;
@@ -183,6 +196,14 @@ void print_one(const nlohmann::json& d) {
                   s.at("begin").dump().c_str(), s.at("end").dump().c_str(),
                   s.at("elements").dump().c_str(), s.at("file").get<std::string>().c_str(),
                   human_bytes(s.at("bytes").get<int64_t>()).c_str());
+      if (!s.at("rank_state").empty()) {
+        std::printf("    own state:");
+        for (const nlohmann::json& t : s.at("rank_state")) {
+          std::printf(" %s %s%s", t.at("name").get<std::string>().c_str(),
+                      t.at("dtype").get<std::string>().c_str(), shape_text(t.at("shape")).c_str());
+        }
+        std::printf("\n");
+      }
     }
   }
   print_layout("parameters", d.at("params"), d.at("parameters").get<int64_t>());

@@ -1,8 +1,8 @@
 // `dtrain ckpt` on a sharded (ZeRO-1, 2 ranks) checkpoint directory that `dtrain train
-// --nproc 2` wrote: inspect shows the world, the stage and each shard's range, verify
-// checks the manifest and every shard (a flipped byte in a shard: exit 2 naming it),
-// and export consolidates the shards into one safetensors file equal to the assembled
-// fp32 weights.
+// --nproc 2` wrote: inspect shows the world, the stage, each shard's range and each
+// rank's own state (gradient compression's residual), verify checks the manifest and
+// every shard (a flipped byte in a shard: exit 2 naming it), and export consolidates the
+// shards into one safetensors file equal to the assembled fp32 weights.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -34,6 +34,7 @@ TEST_CASE("dtrain ckpt inspects, verifies and exports a ZeRO-1 checkpoint of 2 r
                      << "data: {dataset: synthetic, global_batch: 4, limit: {test: 4}}\n"
                      << "optimizer: {name: adamw, lr: 1.0e-3}\n"
                      << "parallel: {zero_stage: 1}\n"
+                     << "compress: {method: topk, ratio: 0.1}\n"  // each rank's own residual
                      << "train: {steps: 2, log_every: 1}\nlogging: {console: false}\n";
   RunResult r = run_dtrain({job.string(), "--nproc", "2"}, tmp.path() / "train.log");
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
@@ -49,7 +50,9 @@ TEST_CASE("dtrain ckpt inspects, verifies and exports a ZeRO-1 checkpoint of 2 r
   for (const char* line :
        {"(sharded,", "step: 2\n", "sharded: world 2, zero stage 1, precision fp32",
         "  rank 0: [0, ", "  rank 1: [", "rank-00001-of-00002.dtckpt",
-        "transformer.h.0.attn.c_attn.weight"})
+        "transformer.h.0.attn.c_attn.weight",
+        // the compression state each shard holds for its rank alone
+        "rank-00000-of-00002.dtckpt, ", "    own state: compress.residual f32["})
     CHECK_MESSAGE(has(r.log, line), line, "\n", r.log);
 
   r = run_dtrain_command({"ckpt", "verify", dir.string()}, tmp.path() / "verify.log");
