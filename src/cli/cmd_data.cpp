@@ -3,7 +3,7 @@
 // text corpus, trains a byte-level BPE tokenizer on its training documents (or loads
 // GPT-2's, or an earlier run's tokenizer.json: fine-tuning data for a pretrained model),
 // and writes DIR/tokenizer.json, DIR/train.bin and DIR/val.bin (the data.path of a
-// `dataset: tokens` job). --labelled: each input is a class, or one .jsonl / .tsv input
+// `dataset: tokens` job). --labelled: each input is a class, or one .jsonl / .tsv / .csv input
 // holds labelled rows (DIR/labels.json and one label per text in
 // DIR/{train,val}.labels.bin), for a BERT classifier. The rules for
 // inputs and documents are in data/text_corpus.h.
@@ -192,8 +192,9 @@ void add_data(CLI::App& app, Action& action) {
                   "an earlier run's tokenizer.json to encode with (instead of training)");
   cmd->add_flag("--labelled", args->labelled,
                 "text classification: each --input is one class, named by its file name; or "
-                "one --input FILE.jsonl ({\"text\", \"label\"} per line) or FILE.tsv (label, "
-                "tab, text per line) holds labelled rows");
+                "one --input FILE.jsonl ({\"text\", \"label\"} per line), FILE.tsv (label, "
+                "tab, text per line) or FILE.csv (a header naming \"text\" and \"label\") holds "
+                "labelled rows");
   cmd->add_option("--seed", args->seed, "seed of the train/validation split (default 0)");
   cmd->callback([args, &action] { action = [args] { return run_tokenize(*args); }; });
 }

@@ -47,23 +47,17 @@ struct Inputs {
 
 constexpr const char* kInputHint =
     "--input takes one text per line, or labelled rows in a .jsonl ({\"text\": ..., \"label\": "
-    "...} per line) or .tsv (label, tab, text) file (--format says which for standard input, "
-    "-, or another name)";
+    "...} per line), .tsv (label, tab, text) or .csv (a header naming \"text\" and "
+    "\"label\") file (--format says which for standard input, -, or another name)";
 
-// --format: how --input's lines read. auto: by the file's name (.jsonl, .tsv, either
-// .gz'ed: labelled rows), else one text per line.
-enum class InputFormat { lines, tsv, jsonl };
-
-InputFormat input_format(const PredictArgs& a) {
-  if (a.format == "lines") return InputFormat::lines;
-  if (a.format == "tsv") return InputFormat::tsv;
-  if (a.format == "jsonl") return InputFormat::jsonl;
-  std::string name = a.input;
-  if (name.size() > 3 && name.substr(name.size() - 3) == ".gz") name.resize(name.size() - 3);
-  const auto ends = [&](const std::string& ext) {
-    return name.size() > ext.size() && name.substr(name.size() - ext.size()) == ext;
-  };
-  return ends(".jsonl") ? InputFormat::jsonl : ends(".tsv") ? InputFormat::tsv : InputFormat::lines;
+// --format: how --input reads. auto: labelled rows by the file's name (.jsonl, .tsv,
+// .csv, each optionally .gz'ed), else one text per line (nullopt).
+std::optional<RowFormat> input_format(const PredictArgs& a) {
+  if (a.format == "lines") return std::nullopt;
+  if (a.format == "tsv") return RowFormat::tsv;
+  if (a.format == "jsonl") return RowFormat::jsonl;
+  if (a.format == "csv") return RowFormat::csv;
+  return row_format_of(a.input);
 }
 
 Inputs read_inputs(const PredictArgs& a) {
@@ -86,9 +80,8 @@ Inputs read_inputs(const PredictArgs& a) {
     contents = std::string(read_file_bytes(a.input, kInputHint).text());
   }
   const std::string name = a.input == "-" ? "stdin" : a.input;
-  const InputFormat format = input_format(a);
-  if (format != InputFormat::lines) {
-    for (LabelledRow& row : parse_labelled_rows(contents, format == InputFormat::jsonl, name)) {
+  if (const std::optional<RowFormat> format = input_format(a)) {
+    for (LabelledRow& row : parse_labelled_rows(contents, *format, name)) {
       in.texts.push_back(std::move(row.text));
       in.labels.emplace_back(std::move(row.label));
       in.where.push_back(fmt::format("{}:{}", name, row.line));
@@ -455,9 +448,10 @@ void add_predict(CLI::App& app, Action& action) {
                   "texts from a file: one per line (- for standard input), or labelled rows "
                   "(.jsonl, .tsv), which also give the classifier's accuracy");
   cmd->add_option("--format", args->format,
-                  "how --input reads: lines (one text per line), tsv or jsonl (labelled rows); "
-                  "default auto: by the name (.tsv, .jsonl, .gz after them), else lines")
-      ->check(CLI::IsMember({"auto", "lines", "tsv", "jsonl"}));
+                  "how --input reads: lines (one text per line), tsv, jsonl or csv (labelled "
+                  "rows); default auto: by the name (.tsv, .jsonl, .csv, .gz after them), else "
+                  "lines")
+      ->check(CLI::IsMember({"auto", "lines", "tsv", "jsonl", "csv"}));
   cmd->add_option("--checkpoint", args->checkpoint,
                   "weights: a checkpoint (file or sharded directory), a run or checkpoint "
                   "directory (its newest), or a .safetensors file (dtrain ckpt export); "

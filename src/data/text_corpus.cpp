@@ -149,7 +149,8 @@ namespace {
 
 constexpr const char* kRowsHint =
     "a .jsonl file holds one {\"text\": ..., \"label\": ...} object per line (label a "
-    "string or a whole number); a .tsv file one label, a tab and the text per line";
+    "string or a whole number); a .tsv file one label, a tab and the text per line; a .csv "
+    "file a header naming its \"text\" and \"label\" columns, then one row per record";
 
 // The file name without .gz: "train.jsonl.gz" -> "train.jsonl".
 fs::path without_gz(const fs::path& p) { return p.extension() == ".gz" ? p.stem() : p.filename(); }
@@ -194,22 +195,136 @@ std::pair<std::string, std::string_view> parse_row(std::string_view line, bool j
 
 }  // namespace
 
+std::optional<RowFormat> row_format_of(const std::string& name) {
+  const fs::path ext = without_gz(fs::path(name)).extension();
+  if (ext == ".jsonl") return RowFormat::jsonl;
+  if (ext == ".tsv") return RowFormat::tsv;
+  if (ext == ".csv") return RowFormat::csv;
+  return std::nullopt;
+}
+
 bool is_labelled_rows_file(const std::string& input) {
-  const fs::path name = without_gz(fs::path(input));
   std::error_code ec;
-  return fs::is_regular_file(input, ec) &&
-         (name.extension() == ".jsonl" || name.extension() == ".tsv");
+  return fs::is_regular_file(input, ec) && row_format_of(input).has_value();
 }
 
 std::vector<LabelledRow> read_labelled_row_list(const std::string& file) {
-  const bool jsonl = without_gz(fs::path(file)).extension() == ".jsonl";
   const FileBytes f = read_file_bytes(file, kRowsHint);
-  return parse_labelled_rows(f.text(), jsonl, file);
+  return parse_labelled_rows(f.text(), row_format_of(file).value_or(RowFormat::tsv), file);
 }
 
-std::vector<LabelledRow> parse_labelled_rows(std::string_view contents, bool jsonl,
+namespace {
+
+// CSV records (RFC 4180), each with the line it starts on; a quoted field may span lines.
+std::vector<std::pair<std::vector<std::string>, int64_t>> csv_records(std::string_view text,
+                                                                      const std::string& file) {
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // a byte-order mark
+  std::vector<std::pair<std::vector<std::string>, int64_t>> out;
+  std::vector<std::string> fields;
+  std::string field;
+  int64_t line = 1, start = 1;
+  bool quoted = false, was_quoted = false, any = false;
+  const auto end_record = [&] {
+    fields.push_back(std::move(field));
+    field.clear();
+    const bool empty = fields.size() == 1 && fields[0].empty() && !was_quoted;
+    if (!empty) out.emplace_back(std::move(fields), start);
+    fields.clear();
+    was_quoted = false;
+    any = false;
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"') {
+        field += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        if (c == '\n') ++line;
+        field += c;
+      }
+      continue;
+    }
+    if (!any) start = line;
+    any = true;
+    if (c == '"' && field.empty() && !was_quoted) {
+      quoted = was_quoted = true;
+    } else if (c == ',') {
+      fields.push_back(std::move(field));
+      field.clear();
+      was_quoted = false;
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      end_record();
+      ++line;
+    } else if (was_quoted) {
+      throw Error(
+          fmt::format("{}:{}: a character after a quoted field's closing quote", file, line),
+          "quote the whole field, and double each quote inside it (\"\")");
+    } else {
+      field += c;
+    }
+  }
+  if (quoted) {
+    throw Error(
+        fmt::format("{}:{}: a quoted field is not closed before the end of the file", file, start),
+        "close the field with a quote, and double each quote inside it (\"\")");
+  }
+  if (any) end_record();
+  return out;
+}
+
+std::vector<LabelledRow> csv_rows(std::string_view contents, const std::string& file) {
+  const auto records = csv_records(contents, file);
+  if (records.empty()) return {};
+  const std::vector<std::string>& header = records.front().first;
+  const auto column = [&](const char* name) {
+    const auto it = std::find(header.begin(), header.end(), name);
+    if (it == header.end()) {
+      std::string names;
+      for (const std::string& h : header) names += (names.empty() ? "" : ", ") + h;
+      throw Error(fmt::format("{}:1: the header ({}) has no \"{}\" column", file, names, name),
+                  "the first row of a .csv file names its columns: one \"text\", one "
+                  "\"label\" (others are ignored)");
+    }
+    return static_cast<size_t>(it - header.begin());
+  };
+  const size_t text_at = column("text"), label_at = column("label");
+  std::vector<LabelledRow> rows;
+  for (size_t r = 1; r < records.size(); ++r) {
+    const auto& [fields, line] = records[r];
+    const std::string where = fmt::format("{}:{}", file, line);
+    if (fields.size() != header.size()) {
+      throw Error(
+          fmt::format("{}: {} field(s), the header names {}", where, fields.size(), header.size()),
+          "quote a field that holds a comma, and double each quote inside it (\"\")");
+    }
+    rows.push_back({fields[label_at], fields[text_at], line});
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::vector<LabelledRow> parse_labelled_rows(std::string_view contents, RowFormat format,
                                              const std::string& file) {
   std::vector<LabelledRow> rows;
+  if (format == RowFormat::csv) {
+    rows = csv_rows(contents, file);
+    for (const LabelledRow& row : rows) {
+      const std::string where = fmt::format("{}:{}", file, row.line);
+      if (row.label.empty() || !valid_utf8(row.label))
+        throw Error(fmt::format("{}: the label is empty or not UTF-8 text", where), kRowsHint);
+      if (blank(row.text)) {
+        throw Error(fmt::format("{}: the text is empty", where),
+                    "remove the row: a classifier learns nothing from it");
+      }
+    }
+    return rows;
+  }
+  const bool jsonl = format == RowFormat::jsonl;
   std::string json_text;
   for_each_line(contents, [&](std::string_view line, int64_t line_no) {
     if (blank(line)) return;  // a blank line (a last newline, say) is no row

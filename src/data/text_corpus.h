@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -47,12 +48,17 @@ struct LabelledCorpus {
 // One input that is a rows file (is_labelled_rows_file) is read by read_labelled_rows.
 LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs);
 // Labelled rows in one file (optionally .gz): JSON Lines, one {"text": ..., "label": ...}
-// object per line (label a string or a whole number; other keys ignored), or TSV, one
-// label, a tab and the text (the rest of the line) per line. Blank lines are skipped; a
-// row without a text, or a malformed one, is an Error naming the file and line. Each row
-// is one document. Classes are the distinct labels in a fixed order: by value when every
+// object per line (label a string or a whole number; other keys ignored); TSV, one
+// label, a tab and the text (the rest of the line) per line; or CSV (RFC 4180: a header
+// naming a "text" and a "label" column among any others, fields quoted with '"' where
+// they hold a comma, a quote (doubled) or a line break). Blank lines are skipped; a row
+// without a text, or a malformed one, is an Error naming the file and line. Each row is
+// one document. Classes are the distinct labels in a fixed order: by value when every
 // label is a whole number (so 0, 1, 2 keep their ids), else by their bytes.
-bool is_labelled_rows_file(const std::string& input);  // an existing *.jsonl or *.tsv (.gz)
+enum class RowFormat : uint8_t { jsonl, tsv, csv };
+// The format a rows file's name says (.jsonl, .tsv, .csv, each optionally .gz), if any.
+std::optional<RowFormat> row_format_of(const std::string& name);
+bool is_labelled_rows_file(const std::string& input);  // an existing rows file
 LabelledCorpus read_labelled_rows(const std::string& file);
 // The same file's rows as they stand, in file order (`dtrain predict` scores a model on them).
 struct LabelledRow {
@@ -61,8 +67,8 @@ struct LabelledRow {
   int64_t line = 0;  // 1-based
 };
 std::vector<LabelledRow> read_labelled_row_list(const std::string& file);
-// The same from a file's contents (`file` names it in errors): JSON Lines, else TSV.
-std::vector<LabelledRow> parse_labelled_rows(std::string_view contents, bool jsonl,
+// The same from a file's contents (`file` names it in errors).
+std::vector<LabelledRow> parse_labelled_rows(std::string_view contents, RowFormat format,
                                              const std::string& file);
 // The documents (and their labels) in an order drawn from `seed` (epoch_order's
 // permutation), so that the classes are interleaved in the shards: data.limit's first

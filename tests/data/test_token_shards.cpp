@@ -227,6 +227,46 @@ TEST_CASE("labelled rows: JSON Lines and TSV, classes in a fixed order, bad rows
   CHECK(has(e, "rows.tsv holds labelled rows, but 2 inputs make classes"));
 }
 
+// CSV as spreadsheets and pandas write it (RFC 4180): a header naming the columns, in
+// any order among others; quoted fields holding commas, doubled quotes and line breaks;
+// CRLF endings and a byte-order mark.
+TEST_CASE("labelled rows: CSV with a header, quoted fields across lines, bad rows by line") {
+  TempDir dir("csv");
+  write_plain(dir.file("reviews.csv"), bytes_of("\xEF\xBB\xBFid,label,text\r\n"
+                                                "1,pos,\"so good, really\"\r\n"
+                                                "2,neg,\"she said \"\"no\"\"\nand left\"\r\n"
+                                                "\r\n"
+                                                "3,pos,plain\r\n"));
+  LabelledCorpus c = read_labelled_corpus({dir.file("reviews.csv")});
+  CHECK(c.names == std::vector<std::string>{"neg", "pos"});
+  CHECK(c.labels == std::vector<int32_t>{1, 0, 1});
+  REQUIRE(c.corpus.documents() == 3);
+  CHECK(c.corpus.document(0) == "so good, really");
+  CHECK(c.corpus.document(1) == "she said \"no\"\nand left");
+  CHECK(c.corpus.document(2) == "plain");
+  // Rows keep the line each starts on (after the two-line record and a blank line: 6).
+  const std::vector<LabelledRow> rows = read_labelled_row_list(dir.file("reviews.csv"));
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].line == 2);
+  CHECK(rows[1].line == 3);
+  CHECK(rows[2].line == 6);
+
+  const auto refused = [&](const std::string& name, const std::string& text) {
+    write_plain(dir.file(name), bytes_of(text));
+    return error_of([&] { read_labelled_corpus({dir.file(name)}); });
+  };
+  std::string e = refused("nolabel.csv", "text,class\na,x\n");
+  CHECK(has(e, "nolabel.csv:1: the header (text, class) has no \"label\" column"));
+  e = refused("short.csv", "text,label\na,x\nb\n");
+  CHECK(has(e, "short.csv:3: 1 field(s), the header names 2"));
+  e = refused("open.csv", "text,label\n\"a,x\nb,y\n");
+  CHECK(has(e, "open.csv:2: a quoted field is not closed"));
+  e = refused("after.csv", "text,label\n\"a\"b,x\n");
+  CHECK(has(e, "after.csv:2: a character after a quoted field's closing quote"));
+  e = refused("empty.csv", "text,label\na,x\n ,y\n");
+  CHECK(has(e, "empty.csv:3: the text is empty"));
+}
+
 TEST_CASE("document split: deterministic, near the fraction, both sides non-empty") {
   const auto a = split_documents(10000, 3, 0.05);
   CHECK(a == split_documents(10000, 3, 0.05));

@@ -317,6 +317,14 @@ TEST_CASE("predict: class names beside --tokenizer, and a synthetic-data model's
   CHECK(scored.at("labelled") == 2);
   CHECK(scored.at("per_class").at("questions").at("labelled") == 1);
   CHECK(scored.at("texts")[0].at("text") == "Who sees the king?");
+  // The same rows as a spreadsheet writes them.
+  const fs::path csv = tmp.path() / "rows.csv";
+  write_bytes(csv,
+              "label,text\r\nquestions,\"Who sees the king?\"\r\nstatements,\"The king, "
+              "he sees.\"\r\n");
+  const nlohmann::json from_csv = predict_json(tmp.path(), {job.string(), "--input", csv.string()});
+  CHECK(from_csv.at("labelled") == 2);
+  CHECK(from_csv.at("texts")[1].at("text") == "The king, he sees.");
   const RunResult plain =
       predict(tmp.path(), "plain.log", {job.string(), "--input", rows.string()});
   REQUIRE_MESSAGE(plain.rc == 0, plain.describe());
