@@ -174,6 +174,12 @@ namespace {
 
 Bytes bytes_of(const std::string& s) { return Bytes(s.begin(), s.end()); }
 
+// The error reading `text` as the rows file dir/name gives.
+std::string refused_rows(TempDir& dir, const std::string& name, const std::string& text) {
+  write_plain(dir.file(name), bytes_of(text));
+  return error_of([&] { read_labelled_corpus({dir.file(name)}); });
+}
+
 }  // namespace
 
 TEST_CASE("labelled rows: JSON Lines and TSV, classes in a fixed order, bad rows by line") {
@@ -207,8 +213,7 @@ TEST_CASE("labelled rows: JSON Lines and TSV, classes in a fixed order, bad rows
   CHECK(c.corpus.document(0) == "buy now\tcheap");
 
   const auto refused = [&](const std::string& name, const std::string& text) {
-    write_plain(dir.file(name), bytes_of(text));
-    return error_of([&] { read_labelled_corpus({dir.file(name)}); });
+    return refused_rows(dir, name, text);
   };
   std::string e = refused("bad.jsonl", "{\"text\": \"a\", \"label\": \"x\"}\n{\"text\": \"b\"}\n");
   CHECK(has(e, "bad.jsonl:2: not an object with a string \"text\" and a \"label\""));
@@ -252,8 +257,7 @@ TEST_CASE("labelled rows: CSV with a header, quoted fields across lines, bad row
   CHECK(rows[2].line == 6);
 
   const auto refused = [&](const std::string& name, const std::string& text) {
-    write_plain(dir.file(name), bytes_of(text));
-    return error_of([&] { read_labelled_corpus({dir.file(name)}); });
+    return refused_rows(dir, name, text);
   };
   std::string e = refused("nolabel.csv", "text,class\na,x\n");
   CHECK(has(e, "nolabel.csv:1: the header (text, class) has no \"label\" column"));
