@@ -177,13 +177,21 @@ Series series_of(const std::vector<nlohmann::json>& lines, const std::string& ke
   return s;
 }
 
-// a / b per line (a share of the step time).
-Series ratio_of(const std::vector<nlohmann::json>& lines, const std::string& a,
-                const std::string& b, const std::string& name) {
+// A window's sum (comm_time_s: every step of the line's window) over its per-step
+// `per_step`, as a share of one step: the sum divided by the window's steps
+// (window_steps; a line without it, from before it was written: the steps since the
+// line before).
+Series share_of_step(const std::vector<nlohmann::json>& lines, const std::string& sum,
+                     const std::string& per_step, const std::string& name) {
   Series s{name, {}, false};
+  double previous = 0;
   for (const nlohmann::json& j : lines) {
-    const std::optional<double> step = number(j, "step"), x = number(j, a), y = number(j, b);
-    if (step && x && y && *y > 0) s.points.emplace_back(*step, 100.0 * *x / *y);
+    const std::optional<double> step = number(j, "step"), x = number(j, sum),
+                                y = number(j, per_step), n = number(j, "window_steps");
+    if (!step) continue;
+    const double steps = n ? *n : std::max(1.0, *step - previous);
+    previous = *step;
+    if (x && y && *y > 0 && steps > 0) s.points.emplace_back(*step, 100.0 * *x / steps / *y);
   }
   return s;
 }
@@ -260,8 +268,8 @@ std::string render_report(const fs::path& run_dir) {
                  series_of(train, "host_rss_bytes", "resident (process)", 1e-9)},
                 false, est_peak ? *est_peak * 1e-9 : NAN, "estimate");
   body += chart("Communication share of the step", "%",
-                {ratio_of(train, "comm_time_s", "step_time_s", "communication"),
-                 ratio_of(train, "exposed_comm_s", "step_time_s", "exposed")});
+                {share_of_step(train, "comm_time_s", "step_time_s", "communication"),
+                 share_of_step(train, "exposed_comm_s", "step_time_s", "exposed")});
   body += chart("Data-loader wait", "ms", {series_of(train, "data_wait_s", "wait", 1e3)});
 
   std::string by_kind;

@@ -101,7 +101,7 @@ class TrainSession {
   bool resumed_at_end() const { return resumed_ && counters_.step == total_steps_; }
   StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();
-  void log_window(double loss, double seconds, double wait);
+  void log_window(double loss, double seconds, double wait, int64_t steps);
   void log_eval(const EvalResult& r);
   // The run's summary.json (collective in a pipeline: every stage's figures).
   nlohmann::json summary(double seconds, int64_t first_step, double last_loss);

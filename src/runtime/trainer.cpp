@@ -854,7 +854,8 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
       window_excluded = 0;
       const int64_t n = counters_.window_losses;
       log_window(n > 0 ? counters_.window_loss_sum / static_cast<double>(n) : NAN, secs,
-                 (train_->wait_seconds() - window_wait) / static_cast<double>(window_steps));
+                 (train_->wait_seconds() - window_wait) / static_cast<double>(window_steps),
+                 window_steps);
       counters_.window_loss_sum = 0;
       counters_.window_losses = 0;
       window_steps = 0;

@@ -84,7 +84,7 @@ double TrainSession::gpu_peak_flops() {
   return gpu_peak_;
 }
 
-void TrainSession::log_window(double loss, double seconds, double wait) {
+void TrainSession::log_window(double loss, double seconds, double wait, int64_t steps) {
   const double samples = static_cast<double>(job_.data.global_batch);
   const double lr = optim::lr_at(job_.optimizer.schedule, job_.optimizer.lr,
                                  std::max<int64_t>(opt_->step_count() - 1, 0), total_steps_);
@@ -109,6 +109,7 @@ void TrainSession::log_window(double loss, double seconds, double wait) {
                            {"lr", lr},
                            {"samples_per_s", samples / seconds},
                            {"step_time_s", seconds},
+                           {"window_steps", steps},
                            {"data_wait_s", wait},
                            {"peak_host_bytes", host_allocator().stats().peak}};
     // The model's FLOPs per step on this rank (forward and backward at twice forward,

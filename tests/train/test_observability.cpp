@@ -485,6 +485,29 @@ TEST_CASE("the run report: drawn from metrics.jsonl, self-contained, rendered by
   for (const auto& [step, loss] : cut_drawn.at("train loss")) cut_steps.push_back(step);
   CHECK(cut_steps == std::vector<int64_t>{1, 2, 3});  // step 2's eval line was the fourth
 
+  // The communication share of a step: comm_time_s sums the window's steps, step_time_s
+  // is one step's; a line from before window_steps was written counts the steps since the
+  // line before it.
+  {
+    const fs::path comm = tmp.path() / "comm";
+    fs::create_directories(comm);
+    std::ofstream(comm / "metrics.jsonl")
+        << "{\"step\":10,\"loss\":1,\"step_time_s\":0.1,\"window_steps\":10,"
+           "\"comm_time_s\":0.5,\"exposed_comm_s\":0.2}\n"
+        << "{\"step\":30,\"loss\":1,\"step_time_s\":0.1,\"comm_time_s\":0.4,"
+           "\"exposed_comm_s\":0.1}\n";
+  }
+  const RunResult shares =
+      run_dtrain_command({"report", (tmp.path() / "comm").string()}, tmp.path() / "comm.log");
+  REQUIRE_MESSAGE(shares.rc == 0, shares.describe());
+  const auto comm_drawn = drawn_series(read_bytes(tmp.path() / "comm" / "report.html"));
+  REQUIRE(comm_drawn.count("communication") == 1);
+  const auto& share = comm_drawn.at("communication");
+  REQUIRE(share.size() == 2);
+  CHECK(share[0].second == doctest::Approx(50.0));  // 0.5 s over 10 steps of 0.1 s
+  CHECK(share[1].second == doctest::Approx(20.0));  // 0.4 s over the 20 steps since step 10
+  CHECK(comm_drawn.at("exposed")[0].second == doctest::Approx(20.0));
+
   // Headless Chromium draws it: a screenshot with the charts' lines in it.
   const std::string cmd = std::string(DTRAIN_SOURCE_DIR) + "/tests/scripts/report-screenshot.sh " +
                           (run / "report.html").string() + " " +
