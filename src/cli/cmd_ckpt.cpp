@@ -102,7 +102,7 @@ nlohmann::json describe(const fs::path& path) {
   nlohmann::json out = {{"path", path.string()},
                         {"kind", runtime::is_sharded_checkpoint(path) ? "sharded" : "file"},
                         {"bytes", bytes_on_disk(path)}};
-  for (const char* key : {"format", "step", "data_position", "seed", "arch", "config_hash",
+  for (const char* key : {"format", "step", "data_position", "seed", "arch", "model", "config_hash",
                           "optimizer", "loss_scaler"})
     out[key] = m.value(key, nlohmann::json());
   if (runtime::is_sharded_checkpoint(path)) {
@@ -173,6 +173,9 @@ void print_one(const nlohmann::json& d) {
   }
   std::printf("arch: %s\nseed: %s\n", d.at("arch").get<std::string>().c_str(),
               d.at("seed").dump().c_str());
+  const nlohmann::json& model = d.at("model");  // what no tensor's shape shows
+  if (model.is_object() && model.contains("heads"))
+    std::printf("attention heads: %s\n", model.at("heads").dump().c_str());
   const nlohmann::json& opt = d.at("optimizer");
   if (opt.is_object()) {
     std::printf("optimizer: %s, step %s\n", opt.at("name").get<std::string>().c_str(),

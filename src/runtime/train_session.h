@@ -111,6 +111,7 @@ class TrainSession {
   void add_device_memory(nlohmann::json& line) const;
   nlohmann::json estimate_by_kind() const;
   bool leader() const { return comm_.rank() == 0; }
+  void set_aside_later_checkpoints();
   void note(const std::string& line);  // rank 0's console, and this rank's log
   void publish(const nlohmann::json& line, std::string_view group);
   double gpu_peak_flops();  // cached in gpu_peak_

@@ -126,6 +126,15 @@ void TrainSession::resume_if_asked() {
       take_extra_blobs(load);
       counters_ = tensor_split() ? resume_whole(file) : load_train_state_ranges(file, load);
       weights_->finish_load();
+      // The head count is the one part of the model no tensor's shape shows.
+      if (counters_.heads > 0 && heads > 0 && counters_.heads != heads) {
+        throw Error(fmt::format("{}: the model was trained with {} attention heads, the job's "
+                                "model.heads is {}",
+                                file.string(), counters_.heads, heads),
+                    fmt::format("set model.heads: {} (the same weights split into other heads "
+                                "are another model)",
+                                counters_.heads));
+      }
       counters_.heads = heads;
       if (counters_.config_hash != hash) {
         note(
@@ -139,6 +148,7 @@ void TrainSession::resume_if_asked() {
           "resumed from {} at step {}{}", file.string(), counters_.step,
           tensor_split() ? fmt::format(" (tensor rank {} takes its parts)", coord_.tp) : ""));
       resumed_ = true;
+      if (leader()) set_aside_later_checkpoints();
     } else {
       note("no checkpoint yet; starting from step 0");
     }
@@ -154,6 +164,35 @@ void TrainSession::resume_if_asked() {
                 "continue that run with --resume latest, or give this one another "
                 "run.output_dir (or train.checkpoint.dir), or remove the old checkpoints");
   }
+}
+
+// Resuming from an earlier checkpoint than the directory's newest abandons the run that
+// went on from it: its later checkpoints move to ckpt_dir/abandoned/ (they are kept, and a
+// later --resume latest takes this run's own, not theirs).
+void TrainSession::set_aside_later_checkpoints() {
+  std::vector<fs::path> later;
+  for (const fs::path& p : list_checkpoints(ckpt_dir_))
+    if (step_of_name(p).value_or(-1) > counters_.step) later.push_back(p);
+  if (later.empty()) return;
+  const fs::path aside = ckpt_dir_ / "abandoned";
+  std::error_code ec;
+  fs::create_directories(aside, ec);
+  for (const fs::path& p : later) {
+    fs::path to = aside / p.filename();
+    for (int n = 1; fs::exists(to); ++n)
+      to = aside / fmt::format("{}.{}", p.filename().string(), n);
+    if (!ec) fs::rename(p, to, ec);
+    if (ec) {
+      throw Error(fmt::format("{}: cannot move it to {} ({}); it is a later checkpoint of the "
+                              "run this resume abandons",
+                              p.string(), to.string(), ec.message()),
+                  "move or remove it yourself, so that a later --resume latest does not take it");
+    }
+  }
+  note(
+      fmt::format("note: {} later checkpoint(s) of the run this one abandons (the newest "
+                  "{}) moved to {}",
+                  later.size(), later.back().filename().string(), aside.string()));
 }
 
 // Every rank first proves its replica equals rank 0's (parameters, buffers, optimizer

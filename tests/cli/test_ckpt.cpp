@@ -111,8 +111,8 @@ TEST_CASE("dtrain ckpt inspect and verify a single-file checkpoint, damage is ex
 
   r = ckpt(tmp.path(), {"inspect", step2.string()});
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
-  for (const char* line : {"step: 2\n", "arch: gpt2-tiny\n", "optimizer: adamw, step 2\n",
-                           "data position: epoch 0, offset 8\n",
+  for (const char* line : {"step: 2\n", "arch: gpt2-tiny\n", "attention heads: ",
+                           "optimizer: adamw, step 2\n", "data position: epoch 0, offset 8\n",
                            "transformer.h.0.attn.c_attn.weight", "[96, 32]", "optim.exp_avg_sq"})
     CHECK_MESSAGE(has(r.log, line), line, "\n", r.log);
 

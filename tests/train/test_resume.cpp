@@ -159,4 +159,24 @@ TEST_CASE("a run directory that holds a run: a fresh start is refused, a finishe
   const auto losses = read_losses(out / "metrics.jsonl");
   REQUIRE(losses.size() == 6);
   for (size_t i = 0; i < losses.size(); ++i) CHECK(losses[i].step == static_cast<int64_t>(i + 1));
+
+  // Resuming from step 4 (not the newest) abandons steps 5 and 6: their checkpoint moves
+  // to checkpoints/abandoned/, so a later --resume latest takes this run's step 5.
+  const fs::path step4 = out / "checkpoints" / "step-00000004.dtckpt";
+  REQUIRE(fs::exists(step4));
+  const RunResult branch = run_dtrain({job.string(), "--set", "train.steps=5", "--set",
+                                       "optimizer.lr=0.01", "--resume", step4.string()},
+                                      tmp.path() / "f.log");
+  REQUIRE_MESSAGE(branch.rc == 0, branch.describe());
+  CHECK_MESSAGE(contains(branch.log, "1 later checkpoint(s) of the run this one abandons"),
+                branch.log);
+  CHECK(fs::exists(out / "checkpoints" / "abandoned" / "step-00000006.dtckpt"));
+  const RunResult latest = run_dtrain(
+      {job.string(), "--set", "train.steps=7", "--set", "optimizer.lr=0.01", "--resume", "latest"},
+      tmp.path() / "g.log");
+  REQUIRE_MESSAGE(latest.rc == 0, latest.describe());
+  CHECK_MESSAGE(contains(latest.log, "step-00000005.dtckpt at step 5"), latest.log);
+  const auto all = read_losses(out / "metrics.jsonl");
+  REQUIRE(all.size() == 7);  // every step once
+  for (size_t i = 0; i < all.size(); ++i) CHECK(all[i].step == static_cast<int64_t>(i + 1));
 }
