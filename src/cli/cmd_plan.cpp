@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "models/registry.h"
+#include "runtime/estimate.h"
 #include "runtime/plan.h"
 
 namespace dtrain::cli {
@@ -53,6 +54,18 @@ int run_plan(const PlanArgs& args) {
   config::ValidateContext ctx;
   std::vector<std::string> overrides = {"parallel.pipeline=1", "parallel.tensor=1",
                                         "parallel.data=1", "parallel.zero_stage=0"};
+  for (const std::string& o : args.overrides) {  // the keys the planner chooses itself
+    const std::string key = o.substr(0, o.find('='));
+    for (const std::string& chosen : overrides) {
+      if (key == chosen.substr(0, chosen.find('='))) {
+        throw Error(fmt::format("--set {}: dtrain plan chooses {} itself, for every layout it "
+                                "ranks",
+                                o, key),
+                    "drop the --set; plan lists the layouts with that key's other values too "
+                    "(--top N shows more of them)");
+      }
+    }
+  }
   overrides.insert(overrides.end(), args.overrides.begin(), args.overrides.end());
   const Job job = config::load_job_file(args.job, overrides, ctx);
   if (models::find_model(job.model.arch) == nullptr) {
@@ -71,6 +84,15 @@ int run_plan(const PlanArgs& args) {
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::fputs(runtime::format_plan(plan, cluster, args.top).c_str(), stdout);
+  }
+  if (!plan.layouts.front().fits) {  // sorted: a layout that fits comes first
+    throw RunError(
+        fmt::format("no layout of this job fits in the {} of one device of the "
+                    "cluster (the least memory any needs: {})",
+                    runtime::format_bytes(static_cast<double>(cluster.memory_bytes)),
+                    runtime::format_bytes(static_cast<double>(plan.layouts.front().peak_bytes))),
+        "give the cluster more devices or memory, or shrink the job "
+        "(data.global_batch, model size)");
   }
   return kExitOk;
 }

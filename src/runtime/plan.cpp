@@ -200,9 +200,13 @@ std::string format_plan(const PlanResult& plan, const Cluster& c, int top) {
         format_bytes(l.comm.tensor), format_bytes(l.comm.pipeline),
         l.fits ? l.why : "does not fit: " + l.why);
   }
-  out += "run the first with:\n  dtrain train JOB.yaml --nproc " + std::to_string(c.world());
-  for (const std::string& s : plan.layouts.front().sets) out += " --set " + s;
-  out += "\n";
+  if (plan.layouts.front().fits) {
+    out += "run the first with:\n  dtrain train JOB.yaml --nproc " + std::to_string(c.world());
+    for (const std::string& s : plan.layouts.front().sets) out += " --set " + s;
+    out += "\n";
+  } else {
+    out += "none fits: the first needs the least memory per device\n";
+  }
   for (const std::string& s : plan.skipped) out += "skipped: " + s + "\n";
   out += "*: parallel.order dp_pp_tp (a replica's stages neighbours, inside a node)\n";
   out +=

@@ -32,9 +32,9 @@ namespace dtrain::runtime {
 
 namespace {
 
-[[noreturn]] void unsupported(const std::string& key, const std::string& value) {
-  throw Error(fmt::format("{}: {} is not supported by `dtrain train` yet", key, value),
-              "this build trains fp32 models on one CPU process; leave the key at its default");
+[[noreturn]] void unsupported(const std::string& key, const std::string& value,
+                              const std::string& hint) {
+  throw Error(fmt::format("{}: {} is not supported by `dtrain train` yet", key, value), hint);
 }
 
 // Everything the job file can switch on that this trainer cannot honour fails
@@ -69,7 +69,10 @@ void require_supported(const Job& job, int world) {
   const ParallelOptions& p = job.parallel;
   if (p.data * p.pipeline * p.tensor != world) {
     unsupported("parallel",
-                fmt::format("data {} x tensor {} x pipeline {}", p.data, p.tensor, p.pipeline));
+                fmt::format("data {} x tensor {} x pipeline {} on {} rank(s)", p.data, p.tensor,
+                            p.pipeline, world),
+                "the degrees' product is the world size: set them to multiply to it, or run "
+                "with --nproc their product");
   }
   if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
@@ -93,11 +96,15 @@ void require_supported(const Job& job, int world) {
   }
   if (p.zero_stage >= 1) {
     if (compute_dtype(job.precision.dtype) != DType::f32 && !job.precision.master_weights) {
-      unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)");
+      unsupported("precision.master_weights", "false with ZeRO (ZeRO shards the fp32 masters)",
+                  "keep precision.master_weights: true with parallel.zero_stage, or run "
+                  "without ZeRO (zero_stage: 0) to train on half weights alone");
     }
   }
   if (!models::find_model(job.model.arch)) {
-    unsupported("model.arch", job.model.arch + " (no graph builder for it yet)");
+    unsupported("model.arch", job.model.arch + " (no graph builder for it yet)",
+                "pick an architecture dtrain builds (resnet18/34/50/101/152, vit-*, bert-*, gpt2, "
+                "gpt2-*)");
   }
 }
 
