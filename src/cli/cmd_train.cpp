@@ -32,13 +32,14 @@ struct TrainArgs {
   int nproc = 0;
 };
 
-// mpirun -np N ... <this binary> train JOB [--set ...] [--resume ...] (local_mpirun).
-[[noreturn]] void exec_local_ranks(const TrainArgs& args) {
+// mpirun -np N ... <this binary> train JOB [--set ...] [--resume ...] (local_mpirun), run
+// as a child whose exit status is ours (run_ranks: a stop signal reaches the ranks).
+int run_local_ranks(const TrainArgs& args) {
   std::vector<std::string> argv = local_mpirun(args.nproc, "train");
   argv.insert(argv.end(), {self_executable(), "train", args.job});
   for (const std::string& o : args.overrides) argv.insert(argv.end(), {"--set", o});
   if (!args.resume.empty()) argv.insert(argv.end(), {"--resume", args.resume});
-  exec_or_throw(argv);
+  return run_ranks(argv);
 }
 
 // Under srun or mpirun without OMP_NUM_THREADS, every rank would start an OpenMP pool
@@ -56,7 +57,7 @@ void size_rank_threads() {
 }
 
 int run_train(const TrainArgs& args) {
-  if (args.nproc > 0) exec_local_ranks(args);
+  if (args.nproc > 0) return run_local_ranks(args);
   size_rank_threads();
   const std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
   // Installed before start-up, so a signal while data loads is also a graceful stop.

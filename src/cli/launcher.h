@@ -15,11 +15,16 @@ int world_from_env();
 // "mpirun" from PATH; an Error when dtrain was built without MPI.
 std::string mpirun_path();
 std::string self_executable();  // /proc/self/exe, resolved
-// execvp(argv); returns only by throwing (an Error naming the program).
-[[noreturn]] void exec_or_throw(const std::vector<std::string>& argv);
 // Runs argv as a child process and waits for it: its exit status, 128 + the signal
 // that ended it. An Error naming the program when it cannot start.
 int run_and_wait(const std::vector<std::string>& argv);
+// `dtrain train --nproc N`: mpirun (argv) as a child in a process group of its own, its
+// exit status returned. A stop signal to this process (SIGTERM, SIGUSR1, or SIGINT:
+// Ctrl-C reaches this process's group, not mpirun's) goes to mpirun as SIGUSR1, which
+// mpirun forwards to every rank: they stop at one step with a checkpoint and exit 4, and
+// so does this process (mpirun's own SIGTERM or SIGINT handling would end it with 1). A
+// second stop signal goes as SIGTERM. mpirun gets SIGTERM if this process dies.
+int run_ranks(const std::vector<std::string>& argv);
 
 // `mpirun -np N` on this machine, up to the program: no binding, one OpenMP thread per
 // core share (OMP_NUM_THREADS when set), and when the ranks outnumber the cores

@@ -1357,3 +1357,42 @@ TEST_CASE(
   CHECK(compare_checkpoints(newest_checkpoint(cut / "checkpoints"),
                             newest_checkpoint(whole / "checkpoints")) == "");
 }
+
+// The launcher of --nproc (what a user's shell or Ctrl-C signals) passes a stop on to the
+// ranks: SIGTERM, or SIGINT as Ctrl-C sends it, ends every rank at one step with a
+// checkpoint and the launcher with exit 4 (mpirun's own handling of them would give 1),
+// leaving no process behind.
+TEST_CASE("SIGTERM or SIGINT to the --nproc launcher stops every rank with exit 4") {
+  OneThread one;
+  TempDir tmp("dplauncher");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const fs::path run = tmp.path() / "run";
+  std::vector<std::string> args = {job.string(),
+                                   "--nproc",
+                                   "2",
+                                   "--set",
+                                   "run.output_dir=" + run.string(),
+                                   "--set",
+                                   "data.micro_batch=16",
+                                   "--set",
+                                   "train.steps=100000",
+                                   "--set",
+                                   "data.limit.train=320"};
+  for (const int sig : {SIGTERM, SIGINT}) {
+    CAPTURE(sig);
+    const size_t before = count_lines(run / "metrics.jsonl");
+    const pid_t launcher = spawn_dtrain(args, tmp.path() / "launcher.log");
+    for (int i = 0; i < 600 && count_lines(run / "metrics.jsonl") < before + 3; ++i) usleep(50000);
+    kill(launcher, sig);
+    const RunResult r = wait_dtrain(launcher, tmp.path() / "launcher.log", 120);
+    CHECK_MESSAGE(r.rc == 4, r.describe());
+    CHECK_MESSAGE(
+        r.log.find("the ranks stop at their next step with a checkpoint") != std::string::npos,
+        r.log);
+    const auto losses = read_losses(run / "metrics.jsonl");
+    REQUIRE(!losses.empty());
+    CHECK(checkpoint_step(newest_checkpoint(run / "checkpoints")) == losses.back().step);
+    CHECK(processes_mentioning(run).empty());
+    if (args.back() != "latest") args.insert(args.end(), {"--resume", "latest"});
+  }
+}
