@@ -73,12 +73,13 @@ CHILD='' SHM=''
 cleanup() {
   local rc=$?
   set +e
-  if [[ -n "$CHILD" ]]; then  # dtrain --nproc execs mpirun: end it and its ranks (by parent id)
-    pkill -TERM -P "$CHILD" 2>/dev/null
+  if [[ -n "$CHILD" ]]; then  # dtrain --nproc: its mpirun ends the ranks when it dies
+    kill -TERM "$CHILD" 2>/dev/null  # the ranks stop at a step; a second TERM stops at once
+    sleep 1
     kill -TERM "$CHILD" 2>/dev/null
     sleep 1
-    pkill -KILL -P "$CHILD" 2>/dev/null
-    kill -KILL "$CHILD" 2>/dev/null
+    kill -KILL "$CHILD" 2>/dev/null  # and its mpirun gets SIGTERM (PR_SET_PDEATHSIG)
+    sleep 1
   fi
   rm -rf "$SHM"  # this script's Open MPI shared-memory segments, whatever happened
   if [[ "${KEEP_RUNS:-0}" == 1 ]]; then echo "bench-dp-overlap: runs kept in $WORK" >&2; else rm -rf "$WORK"; fi

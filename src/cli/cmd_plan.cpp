@@ -54,13 +54,19 @@ int run_plan(const PlanArgs& args) {
   config::ValidateContext ctx;
   std::vector<std::string> overrides = {"parallel.pipeline=1", "parallel.tensor=1",
                                         "parallel.data=1", "parallel.zero_stage=0"};
-  for (const std::string& o : args.overrides) {  // the keys the planner chooses itself
+  // The keys the planner sets itself for every layout: a --set of one (or of the section
+  // holding it) would be overwritten or clash, so it is refused by name.
+  const std::vector<std::string> chosen = {
+      "parallel.pipeline",        "parallel.tensor",  "parallel.data",
+      "parallel.zero_stage",      "parallel.order",   "parallel.micro_batches",
+      "parallel.pipeline_blocks", "data.micro_batch", "memory.checkpointing"};
+  for (const std::string& o : args.overrides) {
     const std::string key = o.substr(0, o.find('='));
-    for (const std::string& chosen : overrides) {
-      if (key == chosen.substr(0, chosen.find('='))) {
+    for (const std::string& c : chosen) {
+      if (key == c || c.rfind(key + ".", 0) == 0) {
         throw Error(fmt::format("--set {}: dtrain plan chooses {} itself, for every layout it "
                                 "ranks",
-                                o, key),
+                                o, c),
                     "drop the --set; plan lists the layouts with that key's other values too "
                     "(--top N shows more of them)");
       }

@@ -446,7 +446,7 @@ void add_predict(CLI::App& app, Action& action) {
       ->allow_extra_args(false);
   cmd->add_option("--input", args->input,
                   "texts from a file: one per line (- for standard input), or labelled rows "
-                  "(.jsonl, .tsv), which also give the classifier's accuracy");
+                  "(.jsonl, .tsv, .csv), which also give the classifier's accuracy");
   cmd->add_option("--format", args->format,
                   "how --input reads: lines (one text per line), tsv, jsonl or csv (labelled "
                   "rows); default auto: by the name (.tsv, .jsonl, .csv, .gz after them), else "

@@ -58,10 +58,11 @@ void size_rank_threads() {
 
 int run_train(const TrainArgs& args) {
   if (args.nproc > 0) return run_local_ranks(args);
+  // Installed before MPI starts and the job loads, so a stop then (a Ctrl-C passed on by
+  // --nproc as SIGUSR1, a scancel) is a graceful stop too, never the default action.
+  runtime::StopSignals signals;
   size_rank_threads();
   const std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
-  // Installed before start-up, so a signal while data loads is also a graceful stop.
-  runtime::StopSignals signals;
   runtime::TrainRequest req;
   runtime::TrainSessionPtr session;
   runtime::agree_on_startup(*world, [&] {

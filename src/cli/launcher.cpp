@@ -1,6 +1,7 @@
-// Launcher environment variables and the exec of mpirun for --nproc.
+// Launcher environment variables, and mpirun for --nproc (run_ranks, run_and_wait).
 #include "cli/launcher.h"
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -78,12 +79,23 @@ int run_ranks(const std::vector<std::string>& argv) {
   std::vector<char*> cargv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
-  sigset_t stops, before;
-  sigemptyset(&stops);
-  for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&stops, s);
+  // The stops passed on (SIGINT only when this process heeds it: a shell's `&` leaves it
+  // ignored), and job control (Ctrl-Z, fg) passed to mpirun's group.
+  struct sigaction current {};
+  sigaction(SIGINT, nullptr, &current);
+  sigset_t waited, before;
+  sigemptyset(&waited);
+  for (int s : {SIGTERM, SIGUSR1, SIGTSTP, SIGCONT}) sigaddset(&waited, s);
+  if (current.sa_handler != SIG_IGN) sigaddset(&waited, SIGINT);
+  signal(SIGCHLD, SIG_DFL);  // an inherited SIG_IGN would reap mpirun before waitpid sees it
   // Blocked from before the fork, so a signal in between waits for sigtimedwait below.
-  if (pthread_sigmask(SIG_BLOCK, &stops, &before) != 0)
+  if (pthread_sigmask(SIG_BLOCK, &waited, &before) != 0)
     throw RunError("--nproc: cannot block the stop signals");
+  int exec_error[2];  // the child writes execvp's errno here; closed on a successful exec
+  if (pipe2(exec_error, O_CLOEXEC) != 0) {
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    throw RunError(fmt::format("--nproc: pipe: {}", std::strerror(errno)));
+  }
   std::fflush(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -97,34 +109,59 @@ int run_ranks(const std::vector<std::string>& argv) {
     if (getppid() != parent) _exit(127);  // the parent died before prctl
     sigprocmask(SIG_SETMASK, &before, nullptr);
     execvp(cargv[0], cargv.data());
+    const int e = errno;
+    (void)!write(exec_error[1], &e, sizeof(e));
     _exit(127);
   }
+  close(exec_error[1]);
   setpgid(pid, pid);  // both sides, whichever runs first
-  int forwarded = 0, status = 0;
+  int e = 0;
+  const ssize_t got = read(exec_error[0], &e, sizeof(e));  // 0 bytes: the exec succeeded
+  close(exec_error[0]);
+  if (got == static_cast<ssize_t>(sizeof(e))) {
+    waitpid(pid, nullptr, 0);
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+    throw Error(fmt::format("--nproc: cannot run {}: {}", argv[0], std::strerror(e)),
+                "install openmpi-bin (mpirun), or start the ranks with your own launcher");
+  }
+  int stops = 0, status = 0;
+  int ticks_since_stop = 0;
   for (;;) {
     const pid_t done = waitpid(pid, &status, WNOHANG);
     if (done == pid) break;
+    // A stop mpirun got before its ranks ran reached none of them: it goes again every
+    // 2 s until mpirun ends (a rank only records a stop, so a repeat changes nothing).
+    if (stops == 1 && ++ticks_since_stop % 40 == 0) kill(pid, SIGUSR1);
     if (done < 0 && errno != EINTR) {
       pthread_sigmask(SIG_SETMASK, &before, nullptr);
       throw RunError(fmt::format("waitpid: {}", std::strerror(errno)));
     }
     const timespec tick{0, 50'000'000};
     siginfo_t info{};
-    const int sig = sigtimedwait(&stops, &info, &tick);
+    const int sig = sigtimedwait(&waited, &info, &tick);
     if (sig <= 0) continue;
+    if (sig == SIGTSTP) {  // Ctrl-Z: mpirun and the ranks stop too, then this process
+      kill(-pid, SIGSTOP);
+      raise(SIGSTOP);
+      continue;
+    }
+    if (sig == SIGCONT) {  // fg / bg: this process runs again; so do they
+      kill(-pid, SIGCONT);
+      continue;
+    }
     std::fprintf(stderr,
-                 forwarded == 0
+                 stops == 0
                      ? "dtrain: %s: the ranks stop at their next step with a checkpoint (again: "
                        "stop at once)\n"
                      : "dtrain: %s again: the ranks stop at once\n",
                  strsignal(sig));
-    kill(pid, forwarded++ == 0 ? SIGUSR1 : SIGTERM);
+    kill(pid, stops++ == 0 ? SIGUSR1 : SIGTERM);
+  }
+  // A stop that came after mpirun's exit is this process's to drop, not to die of.
+  const timespec now{0, 0};
+  while (sigtimedwait(&waited, nullptr, &now) > 0) {
   }
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 127 && forwarded == 0) {
-    throw Error(fmt::format("--nproc: cannot run {}", argv[0]),
-                "install openmpi-bin (mpirun), or start the ranks with your own launcher");
-  }
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }

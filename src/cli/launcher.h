@@ -1,5 +1,5 @@
 // What the process launcher (mpirun, srun) tells us through the environment, and
-// how `dtrain train --nproc N` becomes mpirun.
+// how `dtrain train --nproc N` runs mpirun.
 #pragma once
 
 #include <string>
@@ -23,7 +23,8 @@ int run_and_wait(const std::vector<std::string>& argv);
 // Ctrl-C reaches this process's group, not mpirun's) goes to mpirun as SIGUSR1, which
 // mpirun forwards to every rank: they stop at one step with a checkpoint and exit 4, and
 // so does this process (mpirun's own SIGTERM or SIGINT handling would end it with 1). A
-// second stop signal goes as SIGTERM. mpirun gets SIGTERM if this process dies.
+// second stop signal goes as SIGTERM. Ctrl-Z and fg stop and continue mpirun's group
+// with this process. mpirun gets SIGTERM if this process dies.
 int run_ranks(const std::vector<std::string>& argv);
 
 // `mpirun -np N` on this machine, up to the program: no binding, one OpenMP thread per

@@ -223,12 +223,16 @@ std::vector<std::pair<std::vector<std::string>, int64_t>> csv_records(std::strin
   std::vector<std::string> fields;
   std::string field;
   int64_t line = 1, start = 1;
-  bool quoted = false, was_quoted = false, any = false;
+  bool quoted = false, was_quoted = false, any = false, quoted_any = false;
   const auto end_record = [&] {
     fields.push_back(std::move(field));
     field.clear();
-    const bool empty = fields.size() == 1 && fields[0].empty() && !was_quoted;
+    // A blank line, or one of bare commas (a spreadsheet's trailing empty rows), is no
+    // record.
+    const bool empty = !quoted_any && std::all_of(fields.begin(), fields.end(),
+                                                  [](const std::string& f) { return f.empty(); });
     if (!empty) out.emplace_back(std::move(fields), start);
+    quoted_any = false;
     fields.clear();
     was_quoted = false;
     any = false;
@@ -250,7 +254,7 @@ std::vector<std::pair<std::vector<std::string>, int64_t>> csv_records(std::strin
     if (!any) start = line;
     any = true;
     if (c == '"' && field.empty() && !was_quoted) {
-      quoted = was_quoted = true;
+      quoted = was_quoted = quoted_any = true;
     } else if (c == ',') {
       fields.push_back(std::move(field));
       field.clear();
@@ -285,7 +289,8 @@ std::vector<LabelledRow> csv_rows(std::string_view contents, const std::string& 
     if (it == header.end()) {
       std::string names;
       for (const std::string& h : header) names += (names.empty() ? "" : ", ") + h;
-      throw Error(fmt::format("{}:1: the header ({}) has no \"{}\" column", file, names, name),
+      throw Error(fmt::format("{}:{}: the header ({}) has no \"{}\" column", file,
+                              records.front().second, names, name),
                   "the first row of a .csv file names its columns: one \"text\", one "
                   "\"label\" (others are ignored)");
     }
@@ -381,7 +386,7 @@ LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs) {
                             "needs at least two",
                             inputs.size()),
                 "pass one --input per class, e.g. --input reviews/pos --input reviews/neg, or one "
-                ".jsonl or .tsv file of labelled rows");
+                ".jsonl, .tsv or .csv file of labelled rows");
   }
   LabelledCorpus out;
   std::map<std::string, std::string> file_class;  // each file read, and the class it went to
@@ -389,7 +394,7 @@ LabelledCorpus read_labelled_corpus(const std::vector<std::string>& inputs) {
     if (is_labelled_rows_file(input)) {
       throw Error(fmt::format("--labelled: {} holds labelled rows, but {} inputs make classes",
                               input, inputs.size()),
-                  "pass a .jsonl or .tsv file of rows as the only --input");
+                  "pass a .jsonl, .tsv or .csv file of rows as the only --input");
     }
     const fs::path p = fs::path(input).lexically_normal();
     const fs::path base = p.has_filename() ? p : p.parent_path();

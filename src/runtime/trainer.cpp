@@ -71,8 +71,8 @@ void require_supported(const Job& job, int world) {
     unsupported("parallel",
                 fmt::format("data {} x tensor {} x pipeline {} on {} rank(s)", p.data, p.tensor,
                             p.pipeline, world),
-                "the degrees' product is the world size: set them to multiply to it, or run "
-                "with --nproc their product");
+                "the degrees multiply to the number of ranks started (--nproc, srun -n, "
+                "mpirun -np): set them to, or start their product");
   }
   if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
@@ -822,6 +822,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     return 0;
   }
   connect(watchdog);
+  if (resumed_ && leader()) set_aside_later_checkpoints();  // every rank has started
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;
   const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);

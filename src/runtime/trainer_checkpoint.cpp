@@ -148,7 +148,6 @@ void TrainSession::resume_if_asked() {
           "resumed from {} at step {}{}", file.string(), counters_.step,
           tensor_split() ? fmt::format(" (tensor rank {} takes its parts)", coord_.tp) : ""));
       resumed_ = true;
-      if (leader()) set_aside_later_checkpoints();
     } else {
       note("no checkpoint yet; starting from step 0");
     }
@@ -167,26 +166,28 @@ void TrainSession::resume_if_asked() {
 }
 
 // Resuming from an earlier checkpoint than the directory's newest abandons the run that
-// went on from it: its later checkpoints move to ckpt_dir/abandoned/ (they are kept, and a
-// later --resume latest takes this run's own, not theirs).
+// went on from it: its later checkpoints move to ckpt_dir/abandoned/from-step-N/ (kept,
+// and a later --resume latest takes this run's own, not theirs). Called by the leader once
+// every rank has started (input refused at start-up leaves the directory as it was).
 void TrainSession::set_aside_later_checkpoints() {
   std::vector<fs::path> later;
   for (const fs::path& p : list_checkpoints(ckpt_dir_))
     if (step_of_name(p).value_or(-1) > counters_.step) later.push_back(p);
   if (later.empty()) return;
-  const fs::path aside = ckpt_dir_ / "abandoned";
+  fs::path aside = ckpt_dir_ / "abandoned" / fmt::format("from-step-{}", counters_.step);
+  for (int n = 2; fs::exists(aside); ++n)
+    aside = ckpt_dir_ / "abandoned" / fmt::format("from-step-{}-{}", counters_.step, n);
   std::error_code ec;
   fs::create_directories(aside, ec);
   for (const fs::path& p : later) {
-    fs::path to = aside / p.filename();
-    for (int n = 1; fs::exists(to); ++n)
-      to = aside / fmt::format("{}.{}", p.filename().string(), n);
+    const fs::path to = aside / p.filename();
     if (!ec) fs::rename(p, to, ec);
     if (ec) {
-      throw Error(fmt::format("{}: cannot move it to {} ({}); it is a later checkpoint of the "
-                              "run this resume abandons",
-                              p.string(), to.string(), ec.message()),
-                  "move or remove it yourself, so that a later --resume latest does not take it");
+      throw RunError(fmt::format("{}: cannot move it to {} ({}); it is a later checkpoint of "
+                                 "the run this resume abandons",
+                                 p.string(), to.string(), ec.message()),
+                     "move or remove it yourself, so that a later --resume latest does not "
+                     "take it");
     }
   }
   note(

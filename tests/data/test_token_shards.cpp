@@ -241,7 +241,8 @@ TEST_CASE("labelled rows: CSV with a header, quoted fields across lines, bad row
                                                 "1,pos,\"so good, really\"\r\n"
                                                 "2,neg,\"she said \"\"no\"\"\nand left\"\r\n"
                                                 "\r\n"
-                                                "3,pos,plain\r\n"));
+                                                "3,pos,plain\r\n"
+                                                ",,\r\n"));  // a spreadsheet's trailing empty row
   LabelledCorpus c = read_labelled_corpus({dir.file("reviews.csv")});
   CHECK(c.names == std::vector<std::string>{"neg", "pos"});
   CHECK(c.labels == std::vector<int32_t>{1, 0, 1});

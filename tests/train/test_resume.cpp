@@ -164,13 +164,18 @@ TEST_CASE("a run directory that holds a run: a fresh start is refused, a finishe
   // to checkpoints/abandoned/, so a later --resume latest takes this run's step 5.
   const fs::path step4 = out / "checkpoints" / "step-00000004.dtckpt";
   REQUIRE(fs::exists(step4));
+  // A resume refused at start-up (past its last step) moves nothing.
+  const RunResult refused = run_dtrain(
+      {job.string(), "--set", "train.steps=3", "--resume", step4.string()}, tmp.path() / "r.log");
+  CHECK_MESSAGE(refused.rc == kExitBadInput, refused.describe());
+  CHECK(checkpoint_step(newest_checkpoint(out / "checkpoints")) == 6);
   const RunResult branch = run_dtrain({job.string(), "--set", "train.steps=5", "--set",
                                        "optimizer.lr=0.01", "--resume", step4.string()},
                                       tmp.path() / "f.log");
   REQUIRE_MESSAGE(branch.rc == 0, branch.describe());
   CHECK_MESSAGE(contains(branch.log, "1 later checkpoint(s) of the run this one abandons"),
                 branch.log);
-  CHECK(fs::exists(out / "checkpoints" / "abandoned" / "step-00000006.dtckpt"));
+  CHECK(fs::exists(out / "checkpoints" / "abandoned" / "from-step-4" / "step-00000006.dtckpt"));
   const RunResult latest = run_dtrain(
       {job.string(), "--set", "train.steps=7", "--set", "optimizer.lr=0.01", "--resume", "latest"},
       tmp.path() / "g.log");
