@@ -95,6 +95,13 @@ nlohmann::json layout_json(const std::vector<graph::FlatEntry>& entries, int64_t
   return list;
 }
 
+nlohmann::json tensor_json(const runtime::NamedTensor& t) {
+  return {{"name", t.name},
+          {"dtype", dtype_name(t.tensor.dtype())},
+          {"shape", dims(t.tensor.shape())},
+          {"bytes", t.tensor.nbytes()}};
+}
+
 // One checkpoint, verified, as JSON (the text form prints the same fields).
 nlohmann::json describe(const fs::path& path) {
   const runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
@@ -112,15 +119,12 @@ nlohmann::json describe(const fs::path& path) {
       s["elements"] = s.at("end").get<int64_t>() - s.at("begin").get<int64_t>();
       // Each rank's own state (gradient compression's error feedback), which a resume in
       // the same layout reads back and the one-process view above leaves out.
+      // read_any_checkpoint verified the shard whole: only these blobs are read again.
       nlohmann::json own = nlohmann::json::array();
+      const auto compress = [](const std::string& name) { return name.rfind("compress.", 0) == 0; };
       for (const runtime::NamedTensor& t :
-           runtime::read_checkpoint(path / s.at("file").get<std::string>()).tensors) {
-        if (t.name.rfind("compress.", 0) != 0) continue;
-        own.push_back({{"name", t.name},
-                       {"dtype", dtype_name(t.tensor.dtype())},
-                       {"shape", dims(t.tensor.shape())},
-                       {"bytes", t.tensor.nbytes()}});
-      }
+           runtime::read_checkpoint_blobs(path / s.at("file").get<std::string>(), compress).tensors)
+        own.push_back(tensor_json(t));
       s["rank_state"] = own;
     }
     out["sharded"] = sh;
@@ -132,12 +136,7 @@ nlohmann::json describe(const fs::path& path) {
   out["parameters"] = params;
   out["buffer_elements"] = buffers;
   nlohmann::json stored = nlohmann::json::array();
-  for (const runtime::NamedTensor& t : ck.tensors) {
-    stored.push_back({{"name", t.name},
-                      {"dtype", dtype_name(t.tensor.dtype())},
-                      {"shape", dims(t.tensor.shape())},
-                      {"bytes", t.tensor.nbytes()}});
-  }
+  for (const runtime::NamedTensor& t : ck.tensors) stored.push_back(tensor_json(t));
   out["stored"] = stored;
   return out;
 }

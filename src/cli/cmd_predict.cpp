@@ -212,6 +212,10 @@ Score score(const runtime::PredictResult& p, const std::vector<int32_t>& expecte
 struct Perplexity {
   int64_t tokens = 0;
   double logprob = 0.0;
+  void add(const Perplexity& o) {
+    tokens += o.tokens;
+    logprob += o.logprob;
+  }
   std::optional<double> value() const {
     if (tokens == 0) return std::nullopt;
     return std::exp(-logprob / static_cast<double>(tokens));
@@ -232,10 +236,7 @@ std::map<std::string, Perplexity> per_label(const runtime::PredictResult& p, con
   std::map<std::string, Perplexity> out;
   for (size_t i = 0; i < p.texts.size(); ++i) {
     if (!in.labels[i]) continue;
-    const Perplexity one = perplexity(p.texts[i].logprobs);
-    Perplexity& sum = out[*in.labels[i]];
-    sum.tokens += one.tokens;
-    sum.logprob += one.logprob;
+    out[*in.labels[i]].add(perplexity(p.texts[i].logprobs));
   }
   return out;
 }
@@ -261,8 +262,7 @@ nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const 
     nlohmann::json j = {{"text", in.texts[i]}, {"tokens", t.tokens}, {"ids", t.ids}};
     if (p.task == runtime::PredictTask::score) {
       const Perplexity one = perplexity(t.logprobs);
-      all.tokens += one.tokens;
-      all.logprob += one.logprob;
+      all.add(one);
       j["logprobs"] = t.logprobs;
       j["logprob"] = one.logprob;
       j["perplexity"] = or_null(one.value());
@@ -326,8 +326,7 @@ void print_console(const runtime::PredictResult& p, const Inputs& in, const Scor
     Perplexity all;
     for (size_t i = 0; i < p.texts.size(); ++i) {
       const Perplexity one = perplexity(p.texts[i].logprobs);
-      all.tokens += one.tokens;
-      all.logprob += one.logprob;
+      all.add(one);
       const std::string ppl = one.value() ? fmt::format("{:.3f}", *one.value()) : "-";
       std::printf("%s\t%lld\t%s\n", ppl.c_str(), static_cast<long long>(one.tokens),
                   one_line(in.texts[i]).c_str());

@@ -318,32 +318,25 @@ std::vector<LabelledRow> parse_labelled_rows(std::string_view contents, RowForma
   std::vector<LabelledRow> rows;
   if (format == RowFormat::csv) {
     rows = csv_rows(contents, file);
-    for (const LabelledRow& row : rows) {
-      const std::string where = fmt::format("{}:{}", file, row.line);
-      if (row.label.empty() || !valid_utf8(row.label))
-        throw Error(fmt::format("{}: the label is empty or not UTF-8 text", where), kRowsHint);
-      if (blank(row.text)) {
-        throw Error(fmt::format("{}: the text is empty", where),
-                    "remove the row: a classifier learns nothing from it");
-      }
-    }
-    return rows;
+  } else {
+    const bool jsonl = format == RowFormat::jsonl;
+    std::string json_text;
+    for_each_line(contents, [&](std::string_view line, int64_t line_no) {
+      if (blank(line)) return;  // a blank line (a last newline, say) is no row
+      const auto [label, text] =
+          parse_row(line, jsonl, fmt::format("{}:{}", file, line_no), json_text);
+      rows.push_back({label, std::string(text), line_no});
+    });
   }
-  const bool jsonl = format == RowFormat::jsonl;
-  std::string json_text;
-  for_each_line(contents, [&](std::string_view line, int64_t line_no) {
-    if (blank(line)) return;  // a blank line (a last newline, say) is no row
-    const std::string where = fmt::format("{}:{}", file, line_no);
-    const auto [label, text] = parse_row(line, jsonl, where, json_text);
-    if (label.empty() || !valid_utf8(label)) {
+  for (const LabelledRow& row : rows) {  // every format's rows, by the same rules
+    const std::string where = fmt::format("{}:{}", file, row.line);
+    if (row.label.empty() || !valid_utf8(row.label))
       throw Error(fmt::format("{}: the label is empty or not UTF-8 text", where), kRowsHint);
-    }
-    if (blank(text)) {
+    if (blank(row.text)) {
       throw Error(fmt::format("{}: the text is empty", where),
                   "remove the row: a classifier learns nothing from it");
     }
-    rows.push_back({label, std::string(text), line_no});
-  });
+  }
   return rows;
 }
 

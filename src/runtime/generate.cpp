@@ -24,7 +24,6 @@ namespace dtrain::runtime {
 namespace {
 
 constexpr uint32_t kSamplingPurpose = 0x20;  // Philox stream: (seed, sample); word: 2 x token index
-constexpr int64_t kShortestForward = 16;     // positions of the first, smallest graph
 
 // Ids a sample may draw: the tokenizer's ordinary tokens and <|endoftext|>.
 std::vector<int32_t> candidate_ids(const Tokenizer& tok, int64_t model_vocab) {
@@ -41,14 +40,6 @@ std::vector<int32_t> candidate_ids(const Tokenizer& tok, int64_t model_vocab) {
 double uniform53(const Philox& rng, uint64_t i) {
   const uint64_t hi = rng.u32(2 * i) >> 6, lo = rng.u32(2 * i + 1) >> 5;  // 26 + 27 bits
   return static_cast<double>((hi << 27) | lo) * 0x1p-53;
-}
-
-// The positions of the graph for a context of `positions` tokens: a power of two from
-// kShortestForward on, at most the model's context.
-int64_t forward_length(int64_t positions, int64_t context) {
-  int64_t n = kShortestForward;
-  while (n < positions) n *= 2;
-  return std::min(n, context);
 }
 
 }  // namespace
@@ -158,7 +149,7 @@ void decode(const GenerateRequest& r, const models::TransformerShape& shape, con
       // The prompt's forward before a cache runs at its exact length: no padding at all
       // (padding is invisible to causal attention only while its activations are finite).
       const bool fill = will_cache && t == 0;
-      const int64_t length = fill ? window : forward_length(window, context);
+      const int64_t length = fill ? window : padded_length(window, context);
       if (!f || length != f->length) {
         f.reset();  // one executor at a time
         ModelOptions options = job.model;

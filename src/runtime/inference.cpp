@@ -243,6 +243,12 @@ Tokenizer read_model_tokenizer(const Job& job, const std::string& tokenizer,
   return tok;
 }
 
+int64_t padded_length(int64_t positions, int64_t context) {
+  int64_t n = kShortestForward;
+  while (n < positions) n *= 2;
+  return std::min(n, context);
+}
+
 std::unique_ptr<InferenceGraph> make_inference_graph(const Job& job, const ModelOptions& options,
                                                      int64_t batch, const Tensor& weights,
                                                      bool labels) {

@@ -49,6 +49,12 @@ bool is_safetensors(const std::filesystem::path& path);
 
 // The model of `options` at batch x options.seq_len, fp32 (the default DTypePolicy), up to
 // its logits: the loss node (the graph's last) is not run. Dropout is off (Mode::eval).
+// The positions of a graph for `positions` tokens: a power of two from kShortestForward
+// on, at most the model's context (a few graph shapes serve every length; causal
+// attention keeps the padding after the tokens from the positions before it).
+inline constexpr int64_t kShortestForward = 16;
+int64_t padded_length(int64_t positions, int64_t context);
+
 struct InferenceGraph {
   int64_t batch = 0, length = 0;
   models::ModelGraph model;

@@ -245,14 +245,6 @@ struct Window {
   int64_t begin, end, first;
 };
 
-// The graph's positions for a window of n tokens: a power of two from 16, at most the
-// context.
-int64_t window_length(int64_t n, int64_t context) {
-  int64_t length = 16;
-  while (length < n) length *= 2;
-  return std::min(length, context);
-}
-
 void score(const PredictRequest& r, const models::TransformerShape& shape, const Tokenizer& tok,
            const Tensor& weights, PredictResult& out) {
   const Job& job = r.job;
@@ -282,14 +274,14 @@ void score(const PredictRequest& r, const models::TransformerShape& shape, const
   }
   // Windows of one graph length share forwards; texts keep their order within a length.
   std::stable_sort(windows.begin(), windows.end(), [&](const Window& a, const Window& b) {
-    return window_length(a.end - a.begin, context) < window_length(b.end - b.begin, context);
+    return padded_length(a.end - a.begin, context) < padded_length(b.end - b.begin, context);
   });
   std::unique_ptr<InferenceGraph> f;
   for (size_t first = 0; first < windows.size();) {
-    const int64_t length = window_length(windows[first].end - windows[first].begin, context);
+    const int64_t length = padded_length(windows[first].end - windows[first].begin, context);
     size_t last = first;
     while (last < windows.size() &&
-           window_length(windows[last].end - windows[last].begin, context) == length &&
+           padded_length(windows[last].end - windows[last].begin, context) == length &&
            static_cast<int64_t>(last - first) < rows_per_forward)
       ++last;
     const auto batch = static_cast<int64_t>(last - first);
@@ -412,7 +404,7 @@ PredictResult predict(const PredictRequest& r) {
   out.mask_id = special.mask;
   const ModelWeights w = [&] {
     ModelOptions options = job.model;  // the layout alone: no executor, nothing allocated
-    options.seq_len = static_cast<int>(std::min<int64_t>(shape.seq_len, 16));
+    options.seq_len = static_cast<int>(std::min<int64_t>(shape.seq_len, kShortestForward));
     options.mlm_predictions = 1;
     return read_model_weights(job, r.weights, models::build_model(options, 1).graph, shape.heads,
                               "predict");
