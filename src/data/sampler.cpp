@@ -40,10 +40,13 @@ Sampler::Sampler(SamplerConfig config, DataPosition start) : config_(config) {
                start.offset);
   if (c.dataset_size <= 0) throw Error("the dataset holds no samples");
   if (c.tail == Tail::drop && c.dataset_size < global_batch())
-    throw Error(fmt::format("the dataset holds {} samples, fewer than one global batch of {} "
+    throw Error(fmt::format("the dataset holds {} samples{}, fewer than one global batch of {} "
                             "({} per rank x {} ranks): with drop_last every batch is dropped",
-                            c.dataset_size, global_batch(), c.batch, c.world),
-                "lower data.global_batch, or set data.drop_last: false to wrap around");
+                            c.dataset_size, c.cut_by.empty() ? "" : " (cut by " + c.cut_by + ")",
+                            global_batch(), c.batch, c.world),
+                fmt::format("{}lower data.global_batch, or set data.drop_last: false to wrap "
+                            "around",
+                            c.cut_by.empty() ? "" : "raise " + c.cut_by + ", "));
   pos_ = normalise(start);
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dtrain {
@@ -30,6 +31,8 @@ struct SamplerConfig {
   uint64_t seed = 0;
   Shuffle shuffle = Shuffle::on;
   Tail tail = Tail::drop;
+  // The key that cut this split (data.limit.train), when one did: errors name it.
+  std::string cut_by;
 };
 
 // The order of epoch `epoch` into `out` (resized to n). Shuffle::on is Fisher-Yates

@@ -36,7 +36,8 @@ int64_t count_windows(const TokenShard& shard, const TextBatchConfig& c) {
     throw Error(fmt::format("{}: {} tokens, fewer than one window of {} (sequence length {}{})",
                             shard.path, n, need, c.seq_len,
                             c.task == LmTask::causal ? " + 1 for the shifted labels" : ""),
-                "lower model.seq_len, or tokenize more text");
+                c.cut_by.empty() ? "lower model.seq_len, or tokenize more text"
+                                 : fmt::format("raise {}, or lower model.seq_len", c.cut_by));
   const int64_t w = c.task == LmTask::causal ? (n - 1) / c.seq_len : n / c.seq_len;
   const int64_t global = c.batch * c.world;
   if (c.order == TextOrder::shuffled && w < global)
@@ -44,7 +45,9 @@ int64_t count_windows(const TokenShard& shard, const TextBatchConfig& c) {
         fmt::format("{}: {} tokens make {} windows of {}, fewer than one global batch of {} "
                     "({} per rank x {} ranks)",
                     shard.path, n, w, c.seq_len, global, c.batch, c.world),
-        "lower data.global_batch or model.seq_len, or tokenize more text");
+        c.cut_by.empty()
+            ? "lower data.global_batch or model.seq_len, or tokenize more text"
+            : fmt::format("raise {}, or lower data.global_batch or model.seq_len", c.cut_by));
   return w;
 }
 
@@ -198,9 +201,11 @@ SamplerConfig classify_sampler(const LabelledText& data, const ClassifyConfig& c
                             train ? fmt::format("one global batch of {} ({} per rank x {} ranks)",
                                                 global, c.batch, c.world)
                                   : std::string("one")),
-                train ? "lower data.global_batch, or give more texts"
-                      : "tokenize again with a larger --val-fraction, so that the validation "
-                        "split holds texts");
+                !c.cut_by.empty() ? fmt::format("raise {}{}", c.cut_by,
+                                                train ? ", or lower data.global_batch" : "")
+                : train           ? "lower data.global_batch, or give more texts"
+                        : "tokenize again with a larger --val-fraction, so that the validation "
+                          "split holds texts");
   }
   return sampler_config(n, c);
 }

@@ -51,6 +51,7 @@ struct TextBatchConfig {
   uint64_t seed = 0;
   TextOrder order = TextOrder::shuffled;
   MaskingConfig masking;  // LmTask::masked only
+  std::string cut_by;     // the key that cut the shard (data.limit.train), when one did
 };
 
 struct TokenBatch {
@@ -111,6 +112,7 @@ struct ClassifyConfig {
   TextOrder order = TextOrder::shuffled;
   TokenId separator = -1;  // the id before each text in the shard (<|endoftext|>)
   TokenId cls = -1, sep = -1, pad = -1;
+  std::string cut_by;  // the key that cut the texts (data.limit.train), when one did
 };
 // Where each text of a shard starts: the token after each separator.
 std::vector<int64_t> text_starts(const TokenShard& shard, TokenId separator);

@@ -94,7 +94,8 @@ double time_allreduce(Communicator& comm, Tensor& buf, AllreduceAlgo algo, int r
 
 }  // namespace
 
-AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes, int reps) {
+AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes, int reps,
+                          const Tensor& scratch) {
   DTRAIN_CHECK(reps > 0);
   const std::vector<size_t> classes = size_classes(bucket_bytes);
   const std::vector<AllreduceAlgo> algos = candidates(comm);
@@ -102,11 +103,16 @@ AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_
   std::vector<double> times(classes.size() * algos.size(), 0.0);
   for (size_t c = 0; c < classes.size(); ++c) {
     const int64_t n = static_cast<int64_t>((classes[c] + 3) / 4);
-    Tensor buf = Tensor::empty({n}, DType::f32, &kernels::device_allocator(comm.device()));
-    kernels::fill(buf, 1.0f);
+    const bool borrowed = scratch.defined() && scratch.dtype() == DType::f32 &&
+                          scratch.device() == comm.device() && scratch.numel() >= n;
+    Tensor buf = borrowed
+                     ? scratch.view(0, Shape{n})
+                     : Tensor::empty({n}, DType::f32, &kernels::device_allocator(comm.device()));
+    kernels::fill(buf, 1.0f);  // not zeros or garbage: denormals would time slower
     for (size_t a = 0; a < algos.size(); ++a) {
       times[c * algos.size() + a] = time_allreduce(comm, buf, algos[a], reps);
     }
+    if (borrowed) kernels::fill(buf, 0.0f);
   }
   Tensor all = Tensor::wrap(times.data(), {static_cast<int64_t>(times.size())}, DType::f64);
   if (comm.device().is_cpu()) {

@@ -53,8 +53,11 @@ struct AutoChoice {
 // Times native, ring and (with more than one node of more than one rank each)
 // hierarchical all-reduce of f32 buckets, `reps` runs after a warm-up, the median
 // per rank then the max over ranks. Collective: every rank gets the same table.
-AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes,
-                          int reps = 3);
+// `scratch` (f32 on the communicator's device, when given and large enough: the
+// gradient buffer the buckets are ranges of) is timed on and left zero, so that tuning
+// takes no memory beside what training holds; otherwise a buffer is allocated.
+AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes, int reps = 3,
+                          const Tensor& scratch = {});
 // A few readable lines: one per size class, the choice and every candidate's time.
 std::string format_auto_choice(const AutoChoice& choice);
 

@@ -97,17 +97,6 @@ struct Raw {
   const char* at(size_t off) const { return bytes.data() + off; }
 };
 
-Raw slurp(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    throw Error(fmt::format("{}: cannot open checkpoint: {}", file.string(), std::strerror(errno)),
-                "check the path given to --resume");
-  }
-  Raw r;
-  r.bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return r;
-}
-
 nlohmann::json parse_header(const fs::path& file, const Raw& raw) {
   const size_t size = raw.bytes.size();
   if (size < kPrefix + sizeof(kTrailer) || std::memcmp(raw.at(0), kMagic, 8) != 0) {
@@ -133,15 +122,9 @@ nlohmann::json parse_header(const fs::path& file, const Raw& raw) {
   }
 }
 
-// One header entry, checked against a file of `file_size` bytes.
-struct BlobEntry {
-  std::string name;
-  DType dtype = DType::f32;
-  Shape shape;
-  size_t offset = 0, bytes = 0;
-  uint32_t crc = 0;
-};
+using BlobEntry = CheckpointReader::Blob;
 
+// One header entry, checked against a file of `file_size` bytes.
 BlobEntry parse_entry(const fs::path& file, const nlohmann::json& e, size_t file_size) {
   try {
     BlobEntry b;
@@ -170,103 +153,144 @@ BlobEntry parse_entry(const fs::path& file, const nlohmann::json& e, size_t file
   }
 }
 
-// The blob's bytes (already in `t`) against the entry's checksum.
-void check_blob(const fs::path& file, const BlobEntry& b, const Tensor& t) {
-  if (crc32c(t.raw(), b.bytes) != b.crc) {
-    bad(file, b.offset,
-        fmt::format("tensor \"{}\": checksum mismatch (the data is corrupted)", b.name));
-  }
-}
-
-NamedTensor read_blob(const fs::path& file, const Raw& raw, const nlohmann::json& e) {
-  const BlobEntry b = parse_entry(file, e, raw.bytes.size());
-  Tensor t = Tensor::empty(b.shape, b.dtype);
-  std::memcpy(t.raw(), raw.at(b.offset), b.bytes);
-  check_blob(file, b, t);
-  return {b.name, t};
-}
-
-size_t raw_header_bytes(const Raw& raw) {
-  uint32_t bytes;
-  std::memcpy(&bytes, raw.at(12), 4);
-  return bytes;
-}
-
-// Bytes outside the header and the blobs are alignment padding and must be
-// zero, so that no byte of the file escapes a check.
-void check_padding(const fs::path& file, const Raw& raw,
-                   std::vector<std::pair<size_t, size_t>> used) {
-  std::sort(used.begin(), used.end());
-  for (size_t i = 0; i + 1 < used.size(); ++i) {
-    if (used[i + 1].first < used[i].second) bad(file, used[i + 1].first, "overlapping blobs");
-    for (size_t at = used[i].second; at < used[i + 1].first; ++at) {
-      if (raw.bytes[at] != 0) bad(file, at, "non-zero padding (the file is corrupted)");
-    }
-  }
+[[noreturn]] void bad_checksum(const fs::path& file, const BlobEntry& b) {
+  bad(file, b.offset,
+      fmt::format("tensor \"{}\": checksum mismatch (the data is corrupted)", b.name));
 }
 
 }  // namespace
 
-Checkpoint read_checkpoint(const fs::path& file) {
-  const Raw raw = slurp(file);
-  const nlohmann::json header = parse_header(file, raw);
+CheckpointReader::CheckpointReader(const fs::path& file, bool verify)
+    : file_(file), in_(file, std::ios::binary | std::ios::ate) {
+  if (!in_) {
+    throw Error(fmt::format("{}: cannot open checkpoint: {}", file.string(), std::strerror(errno)),
+                "check the path given to --resume");
+  }
+  size_ = static_cast<size_t>(in_.tellg());
+  // The prefix, the header and the end marker, laid out as parse_header expects them.
+  Raw head;
+  if (size_ < kPrefix + sizeof(kTrailer)) bad(file, 0, "not a dtrain checkpoint (too short)");
+  head.bytes.resize(kPrefix);
+  read_at(0, kPrefix, head.bytes.data());
+  uint32_t header_bytes = 0;
+  std::memcpy(&header_bytes, head.at(12), 4);
+  if (kPrefix + size_t{header_bytes} > size_ - sizeof(kTrailer))
+    bad(file, 12, "header longer than the file");
+  head.bytes.resize(kPrefix + header_bytes + sizeof(kTrailer));
+  read_at(kPrefix, header_bytes, head.bytes.data() + kPrefix);
+  read_at(size_ - sizeof(kTrailer), sizeof(kTrailer), head.bytes.data() + kPrefix + header_bytes);
+  const nlohmann::json header = parse_header(file, head);
   if (!header.contains("meta") || !header.contains("tensors") || !header["tensors"].is_array()) {
     bad(file, kPrefix, "header lacks \"meta\" or \"tensors\"");
   }
-  Checkpoint ck;
-  ck.file = file;
-  ck.meta = header["meta"];
-  std::vector<std::pair<size_t, size_t>> used = {{0, kPrefix + raw_header_bytes(raw)}};
-  for (const nlohmann::json& e : header["tensors"]) {
-    ck.tensors.push_back(read_blob(file, raw, e));
-    used.emplace_back(e["offset"].get<size_t>(),
-                      e["offset"].get<size_t>() + e["bytes"].get<size_t>());
+  meta_ = header["meta"];
+  for (const nlohmann::json& e : header["tensors"]) blobs_.push_back(parse_entry(file, e, size_));
+  if (!verify) return;
+  // One pass in file order: every blob's checksum, and zeros in the padding between
+  // them, so that no byte of the file escapes a check.
+  std::vector<const BlobEntry*> order;
+  for (const BlobEntry& b : blobs_) order.push_back(&b);
+  std::sort(order.begin(), order.end(),
+            [](const BlobEntry* x, const BlobEntry* y) { return x->offset < y->offset; });
+  std::vector<char> buf(size_t{1} << 20);
+  size_t at = kPrefix + header_bytes;
+  auto padding_to = [&](size_t end) {
+    while (at < end) {
+      const size_t n = std::min(buf.size(), end - at);
+      read_at(at, n, buf.data());
+      const auto* p = std::find_if(buf.data(), buf.data() + n, [](char c) { return c != 0; });
+      if (p != buf.data() + n)
+        bad(file, at + static_cast<size_t>(p - buf.data()),
+            "non-zero padding (the file is corrupted)");
+      at += n;
+    }
+  };
+  for (const BlobEntry* b : order) {
+    if (b->offset < at) bad(file, b->offset, "overlapping blobs");
+    padding_to(b->offset);
+    uint32_t crc = 0;
+    for (size_t done = 0; done < b->bytes;) {
+      const size_t n = std::min(buf.size(), b->bytes - done);
+      read_at(b->offset + done, n, buf.data());
+      crc = crc32c(buf.data(), n, crc);
+      done += n;
+    }
+    if (crc != b->crc) bad_checksum(file, *b);
+    at = b->offset + b->bytes;
   }
-  used.emplace_back(raw.bytes.size() - sizeof(kTrailer), raw.bytes.size());
-  check_padding(file, raw, used);
+  padding_to(size_ - sizeof(kTrailer));
+}
+
+void CheckpointReader::read_at(size_t offset, size_t bytes, char* out) const {
+  in_.seekg(static_cast<std::streamoff>(offset));
+  in_.read(out, static_cast<std::streamsize>(bytes));
+  if (!in_) bad(file_, offset, "short read");
+}
+
+bool CheckpointReader::has(std::string_view name) const {
+  return std::any_of(blobs_.begin(), blobs_.end(),
+                     [&](const BlobEntry& b) { return b.name == name; });
+}
+
+const CheckpointReader::Blob& CheckpointReader::blob(std::string_view name) const {
+  for (const BlobEntry& b : blobs_)
+    if (b.name == name) return b;
+  throw Error(fmt::format("{}: checkpoint has no tensor \"{}\"", file_.string(), name),
+              "was it written for a different model? check model.arch and its options");
+}
+
+Tensor CheckpointReader::read(std::string_view name) const { return read_blob(blob(name)); }
+
+Tensor CheckpointReader::read_blob(const Blob& b) const {
+  Tensor t = Tensor::empty(b.shape, b.dtype);
+  read_at(b.offset, b.bytes, static_cast<char*>(t.raw()));
+  if (crc32c(t.raw(), b.bytes) != b.crc) bad_checksum(file_, b);
+  return t;
+}
+
+void CheckpointReader::pieces(std::string_view name, int64_t piece_elems,
+                              const std::function<void(int64_t, const Tensor&)>& fn) const {
+  const BlobEntry& b = blob(name);
+  const int64_t total = b.shape.numel();
+  const size_t width = dtype_size(b.dtype);
+  const Tensor buf =
+      Tensor::empty(Shape{std::max<int64_t>(1, std::min(piece_elems, total))}, b.dtype);
+  uint32_t crc = 0;
+  for (int64_t lo = 0; lo < total; lo += buf.numel()) {
+    const int64_t n = std::min(buf.numel(), total - lo);
+    const size_t bytes = static_cast<size_t>(n) * width;
+    read_at(b.offset + static_cast<size_t>(lo) * width, bytes, static_cast<char*>(buf.raw()));
+    crc = crc32c(buf.raw(), bytes, crc);
+    fn(lo, buf.view(0, Shape{n}));
+  }
+  if (crc != b.crc) {
+    bad(file_, b.offset,
+        fmt::format("tensor \"{}\": checksum mismatch while loading it (the file changed "
+                    "after it was verified, or the disk returned other bytes)",
+                    b.name));
+  }
+}
+
+Checkpoint CheckpointReader::header() const {
+  Checkpoint ck;
+  ck.file = file_;
+  ck.meta = meta_;
+  return ck;
+}
+
+Checkpoint read_checkpoint(const fs::path& file) {
+  const CheckpointReader r(file);
+  Checkpoint ck = r.header();
+  for (const BlobEntry& b : r.blobs()) ck.tensors.push_back({b.name, r.read_blob(b)});
   return ck;
 }
 
 Checkpoint read_checkpoint_blobs(const fs::path& file,
                                  const std::function<bool(const std::string&)>& want) {
-  std::ifstream in(file, std::ios::binary | std::ios::ate);
-  if (!in) {
-    throw Error(fmt::format("{}: cannot open checkpoint: {}", file.string(), std::strerror(errno)),
-                "check the path given to --resume");
-  }
-  const auto size = static_cast<size_t>(in.tellg());
-  auto read_at = [&](size_t offset, size_t bytes, char* out) {
-    in.seekg(static_cast<std::streamoff>(offset));
-    in.read(out, static_cast<std::streamsize>(bytes));
-    if (!in) bad(file, offset, "short read");
-  };
-  // The prefix, the header and the end marker, laid out as parse_header expects them.
-  Raw head;
-  if (size < kPrefix + sizeof(kTrailer)) bad(file, 0, "not a dtrain checkpoint (too short)");
-  head.bytes.resize(kPrefix);
-  read_at(0, kPrefix, head.bytes.data());
-  uint32_t header_bytes = 0;
-  std::memcpy(&header_bytes, head.at(12), 4);
-  if (kPrefix + size_t{header_bytes} > size - sizeof(kTrailer))
-    bad(file, 12, "header longer than the file");
-  head.bytes.resize(kPrefix + header_bytes + sizeof(kTrailer));
-  read_at(kPrefix, header_bytes, head.bytes.data() + kPrefix);
-  read_at(size - sizeof(kTrailer), sizeof(kTrailer), head.bytes.data() + kPrefix + header_bytes);
-  const nlohmann::json header = parse_header(file, head);
-  if (!header.contains("meta") || !header.contains("tensors") || !header["tensors"].is_array()) {
-    bad(file, kPrefix, "header lacks \"meta\" or \"tensors\"");
-  }
-  Checkpoint ck;
-  ck.file = file;
-  ck.meta = header["meta"];
-  for (const nlohmann::json& e : header["tensors"]) {
-    const BlobEntry b = parse_entry(file, e, size);
-    if (!want(b.name)) continue;
-    Tensor t = Tensor::empty(b.shape, b.dtype);
-    read_at(b.offset, b.bytes, static_cast<char*>(t.raw()));
-    check_blob(file, b, t);
-    ck.tensors.push_back({b.name, t});
-  }
+  const CheckpointReader r(file, /*verify=*/false);
+  Checkpoint ck = r.header();
+  for (const BlobEntry& b : r.blobs())
+    if (want(b.name)) ck.tensors.push_back({b.name, r.read_blob(b)});
   return ck;
 }
 

@@ -10,9 +10,11 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -41,6 +43,48 @@ Checkpoint read_checkpoint(const std::filesystem::path& file);
 // intact checks it otherwise, as a sharded checkpoint's manifest does).
 Checkpoint read_checkpoint_blobs(const std::filesystem::path& file,
                                  const std::function<bool(const std::string&)>& want);
+
+// A checkpoint read a piece at a time, so that resuming holds no copy of the model's
+// state beside the live one (dtrain estimate's peak holds for a resumed run too). The
+// constructor reads the prefix, the header and the end marker; with `verify`, it also
+// streams the whole file once, checking every blob's checksum and the zero padding
+// between blobs, holding one I/O buffer and no blob. Then `pieces` reads a blob
+// `piece_elems` elements at a time into one tensor of that size, checking the blob's
+// checksum again as it goes (a file changed since it was verified is an Error).
+class CheckpointReader {
+ public:
+  struct Blob {
+    std::string name;
+    DType dtype = DType::f32;
+    Shape shape;
+    size_t offset = 0, bytes = 0;
+    uint32_t crc = 0;
+  };
+  explicit CheckpointReader(const std::filesystem::path& file, bool verify = true);
+  const std::filesystem::path& file() const { return file_; }
+  const nlohmann::json& meta() const { return meta_; }
+  const std::vector<Blob>& blobs() const { return blobs_; }
+  bool has(std::string_view name) const;
+  // The entry `name` (an Error naming the file and the blob when absent).
+  const Blob& blob(std::string_view name) const;
+  // The whole blob in a tensor of its shape, checked.
+  Tensor read(std::string_view name) const;
+  Tensor read_blob(const Blob& b) const;
+  // `fn(lo, piece)` for each run of up to `piece_elems` elements of the blob, in order
+  // (lo: the piece's first element; piece: flat, host, valid during the call only).
+  void pieces(std::string_view name, int64_t piece_elems,
+              const std::function<void(int64_t lo, const Tensor& piece)>& fn) const;
+  // The meta and the file name without any tensor, for checks written on Checkpoint.
+  Checkpoint header() const;
+
+ private:
+  void read_at(size_t offset, size_t bytes, char* out) const;
+  std::filesystem::path file_;
+  mutable std::ifstream in_;
+  size_t size_ = 0;
+  nlohmann::json meta_;
+  std::vector<Blob> blobs_;
+};
 
 // <dir>/step-00000123.dtckpt
 std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t step);

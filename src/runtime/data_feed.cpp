@@ -17,6 +17,14 @@ namespace dtrain::runtime {
 
 namespace {
 
+// Which splits a data.limit key cut short: the errors about a split too small name it.
+struct Cut {
+  bool train = false, test = false;
+};
+std::string cut_key(FeedSplit split) {
+  return split == FeedSplit::eval ? "data.limit.test" : "data.limit.train";
+}
+
 // ---- images ----------------------------------------------------------------
 
 class ImageFeed final : public DataFeed {
@@ -57,14 +65,16 @@ class ImageSource final : public DataSource {
     synth.seed = seed;
     train_ = open_dataset(job.data, Split::train, synth);
     test_ = open_dataset(job.data, Split::test, synth);
+    const auto whole_train = train_, whole_test = test_;
     if (job.data.limit.train) train_ = first_samples(train_, *job.data.limit.train);
     if (job.data.limit.test) test_ = first_samples(test_, *job.data.limit.test);
+    cut_ = {train_ != whole_train, test_ != whole_test};
   }
   std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {
     const bool eval = split == FeedSplit::eval;
-    const LoaderConfig cfg =
-        make_loader_config(job_.data, eval ? Split::test : Split::train, seed_, shard_.rank,
-                           shard_.world, eval ? DataPosition{} : start);
+    LoaderConfig cfg = make_loader_config(job_.data, eval ? Split::test : Split::train, seed_,
+                                          shard_.rank, shard_.world, eval ? DataPosition{} : start);
+    if (eval ? cut_.test : cut_.train) cfg.sampler.cut_by = cut_key(split);
     return std::make_unique<ImageFeed>(eval ? test_ : train_, cfg, eval);
   }
   std::string describe() const override {
@@ -73,6 +83,7 @@ class ImageSource final : public DataSource {
   }
 
  private:
+  Cut cut_;
   const Job& job_;
   uint64_t seed_;
   DataShard shard_;
@@ -179,8 +190,10 @@ class TextSource final : public DataSource {
     } else {
       open_shards(vocab);
     }
+    const auto whole_train = train_, whole_val = val_;
     train_ = first_windows(train_, job.data.limit.train, seq, "train");
     val_ = first_windows(val_, job.data.limit.test, seq, "test");
+    cut_ = {train_ != whole_train, val_ != whole_val};
     // Every run ends with an evaluation: a validation split without one window is refused
     // now (counting its windows), not after the training.
     feed(FeedSplit::eval, {});
@@ -195,6 +208,7 @@ class TextSource final : public DataSource {
     cfg.world = shard_.world;
     cfg.seed = seed_;
     cfg.masking = masking_;
+    if (split == FeedSplit::eval ? cut_.test : cut_.train) cfg.cut_by = cut_key(split);
     if (split == FeedSplit::eval) {
       cfg.order = TextOrder::sequential;
       return std::make_unique<TextFeed>(val_, cfg);
@@ -207,6 +221,7 @@ class TextSource final : public DataSource {
   }
 
  private:
+  Cut cut_;
   void open_shards(int64_t vocab) {
     const TextData data = open_token_dir(job_, vocab);
     masking_ = {predictions(), data.tokenizer->special(Special::mask),
@@ -326,8 +341,10 @@ class ClassifySource final : public DataSource {
       ids_ = {tok.special(Special::endoftext), tok.special(Special::cls), tok.special(Special::sep),
               tok.special(Special::pad)};
     }
+    const LabelledText whole_train = train_, whole_val = val_;
     train_ = first_texts(train_, job.data.limit.train, "train");
     val_ = first_texts(val_, job.data.limit.test, "test");
+    cut_ = {train_.tokens != whole_train.tokens, val_.tokens != whole_val.tokens};
     feed(FeedSplit::eval, {});  // a validation split without one text is refused now
   }
 
@@ -342,6 +359,7 @@ class ClassifySource final : public DataSource {
     cfg.cls = ids_.cls;
     cfg.sep = ids_.sep;
     cfg.pad = ids_.pad;
+    if (split == FeedSplit::eval ? cut_.test : cut_.train) cfg.cut_by = cut_key(split);
     if (split == FeedSplit::eval) {
       cfg.order = TextOrder::sequential;
       return std::make_unique<ClassifyFeed>(val_, cfg);
@@ -355,6 +373,7 @@ class ClassifySource final : public DataSource {
   }
 
  private:
+  Cut cut_;
   // The first `texts` texts (data.limit.<key>): tokens up to the next separator after them.
   LabelledText first_texts(const LabelledText& d, std::optional<int64_t> texts,
                            const char* key) const {

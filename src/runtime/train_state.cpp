@@ -24,6 +24,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr DType kStoreTypes[] = {DType::f32, DType::f16, DType::bf16};
+// Elements read at a time while resuming (256 KiB of f32): the only memory loading takes
+// beside the live state.
+constexpr int64_t kLoadPiece = int64_t{1} << 16;
 
 nlohmann::json layout_of(const std::vector<graph::FlatEntry>& entries) {
   nlohmann::json list = nlohmann::json::array();
@@ -98,13 +101,6 @@ bool is_extra_blob(const std::string& name) {
          name.rfind("buffers.", 0) != 0;
 }
 
-std::vector<const NamedTensor*> extra_blobs(const Checkpoint& ck) {
-  std::vector<const NamedTensor*> out;
-  for (const NamedTensor& t : ck.tensors)
-    if (is_extra_blob(t.name)) out.push_back(&t);
-  return out;
-}
-
 struct ShardRef {
   int rank = 0;
   int64_t begin = 0, end = 0;
@@ -157,24 +153,40 @@ std::vector<ShardRef> checked_shards(const fs::path& dir, const Checkpoint& man)
   return out;
 }
 
+// A shard opened for reading piece by piece (checked_shards verified the file whole),
+// its meta checked against the manifest's.
+CheckpointReader open_shard(const ShardRef& r, const Checkpoint& man) {
+  CheckpointReader rd(r.file, /*verify=*/false);
+  const nlohmann::json& m = rd.meta();
+  if (m.value("save_id", int64_t{-1}) != man.meta.at("save_id").get<int64_t>() ||
+      m.value("rank", -1) != r.rank || m.value("begin", int64_t{-1}) != r.begin ||
+      m.value("end", int64_t{-1}) != r.end) {
+    bad_shard(r.file, "this shard belongs to another save or another rank than the manifest's");
+  }
+  return rd;
+}
+
 // One shard's blobs that `want` names, its meta checked against the manifest's.
 Checkpoint read_shard(const ShardRef& r, const Checkpoint& man,
                       const std::function<bool(const std::string&)>& want) {
-  Checkpoint ck = read_checkpoint_blobs(r.file, want);
-  if (ck.meta.value("save_id", int64_t{-1}) != man.meta.at("save_id").get<int64_t>() ||
-      ck.meta.value("rank", -1) != r.rank || ck.meta.value("begin", int64_t{-1}) != r.begin ||
-      ck.meta.value("end", int64_t{-1}) != r.end) {
-    bad_shard(r.file, "this shard belongs to another save or another rank than the manifest's");
-  }
+  const CheckpointReader rd = open_shard(r, man);
+  Checkpoint ck = rd.header();
+  for (const CheckpointReader::Blob& b : rd.blobs())
+    if (want(b.name)) ck.tensors.push_back({b.name, rd.read_blob(b)});
   return ck;
 }
 
+std::string blob_str(const CheckpointReader::Blob& b) {
+  return fmt::format("{}{}", dtype_name(b.dtype), b.shape.str());
+}
+
 // A shard's f32 range blob `name`, checked for its size.
-const Tensor& range_blob(const Checkpoint& ck, const ShardRef& r, const std::string& name) {
-  const Tensor& part = ck.get(name);
-  if (part.dtype() != DType::f32 || part.numel() != r.end - r.begin)
-    bad_shard(r.file,
-              fmt::format("\"{}\" is {}, expected f32 [{}]", name, part.str(), r.end - r.begin));
+const CheckpointReader::Blob& range_blob(const CheckpointReader& rd, const ShardRef& r,
+                                         const std::string& name) {
+  const CheckpointReader::Blob& part = rd.blob(name);
+  if (part.dtype != DType::f32 || part.shape.numel() != r.end - r.begin)
+    bad_shard(r.file, fmt::format("\"{}\" is {}, expected f32 [{}]", name, blob_str(part),
+                                  r.end - r.begin));
   return part;
 }
 
@@ -193,7 +205,10 @@ Checkpoint consolidate(const fs::path& dir) {
     for (const ShardRef& r : shards) {
       const Checkpoint ck = read_shard(r, man, [](const std::string&) { return true; });
       auto put = [&](const std::string& name, Tensor& whole) {
-        const Tensor& part = range_blob(ck, r, name);
+        const Tensor& part = ck.get(name);
+        if (part.dtype() != DType::f32 || part.numel() != r.end - r.begin)
+          bad_shard(r.file, fmt::format("\"{}\" is {}, expected f32 [{}]", name, part.str(),
+                                        r.end - r.begin));
         std::memcpy(whole.data<float>() + r.begin, part.raw(), part.nbytes());
       };
       put("params", params);
@@ -229,12 +244,12 @@ void add_store(std::vector<NamedTensor>& out, const std::string& prefix,
   }
 }
 
-// Checks `saved` against `live` (same dtype, same byte count) or throws.
-void check_same(const Checkpoint& ck, const std::string& name, const Tensor& live) {
-  const Tensor& saved = ck.get(name);
-  if (saved.dtype() != live.dtype() || saved.nbytes() != live.nbytes()) {
-    throw Error(fmt::format("{}: tensor \"{}\" is {}, this run needs {}", ck.file.string(), name,
-                            saved.str(), live.str()),
+// Checks the blob `name` against `live` (same dtype, same byte count) or throws.
+void check_same(const CheckpointReader& rd, const std::string& name, const Tensor& live) {
+  const CheckpointReader::Blob& saved = rd.blob(name);
+  if (saved.dtype != live.dtype() || saved.bytes != live.nbytes()) {
+    throw Error(fmt::format("{}: tensor \"{}\" is {}, this run needs {}", rd.file().string(), name,
+                            blob_str(saved), live.str()),
                 "the checkpoint was written by a different model or optimizer configuration");
   }
 }
@@ -430,35 +445,42 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
   const graph::FlatStore layout(*l.layout);
   const int64_t total = layout.buffer_elems(DType::f32);
   // The buffers of a checkpoint (rank 0's shard, or the file) checked against ours.
-  auto check_buffers = [&](const Checkpoint& ck) {
+  auto check_buffers = [&](const CheckpointReader& rd) {
     for (DType dt : kStoreTypes) {
       const Tensor mine = l.buffers->flat(dt);
-      if (mine.defined()) check_same(ck, "buffers." + std::string(dtype_name(dt)), mine);
+      if (mine.defined()) check_same(rd, "buffers." + std::string(dtype_name(dt)), mine);
     }
   };
-  auto load_buffers = [&](const Checkpoint& ck) {
+  auto load_buffers = [&](const CheckpointReader& rd) {  // batch-norm statistics: small
     for (DType dt : kStoreTypes) {
       const Tensor mine = l.buffers->flat(dt);
-      if (mine.defined()) copy_into(ck.get("buffers." + std::string(dtype_name(dt))), mine);
+      if (mine.defined()) copy_into(rd.read("buffers." + std::string(dtype_name(dt))), mine);
     }
   };
-  // The part of every state buffer's piece starting at `lo` (the blobs "optim.<name>")
-  // that falls in [begin, end).
-  auto load_state_piece = [&](const Checkpoint& ck, int64_t lo) {
+  // The parameters, then every state buffer (the blobs "optim.<name>"), of a blob
+  // holding elements [first, ...) of the layout, a piece at a time: the parameters
+  // whole, the state's part in [begin, end).
+  auto load_pieces = [&](const CheckpointReader& rd, const std::string& params, int64_t first,
+                         bool state) {
+    rd.pieces(params, kLoadPiece,
+              [&](int64_t lo, const Tensor& piece) { l.params(first + lo, piece); });
+    if (!state) return;
     for (const auto& [name, t] : live.buffers) {
-      const Tensor& blob = ck.get("optim." + name);
-      if (l.state) {
-        l.state(name, lo, blob);
-        continue;
-      }
-      const int64_t a = std::max(lo, l.begin), b = std::min(lo + blob.numel(), l.end);
-      if (a >= b) continue;
-      copy_into(blob.view(a - lo, Shape{b - a}), t.view(a - l.begin, Shape{b - a}));
+      rd.pieces("optim." + name, kLoadPiece, [&](int64_t lo, const Tensor& piece) {
+        lo += first;
+        if (l.state) {
+          l.state(name, lo, piece);
+          return;
+        }
+        const int64_t a = std::max(lo, l.begin), b = std::min(lo + piece.numel(), l.end);
+        if (a < b) copy_into(piece.view(a - lo, Shape{b - a}), t.view(a - l.begin, Shape{b - a}));
+      });
     }
   };
   try {
     if (!is_sharded_checkpoint(path)) {
-      const Checkpoint ck = read_checkpoint(path);  // every checksum verified here
+      const CheckpointReader rd(path);  // every checksum verified here, no blob held
+      const Checkpoint ck = rd.header();
       if (ck.meta.at("format") != "dtrain-train-state") {
         throw Error(fmt::format("{}: not a training checkpoint", path.string()),
                     "a sharded checkpoint is resumed from its step-N/ directory, not from one "
@@ -468,24 +490,30 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       check_layout(ck, "buffers", layout_of(*l.buffers));
       check_optimizer(ck, opt);
       auto check_whole = [&](const std::string& name) {
-        const Tensor& saved = ck.get(name);
-        if (saved.dtype() != DType::f32 || saved.numel() != total) {
+        const CheckpointReader::Blob& saved = rd.blob(name);
+        if (saved.dtype != DType::f32 || saved.shape.numel() != total) {
           throw Error(fmt::format("{}: tensor \"{}\" is {}, this run needs f32 [{}]", path.string(),
-                                  name, saved.str(), total),
+                                  name, blob_str(saved), total),
                       "the checkpoint was written by a different model or optimizer "
                       "configuration");
         }
       };
       check_whole("params.f32");
       for (const auto& [name, t] : live.buffers) check_whole("optim." + name);
-      check_buffers(ck);
-      l.params(0, ck.get("params.f32"));
-      load_state_piece(ck, 0);
-      load_buffers(ck);
+      check_buffers(rd);
+      load_pieces(rd, "params.f32", 0, true);
+      load_buffers(rd);
       optim::OptimizerState st = opt.state();
       st.step = ck.meta.at("optimizer").at("step");
       opt.load_state(st);
-      if (l.extra) l.extra(extra_blobs(ck));
+      if (l.extra) {
+        std::vector<NamedTensor> extras;
+        for (const CheckpointReader::Blob& b : rd.blobs())
+          if (is_extra_blob(b.name)) extras.push_back({b.name, rd.read_blob(b)});
+        std::vector<const NamedTensor*> blobs;
+        for (const NamedTensor& t : extras) blobs.push_back(&t);
+        l.extra(blobs);
+      }
       return counters_of(ck);
     }
     const fs::path manifest = path / "manifest.dtckpt";
@@ -500,39 +528,37 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
         man.meta.at("sharded").at("total").get<int64_t>() != total) {
       bad_shard(manifest, "its optimizer buffers or layout size differ from this run's");
     }
-    // Extra blobs (compression's state) are per rank: only a checkpoint of this world
-    // size has this rank's.
-    const bool same_world = static_cast<int>(shards.size()) == l.world && l.extra;
+    // Every shard's blobs are checked before any is loaded, so that a shard of the
+    // wrong size leaves the live state as it was.
+    std::vector<CheckpointReader> readers;
     for (const ShardRef& r : shards) {
-      const bool overlaps = r.begin < l.end && l.begin < r.end;
-      Checkpoint ck = read_shard(r, man, [&](const std::string& name) {
-        return name == "params" || (overlaps && name.rfind("optim.", 0) == 0) ||
-               (r.rank == 0 && name.rfind("buffers.", 0) == 0);
-      });
-      l.params(r.begin, range_blob(ck, r, "params"));
-      if (overlaps) {
-        for (const std::string& name : names) range_blob(ck, r, "optim." + name);
-        load_state_piece(ck, r.begin);
-      }
-      if (r.rank == 0) {
-        check_buffers(ck);
-        load_buffers(ck);
-      }
+      readers.push_back(open_shard(r, man));
+      range_blob(readers.back(), r, "params");
+      for (const std::string& name : names) range_blob(readers.back(), r, "optim." + name);
+      if (r.rank == 0) check_buffers(readers.back());
+    }
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const ShardRef& r = shards[i];
+      // The state of a shard outside [begin, end) is not read (tensor parallelism's
+      // `state` takes every range).
+      load_pieces(readers[i], "params", r.begin, l.state || (r.begin < l.end && l.begin < r.end));
+      if (r.rank == 0) load_buffers(readers[i]);
     }
     optim::OptimizerState st = opt.state();
     st.step = man.meta.at("optimizer").at("step");
     opt.load_state(st);
-    if (same_world) {  // this rank's shard's extra blobs, then those of rank 0's it lacks
+    // Extra blobs (compression's state) are per rank: only a checkpoint of this world
+    // size has this rank's.
+    if (static_cast<int>(shards.size()) == l.world && l.extra) {
+      // This rank's shard's extra blobs, then those of rank 0's it lacks.
       std::vector<NamedTensor> extras;
       for (const int from : l.rank == 0 ? std::vector<int>{0} : std::vector<int>{l.rank, 0}) {
-        Checkpoint ck =
-            read_shard(shards[static_cast<size_t>(from)], man, [&](const std::string& n) {
-              return is_extra_blob(n) &&
-                     std::none_of(extras.begin(), extras.end(),
-                                  [&](const NamedTensor& t) { return t.name == n; });
-            });
-        for (NamedTensor& t : ck.tensors)
-          if (is_extra_blob(t.name)) extras.push_back(std::move(t));
+        for (const CheckpointReader::Blob& b : readers[static_cast<size_t>(from)].blobs()) {
+          if (is_extra_blob(b.name) &&
+              std::none_of(extras.begin(), extras.end(),
+                           [&](const NamedTensor& t) { return t.name == b.name; }))
+            extras.push_back({b.name, readers[static_cast<size_t>(from)].read_blob(b)});
+        }
       }
       std::vector<const NamedTensor*> blobs;
       for (const NamedTensor& t : extras) blobs.push_back(&t);

@@ -440,6 +440,18 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     if (weights_->shard().sharded()) sync_->set_owners(owners);
     if (job_.compress.method != CompressMethod::none) connect_compression(buckets);
   }
+  if (!resumed_compression_.empty()) {  // connect_compression did not take it
+    std::string names;
+    for (const NamedTensor& t : resumed_compression_)
+      names += fmt::format("{}{}", names.empty() ? "" : ", ", t.name);
+    note(fmt::format(
+        "note: the checkpoint holds gradient compression's state ({}), which this run "
+        "without compress.method does not use: the gradient its error feedback still owed "
+        "is dropped (resume with the checkpoint's compress settings to keep it)",
+        names));
+    resumed_compression_.clear();
+    resumed_compression_.shrink_to_fit();
+  }
   const int last_param = ex_->grads().size() - 1;
   ex_->hooks.grad_ready = [this, last_param](int p) {
     if (inject_overflow_ && p == last_param) {  // DTRAIN_TEST_OVERFLOW, before the send
@@ -460,7 +472,10 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       std::vector<size_t> bytes;
       for (const dist::Bucket& b : buckets)
         bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
-      const dist::AutoChoice choice = dist::tune_allreduce(*grad_comm_, bytes, 3);
+      // Timed on the gradient buffer itself (a pipeline stage's holds only its own
+      // parameters' part: there a buffer is allocated for the timing).
+      const dist::AutoChoice choice =
+          dist::tune_allreduce(*grad_comm_, bytes, 3, pipeline_ ? Tensor{} : weights_->grads());
       note(dist::format_auto_choice(choice));
       for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
     } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
@@ -472,6 +487,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     for (const auto& [name, n] : counts)
       algo_summary_ += fmt::format("{}{}", algo_summary_.empty() ? "" : "+", name);
   }
+  if (grad_comm_->size() == 1) algo_summary_ = "none";  // one data-parallel rank: no sum
   if (grad_comm_->size() > 1) {
     note(fmt::format(
         "data parallel: {} ranks x {} micro-batch(es) of {}; {} gradient bucket(s) (closed at "

@@ -143,3 +143,61 @@ TEST_CASE("retention keeps the newest K, rewriting a step replaces it atomically
   write_checkpoint(checkpoint_path(dir, 50), {{"step", 50}, {"again", true}}, {});
   CHECK(read_checkpoint(checkpoint_path(dir, 50)).meta["again"] == true);
 }
+
+TEST_CASE("a reader streams a blob in pieces, the same bits, and catches a change since") {
+  const fs::path dir = fresh_dir("pieces");
+  const fs::path file = checkpoint_path(dir, 4);
+  Tensor big = Tensor::empty({1000}, DType::f32);
+  for (int i = 0; i < 1000; ++i) big.data<float>()[i] = 0.25f * static_cast<float>(i) - 7.0f;
+  std::vector<NamedTensor> tensors = sample_tensors();
+  tensors.push_back({"params.f32", big});
+  write_checkpoint(file, {{"step", 4}}, tensors);
+  const CheckpointReader r(file);  // verified whole
+  CHECK(r.meta().at("step") == 4);
+  CHECK(r.blob("params.f32").shape == Shape{1000});
+  CHECK(r.has("optim.exp_avg"));
+  CHECK_FALSE(r.has("params.bf16"));
+  for (const int64_t piece : {int64_t{64}, int64_t{999}, int64_t{1000}, int64_t{4096}}) {
+    CAPTURE(piece);
+    std::vector<float> got;
+    int64_t next = 0, calls = 0;
+    r.pieces("params.f32", piece, [&](int64_t lo, const Tensor& t) {
+      CHECK(lo == next);
+      CHECK(t.numel() <= piece);
+      got.insert(got.end(), t.data<float>(), t.data<float>() + t.numel());
+      next += t.numel();
+      ++calls;
+    });
+    CHECK(calls == (1000 + piece - 1) / piece);
+    REQUIRE(got.size() == 1000);
+    CHECK(std::memcmp(got.data(), big.raw(), big.nbytes()) == 0);
+  }
+  const Tensor whole = r.read("optim.exp_avg");
+  CHECK(std::memcmp(whole.raw(), tensors[1].tensor.raw(), whole.nbytes()) == 0);
+  // The file changes in place after the reader verified it: the blob's checksum, summed
+  // again over the pieces, no longer matches, and the error says why.
+  std::string bytes = read_file(file);
+  const size_t at = r.blob("params.f32").offset + 4 * 500;
+  bytes[at] = static_cast<char>(bytes[at] ^ 1);
+  {
+    std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put(bytes[at]);
+  }
+  std::string err;
+  try {
+    r.pieces("params.f32", 64, [](int64_t, const Tensor&) {});
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  CHECK(err.find("tensor \"params.f32\": checksum mismatch while loading it") != std::string::npos);
+  // A reader that verifies the file refuses it from the start.
+  CHECK(error_of(file).find("tensor \"params.f32\": checksum mismatch") != std::string::npos);
+  std::string missing;
+  try {
+    r.blob("params.bf16");
+  } catch (const Error& e) {
+    missing = e.what();
+  }
+  CHECK(missing.find("checkpoint has no tensor \"params.bf16\"") != std::string::npos);
+}

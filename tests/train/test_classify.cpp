@@ -170,6 +170,8 @@ TEST_CASE("validate opens the job's data as train does") {
       {{"model.num_classes=3"}, "labels.json names 2 classes"},
       {{"data.path=" + (tmp.path() / "gone").string()}, "gone"},
       {{"data.global_batch=4096"}, "fewer than one global batch of 4096"},
+      {{"data.limit.train=3"}, "cut to 3 texts by data.limit.train"},
+      {{"data.limit.train=3"}, "hint: raise data.limit.train, or lower data.global_batch"},
       // 16 texts per micro-batch, 32 micro-batches per step: more than the training set.
       {{"data.global_batch=512", "data.micro_batch=16"}, "512 samples per step"},
       {{"model.init_from=" + (tmp.path() / "none.safetensors").string()}, "model.init_from: "},

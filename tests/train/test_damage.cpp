@@ -174,6 +174,9 @@ TEST_CASE("bad input is refused before any output is written") {
         "parallel.zero_stage=3"},
        "precision.master_weights"},
       {"missing dataset", {"--set", "data.path=/nonexistent"}, "/nonexistent"},
+      {"data.limit.train below one batch",
+       {"--set", "data.limit.train=3"},
+       "the dataset holds 3 samples (cut by data.limit.train)"},
   };
   if (!dtrain::kernels::query_cuda().available)
     cases.push_back({"cuda", {"--set", "device=cuda"}, "device"});

@@ -223,7 +223,7 @@ TEST_CASE("unusable token data is refused with exit 2, naming the key or file") 
       {"data.limit.train below one batch",
        {"--set", "data.limit.train=3"},
        {"error: " + (t.dir / "train.bin").string() + " cut to 3 windows by data.limit.train",
-        "49 tokens make 3 windows"}},
+        "49 tokens make 3 windows", "hint: raise data.limit.train"}},
       {"a flipped payload byte in train.bin",
        {"--set", "data.path=" + damaged.string()},
        {"error: " + (damaged / "train.bin").string(), "checksum"}},
