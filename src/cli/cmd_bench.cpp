@@ -286,7 +286,9 @@ nlohmann::json comm_via_mpirun(const BenchArgs& a, int& rc) {
   if (a.ranks_per_node > 0)
     argv.insert(argv.end(), {"--ranks-per-node", std::to_string(a.ranks_per_node)});
   if (!a.only.empty()) argv.insert(argv.end(), {"--only", a.only});
-  rc = run_and_wait(argv);
+  RanksOptions stop;
+  stop.graceful = false;  // a stop ends the ranks: they have no checkpoint to write
+  rc = run_ranks(argv, stop);
   nlohmann::json results = nlohmann::json::array();
   if (rc == 0) {
     std::ifstream in(tmp);

@@ -4,7 +4,11 @@
 // the ranks agree that each of them could start before training begins. --nproc N
 // starts N local ranks through mpirun itself. Exit codes: README.md.
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,11 +39,16 @@ struct TrainArgs {
 // mpirun -np N ... <this binary> train JOB [--set ...] [--resume ...] (local_mpirun), run
 // as a child whose exit status is ours (run_ranks: a stop signal reaches the ranks).
 int run_local_ranks(const TrainArgs& args) {
+  RanksOptions o;
+  o.stop_file =
+      (std::filesystem::temp_directory_path() / fmt::format("dtrain-launcher-{}.stopped", getpid()))
+          .string();
   std::vector<std::string> argv = local_mpirun(args.nproc, "train");
-  argv.insert(argv.end(), {self_executable(), "train", args.job});
+  argv.insert(argv.end(), {"-x", "DTRAIN_LAUNCHER_STOP_FILE=" + o.stop_file, self_executable(),
+                           "train", args.job});
   for (const std::string& o : args.overrides) argv.insert(argv.end(), {"--set", o});
   if (!args.resume.empty()) argv.insert(argv.end(), {"--resume", args.resume});
-  return run_ranks(argv);
+  return run_ranks(argv, o);
 }
 
 // Under srun or mpirun without OMP_NUM_THREADS, every rank would start an OpenMP pool
@@ -83,6 +92,8 @@ int run_train(const TrainArgs& args) {
       if (gpus > 1) req.job.device.index = dist::launcher_local_rank().value_or(0) % gpus;
     }
     req.world_size = ctx.world_size;
+    if (const char* f = std::getenv("DTRAIN_LAUNCHER_STOP_FILE"); f != nullptr && *f != '\0')
+      req.stop_file = f;
     if (!args.resume.empty()) {
       req.resume = args.resume;
     } else if (req.job.train.resume) {
@@ -98,7 +109,9 @@ int run_train(const TrainArgs& args) {
     watchdog.emplace(*world, req.job.comm.timeout_s, dist::Watchdog::OnTimeout{},
                      std::filesystem::path(req.job.run.output_dir) / "logs");
   }
-  return runtime::run_training(*session, signals, watchdog ? &*watchdog : nullptr);
+  const int rc = runtime::run_training(*session, signals, watchdog ? &*watchdog : nullptr);
+  // Under --nproc's launcher a stop is said through req.stop_file (runtime/trainer.h).
+  return rc == runtime::kExitInterrupted && !req.stop_file.empty() ? 0 : rc;
 }
 
 }  // namespace

@@ -1,8 +1,7 @@
-// Launcher environment variables, and mpirun for --nproc (run_ranks, run_and_wait).
+// Launcher environment variables, and mpirun for --nproc (run_ranks).
 #include "cli/launcher.h"
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,26 +55,12 @@ std::string self_executable() {
   return p.string();
 }
 
-int run_and_wait(const std::vector<std::string>& argv) {
-  std::vector<char*> cargv;
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  std::fflush(nullptr);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, cargv[0], nullptr, nullptr, cargv.data(), environ);
-  if (rc != 0) {
-    throw Error(fmt::format("cannot run {}: {}", argv[0], std::strerror(rc)),
-                "install openmpi-bin (mpirun), or start the ranks with your own launcher");
-  }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw RunError(fmt::format("waitpid: {}", std::strerror(errno)));
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
-
-int run_ranks(const std::vector<std::string>& argv) {
+int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options) {
+  std::error_code ec;
+  if (!options.stop_file.empty()) std::filesystem::remove(options.stop_file, ec);
+  const auto stopping = [&] {
+    return !options.stop_file.empty() && std::filesystem::exists(options.stop_file, ec);
+  };
   std::vector<char*> cargv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
@@ -131,7 +116,8 @@ int run_ranks(const std::vector<std::string>& argv) {
     if (done == pid) break;
     // A stop mpirun got before its ranks ran reached none of them: it goes again every
     // 2 s until mpirun ends (a rank only records a stop, so a repeat changes nothing).
-    if (stops == 1 && ++ticks_since_stop % 40 == 0) kill(pid, SIGUSR1);
+    if (stops == 1 && ++ticks_since_stop % 40 == 0 && options.graceful && !stopping())
+      kill(pid, SIGUSR1);
     if (done < 0 && errno != EINTR) {
       pthread_sigmask(SIG_SETMASK, &before, nullptr);
       throw RunError(fmt::format("waitpid: {}", std::strerror(errno)));
@@ -149,6 +135,12 @@ int run_ranks(const std::vector<std::string>& argv) {
       kill(-pid, SIGCONT);
       continue;
     }
+    if (!options.graceful) {
+      std::fprintf(stderr, "dtrain: %s: the ranks stop\n", strsignal(sig));
+      kill(pid, SIGTERM);
+      ++stops;
+      continue;
+    }
     std::fprintf(stderr,
                  stops == 0
                      ? "dtrain: %s: the ranks stop at their next step with a checkpoint (again: "
@@ -162,7 +154,12 @@ int run_ranks(const std::vector<std::string>& argv) {
   while (sigtimedwait(&waited, nullptr, &now) > 0) {
   }
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  const bool stopped = stopping();
+  if (!options.stop_file.empty()) std::filesystem::remove(options.stop_file, ec);
+  if (WIFEXITED(status)) {
+    const int rc = WEXITSTATUS(status);
+    return rc == 0 && stopped ? 4 : rc;  // commands.h: kExitInterrupted
+  }
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 

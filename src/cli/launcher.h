@@ -15,9 +15,6 @@ int world_from_env();
 // "mpirun" from PATH; an Error when dtrain was built without MPI.
 std::string mpirun_path();
 std::string self_executable();  // /proc/self/exe, resolved
-// Runs argv as a child process and waits for it: its exit status, 128 + the signal
-// that ended it. An Error naming the program when it cannot start.
-int run_and_wait(const std::vector<std::string>& argv);
 // `dtrain train --nproc N`: mpirun (argv) as a child in a process group of its own, its
 // exit status returned. A stop signal to this process (SIGTERM, SIGUSR1, or SIGINT:
 // Ctrl-C reaches this process's group, not mpirun's) goes to mpirun as SIGUSR1, which
@@ -25,7 +22,14 @@ int run_and_wait(const std::vector<std::string>& argv);
 // so does this process (mpirun's own SIGTERM or SIGINT handling would end it with 1). A
 // second stop signal goes as SIGTERM. Ctrl-Z and fg stop and continue mpirun's group
 // with this process. mpirun gets SIGTERM if this process dies.
-int run_ranks(const std::vector<std::string>& argv);
+struct RanksOptions {
+  // The ranks' word that they stop (runtime::TrainRequest::stop_file): removed first; when
+  // it exists, a repeated stop is not sent, and mpirun's exit 0 becomes ours 4.
+  std::string stop_file;
+  // false: the ranks do not stop gracefully (bench): the first stop goes as SIGTERM.
+  bool graceful = true;
+};
+int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options = {});
 
 // `mpirun -np N` on this machine, up to the program: no binding, one OpenMP thread per
 // core share (OMP_NUM_THREADS when set), and when the ranks outnumber the cores

@@ -894,6 +894,9 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     if (ck.every && s % *ck.every == 0 && s != total_steps_) save_checkpoint();
     window_excluded += seconds_since(aside);
     if (stop_agreed_) {
+      if (leader() && !req_.stop_file.empty()) {
+        std::ofstream(req_.stop_file) << "stopping at step " << s << "\n";
+      }
       save_checkpoint();
       comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
       note(signals.requested()
