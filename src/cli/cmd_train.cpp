@@ -4,11 +4,10 @@
 // the ranks agree that each of them could start before training begins. --nproc N
 // starts N local ranks through mpirun itself. Exit codes: README.md.
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,12 +39,11 @@ struct TrainArgs {
 // as a child whose exit status is ours (run_ranks: a stop signal reaches the ranks).
 int run_local_ranks(const TrainArgs& args) {
   RanksOptions o;
-  o.stop_file =
-      (std::filesystem::temp_directory_path() / fmt::format("dtrain-launcher-{}.stopped", getpid()))
-          .string();
+  o.stop_file = private_stop_file();
   std::vector<std::string> argv = local_mpirun(args.nproc, "train");
-  argv.insert(argv.end(), {"-x", "DTRAIN_LAUNCHER_STOP_FILE=" + o.stop_file, self_executable(),
-                           "train", args.job});
+  if (!o.stop_file.empty())
+    argv.insert(argv.end(), {"-x", "DTRAIN_LAUNCHER_STOP_FILE=" + o.stop_file});
+  argv.insert(argv.end(), {self_executable(), "train", args.job});
   for (const std::string& o : args.overrides) argv.insert(argv.end(), {"--set", o});
   if (!args.resume.empty()) argv.insert(argv.end(), {"--resume", args.resume});
   return run_ranks(argv, o);
@@ -110,8 +108,14 @@ int run_train(const TrainArgs& args) {
                      std::filesystem::path(req.job.run.output_dir) / "logs");
   }
   const int rc = runtime::run_training(*session, signals, watchdog ? &*watchdog : nullptr);
-  // Under --nproc's launcher a stop is said through req.stop_file (runtime/trainer.h).
-  return rc == runtime::kExitInterrupted && !req.stop_file.empty() ? 0 : rc;
+  // Under --nproc's launcher a stop is said through req.stop_file (runtime/trainer.h): rank
+  // 0 writes "stopped" after the checkpoint, or exits 4 itself where it cannot.
+  if (rc != runtime::kExitInterrupted || req.stop_file.empty()) return rc;
+  if (world->rank() != 0) return 0;
+  std::ofstream out(req.stop_file, std::ios::trunc);
+  out << "stopped\n";
+  out.close();
+  return out ? 0 : rc;
 }
 
 }  // namespace

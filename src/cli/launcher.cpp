@@ -13,6 +13,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "core/error.h"
@@ -57,7 +58,6 @@ std::string self_executable() {
 
 int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options) {
   std::error_code ec;
-  if (!options.stop_file.empty()) std::filesystem::remove(options.stop_file, ec);
   const auto stopping = [&] {
     return !options.stop_file.empty() && std::filesystem::exists(options.stop_file, ec);
   };
@@ -154,13 +154,26 @@ int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options)
   while (sigtimedwait(&waited, nullptr, &now) > 0) {
   }
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
-  const bool stopped = stopping();
-  if (!options.stop_file.empty()) std::filesystem::remove(options.stop_file, ec);
+  bool stopped = false;
+  if (!options.stop_file.empty()) {
+    std::string word;
+    std::ifstream(options.stop_file) >> word;
+    stopped = word == "stopped";
+    std::filesystem::remove_all(std::filesystem::path(options.stop_file).parent_path(), ec);
+  }
   if (WIFEXITED(status)) {
     const int rc = WEXITSTATUS(status);
     return rc == 0 && stopped ? 4 : rc;  // commands.h: kExitInterrupted
   }
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+std::string private_stop_file() {
+  std::string dir = (std::filesystem::temp_directory_path() / "dtrain-launcher-XXXXXX").string();
+  // None where the temporary directory is not writable: the ranks then exit 4 themselves
+  // (and mpirun prints its banner after them).
+  if (mkdtemp(dir.data()) == nullptr) return {};
+  return (std::filesystem::path(dir) / "stop").string();
 }
 
 std::vector<std::string> local_mpirun(int nproc, const std::string& what) {

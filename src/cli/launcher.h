@@ -23,13 +23,18 @@ std::string self_executable();  // /proc/self/exe, resolved
 // second stop signal goes as SIGTERM. Ctrl-Z and fg stop and continue mpirun's group
 // with this process. mpirun gets SIGTERM if this process dies.
 struct RanksOptions {
-  // The ranks' word that they stop (runtime::TrainRequest::stop_file): removed first; when
-  // it exists, a repeated stop is not sent, and mpirun's exit 0 becomes ours 4.
+  // The ranks' word that they stop (runtime::TrainRequest::stop_file, from
+  // private_stop_file): while it exists a repeated stop is not sent; when it says
+  // "stopped", mpirun's exit 0 becomes ours 4. It and its directory are removed after.
   std::string stop_file;
   // false: the ranks do not stop gracefully (bench): the first stop goes as SIGTERM.
   bool graceful = true;
 };
 int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options = {});
+// A file name in a new directory of this process's own under the temporary directory
+// (mkdtemp): no other run, user or PID namespace shares it. Empty when it cannot be made
+// (the ranks then exit 4 themselves).
+std::string private_stop_file();
 
 // `mpirun -np N` on this machine, up to the program: no binding, one OpenMP thread per
 // core share (OMP_NUM_THREADS when set), and when the ranks outnumber the cores

@@ -185,15 +185,22 @@ CheckpointReader::CheckpointReader(const fs::path& file, bool verify)
   }
   meta_ = header["meta"];
   for (const nlohmann::json& e : header["tensors"]) blobs_.push_back(parse_entry(file, e, size_));
-  if (!verify) return;
-  // One pass in file order: every blob's checksum, and zeros in the padding between
-  // them, so that no byte of the file escapes a check.
+  data_start_ = kPrefix + header_bytes;
+  if (verify) scan(/*checksums=*/true);
+}
+
+void CheckpointReader::check_padding() const { scan(/*checksums=*/false); }
+
+// One pass in file order: zeros in the padding between blobs (and no overlap), and with
+// `checksums` every blob's CRC-32C, so that no byte of the file escapes a check.
+void CheckpointReader::scan(bool checksums) const {
+  const fs::path& file = file_;
   std::vector<const BlobEntry*> order;
   for (const BlobEntry& b : blobs_) order.push_back(&b);
   std::sort(order.begin(), order.end(),
             [](const BlobEntry* x, const BlobEntry* y) { return x->offset < y->offset; });
   std::vector<char> buf(size_t{1} << 20);
-  size_t at = kPrefix + header_bytes;
+  size_t at = data_start_;
   auto padding_to = [&](size_t end) {
     while (at < end) {
       const size_t n = std::min(buf.size(), end - at);
@@ -208,6 +215,8 @@ CheckpointReader::CheckpointReader(const fs::path& file, bool verify)
   for (const BlobEntry* b : order) {
     if (b->offset < at) bad(file, b->offset, "overlapping blobs");
     padding_to(b->offset);
+    at = b->offset + b->bytes;
+    if (!checksums) continue;
     uint32_t crc = 0;
     for (size_t done = 0; done < b->bytes;) {
       const size_t n = std::min(buf.size(), b->bytes - done);
@@ -216,7 +225,6 @@ CheckpointReader::CheckpointReader(const fs::path& file, bool verify)
       done += n;
     }
     if (crc != b->crc) bad_checksum(file, *b);
-    at = b->offset + b->bytes;
   }
   padding_to(size_ - sizeof(kTrailer));
 }
@@ -279,7 +287,8 @@ Checkpoint CheckpointReader::header() const {
 }
 
 Checkpoint read_checkpoint(const fs::path& file) {
-  const CheckpointReader r(file);
+  const CheckpointReader r(file, /*verify=*/false);
+  r.check_padding();  // read_blob checks each blob's checksum: the file is read once
   Checkpoint ck = r.header();
   for (const BlobEntry& b : r.blobs()) ck.tensors.push_back({b.name, r.read_blob(b)});
   return ck;

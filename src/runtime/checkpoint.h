@@ -76,9 +76,14 @@ class CheckpointReader {
               const std::function<void(int64_t lo, const Tensor& piece)>& fn) const;
   // The meta and the file name without any tensor, for checks written on Checkpoint.
   Checkpoint header() const;
+  // The padding between blobs is zeros and no two overlap (what `verify` checks besides
+  // the blobs' checksums), reading the padding only.
+  void check_padding() const;
 
  private:
   void read_at(size_t offset, size_t bytes, char* out) const;
+  void scan(bool checksums) const;
+  size_t data_start_ = 0;  // the first byte after the header
   std::filesystem::path file_;
   mutable std::ifstream in_;
   size_t size_ = 0;

@@ -56,8 +56,26 @@ void for_each_pair(const std::vector<graph::FlatEntry>& local_layout,
     if (!l.spec.split.split() && !replicated) continue;
     if (w.offset >= hi || w.offset + w.spec.shape.numel() <= lo) continue;
     const int64_t n = l.spec.shape.numel();
-    for (int64_t j = 0; j < n; ++j)
-      fn(l.offset + j, w.offset + static_cast<int64_t>(graph::whole_index(l.spec, j)));
+    const auto whole = [&](int64_t j) {
+      return w.offset + static_cast<int64_t>(graph::whole_index(l.spec, j));
+    };
+    // whole_index increases with j (a part keeps the whole's element order), so the local
+    // elements inside [lo, hi) are one run: its start found by bisection, so that a
+    // piece costs its own elements, not the entry's (a resume streams many pieces).
+    int64_t j = 0;
+    for (int64_t b = n; j < b;) {
+      const int64_t mid = j + (b - j) / 2;
+      if (whole(mid) < lo) {
+        j = mid + 1;
+      } else {
+        b = mid;
+      }
+    }
+    for (; j < n; ++j) {
+      const int64_t at = whole(j);
+      if (at >= hi) break;
+      fn(l.offset + j, at);
+    }
   }
 }
 

@@ -529,20 +529,20 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       bad_shard(manifest, "its optimizer buffers or layout size differ from this run's");
     }
     // Every shard's blobs are checked before any is loaded, so that a shard of the
-    // wrong size leaves the live state as it was.
-    std::vector<CheckpointReader> readers;
+    // wrong size leaves the live state as it was; one shard file is open at a time (a
+    // save of thousands of ranks stays within the open-file limit).
     for (const ShardRef& r : shards) {
-      readers.push_back(open_shard(r, man));
-      range_blob(readers.back(), r, "params");
-      for (const std::string& name : names) range_blob(readers.back(), r, "optim." + name);
-      if (r.rank == 0) check_buffers(readers.back());
+      const CheckpointReader rd = open_shard(r, man);
+      range_blob(rd, r, "params");
+      for (const std::string& name : names) range_blob(rd, r, "optim." + name);
+      if (r.rank == 0) check_buffers(rd);
     }
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const ShardRef& r = shards[i];
+    for (const ShardRef& r : shards) {
+      const CheckpointReader rd = open_shard(r, man);
       // The state of a shard outside [begin, end) is not read (tensor parallelism's
       // `state` takes every range).
-      load_pieces(readers[i], "params", r.begin, l.state || (r.begin < l.end && l.begin < r.end));
-      if (r.rank == 0) load_buffers(readers[i]);
+      load_pieces(rd, "params", r.begin, l.state || (r.begin < l.end && l.begin < r.end));
+      if (r.rank == 0) load_buffers(rd);
     }
     optim::OptimizerState st = opt.state();
     st.step = man.meta.at("optimizer").at("step");
@@ -553,11 +553,12 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       // This rank's shard's extra blobs, then those of rank 0's it lacks.
       std::vector<NamedTensor> extras;
       for (const int from : l.rank == 0 ? std::vector<int>{0} : std::vector<int>{l.rank, 0}) {
-        for (const CheckpointReader::Blob& b : readers[static_cast<size_t>(from)].blobs()) {
+        const CheckpointReader rd = open_shard(shards[static_cast<size_t>(from)], man);
+        for (const CheckpointReader::Blob& b : rd.blobs()) {
           if (is_extra_blob(b.name) &&
               std::none_of(extras.begin(), extras.end(),
                            [&](const NamedTensor& t) { return t.name == b.name; }))
-            extras.push_back({b.name, readers[static_cast<size_t>(from)].read_blob(b)});
+            extras.push_back({b.name, rd.read_blob(b)});
         }
       }
       std::vector<const NamedTensor*> blobs;

@@ -895,7 +895,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     window_excluded += seconds_since(aside);
     if (stop_agreed_) {
       if (leader() && !req_.stop_file.empty()) {
-        std::ofstream(req_.stop_file) << "stopping at step " << s << "\n";
+        std::ofstream(req_.stop_file) << "stopping\n";  // best effort: a resend is harmless
       }
       save_checkpoint();
       comm_.barrier();  // no rank exits (and has the launcher end the job) before the save

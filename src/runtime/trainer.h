@@ -25,11 +25,12 @@ struct TrainRequest {
   std::string resolved_yaml;          // the job with every default, saved as <output_dir>/job.yaml
   std::optional<std::string> resume;  // "latest", a checkpoint file or a checkpoint directory
   int world_size = 1;                 // the world communicator's size
-  // Set by `train --nproc`'s launcher (DTRAIN_LAUNCHER_STOP_FILE): once every rank agreed
-  // to stop, rank 0 writes this file, and a stopped rank exits 0 where it would exit
-  // kExitInterrupted; the launcher, finding the file, exits kExitInterrupted itself. So
-  // mpirun sees a clean end and prints no failure banner, and the launcher stops resending
-  // the stop.
+  // Set by `train --nproc`'s launcher (DTRAIN_LAUNCHER_STOP_FILE, in a directory of its
+  // own): once every rank agreed to stop, rank 0 writes "stopping" there (the launcher
+  // stops resending the stop), and after the checkpoint the command writes "stopped"
+  // (cli/cmd_train.cpp); a stopped rank then exits 0 where it would exit
+  // kExitInterrupted, and the launcher, reading "stopped", exits kExitInterrupted itself:
+  // mpirun sees a clean end and prints no failure banner.
   std::string stop_file;
 };
 

@@ -1441,10 +1441,8 @@ TEST_CASE("SIGTERM or SIGINT to the --nproc launcher stops every rank with exit 
     CHECK(checkpoint_step(newest_checkpoint(run / "checkpoints")) == losses.back().step);
     CHECK(processes_mentioning(run).empty());
     // The ranks exit 0 under the launcher, which turns their word (a stop file) into 4:
-    // mpirun prints no failure banner, and the file is gone.
+    // mpirun prints no failure banner.
     CHECK_MESSAGE(r.log.find("non-zero") == std::string::npos, r.log);
-    CHECK(!fs::exists(fs::temp_directory_path() /
-                      fmt::format("dtrain-launcher-{}.stopped", static_cast<int>(launcher))));
     if (args.back() != "latest") args.insert(args.end(), {"--resume", "latest"});
   }
 }
