@@ -5,6 +5,8 @@ find_package(CLI11 REQUIRED)
 find_package(dnnl REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(ZLIB REQUIRED)
+find_package(PNG REQUIRED)   # dtrain predict's image files
+find_package(JPEG REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 
 set(DTRAIN_HAS_MPI OFF)

@@ -9,6 +9,7 @@ PKGS=(
   clang clang-format libclang-rt-14-dev
   libyaml-cpp-dev libcli11-dev libfmt-dev doctest-dev nlohmann-json3-dev
   libdnnl-dev ocl-icd-opencl-dev zlib1g-dev
+  libpng-dev libjpeg-dev  # dtrain predict reads PNG and JPEG images
   libopenmpi-dev openmpi-bin
   slurmctld slurmd slurm-client  # a real one-node SLURM for tests/slurm (srun --mpi=pmix)
   dataset-fashion-mnist

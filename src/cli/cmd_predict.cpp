@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -21,6 +22,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/file_bytes.h"
+#include "data/image_file.h"
 #include "data/text_corpus.h"
 #include "models/options.h"
 #include "runtime/job.h"
@@ -34,8 +36,10 @@ struct PredictArgs {
   std::vector<std::string> overrides;
   std::vector<std::string> texts;
   std::string input, format = "auto", checkpoint, tokenizer, device;
-  int64_t top = 0;    // unset: 5 for fill-mask
-  int64_t batch = 0;  // auto
+  std::vector<std::string> images;  // image models: files and directories
+  std::string split;                // image models: "test"
+  int64_t top = 0;                  // unset: 5 for fill-mask
+  int64_t batch = 0;                // auto
   bool json = false;
 };
 
@@ -393,9 +397,161 @@ void print_console(const runtime::PredictResult& p, const Inputs& in, const Scor
                per_class.c_str());
 }
 
+// --image: files as given, and each directory's image files (by extension), sorted.
+std::vector<std::string> image_files(const std::vector<std::string>& given) {
+  std::vector<std::string> out;
+  for (const std::string& g : given) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(g, ec)) {
+      out.push_back(g);
+      continue;
+    }
+    std::vector<std::string> found;
+    for (const auto& e : std::filesystem::directory_iterator(g, ec))
+      if (e.is_regular_file(ec) && is_image_file_name(e.path())) found.push_back(e.path().string());
+    if (found.empty()) {
+      throw Error(fmt::format("--image {}: a directory without a .png, .jpg, .jpeg, .pgm, "
+                              ".ppm or .pnm file",
+                              g),
+                  "pass image files, or a directory holding some");
+    }
+    std::sort(found.begin(), found.end());
+    out.insert(out.end(), found.begin(), found.end());
+  }
+  return out;
+}
+
+// At most `top` classes of one image, most likely first: "Coat 0.9120, Shirt 0.0611".
+std::string top_classes(const runtime::ImagePredictResult& p, const std::vector<double>& prob,
+                        size_t top) {
+  std::vector<size_t> order(prob.size());
+  std::iota(order.begin(), order.end(), 0);
+  top = std::min(top, order.size());
+  std::partial_sort(
+      order.begin(), order.begin() + static_cast<std::ptrdiff_t>(top), order.end(),
+      [&](size_t a, size_t b) { return prob[a] != prob[b] ? prob[a] > prob[b] : a < b; });
+  std::string s;
+  for (size_t j = 0; j < top; ++j)
+    s += fmt::format("{}{} {:.4f}", j ? ", " : "", p.classes[order[j]], prob[order[j]]);
+  return s;
+}
+
+int run_predict_images(const PredictArgs& a, const Job& job) {
+  if (!a.texts.empty() || !a.input.empty() || !a.tokenizer.empty() || a.format != "auto") {
+    throw Error(fmt::format("model.arch {}: an image model reads images, not --text, --input, "
+                            "--format or --tokenizer",
+                            job.model.arch),
+                "pass --image FILE|DIR (repeatable), or --split test");
+  }
+  runtime::ImagePredictRequest r;
+  r.job = job;
+  r.weights = a.checkpoint;
+  r.batch = a.batch;
+  r.test_split = a.split == "test";
+  r.files = image_files(a.images);
+  if (r.files.empty() && !r.test_split)
+    throw Error("no images to predict", "pass --image FILE|DIR (repeatable), or --split test");
+  if (!r.files.empty() && r.test_split) throw Error("--image and --split test: one or the other");
+  const runtime::ImagePredictResult p = runtime::predict_images(r);
+  const size_t k = p.classes.size();
+  // Per class: the test split's count, those right, and the confusion matrix's row.
+  std::vector<int64_t> seen(k, 0), right(k, 0);
+  std::vector<std::vector<int64_t>> confusion(k, std::vector<int64_t>(k, 0));
+  for (const runtime::ImagePrediction& i : p.images) {
+    if (i.truth < 0) continue;
+    ++seen[static_cast<size_t>(i.truth)];
+    right[static_cast<size_t>(i.truth)] += i.label == i.truth ? 1 : 0;
+    ++confusion[static_cast<size_t>(i.truth)][static_cast<size_t>(i.label)];
+  }
+  if (a.json) {
+    nlohmann::json images = nlohmann::json::array();
+    for (const runtime::ImagePrediction& i : p.images) {
+      nlohmann::json j = {{"image", i.where},
+                          {"label", p.classes[static_cast<size_t>(i.label)]},
+                          {"label_id", i.label},
+                          {"probabilities", i.probabilities}};
+      if (i.truth >= 0) {
+        j["expected"] = p.classes[static_cast<size_t>(i.truth)];
+        j["expected_id"] = i.truth;
+      } else {
+        j["width"] = i.width;
+        j["height"] = i.height;
+        j["channels"] = i.channels;
+        j["format"] = i.format;
+      }
+      images.push_back(j);
+    }
+    nlohmann::json out = {{"task", "classify-images"},
+                          {"weights", p.weights},
+                          {"step", p.step >= 0 ? nlohmann::json(p.step) : nullptr},
+                          {"classes", p.classes},
+                          {"input", {{"channels", p.channels}, {"size", p.size}}},
+                          {"forwards", p.forwards},
+                          {"seconds", p.seconds}};
+    if (r.test_split) {
+      nlohmann::json per_class = nlohmann::json::object();
+      for (size_t c = 0; c < k; ++c)
+        per_class[p.classes[c]] = {{"labelled", seen[c]}, {"correct", right[c]}};
+      out["split"] = "test";
+      out["labelled"] = p.images.size();
+      out["accuracy"] = p.accuracy;
+      out["loss"] = p.loss;
+      out["per_class"] = per_class;
+      out["confusion"] = confusion;  // rows: the true class, columns: the predicted one
+    }
+    out["images"] = images;
+    std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return kExitOk;
+  }
+  const std::string step = p.step >= 0 ? fmt::format(" (step {})", p.step) : "";
+  std::fprintf(stderr, "dtrain: classifying %s with %s%s, as %d x %d x %d\n",
+               r.test_split ? "the test split" : "images", p.weights.c_str(), step.c_str(),
+               p.channels, p.size, p.size);
+  if (!r.test_split) {
+    for (const runtime::ImagePrediction& i : p.images) {
+      std::printf(
+          "%s\t%.4f\t%s\t%s\n", p.classes[static_cast<size_t>(i.label)].c_str(),
+          i.probabilities[static_cast<size_t>(i.label)], i.where.c_str(),
+          top_classes(p, i.probabilities, a.top > 0 ? static_cast<size_t>(a.top) : 3).c_str());
+    }
+  } else {
+    // The confusion matrix, a row per true class: what the model mixes up.
+    size_t width = 16;
+    for (const std::string& c : p.classes)
+      width = std::max(width, std::min<size_t>(c.size(), 12) + 4);
+    std::printf("%-*s", static_cast<int>(width), "true / predicted");
+    for (size_t c = 0; c < k; ++c) std::printf(" %5zu", c);
+    std::printf("   right\n");
+    for (size_t t = 0; t < k; ++t) {
+      std::printf("%-*s", static_cast<int>(width),
+                  fmt::format("{} {}", t, p.classes[t].substr(0, 12)).c_str());
+      for (size_t c = 0; c < k; ++c) std::printf(" %5lld", static_cast<long long>(confusion[t][c]));
+      std::printf("   %lld/%lld\n", static_cast<long long>(right[t]),
+                  static_cast<long long>(seen[t]));
+    }
+  }
+  std::fprintf(stderr, "dtrain: %zu image(s) in %.2f s (%lld forwards)\n", p.images.size(),
+               p.seconds, static_cast<long long>(p.forwards));
+  if (r.test_split) {
+    std::fprintf(stderr, "dtrain: test accuracy %.4f, loss %.4f over %zu images\n", p.accuracy,
+                 p.loss, p.images.size());
+  }
+  if (p.classes_source.empty())
+    std::fprintf(stderr,
+                 "dtrain: warning: the dataset names no classes: they are shown by number\n");
+  return kExitOk;
+}
+
 int run_predict(const PredictArgs& a) {
   runtime::PredictRequest r;
   r.job = load_model_job(a.job, a.overrides, a.device);
+  if (runtime::is_image_model(r.job)) return run_predict_images(a, r.job);
+  if (!a.images.empty() || !a.split.empty()) {
+    throw Error(fmt::format("model.arch {}: --image and --split are for image models (ResNet, "
+                            "ViT)",
+                            r.job.model.arch),
+                "a language model reads texts: --text TEXT or --input FILE");
+  }
   runtime::check_predict_model(r.job);
   if (a.format != "auto" && a.input.empty())
     throw Error(
@@ -436,8 +592,9 @@ void add_predict(CLI::App& app, Action& action) {
   auto args = std::make_shared<PredictArgs>();
   CLI::App* cmd = app.add_subcommand(
       "predict",
-      "classify texts with a BERT classifier, fill a masked-LM BERT's [MASK]s, or score texts "
-      "with a GPT-2 (log-probabilities, perplexity)");
+      "classify texts with a BERT classifier, fill a masked-LM BERT's [MASK]s, score texts "
+      "with a GPT-2 (log-probabilities, perplexity), or classify images (or the test split) "
+      "with a ResNet or ViT");
   cmd->add_option("job", args->job, "job file (YAML) of the model")->required();
   cmd->add_option("--set", args->overrides, "override a key, e.g. --set model.seq_len=256")
       ->allow_extra_args(false);
@@ -451,6 +608,14 @@ void add_predict(CLI::App& app, Action& action) {
                   "rows); default auto: by the name (.tsv, .jsonl, .csv, .gz after them), else "
                   "lines")
       ->check(CLI::IsMember({"auto", "lines", "tsv", "jsonl", "csv"}));
+  cmd->add_option("--image", args->images,
+                  "image models: an image file (PNG, JPEG, PGM, PPM) or a directory of them "
+                  "(repeatable)")
+      ->allow_extra_args(false);
+  cmd->add_option("--split", args->split,
+                  "image models: test classifies the job's test split (data.limit.test "
+                  "applies): accuracy, loss, per class and the confusion matrix")
+      ->check(CLI::IsMember({"test"}));
   cmd->add_option("--checkpoint", args->checkpoint,
                   "weights: a checkpoint (file or sharded directory), a run or checkpoint "
                   "directory (its newest), or a .safetensors file (dtrain ckpt export); "
@@ -459,7 +624,9 @@ void add_predict(CLI::App& app, Action& action) {
                   "tokenizer.json, or a directory with it (or with GPT-2's vocab.json and "
                   "merges.txt); a labels.json beside it names a classifier's classes "
                   "(default: data.path's)");
-  cmd->add_option("--top", args->top, "fill-mask: tokens listed per [MASK] (default 5)")
+  cmd->add_option("--top", args->top,
+                  "fill-mask: tokens listed per [MASK] (default 5); images: classes listed per "
+                  "image (default 3)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--batch", args->batch,
                   "texts (GPT-2: windows) per forward at most (default: 32; for a GPT-2 "

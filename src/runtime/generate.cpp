@@ -161,7 +161,7 @@ void decode(const GenerateRequest& r, const models::TransformerShape& shape, con
         qkv = KvDecoder::qkv_values(f->model.graph, shape.layers);
         for (graph::ValueId v : qkv) f->ex->keep(v, graph::Mode::eval);
       }
-      int32_t* ids = f->ids_host.data<int32_t>();
+      int32_t* ids = f->input_host.data<int32_t>();
       for (int64_t b = 0; b < batch; ++b) {
         const std::vector<int32_t>& s = seq[static_cast<size_t>(b)];
         std::copy(s.end() - window, s.end(), ids + b * length);

@@ -67,7 +67,6 @@ ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph:
   } catch (const Error& e) {
     throw Error(e.message(), kWeightsHint);  // its own hint speaks of model.init_from
   }
-  DTRAIN_CHECK(!w.buffers.defined(), "{}: a transformer has no buffers", file.string());
   if (!w.fresh.empty()) {
     throw Error(fmt::format("{}: the file has no {} ({} tensor(s) of the model's task head "
                             "missing or shaped otherwise): it holds another head's weights",
@@ -77,7 +76,7 @@ ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph:
                             command));
   }
   check_heads(file.string(), recorded_heads(file, w.metadata), job_heads);
-  return {w.params, file.string(), -1};
+  return {w.params, w.buffers, file.string(), -1};
 }
 
 ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
@@ -124,6 +123,23 @@ ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::
     }
     std::copy_n(t.data<float>(), t.numel(), w.params.data<float>() + e.offset);
     by_name.erase(it);
+  }
+  const graph::FlatStore buffers(g.buffer_layout());
+  if (buffers.buffer_elems(DType::f32) > 0) {
+    w.buffers = Tensor::empty({buffers.buffer_elems(DType::f32)}, DType::f32);
+    for (const graph::FlatEntry& e : buffers.entries()) {
+      auto it = by_name.find(e.name);
+      if (it == by_name.end() || !(it->second->shape() == e.spec.shape) ||
+          it->second->dtype() != DType::f32) {
+        throw Error(fmt::format("{}: the job's model ({}) has a buffer {} {} that the "
+                                "checkpoint lacks or shapes otherwise",
+                                path.string(), job.model.arch, e.name, e.spec.shape.str()),
+                    hint);
+      }
+      std::copy_n(it->second->data<float>(), it->second->numel(),
+                  w.buffers.data<float>() + e.offset);
+      by_name.erase(it);
+    }
   }
   if (!by_name.empty()) {
     throw Error(fmt::format("{}: the checkpoint's tensor {} is not part of the job's model ({})",
@@ -251,7 +267,7 @@ int64_t padded_length(int64_t positions, int64_t context) {
 
 std::unique_ptr<InferenceGraph> make_inference_graph(const Job& job, const ModelOptions& options,
                                                      int64_t batch, const Tensor& weights,
-                                                     bool labels) {
+                                                     bool labels, const Tensor& buffers) {
   auto f = std::make_unique<InferenceGraph>();
   f->copy_inputs = !job.device.is_cpu();
   f->batch = batch;
@@ -270,12 +286,20 @@ std::unique_ptr<InferenceGraph> make_inference_graph(const Job& job, const Model
                "inference: {} weights for a layout of {}", weights.numel(),
                live.defined() ? live.numel() : 0);
   kernels::copy(weights, live);
+  if (buffers.defined()) {  // batch norm's running statistics: what eval mode reads
+    Tensor mine = f->ex->buffers().flat(DType::f32);
+    DTRAIN_CHECK(mine.defined() && mine.numel() == buffers.numel(),
+                 "inference: {} buffer elements for a layout of {}", buffers.numel(),
+                 mine.defined() ? mine.numel() : 0);
+    kernels::copy(buffers, mine);
+  }
   Allocator* alloc = &kernels::device_allocator(job.device);
   const auto on_device = [&](const Tensor& host) {
-    return job.device.is_cpu() ? host : Tensor::empty(host.shape(), DType::i32, alloc);
+    return job.device.is_cpu() ? host : Tensor::empty(host.shape(), host.dtype(), alloc);
   };
-  f->ids_host = Tensor::empty({batch, f->length}, DType::i32);
-  f->ids = on_device(f->ids_host);
+  const graph::TensorSpec& in = f->model.graph.value(f->model.input).spec;
+  f->input_host = Tensor::empty(in.shape, in.dtype);
+  f->input = on_device(f->input_host);
   if (labels) {
     f->labels_host = Tensor::empty({batch, f->length}, DType::i32);
     f->labels = on_device(f->labels_host);
@@ -284,8 +308,8 @@ std::unique_ptr<InferenceGraph> make_inference_graph(const Job& job, const Model
 }
 
 const Tensor& InferenceGraph::forward() {
-  if (copy_inputs) kernels::copy(ids_host, ids);
-  ex->set_input(model.input, ids);
+  if (copy_inputs) kernels::copy(input_host, input);
+  ex->set_input(model.input, input);
   if (labels.defined()) {
     if (copy_inputs) kernels::copy(labels_host, labels);
     ex->set_input(model.labels, labels);

@@ -24,6 +24,9 @@ namespace dtrain::runtime {
 // graph's layout: every entry f32).
 struct ModelWeights {
   Tensor params;
+  // The graph's f32 buffers (batch norm's running statistics), in its buffer layout;
+  // undefined for a model without any.
+  Tensor buffers;
   std::string source;  // what was read
   int64_t step = -1;   // the checkpoint's step; -1: a safetensors file
 };
@@ -59,17 +62,20 @@ struct InferenceGraph {
   int64_t batch = 0, length = 0;
   models::ModelGraph model;
   std::unique_ptr<graph::Executor> ex;
-  Tensor ids_host, ids;  // the input ids, i32 [batch, length]: host, and on the device
+  // The model's input: token ids, i32 [batch, length], or images, f32 [batch, C, H, W];
+  // on the host, and on the device.
+  Tensor input_host, input;
   // The labels input, i32 [batch, length], when asked for (a masked-LM BERT: its head
   // reads the positions whose label is not kIgnoreLabel); else undefined.
   Tensor labels_host, labels;
   bool copy_inputs = false;  // a device job: the host tensors are copied before a forward
 
-  // ids_host (and labels_host) to the device, then the forward; returns the logits.
+  // input_host (and labels_host) to the device, then the forward; returns the logits.
   const Tensor& forward();
 };
 std::unique_ptr<InferenceGraph> make_inference_graph(const Job& job, const ModelOptions& options,
                                                      int64_t batch, const Tensor& weights,
-                                                     bool labels = false);
+                                                     bool labels = false,
+                                                     const Tensor& buffers = {});
 
 }  // namespace dtrain::runtime

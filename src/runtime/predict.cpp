@@ -3,20 +3,26 @@
 #include "runtime/predict.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
 #include <string_view>
 
 #include "core/error.h"
+#include "data/augment.h"
+#include "data/image_file.h"
 #include "data/text_loader.h"
 #include "data/tokenizer.h"
 #include "kernels/memory.h"
 #include "models/registry.h"
 #include "models/transformer.h"
+#include "runtime/data_feed.h"
 #include "runtime/inference.h"
 
 namespace dtrain::runtime {
@@ -91,7 +97,7 @@ void classify(const PredictRequest& r, const models::TransformerShape& shape, co
   const std::unique_ptr<InferenceGraph> f = make_inference_graph(job, options, batch, weights);
   std::vector<TokenId> ids;
   for (int64_t first = 0; first < n; first += batch) {
-    int32_t* rows = f->ids_host.data<int32_t>();
+    int32_t* rows = f->input_host.data<int32_t>();
     for (int64_t b = 0; b < batch; ++b) {
       int32_t* row = rows + b * t_len;
       ids.clear();  // a row past the last text stays [CLS] [SEP], never read
@@ -196,7 +202,7 @@ void fill_mask(const PredictRequest& r, const models::TransformerShape& shape, c
     }
     for (int64_t b = 0; b < batch; ++b) {
       const std::vector<TokenId>& s = ids[order[first + static_cast<size_t>(b)]];
-      std::copy(s.begin(), s.end(), f->ids_host.data<int32_t>() + b * t_len);
+      std::copy(s.begin(), s.end(), f->input_host.data<int32_t>() + b * t_len);
       int32_t* labels = f->labels_host.data<int32_t>() + b * t_len;
       for (int64_t p = 0; p < t_len; ++p)
         labels[p] = s[static_cast<size_t>(p)] == mask ? 0 : kIgnoreLabel;  // the head reads these
@@ -291,7 +297,7 @@ void score(const PredictRequest& r, const models::TransformerShape& shape, const
       options.seq_len = static_cast<int>(length);
       f = make_inference_graph(job, options, batch, weights);
     }
-    int32_t* rows = f->ids_host.data<int32_t>();
+    int32_t* rows = f->input_host.data<int32_t>();
     for (int64_t b = 0; b < batch; ++b) {
       const Window& w = windows[first + static_cast<size_t>(b)];
       const std::vector<TokenId>& s = ids[w.text];
@@ -354,12 +360,178 @@ std::vector<std::string> class_names(const Job& job, const std::string& tokenize
 void check_predict_model(const Job& job) {
   const ArchPreset* arch = find_arch(job.model.arch);
   if (arch == nullptr || !is_language_model(arch->family)) {
-    throw Error(fmt::format("model.arch {}: dtrain predict reads texts with a BERT (a "
-                            "classifier, or a masked-LM filling [MASK]s) or a GPT-2 (scores)",
+    throw Error(fmt::format("model.arch {}: texts are read by a BERT (a classifier, or a "
+                            "masked-LM filling [MASK]s) or a GPT-2 (scores)",
                             job.model.arch),
-                "an image model's accuracy on its test split is the eval line of dtrain train "
-                "(train.eval_every)");
+                is_image_model(job) ? "an image model reads images: --image FILE|DIR, or "
+                                      "--split test"
+                                    : "check model.arch");
   }
+}
+
+bool is_image_model(const Job& job) {
+  const ArchPreset* arch = find_arch(job.model.arch);
+  return arch != nullptr && !is_language_model(arch->family);
+}
+
+std::vector<std::string> image_class_names(const Job& job, std::string* source) {
+  const int classes = job.model.num_classes.value_or(0);
+  std::vector<std::string> names;
+  std::string from;
+  const auto names_file = [&](const char* file) {
+    if (!job.data.path) return;
+    const fs::path p = fs::path(*job.data.path) / file;
+    std::ifstream in(p);
+    std::vector<std::string> read;
+    for (std::string line; std::getline(in, line);) {
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back())))
+        line.pop_back();
+      if (!line.empty()) read.push_back(line);
+    }
+    if (static_cast<int>(read.size()) == classes) {
+      names = std::move(read);
+      from = p.string();
+    }
+  };
+  switch (job.data.dataset) {
+    case DatasetName::fashion_mnist:
+      names = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+               "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+      from = "Fashion-MNIST";
+      break;
+    case DatasetName::mnist:
+      names = {"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"};
+      from = "MNIST";
+      break;
+    case DatasetName::cifar10:
+      names_file("batches.meta.txt");
+      if (names.empty()) {
+        names = {"airplane", "automobile", "bird",  "cat",  "deer",
+                 "dog",      "frog",       "horse", "ship", "truck"};
+        from = "CIFAR-10";
+      }
+      break;
+    case DatasetName::cifar100:
+      names_file("fine_label_names.txt");
+      break;
+    default:
+      break;
+  }
+  if (static_cast<int>(names.size()) != classes) {
+    names.clear();
+    from.clear();
+    for (int k = 0; k < classes; ++k) names.push_back(std::to_string(k));
+  }
+  if (source != nullptr) *source = from;
+  return names;
+}
+
+ImagePredictResult predict_images(const ImagePredictRequest& r) {
+  const Job& job = r.job;
+  if (!is_image_model(job)) {
+    throw Error(fmt::format("model.arch {}: --image and --split read images, for a ResNet or "
+                            "a ViT",
+                            job.model.arch),
+                "a language model reads texts: --text TEXT or --input FILE");
+  }
+  if (r.files.empty() != r.test_split)
+    throw Error("predict: give image files (--image) or --split test, one of the two");
+  if (r.batch < 0) throw Error(fmt::format("--batch {}: at least 0 (auto)", r.batch));
+  ImagePredictResult out;
+  const int64_t batch = r.batch > 0 ? r.batch : job.data.micro_batch;
+  out.rows_per_forward = batch;
+  const ModelWeights w =
+      read_model_weights(job, r.weights, models::build_model(job.model, 1).graph, 0, "predict");
+  out.weights = w.source;
+  out.step = w.step;
+  out.classes = image_class_names(job, &out.classes_source);
+  const auto classes = static_cast<int64_t>(out.classes.size());
+  const std::unique_ptr<InferenceGraph> f =
+      make_inference_graph(job, job.model, batch, w.params, false, w.buffers);
+  const Shape& in = f->input_host.shape();  // [batch, C, H, W]
+  DTRAIN_CHECK(in.rank() == 4, "an image model's input is {}", in.str());
+  const ImageGeometry g{static_cast<int>(in[1]), static_cast<int>(in[2]), static_cast<int>(in[3]),
+                        static_cast<int>(classes)};
+  out.channels = g.channels;
+  out.size = g.height;
+  double seconds = 0.0;
+  // One forward over the rows filled in input_host: each row's class probabilities.
+  const auto run = [&](int64_t rows,
+                       const std::function<void(int64_t, std::vector<double>)>& take) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Tensor logits = kernels::to_host(f->forward());  // [batch, classes]
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++out.forwards;
+    DTRAIN_CHECK(logits.numel() == batch * classes, "logits {} for {} x {}", logits.str(), batch,
+                 classes);
+    for (int64_t b = 0; b < rows; ++b)
+      take(b, probabilities(logits.data<float>() + b * classes, classes));
+  };
+  if (r.test_split) {
+    // The evaluation's own feed: its batches of data.micro_batch, the last one padded
+    // (labels -100), normalised as the trainer's evaluation sees them.
+    if (batch != job.data.micro_batch)
+      throw Error(fmt::format("--batch {} with --split test: the test split comes in batches of "
+                              "data.micro_batch ({})",
+                              batch, job.data.micro_batch),
+                  fmt::format("leave --batch out, or --set data.micro_batch={}", batch));
+    const std::unique_ptr<DataSource> source = DataSource::open(job, job.run.seed);
+    const std::unique_ptr<DataFeed> feed = source->feed(FeedSplit::eval, {});
+    double loss = 0.0;
+    int64_t right = 0;
+    for (int64_t k = 0; k < feed->batches_per_epoch(); ++k) {
+      const FeedBatch& b = feed->next();
+      kernels::copy(kernels::to_host(b.input), f->input_host);
+      const Tensor labels = kernels::to_host(b.labels);
+      int64_t rows = 0;
+      while (rows < batch && labels.data<int32_t>()[rows] != kIgnoreLabel) ++rows;
+      run(rows, [&](int64_t row, std::vector<double> p) {
+        ImagePrediction pr;
+        pr.where = fmt::format("test {}", out.images.size());
+        pr.truth = labels.data<int32_t>()[row];
+        pr.label = most_likely(p);
+        loss -= std::log(p[static_cast<size_t>(pr.truth)]);
+        right += pr.label == pr.truth ? 1 : 0;
+        pr.probabilities = std::move(p);
+        out.images.push_back(std::move(pr));
+      });
+    }
+    const auto n = static_cast<double>(std::max<size_t>(1, out.images.size()));
+    out.loss = loss / n;
+    out.accuracy = static_cast<double>(right) / n;
+  } else {
+    // Files: decoded, made the model's size and channels, normalised as the dataset is.
+    AugmentConfig cfg;
+    cfg.stats = default_normalization(job.data.dataset, g.channels);
+    const Augmenter normalise(g, cfg);
+    for (size_t first = 0; first < r.files.size();) {
+      const size_t end = std::min(r.files.size(), first + static_cast<size_t>(batch));
+      std::vector<ImagePrediction> part;
+      for (size_t i = first; i < end; ++i) {
+        const DecodedImage img = read_image_file(r.files[i]);
+        const std::vector<float> x = to_model_input(img, g);
+        normalise.apply(x.data(),
+                        f->input_host.data<float>() + static_cast<int64_t>(i - first) * g.pixels(),
+                        0, 0);
+        ImagePrediction pr;
+        pr.where = r.files[i];
+        pr.width = img.width;
+        pr.height = img.height;
+        pr.channels = img.channels;
+        pr.format = img.format;
+        part.push_back(std::move(pr));
+      }
+      run(static_cast<int64_t>(end - first), [&](int64_t row, std::vector<double> p) {
+        ImagePrediction& pr = part[static_cast<size_t>(row)];
+        pr.label = most_likely(p);
+        pr.probabilities = std::move(p);
+      });
+      for (ImagePrediction& pr : part) out.images.push_back(std::move(pr));
+      first = end;
+    }
+  }
+  out.seconds = seconds;
+  return out;
 }
 
 PredictResult predict(const PredictRequest& r) {

@@ -103,4 +103,50 @@ void check_predict_model(const Job& job);
 std::vector<std::string> class_names(const Job& job, const std::string& tokenizer,
                                      std::string* file = nullptr);
 
+// ---- Image models (ResNet, ViT): classes of image files, or of the job's test split ----
+//
+// A file (data/image_file.h: PNG, JPEG, PGM, PPM) becomes the model's channels and size
+// (the shorter side scaled to it, the middle cut out), then is normalised with the
+// dataset's statistics, as the trainer's evaluation feeds its test split; the test split
+// (data.limit.test applies) comes through that very feed. Batch norm runs on its running
+// statistics (evaluation mode).
+struct ImagePredictRequest {
+  Job job;
+  std::string weights;             // as GenerateRequest::weights
+  std::vector<std::string> files;  // image files
+  bool test_split = false;         // the job's test split instead of files
+  int64_t batch = 0;               // images per forward; 0: data.micro_batch
+};
+
+struct ImagePrediction {
+  std::string where;   // the file, or "test N" (0-based)
+  int32_t label = -1;  // the most likely class, ties to the smaller id
+  std::vector<double> probabilities;
+  int32_t truth = -1;                       // the test split's label; -1 for a file
+  int width = 0, height = 0, channels = 0;  // a file's own
+  std::string format;                       // a file's: "png", "jpeg", "pgm", "ppm"
+};
+
+struct ImagePredictResult {
+  std::string weights;
+  int64_t step = -1;
+  std::vector<std::string> classes;
+  std::string classes_source;  // "Fashion-MNIST", a batches.meta.txt, ...; empty: numbers
+  int channels = 0, size = 0;  // the model's input
+  std::vector<ImagePrediction> images;
+  int64_t forwards = 0;
+  int64_t rows_per_forward = 0;
+  double seconds = 0.0;  // the forwards' wall time
+  // The test split: the mean cross-entropy of the true classes (the evaluation's
+  // test_loss) and the share predicted right (its test_accuracy).
+  double loss = 0.0, accuracy = 0.0;
+};
+
+bool is_image_model(const Job& job);
+ImagePredictResult predict_images(const ImagePredictRequest& r);
+// The dataset's class names: Fashion-MNIST's and CIFAR-10's own, CIFAR-10's
+// batches.meta.txt or CIFAR-100's fine_label_names.txt in data.path when there, MNIST's
+// digits; otherwise (synthetic data, another count) "0" ... "K-1".
+std::vector<std::string> image_class_names(const Job& job, std::string* source = nullptr);
+
 }  // namespace dtrain::runtime

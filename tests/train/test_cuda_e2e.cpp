@@ -334,6 +334,31 @@ TEST_CASE("predict on CUDA gives the CPU's classes, fill-mask and scores") {
   }
 }
 
+// An image model on CUDA: the test split's accuracy and every image's probabilities
+// (batch norm's running statistics on the device) are the CPU's, from the CPU's checkpoint.
+TEST_CASE("predict on CUDA classifies the CPU's test split as the CPU does") {
+  TempDir tmp("cuda-predict-image");
+  const fs::path job = write_job(tmp.path(), "run");  // a small ResNet on Fashion-MNIST
+  const RunResult t = run_dtrain({job.string()}, tmp.path() / "train.log");
+  REQUIRE_MESSAGE(t.rc == 0, t.describe());
+  const auto run = [&](const std::string& device) {
+    const RunResult r = run_dtrain_command(
+        {"predict", job.string(), "--split", "test", "--device", device, "--json"},
+        tmp.path() / ("predict-" + device + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return nlohmann::json::parse(r.log.substr(r.log.find("{\n")));
+  };
+  const nlohmann::json cpu = run("cpu"), gpu = run("cuda");
+  CHECK(cpu.at("accuracy") == gpu.at("accuracy"));
+  REQUIRE(cpu.at("images").size() == gpu.at("images").size());
+  for (size_t i = 0; i < cpu.at("images").size(); ++i) {
+    const nlohmann::json& a = cpu.at("images")[i].at("probabilities");
+    const nlohmann::json& b = gpu.at("images")[i].at("probabilities");
+    for (size_t k = 0; k < a.size(); ++k)
+      CHECK(a[k].get<double>() == doctest::Approx(b[k].get<double>()).epsilon(1e-4));
+  }
+}
+
 int main(int argc, char** argv) {
   const dtrain::kernels::CudaInfo info = dtrain::kernels::query_cuda();
   if (!info.available) {

@@ -1,0 +1,292 @@
+#include "data/image_file.h"
+
+#include <cstddef>
+#include <cstdio>
+// jpeglib.h needs size_t and FILE declared before it.
+#include <jpeglib.h>
+#include <png.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+
+namespace dtrain {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormats = "PNG, JPEG, PGM or PPM";
+
+[[noreturn]] void bad_image(const fs::path& file, const std::string& what) {
+  throw Error(fmt::format("{}: {}", file.string(), what),
+              fmt::format("pass {} images (a directory contributes its files with those "
+                          "extensions)",
+                          kFormats));
+}
+
+std::string slurp(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) bad_image(file, fmt::format("cannot open it: {}", std::strerror(errno)));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+DecodedImage read_png(const fs::path& file, const std::string& bytes) {
+  png_image img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size()))
+    bad_image(file, fmt::format("not a readable PNG: {}", img.message));
+  const bool gray = (img.format & PNG_FORMAT_FLAG_COLOR) == 0;
+  img.format = gray ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;  // alpha composited onto black
+  DecodedImage out;
+  out.width = static_cast<int>(img.width);
+  out.height = static_cast<int>(img.height);
+  out.channels = gray ? 1 : 3;
+  out.format = "png";
+  out.pixels.resize(PNG_IMAGE_SIZE(img));
+  const png_color black{0, 0, 0};
+  if (!png_image_finish_read(&img, &black, out.pixels.data(), 0, nullptr)) {
+    const std::string why = img.message;
+    png_image_free(&img);
+    bad_image(file, fmt::format("PNG data unreadable: {}", why));
+  }
+  return out;
+}
+
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_fail(j_common_ptr info) {
+  auto* e = reinterpret_cast<JpegError*>(info->err);
+  (*info->err->format_message)(info, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+void jpeg_quiet(j_common_ptr, int) {}  // warnings (a corrupt tail is an error below)
+
+// libjpeg reports errors by longjmp: nothing with a destructor lives between the setjmp
+// and the calls that may jump (the output buffer is sized before).
+void decode_jpeg(const std::string& bytes, DecodedImage& out, JpegError& err, bool& failed) {
+  jpeg_decompress_struct info;
+  info.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_fail;
+  err.mgr.emit_message = jpeg_quiet;
+  if (setjmp(err.jump) != 0) {
+    jpeg_destroy_decompress(&info);
+    failed = true;
+    return;
+  }
+  jpeg_create_decompress(&info);
+  jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()),
+               static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  info.out_color_space = info.num_components == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_start_decompress(&info);
+  out.width = static_cast<int>(info.output_width);
+  out.height = static_cast<int>(info.output_height);
+  out.channels = info.output_components;
+  out.pixels.resize(static_cast<size_t>(out.width) * out.height * out.channels);
+  while (info.output_scanline < info.output_height) {
+    JSAMPROW row =
+        out.pixels.data() + static_cast<size_t>(info.output_scanline) * out.width * out.channels;
+    jpeg_read_scanlines(&info, &row, 1);
+  }
+  jpeg_finish_decompress(&info);
+  jpeg_destroy_decompress(&info);
+}
+
+DecodedImage read_jpeg(const fs::path& file, const std::string& bytes) {
+  DecodedImage out;
+  out.format = "jpeg";
+  JpegError err{};
+  bool failed = false;
+  decode_jpeg(bytes, out, err, failed);
+  if (failed) bad_image(file, fmt::format("JPEG data unreadable: {}", err.message));
+  if (out.channels != 1 && out.channels != 3)
+    bad_image(file, fmt::format("a JPEG of {} channels", out.channels));
+  return out;
+}
+
+// Netpbm: P2 / P5 gray, P3 / P6 RGB; a header of whitespace-separated numbers with
+// #-comments; maxval up to 65535 (two bytes per sample, big-endian, in P5 / P6).
+DecodedImage read_pnm(const fs::path& file, const std::string& bytes) {
+  const char kind = bytes[1];
+  size_t at = 2;
+  auto number = [&](const char* what) {
+    for (;;) {
+      while (at < bytes.size() && std::isspace(static_cast<unsigned char>(bytes[at]))) ++at;
+      if (at < bytes.size() && bytes[at] == '#') {
+        while (at < bytes.size() && bytes[at] != '\n') ++at;
+        continue;
+      }
+      break;
+    }
+    if (at >= bytes.size() || !std::isdigit(static_cast<unsigned char>(bytes[at])))
+      bad_image(file, fmt::format("netpbm header: no {}", what));
+    int64_t v = 0;
+    while (at < bytes.size() && std::isdigit(static_cast<unsigned char>(bytes[at]))) {
+      v = v * 10 + (bytes[at++] - '0');
+      if (v > (int64_t{1} << 30)) bad_image(file, fmt::format("netpbm header: {} too large", what));
+    }
+    return v;
+  };
+  DecodedImage out;
+  out.channels = kind == '2' || kind == '5' ? 1 : 3;
+  out.format = out.channels == 1 ? "pgm" : "ppm";
+  const int64_t w = number("width"), h = number("height"), maxval = number("maxval");
+  if (w < 1 || h < 1 || w * h > (int64_t{1} << 28))
+    bad_image(file, fmt::format("netpbm size {}x{}", w, h));
+  if (maxval < 1 || maxval > 65535) bad_image(file, fmt::format("netpbm maxval {}", maxval));
+  out.width = static_cast<int>(w);
+  out.height = static_cast<int>(h);
+  const size_t samples = static_cast<size_t>(w * h * out.channels);
+  out.pixels.resize(samples);
+  auto scaled = [&](int64_t v) {
+    if (v > maxval) bad_image(file, fmt::format("a sample of {} above maxval {}", v, maxval));
+    return static_cast<uint8_t>((v * 255 + maxval / 2) / maxval);
+  };
+  if (kind == '2' || kind == '3') {
+    for (size_t i = 0; i < samples; ++i) out.pixels[i] = scaled(number("sample"));
+    return out;
+  }
+  ++at;  // the single whitespace after maxval
+  const size_t width = maxval > 255 ? 2 : 1;
+  if (at > bytes.size() || bytes.size() - at < samples * width)
+    bad_image(file, fmt::format("truncated: {} bytes of pixels, {} expected",
+                                bytes.size() - std::min(at, bytes.size()), samples * width));
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data()) + at;
+  for (size_t i = 0; i < samples; ++i)
+    out.pixels[i] = scaled(width == 2 ? (p[2 * i] << 8 | p[2 * i + 1]) : p[i]);
+  return out;
+}
+
+// Resampling weights along one axis: output o of `n_out` covers the input span
+// [lo, hi) = [c - r, c + r) around its centre c (the middle `n_out / scale` input
+// samples when cropping); each input sample weighs its overlap with the span (area
+// averaging, scale <= 1) or its tent distance from c (bilinear, scale > 1).
+struct Taps {
+  std::vector<int> first;
+  std::vector<std::vector<float>> w;
+};
+
+Taps taps(int n_in, int n_out, double scale, double offset) {
+  Taps t;
+  for (int o = 0; o < n_out; ++o) {
+    const double c = offset + (o + 0.5) / scale;  // in input coordinates
+    std::vector<float> w;
+    int first = 0;
+    if (scale <= 1.0) {
+      const double lo = c - 0.5 / scale, hi = c + 0.5 / scale;
+      first = std::max(0, static_cast<int>(std::floor(lo)));
+      const int last = std::min(n_in - 1, static_cast<int>(std::ceil(hi)) - 1);
+      for (int i = first; i <= last; ++i)
+        w.push_back(static_cast<float>(std::min<double>(hi, i + 1) - std::max<double>(lo, i)));
+    } else {
+      const double x = std::clamp(c - 0.5, 0.0, static_cast<double>(n_in - 1));
+      first = std::min(static_cast<int>(x), std::max(0, n_in - 2));
+      const double f = x - first;
+      w = {static_cast<float>(1.0 - f)};
+      if (n_in > 1) w.push_back(static_cast<float>(f));
+    }
+    float sum = 0;
+    for (float v : w) sum += v;
+    for (float& v : w) v /= sum;
+    t.first.push_back(first);
+    t.w.push_back(std::move(w));
+  }
+  return t;
+}
+
+}  // namespace
+
+DecodedImage read_image_file(const fs::path& file) {
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) bad_image(file, "a directory, not an image");
+  const std::string bytes = slurp(file);
+  DecodedImage img;
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
+    img = read_png(file, bytes);
+  } else if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
+             static_cast<unsigned char>(bytes[1]) == 0xD8 &&
+             static_cast<unsigned char>(bytes[2]) == 0xFF) {
+    img = read_jpeg(file, bytes);
+  } else if (bytes.size() >= 3 && bytes[0] == 'P' && std::strchr("2356", bytes[1]) != nullptr &&
+             bytes[1] != '\0' && std::isspace(static_cast<unsigned char>(bytes[2]))) {
+    img = read_pnm(file, bytes);
+  } else {
+    bad_image(file, fmt::format("not a {} file (its first bytes say otherwise)", kFormats));
+  }
+  if (img.width < 1 || img.height < 1) bad_image(file, "an empty image");
+  return img;
+}
+
+bool is_image_file_name(const fs::path& file) {
+  std::string ext = file.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* known : {".png", ".jpg", ".jpeg", ".pgm", ".ppm", ".pnm"})
+    if (ext == known) return true;
+  return false;
+}
+
+std::vector<float> to_model_input(const DecodedImage& image, const ImageGeometry& g) {
+  DTRAIN_CHECK(g.channels == 1 || g.channels == 3, "a model of {} channels", g.channels);
+  const int w_in = image.width, h_in = image.height, c_in = image.channels;
+  // The model's channels first, in [0, 1].
+  std::vector<float> plane(static_cast<size_t>(g.channels) * h_in * w_in);
+  const size_t area = static_cast<size_t>(h_in) * w_in;
+  for (size_t p = 0; p < area; ++p) {
+    const uint8_t* px = image.pixels.data() + p * c_in;
+    if (g.channels == c_in) {
+      for (int c = 0; c < c_in; ++c) plane[c * area + p] = px[c] / 255.0f;
+    } else if (g.channels == 3) {  // gray to RGB
+      for (int c = 0; c < 3; ++c) plane[c * area + p] = px[0] / 255.0f;
+    } else {  // RGB to gray (BT.601 luma)
+      plane[p] = (0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2]) / 255.0f;
+    }
+  }
+  // The shorter side to the model's, the middle cut out.
+  const double scale =
+      std::max(static_cast<double>(g.width) / w_in, static_cast<double>(g.height) / h_in);
+  const Taps tx = taps(w_in, g.width, scale, (w_in - g.width / scale) / 2);
+  const Taps ty = taps(h_in, g.height, scale, (h_in - g.height / scale) / 2);
+  std::vector<float> out(static_cast<size_t>(g.pixels()));
+  std::vector<float> rows(static_cast<size_t>(h_in) * g.width);
+  for (int c = 0; c < g.channels; ++c) {
+    const float* src = plane.data() + c * area;
+    for (int y = 0; y < h_in; ++y) {
+      for (int x = 0; x < g.width; ++x) {
+        float s = 0;
+        const std::vector<float>& w = tx.w[static_cast<size_t>(x)];
+        for (size_t k = 0; k < w.size(); ++k)
+          s += w[k] * src[static_cast<size_t>(y) * w_in + tx.first[static_cast<size_t>(x)] + k];
+        rows[static_cast<size_t>(y) * g.width + x] = s;
+      }
+    }
+    float* dst = out.data() + static_cast<size_t>(c) * g.height * g.width;
+    for (int y = 0; y < g.height; ++y) {
+      const std::vector<float>& w = ty.w[static_cast<size_t>(y)];
+      for (int x = 0; x < g.width; ++x) {
+        float s = 0;
+        for (size_t k = 0; k < w.size(); ++k)
+          s += w[k] *
+               rows[(static_cast<size_t>(ty.first[static_cast<size_t>(y)]) + k) * g.width + x];
+        dst[static_cast<size_t>(y) * g.width + x] = s;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,38 @@
+// Image files for `dtrain predict` on an image model: PNG (libpng), JPEG (libjpeg) and
+// the netpbm formats (PGM, PPM: P2, P3, P5, P6), decoded to 8-bit gray or RGB (an alpha
+// channel is composited onto black, the background of the datasets dtrain trains on;
+// 16-bit PNG samples come to 8 bits as libpng's simplified API brings them, netpbm's by
+// their maxval), then made the model's input: its channel count
+// (gray repeated to RGB, RGB to gray by ITU-R BT.601 luma) and its size, the shorter
+// side scaled to it and the middle cut out (torchvision's Resize then CenterCrop), by
+// area averaging when shrinking and bilinear interpolation when growing.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace dtrain {
+
+struct DecodedImage {
+  int width = 0, height = 0, channels = 0;  // channels: 1 (gray) or 3 (RGB)
+  std::vector<uint8_t> pixels;              // [height, width, channels], row-major
+  std::string format;                       // "png", "jpeg", "pgm", "ppm"
+};
+
+// The file's format is known by its first bytes, not its name. An unreadable, truncated
+// or unknown file is an Error naming it.
+DecodedImage read_image_file(const std::filesystem::path& file);
+
+// Whether `file`'s name ends in an image extension read_image_file knows (.png, .jpg,
+// .jpeg, .pgm, .ppm, .pnm; any case): what a directory given to predict contributes.
+bool is_image_file_name(const std::filesystem::path& file);
+
+// The image as the model's input: [C, H, W] floats in [0, 1] (pixel / 255), C, H and W
+// from `g`.
+std::vector<float> to_model_input(const DecodedImage& image, const ImageGeometry& g);
+
+}  // namespace dtrain

@@ -1,0 +1,233 @@
+// Image files for `dtrain predict`: PNG and JPEG written here by libpng and libjpeg
+// themselves, and netpbm files by hand, read back pixel for pixel (JPEG within its
+// loss); damaged files refused naming the file; and the model's input: channels
+// converted, sizes matched by area averaging (a 2x enlarged image comes back exactly),
+// bilinear growth and the middle cut out of a wide image.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdio>
+// jpeglib.h needs size_t and FILE declared before it.
+#include <jpeglib.h>
+#include <png.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "data/image_file.h"
+
+using namespace dtrain;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("dtrain-image-" + std::to_string(getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+void write_bytes(const fs::path& p, const std::string& s) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
+}
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_png(const fs::path& p, int w, int h, uint32_t format, const void* pixels) {
+  png_image img{};
+  img.version = PNG_IMAGE_VERSION;
+  img.width = static_cast<png_uint_32>(w);
+  img.height = static_cast<png_uint_32>(h);
+  img.format = format;
+  REQUIRE(png_image_write_to_file(&img, p.c_str(), 0, pixels, 0, nullptr) != 0);
+}
+
+void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector<uint8_t>& px) {
+  jpeg_compress_struct info;
+  jpeg_error_mgr err;
+  info.err = jpeg_std_error(&err);
+  jpeg_create_compress(&info);
+  FILE* f = std::fopen(p.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  jpeg_stdio_dest(&info, f);
+  info.image_width = static_cast<JDIMENSION>(w);
+  info.image_height = static_cast<JDIMENSION>(h);
+  info.input_components = channels;
+  info.in_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&info);
+  jpeg_set_quality(&info, 100, TRUE);
+  jpeg_start_compress(&info, TRUE);
+  while (info.next_scanline < info.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(px.data()) +
+                   static_cast<size_t>(info.next_scanline) * static_cast<size_t>(w * channels);
+    jpeg_write_scanlines(&info, &row, 1);
+  }
+  jpeg_finish_compress(&info);
+  jpeg_destroy_compress(&info);
+  std::fclose(f);
+}
+
+std::vector<uint8_t> pattern(int w, int h, int c) {
+  std::vector<uint8_t> px(static_cast<size_t>(w * h * c));
+  for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
+  return px;
+}
+
+std::string error_of(const fs::path& p) {
+  try {
+    read_image_file(p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("PNG, JPEG and netpbm files read back their pixels") {
+  const fs::path dir = temp_dir();
+  const std::vector<uint8_t> gray = pattern(7, 5, 1), rgb = pattern(7, 5, 3);
+  write_png(dir / "g.png", 7, 5, PNG_FORMAT_GRAY, gray.data());
+  write_png(dir / "c.png", 7, 5, PNG_FORMAT_RGB, rgb.data());
+  for (const auto& [name, want, channels] :
+       {std::tuple{"g.png", &gray, 1}, std::tuple{"c.png", &rgb, 3}}) {
+    CAPTURE(name);
+    const DecodedImage img = read_image_file(dir / name);
+    CHECK(img.format == "png");
+    CHECK(img.width == 7);
+    CHECK(img.height == 5);
+    CHECK(img.channels == channels);
+    CHECK(img.pixels == *want);
+  }
+  // Alpha is composited onto black: opaque pixels stay, transparent ones become 0.
+  const std::vector<uint8_t> rgba = {200, 100, 50, 255, 200, 100, 50, 0};
+  write_png(dir / "a.png", 2, 1, PNG_FORMAT_RGBA, rgba.data());
+  const DecodedImage a = read_image_file(dir / "a.png");
+  CHECK(a.channels == 3);
+  CHECK(a.pixels == std::vector<uint8_t>{200, 100, 50, 0, 0, 0});
+
+  // Netpbm, binary and plain, with a comment and a 16-bit maxval.
+  std::string p5 = "P5\n# a comment\n7 5\n255\n";
+  p5.append(gray.begin(), gray.end());
+  write_bytes(dir / "g.pgm", p5);
+  std::string p6 = "P6 7 5 255\n";
+  p6.append(rgb.begin(), rgb.end());
+  write_bytes(dir / "c.ppm", p6);
+  write_bytes(dir / "plain.pgm", "P2\n2 1\n15\n0 15\n");
+  write_bytes(dir / "deep.pgm", std::string("P5 2 1 65535\n\xFF\xFF\x80\x00", 17));
+  CHECK(read_image_file(dir / "g.pgm").pixels == gray);
+  CHECK(read_image_file(dir / "c.ppm").pixels == rgb);
+  CHECK(read_image_file(dir / "c.ppm").format == "ppm");
+  CHECK(read_image_file(dir / "plain.pgm").pixels == std::vector<uint8_t>{0, 255});
+  CHECK(read_image_file(dir / "deep.pgm").pixels == std::vector<uint8_t>{255, 128});
+
+  // JPEG at quality 100: within a few levels of a smooth image.
+  std::vector<uint8_t> smooth(16 * 16 * 3);
+  for (int y = 0; y < 16; ++y)
+    for (int x = 0; x < 16; ++x)
+      for (int c = 0; c < 3; ++c)
+        smooth[static_cast<size_t>((y * 16 + x) * 3 + c)] =
+            static_cast<uint8_t>(8 * x + 4 * y + 20 * c);
+  write_jpeg(dir / "c.jpg", 16, 16, 3, smooth);
+  const DecodedImage j = read_image_file(dir / "c.jpg");
+  CHECK(j.format == "jpeg");
+  CHECK(j.channels == 3);
+  REQUIRE(j.pixels.size() == smooth.size());
+  int worst = 0;
+  for (size_t i = 0; i < smooth.size(); ++i)
+    worst = std::max(worst, std::abs(int{j.pixels[i]} - int{smooth[i]}));
+  CHECK(worst <= 4);
+  std::vector<uint8_t> g16(16 * 16);
+  for (size_t i = 0; i < g16.size(); ++i) g16[i] = smooth[3 * i];
+  write_jpeg(dir / "g.jpeg", 16, 16, 1, g16);
+  CHECK(read_image_file(dir / "g.jpeg").channels == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("damaged or unknown image files are refused, naming the file") {
+  const fs::path dir = temp_dir();
+  const std::vector<uint8_t> gray = pattern(8, 8, 1);
+  write_png(dir / "ok.png", 8, 8, PNG_FORMAT_GRAY, gray.data());
+  const std::string png = read_bytes(dir / "ok.png");
+  write_bytes(dir / "cut.png", png.substr(0, png.size() / 2));
+  std::vector<uint8_t> smooth(8 * 8, 100);
+  write_jpeg(dir / "ok.jpg", 8, 8, 1, smooth);
+  const std::string jpg = read_bytes(dir / "ok.jpg");
+  write_bytes(dir / "cut.jpg", jpg.substr(0, 40));
+  write_bytes(dir / "text.png", "not an image at all\n");
+  write_bytes(dir / "short.pgm", "P5 4 4 255\nabc");
+  write_bytes(dir / "big.pgm", "P2 1 1 10\n11\n");
+  write_bytes(dir / "empty.ppm", "");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"cut.png", "PNG data unreadable"},   {"cut.jpg", "JPEG data unreadable"},
+      {"text.png", "not a PNG, JPEG, PGM"}, {"short.pgm", "truncated"},
+      {"big.pgm", "above maxval 10"},       {"empty.ppm", "not a PNG, JPEG, PGM"},
+      {"missing.png", "cannot open it"},
+  };
+  for (const auto& [name, says] : cases) {
+    CAPTURE(name);
+    const std::string e = error_of(dir / name);
+    CHECK_MESSAGE(e.find((dir / name).string() + ": ") == 0, e);
+    CHECK_MESSAGE(e.find(says) != std::string::npos, e);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("an image becomes the model's channels and size") {
+  DecodedImage img;
+  img.width = 4;
+  img.height = 2;
+  img.channels = 1;
+  img.pixels = {0, 51, 102, 153, 204, 255, 0, 51};
+  // Same size: x / 255.
+  std::vector<float> same = to_model_input(img, {1, 2, 4, 10});
+  REQUIRE(same.size() == 8);
+  for (size_t i = 0; i < 8; ++i) CHECK(same[i] == img.pixels[i] / 255.0f);
+  // Gray to RGB: the plane three times.
+  const std::vector<float> rgb = to_model_input(img, {3, 2, 4, 10});
+  for (size_t i = 0; i < 8; ++i) {
+    CHECK(rgb[i] == same[i]);
+    CHECK(rgb[8 + i] == same[i]);
+    CHECK(rgb[16 + i] == same[i]);
+  }
+  // A wide image to a square: the shorter side fits, the middle two columns are cut out.
+  const std::vector<float> middle = to_model_input(img, {1, 2, 2, 10});
+  CHECK(middle == std::vector<float>{same[1], same[2], same[5], same[6]});
+  // Twice as large, each pixel a 2x2 block: area averaging gives the original back.
+  DecodedImage big;
+  big.width = 8;
+  big.height = 4;
+  big.channels = 1;
+  for (int y = 0; y < 4; ++y)
+    for (int x = 0; x < 8; ++x)
+      big.pixels.push_back(img.pixels[static_cast<size_t>((y / 2) * 4 + x / 2)]);
+  CHECK(to_model_input(big, {1, 2, 4, 10}) == same);
+  // RGB to gray by BT.601 luma.
+  DecodedImage color;
+  color.width = color.height = 1;
+  color.channels = 3;
+  color.pixels = {255, 0, 0};
+  CHECK(to_model_input(color, {1, 1, 1, 10})[0] == doctest::Approx(0.299).epsilon(1e-6));
+  // Growing: bilinear, a constant stays constant and a ramp stays within its ends.
+  DecodedImage ramp;
+  ramp.width = 2;
+  ramp.height = 1;
+  ramp.channels = 1;
+  ramp.pixels = {0, 255};
+  const std::vector<float> grown = to_model_input(ramp, {1, 4, 8, 10});
+  for (int y = 0; y < 4; ++y) {
+    CHECK(grown[static_cast<size_t>(y * 8)] == 0.0f);
+    CHECK(grown[static_cast<size_t>(y * 8 + 7)] == 1.0f);
+    for (int x = 1; x < 8; ++x)
+      CHECK(grown[static_cast<size_t>(y * 8 + x)] >= grown[static_cast<size_t>(y * 8 + x - 1)]);
+  }
+}
