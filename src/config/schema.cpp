@@ -210,9 +210,17 @@ Field memory_section() {
 Field logging_section() {
   Field profile = section("profile", {integer("start", AT(logging.profile.start), kNonNegative),
                                       integer("steps", AT(logging.profile.steps), kNonNegative)});
-  return section("logging",
-                 {boolean("console", AT(logging.console)), boolean("jsonl", AT(logging.jsonl)),
-                  boolean("tensorboard", AT(logging.tensorboard)), std::move(profile)});
+  Field samples =
+      section("samples", {integer("every", AT(logging.samples.every), kNonNegative),
+                          text("prompt", AT(logging.samples.prompt)),
+                          integer("tokens", AT(logging.samples.tokens), kPositive),
+                          integer("count", AT(logging.samples.count), kPositive),
+                          real("temperature", AT(logging.samples.temperature), kNonNegativeReal),
+                          integer("top_k", AT(logging.samples.top_k), kNonNegative)});
+  return section(
+      "logging",
+      {boolean("console", AT(logging.console)), boolean("jsonl", AT(logging.jsonl)),
+       boolean("tensorboard", AT(logging.tensorboard)), std::move(profile), std::move(samples)});
 }
 
 #undef AT

@@ -58,6 +58,49 @@ void check_train(const Checker& c) {
   }
 }
 
+// logging.samples: a GPT-2 on tokenized text (the tokenizer decodes the samples), whose
+// training graph holds the whole logits (no pipeline stage or tensor split), one
+// forward's rows for the samples, and room in the context for new tokens.
+void check_samples(const Checker& c) {
+  const SampleOptions& s = c.job.logging.samples;
+  if (s.every == 0) return;
+  const ArchPreset* arch = find_arch(c.job.model.arch);
+  if (arch == nullptr || arch->family != ModelFamily::gpt) {
+    c.error("logging.samples.every",
+            fmt::format("samples are text from a GPT-2; model.arch is {}", c.job.model.arch),
+            "drop logging.samples (a BERT's fill-mask and an image model's classes are "
+            "dtrain predict's)");
+    return;
+  }
+  if (c.job.data.dataset != DatasetName::tokens) {
+    c.error("logging.samples.every",
+            "samples need the tokenizer of tokenized text (data.dataset: tokens) to be read",
+            "tokenize a corpus (dtrain data tokenize) and train on it, or drop logging.samples");
+  }
+  if (c.job.parallel.pipeline > 1 || c.job.parallel.tensor > 1) {
+    c.error("logging.samples.every",
+            "samples run on the whole model in one graph: not with parallel.pipeline or "
+            "parallel.tensor above 1",
+            "draw them after training with dtrain generate, which reads any layout's "
+            "checkpoint");
+  }
+  if (s.count > c.job.data.micro_batch) {
+    c.error("logging.samples.count",
+            fmt::format("{} samples, more than data.micro_batch ({}): they are the rows of one "
+                        "forward",
+                        s.count, c.job.data.micro_batch),
+            fmt::format("set logging.samples.count: {} or less", c.job.data.micro_batch));
+  }
+  const int64_t context = c.job.model.seq_len.value_or(0);
+  if (context > 0 && s.tokens >= context) {
+    c.error("logging.samples.tokens",
+            fmt::format("{} new tokens do not fit the context of {} (model.seq_len) after "
+                        "<|endoftext|>",
+                        s.tokens, context),
+            fmt::format("set logging.samples.tokens below {}", context));
+  }
+}
+
 void check_optimizer(const Checker& c) {
   const OptimizerOptions& o = c.job.optimizer;
   if (o.nesterov && o.name != OptimizerName::sgd) {
@@ -393,6 +436,7 @@ void validate_job(const Job& job, const ValidateContext& ctx, const SourceMap* w
   check_comm(c);
   check_compress(c);
   check_memory(c);
+  check_samples(c);
 }
 
 }  // namespace dtrain::config

@@ -25,7 +25,14 @@ namespace {
 
 constexpr uint32_t kSamplingPurpose = 0x20;  // Philox stream: (seed, sample); word: 2 x token index
 
-// Ids a sample may draw: the tokenizer's ordinary tokens and <|endoftext|>.
+// u in [0, 1) with 53 random bits, from words 2i and 2i + 1 of the stream.
+double uniform53(const Philox& rng, uint64_t i) {
+  const uint64_t hi = rng.u32(2 * i) >> 6, lo = rng.u32(2 * i + 1) >> 5;  // 26 + 27 bits
+  return static_cast<double>((hi << 27) | lo) * 0x1p-53;
+}
+
+}  // namespace
+
 std::vector<int32_t> candidate_ids(const Tokenizer& tok, int64_t model_vocab) {
   std::vector<int32_t> ids(static_cast<size_t>(tok.first_special()));
   std::iota(ids.begin(), ids.end(), 0);
@@ -36,13 +43,9 @@ std::vector<int32_t> candidate_ids(const Tokenizer& tok, int64_t model_vocab) {
   return ids;
 }
 
-// u in [0, 1) with 53 random bits, from words 2i and 2i + 1 of the stream.
-double uniform53(const Philox& rng, uint64_t i) {
-  const uint64_t hi = rng.u32(2 * i) >> 6, lo = rng.u32(2 * i + 1) >> 5;  // 26 + 27 bits
-  return static_cast<double>((hi << 27) | lo) * 0x1p-53;
+double sampling_uniform(uint64_t seed, uint64_t sample, uint64_t index) {
+  return uniform53(Philox(seed, rng_stream_id(kSamplingPurpose, 0, sample)), index);
 }
-
-}  // namespace
 
 TokenPick pick_token(std::span<const float> logits, std::span<const int32_t> candidates,
                      const SamplingOptions& o, double u) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "runtime/job.h"
 
 namespace dtrain::runtime {
@@ -39,6 +40,12 @@ struct TokenPick {
 // of the vocabulary or [MASK]); `u` in [0, 1) picks among them.
 TokenPick pick_token(std::span<const float> logits, std::span<const int32_t> candidates,
                      const SamplingOptions& o, double u);
+// The ids a sample may draw: the tokenizer's ordinary tokens and <|endoftext|>, ascending.
+std::vector<int32_t> candidate_ids(const Tokenizer& tok, int64_t model_vocab);
+// The u that token `index` of sample `sample` draws with under `seed`, in [0, 1): Philox
+// keyed by (seed, sample), so `dtrain generate --seed S` and the trainer's samples
+// (logging.samples) draw alike.
+double sampling_uniform(uint64_t seed, uint64_t sample, uint64_t index);
 
 struct GenerateResult;
 

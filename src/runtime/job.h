@@ -74,11 +74,24 @@ struct ProfileOptions {
   int64_t steps = 0;  // 0: no profile
 };
 
+// Text from a GPT-2 as it trains: every `every` steps, `count` samples of up to `tokens`
+// new tokens after <|endoftext|> and the prompt, drawn as `dtrain generate` draws them
+// (runtime/generate.h), through the training graph itself in evaluation mode.
+struct SampleOptions {
+  int64_t every = 0;                  // 0: none
+  std::optional<std::string> prompt;  // after <|endoftext|>; unset: nothing more
+  int64_t tokens = 32;
+  int64_t count = 1;  // at most data.micro_batch (the rows of one forward)
+  double temperature = 0.8;
+  int64_t top_k = 0;  // 0: every token
+};
+
 struct LoggingOptions {
   bool console = true;       // progress line on stderr
   bool jsonl = true;         // <output_dir>/metrics.jsonl, one JSON line per log step
   bool tensorboard = false;  // <output_dir>/tb event files
   ProfileOptions profile;    // Chrome trace of steps [start, start + steps)
+  SampleOptions samples;     // <output_dir>/samples.jsonl and the console
 };
 
 struct Job {

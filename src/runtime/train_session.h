@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "data/tokenizer.h"
 #include "dist/allreduce.h"
 #include "dist/ddp.h"
 #include "dist/grid.h"
@@ -103,6 +104,11 @@ class TrainSession {
   EvalResult evaluate();
   void log_window(double loss, double seconds, double wait, int64_t steps);
   void log_eval(const EvalResult& r);
+  // logging.samples (trainer_samples.cpp): the tokenizer and the prompt, read at start-up
+  // (an Error there is the job's), then the samples of this step.
+  void prepare_samples();
+  void log_samples();
+  void trim_samples() const;
   // The run's summary.json (collective in a pipeline: every stage's figures).
   nlohmann::json summary(double seconds, int64_t first_step, double last_loss);
   void save_checkpoint();
@@ -205,6 +211,12 @@ class TrainSession {
   std::string init_note_;    // model.init_from's line, printed once the log is open
   Progress progress_{stderr};
   EvalResult last_eval_;
+  struct TrainSamples {
+    Tokenizer tok;
+    std::vector<int32_t> prompt;      // <|endoftext|> and the prompt's tokens
+    std::vector<int32_t> candidates;  // what a sample may draw
+  };
+  std::unique_ptr<TrainSamples> samples_;  // logging.samples.every > 0
 };
 
 }  // namespace dtrain::runtime

@@ -323,6 +323,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   out_dir_ = job_.run.output_dir;
   ckpt_dir_ = job_.train.checkpoint.dir.empty() ? out_dir_ / "checkpoints"
                                                 : fs::path(job_.train.checkpoint.dir);
+  prepare_samples();  // the tokenizer and prompt: a bad one is the job's error, before a step
   resume_if_asked();
   // model.init_from starts a fresh run only: a resumed one continues from its checkpoint
   // (and never reads the file, so a job that names it resumes in any layout).
@@ -839,6 +840,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   }
   connect(watchdog);
   if (resumed_ && leader()) set_aside_later_checkpoints();  // every rank has started
+  if (resumed_ && leader() && samples_) trim_samples();
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;
   const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);
@@ -891,6 +893,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     if (job_.train.eval_every && s % *job_.train.eval_every == 0 && s != total_steps_) {
       log_eval(evaluate());
     }
+    if (samples_ && s % job_.logging.samples.every == 0) log_samples();
     if (ck.every && s % *ck.every == 0 && s != total_steps_) save_checkpoint();
     window_excluded += seconds_since(aside);
     if (stop_agreed_) {

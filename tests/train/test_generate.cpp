@@ -512,3 +512,79 @@ TEST_CASE("generate refuses what it cannot use with exit 2, naming it") {
     CHECK_MESSAGE(contains(r.log, c.says), r.log);
   }
 }
+
+// logging.samples: text from the GPT-2 as it trains, every 10 steps, drawn as `dtrain
+// generate --seed <run.seed + step>` draws from that step's checkpoint; a resumed run
+// writes each step's samples once (a later line left by the stopped run is dropped); and
+// what the job cannot sample is refused before any step.
+TEST_CASE("logging.samples: text as the model trains, as generate draws it, once on resume") {
+  TempDir tmp("train-samples");
+  const TokenDir data = tokenize(tmp.path(), 300);
+  const fs::path job = gpt_job(tmp.path(), "gpt", data, 20);
+  const std::string samples = "logging.samples={every: 10, prompt: 'The old', tokens: 6, count: 2}";
+  const fs::path whole = tmp.path() / "whole", part = tmp.path() / "part";
+  const RunResult r =
+      run_dtrain({job.string(), "--set", samples, "--set", "run.output_dir=" + whole.string()},
+                 tmp.path() / "whole.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  std::vector<nlohmann::json> lines;
+  {
+    std::ifstream in(whole / "samples.jsonl");
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  }
+  REQUIRE(lines.size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    CHECK(lines[i].at("step") == (i < 2 ? 10 : 20));
+    CHECK(lines[i].at("sample") == i % 2);
+    CHECK(lines[i].at("seed") == 1 + lines[i].at("step").get<int>());
+    CHECK(lines[i].at("prompt") == "The old");
+    CHECK(lines[i].at("ids").size() <= 6);
+  }
+  CHECK(lines[0].at("text") != lines[1].at("text"));  // two draws, two texts
+  const nlohmann::json g = generate_json(
+      tmp.path(), "g.log",
+      {job.string(), "--checkpoint", (whole / "checkpoints" / "step-00000010.dtckpt").string(),
+       "--prompt", "The old", "--tokens", "6", "--samples", "2", "--seed", "11", "--temperature",
+       "0.8", "--no-cache"});
+  for (size_t b = 0; b < 2; ++b) {
+    CAPTURE(b);
+    CHECK(g.at("samples")[b].at("text") == lines[b].at("text"));
+    CHECK(g.at("samples")[b].at("ended") == lines[b].at("ended"));
+  }
+
+  // The run copied and cut back to step 10, with a line its crash left after the step:
+  // resumed, it writes the file the whole run wrote.
+  fs::create_directories(part);
+  fs::copy(whole, part, fs::copy_options::recursive);
+  fs::remove(part / "checkpoints" / "step-00000020.dtckpt");
+  std::ofstream(part / "samples.jsonl", std::ios::app)
+      << "{\"step\": 15, \"sample\": 0, \"text\": \"left by a crash\"}\n";
+  const RunResult resumed = run_dtrain({job.string(), "--set", samples, "--set",
+                                        "run.output_dir=" + part.string(), "--resume", "latest"},
+                                       tmp.path() / "part.log");
+  REQUIRE_MESSAGE(resumed.rc == 0, resumed.describe());
+  CHECK(read_bytes(part / "samples.jsonl") == read_bytes(whole / "samples.jsonl"));
+
+  struct Case {
+    std::vector<std::string> sets;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"data.dataset=synthetic", "data.path=null"}, "logging.samples.every"},
+      {{"logging.samples={every: 5, count: 9}"}, "logging.samples.count"},
+      {{"logging.samples={every: 5, tokens: 16}"}, "logging.samples.tokens"},
+      {{"logging.samples={every: 5, tokens: 8, prompt: 'the old king sees the farmer near "
+        "the house and the river'}"},
+       "pass the context of 16"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.says);
+    std::vector<std::string> args = {job.string(), "--set", samples, "--set",
+                                     "run.output_dir=" + (tmp.path() / "bad").string()};
+    for (const std::string& s : c.sets) args.insert(args.end(), {"--set", s});
+    const RunResult bad = run_dtrain(args, tmp.path() / "bad.log");
+    CHECK_MESSAGE(bad.rc == kExitBadInput, bad.describe());
+    CHECK_MESSAGE(contains(bad.log, c.says), bad.log);
+  }
+}
