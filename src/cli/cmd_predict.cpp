@@ -407,8 +407,20 @@ std::vector<std::string> image_files(const std::vector<std::string>& given) {
       continue;
     }
     std::vector<std::string> found;
-    for (const auto& e : std::filesystem::directory_iterator(g, ec))
-      if (e.is_regular_file(ec) && is_image_file_name(e.path())) found.push_back(e.path().string());
+    int64_t skipped = 0;
+    for (const auto& e : std::filesystem::directory_iterator(g, ec)) {
+      if (e.is_regular_file(ec) && is_image_file_name(e.path())) {
+        found.push_back(e.path().string());
+      } else {
+        ++skipped;
+      }
+    }
+    if (skipped > 0) {
+      std::fprintf(stderr,
+                   "dtrain: --image %s: %lld entr%s skipped (not a file named .png, .jpg, "
+                   ".jpeg, .pgm, .ppm or .pnm)\n",
+                   g.c_str(), static_cast<long long>(skipped), skipped == 1 ? "y" : "ies");
+    }
     if (found.empty()) {
       throw Error(fmt::format("--image {}: a directory without a .png, .jpg, .jpeg, .pgm, "
                               ".ppm or .pnm file",
@@ -511,23 +523,47 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
     for (const runtime::ImagePrediction& i : p.images) {
       std::printf(
           "%s\t%.4f\t%s\t%s\n", p.classes[static_cast<size_t>(i.label)].c_str(),
-          i.probabilities[static_cast<size_t>(i.label)], i.where.c_str(),
+          i.probabilities[static_cast<size_t>(i.label)], one_line(i.where).c_str(),
           top_classes(p, i.probabilities, a.top > 0 ? static_cast<size_t>(a.top) : 3).c_str());
     }
   } else {
-    // The confusion matrix, a row per true class: what the model mixes up.
+    // The confusion matrix, a row per true class: what the model mixes up. Past 20
+    // classes a row would not fit a screen: each class's count right and the class it
+    // is most often taken for instead (--json has the matrix).
+    const bool matrix = k <= 20;
     size_t width = 16;
     for (const std::string& c : p.classes)
       width = std::max(width, std::min<size_t>(c.size(), 12) + 4);
-    std::printf("%-*s", static_cast<int>(width), "true / predicted");
-    for (size_t c = 0; c < k; ++c) std::printf(" %5zu", c);
-    std::printf("   right\n");
+    std::printf("%-*s", static_cast<int>(width), matrix ? "true / predicted" : "true");
+    if (matrix) {
+      for (size_t c = 0; c < k; ++c) std::printf(" %5zu", c);
+      std::printf("   right\n");
+    } else {
+      std::printf("  right      most often taken for\n");
+    }
+    // A class named by its number is shown once ("3", not "3 3").
+    const auto name = [&](size_t c) {
+      return p.classes[c] == std::to_string(c)
+                 ? p.classes[c]
+                 : fmt::format("{} {}", c, one_line(p.classes[c]).substr(0, 12));
+    };
     for (size_t t = 0; t < k; ++t) {
-      std::printf("%-*s", static_cast<int>(width),
-                  fmt::format("{} {}", t, p.classes[t].substr(0, 12)).c_str());
-      for (size_t c = 0; c < k; ++c) std::printf(" %5lld", static_cast<long long>(confusion[t][c]));
-      std::printf("   %lld/%lld\n", static_cast<long long>(right[t]),
-                  static_cast<long long>(seen[t]));
+      std::printf("%-*s", static_cast<int>(width), name(t).c_str());
+      if (matrix) {
+        for (size_t c = 0; c < k; ++c)
+          std::printf(" %5lld", static_cast<long long>(confusion[t][c]));
+        std::printf("   %lld/%lld\n", static_cast<long long>(right[t]),
+                    static_cast<long long>(seen[t]));
+        continue;
+      }
+      size_t worst = t;
+      for (size_t c = 0; c < k; ++c)
+        if (c != t && (worst == t || confusion[t][c] > confusion[t][worst])) worst = c;
+      const std::string taken = worst != t && confusion[t][worst] > 0
+                                    ? fmt::format("{} ({})", name(worst), confusion[t][worst])
+                                    : std::string("-");
+      std::printf("  %5lld/%-5lld  %s\n", static_cast<long long>(right[t]),
+                  static_cast<long long>(seen[t]), taken.c_str());
     }
   }
   std::fprintf(stderr, "dtrain: %zu image(s) in %.2f s (%lld forwards)\n", p.images.size(),
@@ -609,9 +645,8 @@ void add_predict(CLI::App& app, Action& action) {
                   "lines")
       ->check(CLI::IsMember({"auto", "lines", "tsv", "jsonl", "csv"}));
   cmd->add_option("--image", args->images,
-                  "image models: an image file (PNG, JPEG, PGM, PPM) or a directory of them "
-                  "(repeatable)")
-      ->allow_extra_args(false);
+                  "image models: image files (PNG, JPEG, PGM, PPM) or directories of them; "
+                  "several after one --image (a shell glob), and repeatable");
   cmd->add_option("--split", args->split,
                   "image models: test classifies the job's test split (data.limit.test "
                   "applies): accuracy, loss, per class and the confusion matrix")
@@ -629,13 +664,16 @@ void add_predict(CLI::App& app, Action& action) {
                   "image (default 3)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--batch", args->batch,
-                  "texts (GPT-2: windows) per forward at most (default: 32; for a GPT-2 "
-                  "fewer where one forward's logits would pass 1 GiB)")
+                  "texts (GPT-2: windows; images) per forward at most (default: 32; for a "
+                  "GPT-2 fewer where one forward's logits would pass 1 GiB; for images "
+                  "data.micro_batch, which --split test keeps)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--device", args->device, "cpu, cuda or cuda:N instead of the job's device");
   cmd->add_flag("--json", args->json,
                 "print JSON: each text's class and every class's probability, each [MASK]'s "
-                "tokens, or each token's log-probability and the perplexity");
+                "tokens, or each token's log-probability and the perplexity; each image's "
+                "class and every class's probability (--split test: also accuracy, loss, "
+                "per class and the confusion matrix)");
   cmd->callback([args, &action] { action = [args] { return run_predict(*args); }; });
 }
 

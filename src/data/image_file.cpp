@@ -38,51 +38,140 @@ std::string slurp(const fs::path& file) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// The most pixels an image may have: its float planes take 12 bytes per pixel of RGB
+// (a 64-megapixel photo, 768 MB) before it shrinks to the model's size.
+constexpr int64_t kMaxPixels = int64_t{1} << 26;
+
+std::string too_large(int64_t w, int64_t h) {
+  return fmt::format("{} x {} pixels, more than {} megapixels: shrink it first", w, h,
+                     kMaxPixels >> 20);
+}
+
+// libpng's and libjpeg's errors come by longjmp back to the decoder's setjmp: what the
+// decoders fill lives in the caller's frame (not skipped by the jump), and the decoders
+// hold nothing with a destructor.
+struct CodecError {
+  std::jmp_buf jump;
+  std::string message;
+};
+
+struct PngSource {
+  const std::string* bytes = nullptr;
+  size_t at = 0;
+};
+
+void png_fail(png_structp png, png_const_charp msg) {
+  auto* e = static_cast<CodecError*>(png_get_error_ptr(png));
+  if (e->message.empty()) e->message = msg;  // a reason of ours set before png_error stays
+  std::longjmp(e->jump, 1);
+}
+
+void png_quiet(png_structp, png_const_charp) {}
+
+void png_read_bytes(png_structp png, png_bytep out, png_size_t n) {
+  auto* src = static_cast<PngSource*>(png_get_io_ptr(png));
+  if (n > src->bytes->size() - src->at) png_error(png, "the file ends inside the image data");
+  std::memcpy(out, src->bytes->data() + src->at, n);
+  src->at += n;
+}
+
+// Samples as stored, 16-bit ones by their high byte, palettes and low bit depths expanded;
+// no gamma applied (what PIL and torchvision read). `raw` gets rows of `channels` bytes per
+// pixel: 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA.
+void decode_png(const std::string& bytes, std::vector<uint8_t>& raw, std::vector<png_bytep>& rows,
+                int& width, int& height, int& channels, CodecError& err, bool& failed) {
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &err, png_fail, png_quiet);
+  png_infop info = png != nullptr ? png_create_info_struct(png) : nullptr;
+  if (info == nullptr) {
+    png_destroy_read_struct(&png, nullptr, nullptr);
+    err.message = "libpng could not start";
+    failed = true;
+    return;
+  }
+  PngSource src{&bytes, 0};
+  if (setjmp(err.jump) != 0) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    failed = true;
+    return;
+  }
+  png_set_read_fn(png, &src, png_read_bytes);
+  png_read_info(png, info);
+  width = static_cast<int>(png_get_image_width(png, info));
+  height = static_cast<int>(png_get_image_height(png, info));
+  if (int64_t{width} * height > kMaxPixels) {
+    err.message = too_large(width, height);
+    png_error(png, "too large");
+  }
+  png_set_expand(png);    // palette to RGB, gray below 8 bits to 8, tRNS to alpha
+  png_set_strip_16(png);  // 16-bit samples: their high byte
+  png_read_update_info(png, info);
+  channels = png_get_channels(png, info);
+  const size_t row_bytes = png_get_rowbytes(png, info);
+  raw.resize(row_bytes * static_cast<size_t>(height));
+  rows.resize(static_cast<size_t>(height));
+  for (int y = 0; y < height; ++y) rows[static_cast<size_t>(y)] = raw.data() + row_bytes * y;
+  png_read_image(png, rows.data());
+  png_read_end(png, nullptr);
+  png_destroy_read_struct(&png, &info, nullptr);
+}
+
 DecodedImage read_png(const fs::path& file, const std::string& bytes) {
-  png_image img;
-  std::memset(&img, 0, sizeof(img));
-  img.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size()))
-    bad_image(file, fmt::format("not a readable PNG: {}", img.message));
-  const bool gray = (img.format & PNG_FORMAT_FLAG_COLOR) == 0;
-  img.format = gray ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;  // alpha composited onto black
+  std::vector<uint8_t> raw;
+  std::vector<png_bytep> rows;
+  int w = 0, h = 0, c = 0;
+  CodecError err;
+  bool failed = false;
+  decode_png(bytes, raw, rows, w, h, c, err, failed);
+  if (failed) bad_image(file, fmt::format("PNG data unreadable: {}", err.message));
   DecodedImage out;
-  out.width = static_cast<int>(img.width);
-  out.height = static_cast<int>(img.height);
-  out.channels = gray ? 1 : 3;
+  out.width = w;
+  out.height = h;
   out.format = "png";
-  out.pixels.resize(PNG_IMAGE_SIZE(img));
-  const png_color black{0, 0, 0};
-  if (!png_image_finish_read(&img, &black, out.pixels.data(), 0, nullptr)) {
-    const std::string why = img.message;
-    png_image_free(&img);
-    bad_image(file, fmt::format("PNG data unreadable: {}", why));
+  out.channels = c >= 3 ? 3 : 1;
+  const bool alpha = c == 2 || c == 4;
+  out.pixels.resize(static_cast<size_t>(w) * h * out.channels);
+  for (size_t p = 0; p < static_cast<size_t>(w) * h; ++p) {
+    const uint8_t* px = raw.data() + p * c;
+    const unsigned a = alpha ? px[c - 1] : 255;  // onto black: v * a / 255, rounded
+    for (int k = 0; k < out.channels; ++k)
+      out.pixels[p * out.channels + k] = static_cast<uint8_t>((px[k] * a + 127) / 255);
   }
   return out;
 }
 
 struct JpegError {
-  jpeg_error_mgr mgr;
-  std::jmp_buf jump;
-  char message[JMSG_LENGTH_MAX];
+  jpeg_error_mgr mgr;  // first: libjpeg's err pointer is this struct's address
+  CodecError* codec = nullptr;
+  std::string warning;  // the last warning (corrupt or truncated data)
 };
 
 void jpeg_fail(j_common_ptr info) {
   auto* e = reinterpret_cast<JpegError*>(info->err);
-  (*info->err->format_message)(info, e->message);
-  std::longjmp(e->jump, 1);
+  char text[JMSG_LENGTH_MAX];
+  (*info->err->format_message)(info, text);
+  e->codec->message = text;
+  std::longjmp(e->codec->jump, 1);
 }
 
-void jpeg_quiet(j_common_ptr, int) {}  // warnings (a corrupt tail is an error below)
+// Warnings (level -1) are data errors libjpeg recovers from by making pixels up, a
+// truncated file's grey tail among them: kept, and refused below.
+void jpeg_note(j_common_ptr info, int level) {
+  auto* e = reinterpret_cast<JpegError*>(info->err);
+  if (level < 0) {
+    char text[JMSG_LENGTH_MAX];
+    (*info->err->format_message)(info, text);
+    e->warning = text;
+    ++info->err->num_warnings;
+  }
+}
 
-// libjpeg reports errors by longjmp: nothing with a destructor lives between the setjmp
-// and the calls that may jump (the output buffer is sized before).
-void decode_jpeg(const std::string& bytes, DecodedImage& out, JpegError& err, bool& failed) {
+void decode_jpeg(const std::string& bytes, DecodedImage& out, JpegError& err, bool& failed,
+                 bool& cmyk) {
   jpeg_decompress_struct info;
   info.err = jpeg_std_error(&err.mgr);
   err.mgr.error_exit = jpeg_fail;
-  err.mgr.emit_message = jpeg_quiet;
-  if (setjmp(err.jump) != 0) {
+  err.mgr.emit_message = jpeg_note;
+  if (setjmp(err.codec->jump) != 0) {
     jpeg_destroy_decompress(&info);
     failed = true;
     return;
@@ -91,6 +180,17 @@ void decode_jpeg(const std::string& bytes, DecodedImage& out, JpegError& err, bo
   jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()),
                static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&info, TRUE);
+  if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
+    cmyk = true;
+    jpeg_destroy_decompress(&info);
+    return;
+  }
+  if (int64_t{info.image_width} * info.image_height > kMaxPixels) {
+    err.codec->message = too_large(info.image_width, info.image_height);
+    jpeg_destroy_decompress(&info);
+    failed = true;
+    return;
+  }
   info.out_color_space = info.num_components == 1 ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_start_decompress(&info);
   out.width = static_cast<int>(info.output_width);
@@ -109,10 +209,15 @@ void decode_jpeg(const std::string& bytes, DecodedImage& out, JpegError& err, bo
 DecodedImage read_jpeg(const fs::path& file, const std::string& bytes) {
   DecodedImage out;
   out.format = "jpeg";
+  CodecError codec;
   JpegError err{};
-  bool failed = false;
-  decode_jpeg(bytes, out, err, failed);
-  if (failed) bad_image(file, fmt::format("JPEG data unreadable: {}", err.message));
+  err.codec = &codec;
+  bool failed = false, cmyk = false;
+  decode_jpeg(bytes, out, err, failed, cmyk);
+  if (cmyk) bad_image(file, "a CMYK JPEG: save it as RGB (or gray) first");
+  if (failed) bad_image(file, fmt::format("JPEG data unreadable: {}", codec.message));
+  if (err.mgr.num_warnings > 0)
+    bad_image(file, fmt::format("JPEG data corrupt or truncated: {}", err.warning));
   if (out.channels != 1 && out.channels != 3)
     bad_image(file, fmt::format("a JPEG of {} channels", out.channels));
   return out;
@@ -145,8 +250,8 @@ DecodedImage read_pnm(const fs::path& file, const std::string& bytes) {
   out.channels = kind == '2' || kind == '5' ? 1 : 3;
   out.format = out.channels == 1 ? "pgm" : "ppm";
   const int64_t w = number("width"), h = number("height"), maxval = number("maxval");
-  if (w < 1 || h < 1 || w * h > (int64_t{1} << 28))
-    bad_image(file, fmt::format("netpbm size {}x{}", w, h));
+  if (w < 1 || h < 1) bad_image(file, fmt::format("netpbm size {}x{}", w, h));
+  if (w * h > kMaxPixels) bad_image(file, too_large(w, h));
   if (maxval < 1 || maxval > 65535) bad_image(file, fmt::format("netpbm maxval {}", maxval));
   out.width = static_cast<int>(w);
   out.height = static_cast<int>(h);
@@ -214,6 +319,7 @@ DecodedImage read_image_file(const fs::path& file) {
   std::error_code ec;
   if (fs::is_directory(file, ec)) bad_image(file, "a directory, not an image");
   const std::string bytes = slurp(file);
+  if (bytes.empty()) bad_image(file, "an empty file");
   DecodedImage img;
   if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) {
     img = read_png(file, bytes);

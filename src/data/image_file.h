@@ -1,8 +1,10 @@
 // Image files for `dtrain predict` on an image model: PNG (libpng), JPEG (libjpeg) and
 // the netpbm formats (PGM, PPM: P2, P3, P5, P6), decoded to 8-bit gray or RGB (an alpha
-// channel is composited onto black, the background of the datasets dtrain trains on;
-// 16-bit PNG samples come to 8 bits as libpng's simplified API brings them, netpbm's by
-// their maxval), then made the model's input: its channel count
+// channel is composited onto black, v * alpha / 255, the background of the datasets dtrain
+// trains on; 16-bit PNG samples keep their high byte and no gamma is applied, as PIL and
+// torchvision read them; netpbm samples scale by their maxval; a JPEG with corrupt or
+// truncated data, a CMYK one, and an image over 64 megapixels are refused), then made
+// the model's input: its channel count
 // (gray repeated to RGB, RGB to gray by ITU-R BT.601 luma) and its size, the shorter
 // side scaled to it and the middle cut out (torchvision's Resize then CenterCrop), by
 // area averaging when shrinking and bilinear interpolation when growing.

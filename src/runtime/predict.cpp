@@ -438,7 +438,8 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
     throw Error("predict: give image files (--image) or --split test, one of the two");
   if (r.batch < 0) throw Error(fmt::format("--batch {}: at least 0 (auto)", r.batch));
   ImagePredictResult out;
-  const int64_t batch = r.batch > 0 ? r.batch : job.data.micro_batch;
+  int64_t batch = r.batch > 0 ? r.batch : job.data.micro_batch;
+  if (!r.test_split) batch = std::min(batch, static_cast<int64_t>(r.files.size()));
   out.rows_per_forward = batch;
   const ModelWeights w =
       read_model_weights(job, r.weights, models::build_model(job.model, 1).graph, 0, "predict");

@@ -114,6 +114,15 @@ TEST_CASE("PNG, JPEG and netpbm files read back their pixels") {
   const DecodedImage a = read_image_file(dir / "a.png");
   CHECK(a.channels == 3);
   CHECK(a.pixels == std::vector<uint8_t>{200, 100, 50, 0, 0, 0});
+  // Half transparent: half the value (v * a / 255, rounded), as PIL composites.
+  const std::vector<uint8_t> half = {200, 100, 51, 128};
+  write_png(dir / "h.png", 1, 1, PNG_FORMAT_RGBA, half.data());
+  CHECK(read_image_file(dir / "h.png").pixels == std::vector<uint8_t>{100, 50, 26});
+  // 16-bit samples: their high byte, no gamma (libpng's simplified reader would treat
+  // them as linear light and re-encode them).
+  const std::vector<uint16_t> deep = {0x8000, 0x1234};
+  write_png(dir / "d.png", 2, 1, PNG_FORMAT_LINEAR_Y, deep.data());
+  CHECK(read_image_file(dir / "d.png").pixels == std::vector<uint8_t>{0x80, 0x12});
 
   // Netpbm, binary and plain, with a comment and a 16-bit maxval.
   std::string p5 = "P5\n# a comment\n7 5\n255\n";
@@ -163,14 +172,22 @@ TEST_CASE("damaged or unknown image files are refused, naming the file") {
   write_jpeg(dir / "ok.jpg", 8, 8, 1, smooth);
   const std::string jpg = read_bytes(dir / "ok.jpg");
   write_bytes(dir / "cut.jpg", jpg.substr(0, 40));
+  const std::vector<uint8_t> noise = pattern(64, 64, 3);
+  write_jpeg(dir / "long.jpg", 64, 64, 3, noise);
+  const std::string long_jpg = read_bytes(dir / "long.jpg");
+  write_bytes(dir / "third.jpg", long_jpg.substr(0, long_jpg.size() / 3));  // header whole
   write_bytes(dir / "text.png", "not an image at all\n");
   write_bytes(dir / "short.pgm", "P5 4 4 255\nabc");
   write_bytes(dir / "big.pgm", "P2 1 1 10\n11\n");
   write_bytes(dir / "empty.ppm", "");
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"cut.png", "PNG data unreadable"},   {"cut.jpg", "JPEG data unreadable"},
-      {"text.png", "not a PNG, JPEG, PGM"}, {"short.pgm", "truncated"},
-      {"big.pgm", "above maxval 10"},       {"empty.ppm", "not a PNG, JPEG, PGM"},
+      {"cut.png", "PNG data unreadable"},
+      {"cut.jpg", "JPEG data unreadable"},
+      {"text.png", "not a PNG, JPEG, PGM"},
+      {"short.pgm", "truncated"},
+      {"big.pgm", "above maxval 10"},
+      {"empty.ppm", "an empty file"},
+      {"third.jpg", "JPEG data corrupt or truncated"},
       {"missing.png", "cannot open it"},
   };
   for (const auto& [name, says] : cases) {

@@ -23,7 +23,9 @@ nlohmann::json predict_json(const fs::path& tmp, const std::vector<std::string>&
   all.push_back("--json");
   const RunResult r = run_dtrain_command(all, tmp / "predict.log");
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
-  return nlohmann::json::parse(r.log);
+  const size_t at = r.log.find("{\n");  // after any note on stderr
+  REQUIRE_MESSAGE(at != std::string::npos, r.log);
+  return nlohmann::json::parse(r.log.substr(at));
 }
 
 // Test image i of Fashion-MNIST as bytes (the dataset gives x / 255).
@@ -58,7 +60,8 @@ TEST_CASE("an image model classifies its test split as its evaluation did, and i
                      << "optimizer: {name: adamw, lr: 1.0e-3}\n"
                      << "train: {steps: 4, log_every: 1}\n"
                      << "logging: {console: false}\n";
-  for (const auto& [name, job] : {std::pair{"resnet", resnet}, std::pair{"vit", vit}}) {
+  for (const auto& [name, job] :
+       {std::pair{std::string("resnet"), resnet}, std::pair{std::string("vit"), vit}}) {
     CAPTURE(name);
     const RunResult t = run_dtrain({job.string()}, tmp.path() / "train.log");
     REQUIRE_MESSAGE(t.rc == 0, t.describe());
@@ -67,7 +70,7 @@ TEST_CASE("an image model classifies its test split as its evaluation did, and i
     const nlohmann::json split = predict_json(tmp.path(), {job.string(), "--split", "test"});
     CHECK(split.at("task") == "classify-images");
     CHECK(split.at("classes").at(0) == "T-shirt/top");
-    CHECK(split.at("labelled") == (std::string(name) == "vit" ? 40 : 64));
+    CHECK(split.at("labelled") == (name == "vit" ? 40 : 64));
     CHECK(split.at("accuracy").get<double>() == summary.at("test_accuracy").get<double>());
     const double loss = split.at("loss"), test_loss = summary.at("test_loss");
     MESSAGE(name, ": predict's loss ", loss, ", the evaluation's ", test_loss);
@@ -79,7 +82,7 @@ TEST_CASE("an image model classifies its test split as its evaluation did, and i
 
     // Test images 0-2 as files: a PGM, an RGB PPM (gray to RGB and back through BT.601
     // luma), and a PGM twice the size whose 2x2 blocks average back to the image.
-    const fs::path dir = tmp.path() / (std::string(name) + "-images");
+    const fs::path dir = tmp.path() / (name + "-images");
     fs::create_directories(dir);
     write_pnm(dir / "a.pgm", "P5", 28, 28, test_image(0));
     std::vector<uint8_t> rgb;
@@ -91,6 +94,9 @@ TEST_CASE("an image model classifies its test split as its evaluation did, and i
       for (int x = 0; x < 56; ++x) big.push_back(small[static_cast<size_t>((y / 2) * 28 + x / 2)]);
     write_pnm(dir / "c.pgm", "P5", 56, 56, big);
     std::ofstream(dir / "notes.txt") << "not an image: a directory contributes images only\n";
+    const RunResult listed = run_dtrain_command({"predict", job.string(), "--image", dir.string()},
+                                                tmp.path() / "listed.log");
+    CHECK_MESSAGE(listed.log.find("1 entry skipped") != std::string::npos, listed.log);
     const nlohmann::json files = predict_json(tmp.path(), {job.string(), "--image", dir.string()});
     REQUIRE(files.at("images").size() == 3);
     for (size_t i = 0; i < 3; ++i) {
