@@ -4,6 +4,8 @@
 #include <cstdio>
 // jpeglib.h needs size_t and FILE declared before it.
 #include <jpeglib.h>
+// jerror.h after jpeglib.h: the warning codes
+#include <jerror.h>
 #include <png.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -102,8 +105,9 @@ void decode_png(const std::string& bytes, std::vector<uint8_t>& raw, std::vector
     err.message = too_large(width, height);
     png_error(png, "too large");
   }
-  png_set_expand(png);    // palette to RGB, gray below 8 bits to 8, tRNS to alpha
-  png_set_strip_16(png);  // 16-bit samples: their high byte
+  png_set_expand(png);              // palette to RGB, gray below 8 bits to 8, tRNS to alpha
+  png_set_strip_16(png);            // 16-bit samples: their high byte
+  png_set_interlace_handling(png);  // Adam7: png_read_image assembles the passes
   png_read_update_info(png, info);
   channels = png_get_channels(png, info);
   const size_t row_bytes = png_get_rowbytes(png, info);
@@ -111,7 +115,8 @@ void decode_png(const std::string& bytes, std::vector<uint8_t>& raw, std::vector
   rows.resize(static_cast<size_t>(height));
   for (int y = 0; y < height; ++y) rows[static_cast<size_t>(y)] = raw.data() + row_bytes * y;
   png_read_image(png, rows.data());
-  png_read_end(png, nullptr);
+  // Not png_read_end: the pixels are read and checked; a file cut after them (no IEND)
+  // still gives them, as PIL does.
   png_destroy_read_struct(&png, &info, nullptr);
 }
 
@@ -142,8 +147,10 @@ DecodedImage read_png(const fs::path& file, const std::string& bytes) {
 struct JpegError {
   jpeg_error_mgr mgr;  // first: libjpeg's err pointer is this struct's address
   CodecError* codec = nullptr;
-  std::string warning;  // the last warning (corrupt or truncated data)
+  std::string warning;  // the last warning that pixels were made up
+  int corrupt = 0;      // such warnings
 };
+static_assert(std::is_standard_layout_v<JpegError>);
 
 void jpeg_fail(j_common_ptr info) {
   auto* e = reinterpret_cast<JpegError*>(info->err);
@@ -153,15 +160,18 @@ void jpeg_fail(j_common_ptr info) {
   std::longjmp(e->codec->jump, 1);
 }
 
-// Warnings (level -1) are data errors libjpeg recovers from by making pixels up, a
-// truncated file's grey tail among them: kept, and refused below.
+// The warnings (level -1) after which libjpeg makes pixels up (a truncated file's grey
+// tail, a damaged entropy segment) are kept and refused below; the others (extra bytes
+// between markers, an unknown JFIF version, an odd ICC profile) leave the pixels whole.
 void jpeg_note(j_common_ptr info, int level) {
   auto* e = reinterpret_cast<JpegError*>(info->err);
-  if (level < 0) {
+  const int code = info->err->msg_code;
+  if (level < 0 && (code == JWRN_JPEG_EOF || code == JWRN_HIT_MARKER || code == JWRN_MUST_RESYNC ||
+                    code == JWRN_HUFF_BAD_CODE || code == JWRN_ARITH_BAD_CODE)) {
     char text[JMSG_LENGTH_MAX];
     (*info->err->format_message)(info, text);
     e->warning = text;
-    ++info->err->num_warnings;
+    ++e->corrupt;
   }
 }
 
@@ -216,7 +226,7 @@ DecodedImage read_jpeg(const fs::path& file, const std::string& bytes) {
   decode_jpeg(bytes, out, err, failed, cmyk);
   if (cmyk) bad_image(file, "a CMYK JPEG: save it as RGB (or gray) first");
   if (failed) bad_image(file, fmt::format("JPEG data unreadable: {}", codec.message));
-  if (err.mgr.num_warnings > 0)
+  if (err.corrupt > 0)
     bad_image(file, fmt::format("JPEG data corrupt or truncated: {}", err.warning));
   if (out.channels != 1 && out.channels != 3)
     bad_image(file, fmt::format("a JPEG of {} channels", out.channels));

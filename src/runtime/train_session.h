@@ -108,7 +108,7 @@ class TrainSession {
   // (an Error there is the job's), then the samples of this step.
   void prepare_samples();
   void log_samples();
-  void trim_samples() const;
+  void trim_samples(int64_t keep_through) const;
   // The run's summary.json (collective in a pipeline: every stage's figures).
   nlohmann::json summary(double seconds, int64_t first_step, double last_loss);
   void save_checkpoint();

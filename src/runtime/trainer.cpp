@@ -840,7 +840,6 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   }
   connect(watchdog);
   if (resumed_ && leader()) set_aside_later_checkpoints();  // every rank has started
-  if (resumed_ && leader() && samples_) trim_samples();
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;
   const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);
@@ -893,7 +892,8 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     if (job_.train.eval_every && s % *job_.train.eval_every == 0 && s != total_steps_) {
       log_eval(evaluate());
     }
-    if (samples_ && s % job_.logging.samples.every == 0) log_samples();
+    // Not once a stop is agreed: the checkpoint comes first (a grace period is short).
+    if (samples_ && !stop_agreed_ && s % job_.logging.samples.every == 0) log_samples();
     if (ck.every && s % *ck.every == 0 && s != total_steps_) save_checkpoint();
     window_excluded += seconds_since(aside);
     if (stop_agreed_) {

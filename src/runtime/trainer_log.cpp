@@ -34,6 +34,7 @@ void TrainSession::open_run_dir() {
     metrics_ = std::make_unique<MetricsLog>(out_dir_ / "metrics.jsonl", keep_through);
   if (job_.logging.tensorboard)
     events_ = std::make_unique<EventWriter>(out_dir_ / "tensorboard", keep_through);
+  trim_samples(keep_through);
   monitor_ = std::make_unique<SystemMonitor>(job_.device);
 }
 

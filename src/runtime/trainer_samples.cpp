@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "data/atomic_file.h"
 #include "models/transformer.h"
 #include "runtime/generate.h"
 #include "runtime/inference.h"
@@ -41,9 +42,11 @@ void TrainSession::prepare_samples() {
   samples_ = std::move(s);
 }
 
-// A resumed run: samples.jsonl keeps the lines up to the checkpoint's step (the later
-// ones, and a torn last line, belong to the run that stopped), as metrics.jsonl does.
-void TrainSession::trim_samples() const {
+// samples.jsonl as metrics.jsonl is kept: a fresh run (keep_through -1) starts it anew;
+// a resumed one keeps the lines up to its checkpoint's step (the later ones, and a torn
+// last line, belong to the run that stopped), rewritten atomically; either with samples
+// off too, so that the file never holds another run's lines.
+void TrainSession::trim_samples(int64_t keep_through) const {
   const fs::path file = out_dir_ / "samples.jsonl";
   std::ifstream in(file);
   if (!in) return;
@@ -51,11 +54,11 @@ void TrainSession::trim_samples() const {
   for (std::string line; std::getline(in, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_object() && j.value("step", int64_t{-1}) >= 0 &&
-        j.value("step", int64_t{-1}) <= counters_.step)
+        j.value("step", int64_t{-1}) <= keep_through)
       kept += line + "\n";
   }
   in.close();
-  std::ofstream(file, std::ios::trunc) << kept;
+  write_file_atomic(file.string(), {kept});
 }
 
 void TrainSession::log_samples() {
@@ -66,6 +69,7 @@ void TrainSession::log_samples() {
   const SamplingOptions sampling{o.temperature, o.top_k, 1.0};
   std::vector<std::vector<int32_t>> seq(static_cast<size_t>(o.count), samples_->prompt);
   std::vector<bool> ended(static_cast<size_t>(o.count), false);
+  bool failed = false;
   Tensor ids = Tensor::empty({rows, length}, DType::i32);
   Tensor labels = Tensor::empty({rows, length}, DType::i32);
   std::fill_n(labels.data<int32_t>(), labels.numel(), 0);  // counted by the loss, never read
@@ -106,15 +110,28 @@ void TrainSession::log_samples() {
         kernels::cast(row, wide);
         row = wide;
       }
-      const TokenPick p =
-          pick_token(std::span<const float>(row.data<float>(), static_cast<size_t>(vocab)),
-                     samples_->candidates, sampling,
-                     sampling_uniform(seed, static_cast<uint64_t>(b), static_cast<uint64_t>(t)));
+      TokenPick p;
+      try {
+        p = pick_token(std::span<const float>(row.data<float>(), static_cast<size_t>(vocab)),
+                       samples_->candidates, sampling,
+                       sampling_uniform(seed, static_cast<uint64_t>(b), static_cast<uint64_t>(t)));
+      } catch (const RunError&) {  // non-finite logits: the step's own checks say more
+        failed = true;
+        break;
+      }
       s.push_back(p.id);
       ended[static_cast<size_t>(b)] = p.id == end_id;
       all_ended = all_ended && p.id == end_id;
     }
-    if (all_ended) break;
+    // Every rank runs as many forwards (ZeRO-3's gathers are collective): they stop
+    // together, when any has nothing left to draw.
+    const double done = all_ended || failed ? 1.0 : 0.0;
+    if ((comm_.size() > 1 ? sum_over_ranks<1>(comm_, {done})[0] : done) > 0) break;
+  }
+  if (failed) {
+    note(fmt::format("note: no samples at step {}: the model's logits are not finite",
+                     counters_.step));
+    return;
   }
   if (!leader()) return;
   std::ofstream out(out_dir_ / "samples.jsonl", std::ios::app);

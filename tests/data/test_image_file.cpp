@@ -76,6 +76,31 @@ void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector
   std::fclose(f);
 }
 
+// libpng's full writer: what the simplified one cannot write (Adam7 interlacing, a
+// palette with transparency). `palette`: RGB triples, `trns`: their alphas.
+void write_png_classic(const fs::path& p, int w, int h, int color_type,
+                       const std::vector<uint8_t>& px, const std::vector<png_color>& palette = {},
+                       const std::vector<uint8_t>& trns = {}) {
+  FILE* f = std::fopen(p.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  png_infop info = png_create_info_struct(png);
+  png_init_io(png, f);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(w), static_cast<png_uint_32>(h), 8, color_type,
+               PNG_INTERLACE_ADAM7, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  if (!palette.empty()) png_set_PLTE(png, info, palette.data(), static_cast<int>(palette.size()));
+  if (!trns.empty()) png_set_tRNS(png, info, trns.data(), static_cast<int>(trns.size()), nullptr);
+  png_write_info(png, info);
+  const size_t row = px.size() / static_cast<size_t>(h);
+  std::vector<png_bytep> rows;
+  for (int y = 0; y < h; ++y)
+    rows.push_back(const_cast<uint8_t*>(px.data()) + static_cast<size_t>(y) * row);
+  png_write_image(png, rows.data());
+  png_write_end(png, nullptr);
+  png_destroy_write_struct(&png, &info);
+  std::fclose(f);
+}
+
 std::vector<uint8_t> pattern(int w, int h, int c) {
   std::vector<uint8_t> px(static_cast<size_t>(w * h * c));
   for (size_t i = 0; i < px.size(); ++i) px[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
@@ -118,6 +143,20 @@ TEST_CASE("PNG, JPEG and netpbm files read back their pixels") {
   const std::vector<uint8_t> half = {200, 100, 51, 128};
   write_png(dir / "h.png", 1, 1, PNG_FORMAT_RGBA, half.data());
   CHECK(read_image_file(dir / "h.png").pixels == std::vector<uint8_t>{100, 50, 26});
+  // Adam7-interlaced gray + alpha, and a palette with transparency: expanded, composited.
+  std::vector<uint8_t> ga;
+  for (int i = 0; i < 15; ++i) ga.insert(ga.end(), {static_cast<uint8_t>(17 * i), 255});
+  ga[1] = 0;  // the first pixel transparent: black
+  write_png_classic(dir / "ga.png", 5, 3, PNG_COLOR_TYPE_GRAY_ALPHA, ga);
+  std::vector<uint8_t> want_ga;
+  for (int i = 0; i < 15; ++i) want_ga.push_back(i == 0 ? 0 : static_cast<uint8_t>(17 * i));
+  const DecodedImage gi = read_image_file(dir / "ga.png");
+  CHECK(gi.channels == 1);
+  CHECK(gi.pixels == want_ga);
+  write_png_classic(dir / "pal.png", 3, 1, PNG_COLOR_TYPE_PALETTE, {0, 1, 1},
+                    {{10, 20, 30}, {200, 100, 50}}, {255, 0});
+  CHECK(read_image_file(dir / "pal.png").pixels ==
+        std::vector<uint8_t>{10, 20, 30, 0, 0, 0, 0, 0, 0});
   // 16-bit samples: their high byte, no gamma (libpng's simplified reader would treat
   // them as linear light and re-encode them).
   const std::vector<uint16_t> deep = {0x8000, 0x1234};

@@ -566,6 +566,24 @@ TEST_CASE("logging.samples: text as the model trains, as generate draws it, once
   REQUIRE_MESSAGE(resumed.rc == 0, resumed.describe());
   CHECK(read_bytes(part / "samples.jsonl") == read_bytes(whole / "samples.jsonl"));
 
+  // Sampling changes no training bit: the run without samples logs the same losses. A
+  // fresh run into the directory (the checkpoints cleared) starts samples.jsonl anew.
+  const fs::path plain = tmp.path() / "plain";
+  const RunResult p =
+      run_dtrain({job.string(), "--set", "run.output_dir=" + plain.string()}, tmp.path() / "p.log");
+  REQUIRE_MESSAGE(p.rc == 0, p.describe());
+  const auto a = read_losses(whole / "metrics.jsonl"), b = read_losses(plain / "metrics.jsonl");
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].loss == b[i].loss);
+  fs::remove_all(part / "checkpoints");
+  fs::remove(part / "metrics.jsonl");
+  fs::remove(part / "summary.json");
+  const RunResult again =
+      run_dtrain({job.string(), "--set", samples, "--set", "run.output_dir=" + part.string()},
+                 tmp.path() / "again.log");
+  REQUIRE_MESSAGE(again.rc == 0, again.describe());
+  CHECK(read_bytes(part / "samples.jsonl") == read_bytes(whole / "samples.jsonl"));
+
   struct Case {
     std::vector<std::string> sets;
     std::string says;
