@@ -448,6 +448,12 @@ std::string top_classes(const runtime::ImagePredictResult& p, const std::vector<
   return s;
 }
 
+// Files predict could not read (ImagePrediction::error): any makes the exit 2.
+int64_t unreadable(const runtime::ImagePredictResult& p) {
+  return std::count_if(p.images.begin(), p.images.end(),
+                       [](const runtime::ImagePrediction& i) { return !i.error.empty(); });
+}
+
 int run_predict_images(const PredictArgs& a, const Job& job) {
   if (!a.texts.empty() || !a.input.empty() || !a.tokenizer.empty() || a.format != "auto") {
     throw Error(fmt::format("model.arch {}: an image model reads images, not --text, --input, "
@@ -478,6 +484,10 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
   if (a.json) {
     nlohmann::json images = nlohmann::json::array();
     for (const runtime::ImagePrediction& i : p.images) {
+      if (!i.error.empty()) {  // the file's place, with why it was not read
+        images.push_back({{"image", i.where}, {"error", i.error}});
+        continue;
+      }
       nlohmann::json j = {{"image", i.where},
                           {"label", p.classes[static_cast<size_t>(i.label)]},
                           {"label_id", i.label},
@@ -513,7 +523,7 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
     }
     out["images"] = images;
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-    return kExitOk;
+    return unreadable(p) > 0 ? kExitBadInput : kExitOk;
   }
   const std::string step = p.step >= 0 ? fmt::format(" (step {})", p.step) : "";
   std::fprintf(stderr, "dtrain: classifying %s with %s%s, as %d x %d x %d\n",
@@ -521,6 +531,15 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
                p.channels, p.size, p.size);
   if (!r.test_split) {
     for (const runtime::ImagePrediction& i : p.images) {
+      if (!i.error.empty()) {
+        std::fflush(stdout);        // in file order beside the lines before it
+        std::string why = i.error;  // whole, on one line
+        std::replace_if(
+            why.begin(), why.end(), [](char c) { return c == '\n' || c == '\t' || c == '\r'; },
+            ' ');
+        std::fprintf(stderr, "dtrain: error: %s\n", why.c_str());
+        continue;
+      }
       std::printf(
           "%s\t%.4f\t%s\t%s\n", p.classes[static_cast<size_t>(i.label)].c_str(),
           i.probabilities[static_cast<size_t>(i.label)], one_line(i.where).c_str(),
@@ -575,6 +594,13 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
   if (p.classes_source.empty())
     std::fprintf(stderr,
                  "dtrain: warning: the dataset names no classes: they are shown by number\n");
+  if (const int64_t bad = unreadable(p); bad > 0) {
+    std::fprintf(stderr,
+                 "dtrain: %lld of %zu image(s) could not be read (said above); the others are "
+                 "classified\n  hint: pass PNG, JPEG, PGM or PPM files, or leave those out\n",
+                 static_cast<long long>(bad), p.images.size());
+    return kExitBadInput;
+  }
   return kExitOk;
 }
 

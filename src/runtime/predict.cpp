@@ -505,31 +505,42 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
     AugmentConfig cfg;
     cfg.stats = default_normalization(job.data.dataset, g.channels);
     const Augmenter normalise(g, cfg);
-    for (size_t first = 0; first < r.files.size();) {
-      const size_t end = std::min(r.files.size(), first + static_cast<size_t>(batch));
-      std::vector<ImagePrediction> part;
-      for (size_t i = first; i < end; ++i) {
+    // Rows are filled with readable images only; an unreadable file keeps its place in
+    // the output with its error.
+    out.images.resize(r.files.size());
+    std::vector<size_t> rows;  // the images in input_host, by row
+    const auto flush = [&] {
+      if (rows.empty()) return;
+      run(static_cast<int64_t>(rows.size()), [&](int64_t row, std::vector<double> p) {
+        ImagePrediction& pr = out.images[rows[static_cast<size_t>(row)]];
+        pr.label = most_likely(p);
+        pr.probabilities = std::move(p);
+      });
+      rows.clear();
+    };
+    for (size_t i = 0; i < r.files.size(); ++i) {
+      ImagePrediction& pr = out.images[i];
+      pr.where = r.files[i];
+      try {
         const DecodedImage img = read_image_file(r.files[i]);
         const std::vector<float> x = to_model_input(img, g);
-        normalise.apply(x.data(),
-                        f->input_host.data<float>() + static_cast<int64_t>(i - first) * g.pixels(),
-                        0, 0);
-        ImagePrediction pr;
-        pr.where = r.files[i];
+        normalise.apply(
+            x.data(), f->input_host.data<float>() + static_cast<int64_t>(rows.size()) * g.pixels(),
+            0, 0);
         pr.width = img.width;
         pr.height = img.height;
         pr.channels = img.channels;
         pr.format = img.format;
-        part.push_back(std::move(pr));
+      } catch (const RunError&) {
+        throw;
+      } catch (const Error& e) {
+        pr.error = e.message();
+        continue;
       }
-      run(static_cast<int64_t>(end - first), [&](int64_t row, std::vector<double> p) {
-        ImagePrediction& pr = part[static_cast<size_t>(row)];
-        pr.label = most_likely(p);
-        pr.probabilities = std::move(p);
-      });
-      for (ImagePrediction& pr : part) out.images.push_back(std::move(pr));
-      first = end;
+      rows.push_back(i);
+      if (static_cast<int64_t>(rows.size()) == batch) flush();
     }
+    flush();
   }
   out.seconds = seconds;
   return out;

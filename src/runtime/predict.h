@@ -125,6 +125,9 @@ struct ImagePrediction {
   int32_t truth = -1;                       // the test split's label; -1 for a file
   int width = 0, height = 0, channels = 0;  // a file's own
   std::string format;                       // a file's: "png", "jpeg", "pgm", "ppm"
+  // A file that could not be read: why (label -1, no probabilities); the others are
+  // classified all the same.
+  std::string error;
 };
 
 struct ImagePredictResult {

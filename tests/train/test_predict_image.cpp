@@ -113,6 +113,26 @@ TEST_CASE("an image model classifies its test split as its evaluation did, and i
     CHECK(files.at("images").at(1).at("format") == "ppm");
   }
 
+  // An unreadable file among readable ones: the others are still classified, the file
+  // keeps its place with its error, and the exit is 2.
+  std::ofstream(tmp.path() / "resnet-images" / "d.png") << "text, not a PNG\n";
+  const RunResult mixed = run_dtrain_command(
+      {"predict", resnet.string(), "--image", (tmp.path() / "resnet-images").string(), "--json"},
+      tmp.path() / "mixed.log");
+  CHECK_MESSAGE(mixed.rc == 2, mixed.describe());
+  const nlohmann::json m = nlohmann::json::parse(mixed.log.substr(mixed.log.find("{\n")));
+  REQUIRE(m.at("images").size() == 4);
+  for (size_t i = 0; i < 3; ++i) CHECK(m.at("images")[i].contains("label"));
+  CHECK(m.at("images")[3].at("error").get<std::string>().find("d.png: not a PNG") !=
+        std::string::npos);
+  const RunResult console = run_dtrain_command(
+      {"predict", resnet.string(), "--image", (tmp.path() / "resnet-images").string()},
+      tmp.path() / "console.log");
+  CHECK(console.rc == 2);
+  CHECK_MESSAGE(console.log.find("1 of 4 image(s) could not be read") != std::string::npos,
+                console.log);
+  CHECK(console.log.find("(its first bytes say otherwise)") != std::string::npos);
+
   // Refusals, each exit 2 naming what is wrong.
   const fs::path empty = tmp.path() / "empty";
   fs::create_directories(empty);
