@@ -286,21 +286,23 @@ Checkpoint CheckpointReader::header() const {
   return ck;
 }
 
+Checkpoint CheckpointReader::read_wanted(
+    const std::function<bool(const std::string&)>& want) const {
+  Checkpoint ck = header();
+  for (const BlobEntry& b : blobs_)
+    if (want(b.name)) ck.tensors.push_back({b.name, read_blob(b)});
+  return ck;
+}
+
 Checkpoint read_checkpoint(const fs::path& file) {
   const CheckpointReader r(file, /*verify=*/false);
   r.check_padding();  // read_blob checks each blob's checksum: the file is read once
-  Checkpoint ck = r.header();
-  for (const BlobEntry& b : r.blobs()) ck.tensors.push_back({b.name, r.read_blob(b)});
-  return ck;
+  return r.read_wanted([](const std::string&) { return true; });
 }
 
 Checkpoint read_checkpoint_blobs(const fs::path& file,
                                  const std::function<bool(const std::string&)>& want) {
-  const CheckpointReader r(file, /*verify=*/false);
-  Checkpoint ck = r.header();
-  for (const BlobEntry& b : r.blobs())
-    if (want(b.name)) ck.tensors.push_back({b.name, r.read_blob(b)});
-  return ck;
+  return CheckpointReader(file, /*verify=*/false).read_wanted(want);
 }
 
 const Tensor& Checkpoint::get(std::string_view name) const {

@@ -76,6 +76,8 @@ class CheckpointReader {
               const std::function<void(int64_t lo, const Tensor& piece)>& fn) const;
   // The meta and the file name without any tensor, for checks written on Checkpoint.
   Checkpoint header() const;
+  // The header and, whole and checked, the blobs `want` names.
+  Checkpoint read_wanted(const std::function<bool(const std::string&)>& want) const;
   // The padding between blobs is zeros and no two overlap (what `verify` checks besides
   // the blobs' checksums), reading the padding only.
   void check_padding() const;

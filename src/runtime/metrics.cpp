@@ -15,22 +15,26 @@
 
 namespace dtrain::runtime {
 
-MetricsLog::MetricsLog(const std::filesystem::path& file, int64_t keep_through) : file_(file) {
-  if (keep_through >= 0) {
-    std::ifstream in(file);
-    std::string line, kept;
-    bool changed = false;
-    while (std::getline(in, line)) {
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.is_object() && j.contains("step") &&
-          j["step"].is_number_integer() && j["step"].get<int64_t>() <= keep_through) {
-        kept += line + "\n";
-      } else {
-        changed = true;
-      }
+void keep_jsonl_through(const std::filesystem::path& file, int64_t keep_through) {
+  std::ifstream in(file);
+  if (!in) return;
+  std::string line, kept;
+  bool changed = false;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= keep_through) {
+      kept += line + "\n";
+    } else {
+      changed = true;
     }
-    if (changed) write_file_atomic(file.string(), {kept});
   }
+  in.close();
+  if (changed) write_file_atomic(file.string(), {kept});
+}
+
+MetricsLog::MetricsLog(const std::filesystem::path& file, int64_t keep_through) : file_(file) {
+  if (keep_through >= 0) keep_jsonl_through(file, keep_through);
   f_ = std::fopen(file.c_str(), keep_through >= 0 ? "a" : "w");
   if (f_ == nullptr) {
     throw Error(

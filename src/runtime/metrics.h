@@ -11,6 +11,11 @@
 
 namespace dtrain::runtime {
 
+// A JSON-lines file of a run (metrics.jsonl, samples.jsonl) kept through `keep_through`:
+// the lines whose integer "step" is at most it stay, the rest (a later step, a torn last
+// line) go, rewritten atomically when any does; -1 empties it. No file: nothing to do.
+void keep_jsonl_through(const std::filesystem::path& file, int64_t keep_through);
+
 class MetricsLog {
  public:
   // keep_through < 0: starts the file afresh. Otherwise (a resume from that step) the

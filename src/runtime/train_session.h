@@ -84,6 +84,9 @@ struct StepTotals {
   double loss_sum = 0, labelled = 0, stop = 0;
 };
 
+// `t` on the host as f32 (half logits widened: the accuracy count, a sample's draw).
+Tensor host_f32(const Tensor& t);
+
 class TrainSession {
  public:
   TrainSession(const TrainRequest& r, dist::Communicator& comm);

@@ -169,11 +169,7 @@ CheckpointReader open_shard(const ShardRef& r, const Checkpoint& man) {
 // One shard's blobs that `want` names, its meta checked against the manifest's.
 Checkpoint read_shard(const ShardRef& r, const Checkpoint& man,
                       const std::function<bool(const std::string&)>& want) {
-  const CheckpointReader rd = open_shard(r, man);
-  Checkpoint ck = rd.header();
-  for (const CheckpointReader::Blob& b : rd.blobs())
-    if (want(b.name)) ck.tensors.push_back({b.name, rd.read_blob(b)});
-  return ck;
+  return open_shard(r, man).read_wanted(want);
 }
 
 std::string blob_str(const CheckpointReader::Blob& b) {

@@ -133,7 +133,8 @@ std::string fnv1a_hex(std::string_view s) {
 
 float read_scalar(const Tensor& t) { return kernels::to_host(t).data<float>()[0]; }
 
-// `t` on the host as f32 (half logits widened for the accuracy count).
+}  // namespace
+
 Tensor host_f32(const Tensor& t) {
   const Tensor h = kernels::to_host(t);
   if (h.dtype() == DType::f32) return h;
@@ -141,8 +142,6 @@ Tensor host_f32(const Tensor& t) {
   kernels::cast(h, f);
   return f;
 }
-
-}  // namespace
 
 std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
                                              NoDecayGroups rule) {

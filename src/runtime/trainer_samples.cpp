@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "data/atomic_file.h"
 #include "models/transformer.h"
 #include "runtime/generate.h"
 #include "runtime/inference.h"
@@ -44,21 +43,10 @@ void TrainSession::prepare_samples() {
 
 // samples.jsonl as metrics.jsonl is kept: a fresh run (keep_through -1) starts it anew;
 // a resumed one keeps the lines up to its checkpoint's step (the later ones, and a torn
-// last line, belong to the run that stopped), rewritten atomically; either with samples
-// off too, so that the file never holds another run's lines.
+// last line, belong to the run that stopped); either with samples off too, so that the
+// file never holds another run's lines.
 void TrainSession::trim_samples(int64_t keep_through) const {
-  const fs::path file = out_dir_ / "samples.jsonl";
-  std::ifstream in(file);
-  if (!in) return;
-  std::string kept;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("step", int64_t{-1}) >= 0 &&
-        j.value("step", int64_t{-1}) <= keep_through)
-      kept += line + "\n";
-  }
-  in.close();
-  write_file_atomic(file.string(), {kept});
+  keep_jsonl_through(out_dir_ / "samples.jsonl", keep_through);
 }
 
 void TrainSession::log_samples() {
@@ -104,12 +92,7 @@ void TrainSession::log_samples() {
         s.push_back(end_id);
         continue;
       }
-      Tensor row = kernels::to_host(logits.view((b * length + used - 1) * vocab, {vocab}));
-      if (row.dtype() != DType::f32) {  // a bf16 or fp16 graph's logits, widened
-        Tensor wide = Tensor::empty(row.shape(), DType::f32);
-        kernels::cast(row, wide);
-        row = wide;
-      }
+      const Tensor row = host_f32(logits.view((b * length + used - 1) * vocab, {vocab}));
       TokenPick p;
       try {
         p = pick_token(std::span<const float>(row.data<float>(), static_cast<size_t>(vocab)),
