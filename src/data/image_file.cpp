@@ -50,6 +50,92 @@ std::string too_large(int64_t w, int64_t h) {
                      kMaxPixels >> 20);
 }
 
+// The Orientation tag (0x0112) of an Exif block: a TIFF header ("II" or "MM", 42, the
+// first directory's offset) and that directory's entries, after the "Exif\0\0" that
+// JPEG's APP1 puts before it (PNG's eXIf holds the TIFF block alone). 1 (as stored) where the block
+// is absent, damaged or says something other than 1-8: a camera's odd metadata never refuses its
+// pixels.
+int exif_orientation(const uint8_t* data, size_t size) {
+  if (size >= 6 && std::memcmp(data, "Exif\0\0", 6) == 0) {
+    data += 6;
+    size -= 6;
+  }
+  if (size < 8) return 1;
+  const bool little = data[0] == 'I' && data[1] == 'I';
+  if (!little && !(data[0] == 'M' && data[1] == 'M')) return 1;
+  auto u16 = [&](size_t at) -> unsigned {
+    return little ? data[at] | data[at + 1] << 8 : data[at] << 8 | data[at + 1];
+  };
+  auto u32 = [&](size_t at) -> uint32_t {
+    return little ? uint32_t{u16(at)} | uint32_t{u16(at + 2)} << 16
+                  : uint32_t{u16(at)} << 16 | uint32_t{u16(at + 2)};
+  };
+  if (u16(2) != 42) return 1;
+  const size_t ifd = u32(4);
+  if (ifd > size - 2) return 1;
+  const size_t entries = u16(ifd);
+  for (size_t e = 0; e < entries; ++e) {
+    const size_t at = ifd + 2 + e * 12;
+    if (at + 12 > size) return 1;
+    // SHORT (type 3), one value, held in the entry's first two value bytes.
+    if (u16(at) == 0x0112 && u16(at + 2) == 3 && u32(at + 4) == 1) {
+      const unsigned v = u16(at + 8);
+      return v >= 1 && v <= 8 ? static_cast<int>(v) : 1;
+    }
+  }
+  return 1;
+}
+
+// The pixels turned upright as Exif `orientation` asks (PIL's ImageOps.exif_transpose):
+// 2 mirrored left-right, 3 turned 180 degrees, 4 mirrored top-bottom, 5 transposed,
+// 6 turned 90 degrees clockwise, 7 transversed, 8 turned 90 degrees counter-clockwise.
+void make_upright(DecodedImage& img, int orientation) {
+  if (orientation <= 1 || orientation > 8) return;
+  const int w = img.width, h = img.height, c = img.channels;
+  const bool swap = orientation >= 5;
+  const int ow = swap ? h : w, oh = swap ? w : h;
+  std::vector<uint8_t> out(img.pixels.size());
+  for (int r = 0; r < oh; ++r) {
+    for (int col = 0; col < ow; ++col) {
+      int sr = r, sc = col;  // the stored pixel shown at (r, col)
+      switch (orientation) {
+        case 2:
+          sc = w - 1 - col;
+          break;
+        case 3:
+          sr = h - 1 - r;
+          sc = w - 1 - col;
+          break;
+        case 4:
+          sr = h - 1 - r;
+          break;
+        case 5:
+          sr = col;
+          sc = r;
+          break;
+        case 6:
+          sr = h - 1 - col;
+          sc = r;
+          break;
+        case 7:
+          sr = h - 1 - col;
+          sc = w - 1 - r;
+          break;
+        default:
+          sr = col;
+          sc = w - 1 - r;
+          break;  // 8
+      }
+      std::memcpy(out.data() + (static_cast<size_t>(r) * ow + col) * c,
+                  img.pixels.data() + (static_cast<size_t>(sr) * w + sc) * c, c);
+    }
+  }
+  img.pixels = std::move(out);
+  img.width = ow;
+  img.height = oh;
+  img.orientation = orientation;
+}
+
 // libpng's and libjpeg's errors come by longjmp back to the decoder's setjmp: what the
 // decoders fill lives in the caller's frame (not skipped by the jump), and the decoders
 // hold nothing with a destructor.
@@ -82,7 +168,8 @@ void png_read_bytes(png_structp png, png_bytep out, png_size_t n) {
 // no gamma applied (what PIL and torchvision read). `raw` gets rows of `channels` bytes per
 // pixel: 1 gray, 2 gray + alpha, 3 RGB, 4 RGBA.
 void decode_png(const std::string& bytes, std::vector<uint8_t>& raw, std::vector<png_bytep>& rows,
-                int& width, int& height, int& channels, CodecError& err, bool& failed) {
+                int& width, int& height, int& channels, int& orientation, CodecError& err,
+                bool& failed) {
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &err, png_fail, png_quiet);
   png_infop info = png != nullptr ? png_create_info_struct(png) : nullptr;
   if (info == nullptr) {
@@ -99,6 +186,12 @@ void decode_png(const std::string& bytes, std::vector<uint8_t>& raw, std::vector
   }
   png_set_read_fn(png, &src, png_read_bytes);
   png_read_info(png, info);
+  // An eXIf chunk before the image data (where writers put it; one after it is not read,
+  // as the file is not read past the pixels).
+  png_uint_32 exif_size = 0;
+  png_bytep exif = nullptr;
+  if (png_get_eXIf_1(png, info, &exif_size, &exif) != 0 && exif != nullptr)
+    orientation = exif_orientation(exif, exif_size);
   width = static_cast<int>(png_get_image_width(png, info));
   height = static_cast<int>(png_get_image_height(png, info));
   if (int64_t{width} * height > kMaxPixels) {
@@ -123,10 +216,10 @@ void decode_png(const std::string& bytes, std::vector<uint8_t>& raw, std::vector
 DecodedImage read_png(const fs::path& file, const std::string& bytes) {
   std::vector<uint8_t> raw;
   std::vector<png_bytep> rows;
-  int w = 0, h = 0, c = 0;
+  int w = 0, h = 0, c = 0, orientation = 1;
   CodecError err;
   bool failed = false;
-  decode_png(bytes, raw, rows, w, h, c, err, failed);
+  decode_png(bytes, raw, rows, w, h, c, orientation, err, failed);
   if (failed) bad_image(file, fmt::format("PNG data unreadable: {}", err.message));
   DecodedImage out;
   out.width = w;
@@ -141,6 +234,7 @@ DecodedImage read_png(const fs::path& file, const std::string& bytes) {
     for (int k = 0; k < out.channels; ++k)
       out.pixels[p * out.channels + k] = static_cast<uint8_t>((px[k] * a + 127) / 255);
   }
+  make_upright(out, orientation);
   return out;
 }
 
@@ -175,8 +269,8 @@ void jpeg_note(j_common_ptr info, int level) {
   }
 }
 
-void decode_jpeg(const std::string& bytes, DecodedImage& out, JpegError& err, bool& failed,
-                 bool& cmyk) {
+void decode_jpeg(const std::string& bytes, DecodedImage& out, int& orientation, JpegError& err,
+                 bool& failed, bool& cmyk) {
   jpeg_decompress_struct info;
   info.err = jpeg_std_error(&err.mgr);
   err.mgr.error_exit = jpeg_fail;
@@ -189,7 +283,15 @@ void decode_jpeg(const std::string& bytes, DecodedImage& out, JpegError& err, bo
   jpeg_create_decompress(&info);
   jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()),
                static_cast<unsigned long>(bytes.size()));
+  jpeg_save_markers(&info, JPEG_APP0 + 1, 0xFFFF);  // APP1: Exif
   jpeg_read_header(&info, TRUE);
+  for (jpeg_saved_marker_ptr m = info.marker_list; m != nullptr; m = m->next) {
+    if (m->marker == JPEG_APP0 + 1 && m->data_length >= 6 &&
+        std::memcmp(m->data, "Exif\0\0", 6) == 0) {
+      orientation = exif_orientation(m->data, m->data_length);
+      break;
+    }
+  }
   if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
     cmyk = true;
     jpeg_destroy_decompress(&info);
@@ -223,13 +325,15 @@ DecodedImage read_jpeg(const fs::path& file, const std::string& bytes) {
   JpegError err{};
   err.codec = &codec;
   bool failed = false, cmyk = false;
-  decode_jpeg(bytes, out, err, failed, cmyk);
+  int orientation = 1;
+  decode_jpeg(bytes, out, orientation, err, failed, cmyk);
   if (cmyk) bad_image(file, "a CMYK JPEG: save it as RGB (or gray) first");
   if (failed) bad_image(file, fmt::format("JPEG data unreadable: {}", codec.message));
   if (err.corrupt > 0)
     bad_image(file, fmt::format("JPEG data corrupt or truncated: {}", err.warning));
   if (out.channels != 1 && out.channels != 3)
     bad_image(file, fmt::format("a JPEG of {} channels", out.channels));
+  make_upright(out, orientation);
   return out;
 }
 

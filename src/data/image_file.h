@@ -7,7 +7,8 @@
 // the model's input: its channel count
 // (gray repeated to RGB, RGB to gray by ITU-R BT.601 luma) and its size, the shorter
 // side scaled to it and the middle cut out (torchvision's Resize then CenterCrop), by
-// area averaging when shrinking and bilinear interpolation when growing.
+// area averaging when shrinking and bilinear interpolation when growing. A JPEG's or PNG's
+// Exif orientation is applied first, as a photo viewer shows it (PIL's exif_transpose).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@ struct DecodedImage {
   int width = 0, height = 0, channels = 0;  // channels: 1 (gray) or 3 (RGB)
   std::vector<uint8_t> pixels;              // [height, width, channels], row-major
   std::string format;                       // "png", "jpeg", "pgm", "ppm"
+  int orientation = 1;  // the file's Exif orientation (1-8); the pixels are already upright
 };
 
 // The file's format is known by its first bytes, not its name. An unreadable, truncated

@@ -51,7 +51,8 @@ void write_png(const fs::path& p, int w, int h, uint32_t format, const void* pix
   REQUIRE(png_image_write_to_file(&img, p.c_str(), 0, pixels, 0, nullptr) != 0);
 }
 
-void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector<uint8_t>& px) {
+void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector<uint8_t>& px,
+                const std::string& exif = {}) {
   jpeg_compress_struct info;
   jpeg_error_mgr err;
   info.err = jpeg_std_error(&err);
@@ -66,6 +67,9 @@ void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector
   jpeg_set_defaults(&info);
   jpeg_set_quality(&info, 100, TRUE);
   jpeg_start_compress(&info, TRUE);
+  if (!exif.empty())
+    jpeg_write_marker(&info, JPEG_APP0 + 1, reinterpret_cast<const JOCTET*>(exif.data()),
+                      static_cast<unsigned>(exif.size()));
   while (info.next_scanline < info.image_height) {
     JSAMPROW row = const_cast<uint8_t*>(px.data()) +
                    static_cast<size_t>(info.next_scanline) * static_cast<size_t>(w * channels);
@@ -80,7 +84,7 @@ void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector
 // palette with transparency). `palette`: RGB triples, `trns`: their alphas.
 void write_png_classic(const fs::path& p, int w, int h, int color_type,
                        const std::vector<uint8_t>& px, const std::vector<png_color>& palette = {},
-                       const std::vector<uint8_t>& trns = {}) {
+                       const std::vector<uint8_t>& trns = {}, const std::string& exif = {}) {
   FILE* f = std::fopen(p.c_str(), "wb");
   REQUIRE(f != nullptr);
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
@@ -90,6 +94,9 @@ void write_png_classic(const fs::path& p, int w, int h, int color_type,
                PNG_INTERLACE_ADAM7, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
   if (!palette.empty()) png_set_PLTE(png, info, palette.data(), static_cast<int>(palette.size()));
   if (!trns.empty()) png_set_tRNS(png, info, trns.data(), static_cast<int>(trns.size()), nullptr);
+  if (!exif.empty())
+    png_set_eXIf_1(png, info, static_cast<png_uint_32>(exif.size()),
+                   reinterpret_cast<png_bytep>(const_cast<char*>(exif.data())));
   png_write_info(png, info);
   const size_t row = px.size() / static_cast<size_t>(h);
   std::vector<png_bytep> rows;
@@ -199,6 +206,109 @@ TEST_CASE("PNG, JPEG and netpbm files read back their pixels") {
   write_jpeg(dir / "g.jpeg", 16, 16, 1, g16);
   CHECK(read_image_file(dir / "g.jpeg").channels == 1);
   fs::remove_all(dir);
+}
+
+namespace {
+
+// A TIFF block as cameras write it: header, one directory whose second entry is the
+// Orientation tag (the first an ImageWidth, so the reader must walk the entries).
+std::string exif_block(int orientation, bool big_endian, bool app1_prefix) {
+  std::string t =
+      big_endian ? std::string("MM\0\x2a\0\0\0\x08", 8) : std::string("II\x2a\0\x08\0\0\0", 8);
+  auto u16 = [&](unsigned v) {
+    if (big_endian) {
+      t += static_cast<char>(v >> 8);
+      t += static_cast<char>(v & 0xff);
+    } else {
+      t += static_cast<char>(v & 0xff);
+      t += static_cast<char>(v >> 8);
+    }
+  };
+  auto u32 = [&](uint32_t v) {
+    if (big_endian) {
+      u16(v >> 16);
+      u16(v & 0xffff);
+    } else {
+      u16(v & 0xffff);
+      u16(v >> 16);
+    }
+  };
+  u16(2);  // entries
+  u16(0x0100), u16(3), u32(1), u16(3), u16(0);
+  u16(0x0112), u16(3), u32(1), u16(static_cast<unsigned>(orientation)), u16(0);
+  u32(0);  // no next directory
+  return app1_prefix ? std::string("Exif\0\0", 6) + t : t;
+}
+
+}  // namespace
+
+TEST_CASE("a photo's Exif orientation turns its pixels upright, in PNG and JPEG") {
+  const fs::path dir = temp_dir() / "exif";
+  fs::create_directories(dir);
+  // Stored:  a b c      (a 3 x 2 gray image)
+  //          d e f
+  const std::vector<uint8_t> stored = {20, 60, 100, 140, 180, 220};
+  const uint8_t a = 20, b = 60, c = 100, d = 140, e = 180, f = 220;
+  struct Upright {
+    int w, h;
+    std::vector<uint8_t> px;
+  };
+  const Upright want[9] = {{},
+                           {3, 2, {a, b, c, d, e, f}},   // as stored
+                           {3, 2, {c, b, a, f, e, d}},   // mirrored left-right
+                           {3, 2, {f, e, d, c, b, a}},   // turned 180
+                           {3, 2, {d, e, f, a, b, c}},   // mirrored top-bottom
+                           {2, 3, {a, d, b, e, c, f}},   // transposed
+                           {2, 3, {d, a, e, b, f, c}},   // turned 90 clockwise
+                           {2, 3, {f, c, e, b, d, a}},   // transversed
+                           {2, 3, {c, f, b, e, a, d}}};  // turned 90 counter-clockwise
+  for (int o = 1; o <= 8; ++o) {
+    CAPTURE(o);
+    const bool big = o % 2 == 0;
+    const fs::path png = dir / fmt::format("o{}.png", o);
+    write_png_classic(png, 3, 2, PNG_COLOR_TYPE_GRAY, stored, {}, {}, exif_block(o, big, false));
+    const DecodedImage p = read_image_file(png);
+    CHECK(p.orientation == o);
+    CHECK(p.width == want[o].w);
+    CHECK(p.height == want[o].h);
+    CHECK(p.pixels == want[o].px);
+    const fs::path jpg = dir / fmt::format("o{}.jpg", o);
+    write_jpeg(jpg, 3, 2, 1, stored, exif_block(o, big, true));
+    const DecodedImage j = read_image_file(jpg);
+    CHECK(j.orientation == o);
+    REQUIRE(j.width == want[o].w);
+    REQUIRE(j.height == want[o].h);
+    for (size_t i = 0; i < j.pixels.size(); ++i)
+      CHECK(std::abs(int{j.pixels[i]} - int{want[o].px[i]}) <= 8);  // within JPEG's loss
+  }
+  SUBCASE("RGB pixels move whole") {
+    std::vector<uint8_t> rgb;
+    for (uint8_t v : stored) rgb.insert(rgb.end(), {v, static_cast<uint8_t>(v + 1), 7});
+    write_png_classic(dir / "rgb.png", 3, 2, PNG_COLOR_TYPE_RGB, rgb, {}, {},
+                      exif_block(6, false, false));
+    const DecodedImage p = read_image_file(dir / "rgb.png");
+    REQUIRE(p.pixels.size() == 18);
+    for (size_t i = 0; i < 6; ++i) {
+      CHECK(p.pixels[i * 3] == want[6].px[i]);
+      CHECK(p.pixels[i * 3 + 1] == want[6].px[i] + 1);
+      CHECK(p.pixels[i * 3 + 2] == 7);
+    }
+  }
+  SUBCASE("odd or damaged Exif leaves the pixels as stored") {
+    std::string cut = exif_block(6, false, true);
+    cut.resize(cut.size() - 14);  // the Orientation entry cut in half
+    std::string nine = exif_block(9, true, true);
+    std::string not_tiff = exif_block(6, false, true);
+    not_tiff[6] = 'X';
+    int n = 0;
+    for (const std::string& block : {cut, nine, not_tiff, std::string("Exif\0\0", 6)}) {
+      const fs::path jpg = dir / fmt::format("odd{}.jpg", n++);
+      write_jpeg(jpg, 3, 2, 1, stored, block);
+      const DecodedImage j = read_image_file(jpg);
+      CHECK(j.orientation == 1);
+      CHECK(j.width == 3);
+    }
+  }
 }
 
 TEST_CASE("damaged or unknown image files are refused, naming the file") {
