@@ -92,6 +92,11 @@ int run_estimate(const EstimateArgs& args) {
   add_device_override(args.device, overrides);
   const Job job = config::load_job_file(args.job, overrides, ctx);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  if (const int threads = assume_rank_threads(ctx.world_size, job.comm.ranks_per_node.value_or(0)))
+    std::fprintf(stderr,
+                 "dtrain: note: sized for %d OpenMP thread(s) per rank, as --nproc runs the "
+                 "ranks of one machine (OMP_NUM_THREADS sizes for another count)\n",
+                 threads);
   if (models::find_model(job.model.arch) == nullptr) {
     throw Error(fmt::format("model.arch: {} has no graph builder yet, so nothing to estimate",
                             job.model.arch),

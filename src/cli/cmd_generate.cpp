@@ -183,8 +183,9 @@ void add_generate(CLI::App& app, Action& action) {
       ->allow_extra_args(false);
   cmd->add_option("--checkpoint", args->checkpoint,
                   "weights: a checkpoint (file or sharded directory), a run or checkpoint "
-                  "directory (its newest), or a .safetensors file (dtrain ckpt export, Hugging "
-                  "Face GPT-2); default: the job's newest checkpoint, else model.init_from");
+                  "directory (its newest), best (train.best's), or a .safetensors file (dtrain "
+                  "ckpt export, Hugging Face GPT-2); default: the job's newest checkpoint, else "
+                  "model.init_from");
   cmd->add_option("--prompt", args->prompt, "text to continue (default: none, a new document)");
   cmd->add_option("--prompt-file", args->prompt_file,
                   "read the prompt from a file (- for standard input), a final newline kept");

@@ -679,8 +679,8 @@ void add_predict(CLI::App& app, Action& action) {
       ->check(CLI::IsMember({"test"}));
   cmd->add_option("--checkpoint", args->checkpoint,
                   "weights: a checkpoint (file or sharded directory), a run or checkpoint "
-                  "directory (its newest), or a .safetensors file (dtrain ckpt export); "
-                  "default: the job's newest checkpoint, else model.init_from");
+                  "directory (its newest), best (train.best's), or a .safetensors file (dtrain "
+                  "ckpt export); default: the job's newest checkpoint, else model.init_from");
   cmd->add_option("--tokenizer", args->tokenizer,
                   "tokenizer.json, or a directory with it (or with GPT-2's vocab.json and "
                   "merges.txt); a labels.json beside it names a classifier's classes "

@@ -1,4 +1,4 @@
-// `dtrain train JOB.yaml [--set key.path=value ...] [--resume latest|PATH] [--nproc N]`:
+// `dtrain train JOB.yaml [--set key.path=value ...] [--resume latest|best|PATH] [--nproc N]`:
 // loads and validates the job exactly as `dtrain validate` does, then hands it
 // to the runtime's trainer. Under a launcher (mpirun, srun) every rank runs this;
 // the ranks agree that each of them could start before training begins. --nproc N
@@ -129,7 +129,8 @@ void add_train(CLI::App& app, Action& action) {
       ->allow_extra_args(false);
   cmd->add_option("--resume", args->resume,
                   "continue from a checkpoint: latest (the newest in train.checkpoint.dir, or "
-                  "a fresh start when there is none), a .dtckpt file, or a directory");
+                  "a fresh start when there is none), best (the one train.best kept), a "
+                  ".dtckpt file, or a directory");
   cmd->add_option("--nproc", args->nproc,
                   "run N data-parallel ranks on this machine (starts them with mpirun)")
       ->check(CLI::Range(1, 1 << 24));

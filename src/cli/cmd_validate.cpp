@@ -29,6 +29,7 @@
 #include "runtime/pipeline.h"
 #include "runtime/safetensors.h"
 #include "runtime/train_state.h"
+#include "runtime/trainer.h"
 
 namespace dtrain::cli {
 namespace {
@@ -224,11 +225,28 @@ std::string data_parallel_lines(const Job& job, int world) {
       sizes += fmt::format("{}{:.2f}", b ? ", " : "",
                            static_cast<double>(buckets[b].end - buckets[b].begin) * 4.0 / 1e6);
     if (buckets.size() > 8) sizes += ", ...";
+    // ZeRO reduces each bucket into its owners (the trainer's "reduce to owners").
+    const bool zero = p.zero_stage >= 1 && p.data > 1;
     out += fmt::format(
         "# gradient buckets: {}, each closed once it holds {} MB ({} MB, in launch order), "
-        "all-reduce {} over {}, overlap {}\n",
-        buckets.size(), job.comm.bucket_mb, sizes, to_string(job.comm.allreduce),
+        "{} over {}, overlap {}\n",
+        buckets.size(), job.comm.bucket_mb, sizes,
+        zero ? std::string("reduced to their owners")
+             : fmt::format("all-reduce {}", to_string(job.comm.allreduce)),
         job.device.is_cuda() ? "nccl" : "mpi", job.comm.overlap ? "on" : "off");
+    if (zero) {
+      out += fmt::format(
+          "# ZeRO-{}: optimizer state{}{} sharded over {} data ranks; checkpoints saved by "
+          "shard\n",
+          p.zero_stage,
+          job.precision.dtype != PrecisionDType::fp32 && job.precision.master_weights
+              ? ", fp32 masters"
+              : "",
+          p.zero_stage >= 3   ? ", gradients, parameters"
+          : p.zero_stage == 2 ? ", gradients"
+                              : "",
+          p.data);
+    }
     if (job.compress.method != CompressMethod::none)
       out += compression_line(job, m.graph, layout, buckets);
     // The graph as the trainer splits it (tensor rank 0's part) and cuts it.
@@ -298,6 +316,7 @@ std::string init_from_line(const Job& job, bool skip) {
       runtime::resolve_resume("latest", job.train.checkpoint.dir, "--resume");
   if (!resumes.empty())
     return fmt::format("# init_from: not read: the run resumes from {}\n", resumes.string());
+  runtime::require_init_from_supported(job);
   const models::ModelGraph m = models::build_model(job.model, 1);
   runtime::InitWeights w;
   try {
@@ -317,9 +336,16 @@ int run_validate(const ValidateArgs& args) {
   ctx.warnings = &warnings;
   const Job job = config::load_job_file(args.job, args.overrides, ctx);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  runtime::require_trainable(job);  // what train refuses of a layout, refused here too
+  if (const int threads = assume_rank_threads(ctx.world_size, job.comm.ranks_per_node.value_or(0)))
+    std::fprintf(stderr,
+                 "dtrain: note: sized for %d OpenMP thread(s) per rank, as --nproc runs the "
+                 "ranks of one machine (OMP_NUM_THREADS sizes for another count)\n",
+                 threads);
   const std::string summary = model_summary_line(job.model);
   // The files a run starts from, before any output: exit 2 prints none.
   const std::string data = data_line(job, args.no_data) + init_from_line(job, args.no_data);
+  if (!args.no_data) runtime::check_samples_prompt(job);  // needs data.path's tokenizer
   std::fputs(config::dump_job_yaml(job).c_str(), stdout);
   std::fputs(summary.c_str(), stdout);
   if (!summary.empty()) std::fputs(memory_line(job).c_str(), stdout);

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "dist/launcher.h"
 #include "dist/mpi_info.h"
 
@@ -163,6 +164,13 @@ int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options)
   }
   if (WIFEXITED(status)) {
     const int rc = WEXITSTATUS(status);
+    if (rc > 128 && rc < 128 + NSIG) {  // mpirun's code for a rank a signal ended
+      std::fprintf(stderr,
+                   "dtrain: mpirun exited with %d: a rank ended on signal %d (%s), or mpirun "
+                   "could not start the ranks (its own report is off here: run mpirun "
+                   "yourself to see it)\n",
+                   rc, rc - 128, strsignal(rc - 128));
+    }
     return rc == 0 && stopped ? 4 : rc;  // commands.h: kExitInterrupted
   }
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
@@ -174,6 +182,25 @@ std::string private_stop_file() {
   // (and mpirun prints its banner after them).
   if (mkdtemp(dir.data()) == nullptr) return {};
   return (std::filesystem::path(dir) / "stop").string();
+}
+
+int local_rank_threads(int local) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, local));
+}
+
+int assume_rank_threads(int world, int ranks_per_node) {
+  const char* set = std::getenv("OMP_NUM_THREADS");
+  if ((set != nullptr && *set != '\0') || dist::launcher_local_size()) return 0;
+  // More ranks than cores and no comm.ranks_per_node: a cluster's job, whose ranks per
+  // node this machine cannot know.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (ranks_per_node <= 0 && world > cores) return 0;
+  const int local = ranks_per_node > 0 ? std::min(world, ranks_per_node) : world;
+  if (local <= 1) return 0;
+  const int threads = local_rank_threads(local);
+  set_num_threads(threads);
+  return threads;
 }
 
 std::vector<std::string> local_mpirun(int nproc, const std::string& what) {
@@ -191,15 +218,18 @@ std::vector<std::string> local_mpirun(int nproc, const std::string& what) {
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // --stdin none: mpirun reads no terminal (run_ranks puts it in a background group).
-  std::vector<std::string> argv = {mpirun_path(), "-np", std::to_string(nproc), "--bind-to", "none",
-                                   "--stdin",     "none"};
+  // --quiet: no banner after a rank's own error message (exit 2 on bad input); a rank
+  // killed by a signal is reported by run_ranks instead.
+  std::vector<std::string> argv = {mpirun_path(), "-np",    std::to_string(nproc),
+                                   "--bind-to",   "none",   "--stdin",
+                                   "none",        "--quiet"};
   if (nproc > cores) argv.push_back("--oversubscribe");
   if (geteuid() == 0) argv.push_back("--allow-run-as-root");
   const char* threads = std::getenv("OMP_NUM_THREADS");
   argv.insert(argv.end(), {"-x", fmt::format("OMP_NUM_THREADS={}",
                                              threads != nullptr && *threads != '\0'
                                                  ? std::string(threads)
-                                                 : std::to_string(std::max(1, cores / nproc)))});
+                                                 : std::to_string(local_rank_threads(nproc)))});
   if (nproc > cores) argv.insert(argv.end(), {"-x", "OMP_WAIT_POLICY=passive"});
   return argv;
 }

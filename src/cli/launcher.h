@@ -43,4 +43,15 @@ std::string private_stop_file();
 // Errors when this process already runs under a launcher or dtrain lacks MPI.
 std::vector<std::string> local_mpirun(int nproc, const std::string& what);
 
+// The OpenMP threads local_mpirun gives each of `local` ranks when OMP_NUM_THREADS is
+// not set: a share of the cores.
+int local_rank_threads(int local);
+// estimate and validate of a `world`-rank job, outside a launcher: this process's
+// thread count set to what each of the job's ranks on one machine (`ranks_per_node`,
+// else all of them, when they fit the cores) runs under --nproc, so that per-thread
+// workspaces are sized as the run sizes them. Returns that count, or 0 where nothing
+// changed (one rank here; OMP_NUM_THREADS set; under a launcher, where the rank's own
+// count holds; more ranks than cores and no ranks_per_node).
+int assume_rank_threads(int world, int ranks_per_node);
+
 }  // namespace dtrain::cli

@@ -146,11 +146,16 @@ Field train_section() {
   Field checkpoint = section("checkpoint", {integer("every", AT(train.checkpoint.every), kPositive),
                                             integer("keep", AT(train.checkpoint.keep), kPositive),
                                             text("dir", AT(train.checkpoint.dir))});
-  return section("train", {integer("steps", AT(train.steps), kPositive),
-                           integer("epochs", AT(train.epochs), kPositive),
-                           integer("eval_every", AT(train.eval_every), kPositive),
-                           integer("log_every", AT(train.log_every), kPositive),
-                           std::move(checkpoint), text("resume", AT(train.resume))});
+  Field best = section("best", {enumeration("metric", AT(train.best.metric)),
+                                boolean("keep_checkpoint", AT(train.best.keep_checkpoint)),
+                                integer("patience", AT(train.best.patience), kNonNegative),
+                                real("min_delta", AT(train.best.min_delta), kNonNegativeReal)});
+  return section(
+      "train",
+      {integer("steps", AT(train.steps), kPositive), integer("epochs", AT(train.epochs), kPositive),
+       integer("eval_every", AT(train.eval_every), kPositive),
+       integer("log_every", AT(train.log_every), kPositive), std::move(checkpoint), std::move(best),
+       text("resume", AT(train.resume))});
 }
 
 Field precision_section() {

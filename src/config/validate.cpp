@@ -51,6 +51,20 @@ void check_train(const Checker& c) {
         "optimizer.schedule.warmup_steps",
         fmt::format("{} warm-up steps is more than train.steps ({})", s.warmup_steps, *t.steps));
   }
+  const BestOptions& b = t.best;
+  if (b.metric != BestMetric::none && !t.eval_every) {
+    c.error("train.best.metric",
+            fmt::format("{} compares the run's evaluations, and only the last one is run without "
+                        "train.eval_every",
+                        to_string(b.metric)),
+            "set train.eval_every (e.g. 100), or train.best.metric: none");
+  }
+  if (b.metric == BestMetric::none && b.patience > 0) {
+    c.error("train.best.patience",
+            fmt::format("{} evaluations without improvement of what? train.best.metric is none",
+                        b.patience),
+            "set train.best.metric: loss (or accuracy), or train.best.patience: 0");
+  }
   // Profiled steps are numbered as logged, from 1 (start 0 means the first).
   if (c.job.logging.profile.steps > 0 && t.steps && c.job.logging.profile.start > *t.steps) {
     c.warn("logging.profile.start", fmt::format("starts at step {}, after the last step ({})",

@@ -362,10 +362,29 @@ bool abandoned_temporary(const fs::path& file) {
   return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
 }
 
-void prune_checkpoints(const fs::path& dir, int keep) {
+std::optional<int64_t> best_record_step(const fs::path& dir) {
+  const fs::path file = dir / kBestRecordName;
+  std::error_code ec;
+  if (!fs::exists(file, ec)) return std::nullopt;
+  std::ifstream in(file);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    const int64_t step = j.at("step").get<int64_t>();
+    if (step >= 0) return step;
+  } catch (const nlohmann::json::exception&) {
+  }
+  throw Error(
+      fmt::format("{}: not a best-checkpoint record (a JSON object with a step)", file.string()),
+      "it is written by dtrain train with train.best.metric; remove it, and a "
+      "resumed run writes it again");
+}
+
+void prune_checkpoints(const fs::path& dir, int keep, const std::vector<int64_t>& also_keep) {
   std::vector<fs::path> all = list_checkpoints(dir);
   for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 1)) < all.size(); ++i) {
-    fs::remove_all(all[i]);
+    const int64_t step = step_of_name(all[i]).value_or(-1);
+    if (std::find(also_keep.begin(), also_keep.end(), step) == also_keep.end())
+      fs::remove_all(all[i]);
   }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {

@@ -105,7 +105,15 @@ std::optional<int64_t> step_of_name(const std::filesystem::path& path);
 // The checkpoints in `dir`, oldest first (by step): step-N.dtckpt files and complete
 // step-N directories (a step-N.partial directory, a save that did not finish, is not one).
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir);
-// Deletes all but the newest `keep` checkpoints (and stale temporary files).
-void prune_checkpoints(const std::filesystem::path& dir, int keep);
+// <dir>/best.json names the checkpoint of a run's best evaluation (train.best): written
+// by the trainer once that checkpoint is complete. The step it records, or none when
+// there is no such file; an unreadable one is an Error naming it.
+inline constexpr const char* kBestRecordName = "best.json";
+std::optional<int64_t> best_record_step(const std::filesystem::path& dir);
+
+// Deletes all but the newest `keep` checkpoints and those of the steps `also_keep`
+// (the best evaluation's: train.best), and stale temporary files.
+void prune_checkpoints(const std::filesystem::path& dir, int keep,
+                       const std::vector<int64_t>& also_keep = {});
 
 }  // namespace dtrain::runtime

@@ -559,6 +559,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   }
   e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
   e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
+  if (world > 1) e.comm.zero_stage = job.parallel.zero_stage;
   if (zero2) {  // ZeRO-2 and 3 reduce each micro-batch's gradients into their owners
     const double share = static_cast<double>(world - 1) / world;
     const double layout = static_cast<double>(layout_elems) * sizeof(float);
@@ -819,7 +820,16 @@ std::string format_estimate(const MemoryEstimate& e) {
         ", data {} ({})", format_bytes(static_cast<size_t>(e.comm.data)),
         e.comm.compressed ? fmt::format("the compressed gradient exchange; {} without compression",
                                         format_bytes(static_cast<size_t>(e.comm.data_dense)))
-                          : std::string("the gradient all-reduce"));
+        : e.comm.zero_stage == 1
+            ? std::string("ZeRO-1: gradients reduced into their owners, the stepped parameters "
+                          "gathered: an all-reduce's bytes")
+        : e.comm.zero_stage == 2
+            ? std::string("ZeRO-2: every micro-batch's gradients reduced into their owners, "
+                          "the stepped parameters gathered")
+        : e.comm.zero_stage >= 3
+            ? std::string("ZeRO-3: every micro-batch's gradients reduced into their owners, "
+                          "the parameters gathered for every pass")
+            : std::string("the gradient all-reduce"));
   if (e.comm.tensor > 0) {
     comm += fmt::format(", tensor {} ({} all-reduces of activations and their gradients)",
                         format_bytes(static_cast<size_t>(e.comm.tensor)), e.comm.tensor_calls);

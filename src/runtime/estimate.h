@@ -64,6 +64,7 @@ struct MemoryEstimate {
     int64_t tensor_calls = 0;
     bool compressed = false;  // data: compress.method's exchanges (and ZeRO-1's gather)
     double data_dense = 0;    // compressed: the data axis's bytes without compression
+    int zero_stage = 0;       // the data axis's ZeRO stage (0: the plain all-reduce)
   } comm;
   std::string caveat;  // what the figures leave out, said under the table
 };

@@ -76,7 +76,16 @@ ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph:
                             command));
   }
   check_heads(file.string(), recorded_heads(file, w.metadata), job_heads);
-  return {w.params, w.buffers, file.string(), -1};
+  // dtrain's export records the checkpoint's step; another writer's file has none.
+  int64_t step = -1;
+  if (auto src = w.metadata.find("source"), at = w.metadata.find("step");
+      src != w.metadata.end() && src->second == "dtrain" && at != w.metadata.end()) {
+    const std::string& t = at->second;
+    int64_t v = -1;
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (ec == std::errc() && end == t.data() + t.size() && v >= 0) step = v;
+  }
+  return {w.params, w.buffers, file.string(), step};
 }
 
 ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
@@ -162,6 +171,10 @@ bool is_safetensors(const fs::path& path) {
 
 ModelWeights read_model_weights(const Job& job, const std::string& weights, const graph::Graph& g,
                                 int64_t heads, std::string_view command) {
+  if (weights == "best") {  // train.best's checkpoint, as best.json names it
+    return from_checkpoint(resolve_resume("best", job.train.checkpoint.dir, "--checkpoint"), job, g,
+                           heads, command);
+  }
   if (!weights.empty() && weights != "latest") {
     std::error_code ec;
     if (fs::is_regular_file(weights, ec) && is_safetensors(weights))

@@ -32,6 +32,29 @@ struct CheckpointOptions {
   std::string dir;               // when the job leaves it out: <output_dir>/checkpoints
 };
 
+// The evaluation that train.best compares: the test loss (lower is better) or the
+// accuracy (higher; a language model's token accuracy).
+enum class BestMetric : uint8_t { none, loss, accuracy };
+inline constexpr std::pair<BestMetric, std::string_view> kBestMetricNames[] = {
+    {BestMetric::none, "none"}, {BestMetric::loss, "loss"}, {BestMetric::accuracy, "accuracy"}};
+inline std::string_view to_string(BestMetric v) { return enum_name(kBestMetricNames, v); }
+inline bool from_string(std::string_view text, BestMetric& out) {
+  return enum_parse(kBestMetricNames, text, out);
+}
+inline const auto& enum_names(BestMetric) { return kBestMetricNames; }
+
+// The run's best evaluation (every train.eval_every steps and at the end): its
+// checkpoint kept beside the newest train.checkpoint.keep and named by
+// <checkpoint dir>/best.json (`--checkpoint best`), and the run ended early once
+// `patience` evaluations in a row have not improved by more than min_delta on the value
+// of the last evaluation that did (Keras' EarlyStopping rule).
+struct BestOptions {
+  BestMetric metric = BestMetric::none;
+  bool keep_checkpoint = true;
+  int64_t patience = 0;  // 0: never end early
+  double min_delta = 0;
+};
+
 // Exactly one of steps and epochs is set (an epoch is one pass over the dataset).
 struct TrainOptions {
   std::optional<int64_t> steps;
@@ -39,6 +62,7 @@ struct TrainOptions {
   std::optional<int64_t> eval_every;  // unset: no evaluation
   int64_t log_every = 10;
   CheckpointOptions checkpoint;
+  BestOptions best;
   std::optional<std::string> resume;  // checkpoint file or directory to resume from
 };
 

@@ -101,8 +101,21 @@ class TrainSession {
   std::string first_non_finite(const Tensor& grads) const;
   Tensor own_grads() const;
   [[noreturn]] void fail_non_finite(double loss) const;
-  // Resumed at the job's last step (a requeue after the end): nothing to train or write.
-  bool resumed_at_end() const { return resumed_ && counters_.step == total_steps_; }
+  // Resumed at the job's last step (a requeue after the end), or where it stopped early:
+  // nothing to train or write.
+  bool resumed_at_end() const {
+    return resumed_ && (counters_.step == total_steps_ ||
+                        (counters_.best && counters_.best->stopped && patience_spent()));
+  }
+  // train.best (trainer_best.cpp): whether an evaluation is the best so far and its
+  // checkpoint kept (counters_.best updated, with the patience count); whether the run
+  // ends early; the checkpoints the rotation keeps for it; best.json after a save.
+  bool track_best(const EvalResult& r);
+  bool patience_spent() const;
+  std::vector<int64_t> kept_best_steps() const;
+  void prune();  // the rotation (leader): the newest train.checkpoint.keep and the best
+  void record_best();
+  void start_best();
   StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();
   void log_window(double loss, double seconds, double wait, int64_t steps);
@@ -112,6 +125,7 @@ class TrainSession {
   void prepare_samples();
   void log_samples();
   void trim_samples(int64_t keep_through) const;
+  void write_run_report();
   // The run's summary.json (collective in a pipeline: every stage's figures).
   nlohmann::json summary(double seconds, int64_t first_step, double last_loss);
   void save_checkpoint();

@@ -56,6 +56,18 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
   // As bits: a decimal round trip could change the logged mean's last bit.
   meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
                         {"losses", c.window_losses}};
+  if (c.best) {  // values as bits too: a resumed run compares with exactly these
+    const BestEval& b = *c.best;
+    meta["best_eval"] = {{"metric", b.metric},
+                         {"step", b.step},
+                         {"loss", b.loss},
+                         {"accuracy", b.accuracy},
+                         {"loss_bits", std::bit_cast<uint64_t>(b.loss)},
+                         {"accuracy_bits", std::bit_cast<uint64_t>(b.accuracy)},
+                         {"reference_bits", std::bit_cast<uint64_t>(b.reference)},
+                         {"stale_evals", b.stale_evals},
+                         {"stopped_early", b.stopped}};
+  }
   if (c.scaler) {
     meta["loss_scaler"] = {{"scale", c.scaler->scale},
                            {"clean_steps", c.scaler->clean_steps},
@@ -406,6 +418,22 @@ TrainCounters counters_of(const Checkpoint& ck) {
     c.window_loss_sum = std::bit_cast<double>(w.at("loss_sum_bits").get<uint64_t>());
     c.window_losses = w.at("losses");
   }
+  if (ck.meta.contains("best_eval")) {
+    const nlohmann::json& j = ck.meta.at("best_eval");
+    BestEval b;
+    b.metric = j.at("metric");
+    b.step = j.at("step");
+    b.loss = std::bit_cast<double>(j.at("loss_bits").get<uint64_t>());
+    b.accuracy = std::bit_cast<double>(j.at("accuracy_bits").get<uint64_t>());
+    b.reference = std::bit_cast<double>(j.at("reference_bits").get<uint64_t>());
+    b.stale_evals = j.at("stale_evals");
+    b.stopped = j.at("stopped_early");
+    if (b.step < 0 || b.step > c.step || b.stale_evals < 0) {
+      throw Error(fmt::format("{}: best_eval out of range (step {}, {} evaluations since a gain)",
+                              file.string(), b.step, b.stale_evals));
+    }
+    c.best = b;
+  }
   if (ck.meta.contains("loss_scaler")) {
     const nlohmann::json& ls = ck.meta.at("loss_scaler");
     precision::LossScalerState st;
@@ -570,6 +598,21 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
 
 fs::path resolve_resume(const std::string& resume, const fs::path& checkpoint_dir,
                         std::string_view option) {
+  if (resume == "best") {
+    const std::optional<int64_t> step = best_record_step(checkpoint_dir);
+    if (!step) {
+      throw Error(fmt::format("{} best: no best checkpoint recorded in {} (no {})", option,
+                              checkpoint_dir.string(), kBestRecordName),
+                  "train with train.best.metric: loss (or accuracy) and train.eval_every to "
+                  "keep one; or pass latest or a checkpoint's path");
+    }
+    for (const fs::path& p : list_checkpoints(checkpoint_dir))
+      if (step_of_name(p) == step) return p;
+    throw Error(
+        fmt::format("{} best: {} names step {}, and {} holds no checkpoint of that step", option,
+                    (checkpoint_dir / kBestRecordName).string(), *step, checkpoint_dir.string()),
+        "pass latest or a checkpoint's path");
+  }
   fs::path dir = resume == "latest" ? checkpoint_dir : fs::path(resume);
   if (resume != "latest" && (fs::is_regular_file(dir) || is_sharded_checkpoint(dir))) return dir;
   if (resume == "latest" && !fs::exists(dir)) return {};

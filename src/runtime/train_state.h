@@ -19,6 +19,17 @@
 
 namespace dtrain::runtime {
 
+// The run's best evaluation so far (train.best), kept by every checkpoint so that a
+// resumed run goes on comparing with it, and the patience count of early stopping.
+struct BestEval {
+  std::string metric;  // "loss" or "accuracy": what it was tracked by
+  int64_t step = 0;    // the step of the best evaluation
+  double loss = 0, accuracy = 0;
+  double reference = 0;     // the value patience counts from (the last gain over min_delta)
+  int64_t stale_evals = 0;  // evaluations since that gain
+  bool stopped = false;     // the run ended early at this checkpoint (train.best.patience)
+};
+
 struct TrainCounters {
   int64_t step = 0;       // optimizer steps done
   DataPosition position;  // where the training data continues
@@ -35,6 +46,7 @@ struct TrainCounters {
   // the uninterrupted run logs (0 and 0 in checkpoints written before it was kept).
   double window_loss_sum = 0;
   int64_t window_losses = 0;
+  std::optional<BestEval> best;  // train.best.metric set and an evaluation done
 };
 
 // `params`: the parameters the optimizer steps (the executor's for fp32, the fp32
@@ -112,7 +124,8 @@ TrainCounters load_train_state_ranges(const std::filesystem::path& path, const R
 Checkpoint read_any_checkpoint(const std::filesystem::path& path);
 
 // "latest" -> the newest checkpoint in `checkpoint_dir` (empty when there is none
-// yet: a requeued job that never saved starts afresh); a sharded checkpoint or a
+// yet: a requeued job that never saved starts afresh); "best" -> the checkpoint that
+// `checkpoint_dir`/best.json names (train.best; an error when none); a sharded checkpoint or a
 // file -> itself; another directory -> its newest (an error when empty). `option` names
 // the command-line option in errors.
 std::filesystem::path resolve_resume(const std::string& resume,

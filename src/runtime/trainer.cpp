@@ -74,6 +74,13 @@ void require_supported(const Job& job, int world) {
                 "the degrees multiply to the number of ranks started (--nproc, srun -n, "
                 "mpirun -np): set them to, or start their product");
   }
+  require_trainable(job);
+}
+
+}  // namespace
+
+void require_trainable(const Job& job) {
+  const ParallelOptions& p = job.parallel;
   if (p.tensor > 1) {  // what the first tensor-parallel step leaves for later, refused by name
     const auto later = [&](const std::string& key, const std::string& value) {
       throw Error(fmt::format("{}: {} with parallel.tensor > 1 is not supported yet", key, value),
@@ -107,6 +114,8 @@ void require_supported(const Job& job, int world) {
                 "gpt2-*)");
   }
 }
+
+namespace {
 
 // A job whose estimated peak exceeds what this rank has fails now, with the estimate
 // and the smallest change that fits, instead of with an allocator error mid-step.
@@ -830,15 +839,30 @@ EvalResult TrainSession::evaluate() {
 
 int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   if (resumed_at_end()) {  // a requeued or repeated resume
-    note(
-        fmt::format("the checkpoint is the run's last step ({} of {}): nothing left to train, "
-                    "metrics.jsonl and summary.json stay as they are; raise train.steps (or "
-                    "train.epochs) to continue it",
-                    counters_.step, total_steps_));
+    std::error_code ec;
+    const std::string kept =
+        fs::exists(out_dir_ / "summary.json", ec)
+            ? "metrics.jsonl and summary.json stay as they are"
+            : "metrics.jsonl stays as it is (no summary.json: a stop signal ended the run "
+              "at its last step before the summary)";
+    if (counters_.step < total_steps_) {
+      note(fmt::format(
+          "the run stopped early at step {} of {}: {} evaluations without a gain in test {} "
+          "(train.best.patience {}); nothing left to train, {}; raise train.best.patience (or "
+          "set it to 0) to continue it",
+          counters_.step, total_steps_, counters_.best->stale_evals, counters_.best->metric,
+          job_.train.best.patience, kept));
+    } else {
+      note(fmt::format(
+          "the checkpoint is the run's last step ({} of {}): nothing left to train, {}; raise "
+          "train.steps (or train.epochs) to continue it",
+          counters_.step, total_steps_, kept));
+    }
     return 0;
   }
   connect(watchdog);
   if (resumed_ && leader()) set_aside_later_checkpoints();  // every rank has started
+  start_best();
   const Clock::time_point start = Clock::now();
   const int64_t first = counters_.step;
   const int64_t log_every = std::max<int64_t>(job_.train.log_every, 1);
@@ -849,6 +873,23 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   Clock::time_point window_start = Clock::now();
   double window_excluded = 0;  // seconds of the window spent evaluating or saving
   double last_loss = NAN;
+  // The window's line: its mean loss, time per step (evaluations and saves excluded)
+  // and data wait.
+  const auto log_window_line = [&] {
+    const double secs =
+        (seconds_since(window_start) - window_excluded) / static_cast<double>(window_steps);
+    window_excluded = 0;
+    const int64_t n = counters_.window_losses;
+    log_window(n > 0 ? counters_.window_loss_sum / static_cast<double>(n) : NAN, secs,
+               (train_->wait_seconds() - window_wait) / static_cast<double>(window_steps),
+               window_steps);
+    counters_.window_loss_sum = 0;
+    counters_.window_losses = 0;
+    window_steps = 0;
+    window_wait = train_->wait_seconds();
+    window_start = Clock::now();
+  };
+  bool stopped_early = false;
   while (counters_.step < total_steps_) {
     const int64_t next = counters_.step + 1;
     dist::TracedBuckets* traced = nullptr;
@@ -871,36 +912,39 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     }
     ++window_steps;
     const int64_t s = counters_.step;
-    if (s % log_every == 0 || s == total_steps_) {
-      // Evaluations and checkpoints in the window are not training time.
-      const double secs =
-          (seconds_since(window_start) - window_excluded) / static_cast<double>(window_steps);
-      window_excluded = 0;
-      const int64_t n = counters_.window_losses;
-      log_window(n > 0 ? counters_.window_loss_sum / static_cast<double>(n) : NAN, secs,
-                 (train_->wait_seconds() - window_wait) / static_cast<double>(window_steps),
-                 window_steps);
-      counters_.window_loss_sum = 0;
-      counters_.window_losses = 0;
-      window_steps = 0;
-      window_wait = train_->wait_seconds();
-      window_start = Clock::now();
-    }
+    if (s % log_every == 0 || s == total_steps_) log_window_line();
     const auto& ck = job_.train.checkpoint;
     const Clock::time_point aside = Clock::now();
+    bool best_now = false;  // this step's evaluation is the best so far (train.best)
+    bool early = false;     // and the run ends here (train.best.patience)
     if (job_.train.eval_every && s % *job_.train.eval_every == 0 && s != total_steps_) {
-      log_eval(evaluate());
+      const EvalResult r = evaluate();
+      best_now = track_best(r);
+      log_eval(r);
+      early = patience_spent();
+    }
+    if (early) {  // ended like the last step: its window logged, its profile written, a
+                  // stop signal now stops nothing more
+      counters_.best->stopped = true;  // kept by the checkpoint: a resume trains nothing
+      if (window_steps > 0) log_window_line();
+      if (profile_) {
+        const std::string written = profile_->after(s, true, traced);
+        if (!written.empty()) note(written);
+      }
     }
     // Not once a stop is agreed: the checkpoint comes first (a grace period is short).
-    if (samples_ && !stop_agreed_ && s % job_.logging.samples.every == 0) log_samples();
-    if (ck.every && s % *ck.every == 0 && s != total_steps_) save_checkpoint();
+    if (samples_ && !stop_agreed_ && !early && s % job_.logging.samples.every == 0) log_samples();
+    const bool save = (ck.every && s % *ck.every == 0 && s != total_steps_) || best_now || early;
+    if (save) save_checkpoint();
+    if (best_now) record_best();  // once its checkpoint is complete
     window_excluded += seconds_since(aside);
-    if (stop_agreed_) {
+    if (stop_agreed_ && !early) {
       if (leader() && !req_.stop_file.empty()) {
         std::ofstream(req_.stop_file) << "stopping\n";  // best effort: a resend is harmless
       }
-      save_checkpoint();
-      comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
+      if (!save) save_checkpoint();
+      comm_.barrier();     // no rank exits (and has the launcher end the job) before the save
+      write_run_report();  // the run so far
       note(signals.requested()
                ? fmt::format("signal {} received: checkpoint saved at step {} in {}; resume "
                              "with --resume latest",
@@ -910,26 +954,38 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
                              s, ckpt_dir_.string()));
       return kExitInterrupted;
     }
+    if (early) {
+      stopped_early = true;
+      break;
+    }
   }
-  log_eval(evaluate());
-  save_checkpoint();
+  if (!stopped_early) {  // an early stop evaluated and saved its last step already
+    const EvalResult r = evaluate();
+    const bool best_now = track_best(r);
+    log_eval(r);
+    save_checkpoint();
+    if (best_now) record_best();
+  }
   const double secs = seconds_since(start);
   const nlohmann::json summary = this->summary(secs, first, last_loss);
   comm_.barrier();
   if (!leader()) return 0;
   if (metrics_) metrics_->write(summary);
   std::ofstream(out_dir_ / "summary.json") << summary.dump(2) << "\n";
-  if (metrics_) {  // the report reads metrics.jsonl; a failure to draw it fails nothing
-    try {
-      write_report(out_dir_, out_dir_ / "report.html");
-    } catch (const std::exception& e) {
-      note(fmt::format("note: report.html not written: {}", e.what()));
-    }
-  }
+  write_run_report();
   progress_.print(fmt::format("done: {} steps in {}, test {}accuracy {:.2f}%, output in {}",
                               counters_.step, format_duration(secs),
                               language_model_ ? "token " : "", 100 * last_eval_.accuracy,
                               out_dir_.string()));
+  if (stopped_early) {
+    const BestEval& b = *counters_.best;
+    progress_.print(fmt::format(
+        "stopped early at step {} of {}: the test {} has not improved by more than {} in {} "
+        "evaluations (train.best.patience); the best, {:.4f}, was at step {}{}",
+        counters_.step, total_steps_, b.metric, job_.train.best.min_delta, b.stale_evals,
+        b.metric == "loss" ? b.loss : b.accuracy, b.step,
+        job_.train.best.keep_checkpoint ? "; --checkpoint best reads its checkpoint" : ""));
+  }
   // A run that mostly skipped its updates still exits 0; it must not look like a good one.
   const int64_t skipped = scaler_.state().skipped_steps;
   if (skipped > 0 && 2 * skipped >= counters_.step) {

@@ -51,4 +51,16 @@ int run_training(TrainSession& session, const StopSignals& signals, dist::Watchd
 // Both on one process (world of one).
 int train(const TrainRequest& request);
 
+// What the job file can switch on that `dtrain train` cannot honour yet (a layout's
+// combinations: tensor or pipeline parallelism on CUDA, ZeRO-2/3 in a pipeline, half
+// weights without masters under ZeRO or in a pipeline), as the Error train stops with;
+// `dtrain validate` asks the same.
+void require_trainable(const Job& job);
+// model.init_from on a fresh run: refused with tensor parallelism (train.cpp's
+// init_from; validate asks where the run would not resume).
+void require_init_from_supported(const Job& job);
+// logging.samples: the tokenizer read and the prompt checked against the context, as
+// the trainer starts them (trainer_samples.cpp).
+void check_samples_prompt(const Job& job);
+
 }  // namespace dtrain::runtime

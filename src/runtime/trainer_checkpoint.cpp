@@ -12,13 +12,17 @@ namespace dtrain::runtime {
 // model.init_from: the weights (and batch-norm statistics) of a safetensors file under
 // the family's reference names replace the seeded ones; the optimizer starts fresh. Only
 // a fresh run reads it: the constructor calls this when resume_if_asked found nothing.
-void TrainSession::init_from(const std::string& path) {
-  if (tensor_split()) {
+void require_init_from_supported(const Job& job) {
+  if (job.model.init_from && job.parallel.tensor > 1) {
     throw Error("model.init_from: not supported with parallel.tensor > 1 yet",
                 "start from the file on one rank (or with data or pipeline parallelism) for "
                 "one step, then resume that checkpoint with parallel.tensor (--resume; the "
                 "resumed run does not read init_from): checkpoints move between layouts");
   }
+}
+
+void TrainSession::init_from(const std::string& path) {
+  require_init_from_supported(job_);
   InitWeights w;
   try {
     w = load_init_weights(path, job_.model.arch, model_.graph.param_layout(),
@@ -223,7 +227,7 @@ void TrainSession::save_checkpoint() {
   } else if (leader()) {
     const fs::path file = checkpoint_path(ckpt_dir_, counters_.step);
     save_train_state(file, params, ex_->buffers(), *opt_, counters_);
-    prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+    prune();
   }
   weights_->release_state();
 }
@@ -300,7 +304,7 @@ void TrainSession::write_shard(ShardedSave save) {
   save.precision = std::string(to_string(job_.precision.dtype));
   save.at_phase = [this](std::string_view phase) { save_faults_.at(counters_.step, phase); };
   save_sharded_state(sharded_checkpoint_path(ckpt_dir_, counters_.step), save, counters_);
-  if (leader()) prune_checkpoints(ckpt_dir_, job_.train.checkpoint.keep);
+  prune();
 }
 
 // Tensor parallelism: the one-rank model's layout written by shard: each stage's span

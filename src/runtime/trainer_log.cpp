@@ -167,9 +167,10 @@ void TrainSession::log_eval(const EvalResult& r) {
     } else {
       line["test_samples"] = r.samples;
     }
+    if (counters_.best) line["best_step"] = counters_.best->step;  // train.best
     publish(line, "eval");
   }
-  const std::string text =
+  std::string text =
       language_model_
           ? fmt::format(
                 "eval at step {}: test loss {:.4f} (perplexity {:.1f}), token accuracy "
@@ -177,8 +178,24 @@ void TrainSession::log_eval(const EvalResult& r) {
                 counters_.step, r.loss, std::exp(r.loss), 100 * r.accuracy, r.samples)
           : fmt::format("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
                         counters_.step, r.loss, 100 * r.accuracy, r.samples);
+  if (counters_.best) {
+    text += counters_.best->step == counters_.step
+                ? ", the best so far"
+                : fmt::format(", the best at step {}", counters_.best->step);
+  }
   if (rank_log_) rank_log_->write(text);
   if (job_.logging.console && leader()) progress_.print(text);
+}
+
+// report.html from metrics.jsonl (rank 0, at the end and at a stop); a failure to draw
+// it fails nothing.
+void TrainSession::write_run_report() {
+  if (!leader() || !metrics_) return;
+  try {
+    write_report(out_dir_, out_dir_ / "report.html");
+  } catch (const std::exception& e) {
+    note(fmt::format("note: report.html not written: {}", e.what()));
+  }
 }
 
 // The summary line: the run's figures, the memory estimate beside them, and in a
@@ -227,6 +244,17 @@ nlohmann::json TrainSession::summary(double secs, int64_t first, double last_los
                            {"micro_batches", m},
                            {"bubble_theory", static_cast<double>(p - 1) / (m + p - 1)},
                            {"per_rank", stages}};
+  }
+  if (counters_.best) {  // train.best
+    const BestEval& b = *counters_.best;
+    nlohmann::json best = {{"metric", b.metric},
+                           {"step", b.step},
+                           {"test_loss", b.loss},
+                           {"test_accuracy", b.accuracy},
+                           {"evaluations_since_gain", b.stale_evals}};
+    if (job_.train.best.keep_checkpoint) best["record"] = (ckpt_dir_ / kBestRecordName).string();
+    summary["best"] = std::move(best);
+    summary["stopped_early"] = b.stopped;
   }
   if (scaler_.mode() != LossScaleMode::none) {
     summary["loss_scale"] = scaler_.scale();

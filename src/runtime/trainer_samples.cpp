@@ -20,24 +20,41 @@
 
 namespace dtrain::runtime {
 
-void TrainSession::prepare_samples() {
-  const SampleOptions& o = job_.logging.samples;
-  if (o.every == 0) return;
-  auto s = std::make_unique<TrainSamples>(
-      TrainSamples{read_model_tokenizer(job_, "", "logging.samples"), {}, {}});
-  const models::TransformerShape shape = models::resolve_transformer(job_.model, ModelFamily::gpt);
-  s->candidates = candidate_ids(s->tok, shape.vocab);
-  s->prompt = {s->tok.special(Special::endoftext)};
-  s->tok.encode_append(o.prompt.value_or(""), s->prompt);
-  const auto room = static_cast<int64_t>(s->prompt.size()) + o.tokens;
+namespace {
+
+// <|endoftext|> and the prompt's tokens, refused where they and the new tokens pass the
+// context.
+std::vector<int32_t> samples_prompt(const Job& job, const Tokenizer& tok) {
+  const SampleOptions& o = job.logging.samples;
+  const models::TransformerShape shape = models::resolve_transformer(job.model, ModelFamily::gpt);
+  std::vector<int32_t> prompt = {tok.special(Special::endoftext)};
+  tok.encode_append(o.prompt.value_or(""), prompt);
+  const auto room = static_cast<int64_t>(prompt.size()) + o.tokens;
   if (room > shape.seq_len) {
     throw Error(
         fmt::format("logging.samples: <|endoftext|>, the prompt's {} tokens and {} new "
                     "ones pass the context of {} (model.seq_len)",
-                    s->prompt.size() - 1, o.tokens, shape.seq_len),
+                    prompt.size() - 1, o.tokens, shape.seq_len),
         fmt::format("shorten logging.samples.prompt, or set logging.samples.tokens: {}",
-                    std::max<int64_t>(1, shape.seq_len - static_cast<int64_t>(s->prompt.size()))));
+                    std::max<int64_t>(1, shape.seq_len - static_cast<int64_t>(prompt.size()))));
   }
+  return prompt;
+}
+
+}  // namespace
+
+void check_samples_prompt(const Job& job) {
+  if (job.logging.samples.every == 0) return;
+  samples_prompt(job, read_model_tokenizer(job, "", "logging.samples"));
+}
+
+void TrainSession::prepare_samples() {
+  if (job_.logging.samples.every == 0) return;
+  auto s = std::make_unique<TrainSamples>(
+      TrainSamples{read_model_tokenizer(job_, "", "logging.samples"), {}, {}});
+  const models::TransformerShape shape = models::resolve_transformer(job_.model, ModelFamily::gpt);
+  s->candidates = candidate_ids(s->tok, shape.vocab);
+  s->prompt = samples_prompt(job_, s->tok);
   samples_ = std::move(s);
 }
 

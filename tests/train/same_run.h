@@ -95,7 +95,7 @@ inline nlohmann::json estimate_json(const fs::path& job, int world,
 }
 
 // `dtrain train args...` must exit 2 with exactly one "error:" line that says `expect`
-// (every rank refuses, one message).
+// (every rank refuses, one message; under --nproc no mpirun banner after it).
 inline void check_refused(const std::vector<std::string>& args, const fs::path& log,
                           const std::string& expect) {
   const RunResult r = run_dtrain(args, log);
@@ -105,6 +105,7 @@ inline void check_refused(const std::vector<std::string>& args, const fs::path& 
     ++count;
   CHECK_MESSAGE(count == 1, r.log);
   CHECK_MESSAGE(r.log.find(expect) != std::string::npos, r.log);
+  CHECK_MESSAGE(r.log.find("non-zero exit code") == std::string::npos, r.log);
 }
 
 }  // namespace dtrain::train_test

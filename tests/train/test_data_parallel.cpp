@@ -1339,6 +1339,8 @@ TEST_CASE("a rank that dies or hangs ends every rank within the timeout, nothing
     unsetenv("DTRAIN_TEST_FAULT");
     CHECK_MESSAGE(r.rc != 0, r.describe());
     CHECK_MESSAGE(took < 20.0, "ended after ", took, " s: ", r.describe());
+    if (mode_name == "kill" || mode_name == "abort")  // mpirun --quiet: the launcher says it
+      CHECK_MESSAGE(r.log.find("a rank ended on signal") != std::string::npos, r.log);
     if (std::string(mode) == "exit0" || std::string(mode) == "hang") {
       // Only the watchdog can end these: it names the collective that never finished,
       // and from the heartbeats in logs/ the rank that is missing and why.

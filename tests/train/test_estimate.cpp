@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "harness.h"
 
@@ -436,6 +438,43 @@ TEST_CASE("dtrain estimate --fit suggests ZeRO-1 on several ranks") {
   CHECK(fit.at("fits").get<bool>());
   CHECK(fit.at("sets").get<std::vector<std::string>>() ==
         std::vector<std::string>{"--set", "parallel.zero_stage=1"});
+}
+
+// --world N outside a launcher sizes the per-thread workspaces (attention's) for the
+// threads each rank runs under --nproc N (a share of the cores), not this process's.
+TEST_CASE("dtrain estimate --world 2 sizes workspaces for the threads --nproc 2 gives a rank") {
+  TempDir tmp("estimate-threads");
+  const fs::path job = tmp.path() / "gpt.yaml";
+  std::ofstream(job) << "run: {seed: 3}\n"
+                     << kFamilies[1].yaml << "train: {steps: 2, log_every: 1}\n"
+                     << "logging: {console: false}\n";
+  const std::string saved = std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "";
+  auto peak = [&](const std::string& threads, const std::string& name) {
+    if (threads.empty()) {
+      unsetenv("OMP_NUM_THREADS");
+    } else {
+      setenv("OMP_NUM_THREADS", threads.c_str(), 1);
+    }
+    const RunResult r = run_dtrain_command({"estimate", job.string(), "--json", "--world", "2"},
+                                           tmp.path() / (name + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return std::make_pair(last_json(r.log).at("peak_bytes").get<int64_t>(), r.log);
+  };
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto [shared, log] = peak("", "shared");
+  const auto [given, given_log] = peak(std::to_string(std::max(1u, cores / 2)), "given");
+  const auto [wide, wide_log] = peak(std::to_string(2 * cores), "wide");
+  if (saved.empty()) {
+    unsetenv("OMP_NUM_THREADS");
+  } else {
+    setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  }
+  CHECK(shared == given);
+  CHECK(wide > given);  // the workspace does follow the thread count
+  CHECK_MESSAGE(log.find("sized for " + std::to_string(std::max(1u, cores / 2)) +
+                         " OpenMP thread(s) per rank") != std::string::npos,
+                log);
+  CHECK(given_log.find("sized for") == std::string::npos);  // OMP_NUM_THREADS decides
 }
 
 // A deep model whose parameters outweigh its activations: no micro-batch or

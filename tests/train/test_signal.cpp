@@ -54,6 +54,8 @@ void check_stop_and_resume(int sig, const std::string& name) {
   CHECK_MESSAGE(checkpoint_step(newest_checkpoint(run_dir / "checkpoints")) == at,
                 "no checkpoint at step " << at << "; " << stopped.describe());
   CHECK(!fs::exists(run_dir / "summary.json"));
+  // The run so far drawn (its train lines, no summary).
+  CHECK(read_bytes(run_dir / "report.html").find("<svg") != std::string::npos);
 
   std::vector<std::string> again = job_args(job);
   again.insert(again.end(), {"--resume", "latest"});
