@@ -50,17 +50,8 @@ double sampling_uniform(uint64_t seed, uint64_t sample, uint64_t index) {
 TokenPick pick_token(std::span<const float> logits, std::span<const int32_t> candidates,
                      const SamplingOptions& o, double u) {
   DTRAIN_CHECK(!candidates.empty(), "pick_token: no candidates");
-  double top = -std::numeric_limits<double>::infinity();
-  for (float x : logits) {
-    if (!std::isfinite(x)) {
-      throw RunError("the model's logits are not finite (a checkpoint of a run that diverged?)",
-                     "generate from an earlier checkpoint (--checkpoint)");
-    }
-    top = std::max(top, static_cast<double>(x));
-  }
-  double sum = 0.0;
-  for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
-  const double log_z = top + std::log(sum);
+  const SoftmaxRow row = softmax_row(logits, "generate from an earlier checkpoint (--checkpoint)");
+  const double log_z = row.top + std::log(row.sum);
   const auto pick = [&](int32_t id) {
     return TokenPick{id, static_cast<double>(logits[static_cast<size_t>(id)]) - log_z};
   };

@@ -2,8 +2,11 @@
 // (runtime/inference.h).
 #include "runtime/inference.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -270,6 +273,19 @@ Tokenizer read_model_tokenizer(const Job& job, const std::string& tokenizer,
                 "data the model was trained on");
   }
   return tok;
+}
+
+SoftmaxRow softmax_row(std::span<const float> logits, std::string_view hint) {
+  SoftmaxRow r{-std::numeric_limits<double>::infinity(), 0.0};
+  for (float x : logits) {
+    if (!std::isfinite(x)) {
+      throw RunError("the model's logits are not finite (a checkpoint of a run that diverged?)",
+                     std::string(hint));
+    }
+    r.top = std::max(r.top, static_cast<double>(x));
+  }
+  for (float x : logits) r.sum += std::exp(static_cast<double>(x) - r.top);
+  return r;
 }
 
 int64_t padded_length(int64_t positions, int64_t context) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -57,6 +58,15 @@ bool is_safetensors(const std::filesystem::path& path);
 // attention keeps the padding after the tokens from the positions before it).
 inline constexpr int64_t kShortestForward = 16;
 int64_t padded_length(int64_t positions, int64_t context);
+
+// One row of logits' softmax terms in double: its largest logit and the sum of
+// exp(logit - top), so that p(i) = exp(logit_i - top) / sum and log p(i) = logit_i - top
+// - log(sum). A non-finite logit (the weights of a run that diverged) is a RunError
+// with `hint` (what to pass instead).
+struct SoftmaxRow {
+  double top = 0, sum = 0;
+};
+SoftmaxRow softmax_row(std::span<const float> logits, std::string_view hint);
 
 struct InferenceGraph {
   int64_t batch = 0, length = 0;

@@ -49,34 +49,21 @@ Specials trained_specials(const Job& job, const Tokenizer& tok, int64_t vocab) {
 }
 
 // The largest of one row of logits, which must all be finite.
-double finite_max(const float* logits, int64_t n) {
-  double top = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(logits[i])) {
-      throw RunError("the model's logits are not finite (a checkpoint of a run that diverged?)",
-                     "predict with an earlier checkpoint (--checkpoint)");
-    }
-    top = std::max(top, static_cast<double>(logits[i]));
-  }
-  return top;
-}
+constexpr const char* kLogitsHint = "predict with an earlier checkpoint (--checkpoint)";
 
 // Softmax in double over one row of logits.
 std::vector<double> probabilities(const float* logits, int64_t n) {
-  const double top = finite_max(logits, n);
+  const SoftmaxRow row = softmax_row({logits, static_cast<size_t>(n)}, kLogitsHint);
   std::vector<double> p(static_cast<size_t>(n));
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += p[static_cast<size_t>(i)] = std::exp(logits[i] - top);
-  for (double& x : p) x /= sum;
+  for (int64_t i = 0; i < n; ++i)
+    p[static_cast<size_t>(i)] = std::exp(static_cast<double>(logits[i]) - row.top) / row.sum;
   return p;
 }
 
 // log p(target) under one row of logits, in double: the logit less the log of the sum.
 double log_probability(const float* logits, int64_t n, TokenId target) {
-  const double top = finite_max(logits, n);
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += std::exp(logits[i] - top);
-  return static_cast<double>(logits[target]) - top - std::log(sum);
+  const SoftmaxRow row = softmax_row({logits, static_cast<size_t>(n)}, kLogitsHint);
+  return static_cast<double>(logits[target]) - row.top - std::log(row.sum);
 }
 
 // The most likely class, ties to the smaller id.

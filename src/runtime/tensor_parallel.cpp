@@ -59,7 +59,8 @@ void for_each_pair(const std::vector<graph::FlatEntry>& local_layout,
     const auto whole = [&](int64_t j) {
       return w.offset + static_cast<int64_t>(graph::whole_index(l.spec, j));
     };
-    // whole_index increases with j (a part keeps the whole's element order), so the local
+    // whole_index increases with j (a part keeps the whole's element order; checked for
+    // every split in tests/models/test_tensor_parallel.cpp), so the local
     // elements inside [lo, hi) are one run: its start found by bisection, so that a
     // piece costs its own elements, not the entry's (a resume streams many pieces).
     int64_t j = 0;

@@ -155,15 +155,20 @@ void check_against_whole(const char* arch, int size) {
       const graph::FlatEntry& w = whole.layout[k];
       CAPTURE(l.name);
       bool same_init = true;
+      // A part keeps the whole's element order: whole_index rises with the local index
+      // (a tensor-parallel resume finds a range's elements by bisection on it).
+      bool rising = true;
       float diff = 0;
       for (int64_t j = 0; j < l.spec.shape.numel(); ++j) {
-        const auto at =
-            static_cast<size_t>(w.offset + static_cast<int64_t>(graph::whole_index(l.spec, j)));
+        const uint64_t whole_j = graph::whole_index(l.spec, j);
+        rising = rising && (j == 0 || whole_j > graph::whole_index(l.spec, j - 1));
+        const auto at = static_cast<size_t>(w.offset + static_cast<int64_t>(whole_j));
         const auto here = static_cast<size_t>(l.offset + j);
         same_init = same_init && mine.params[here] == whole.params[at];
         diff = std::max(diff, std::fabs(mine.grads[here] - whole.grads[at]));
       }
       CHECK(same_init);
+      CHECK(rising);
       CHECK(diff <= 2e-6f * grad_scale);
       if (l.spec.split.split() || r == 0) continue;
       const Result& first = ranks[0];  // replicated: the same bits as rank 0's
