@@ -349,13 +349,16 @@ std::vector<fs::path> list_checkpoints(const fs::path& dir) {
   return out;
 }
 
-// A `<checkpoint>.tmp<pid>` whose writer is this process or no longer runs here: a
-// temporary of another live writer (a second job on the same directory) is its own.
+// A `<checkpoint>.tmp<pid>` (or best.json's) whose writer is this process or no longer
+// runs here: a temporary of another live writer (a second job on the same directory) is
+// its own.
 bool abandoned_temporary(const fs::path& file) {
   const std::string name = file.filename().string();
-  const size_t at = name.find(".dtckpt.tmp");
+  const std::string best = std::string(kBestRecordName) + ".tmp";
+  size_t at = name.find(".dtckpt.tmp"), skip = std::strlen(".dtckpt.tmp");
+  if (name.starts_with(best)) at = 0, skip = best.size();
   if (at == std::string::npos) return false;
-  const std::string digits = name.substr(at + std::strlen(".dtckpt.tmp"));
+  const std::string digits = name.substr(at + skip);
   if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return false;
   const long pid = std::strtol(digits.c_str(), nullptr, 10);
   if (pid == static_cast<long>(::getpid())) return true;

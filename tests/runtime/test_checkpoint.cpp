@@ -120,7 +120,7 @@ TEST_CASE("a blob with a flipped bit fails its own checksum, by name") {
   CHECK(error_of(file).find("tensor \"data.permutation\": checksum mismatch") != std::string::npos);
 }
 
-TEST_CASE("retention keeps the newest K, rewriting a step replaces it atomically") {
+TEST_CASE("retention keeps the newest K and the best, rewriting a step replaces it atomically") {
   const fs::path dir = fresh_dir("keep");
   for (int step : {10, 30, 20, 40, 50})
     write_checkpoint(checkpoint_path(dir, step), {{"step", step}}, {});
@@ -130,14 +130,21 @@ TEST_CASE("retention keeps the newest K, rewriting a step replaces it atomically
   waitpid(dead, nullptr, 0);
   const std::string dead_tmp = fmt::format("step-00000060.dtckpt.tmp{}", dead);
   const std::string live_tmp = fmt::format("step-00000070.dtckpt.tmp{}", getppid());
+  const std::string dead_best = fmt::format("best.json.tmp{}", dead);
   write_file(dir / dead_tmp, "half-written");
   write_file(dir / live_tmp, "being written");
-  prune_checkpoints(dir, 2);
+  write_file(dir / dead_best, "{\"st");
+  // train.best's checkpoint (step 20) stays beside the newest 2.
+  prune_checkpoints(dir, 2, {20});
   const auto left = list_checkpoints(dir);
-  REQUIRE(left.size() == 2);
-  CHECK(left[0].filename() == "step-00000040.dtckpt");
-  CHECK(left[1].filename() == "step-00000050.dtckpt");
+  REQUIRE(left.size() == 3);
+  CHECK(left[0].filename() == "step-00000020.dtckpt");
+  CHECK(left[1].filename() == "step-00000040.dtckpt");
+  CHECK(left[2].filename() == "step-00000050.dtckpt");
+  prune_checkpoints(dir, 2);
+  CHECK(list_checkpoints(dir).size() == 2);
   CHECK(!fs::exists(dir / dead_tmp));
+  CHECK(!fs::exists(dir / dead_best));
   CHECK(fs::exists(dir / live_tmp));
   fs::remove(dir / live_tmp);
   write_checkpoint(checkpoint_path(dir, 50), {{"step", 50}, {"again", true}}, {});
