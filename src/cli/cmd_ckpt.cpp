@@ -112,6 +112,11 @@ nlohmann::json describe(const fs::path& path) {
   for (const char* key : {"format", "step", "data_position", "seed", "arch", "model", "config_hash",
                           "optimizer", "loss_scaler"})
     out[key] = m.value(key, nlohmann::json());
+  if (m.contains("best_eval")) {  // train.best: the readable fields, not the bits
+    nlohmann::json b = m.at("best_eval");
+    for (const char* bits : {"loss_bits", "accuracy_bits", "reference_bits"}) b.erase(bits);
+    out["best_eval"] = b;
+  }
   if (runtime::is_sharded_checkpoint(path)) {
     const runtime::Checkpoint man = runtime::read_checkpoint(path / "manifest.dtckpt");
     nlohmann::json sh = man.meta.at("sharded");
@@ -187,6 +192,16 @@ void print_one(const nlohmann::json& d) {
                 ls.at("overflows_left").dump().c_str(), ls.at("skipped_steps").dump().c_str());
   } else {
     std::printf("loss scaler: none\n");
+  }
+  if (d.contains("best_eval")) {
+    const nlohmann::json& b = d.at("best_eval");
+    std::printf(
+        "best evaluation (train.best, by %s): step %s, test loss %s, test accuracy %s; "
+        "%s evaluation(s) since a gain%s\n",
+        b.at("metric").get<std::string>().c_str(), b.at("step").dump().c_str(),
+        b.at("loss").dump().c_str(), b.at("accuracy").dump().c_str(),
+        b.at("stale_evals").dump().c_str(),
+        b.at("stopped_early").get<bool>() ? "; the run stopped early here" : "");
   }
   if (d.contains("sharded")) {
     const nlohmann::json& sh = d.at("sharded");

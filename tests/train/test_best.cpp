@@ -138,6 +138,15 @@ TEST_CASE(
     const nlohmann::json out = nlohmann::json::parse(p.log.substr(p.log.find("{\n")));
     CHECK(out.at("step") == best.step);
     CHECK(out.at("loss").get<double>() == doctest::Approx(best.loss).epsilon(1e-6));
+    // ckpt inspect shows what the stop's checkpoint carries of it.
+    const RunResult i = run_dtrain_command(
+        {"ckpt", "inspect", (run / "checkpoints" / checkpoint_name(stop)).string(), "--json"},
+        tmp.path() / "i.log");
+    REQUIRE_MESSAGE(i.rc == 0, i.describe());
+    const nlohmann::json b = nlohmann::json::parse(i.log.substr(i.log.find('{'))).at("best_eval");
+    CHECK(b.at("step") == best.step);
+    CHECK(b.at("stale_evals") == 4);
+    CHECK(b.at("stopped_early") == true);
   }
 
   SUBCASE("a resume of the stopped run trains nothing and changes nothing") {
