@@ -239,16 +239,35 @@ std::string render_report(const fs::path& run_dir) {
                 "a run logs one every train.log_every steps; report on a run that took one");
   }
   const bool language = !eval.empty() && eval.back().contains("test_perplexity");
+  // train.best: the best evaluation so far (the last eval line's best_step) drawn as a
+  // line on its metric's chart (the summary names the metric; loss while a run goes on).
+  double best_loss = NAN, best_accuracy = NAN;
+  std::string best_label;
+  if (const std::optional<double> at =
+          eval.empty() ? std::nullopt : number(eval.back(), "best_step")) {
+    const auto best = summary.find("best");
+    const bool by_accuracy = best != summary.end() && best->is_object() &&
+                             best->value("metric", std::string()) == "accuracy";
+    for (const nlohmann::json& e : eval) {
+      if (number(e, "step") != at) continue;
+      const double v = number(e, by_accuracy ? "test_accuracy" : "test_loss").value_or(NAN);
+      (by_accuracy ? best_accuracy : best_loss) = by_accuracy ? 100 * v : v;
+      best_label = fmt::format("best, step {}{}", *at,
+                               summary.value("stopped_early", false) ? " (stopped early)" : "");
+    }
+  }
   std::string body;
   body += chart("Loss", "",
                 {series_of(train, "loss", "train loss"),
-                 series_of(eval, "test_loss", "test loss", 1.0, true)});
+                 series_of(eval, "test_loss", "test loss", 1.0, true)},
+                false, best_loss, best_label);
   if (language) {
     body += chart("Perplexity (test)", "",
                   {series_of(eval, "test_perplexity", "test perplexity", 1.0, true)});
   }
   body += chart(language ? "Token accuracy (test)" : "Accuracy (test)", "%",
-                {series_of(eval, "test_accuracy", "test accuracy", 100.0, true)});
+                {series_of(eval, "test_accuracy", "test accuracy", 100.0, true)}, false,
+                best_accuracy, best_label);
   body += chart("Learning rate", "", {series_of(train, "lr", "lr")});
   body += chart("Loss scale", "", {series_of(train, "loss_scale", "loss scale")}, true);
   body += chart("Skipped steps (total)", "", {series_of(train, "skipped_steps", "skipped")});

@@ -925,7 +925,8 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     }
     if (early) {  // ended like the last step: its window logged, its profile written, a
                   // stop signal now stops nothing more
-      counters_.best->stopped = true;  // kept by the checkpoint: a resume trains nothing
+      counters_.best->stopped = true;           // kept by the checkpoint: a resume trains nothing
+      window_excluded += seconds_since(aside);  // the evaluation is not training time
       if (window_steps > 0) log_window_line();
       if (profile_) {
         const std::string written = profile_->after(s, true, traced);
@@ -937,7 +938,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     const bool save = (ck.every && s % *ck.every == 0 && s != total_steps_) || best_now || early;
     if (save) save_checkpoint();
     if (best_now) record_best();  // once its checkpoint is complete
-    window_excluded += seconds_since(aside);
+    if (!early) window_excluded += seconds_since(aside);
     if (stop_agreed_ && !early) {
       if (leader() && !req_.stop_file.empty()) {
         std::ofstream(req_.stop_file) << "stopping\n";  // best effort: a resend is harmless
