@@ -437,6 +437,12 @@ int run_bench(const BenchArgs& a) {
   if (!baseline.is_null()) {
     const runtime::BenchComparison c = runtime::compare_bench(baseline, doc, threshold);
     std::printf("\n%s", runtime::format_comparison(c, threshold).c_str());
+    if (c.rows.empty()) {  // a gate that compared nothing must not pass
+      throw Error(fmt::format("--compare {}: none of its figures was measured now (another "
+                              "suite, machine's dtypes, or --only?): nothing compared",
+                              a.compare),
+                  "compare with a baseline of the same --suite, --dtype and --only");
+    }
     if (c.any_slower) {
       std::printf("slower than %s by more than %s: exit 1\n", a.compare.c_str(),
                   a.threshold.c_str());

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -238,10 +239,21 @@ void print_one(const nlohmann::json& d) {
 // only: nothing but a sharded checkpoint's manifest is read).
 int list_dir(const fs::path& dir, bool json) {
   nlohmann::json list = nlohmann::json::array();
-  for (const fs::path& p : checkpoints_in(dir)) {
-    nlohmann::json row = {{"path", p.string()}, {"step", step_of_name(p)},
-                          {"kind", "file"},     {"world", nullptr},
-                          {"zero_stage", 0},    {"bytes", bytes_on_disk(p)}};
+  const std::vector<fs::path> all = checkpoints_in(dir);
+  // train.best's record beside them (an unreadable one marks nothing here).
+  std::optional<int64_t> best;
+  try {
+    if (!all.empty()) best = runtime::best_record_step(all.front().parent_path());
+  } catch (const Error&) {
+  }
+  for (const fs::path& p : all) {
+    nlohmann::json row = {{"path", p.string()},
+                          {"step", step_of_name(p)},
+                          {"kind", "file"},
+                          {"world", nullptr},
+                          {"zero_stage", 0},
+                          {"bytes", bytes_on_disk(p)},
+                          {"best", best.has_value() && step_of_name(p) == best}};
     if (runtime::is_sharded_checkpoint(p)) {
       const runtime::Checkpoint man = runtime::read_checkpoint(p / "manifest.dtckpt");
       row["kind"] = "sharded";
@@ -263,6 +275,7 @@ int list_dir(const fs::path& dir, bool json) {
                 r.at("zero_stage").dump().c_str(),
                 human_bytes(r.at("bytes").get<int64_t>()).c_str(),
                 r.at("path").get<std::string>().c_str());
+    if (r.at("best").get<bool>()) std::printf("%-10s (the best evaluation's: best.json)\n", "");
   }
   return kExitOk;
 }

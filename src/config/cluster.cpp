@@ -86,9 +86,13 @@ runtime::Cluster load_cluster_file(const std::string& path) {
   if (dev.count("launch_us")) {
     c.launch = read_real(*dev.at("launch_us"), "device.launch_us", {0, 1e6, false, true}) * 1e-6;
   }
-  const auto links = read_map(*top.at("links"), "links", {"intra_node", "inter_node"});
+  // One node: nothing crosses nodes, so inter_node may be left out.
+  const auto links =
+      read_map(*top.at("links"), "links", {"intra_node", "inter_node"},
+               c.nodes == 1 ? std::vector<std::string>{"inter_node"} : std::vector<std::string>{});
   c.intra = read_link(*links.at("intra_node"), "links.intra_node");
-  c.inter = read_link(*links.at("inter_node"), "links.inter_node");
+  c.inter =
+      links.count("inter_node") ? read_link(*links.at("inter_node"), "links.inter_node") : c.intra;
   return c;
 }
 

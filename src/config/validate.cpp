@@ -59,6 +59,13 @@ void check_train(const Checker& c) {
                         to_string(b.metric)),
             "set train.eval_every (e.g. 100), or train.best.metric: none");
   }
+  if (b.metric != BestMetric::none && t.eval_every && t.steps && *t.eval_every >= *t.steps) {
+    c.error("train.eval_every",
+            fmt::format("{} evaluates after the last step ({}): train.best.metric {} would "
+                        "compare the final evaluation alone",
+                        *t.eval_every, *t.steps, to_string(b.metric)),
+            fmt::format("set train.eval_every below {}, or train.best.metric: none", *t.steps));
+  }
   if (b.metric == BestMetric::none && b.patience > 0) {
     c.error("train.best.patience",
             fmt::format("{} evaluations without improvement of what? train.best.metric is none",

@@ -88,8 +88,8 @@ namespace {
 
 [[noreturn]] void bad(const fs::path& file, size_t offset, const std::string& what) {
   throw Error(fmt::format("{}: offset {}: {}", file.string(), offset, what),
-              "this file is not a complete dtrain checkpoint; resume from an older one "
-              "(they are kept beside it) or start without --resume");
+              "this file is not a complete dtrain checkpoint: use another (the earlier ones "
+              "are kept beside it), or train without --resume");
 }
 
 struct Raw {
@@ -172,6 +172,7 @@ CheckpointReader::CheckpointReader(const fs::path& file, bool verify)
   if (size_ < kPrefix + sizeof(kTrailer)) bad(file, 0, "not a dtrain checkpoint (too short)");
   head.bytes.resize(kPrefix);
   read_at(0, kPrefix, head.bytes.data());
+  if (std::memcmp(head.at(0), kMagic, 8) != 0) bad(file, 0, "not a dtrain checkpoint (bad magic)");
   uint32_t header_bytes = 0;
   std::memcpy(&header_bytes, head.at(12), 4);
   if (kPrefix + size_t{header_bytes} > size_ - sizeof(kTrailer))
@@ -370,16 +371,25 @@ std::optional<int64_t> best_record_step(const fs::path& dir) {
   std::error_code ec;
   if (!fs::exists(file, ec)) return std::nullopt;
   std::ifstream in(file);
+  std::string why = "not a best-checkpoint record (a JSON object with a step)";
   try {
     const nlohmann::json j = nlohmann::json::parse(in);
-    const int64_t step = j.at("step").get<int64_t>();
-    if (step >= 0) return step;
+    const nlohmann::json& step = j.at("step");
+    if (step.is_number_integer() && step.get<int64_t>() >= 0) {
+      // The checkpoint it names, when it names one, must be that step's.
+      const auto named = j.find("checkpoint");
+      if (named == j.end() || named->is_null()) return step.get<int64_t>();
+      if (named->is_string() &&
+          step_of_name(named->get<std::string>()) == std::optional(step.get<int64_t>()))
+        return step.get<int64_t>();
+      why = fmt::format("names step {} and checkpoint {}, which disagree", step.dump(),
+                        named->dump());
+    }
   } catch (const nlohmann::json::exception&) {
   }
-  throw Error(
-      fmt::format("{}: not a best-checkpoint record (a JSON object with a step)", file.string()),
-      "it is written by dtrain train with train.best.metric; remove it, and a "
-      "resumed run writes it again");
+  throw Error(fmt::format("{}: {}", file.string(), why),
+              "it is written by dtrain train with train.best.metric; remove it, and a "
+              "resumed run writes it again");
 }
 
 void prune_checkpoints(const fs::path& dir, int keep, const std::vector<int64_t>& also_keep) {

@@ -114,7 +114,7 @@ class TrainSession {
   bool patience_spent() const;
   std::vector<int64_t> kept_best_steps() const;
   void prune();  // the rotation (leader): the newest train.checkpoint.keep and the best
-  void record_best();
+  void record_best(std::string_view gone = {});  // gone: why a record is removed
   void start_best();
   StepTotals agree_totals(const StepTotals& local);
   EvalResult evaluate();

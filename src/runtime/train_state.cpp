@@ -603,8 +603,9 @@ fs::path resolve_resume(const std::string& resume, const fs::path& checkpoint_di
     if (!step) {
       throw Error(fmt::format("{} best: no best checkpoint recorded in {} (no {})", option,
                               checkpoint_dir.string(), kBestRecordName),
-                  "train with train.best.metric: loss (or accuracy) and train.eval_every to "
-                  "keep one; or pass latest or a checkpoint's path");
+                  "dtrain train keeps one with train.best.metric loss (or accuracy), "
+                  "train.eval_every and train.best.keep_checkpoint true; or pass latest or a "
+                  "checkpoint's path");
     }
     for (const fs::path& p : list_checkpoints(checkpoint_dir))
       if (step_of_name(p) == step) return p;

@@ -847,7 +847,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
               "at its last step before the summary)";
     if (counters_.step < total_steps_) {
       note(fmt::format(
-          "the run stopped early at step {} of {}: {} evaluations without a gain in test {} "
+          "the run stopped early at step {} of {}: {} evaluation(s) without a gain in test {} "
           "(train.best.patience {}); nothing left to train, {}; raise train.best.patience (or "
           "set it to 0) to continue it",
           counters_.step, total_steps_, counters_.best->stale_evals, counters_.best->metric,
@@ -889,8 +889,15 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     window_wait = train_->wait_seconds();
     window_start = Clock::now();
   };
-  bool stopped_early = false;
-  while (counters_.step < total_steps_) {
+  // A checkpoint whose evaluations have already spent this job's patience (a run
+  // extended past its end, or resumed with less patience) ends here as an early stop, as
+  // the uninterrupted run with this job would have ended at that evaluation.
+  bool stopped_early = resumed_ && patience_spent();
+  if (stopped_early) {
+    counters_.best->stopped = true;
+    last_eval_ = evaluate();  // the summary's figures (the checkpoint's were logged)
+  }
+  while (!stopped_early && counters_.step < total_steps_) {
     const int64_t next = counters_.step + 1;
     dist::TracedBuckets* traced = nullptr;
     if (grad_comm_->size() > 1) traced = grad_sync_.get();
@@ -982,7 +989,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     const BestEval& b = *counters_.best;
     progress_.print(fmt::format(
         "stopped early at step {} of {}: the test {} has not improved by more than {} in {} "
-        "evaluations (train.best.patience); the best, {:.4f}, was at step {}{}",
+        "evaluation(s) (train.best.patience); the best, {:.4f}, was at step {}{}",
         counters_.step, total_steps_, b.metric, job_.train.best.min_delta, b.stale_evals,
         b.metric == "loss" ? b.loss : b.accuracy, b.step,
         job_.train.best.keep_checkpoint ? "; --checkpoint best reads its checkpoint" : ""));

@@ -77,7 +77,7 @@ void TrainSession::prune() {
 
 // best.json as the counters say, then the rotation without the previous best. Written
 // after the checkpoint it names is complete; the leader's.
-void TrainSession::record_best() {
+void TrainSession::record_best(std::string_view gone) {
   if (!leader()) return;
   const fs::path file = ckpt_dir_ / kBestRecordName;
   const bool keep = job_.train.best.metric != BestMetric::none && job_.train.best.keep_checkpoint;
@@ -86,8 +86,9 @@ void TrainSession::record_best() {
     if (fs::exists(file, ec)) {
       fs::remove(file, ec);
       note(fmt::format("note: {} removed: {}", file.string(),
-                       keep ? "it named a checkpoint of a run this one does not continue"
-                            : "train.best keeps no checkpoint in this job"));
+                       !gone.empty() ? gone
+                       : keep        ? "it named a checkpoint of a run this one does not continue"
+                                     : "train.best keeps no checkpoint in this job"));
     }
     return;
   }
@@ -116,18 +117,21 @@ void TrainSession::record_best() {
 // comparison anew.
 void TrainSession::start_best() {
   const BestOptions& o = job_.train.best;
+  std::string gone;
   if (counters_.best && counters_.best->metric != to_string(o.metric)) {
     if (o.metric != BestMetric::none) {
       note(
           fmt::format("note: the checkpoint tracked its best evaluation by {}; this job's "
                       "train.best.metric is {}: the comparison starts anew",
                       counters_.best->metric, to_string(o.metric)));
+      gone = fmt::format("its best by {} is no longer kept out of the rotation",
+                         counters_.best->metric);
     }
     counters_.best.reset();
   }
   // A run that stopped early and is resumed with more patience trains on.
   if (counters_.best) counters_.best->stopped = false;
-  record_best();
+  record_best(gone);
 }
 
 }  // namespace dtrain::runtime

@@ -53,6 +53,14 @@ TEST_CASE("a cluster file: nodes, devices, their memory and peak, the links") {
   CHECK(c.memory_bandwidth == doctest::Approx(900e9));  // the default
   CHECK(c.intra.bandwidth == doctest::Approx(450e9));
   CHECK(c.inter.latency == doctest::Approx(10e-6));
+  // One node: its links stop at intra_node (nothing crosses nodes); more need inter_node.
+  const std::string one =
+      "nodes: 1\ndevices_per_node: 8\ndevice: {memory_gb: 80, peak_tflops: 989}\n"
+      "links: {intra_node: {bandwidth_gb_s: 450, latency_us: 3}}\n";
+  CHECK(config::load_cluster_file(write(one)).world() == 8);
+  std::string two = one;
+  two.replace(two.find("nodes: 1"), 8, "nodes: 2");
+  CHECK(error_of(two).find("links.inter_node: is required") != std::string::npos);
 }
 
 TEST_CASE("a cluster file's mistakes name the key") {

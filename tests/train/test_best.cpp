@@ -151,6 +151,15 @@ TEST_CASE(
     CHECK(b.at("step") == best.step);
     CHECK(b.at("stale_evals") == 4);
     CHECK(b.at("stopped_early") == true);
+    // Listing the directory marks the best.
+    const RunResult l = run_dtrain_command(
+        {"ckpt", "inspect", (run / "checkpoints").string(), "--json"}, tmp.path() / "l.log");
+    REQUIRE_MESSAGE(l.rc == 0, l.describe());
+    int marked = 0;
+    const nlohmann::json listed = nlohmann::json::parse(l.log.substr(l.log.find('{')));
+    for (const nlohmann::json& row : listed.at("checkpoints"))
+      if (row.at("best").get<bool>()) marked += row.at("step") == best.step ? 1 : 100;
+    CHECK_MESSAGE(marked == 1, l.log);
   }
 
   SUBCASE("a resume of the stopped run trains nothing and changes nothing") {
@@ -178,6 +187,31 @@ TEST_CASE(
     REQUIRE_MESSAGE(a.rc == 0, a.describe());
     CHECK_MESSAGE(a.log.find("the comparison starts anew") != std::string::npos, a.log);
     CHECK(read_json(run / "summary.json").at("best").at("metric") == "accuracy");
+  }
+
+  SUBCASE("a run that ended as its patience ran out, extended, stops there as the longer run") {
+    const fs::path ext_job = write_job(tmp.path(), "extended");
+    const RunResult a =
+        run_dtrain(best_args(ext_job, static_cast<int>(stop)), tmp.path() / "e1.log");
+    REQUIRE_MESSAGE(a.rc == 0, a.describe());
+    const fs::path ext = tmp.path() / "extended";
+    CHECK(read_json(ext / "summary.json").at("stopped_early") == false);  // its last step
+    CHECK(read_json(ext / "summary.json").at("best").at("evaluations_since_gain") == 4);
+    std::vector<std::string> longer = best_args(ext_job, 40);
+    longer.insert(longer.end(), {"--resume", "latest"});
+    const RunResult b = run_dtrain(longer, tmp.path() / "e2.log");
+    REQUIRE_MESSAGE(b.rc == 0, b.describe());
+    CHECK_MESSAGE(
+        b.log.find("stopped early at step " + std::to_string(stop) + " of 40") != std::string::npos,
+        b.log);
+    const nlohmann::json s = read_json(ext / "summary.json");
+    CHECK(s.at("steps") == stop);
+    CHECK(s.at("stopped_early") == true);
+    CHECK(s.at("test_loss") == ev.back().loss);  // the stop's evaluation, again
+    const auto expected_losses = read_losses(run / "metrics.jsonl");
+    const auto extended = read_losses(ext / "metrics.jsonl");
+    CHECK_MESSAGE(first_difference(expected_losses, extended) == "",
+                  first_difference(expected_losses, extended));
   }
 
   SUBCASE("min_delta: a gain must pass it, counted from the last gain that did") {
@@ -260,6 +294,18 @@ TEST_CASE(
       {"predict", job.string(), "--split", "test", "--checkpoint", "best"}, tmp.path() / "p.log");
   CHECK(p.rc == 2);
   CHECK_MESSAGE(p.log.find("best.json") != std::string::npos, p.log);
+  // A record at odds with itself, or with a step that is no step, is refused by name.
+  const fs::path record = tmp.path() / "run" / "checkpoints" / "best.json";
+  for (const auto& [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"step\": 12, \"checkpoint\": \"step-00000009.dtckpt\"}", "disagree"},
+           {"{\"step\": 12.5}", "not a best-checkpoint record"}}) {
+    write_bytes(record, text);
+    const RunResult odd = run_dtrain_command(
+        {"predict", job.string(), "--split", "test", "--checkpoint", "best"}, tmp.path() / "o.log");
+    CHECK(odd.rc == 2);
+    CHECK_MESSAGE(odd.log.find(says) != std::string::npos, odd.log);
+  }
+  fs::remove(record);
 
   const RunResult no_eval = run_dtrain_command(
       {"validate", job.string(), "--set", "train.best.metric=loss"}, tmp.path() / "v1.log");
@@ -270,4 +316,10 @@ TEST_CASE(
       {"validate", job.string(), "--set", "train.best.patience=3"}, tmp.path() / "v2.log");
   CHECK(no_metric.rc == 2);
   CHECK_MESSAGE(no_metric.log.find("train.best.patience") != std::string::npos, no_metric.log);
+  // An evaluation only after the last step (the job trains 8 steps) leaves nothing to compare.
+  const RunResult late = run_dtrain_command(
+      {"validate", job.string(), "--set", "train.best.metric=loss", "--set", "train.eval_every=8"},
+      tmp.path() / "v3.log");
+  CHECK(late.rc == 2);
+  CHECK_MESSAGE(late.log.find("train.eval_every") != std::string::npos, late.log);
 }

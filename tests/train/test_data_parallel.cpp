@@ -1447,4 +1447,22 @@ TEST_CASE("SIGTERM or SIGINT to the --nproc launcher stops every rank with exit 
     CHECK_MESSAGE(r.log.find("non-zero") == std::string::npos, r.log);
     if (args.back() != "latest") args.insert(args.end(), {"--resume", "latest"});
   }
+  // Two stops in a row: the second ends the ranks at once (mpirun's SIGTERM), still a
+  // stop (exit 4, not mpirun's 1), nothing left running, and the run resumes.
+  const size_t before = count_lines(run / "metrics.jsonl");
+  const pid_t launcher = spawn_dtrain(args, tmp.path() / "twice.log");
+  for (int i = 0; i < 600 && count_lines(run / "metrics.jsonl") < before + 3; ++i) usleep(50000);
+  kill(launcher, SIGTERM);
+  usleep(20000);
+  kill(launcher, SIGTERM);
+  const RunResult r = wait_dtrain(launcher, tmp.path() / "twice.log", 120);
+  CHECK_MESSAGE(r.rc == 4, r.describe());
+  CHECK(processes_mentioning(run).empty());
+  std::vector<std::string> one_more = args;
+  one_more.insert(
+      one_more.end(),
+      {"--set",
+       "train.steps=" + std::to_string(read_losses(run / "metrics.jsonl").back().step + 1)});
+  const RunResult resumed = run_dtrain(one_more, tmp.path() / "after.log");
+  CHECK_MESSAGE(resumed.rc == 0, resumed.describe());
 }

@@ -340,6 +340,15 @@ TEST_CASE("dtrain bench: figures checked against fp64, JSON, --compare gates on 
   c = run_dtrain_command(args, tmp.path() / "c2.log");
   CHECK_MESSAGE(c.rc == 0, c.describe());
   CHECK_MESSAGE(c.log.find("layernorm/bert-base") != std::string::npos, c.log);
+  // A baseline none of whose figures was measured now compares nothing: not a pass.
+  nlohmann::json other = doc;
+  for (nlohmann::json& f : other["results"]) f["name"] = "elsewhere";
+  write_bytes(tmp.path() / "other.json", other.dump());
+  args = quick;
+  args.insert(args.end(), {"--compare", (tmp.path() / "other.json").string()});
+  c = run_dtrain_command(args, tmp.path() / "c3.log");
+  CHECK_MESSAGE(c.rc == 2, c.describe());
+  CHECK_MESSAGE(c.log.find("nothing compared") != std::string::npos, c.log);
 
   // Bad input is exit 2 naming what is wrong.
   write_bytes(tmp.path() / "junk.json", "{\"results\": 3}");
