@@ -439,7 +439,7 @@ int run_bench(const BenchArgs& a) {
     std::printf("\n%s", runtime::format_comparison(c, threshold).c_str());
     if (c.rows.empty()) {  // a gate that compared nothing must not pass
       throw Error(fmt::format("--compare {}: none of its figures was measured now (another "
-                              "suite, machine's dtypes, or --only?): nothing compared",
+                              "suite, dtype, world size or --only?): nothing compared",
                               a.compare),
                   "compare with a baseline of the same --suite, --dtype and --only");
     }

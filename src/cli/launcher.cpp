@@ -162,13 +162,17 @@ int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options)
     stopped = word == "stopped";
     std::filesystem::remove_all(std::filesystem::path(options.stop_file).parent_path(), ec);
   }
-  // A second stop (SIGTERM to mpirun) ends the ranks at once: mpirun's exit is not 0,
-  // whether the ranks had saved (the file says "stopped") or not yet (the newest
-  // checkpoint is the one before): either way a stop, exit 4, and --resume latest.
-  if (options.graceful && stops >= 2 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-    std::fprintf(
-        stderr, "dtrain: the ranks were stopped at once%s; resume with --resume latest\n",
-        stopped ? " after their checkpoint" : " (the newest checkpoint is the last saved)");
+  // A second stop (SIGTERM to mpirun) ends the ranks at once: mpirun exits 1 or 128 + a
+  // signal, whether the ranks had saved (the file says "stopped") or not yet (the newest
+  // checkpoint is the one before): either way a stop, exit 4, and --resume latest. A
+  // rank's own code (2, 3: its message says why) passes through.
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (options.graceful && stops >= 2 && (code == 1 || code > 128)) {
+    std::fprintf(stderr,
+                 "dtrain: the ranks were stopped at once (mpirun exited with %d)%s; resume with "
+                 "--resume latest\n",
+                 code,
+                 stopped ? " after their checkpoint" : "; the newest checkpoint is the last saved");
     return 4;  // commands.h: kExitInterrupted
   }
   if (WIFEXITED(status)) {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <regex>
@@ -332,7 +333,11 @@ std::optional<int64_t> step_of_name(const fs::path& path) {
   std::smatch m;
   const std::string name = path.filename().string();
   if (!std::regex_match(name, m, kName)) return std::nullopt;
-  return std::stoll(m[1]);
+  const std::string digits = m[1];
+  int64_t step = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;  // too long
+  return step;
 }
 
 std::vector<fs::path> list_checkpoints(const fs::path& dir) {

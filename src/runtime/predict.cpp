@@ -48,7 +48,7 @@ Specials trained_specials(const Job& job, const Tokenizer& tok, int64_t vocab) {
           id(Special::mask)};
 }
 
-// The largest of one row of logits, which must all be finite.
+// What to do about a row of logits that is not finite (runtime/inference.h softmax_row).
 constexpr const char* kLogitsHint = "predict with an earlier checkpoint (--checkpoint)";
 
 // Softmax in double over one row of logits.

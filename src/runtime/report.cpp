@@ -245,9 +245,7 @@ std::string render_report(const fs::path& run_dir) {
   std::string best_label;
   if (const std::optional<double> at =
           eval.empty() ? std::nullopt : number(eval.back(), "best_step")) {
-    const auto best = summary.find("best");
-    const bool by_accuracy = best != summary.end() && best->is_object() &&
-                             best->value("metric", std::string()) == "accuracy";
+    const bool by_accuracy = eval.back().value("best_metric", std::string()) == "accuracy";
     for (const nlohmann::json& e : eval) {
       if (number(e, "step") != at) continue;
       const double v = number(e, by_accuracy ? "test_accuracy" : "test_loss").value_or(NAN);

@@ -110,7 +110,7 @@ class TrainSession {
   // train.best (trainer_best.cpp): whether an evaluation is the best so far and its
   // checkpoint kept (counters_.best updated, with the patience count); whether the run
   // ends early; the checkpoints the rotation keeps for it; best.json after a save.
-  bool track_best(const EvalResult& r);
+  bool track_best(const EvalResult& r, bool counts_for_patience = true);
   bool patience_spent() const;
   std::vector<int64_t> kept_best_steps() const;
   void prune();  // the rotation (leader): the newest train.checkpoint.keep and the best

@@ -347,6 +347,15 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                 "raise train.steps (or train.epochs) to continue the run, or resume from an "
                 "earlier checkpoint (--resume FILE)");
   }
+  // validate's check of train.best for an epochs job, whose steps the data decides.
+  if (job_.train.best.metric != BestMetric::none && job_.train.eval_every &&
+      *job_.train.eval_every >= total_steps_) {
+    throw Error(
+        fmt::format("train.eval_every: {} evaluates after the last step ({}): "
+                    "train.best.metric {} would compare the final evaluation alone",
+                    *job_.train.eval_every, total_steps_, to_string(job_.train.best.metric)),
+        fmt::format("set train.eval_every below {}, or train.best.metric: none", total_steps_));
+  }
   if (!resumed_at_end()) open_run_dir();  // last: input refused above leaves it untouched
   note("data: " + source_->describe());
   if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
@@ -895,7 +904,8 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   bool stopped_early = resumed_ && patience_spent();
   if (stopped_early) {
     counters_.best->stopped = true;
-    last_eval_ = evaluate();  // the summary's figures (the checkpoint's were logged)
+    last_eval_ = evaluate();  // the checkpoint's weights evaluated, for the summary
+    save_checkpoint();        // the same step again, now saying it stopped: a resume is done
   }
   while (!stopped_early && counters_.step < total_steps_) {
     const int64_t next = counters_.step + 1;
@@ -969,7 +979,10 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   }
   if (!stopped_early) {  // an early stop evaluated and saved its last step already
     const EvalResult r = evaluate();
-    const bool best_now = track_best(r);
+    // The last step's evaluation may be the best; it counts for patience only where it
+    // falls on the train.eval_every grid, as the longer run's evaluation there would.
+    const bool on_grid = job_.train.eval_every && counters_.step % *job_.train.eval_every == 0;
+    const bool best_now = track_best(r, on_grid);
     log_eval(r);
     save_checkpoint();
     if (best_now) record_best();

@@ -26,7 +26,7 @@ bool gains(BestMetric m, double v, double than, double delta) {
 
 }  // namespace
 
-bool TrainSession::track_best(const EvalResult& r) {
+bool TrainSession::track_best(const EvalResult& r, bool counts_for_patience) {
   const BestOptions& o = job_.train.best;
   if (o.metric == BestMetric::none) return false;
   const double v = value_of(o.metric, r.loss, r.accuracy);
@@ -37,10 +37,10 @@ bool TrainSession::track_best(const EvalResult& r) {
     return o.keep_checkpoint;
   }
   const bool better = gains(o.metric, v, value_of(o.metric, b->loss, b->accuracy), 0);
-  if (gains(o.metric, v, b->reference, o.min_delta)) {
+  if (counts_for_patience && gains(o.metric, v, b->reference, o.min_delta)) {
     b->reference = v;
     b->stale_evals = 0;
-  } else {
+  } else if (counts_for_patience) {
     ++b->stale_evals;
   }
   if (!better) return false;

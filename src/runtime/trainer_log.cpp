@@ -167,7 +167,10 @@ void TrainSession::log_eval(const EvalResult& r) {
     } else {
       line["test_samples"] = r.samples;
     }
-    if (counters_.best) line["best_step"] = counters_.best->step;  // train.best
+    if (counters_.best) {  // train.best
+      line["best_step"] = counters_.best->step;
+      line["best_metric"] = counters_.best->metric;
+    }
     publish(line, "eval");
   }
   std::string text =

@@ -212,6 +212,14 @@ TEST_CASE(
     const auto extended = read_losses(ext / "metrics.jsonl");
     CHECK_MESSAGE(first_difference(expected_losses, extended) == "",
                   first_difference(expected_losses, extended));
+    // The stop is in its checkpoint now: resuming again trains and writes nothing.
+    const auto before = snapshot(ext);
+    const RunResult c = run_dtrain(longer, tmp.path() / "e3.log");
+    REQUIRE_MESSAGE(c.rc == 0, c.describe());
+    CHECK_MESSAGE(
+        c.log.find("the run stopped early at step " + std::to_string(stop)) != std::string::npos,
+        c.log);
+    CHECK(changed_files(before, snapshot(ext)) == "");
   }
 
   SUBCASE("min_delta: a gain must pass it, counted from the last gain that did") {
