@@ -311,12 +311,12 @@ std::string data_line(const Job& job, bool skip) {
 // finds a checkpoint resumes and never reads it), as one comment line.
 std::string init_from_line(const Job& job, bool skip) {
   if (!job.model.init_from) return {};
-  if (skip) return "# init_from: not read (--no-data)\n";
   const std::filesystem::path resumes =
       runtime::resolve_resume("latest", job.train.checkpoint.dir, "--resume");
   if (!resumes.empty())
     return fmt::format("# init_from: not read: the run resumes from {}\n", resumes.string());
-  runtime::require_init_from_supported(job);
+  runtime::require_init_from_supported(job);  // the job alone decides it: --no-data too
+  if (skip) return "# init_from: not read (--no-data)\n";
   const models::ModelGraph m = models::build_model(job.model, 1);
   runtime::InitWeights w;
   try {

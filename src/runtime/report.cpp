@@ -323,12 +323,13 @@ std::string render_report(const fs::path& run_dir) {
       "font-size:13px}} td{{padding:2px 10px;border-bottom:1px solid #eee}}\n"
       ".n{{text-align:right;font-family:monospace}} .bar{{height:10px;background:#1f77b4}}\n"
       "pre{{background:#f6f6f6;padding:10px;font-size:12px;overflow:auto}}\n</style></head>\n"
-      "<body>\n<h1>dtrain report: {}</h1>\n<p>{} train lines, {} evaluations; {} steps.</p>\n"
+      "<body>\n<h1>dtrain report: {}</h1>\n<p>{} train lines, {} evaluations; {} steps{}.</p>\n"
       "<div class=\"charts\">\n{}</div>\n<h2>Memory by kind (dtrain estimate, per rank)</h2>\n"
       "<table>\n{}</table>\n<h2>Summary</h2>\n<table>\n{}</table>\n<h2>Job (resolved)</h2>\n"
       "<pre>{}</pre>\n</body></html>\n",
       escape(name), escape(name), train.size(), eval.size(),
-      static_cast<int64_t>(number(summary, "steps").value_or(*number(train.back(), "step"))), body,
+      static_cast<int64_t>(number(summary, "steps").value_or(*number(train.back(), "step"))),
+      summary.value("stopped_early", false) ? "; stopped early (train.best.patience)" : "", body,
       by_kind, summary_rows, escape(job));
 }
 

@@ -29,6 +29,8 @@ parallel: {tensor: 2}
 ")
 expect_refusal("model.init_from: not supported with parallel.tensor > 1"
   ${work}/job.yaml --world 2)
+expect_refusal("model.init_from: not supported with parallel.tensor > 1"
+  ${work}/job.yaml --world 2 --no-data)
 
 # ZeRO-2's traffic is a reduction into the owners, not the all-reduce.
 execute_process(COMMAND ${DTRAIN} validate ${cfg}/gpt2-tiny-fortunes-zero2.yaml --world 2 --no-data

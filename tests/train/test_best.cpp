@@ -129,10 +129,11 @@ TEST_CASE(
   if (best.step == stop) want.erase(want.begin() + 2);
   std::sort(want.begin(), want.end());
   CHECK(names_in(run / "checkpoints") == want);
-  // The report draws the best on the loss chart.
-  CHECK(read_bytes(run / "report.html")
-            .find("best, step " + std::to_string(best.step) + " (stopped early)") !=
+  // The report draws the best on the loss chart and says the run stopped early.
+  const std::string report = read_bytes(run / "report.html");
+  CHECK(report.find("best, step " + std::to_string(best.step) + " (stopped early)") !=
         std::string::npos);
+  CHECK(report.find("steps; stopped early (train.best.patience)") != std::string::npos);
 
   SUBCASE("--checkpoint best reads it: predict gives the best evaluation's loss") {
     const RunResult p = run_dtrain_command(
