@@ -87,6 +87,14 @@ struct StepTotals {
 // `t` on the host as f32 (half logits widened: the accuracy count, a sample's draw).
 Tensor host_f32(const Tensor& t);
 
+// Start-up refusals (trainer_require.cpp): the device and the world against the
+// layout, then require_trainable; train.best's evaluations once the steps are known
+// (an epochs job's from the data); and the estimated peak against the rank's memory
+// (the estimate, for the summary).
+void require_supported(const Job& job, int world);
+void require_best_evaluations(const Job& job, int64_t total_steps);
+MemoryEstimate require_fits(const Job& job);
+
 class TrainSession {
  public:
   TrainSession(const TrainRequest& r, dist::Communicator& comm);

@@ -12,15 +12,6 @@ namespace dtrain::runtime {
 // model.init_from: the weights (and batch-norm statistics) of a safetensors file under
 // the family's reference names replace the seeded ones; the optimizer starts fresh. Only
 // a fresh run reads it: the constructor calls this when resume_if_asked found nothing.
-void require_init_from_supported(const Job& job) {
-  if (job.model.init_from && job.parallel.tensor > 1) {
-    throw Error("model.init_from: not supported with parallel.tensor > 1 yet",
-                "start from the file on one rank (or with data or pipeline parallelism) for "
-                "one step, then resume that checkpoint with parallel.tensor (--resume; the "
-                "resumed run does not read init_from): checkpoints move between layouts");
-  }
-}
-
 void TrainSession::init_from(const std::string& path) {
   require_init_from_supported(job_);
   InitWeights w;
