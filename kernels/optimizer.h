@@ -41,6 +41,10 @@ void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum,
 void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
                 Tensor* copy = nullptr);
 
+// The exponential moving average of the weights (optimizer.ema): p and ema [n] f32,
+// ema = decay * ema + rest * p, rest = 1 - decay rounded once by the caller.
+void ema_update(float decay, float rest, const Tensor& p, Tensor& ema);
+
 // LAMB over whole flat buffers p, g, m, v (f32 [N]; g read as g x k.gscale) cut
 // into a fixed chunk table (no copy: the caller writes the compute-dtype copy):
 // ranges i64 [C, 2] (begin, end: elements into the buffers) and wd f32 [C] (the

@@ -54,6 +54,11 @@ __global__ void adamw_kernel(AdamScalars k, P* p, const float* g, float* m, floa
   }
 }
 
+__global__ void ema_kernel(float decay, float rest, const float* p, float* ema, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += thread_stride())
+    ema[i] = decay * ema[i] + rest * p[i];
+}
+
 // Calls fn(P*, C*) with the parameter and copy pointers cast to their storage types
 // (C = void when there is no copy).
 template <typename Fn>
@@ -127,6 +132,13 @@ void launch_adamw_step(const AdamScalars& k, DType p_dtype, void* p, const float
   dispatch_param_copy(p_dtype, p, copy_dtype, copy, [&](auto* pp, auto* cp) {
     adamw_kernel<<<grid_for(n), kThreads, 0, stream>>>(k, pp, g, m, v, cp, n);
   });
+  DTRAIN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_ema_update(float decay, float rest, const float* p, float* ema, int64_t n,
+                       cudaStream_t stream) {
+  if (n == 0) return;
+  ema_kernel<<<grid_for(n), kThreads, 0, stream>>>(decay, rest, p, ema, n);
   DTRAIN_CUDA_CHECK_LAUNCH();
 }
 

@@ -26,8 +26,9 @@ namespace fs = std::filesystem;
 struct CkptArgs {
   std::string path;
   bool json = false;
-  std::string out;            // export: --safetensors
-  std::string dtype = "f32";  // export: --dtype
+  std::string out;                     // export: --safetensors
+  std::string dtype = "f32";           // export: --dtype
+  std::string which_weights = "auto";  // export: --weights
 };
 
 bool is_one_checkpoint(const fs::path& p) {
@@ -334,12 +335,14 @@ int run_export(const CkptArgs& a) {
       is_one_checkpoint(a.path) ? fs::path(a.path) : checkpoints_in(a.path).back();
   const std::string name = a.dtype == "fp32" ? "f32" : a.dtype == "fp16" ? "f16" : a.dtype;
   const DType dtype = parse_dtype(name);
-  const runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
+  runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
+  const bool average = runtime::select_weights(ck, a.which_weights) == "ema";
   const runtime::ExportSummary s = runtime::export_safetensors(ck, a.out, dtype);
-  std::printf("wrote %s: %lld tensors, %lld elements in %s, %s (%s, step %s, from %s)\n",
+  std::printf("wrote %s: %lld tensors, %lld elements in %s, %s (%s, step %s, %s, from %s)\n",
               a.out.c_str(), static_cast<long long>(s.tensors), static_cast<long long>(s.elements),
               name.c_str(), human_bytes(s.bytes).c_str(), s.arch.c_str(),
-              ck.meta.value("step", nlohmann::json()).dump().c_str(), path.string().c_str());
+              ck.meta.value("step", nlohmann::json()).dump().c_str(),
+              average ? "EMA weights" : "the weights", path.string().c_str());
   return kExitOk;
 }
 
@@ -382,6 +385,12 @@ void add_ckpt(CLI::App& app, Action& action) {
   // The job file's names (precision.dtype: fp32 | bf16 | fp16) are accepted too.
   cmd->add_option("--dtype", exp->dtype, "f32 (default), bf16 or f16 (or fp32, fp16)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "fp32", "fp16"}));
+  cmd->add_option(
+         "--weights", exp->which_weights,
+         "of a checkpoint: ema (optimizer.ema's average of the weights), model (the weights "
+         "the optimizer stepped) or auto (default: the average when the checkpoint holds "
+         "one)")
+      ->check(CLI::IsMember({"auto", "model", "ema"}));
   cmd->callback([exp, &action] { action = [exp] { return run_export(*exp); }; });
 }
 

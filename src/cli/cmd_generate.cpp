@@ -28,6 +28,7 @@ struct GenerateArgs {
   std::string job;
   std::vector<std::string> overrides;
   std::string checkpoint, tokenizer, prompt, prompt_file, device;
+  std::string which_weights = "auto";
   int64_t tokens = 64;
   int samples = 1;
   double temperature = 1.0;
@@ -112,6 +113,7 @@ int run_generate(const GenerateArgs& a) {
   runtime::GenerateRequest r;
   r.job = load_model_job(a.job, a.overrides, a.device);
   r.weights = a.checkpoint;
+  r.which_weights = a.which_weights;
   r.tokenizer = a.tokenizer;
   r.prompt = a.prompt_file.empty() ? a.prompt : read_prompt_file(a.prompt_file);
   r.tokens = a.tokens;
@@ -186,6 +188,12 @@ void add_generate(CLI::App& app, Action& action) {
                   "directory (its newest), best (train.best's), or a .safetensors file (dtrain "
                   "ckpt export, Hugging Face GPT-2); default: the job's newest checkpoint, else "
                   "model.init_from");
+  cmd->add_option(
+         "--weights", args->which_weights,
+         "of a checkpoint: ema (optimizer.ema's average of the weights), model (the weights "
+         "the optimizer stepped) or auto (default: the average when the checkpoint holds "
+         "one)")
+      ->check(CLI::IsMember({"auto", "model", "ema"}));
   cmd->add_option("--prompt", args->prompt, "text to continue (default: none, a new document)");
   cmd->add_option("--prompt-file", args->prompt_file,
                   "read the prompt from a file (- for standard input), a final newline kept");

@@ -36,6 +36,7 @@ struct PredictArgs {
   std::vector<std::string> overrides;
   std::vector<std::string> texts;
   std::string input, format = "auto", checkpoint, tokenizer, device;
+  std::string which_weights = "auto";
   std::vector<std::string> images;  // image models: files and directories
   std::string split;                // image models: "test"
   int64_t top = 0;                  // unset: 5 for fill-mask
@@ -464,6 +465,7 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
   runtime::ImagePredictRequest r;
   r.job = job;
   r.weights = a.checkpoint;
+  r.which_weights = a.which_weights;
   r.batch = a.batch;
   r.test_split = a.split == "test";
   r.files = image_files(a.images);
@@ -623,6 +625,7 @@ int run_predict(const PredictArgs& a) {
   r.texts = in.texts;
   r.where = in.where;
   r.weights = a.checkpoint;
+  r.which_weights = a.which_weights;
   r.tokenizer = a.tokenizer;
   r.top = a.top;
   r.batch = a.batch;
@@ -681,6 +684,12 @@ void add_predict(CLI::App& app, Action& action) {
                   "weights: a checkpoint (file or sharded directory), a run or checkpoint "
                   "directory (its newest), best (train.best's), or a .safetensors file (dtrain "
                   "ckpt export); default: the job's newest checkpoint, else model.init_from");
+  cmd->add_option(
+         "--weights", args->which_weights,
+         "of a checkpoint: ema (optimizer.ema's average of the weights), model (the weights "
+         "the optimizer stepped) or auto (default: the average when the checkpoint holds "
+         "one)")
+      ->check(CLI::IsMember({"auto", "model", "ema"}));
   cmd->add_option("--tokenizer", args->tokenizer,
                   "tokenizer.json, or a directory with it (or with GPT-2's vocab.json and "
                   "merges.txt); a labels.json beside it names a classifier's classes "

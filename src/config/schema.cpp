@@ -131,15 +131,17 @@ Field optimizer_section() {
                    integer("step_size", AT(optimizer.schedule.step_size), kPositive),
                    real("gamma", AT(optimizer.schedule.gamma), kOpenFraction),
                    real("min_lr", AT(optimizer.schedule.min_lr), kNonNegativeReal)});
-  return section(
-      "optimizer",
-      {enumeration("name", AT(optimizer.name)), real("lr", AT(optimizer.lr), kPositiveReal),
-       real("momentum", AT(optimizer.momentum), kFraction),
-       boolean("nesterov", AT(optimizer.nesterov)), betas_field(),
-       real("eps", AT(optimizer.eps), kPositiveReal),
-       real("weight_decay", AT(optimizer.weight_decay), kNonNegativeReal),
-       enumeration("no_decay", AT(optimizer.no_decay)),
-       real("clip_grad_norm", AT(optimizer.clip_grad_norm), kPositiveReal), std::move(schedule)});
+  Field ema = section("ema", {real("decay", AT(optimizer.ema.decay), RealRange{0, 1, true, true}),
+                              boolean("warmup", AT(optimizer.ema.warmup))});
+  return section("optimizer", {enumeration("name", AT(optimizer.name)),
+                               real("lr", AT(optimizer.lr), kPositiveReal),
+                               real("momentum", AT(optimizer.momentum), kFraction),
+                               boolean("nesterov", AT(optimizer.nesterov)), betas_field(),
+                               real("eps", AT(optimizer.eps), kPositiveReal),
+                               real("weight_decay", AT(optimizer.weight_decay), kNonNegativeReal),
+                               enumeration("no_decay", AT(optimizer.no_decay)),
+                               real("clip_grad_norm", AT(optimizer.clip_grad_norm), kPositiveReal),
+                               std::move(schedule), std::move(ema)});
 }
 
 Field train_section() {

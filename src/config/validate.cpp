@@ -150,6 +150,15 @@ void check_precision(const Checker& c) {
               "read one flat f32 parameter buffer)",
               "keep master_weights: true, or use optimizer.name sgd or adamw");
     }
+    if (c.job.optimizer.ema.decay) {
+      c.error("optimizer.ema.decay",
+              fmt::format("averages the fp32 weights the optimizer steps; with "
+                          "precision.master_weights false there are only {} ones, rounded "
+                          "every step",
+                          to_string(p.dtype)),
+              "keep precision.master_weights: true (the average costs an fp32 copy of the "
+              "weights either way), or leave optimizer.ema.decay unset");
+    }
     // Legal, as the issue and the article frame it: the configuration to avoid.
     c.warn("precision.master_weights",
            fmt::format("false: the {} parameters are updated in place and rounded every step, "

@@ -2,12 +2,14 @@
 // checkpoint round trip) and make_optimizer. The update rules are sgd.cpp and adam.cpp.
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
+#include "kernels/optimizer.h"
 #include "optim/algorithms.h"
 
 namespace dtrain::optim {
@@ -37,6 +39,8 @@ void check_options(const OptimizerOptions& o) {
   if (!(o.eps > 0)) bad("eps", o.eps, "a positive number");
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
     bad("weight_decay", o.weight_decay, "a non-negative number");
+  if (o.ema.decay && !(*o.ema.decay > 0 && *o.ema.decay < 1))
+    bad("ema.decay", *o.ema.decay, "in (0, 1)");
   if (o.nesterov && (o.name != OptimizerName::sgd || o.momentum == 0))
     throw Error("optimizer.nesterov needs optimizer.name sgd with optimizer.momentum > 0",
                 "set nesterov: false, or use sgd with a momentum");
@@ -50,11 +54,24 @@ Optimizer::Optimizer(const OptimizerOptions& options, std::vector<ParamSegment> 
     : options_(options), segments_(std::move(segments)), total_(total_elems), device_(device) {
   check_segments(segments_, total_);
   chunks_ = chunk_segments(segments_);
-  for (const std::string& name : state_names) {
+  std::vector<std::string> names = state_names;
+  if (has_ema()) names.emplace_back(kEmaBuffer);
+  for (const std::string& name : names) {
     Tensor t = Tensor::empty(Shape{total_}, DType::f32, &kernels::device_allocator(device_));
     kernels::fill(t, 0.0f);
     buffers_.emplace_back(name, std::move(t));
   }
+}
+
+double Optimizer::ema_decay_at(int64_t t) const {
+  const double d = options_.ema.decay.value_or(0.0);
+  if (!options_.ema.warmup) return d;
+  return std::min(d, (1.0 + static_cast<double>(t)) / (10.0 + static_cast<double>(t)));
+}
+
+int state_buffer_count(const OptimizerOptions& o) {
+  const int algorithm = o.name == OptimizerName::sgd ? (o.momentum > 0 ? 1 : 0) : 2;
+  return algorithm + (o.ema.decay ? 1 : 0);
 }
 
 void Optimizer::step(const ParamTarget& target, const Tensor& grads, double lr, float grad_scale) {
@@ -84,7 +101,26 @@ void Optimizer::step(const ParamTarget& target, const Tensor& grads, double lr, 
     check_per_segment(target.views, "views");
   }
   ++step_;
+  if (!has_ema()) {
+    update(target, grads, lr, grad_scale);
+    return;
+  }
+  DTRAIN_CHECK(target.flat.defined(), "optimizer.ema averages a flat f32 parameter buffer");
+  Tensor avg = ema();
+  if (!ema_ready_) {  // the weights before this step (segments only: padding stays 0)
+    for_each_range([&](int32_t, int64_t at, int64_t n) {
+      Tensor e = avg.view(at, Shape{n});
+      kernels::copy(target.flat.view(at, Shape{n}), e);
+    });
+  }
+  ema_ready_ = true;
   update(target, grads, lr, grad_scale);
+  const double d = ema_decay_at(step_);
+  const auto decay = static_cast<float>(d), rest = static_cast<float>(1.0 - d);
+  for_each_range([&](int32_t, int64_t at, int64_t n) {
+    Tensor e = avg.view(at, Shape{n});
+    kernels::ema_update(decay, rest, target.flat.view(at, Shape{n}), e);
+  });
 }
 
 Tensor Optimizer::param_range(const ParamTarget& t, int32_t segment, int64_t at, int64_t n) const {
@@ -134,6 +170,7 @@ void Optimizer::load_state(const OptimizerState& saved) {
     kernels::copy(src, buffers_[i].second);
   }
   step_ = saved.step;
+  ema_ready_ = has_ema();
 }
 
 float Optimizer::decay_of(int32_t segment) const {

@@ -69,6 +69,16 @@ class Optimizer {
   virtual void set_segment_sums(SegmentSums combine) { (void)combine; }
 
   int64_t step_count() const { return step_; }
+  // optimizer.ema: the average's buffer (the last state buffer, "ema": f32 [total_elems],
+  // in the parameters' layout), or undefined without one. Ready: it holds an average
+  // (false until the first step, or after loading a state without one: the next step
+  // starts it from the parameters it is given).
+  bool has_ema() const { return options_.ema.decay.has_value(); }
+  Tensor ema() const { return has_ema() ? buffers_.back().second : Tensor(); }
+  bool ema_ready() const { return ema_ready_; }
+  void set_ema_ready(bool ready) { ema_ready_ = ready && has_ema(); }
+  // The decay of the average at step t (counted from 1), in double.
+  double ema_decay_at(int64_t t) const;
   // Views of the live buffers (not copies): write them out, or copy to keep a snapshot.
   OptimizerState state() const;
   // Copies a saved state in (from any device). A buffer set or size that does not match
@@ -108,7 +118,14 @@ class Optimizer {
   Device device_;
   std::vector<SegmentChunk> chunks_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
+  bool ema_ready_ = false;
 };
+
+// The name of optimizer.ema's state buffer.
+inline constexpr const char* kEmaBuffer = "ema";
+// How many f32 state buffers of the parameters' size an optimizer with these options
+// keeps (the EMA included): what dtrain estimate counts.
+int state_buffer_count(const OptimizerOptions& options);
 
 // Checks the options (dtrain::Error naming the optimizer.* key) and the segments
 // (DTRAIN_CHECK), allocates zeroed state on `device`. For a ZeRO shard pass

@@ -61,6 +61,17 @@ struct ScheduleOptions {
   double min_lr = 0.0;
 };
 
+// optimizer.ema: an exponential moving average of the weights, kept beside them as an
+// optimizer state buffer ("ema", f32, the parameters' layout) and updated after every
+// step: ema = d * ema + (1 - d) * p, with d = decay, or with warmup
+// min(decay, (1 + t) / (10 + t)) at step t (counted from 1), so that the average does
+// not dwell on the initial weights. It starts as the weights before the first step it
+// follows.
+struct EmaOptions {
+  std::optional<double> decay;  // unset: no average
+  bool warmup = true;
+};
+
 struct OptimizerOptions {
   OptimizerName name = OptimizerName::adamw;
   double lr = 1e-3;
@@ -72,6 +83,7 @@ struct OptimizerOptions {
   NoDecayGroups no_decay = NoDecayGroups::norm_and_bias;
   std::optional<double> clip_grad_norm;  // unset: no clipping
   ScheduleOptions schedule;
+  EmaOptions ema;
 };
 
 }  // namespace dtrain

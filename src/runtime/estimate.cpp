@@ -16,6 +16,7 @@
 #include "graph/tensor_parallel.h"
 #include "kernels/device_info.h"
 #include "models/registry.h"
+#include "optim/optimizer.h"
 #include "precision/options.h"
 #include "runtime/grad_compression.h"
 #include "runtime/pipeline.h"
@@ -451,11 +452,16 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     add_optimizer("master weights", offload ? host_layout : f32_layout,
                   "fp32 copy the optimizer steps" + shard_note);
   const OptimizerOptions& o = job.optimizer;
-  const int states = o.name == OptimizerName::sgd ? (o.momentum > 0 ? 1 : 0) : 2;
-  const auto ranged_items = static_cast<size_t>(states + (masters ? 1 : 0));
+  const int ema = o.ema.decay ? 1 : 0;
+  const int states = optim::state_buffer_count(o) - ema;
+  const auto ranged_items = static_cast<size_t>(states + ema + (masters ? 1 : 0));
   add_optimizer(
       "optimizer state", (offload ? host_layout : f32_layout) * static_cast<size_t>(states),
       std::string(o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq") + shard_note);
+  if (ema) {
+    add_optimizer("EMA weights", offload ? host_layout : f32_layout,
+                  "f32 average of the weights (optimizer.ema)" + shard_note);
+  }
   if (offload) {
     add_optimizer("gradients (host copy)", host_layout, "f32, downloaded for each step");
     if (!sharded) {

@@ -241,7 +241,7 @@ GenerateResult generate(const GenerateRequest& r) {
     ModelOptions options = job.model;  // the layout alone: no executor, nothing allocated
     options.seq_len = static_cast<int>(std::min<int64_t>(context, kShortestForward));
     return read_model_weights(job, r.weights, models::build_model(options, 1).graph, shape.heads,
-                              "generate");
+                              "generate", r.which_weights);
   }();
   out.weights = w.source;
   out.step = w.step;

@@ -51,8 +51,11 @@ struct GenerateResult;
 
 struct GenerateRequest {
   Job job;
-  std::string weights;    // a checkpoint, a run or checkpoint directory, a .safetensors
-                          // file; empty: the job's newest checkpoint, else model.init_from
+  std::string weights;  // a checkpoint, a run or checkpoint directory, a .safetensors
+                        // file; empty: the job's newest checkpoint, else model.init_from
+  // A checkpoint's weights or optimizer.ema's average: auto (the average when it holds
+  // one), model or ema (runtime/inference.h).
+  std::string which_weights = "auto";
   std::string tokenizer;  // tokenizer.json; empty: data.path's
   std::string prompt;     // text; generation starts with <|endoftext|> then these tokens
   int64_t tokens = 64;    // new tokens per sample at most

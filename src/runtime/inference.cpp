@@ -61,7 +61,14 @@ int64_t recorded_heads(const fs::path& file, const std::map<std::string, std::st
 }
 
 ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph::Graph& g,
-                              int64_t job_heads, std::string_view command) {
+                              int64_t job_heads, std::string_view command, std::string_view which) {
+  if (which == "ema") {
+    throw Error(fmt::format("--weights ema: {} is a safetensors file, which holds one set of "
+                            "weights",
+                            file.string()),
+                "export the average with dtrain ckpt export --weights ema, and pass that file "
+                "without --weights; or pass a checkpoint");
+  }
   InitWeights w;
   try {
     w = load_init_weights(file, job.model.arch, g.param_layout(), g.buffer_layout());
@@ -92,7 +99,7 @@ ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph:
 }
 
 ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
-                             int64_t job_heads, std::string_view command) {
+                             int64_t job_heads, std::string_view command, std::string_view which) {
   Checkpoint ck;
   try {
     ck = read_any_checkpoint(path);
@@ -101,6 +108,7 @@ ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::
   } catch (const Error& e) {
     throw Error(e.message(), kWeightsHint);  // its own hint speaks of resuming
   }
+  const bool average = select_weights(ck, which) == "ema";
   if (ck.meta.contains("model")) {
     const nlohmann::json& m = ck.meta.at("model");
     if (!m.is_object() || (m.contains("heads") && !m.at("heads").is_number_integer())) {
@@ -158,7 +166,7 @@ ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::
                             path.string(), by_name.begin()->first, job.model.arch),
                 hint);
   }
-  w.source = path.string();
+  w.source = path.string() + (average ? ", EMA weights" : "");
   w.step = ck.meta.value("step", int64_t{-1});
   return w;
 }
@@ -173,28 +181,28 @@ bool is_safetensors(const fs::path& path) {
 }
 
 ModelWeights read_model_weights(const Job& job, const std::string& weights, const graph::Graph& g,
-                                int64_t heads, std::string_view command) {
+                                int64_t heads, std::string_view command, std::string_view which) {
   if (weights == "best") {  // train.best's checkpoint, as best.json names it
     return from_checkpoint(resolve_resume("best", job.train.checkpoint.dir, "--checkpoint"), job, g,
-                           heads, command);
+                           heads, command, which);
   }
   if (!weights.empty() && weights != "latest") {
     std::error_code ec;
     if (fs::is_regular_file(weights, ec) && is_safetensors(weights))
-      return from_safetensors(weights, job, g, heads, command);
+      return from_safetensors(weights, job, g, heads, command, which);
     fs::path path;
     try {
       path = resolve_resume(weights, job.train.checkpoint.dir, "--checkpoint");
     } catch (const Error& e) {
       throw Error(e.message(), kWeightsHint);
     }
-    return from_checkpoint(path, job, g, heads, command);
+    return from_checkpoint(path, job, g, heads, command, which);
   }
   const fs::path newest = resolve_resume("latest", job.train.checkpoint.dir, "--checkpoint");
-  if (!newest.empty()) return from_checkpoint(newest, job, g, heads, command);
+  if (!newest.empty()) return from_checkpoint(newest, job, g, heads, command, which);
   if (job.model.init_from) {
     try {
-      return from_safetensors(*job.model.init_from, job, g, heads, command);
+      return from_safetensors(*job.model.init_from, job, g, heads, command, which);
     } catch (const RunError&) {
       throw;
     } catch (const Error& e) {  // say why that file was read at all

@@ -28,7 +28,7 @@ struct ModelWeights {
   // The graph's f32 buffers (batch norm's running statistics), in its buffer layout;
   // undefined for a model without any.
   Tensor buffers;
-  std::string source;  // what was read
+  std::string source;  // what was read ("..., EMA weights" for optimizer.ema's average)
   int64_t step = -1;   // the checkpoint's step; -1: a safetensors file
 };
 
@@ -39,8 +39,11 @@ struct ModelWeights {
 // job's attention heads (0: no heads to check), `command` the subcommand for messages.
 // Every tensor of the model must come from the file: a safetensors file without the
 // model's task head is an Error. Errors say what to pass instead.
+// `which`: of a checkpoint, its weights or optimizer.ema's average (runtime/safetensors.h's
+// select_weights: auto, model or ema); a safetensors file holds one set (ema: an Error).
 ModelWeights read_model_weights(const Job& job, const std::string& weights, const graph::Graph& g,
-                                int64_t heads, std::string_view command);
+                                int64_t heads, std::string_view command,
+                                std::string_view which = "auto");
 
 // `tokenizer`: a tokenizer.json, or a directory holding one or GPT-2's vocab.json and
 // merges.txt; empty: data.path's tokenizer.json (data.dataset tokens).

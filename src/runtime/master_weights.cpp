@@ -156,34 +156,7 @@ void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
       g = host_grads_;
     }
     opt.step(target_, g, lr, grad_scale);
-    if (param_shard_.defined()) {  // ZeRO-3: the next forward gathers what it needs
-      if (target_.flat.raw() != param_shard_.raw()) publish_piece(shard_.begin, target_.flat);
-      return;
-    }
-    if (mode_ == MasterMode::fp32) {
-      Tensor flat = ex_.params().flat(DType::f32);
-      if (offload_) {  // the stepped range back into the executor, then gathered there
-        Tensor mine = flat.view(shard_.begin, Shape{shard_.size()});
-        kernels::copy(shard_host_params_, mine);
-      }
-      if (shard_.sharded()) gather_shards(*comm_, flat, shard_);
-      return;
-    }
-    if (grads_sharded_) {  // no whole buffer to gather through: pieces, rounded as they come
-      broadcast_shards(*comm_, shard_masters_, shard_, gather_piece_,
-                       [this](int64_t lo, const Tensor& values) { publish_piece(lo, values); });
-      return;
-    }
-    if (!shard_.sharded()) {  // a pipeline stage alone: its range rounded into its parameters
-      publish_piece(shard_.begin, shard_masters_);
-      return;
-    }
-    // The gradients are spent: their buffer carries the gathered masters, which every
-    // rank then rounds into its half parameters (the span's: a pipeline stage's own).
-    Tensor mine = grads_.view(shard_.begin, Shape{shard_.size()});
-    kernels::copy(shard_masters_, mine);
-    gather_shards(*comm_, grads_, shard_);
-    publish_piece(shard_.base, grads_.view(shard_.base, Shape{shard_.span}));
+    publish_range();
     return;
   }
   if (!offload_) {
@@ -193,6 +166,68 @@ void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
   kernels::copy(grads_, host_grads_);  // blocking: waits for the backward that wrote them
   opt.step(target_, host_grads_, lr, grad_scale);
   upload();
+}
+
+// After the optimizer wrote this rank's range of target_.flat: every parameter the
+// executor holds from it (gathered over the data group) and, from that, the compute-dtype
+// copy.
+void MasterWeights::publish_range() {
+  if (param_shard_.defined()) {  // ZeRO-3: the next forward gathers what it needs
+    if (target_.flat.raw() != param_shard_.raw()) publish_piece(shard_.begin, target_.flat);
+    return;
+  }
+  if (mode_ == MasterMode::fp32) {
+    Tensor flat = ex_.params().flat(DType::f32);
+    if (offload_) {  // the stepped range back into the executor, then gathered there
+      Tensor mine = flat.view(shard_.begin, Shape{shard_.size()});
+      kernels::copy(shard_host_params_, mine);
+    }
+    if (shard_.sharded()) gather_shards(*comm_, flat, shard_);
+    return;
+  }
+  if (grads_sharded_) {  // no whole buffer to gather through: pieces, rounded as they come
+    broadcast_shards(*comm_, shard_masters_, shard_, gather_piece_,
+                     [this](int64_t lo, const Tensor& values) { publish_piece(lo, values); });
+    return;
+  }
+  if (!shard_.sharded()) {  // a pipeline stage alone: its range rounded into its parameters
+    publish_piece(shard_.begin, shard_masters_);
+    return;
+  }
+  // The gradients are spent: their buffer carries the gathered masters, which every
+  // rank then rounds into its half parameters (the span's: a pipeline stage's own).
+  Tensor mine = grads_.view(shard_.begin, Shape{shard_.size()});
+  kernels::copy(shard_masters_, mine);
+  gather_shards(*comm_, grads_, shard_);
+  publish_piece(shard_.base, grads_.view(shard_.base, Shape{shard_.span}));
+}
+
+void MasterWeights::exchange(Tensor& values) {
+  Tensor& mine = target_.flat;
+  DTRAIN_CHECK(mine.defined() && values.dtype() == DType::f32 && values.numel() == mine.numel() &&
+                   values.device() == mine.device(),
+               "exchange: f32 [{}] on {}, got {}", mine.defined() ? mine.numel() : 0,
+               mine.defined() ? mine.device().str() : "-", values.str());
+  // Piece by piece through one bounded temporary: no second copy of the weights.
+  const int64_t n = mine.numel(), piece = std::min<int64_t>(n, int64_t{1} << 20);
+  if (n > 0) {
+    Tensor temp =
+        Tensor::empty(Shape{piece}, DType::f32, &kernels::device_allocator(mine.device()));
+    for (int64_t at = 0; at < n; at += piece) {
+      const int64_t len = std::min(piece, n - at);
+      Tensor t = temp.view(0, Shape{len}), a = mine.view(at, Shape{len}),
+             b = values.view(at, Shape{len});
+      kernels::copy(a, t);
+      kernels::copy(b, a);
+      kernels::copy(t, b);
+    }
+  }
+  if (shard_.ranged()) {
+    DTRAIN_CHECK(comm_ != nullptr || !shard_.sharded(), "ZeRO exchange before attach()");
+    return publish_range();
+  }
+  if (mode_ == MasterMode::masters) return publish(mine);
+  if (twin_) upload();  // fp32 offloaded: the host twin stepped, the executor's uploaded
 }
 
 Tensor MasterWeights::shard_params() const {

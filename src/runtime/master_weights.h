@@ -92,6 +92,13 @@ class MasterWeights {
   // updates target(); offloaded, the gradients go to the host first and the
   // parameters come back after.
   void step(optim::Optimizer& opt, double lr, float grad_scale);
+  // Evaluating optimizer.ema's average: exchanges the values of what the optimizer
+  // steps (target().flat: the fp32 weights or masters, this rank's range of them under
+  // ZeRO or in a pipeline stage) with `values` (f32, the same size and device), then
+  // gives the executor the new ones as a step does (rounded into the compute dtype,
+  // gathered over the data group: collective). A second call with the same `values`
+  // restores every bit. Not for in_place (precision.master_weights false).
+  void exchange(Tensor& values);
 
   // The parameters in the fp32 layout, ready to be saved or compared across ranks (for
   // in_place: widened now into a temporary, dropped by release_state(); not for
@@ -108,8 +115,9 @@ class MasterWeights {
   void release_state() { wide_.reset(); }
 
  private:
-  void publish(const Tensor& flat);                     // f32 layout -> executor, rounded
-  void upload();                                        // offloaded: host twin -> executor
+  void publish(const Tensor& flat);  // f32 layout -> executor, rounded
+  void publish_range();  // ranged: the stepped range -> the executor (gathered), rounded
+  void upload();         // offloaded: host twin -> executor
   void publish_piece(int64_t lo, const Tensor& piece);  // f32 layout piece -> executor
 
   graph::Executor& ex_;

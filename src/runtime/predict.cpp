@@ -428,8 +428,8 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
   int64_t batch = r.batch > 0 ? r.batch : job.data.micro_batch;
   if (!r.test_split) batch = std::min(batch, static_cast<int64_t>(r.files.size()));
   out.rows_per_forward = batch;
-  const ModelWeights w =
-      read_model_weights(job, r.weights, models::build_model(job.model, 1).graph, 0, "predict");
+  const ModelWeights w = read_model_weights(job, r.weights, models::build_model(job.model, 1).graph,
+                                            0, "predict", r.which_weights);
   out.weights = w.source;
   out.step = w.step;
   out.classes = image_class_names(job, &out.classes_source);
@@ -578,7 +578,7 @@ PredictResult predict(const PredictRequest& r) {
     options.seq_len = static_cast<int>(std::min<int64_t>(shape.seq_len, kShortestForward));
     options.mlm_predictions = 1;
     return read_model_weights(job, r.weights, models::build_model(options, 1).graph, shape.heads,
-                              "predict");
+                              "predict", r.which_weights);
   }();
   out.weights = w.source;
   out.step = w.step;

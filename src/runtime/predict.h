@@ -38,8 +38,9 @@ namespace dtrain::runtime {
 
 struct PredictRequest {
   Job job;
-  std::string weights;    // as GenerateRequest::weights
-  std::string tokenizer;  // tokenizer.json or a directory; empty: data.path's
+  std::string weights;                 // as GenerateRequest::weights
+  std::string which_weights = "auto";  // as GenerateRequest::which_weights
+  std::string tokenizer;               // tokenizer.json or a directory; empty: data.path's
   std::vector<std::string> texts;
   std::vector<std::string> where;  // per text, for messages ("rows.tsv:7"); empty: "text N"
   // Rows per forward at most: texts (GPT-2: windows); 0: 32, and for a GPT-2 as many as
@@ -112,10 +113,11 @@ std::vector<std::string> class_names(const Job& job, const std::string& tokenize
 // statistics (evaluation mode).
 struct ImagePredictRequest {
   Job job;
-  std::string weights;             // as GenerateRequest::weights
-  std::vector<std::string> files;  // image files
-  bool test_split = false;         // the job's test split instead of files
-  int64_t batch = 0;               // images per forward; 0: data.micro_batch
+  std::string weights;                 // as GenerateRequest::weights
+  std::string which_weights = "auto";  // as GenerateRequest::which_weights
+  std::vector<std::string> files;      // image files
+  bool test_split = false;             // the job's test split instead of files
+  int64_t batch = 0;                   // images per forward; 0: data.micro_batch
 };
 
 struct ImagePrediction {

@@ -14,6 +14,7 @@
 #include "graph/lifetimes.h"
 #include "kernels/device_info.h"
 #include "kernels/peak.h"
+#include "optim/optimizer.h"
 #include "precision/options.h"
 #include "runtime/estimate.h"
 #include "runtime/zero.h"
@@ -211,9 +212,8 @@ OptimizerTraffic optimizer_traffic(const Job& job, const graph::Graph& g) {
   else if (job.precision.master_weights)
     step += 2.0 + 0.5;  // the fp32 masters read and written, the half weights written
   else
-    step += 1.0;  // half weights read and written in place
-  const int states = o.name == OptimizerName::sgd ? (o.momentum > 0 ? 1 : 0) : 2;
-  step += 2.0 * states;
+    step += 1.0;                                   // half weights read and written in place
+  step += 2.0 * optim::state_buffer_count(o);      // each read and written (the EMA too)
   if (o.name == OptimizerName::lamb) step += 2.0;  // the weight and update norms
   const double n = static_cast<double>(g.num_params());
   // ZeRO-1: this rank steps its shard (the last rank's, the largest) of the layout.

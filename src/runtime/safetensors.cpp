@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "data/atomic_file.h"
+#include "optim/optimizer.h"
 #include "runtime/export_names.h"
 
 namespace dtrain::runtime {
@@ -262,6 +263,33 @@ std::vector<NamedTensor> checkpoint_model_tensors(const Checkpoint& ck) {
   for (const graph::FlatEntry& e : l.params) out.push_back({e.name, entry_of(ck, "params", e)});
   for (const graph::FlatEntry& e : l.buffers) out.push_back({e.name, entry_of(ck, "buffers", e)});
   return out;
+}
+
+std::string select_weights(Checkpoint& ck, std::string_view choice) {
+  if (choice != "auto" && choice != "model" && choice != "ema") {
+    throw Error(fmt::format("--weights {}: expected auto, model or ema", choice));
+  }
+  const std::string average = std::string("optim.") + optim::kEmaBuffer;
+  const auto find = [&](const std::string& name) {
+    return std::find_if(ck.tensors.begin(), ck.tensors.end(),
+                        [&](const NamedTensor& t) { return t.name == name; });
+  };
+  const auto ema = find(average);
+  if (choice == "model" || (choice == "auto" && ema == ck.tensors.end())) return "model";
+  if (ema == ck.tensors.end()) {
+    throw Error(fmt::format("{}: holds no average of the weights (its run did not set "
+                            "optimizer.ema.decay)",
+                            ck.file.string()),
+                "leave --weights out (or pass --weights model) for the weights it holds");
+  }
+  const auto params = find("params.f32");
+  if (params == ck.tensors.end() || !(params->tensor.shape() == ema->tensor.shape())) {
+    throw Error(fmt::format("{}: its average ({}) and its parameters do not match",
+                            ck.file.string(), ema->tensor.str()),
+                "the checkpoint was not written by dtrain train");
+  }
+  params->tensor = ema->tensor;
+  return "ema";
 }
 
 ExportSummary export_safetensors(const Checkpoint& ck, const fs::path& out, DType dtype) {

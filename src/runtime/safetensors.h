@@ -39,6 +39,13 @@ void write_safetensors(const std::filesystem::path& file, const std::vector<Name
 // half weights without masters.
 std::vector<NamedTensor> checkpoint_model_tensors(const Checkpoint& ck);
 
+// Which of a checkpoint's weights the model tensors above are: "model" (the weights the
+// optimizer stepped), "ema" (optimizer.ema's average, the state buffer "ema") or "auto"
+// (the average when the checkpoint holds one). Selecting the average puts it in the
+// place of the weights; asking for it of a checkpoint without one, or another choice,
+// is an Error. Returns what was selected ("model" or "ema").
+std::string select_weights(Checkpoint& ck, std::string_view choice);
+
 struct ExportSummary {
   std::string arch;
   int64_t tensors = 0, elements = 0, bytes = 0;  // bytes: the whole file

@@ -67,6 +67,7 @@ struct EvalResult {
   double loss = 0;
   double accuracy = 0;
   int64_t samples = 0;
+  bool ema = false;  // of optimizer.ema's average, not of the weights the optimizer steps
 };
 
 // Element-wise sums over the ranks (in double; one small all-reduce).
@@ -125,7 +126,11 @@ class TrainSession {
   void record_best(std::string_view gone = {});  // gone: why a record is removed
   void start_best();
   StepTotals agree_totals(const StepTotals& local);
+  // The test split's loss and accuracy: of optimizer.ema's average once it exists
+  // (exchanged into the model for the evaluation and back, every bit restored), else of
+  // the weights.
   EvalResult evaluate();
+  EvalResult evaluate_model();
   void log_window(double loss, double seconds, double wait, int64_t steps);
   void log_eval(const EvalResult& r);
   // logging.samples (trainer_samples.cpp): the tokenizer and the prompt, read at start-up
@@ -192,6 +197,7 @@ class TrainSession {
   std::vector<NamedTensor> compression_blobs() const;
   TrainCounters resume_whole(const fs::path& file);
   void take_extra_blobs(RangeLoad& load);
+  void resumed_ema_note(const std::filesystem::path& file);
   const FeedBatch& next_batch();
   void sequential_passes(StepTotals& local);
   void pipeline_passes(StepTotals& local);

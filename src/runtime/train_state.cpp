@@ -484,12 +484,24 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
   // The parameters, then every state buffer (the blobs "optim.<name>"), of a blob
   // holding elements [first, ...) of the layout, a piece at a time: the parameters
   // whole, the state's part in [begin, end).
+  // optimizer.ema's average may be in the checkpoint and not in this run, or the other
+  // way round: the other buffers load, an average the run lacks is not read, and one the
+  // checkpoint lacks starts again from the weights (TrainCounters::ema says which).
+  std::vector<std::string> saved_names;  // the checkpoint's, set below
+  const auto saved = [&](const std::string& name) {
+    return std::find(saved_names.begin(), saved_names.end(), name) != saved_names.end();
+  };
+  const auto without_ema = [](std::vector<std::string> names) {
+    names.erase(std::remove(names.begin(), names.end(), optim::kEmaBuffer), names.end());
+    return names;
+  };
   auto load_pieces = [&](const CheckpointReader& rd, const std::string& params, int64_t first,
                          bool state) {
     rd.pieces(params, kLoadPiece,
               [&](int64_t lo, const Tensor& piece) { l.params(first + lo, piece); });
     if (!state) return;
     for (const auto& [name, t] : live.buffers) {
+      if (!saved(name)) continue;
       rd.pieces("optim." + name, kLoadPiece, [&](int64_t lo, const Tensor& piece) {
         lo += first;
         if (l.state) {
@@ -523,13 +535,17 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
         }
       };
       check_whole("params.f32");
-      for (const auto& [name, t] : live.buffers) check_whole("optim." + name);
+      for (const CheckpointReader::Blob& b : rd.blobs())
+        if (b.name.rfind("optim.", 0) == 0) saved_names.push_back(b.name.substr(6));
+      for (const auto& [name, t] : live.buffers)
+        if (name != optim::kEmaBuffer || saved(name)) check_whole("optim." + name);
       check_buffers(rd);
       load_pieces(rd, "params.f32", 0, true);
       load_buffers(rd);
       optim::OptimizerState st = opt.state();
       st.step = ck.meta.at("optimizer").at("step");
       opt.load_state(st);
+      opt.set_ema_ready(saved(optim::kEmaBuffer));
       if (l.extra) {
         std::vector<NamedTensor> extras;
         for (const CheckpointReader::Blob& b : rd.blobs())
@@ -538,7 +554,9 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
         for (const NamedTensor& t : extras) blobs.push_back(&t);
         l.extra(blobs);
       }
-      return counters_of(ck);
+      TrainCounters c = counters_of(ck);
+      c.ema = saved(optim::kEmaBuffer);
+      return c;
     }
     const fs::path manifest = path / "manifest.dtckpt";
     const Checkpoint man = read_checkpoint(manifest);                // its own checksums
@@ -546,9 +564,13 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
     check_layout(man, "params", layout_of(*l.layout));
     check_layout(man, "buffers", layout_of(*l.buffers));
     check_optimizer(man, opt);
-    std::vector<std::string> names;
-    for (const auto& [name, t] : live.buffers) names.push_back(name);
-    if (man.meta.at("sharded").at("optimizer_buffers").get<std::vector<std::string>>() != names ||
+    std::vector<std::string> names, live_names;  // names: this run's that the checkpoint has
+    saved_names = man.meta.at("sharded").at("optimizer_buffers").get<std::vector<std::string>>();
+    for (const auto& [name, t] : live.buffers) {
+      live_names.push_back(name);
+      if (saved(name)) names.push_back(name);
+    }
+    if (without_ema(saved_names) != without_ema(live_names) ||
         man.meta.at("sharded").at("total").get<int64_t>() != total) {
       bad_shard(manifest, "its optimizer buffers or layout size differ from this run's");
     }
@@ -571,6 +593,7 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
     optim::OptimizerState st = opt.state();
     st.step = man.meta.at("optimizer").at("step");
     opt.load_state(st);
+    opt.set_ema_ready(saved(optim::kEmaBuffer));
     // Extra blobs (compression's state) are per rank: only a checkpoint of this world
     // size has this rank's.
     if (static_cast<int>(shards.size()) == l.world && l.extra) {
@@ -589,7 +612,9 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       for (const NamedTensor& t : extras) blobs.push_back(&t);
       l.extra(blobs);
     }
-    return counters_of(man);
+    TrainCounters c = counters_of(man);
+    c.ema = saved(optim::kEmaBuffer);
+    return c;
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("{}: malformed training metadata: {}", path.string(), e.what()),
                 "the file passed its checksums but was not written by dtrain train");

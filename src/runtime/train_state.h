@@ -47,6 +47,9 @@ struct TrainCounters {
   double window_loss_sum = 0;
   int64_t window_losses = 0;
   std::optional<BestEval> best;  // train.best.metric set and an evaluation done
+  // Loaded, not saved: whether the checkpoint holds optimizer.ema's average (its state
+  // buffer "ema").
+  bool ema = false;
 };
 
 // `params`: the parameters the optimizer steps (the executor's for fp32, the fp32

@@ -689,6 +689,16 @@ void TrainSession::fail_non_finite(double loss) const {
 // the masked positions of a masked-LM one) alike; -100 labels count for nothing.
 // Each rank evaluates its slice of every batch; the sums meet in one all-reduce.
 EvalResult TrainSession::evaluate() {
+  if (!opt_->ema_ready()) return evaluate_model();
+  Tensor average = opt_->ema();
+  weights_->exchange(average);
+  EvalResult r = evaluate_model();
+  weights_->exchange(average);
+  r.ema = true;
+  return r;
+}
+
+EvalResult TrainSession::evaluate_model() {
   DeviceFeed test(source_->feed(FeedSplit::eval, {}), job_.device);
   double loss_sum = 0, correct = 0, samples = 0;
   for (int64_t k = 0; k < test.batches_per_epoch(); ++k) {

@@ -94,6 +94,24 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
 
 // Compression's state comes from this rank's shard (its index in the save's group),
 // kept until connect_compression restores it.
+// optimizer.ema after a resume: an average the checkpoint lacks starts again from the
+// resumed weights at the next step; one the job no longer keeps is not read.
+void TrainSession::resumed_ema_note(const fs::path& file) {
+  opt_->set_ema_ready(counters_.ema);
+  if (opt_->has_ema() && !counters_.ema) {
+    note(
+        fmt::format("note: {} holds no average of the weights (optimizer.ema): it starts from "
+                    "the weights of step {}",
+                    file.string(), counters_.step));
+  } else if (!opt_->has_ema() && counters_.ema) {
+    note(
+        fmt::format("note: {} holds an average of the weights that this job does not keep "
+                    "(optimizer.ema.decay unset): it is not read, and the next checkpoints "
+                    "have none",
+                    file.string()));
+  }
+}
+
 void TrainSession::take_extra_blobs(RangeLoad& load) {
   load.rank = save_index();
   load.world = comm_.size();
@@ -121,6 +139,7 @@ void TrainSession::resume_if_asked() {
       take_extra_blobs(load);
       counters_ = tensor_split() ? resume_whole(file) : load_train_state_ranges(file, load);
       weights_->finish_load();
+      resumed_ema_note(file);
       // The head count is the one part of the model no tensor's shape shows.
       if (counters_.heads > 0 && heads > 0 && counters_.heads != heads) {
         throw Error(fmt::format("{}: the model was trained with {} attention heads, the job's "

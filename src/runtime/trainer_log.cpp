@@ -160,7 +160,8 @@ void TrainSession::log_eval(const EvalResult& r) {
     nlohmann::json line = {{"step", counters_.step},
                            {"eval", true},
                            {"test_loss", r.loss},
-                           {"test_accuracy", r.accuracy}};
+                           {"test_accuracy", r.accuracy},
+                           {"weights", r.ema ? "ema" : "model"}};
     if (language_model_) {  // accuracy over the predicted tokens (the masked ones for BERT)
       line["test_tokens"] = r.samples;
       line["test_perplexity"] = std::exp(r.loss);
@@ -176,11 +177,13 @@ void TrainSession::log_eval(const EvalResult& r) {
   std::string text =
       language_model_
           ? fmt::format(
-                "eval at step {}: test loss {:.4f} (perplexity {:.1f}), token accuracy "
+                "eval at step {}{}: test loss {:.4f} (perplexity {:.1f}), token accuracy "
                 "{:.2f}% ({} tokens)",
-                counters_.step, r.loss, std::exp(r.loss), 100 * r.accuracy, r.samples)
-          : fmt::format("eval at step {}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
-                        counters_.step, r.loss, 100 * r.accuracy, r.samples);
+                counters_.step, r.ema ? " (EMA weights)" : "", r.loss, std::exp(r.loss),
+                100 * r.accuracy, r.samples)
+          : fmt::format("eval at step {}{}: test loss {:.4f}, accuracy {:.2f}% ({} samples)",
+                        counters_.step, r.ema ? " (EMA weights)" : "", r.loss, 100 * r.accuracy,
+                        r.samples);
   if (counters_.best) {
     text += counters_.best->step == counters_.step
                 ? ", the best so far"
@@ -211,6 +214,7 @@ nlohmann::json TrainSession::summary(double secs, int64_t first, double last_los
                             {"final_loss", last_loss},
                             {"test_loss", last_eval_.loss},
                             {"test_accuracy", last_eval_.accuracy},
+                            {"test_weights", last_eval_.ema ? "ema" : "model"},
                             {"parameters", model_.graph.num_params()},
                             {"world_size", comm_.size()},
                             {"allreduce", algo_summary_},

@@ -79,6 +79,29 @@ TEST_CASE("sgd, adamw and lamb on CUDA match the fp64 reference") {
   CHECK(max_rel_error_gpu(options_for(OptimizerName::lamb), ref_lamb, 6) < 1e-6);
 }
 
+// optimizer.ema on the device: the same average as the CPU's (the same f32 expression;
+// nvcc may fuse its multiply-add, so within a few units in the last place).
+TEST_CASE("optimizer.ema on CUDA keeps the CPU's average") {
+  OptimizerOptions o = options_for(OptimizerName::adamw);
+  o.ema.decay = 0.9;
+  auto gpu = make_optimizer(o, layout(), kTotal, kGpu);
+  auto cpu = make_optimizer(o, layout(), kTotal);
+  std::vector<float> pc = pattern(kTotal, 1);
+  Tensor pg = to_gpu(pc), pct = as_tensor(pc);
+  for (int s = 0; s < 4; ++s) {
+    std::vector<float> g = pattern(kTotal, 100 + s);
+    gpu->step(pg, to_gpu(g), 0.01);
+    cpu->step(pct, as_tensor(g), 0.01);
+  }
+  const std::vector<float> eg = to_vector(gpu->ema());
+  const float* ec = cpu->ema().data<float>();
+  double worst = 0;
+  for (int64_t i = 0; i < kTotal; ++i)
+    worst = std::max(worst, std::abs(eg[i] - ec[i]) / (1.0 + std::abs(ec[i])));
+  CHECK(worst < 1e-6);
+  CHECK(eg[310] == 0.0f);  // padding
+}
+
 TEST_CASE("CUDA optimizer state round-trips through the host") {
   const auto segs = layout();
   auto a = make_optimizer(options_for(OptimizerName::adamw), segs, kTotal, kGpu);

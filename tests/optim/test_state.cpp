@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "optim/optimizer.h"
@@ -168,4 +170,54 @@ TEST_CASE("shard_segments rebases and clips, and lamb refuses a cut segment") {
   CHECK(segment_split(OptimizerName::lamb) == SegmentSplit::forbidden);
   CHECK_THROWS_WITH_AS(shard_segments(layout(), 0, 5000, SegmentSplit::forbidden),
                        doctest::Contains("cuts segment big"), InternalError);
+}
+
+// optimizer.ema: the average starts as the weights before the first step and follows
+// ema = d ema + (1 - d) p after every step (d with or without the warm-up ramp), over
+// segment elements only; it is the last state buffer, and a state loaded without it
+// (set_ema_ready(false)) starts it again from the weights of the next step.
+TEST_CASE("optimizer.ema: the average of the weights, step by step, against an fp64 sum") {
+  for (const bool warmup : {false, true}) {
+    CAPTURE(warmup);
+    OptimizerOptions o = options_for(OptimizerName::adamw);
+    o.ema.decay = 0.9;
+    o.ema.warmup = warmup;
+    auto opt = make_optimizer(o, layout(), kTotal);
+    REQUIRE(opt->has_ema());
+    REQUIRE(opt->state().buffers.size() == 3);
+    CHECK(opt->state().buffers[2].first == "ema");
+    CHECK(state_buffer_count(o) == 3);
+    CHECK_FALSE(opt->ema_ready());
+    std::vector<float> p = pattern(kTotal, 7);
+    std::vector<double> expect(p.begin(), p.end());  // the weights before step 1
+    Tensor pt = as_tensor(p);
+    for (int s = 0; s < 5; ++s) {
+      std::vector<float> g = pattern(kTotal, 200 + s);
+      opt->step(pt, as_tensor(g), 0.01);
+      const double d = warmup ? std::min(0.9, (1.0 + (s + 1)) / (10.0 + (s + 1))) : 0.9;
+      CHECK(opt->ema_decay_at(s + 1) == d);
+      for (int64_t i = 0; i < kTotal; ++i) expect[i] = d * expect[i] + (1 - d) * p[i];
+    }
+    CHECK(opt->ema_ready());
+    const float* e = opt->ema().data<float>();
+    double worst = 0;
+    for (const ParamSegment& seg : layout())
+      for (int64_t i = seg.offset; i < seg.offset + seg.size; ++i)
+        worst = std::max(worst, std::fabs(e[i] - expect[i]) / std::max(1e-3, std::fabs(expect[i])));
+    CHECK(worst < 1e-5);
+    CHECK(e[310] == 0.0f);  // padding between segments stays 0
+    // Loaded without an average: the next step starts it from the weights it is given.
+    opt->set_ema_ready(false);
+    std::vector<float> g = pattern(kTotal, 300);
+    const std::vector<float> before = p;
+    opt->step(pt, as_tensor(g), 0.01);
+    const double d = opt->ema_decay_at(6);
+    const auto df = static_cast<float>(d), rf = static_cast<float>(1.0 - d);
+    for (int64_t i : {int64_t{0}, int64_t{330}, int64_t{5000}})
+      CHECK(e[i] == df * before[static_cast<size_t>(i)] + rf * p[static_cast<size_t>(i)]);
+  }
+  OptimizerOptions bad = options_for(OptimizerName::sgd);
+  bad.ema.decay = 1.0;
+  CHECK_THROWS_WITH_AS(make_optimizer(bad, layout(), kTotal),
+                       doctest::Contains("optimizer.ema.decay"), Error);
 }
