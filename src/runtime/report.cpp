@@ -239,6 +239,9 @@ std::string render_report(const fs::path& run_dir) {
                 "a run logs one every train.log_every steps; report on a run that took one");
   }
   const bool language = !eval.empty() && eval.back().contains("test_perplexity");
+  // optimizer.ema: the evaluations are of the average, and their series say so.
+  const std::string of =
+      !eval.empty() && eval.back().value("weights", std::string()) == "ema" ? " (EMA weights)" : "";
   // train.best: the best evaluation so far (the last eval line's best_step) drawn as a
   // line on its metric's chart (the summary names the metric; loss while a run goes on).
   double best_loss = NAN, best_accuracy = NAN;
@@ -257,14 +260,14 @@ std::string render_report(const fs::path& run_dir) {
   std::string body;
   body += chart("Loss", "",
                 {series_of(train, "loss", "train loss"),
-                 series_of(eval, "test_loss", "test loss", 1.0, true)},
+                 series_of(eval, "test_loss", "test loss" + of, 1.0, true)},
                 false, best_loss, best_label);
   if (language) {
     body += chart("Perplexity (test)", "",
-                  {series_of(eval, "test_perplexity", "test perplexity", 1.0, true)});
+                  {series_of(eval, "test_perplexity", "test perplexity" + of, 1.0, true)});
   }
   body += chart(language ? "Token accuracy (test)" : "Accuracy (test)", "%",
-                {series_of(eval, "test_accuracy", "test accuracy", 100.0, true)}, false,
+                {series_of(eval, "test_accuracy", "test accuracy" + of, 100.0, true)}, false,
                 best_accuracy, best_label);
   body += chart("Learning rate", "", {series_of(train, "lr", "lr")});
   body += chart("Loss scale", "", {series_of(train, "loss_scale", "loss scale")}, true);

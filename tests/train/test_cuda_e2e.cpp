@@ -129,6 +129,24 @@ TEST_CASE("precision.tf32 trains a ResNet-18 close to the CPU's f32 losses") {
   check_close(cpu, tf32, 5e-2, 5e-2);
 }
 
+// optimizer.ema on CUDA (the ema_update kernel, the exchange for evaluations through
+// device copies): the losses and the evaluations of the average follow the CPU's.
+TEST_CASE("optimizer.ema on CUDA: the average's evaluations follow the CPU's") {
+  const Model& m = kModels[0];
+  TempDir tmp("cuda-ema");
+  const std::vector<std::string> ema = {"--set", "optimizer.ema.decay=0.9", "--set",
+                                        "train.eval_every=10"};
+  const auto cpu = train(write_model_job(tmp.path(), "cpu", m), tmp.path(), "cpu", ema);
+  const auto gpu = train(write_model_job(tmp.path(), "gpu", m), tmp.path(), "cuda", ema);
+  check_close(cpu, gpu);
+  const nlohmann::json ec = last_eval(tmp.path() / "cpu" / "metrics.jsonl"),
+                       eg = last_eval(tmp.path() / "gpu" / "metrics.jsonl");
+  REQUIRE(!eg.is_null());
+  CHECK(eg.at("weights") == "ema");
+  const double lc = ec.at("test_loss"), lg = eg.at("test_loss");
+  CHECK(std::abs(lg - lc) <= 2e-2 * std::abs(lc));
+}
+
 TEST_CASE("a CUDA run resumed from its checkpoint repeats the straight run bit for bit") {
   for (const Model& m : kModels) {
     CAPTURE(m.name);

@@ -121,6 +121,8 @@ TEST_CASE("optimizer.ema: the average is evaluated and kept, training unchanged,
   }
   const nlohmann::json summary = nlohmann::json::parse(read_bytes(ema / "summary.json"));
   CHECK(summary.at("test_weights") == "ema");
+  CHECK(read_bytes(ema / "report.html").find("test loss (EMA weights)") != std::string::npos);
+  CHECK(read_bytes(plain / "report.html").find("EMA weights") == std::string::npos);
 
   // Exchanging the average in for each evaluation and back changes no bit: a run that
   // never evaluates ends with the same checkpoint, the average included.

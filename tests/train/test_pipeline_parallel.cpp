@@ -181,6 +181,46 @@ TEST_CASE("ZeRO-1 over a pipeline's data axis trains exactly like its replicas, 
                run_job(gpt, tmp.path(), "gpt-replicas", 4, grid));
 }
 
+// optimizer.ema in a pipeline: each stage keeps the average of its own span (and under
+// ZeRO-1 its data rank's shard of the span), exchanges it for each evaluation and back.
+// 2 stages (bf16 masters) against one rank, and 2 stages x 2 data ranks with ZeRO-1
+// against 2 data-parallel ranks: the same losses, evaluations and final checkpoint,
+// the average included, bit for bit.
+TEST_CASE("optimizer.ema in pipeline stages keeps and evaluates one rank's average exactly") {
+  OneThread one;
+  TempDir tmp("pp-ema");
+  const fs::path job = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> ema = {"--set", "optimizer.ema.decay=0.9",
+                                        "--set", "train.eval_every=4",
+                                        "--set", "data.micro_batch=8"};
+  const auto evals = [](const fs::path& run) {
+    std::vector<double> out;
+    std::ifstream in(run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("eval", false) && j.at("weights") == "ema") out.push_back(j.at("test_loss"));
+    }
+    return out;
+  };
+  std::vector<std::string> bf16 = ema;
+  bf16.insert(bf16.end(), {"--set", "precision.dtype=bf16"});
+  std::vector<std::string> piped = bf16;
+  piped.insert(piped.end(), {"--set", "parallel.pipeline=2"});
+  const fs::path whole = run_job(job, tmp.path(), "one", 1, bf16);
+  const fs::path pp2 = run_job(job, tmp.path(), "pp2", 2, piped);
+  require_same(pp2, whole);
+  CHECK(evals(pp2).size() == 2);
+  CHECK(evals(pp2) == evals(whole));
+  const fs::path dp2 = run_job(job, tmp.path(), "dp2", 2, ema);
+  std::vector<std::string> grid = ema;
+  grid.insert(grid.end(), {"--set", "parallel.pipeline=2", "--set", "parallel.data=2", "--set",
+                           "parallel.zero_stage=1"});
+  const fs::path zero = run_job(job, tmp.path(), "grid-zero1", 4, grid);
+  require_same(zero, dp2);
+  CHECK(evals(zero).size() == 2);
+  CHECK(evals(zero) == evals(dp2));
+}
+
 // A stage saves its own span (one data replica of it; under ZeRO every data rank its
 // shard of the span): a step-N directory of shards and a manifest, which any layout
 // resumes from. 2 stages against one rank; 2 stages x 2 data ranks with ZeRO-1 against

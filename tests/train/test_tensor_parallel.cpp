@@ -194,6 +194,45 @@ TEST_CASE(
 
 // LAMB: each tensor's trust ratio takes the whole tensor's norms, a split tensor's parts
 // added over the tensor group (and a ZeRO shard's pieces over the data group first).
+// optimizer.ema with tensor parallelism: each tensor rank keeps the average of its
+// parts, exchanged for the evaluations; a checkpoint assembles the one-rank model's
+// average from the parts. Against one rank: the evaluations within the losses'
+// tolerance, and the final checkpoint (its average included) within the weights'.
+TEST_CASE("optimizer.ema with tensor 2, and data 2 x tensor 2 with ZeRO-2, like one rank") {
+  OneThread one;
+  TempDir tmp("tp-ema");
+  const fs::path job = job_for(tmp.path(), "gpt2-tiny");
+  const std::vector<std::string> ema = {
+      "--set", "optimizer.ema.decay=0.9", "--set", "data.micro_batch=4",
+      "--set", "train.steps=10",          "--set", "train.eval_every=5"};
+  const auto evals = [](const fs::path& run) {
+    std::vector<double> out;
+    std::ifstream in(run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.value("eval", false) && j.at("weights") == "ema") out.push_back(j.at("test_loss"));
+    }
+    return out;
+  };
+  const fs::path whole = run_job(job, tmp.path(), "one", 1, ema);
+  const std::vector<double> reference = evals(whole);
+  REQUIRE(reference.size() == 2);
+  std::vector<std::string> tp = ema;
+  tp.insert(tp.end(), {"--set", "parallel.tensor=2"});
+  std::vector<std::string> grid = tp;
+  grid.insert(grid.end(), {"--set", "parallel.data=2", "--set", "parallel.zero_stage=2"});
+  for (const auto& [name, ranks, extra] :
+       {std::tuple{std::string("tp2"), 2, tp}, std::tuple{std::string("dp2-tp2-zero2"), 4, grid}}) {
+    CAPTURE(name);
+    const fs::path run = run_job(job, tmp.path(), name, ranks, extra);
+    require_close(run, whole);
+    const std::vector<double> got = evals(run);
+    REQUIRE(got.size() == reference.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      CHECK(std::fabs(got[i] - reference[i]) <= kTol * std::fabs(reference[i]));
+  }
+}
+
 TEST_CASE("LAMB with tensor 2, and data 2 x tensor 2 with ZeRO-1, trains like one rank") {
   OneThread one;
   TempDir tmp("tp-lamb");
