@@ -107,7 +107,9 @@ ModelGraph build_bert(const ModelOptions& options, int64_t batch, BertHead head,
         g.add1("classifier", graph::linear(s.hidden, *s.classes, Bias::yes, {kInitStd}), {h});
   }
   if (m.targets < 0) m.targets = m.labels;
-  m.loss = g.add1("loss", graph::softmax_cross_entropy(-100), {m.logits, m.targets});
+  m.loss = g.add1("loss",
+                  graph::softmax_cross_entropy(-100, static_cast<float>(options.label_smoothing)),
+                  {m.logits, m.targets});
   return m;
 }
 

@@ -51,7 +51,9 @@ ModelGraph build_gpt2(const ModelOptions& options, int64_t batch,
   const int wte = g.param_index("transformer.word_embeddings.weight");
   m.logits = g.add1("lm_head", graph::linear(s.hidden, s.vocab, graph::Bias::no, {kInitStd}), {x},
                     {{0, wte}});
-  m.loss = g.add1("loss", graph::softmax_cross_entropy(-100), {m.logits, m.labels});
+  m.loss = g.add1("loss",
+                  graph::softmax_cross_entropy(-100, static_cast<float>(options.label_smoothing)),
+                  {m.logits, m.labels});
   return m;
 }
 

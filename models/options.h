@@ -47,6 +47,9 @@ struct ModelOptions {
   std::optional<int> heads;       // attention heads; hidden % heads == 0
   std::optional<int> ffn;         // MLP width
   std::optional<double> dropout;  // transformers
+  // Every family: the loss's target is (1 - e) one-hot + e / classes in training (the
+  // evaluations are plain cross-entropy: graph::softmax_cross_entropy).
+  double label_smoothing = 0.0;
   // bert masked-LM: positions predicted per sequence, the prediction head's row
   // count (not a job-file key: resolved from data.mlm_probability); unset means
   // masked_lm_predictions(seq_len, 0.15).

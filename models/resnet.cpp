@@ -136,7 +136,9 @@ ModelGraph build_resnet(const ResNetDepth& depth, const ModelOptions& options, i
   }
   h = g.add1("avgpool", graph::global_avg_pool(), {h});  // [N, channels]
   m.logits = g.add1("fc", graph::linear(channels, s.classes, graph::Bias::yes), {h});
-  m.loss = g.add1("loss", graph::softmax_cross_entropy(), {m.logits, m.labels});
+  m.loss = g.add1("loss",
+                  graph::softmax_cross_entropy(-100, static_cast<float>(options.label_smoothing)),
+                  {m.logits, m.labels});
   return m;
 }
 

@@ -52,7 +52,9 @@ ModelGraph build_vit(const ModelOptions& options, int64_t batch, const graph::DT
   x = g.add1("encoder.ln", graph::layer_norm(s.hidden, kLnEps), {x});
   x = g.add1("heads.select", graph::select_token(0), {x});
   m.logits = g.add1("heads.head", graph::linear(s.hidden, *s.classes, Bias::yes, {kInitStd}), {x});
-  m.loss = g.add1("loss", graph::softmax_cross_entropy(-100), {m.logits, m.labels});
+  m.loss = g.add1("loss",
+                  graph::softmax_cross_entropy(-100, static_cast<float>(options.label_smoothing)),
+                  {m.logits, m.labels});
   return m;
 }
 

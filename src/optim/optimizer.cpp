@@ -63,6 +63,17 @@ Optimizer::Optimizer(const OptimizerOptions& options, std::vector<ParamSegment> 
   }
 }
 
+void Optimizer::start_ema(const Tensor& params) {
+  DTRAIN_CHECK(has_ema(), "start_ema without optimizer.ema");
+  check_flat(params, total_, device_, "parameter");
+  Tensor avg = ema();
+  for_each_range([&](int32_t, int64_t at, int64_t n) {  // segments only: padding stays 0
+    Tensor e = avg.view(at, Shape{n});
+    kernels::copy(params.view(at, Shape{n}), e);
+  });
+  ema_ready_ = true;
+}
+
 double Optimizer::ema_decay_at(int64_t t) const {
   const double d = options_.ema.decay.value_or(0.0);
   if (!options_.ema.warmup) return d;
@@ -106,14 +117,8 @@ void Optimizer::step(const ParamTarget& target, const Tensor& grads, double lr, 
     return;
   }
   DTRAIN_CHECK(target.flat.defined(), "optimizer.ema averages a flat f32 parameter buffer");
+  if (!ema_ready_) start_ema(target.flat);  // the weights before this step
   Tensor avg = ema();
-  if (!ema_ready_) {  // the weights before this step (segments only: padding stays 0)
-    for_each_range([&](int32_t, int64_t at, int64_t n) {
-      Tensor e = avg.view(at, Shape{n});
-      kernels::copy(target.flat.view(at, Shape{n}), e);
-    });
-  }
-  ema_ready_ = true;
   update(target, grads, lr, grad_scale);
   const double d = ema_decay_at(step_);
   const auto decay = static_cast<float>(d), rest = static_cast<float>(1.0 - d);

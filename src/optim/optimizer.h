@@ -77,6 +77,11 @@ class Optimizer {
   Tensor ema() const { return has_ema() ? buffers_.back().second : Tensor(); }
   bool ema_ready() const { return ema_ready_; }
   void set_ema_ready(bool ready) { ema_ready_ = ready && has_ema(); }
+  // Starts the average as `params` (f32 [total_elems] on the optimizer's device: what
+  // step() updates): the trainer calls it once the weights are set (initialised,
+  // model.init_from, or resumed from a checkpoint without an average), so that every
+  // checkpoint holds a real average. step() starts it itself when it is not ready.
+  void start_ema(const Tensor& params);
   // The decay of the average at step t (counted from 1), in double.
   double ema_decay_at(int64_t t) const;
   // Views of the live buffers (not copies): write them out, or copy to keep a snapshot.

@@ -214,6 +214,7 @@ OptimizerTraffic optimizer_traffic(const Job& job, const graph::Graph& g) {
   else
     step += 1.0;                                   // half weights read and written in place
   step += 2.0 * optim::state_buffer_count(o);      // each read and written (the EMA too)
+  if (o.ema.decay) step += 1.0;                    // the EMA's pass reads the weights again
   if (o.name == OptimizerName::lamb) step += 2.0;  // the weight and update norms
   const double n = static_cast<double>(g.num_params());
   // ZeRO-1: this rank steps its shard (the last rank's, the largest) of the layout.

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <random>
 
+#include <fmt/ranges.h>
+
 #include "core/checksum.h"
 #include "data/atomic_file.h"
 #include "kernels/memory.h"
@@ -537,6 +539,17 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       check_whole("params.f32");
       for (const CheckpointReader::Blob& b : rd.blobs())
         if (b.name.rfind("optim.", 0) == 0) saved_names.push_back(b.name.substr(6));
+      std::vector<std::string> live_names;
+      for (const auto& [name, t] : live.buffers) live_names.push_back(name);
+      std::sort(saved_names.begin(), saved_names.end());
+      std::sort(live_names.begin(), live_names.end());
+      if (without_ema(saved_names) != without_ema(live_names)) {
+        throw Error(
+            fmt::format("{}: its optimizer state buffers ({}) differ from this run's ({})",
+                        path.string(), fmt::join(saved_names, ", "), fmt::join(live_names, ", ")),
+            "resume with the optimizer settings the run was written with (a momentum "
+            "of 0 keeps no momentum buffer)");
+      }
       for (const auto& [name, t] : live.buffers)
         if (name != optim::kEmaBuffer || saved(name)) check_whole("optim." + name);
       check_buffers(rd);

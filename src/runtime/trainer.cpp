@@ -234,6 +234,9 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   // model.init_from starts a fresh run only: a resumed one continues from its checkpoint
   // (and never reads the file, so a job that names it resumes in any layout).
   if (job_.model.init_from && !resumed_) init_from(*job_.model.init_from);
+  // optimizer.ema: the average starts as the weights now set (a checkpoint's own
+  // average, when it has one, was loaded with it).
+  if (opt_->has_ema() && !opt_->ema_ready()) opt_->start_ema(weights_->target().flat);
   train_ = std::make_unique<DeviceFeed>(source_->feed(FeedSplit::train, counters_.position),
                                         job_.device);
   const int64_t per_epoch = steps_per_epoch(train_->batches_per_epoch(), train_->describe(), job_);
@@ -690,10 +693,14 @@ void TrainSession::fail_non_finite(double loss) const {
 // Each rank evaluates its slice of every batch; the sums meet in one all-reduce.
 EvalResult TrainSession::evaluate() {
   if (!opt_->ema_ready()) return evaluate_model();
+  // A weight tied across a pipeline cut: the later stage's copy follows the earlier
+  // stage's weight, as after a step, each way.
   Tensor average = opt_->ema();
   weights_->exchange(average);
+  if (tied_) tied_->publish(ex_->params());
   EvalResult r = evaluate_model();
   weights_->exchange(average);
+  if (tied_) tied_->publish(ex_->params());
   r.ema = true;
   return r;
 }

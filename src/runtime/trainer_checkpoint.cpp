@@ -92,10 +92,8 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   return counters;
 }
 
-// Compression's state comes from this rank's shard (its index in the save's group),
-// kept until connect_compression restores it.
 // optimizer.ema after a resume: an average the checkpoint lacks starts again from the
-// resumed weights at the next step; one the job no longer keeps is not read.
+// resumed weights (the constructor starts it); one the job no longer keeps is not read.
 void TrainSession::resumed_ema_note(const fs::path& file) {
   opt_->set_ema_ready(counters_.ema);
   if (opt_->has_ema() && !counters_.ema) {
@@ -112,6 +110,8 @@ void TrainSession::resumed_ema_note(const fs::path& file) {
   }
 }
 
+// Compression's state comes from this rank's shard (its index in the save's group),
+// kept until connect_compression restores it.
 void TrainSession::take_extra_blobs(RangeLoad& load) {
   load.rank = save_index();
   load.world = comm_.size();

@@ -2,6 +2,7 @@
 // initialisation, and build-time errors that name the node.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -164,11 +165,12 @@ TEST_CASE("dropout: the identity in eval mode, inverted dropout in train mode") 
 }
 
 TEST_CASE("flat store: buffer_elems is the allocated buffer, alignment padding included") {
-  std::vector<FlatEntry> entries(2);
-  entries[0].name = "a";
-  entries[0].spec.shape = Shape{3};
-  entries[1].name = "b";
-  entries[1].spec.shape = Shape{17};
+  FlatEntry a, b;
+  a.name = std::string(1, 'a');
+  a.spec.shape = Shape{3};
+  b.name = std::string(1, 'b');
+  b.spec.shape = Shape{17};
+  const std::vector<FlatEntry> entries = {a, b};
   FlatStore store(entries);
   CHECK(store.numel() == 20);
   CHECK(store.entries()[1].offset == 16);       // 64-byte aligned: 16 floats
@@ -176,4 +178,69 @@ TEST_CASE("flat store: buffer_elems is the allocated buffer, alignment padding i
   CHECK(store.buffer_elems(DType::bf16) == 0);
   store.allocate();
   CHECK(store.flat(DType::f32).numel() == store.buffer_elems(DType::f32));
+}
+
+// Label smoothing is a training target: in Mode::train the loss is the smoothed
+// cross-entropy, (1 - e) CE + e mean_j(-log p_j) per row (computed here in double from
+// the logits), and its gradient the smoothed one; Mode::eval is plain cross-entropy,
+// the loss of the same graph without smoothing.
+TEST_CASE("label smoothing: the smoothed loss in training, plain cross-entropy in evaluation") {
+  constexpr float kE = 0.1f;
+  struct Net {
+    Graph g;
+    ValueId x, labels, logits, loss;
+    explicit Net(float e) {
+      x = g.input("x", {4, 6}, DType::f32);
+      labels = g.input("labels", {4}, DType::i32);
+      logits = g.add1("fc", linear(6, 5, Bias::yes), {x});
+      loss = g.add1("loss", softmax_cross_entropy(-100, e), {logits, labels});
+    }
+  };
+  Net smooth(kE), plain(0.0f);
+  Executor es(smooth.g), ep(plain.g);
+  Tensor xt = Tensor::empty({4, 6}, DType::f32), lt = Tensor::empty({4}, DType::i32);
+  for (int i = 0; i < 24; ++i) xt.data<float>()[i] = static_cast<float>(i % 7) * 0.3f - 0.9f;
+  for (int i = 0; i < 4; ++i) lt.data<int32_t>()[i] = (2 * i + 1) % 5;
+  for (auto [ex, net] : {std::pair{&es, &smooth}, std::pair{&ep, &plain}}) {
+    ex->initialize(4);
+    ex->keep(net->logits);
+    ex->set_input(net->x, xt);
+    ex->set_input(net->labels, lt);
+  }
+  es.forward(Mode::eval);
+  ep.forward(Mode::eval);
+  const float eval_smooth = es.value(smooth.loss).data<float>()[0];
+  CHECK(eval_smooth == ep.value(plain.loss).data<float>()[0]);
+  es.forward(Mode::train, 1);
+  const float* z = es.value(smooth.logits).data<float>();
+  double expect = 0;
+  for (int r = 0; r < 4; ++r) {
+    double top = z[r * 5];
+    for (int j = 1; j < 5; ++j) top = std::max(top, static_cast<double>(z[r * 5 + j]));
+    double sum = 0;
+    for (int j = 0; j < 5; ++j) sum += std::exp(z[r * 5 + j] - top);
+    const double lse = top + std::log(sum);
+    double uniform = 0;
+    for (int j = 0; j < 5; ++j) uniform += (lse - z[r * 5 + j]) / 5;
+    expect += ((1 - kE) * (lse - z[r * 5 + lt.data<int32_t>()[r]]) + kE * uniform) / 4;
+  }
+  const float train_smooth = es.value(smooth.loss).data<float>()[0];
+  CHECK(train_smooth == doctest::Approx(expect).epsilon(1e-6));
+  CHECK(train_smooth != eval_smooth);
+  // The gradient of the smoothed loss: dlogits = (softmax - target) / rows, so the bias
+  // gradient of class j is the mean over rows of p_j - t_j.
+  es.backward(smooth.loss);
+  const Tensor db = es.grads().view("fc.bias");
+  for (int j = 0; j < 5; ++j) {
+    double g = 0;
+    for (int r = 0; r < 4; ++r) {
+      double top = z[r * 5], sum = 0;
+      for (int k = 1; k < 5; ++k) top = std::max(top, static_cast<double>(z[r * 5 + k]));
+      for (int k = 0; k < 5; ++k) sum += std::exp(z[r * 5 + k] - top);
+      const double p = std::exp(z[r * 5 + j] - top) / sum;
+      const double t = (j == lt.data<int32_t>()[r] ? 1 - kE : 0.0) + kE / 5;
+      g += (p - t) / 4;
+    }
+    CHECK(db.data<float>()[j] == doctest::Approx(g).epsilon(1e-5));
+  }
 }

@@ -193,6 +193,30 @@ TEST_CASE("optimizer.ema: the average is evaluated and kept, training unchanged,
   CHECK(same_bytes(coff.get("params.f32"), cp.get("params.f32")));
 }
 
+// The average starts as the weights as soon as they are set, not at the first applied
+// step: fp16 steps skipped for overflow (a loss scale far too high) leave the weights
+// as they were, and the checkpoints written meanwhile hold them as the average, never
+// the zeros of a buffer not started yet.
+TEST_CASE("optimizer.ema: a checkpoint before any applied step holds the weights as the average") {
+  TempDir tmp("ema-start");
+  const fs::path job = write_job(tmp.path(), "run");
+  const RunResult r =
+      run_dtrain({job.string(), "--set", "train.steps=2", "--set", "train.checkpoint.every=1",
+                  "--set", "optimizer.ema.decay=0.9", "--set", "precision.dtype=fp16", "--set",
+                  "precision.loss_scale.mode=dynamic", "--set", "precision.loss_scale.init=1.0e30",
+                  "--set", "precision.loss_scale.max=1.0e30"},
+                 tmp.path() / "run.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  REQUIRE(r.log.find("step skipped") != std::string::npos);
+  for (int step : {1, 2}) {
+    CAPTURE(step);
+    const runtime::Checkpoint ck = runtime::read_any_checkpoint(
+        list_step_checkpoint(tmp.path() / "run" / "checkpoints", step));
+    REQUIRE(has_tensor(ck, "optim.ema"));
+    CHECK(same_bytes(ck.get("params.f32"), ck.get("optim.ema")));
+  }
+}
+
 TEST_CASE("optimizer.ema: bad settings and a missing average exit 2 naming the key or file") {
   TempDir tmp("ema-bad");
   const fs::path job = write_job(tmp.path(), "run");
@@ -228,4 +252,13 @@ TEST_CASE("optimizer.ema: bad settings and a missing average exit 2 naming the k
   const RunResult w = run_dtrain_command(
       {"predict", job.string(), "--split", "test", "--weights", "average"}, tmp.path() / "w.log");
   CHECK_MESSAGE(w.rc == 2, w.describe());
+  // Only the average may come or go at a resume: a checkpoint of SGD with momentum does
+  // not resume without it (its momentum would be dropped), in a file as in a directory.
+  const RunResult m = run_dtrain({job.string(), "--set", "train.steps=4", "--set",
+                                  "optimizer.momentum=0", "--resume", "latest"},
+                                 tmp.path() / "m.log");
+  CHECK_MESSAGE(m.rc == 2, m.describe());
+  CHECK_MESSAGE(m.log.find("optimizer state buffers (momentum) differ from this run's ()") !=
+                    std::string::npos,
+                m.log);
 }

@@ -219,6 +219,19 @@ TEST_CASE("optimizer.ema in pipeline stages keeps and evaluates one rank's avera
   require_same(zero, dp2);
   CHECK(evals(zero).size() == 2);
   CHECK(evals(zero) == evals(dp2));
+  // A GPT-2 whose embedding is tied to the LM head on the other stage: the later stage's
+  // copy follows the average for the evaluations too (the pipeline's sums within 1e-5).
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path gpt = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  const std::vector<std::string> lm = {"--set", "optimizer.ema.decay=0.9", "--set",
+                                       "train.eval_every=4"};
+  std::vector<std::string> lm_piped = lm;
+  lm_piped.insert(lm_piped.end(), {"--set", "parallel.pipeline=2"});
+  const std::vector<double> one_rank = evals(run_job(gpt, tmp.path(), "gpt-one", 1, lm)),
+                            piped_lm = evals(run_job(gpt, tmp.path(), "gpt-pp2", 2, lm_piped));
+  REQUIRE(one_rank.size() == 2);
+  REQUIRE(piped_lm.size() == 2);
+  for (size_t i = 0; i < 2; ++i) CHECK(std::fabs(piped_lm[i] / one_rank[i] - 1) < 1e-5);
 }
 
 // A stage saves its own span (one data replica of it; under ZeRO every data rank its

@@ -159,3 +159,42 @@ TEST_CASE("an image model classifies its test split as its evaluation did, and i
     CHECK_MESSAGE(r.log.find(c.says) != std::string::npos, r.log);
   }
 }
+
+// model.label_smoothing: the logged training loss is the smoothed one (the first step,
+// from the same weights and batch, differs from the plain run's), while the evaluation is
+// plain cross-entropy: predict's test-split loss, computed from the logits alone, is
+// the trainer's.
+TEST_CASE("label smoothing trains on the smoothed loss and evaluates plain cross-entropy") {
+  TempDir tmp("smoothing");
+  const fs::path job = write_job(tmp.path(), "run");
+  const auto train = [&](const std::string& name, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {job.string(),
+                                     "--set",
+                                     "run.output_dir=" + (tmp.path() / name).string(),
+                                     "--set",
+                                     "train.steps=4",
+                                     "--set",
+                                     "train.eval_every=4"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = run_dtrain(args, tmp.path() / (name + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    return tmp.path() / name;
+  };
+  const fs::path plain = train("plain", {});
+  const fs::path smooth = train("smooth", {"--set", "model.label_smoothing=0.2"});
+  const auto lp = read_losses(plain / "metrics.jsonl"), ls = read_losses(smooth / "metrics.jsonl");
+  REQUIRE(!lp.empty());
+  REQUIRE(!ls.empty());
+  CHECK(ls.front().loss != lp.front().loss);
+  const nlohmann::json summary = nlohmann::json::parse(read_bytes(smooth / "summary.json"));
+  const nlohmann::json split =
+      predict_json(tmp.path(), {job.string(), "--set", "model.label_smoothing=0.2", "--checkpoint",
+                                (smooth / "checkpoints").string(), "--split", "test"});
+  const double loss = split.at("loss"), test_loss = summary.at("test_loss");
+  CHECK(std::fabs(loss / test_loss - 1) < 1e-5);
+  // Out of range: exit 2 naming the key.
+  const RunResult bad =
+      run_dtrain({job.string(), "--set", "model.label_smoothing=1"}, tmp.path() / "bad.log");
+  CHECK(bad.rc == 2);
+  CHECK(bad.log.find("model.label_smoothing") != std::string::npos);
+}

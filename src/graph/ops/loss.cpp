@@ -1,5 +1,7 @@
 // Softmax cross-entropy loss over class logits, with ignore-index and label
-// smoothing; the mean over non-ignored rows is the graph's scalar loss.
+// smoothing; the mean over non-ignored rows is the graph's scalar loss. Label
+// smoothing is a training target: a Mode::eval forward is plain cross-entropy, so
+// evaluations measure the model alike with or without it.
 #include "graph/ops.h"
 #include "kernels/softmax.h"
 
@@ -24,8 +26,9 @@ class SoftmaxCrossEntropy final : public Op {
 
  protected:
   int num_inputs() const override { return 2; }
-  kernels::CrossEntropyArgs args(const Shape& logits) const {
-    return {logits.numel() / logits[-1], logits[-1], ignore_, smoothing_};
+  kernels::CrossEntropyArgs args(const Shape& logits, Mode mode) const {
+    return {logits.numel() / logits[-1], logits[-1], ignore_,
+            mode == Mode::train ? smoothing_ : 0.0f};
   }
   // logits [..., K] and labels [...] (the same leading dims)
   OpInfo do_infer(std::span<const TensorSpec> in) const override {
@@ -52,7 +55,7 @@ class SoftmaxCrossEntropy final : public Op {
     return info;
   }
   void do_forward(OpContext& ctx) const override {
-    const kernels::CrossEntropyArgs a = args(ctx.inputs[0].shape());
+    const kernels::CrossEntropyArgs a = args(ctx.inputs[0].shape(), ctx.mode);
     if (!tp_) {
       kernels::softmax_cross_entropy_forward(a, ctx.inputs[0], ctx.inputs[1], ctx.outputs[0],
                                              ctx.saved[0]);
@@ -71,7 +74,7 @@ class SoftmaxCrossEntropy final : public Op {
   }
   void do_backward(OpContext& ctx) const override {
     if (!ctx.grad_inputs[0].defined()) return;
-    const kernels::CrossEntropyArgs a = args(ctx.inputs[0].shape());
+    const kernels::CrossEntropyArgs a = args(ctx.inputs[0].shape(), Mode::train);
     if (tp_) {
       kernels::cross_entropy_share_backward(a, {tp_->begin, tp_->total}, ctx.inputs[0],
                                             ctx.inputs[1], ctx.saved[0], ctx.grad_outputs[0],
