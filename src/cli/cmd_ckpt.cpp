@@ -143,8 +143,13 @@ nlohmann::json describe(const fs::path& path) {
   out["parameters"] = params;
   out["buffer_elements"] = buffers;
   nlohmann::json stored = nlohmann::json::array();
-  for (const runtime::NamedTensor& t : ck.tensors) stored.push_back(tensor_json(t));
+  bool average = false;  // optimizer.ema's, which predict, generate and export read
+  for (const runtime::NamedTensor& t : ck.tensors) {
+    stored.push_back(tensor_json(t));
+    average = average || t.name == "optim.ema";
+  }
   out["stored"] = stored;
+  out["ema"] = average;
   return out;
 }
 
@@ -184,8 +189,12 @@ void print_one(const nlohmann::json& d) {
     std::printf("attention heads: %s\n", model.at("heads").dump().c_str());
   const nlohmann::json& opt = d.at("optimizer");
   if (opt.is_object()) {
-    std::printf("optimizer: %s, step %s\n", opt.at("name").get<std::string>().c_str(),
-                opt.at("step").dump().c_str());
+    std::printf("optimizer: %s, step %s%s\n", opt.at("name").get<std::string>().c_str(),
+                opt.at("step").dump().c_str(),
+                d.value("ema", false)
+                    ? "; with an average of the weights (optimizer.ema: --weights ema, the "
+                      "default of predict, generate and ckpt export)"
+                    : "");
   }
   const nlohmann::json& ls = d.at("loss_scaler");
   if (ls.is_object()) {

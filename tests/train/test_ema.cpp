@@ -155,6 +155,14 @@ TEST_CASE("optimizer.ema: the average is evaluated and kept, training unchanged,
     CHECK((p.at("weights").get<std::string>().find("EMA weights") != std::string::npos) ==
           (loss == ema_loss));
   }
+  // ckpt inspect says which checkpoints hold an average.
+  for (const auto& [run, holds] : {std::pair{ema, true}, std::pair{plain, false}}) {
+    const RunResult i = run_dtrain_command(
+        {"ckpt", "inspect", "--json", newest_checkpoint(run / "checkpoints").string()},
+        tmp.path() / "inspect.log");
+    REQUIRE_MESSAGE(i.rc == 0, i.describe());
+    CHECK(nlohmann::json::parse(i.log.substr(i.log.find('{'))).at("ema") == holds);
+  }
   // ckpt export --weights ema writes the average, which predicts as the checkpoint does.
   const fs::path exported = tmp.path() / "ema.safetensors";
   const RunResult x = run_dtrain_command(

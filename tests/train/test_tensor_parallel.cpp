@@ -196,15 +196,18 @@ TEST_CASE(
 // added over the tensor group (and a ZeRO shard's pieces over the data group first).
 // optimizer.ema with tensor parallelism: each tensor rank keeps the average of its
 // parts, exchanged for the evaluations; a checkpoint assembles the one-rank model's
-// average from the parts. Against one rank: the evaluations within the losses'
-// tolerance, and the final checkpoint (its average included) within the weights'.
-TEST_CASE("optimizer.ema with tensor 2, and data 2 x tensor 2 with ZeRO-2, like one rank") {
+// average from the parts. With label smoothing too (the vocabulary-split loss adds every
+// rank's logits for the uniform part of the target). Against one rank: the evaluations
+// within the losses' tolerance, and the final checkpoint (its average included) within
+// the weights'.
+TEST_CASE("optimizer.ema and label smoothing with tensor 2, and data 2 x tensor 2, like one rank") {
   OneThread one;
   TempDir tmp("tp-ema");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
   const std::vector<std::string> ema = {
-      "--set", "optimizer.ema.decay=0.9", "--set", "data.micro_batch=4",
-      "--set", "train.steps=10",          "--set", "train.eval_every=5"};
+      "--set", "optimizer.ema.decay=0.9",  "--set", "data.micro_batch=4",
+      "--set", "train.steps=10",           "--set", "train.eval_every=5",
+      "--set", "model.label_smoothing=0.1"};
   const auto evals = [](const fs::path& run) {
     std::vector<double> out;
     std::ifstream in(run / "metrics.jsonl");
