@@ -104,7 +104,7 @@ Field model_section() {
        integer("layers", AT(model.layers), kPositive),
        integer("hidden", AT(model.hidden), kPositive), integer("heads", AT(model.heads), kPositive),
        integer("ffn", AT(model.ffn), kPositive), real("dropout", AT(model.dropout), kFraction),
-       real("label_smoothing", AT(model.label_smoothing), RealRange{0, 1, false, true}),
+       real("label_smoothing", AT(model.label_smoothing), kFraction),
        text("init_from", AT(model.init_from))});
 }
 

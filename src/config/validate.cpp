@@ -293,6 +293,13 @@ void check_transformer(const Checker& c) {
 }
 
 void check_model(const Checker& c) {
+  // The loss takes the smoothing in f32: a value that rounds to 1 would leave no target.
+  if (static_cast<float>(c.job.model.label_smoothing) >= 1.0f) {
+    c.error("model.label_smoothing",
+            fmt::format("{} is 1 in single precision, where the loss computes it",
+                        format_real(c.job.model.label_smoothing)),
+            "use a value below 0.9999999, e.g. 0.1");
+  }
   const ArchPreset* arch = find_arch(c.job.model.arch);
   if (arch == nullptr)
     c.error("model.arch", fmt::format("unknown architecture \"{}\"", c.job.model.arch));
