@@ -346,7 +346,7 @@ int run_export(const CkptArgs& a) {
   const DType dtype = parse_dtype(name);
   runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
   const bool average = runtime::select_weights(ck, a.which_weights) == "ema";
-  const runtime::ExportSummary s = runtime::export_safetensors(ck, a.out, dtype);
+  const runtime::ExportSummary s = runtime::export_safetensors(ck, a.out, dtype, average);
   std::printf("wrote %s: %lld tensors, %lld elements in %s, %s (%s, step %s, %s, from %s)\n",
               a.out.c_str(), static_cast<long long>(s.tensors), static_cast<long long>(s.elements),
               name.c_str(), human_bytes(s.bytes).c_str(), s.arch.c_str(),

@@ -98,6 +98,7 @@ nlohmann::json to_json(const runtime::GenerateResult& g) {
         {{"text", s.text}, {"ids", s.ids}, {"logprobs", s.logprobs}, {"ended", s.ended}});
   }
   return {{"weights", g.weights},
+          {"ema", g.ema},
           {"step", g.step >= 0 ? nlohmann::json(g.step) : nullptr},
           {"prompt_ids", g.prompt_ids},
           {"context", g.context},

@@ -293,6 +293,7 @@ nlohmann::json to_json(const runtime::PredictResult& p, const Inputs& in, const 
   }
   nlohmann::json out = {{"task", task_name(p.task)},
                         {"weights", p.weights},
+                        {"ema", p.ema},
                         {"step", p.step >= 0 ? nlohmann::json(p.step) : nullptr},
                         {"forwards", p.forwards},
                         {"seconds", p.seconds}};
@@ -507,6 +508,7 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
     }
     nlohmann::json out = {{"task", "classify-images"},
                           {"weights", p.weights},
+                          {"ema", p.ema},
                           {"step", p.step >= 0 ? nlohmann::json(p.step) : nullptr},
                           {"classes", p.classes},
                           {"input", {{"channels", p.channels}, {"size", p.size}}},

@@ -124,6 +124,10 @@ void check_samples(const Checker& c) {
 
 void check_optimizer(const Checker& c) {
   const OptimizerOptions& o = c.job.optimizer;
+  if (!o.ema.decay && !o.ema.warmup) {
+    c.warn("optimizer.ema.warmup",
+           "false has no effect without optimizer.ema.decay: no average of the weights is kept");
+  }
   if (o.nesterov && o.name != OptimizerName::sgd) {
     c.error("optimizer.nesterov",
             fmt::format("Nesterov momentum is an sgd option, not {}", to_string(o.name)));

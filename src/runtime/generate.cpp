@@ -244,6 +244,7 @@ GenerateResult generate(const GenerateRequest& r) {
                               "generate", r.which_weights);
   }();
   out.weights = w.source;
+  out.ema = w.ema;
   out.step = w.step;
   if (r.on_start) r.on_start(out);
   try {

@@ -80,6 +80,7 @@ struct GeneratedSample {
 
 struct GenerateResult {
   std::string weights;  // what was read
+  bool ema = false;     // the weights are optimizer.ema's average
   int64_t step = -1;    // the checkpoint's step (-1: a safetensors file)
   std::vector<int32_t> prompt_ids;
   int64_t context = 0;      // the most positions the model sees: model.seq_len

@@ -62,13 +62,6 @@ int64_t recorded_heads(const fs::path& file, const std::map<std::string, std::st
 
 ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph::Graph& g,
                               int64_t job_heads, std::string_view command, std::string_view which) {
-  if (which == "ema") {
-    throw Error(fmt::format("--weights ema: {} is a safetensors file, which holds one set of "
-                            "weights",
-                            file.string()),
-                "export the average with dtrain ckpt export --weights ema, and pass that file "
-                "without --weights; or pass a checkpoint");
-  }
   InitWeights w;
   try {
     w = load_init_weights(file, job.model.arch, g.param_layout(), g.buffer_layout());
@@ -86,6 +79,16 @@ ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph:
                             command));
   }
   check_heads(file.string(), recorded_heads(file, w.metadata), job_heads);
+  // A file holds one set of weights; dtrain's export says which (metadata "weights").
+  const auto kind = w.metadata.find("weights");
+  const bool average = kind != w.metadata.end() && kind->second == "ema";
+  if ((which == "ema" && !average) || (which == "model" && average)) {
+    throw Error(fmt::format("--weights {}: {} holds one set of weights, {}", which, file.string(),
+                            average ? "optimizer.ema's average (its export's metadata says so)"
+                                    : "not an average of them"),
+                "leave --weights out for a safetensors file, or pass the checkpoint it was "
+                "exported from");
+  }
   // dtrain's export records the checkpoint's step; another writer's file has none.
   int64_t step = -1;
   if (auto src = w.metadata.find("source"), at = w.metadata.find("step");
@@ -95,7 +98,7 @@ ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph:
     const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
     if (ec == std::errc() && end == t.data() + t.size() && v >= 0) step = v;
   }
-  return {w.params, w.buffers, file.string(), step};
+  return {w.params, w.buffers, file.string() + (average ? ", EMA weights" : ""), step, average};
 }
 
 ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
@@ -108,6 +111,8 @@ ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::
   } catch (const Error& e) {
     throw Error(e.message(), kWeightsHint);  // its own hint speaks of resuming
   }
+  const bool held = std::any_of(ck.tensors.begin(), ck.tensors.end(),
+                                [](const NamedTensor& t) { return t.name == "optim.ema"; });
   const bool average = select_weights(ck, which) == "ema";
   if (ck.meta.contains("model")) {
     const nlohmann::json& m = ck.meta.at("model");
@@ -166,7 +171,10 @@ ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::
                             path.string(), by_name.begin()->first, job.model.arch),
                 hint);
   }
-  w.source = path.string() + (average ? ", EMA weights" : "");
+  w.source = path.string() + (average ? ", EMA weights"
+                              : held  ? ", the weights (not their EMA average)"
+                                      : "");
+  w.ema = average;
   w.step = ck.meta.value("step", int64_t{-1});
   return w;
 }

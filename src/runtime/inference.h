@@ -30,6 +30,7 @@ struct ModelWeights {
   Tensor buffers;
   std::string source;  // what was read ("..., EMA weights" for optimizer.ema's average)
   int64_t step = -1;   // the checkpoint's step; -1: a safetensors file
+  bool ema = false;    // optimizer.ema's average (a checkpoint's, or an export of it)
 };
 
 // `weights`: a checkpoint (a step file or step-N/ directory), a run or checkpoints

@@ -431,6 +431,7 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
   const ModelWeights w = read_model_weights(job, r.weights, models::build_model(job.model, 1).graph,
                                             0, "predict", r.which_weights);
   out.weights = w.source;
+  out.ema = w.ema;
   out.step = w.step;
   out.classes = image_class_names(job, &out.classes_source);
   const auto classes = static_cast<int64_t>(out.classes.size());
@@ -581,6 +582,7 @@ PredictResult predict(const PredictRequest& r) {
                               "predict", r.which_weights);
   }();
   out.weights = w.source;
+  out.ema = w.ema;
   out.step = w.step;
   out.texts.resize(r.texts.size());
   const auto start = std::chrono::steady_clock::now();

@@ -81,6 +81,7 @@ enum class PredictTask : uint8_t { classify, fill_mask, score };
 struct PredictResult {
   PredictTask task = PredictTask::classify;
   std::string weights;
+  bool ema = false;  // the weights are optimizer.ema's average
   int64_t step = -1;
   std::vector<std::string> classes;  // classify: data.path's labels.json, else "0", "1", ...
   std::string classes_file;          // the labels.json read; empty: none found
@@ -134,6 +135,7 @@ struct ImagePrediction {
 
 struct ImagePredictResult {
   std::string weights;
+  bool ema = false;  // the weights are optimizer.ema's average
   int64_t step = -1;
   std::vector<std::string> classes;
   std::string classes_source;  // "Fashion-MNIST", a batches.meta.txt, ...; empty: numbers

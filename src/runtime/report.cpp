@@ -239,9 +239,15 @@ std::string render_report(const fs::path& run_dir) {
                 "a run logs one every train.log_every steps; report on a run that took one");
   }
   const bool language = !eval.empty() && eval.back().contains("test_perplexity");
-  // optimizer.ema: the evaluations are of the average, and their series say so.
-  const std::string of =
-      !eval.empty() && eval.back().value("weights", std::string()) == "ema" ? " (EMA weights)" : "";
+  // optimizer.ema: evaluations of the average are a series of their own (a run resumed
+  // with the average switched on or off has both kinds).
+  std::vector<nlohmann::json> eval_model, eval_ema;
+  for (const nlohmann::json& e : eval)
+    (e.value("weights", std::string()) == "ema" ? eval_ema : eval_model).push_back(e);
+  const auto test_series = [&](const std::string& key, const std::string& label, double scale) {
+    return std::vector<Series>{series_of(eval_model, key, label, scale, true),
+                               series_of(eval_ema, key, label + " (EMA weights)", scale, true)};
+  };
   // train.best: the best evaluation so far (the last eval line's best_step) drawn as a
   // line on its metric's chart (the summary names the metric; loss while a run goes on).
   double best_loss = NAN, best_accuracy = NAN;
@@ -258,17 +264,15 @@ std::string render_report(const fs::path& run_dir) {
     }
   }
   std::string body;
-  body += chart("Loss", "",
-                {series_of(train, "loss", "train loss"),
-                 series_of(eval, "test_loss", "test loss" + of, 1.0, true)},
-                false, best_loss, best_label);
+  std::vector<Series> losses = test_series("test_loss", "test loss", 1.0);
+  losses.insert(losses.begin(), series_of(train, "loss", "train loss"));
+  body += chart("Loss", "", losses, false, best_loss, best_label);
   if (language) {
-    body += chart("Perplexity (test)", "",
-                  {series_of(eval, "test_perplexity", "test perplexity" + of, 1.0, true)});
+    body += chart("Perplexity (test)", "", test_series("test_perplexity", "test perplexity", 1.0));
   }
-  body += chart(language ? "Token accuracy (test)" : "Accuracy (test)", "%",
-                {series_of(eval, "test_accuracy", "test accuracy" + of, 100.0, true)}, false,
-                best_accuracy, best_label);
+  body +=
+      chart(language ? "Token accuracy (test)" : "Accuracy (test)", "%",
+            test_series("test_accuracy", "test accuracy", 100.0), false, best_accuracy, best_label);
   body += chart("Learning rate", "", {series_of(train, "lr", "lr")});
   body += chart("Loss scale", "", {series_of(train, "loss_scale", "loss scale")}, true);
   body += chart("Skipped steps (total)", "", {series_of(train, "skipped_steps", "skipped")});

@@ -292,7 +292,7 @@ std::string select_weights(Checkpoint& ck, std::string_view choice) {
   return "ema";
 }
 
-ExportSummary export_safetensors(const Checkpoint& ck, const fs::path& out, DType dtype) {
+ExportSummary export_safetensors(const Checkpoint& ck, const fs::path& out, DType dtype, bool ema) {
   if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
     throw Error(fmt::format("--dtype {}: expected f32, bf16 or f16", dtype_name(dtype)));
   }
@@ -312,7 +312,8 @@ ExportSummary export_safetensors(const Checkpoint& ck, const fs::path& out, DTyp
       {"format", "pt"},
       {"source", "dtrain"},
       {"arch", l.arch},
-      {"step", std::to_string(ck.meta.value("step", int64_t{0}))}};
+      {"step", std::to_string(ck.meta.value("step", int64_t{0}))},
+      {"weights", ema ? "ema" : "model"}};
   if (ck.meta.contains("model") && ck.meta.at("model").contains("heads"))
     meta["heads"] = std::to_string(ck.meta.at("model").at("heads").get<int64_t>());
   write_safetensors(out, tensors, meta);

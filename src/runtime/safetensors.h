@@ -52,8 +52,10 @@ struct ExportSummary {
 };
 // The checkpoint's model (parameters, and batch-norm running statistics) under the
 // reference implementation's names, in `dtype` (f32, bf16 or f16).
+// `ema`: the checkpoint's weights are optimizer.ema's average (select_weights), which the
+// file's metadata records ("weights": "ema", else "model").
 ExportSummary export_safetensors(const Checkpoint& ck, const std::filesystem::path& out,
-                                 DType dtype);
+                                 DType dtype, bool ema = false);
 
 // model.init_from: a safetensors file with the reference names of `arch`'s family
 // (F32, BF16 or F16, widened to f32) -> whole f32 buffers in our flat layouts (offsets

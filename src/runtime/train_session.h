@@ -131,12 +131,14 @@ class TrainSession {
   // the weights.
   EvalResult evaluate();
   EvalResult evaluate_model();
+  void exchange_average();
   void log_window(double loss, double seconds, double wait, int64_t steps);
   void log_eval(const EvalResult& r);
   // logging.samples (trainer_samples.cpp): the tokenizer and the prompt, read at start-up
   // (an Error there is the job's), then the samples of this step.
   void prepare_samples();
   void log_samples();
+  void draw_samples(bool average);
   void trim_samples(int64_t keep_through) const;
   void write_run_report();
   // The run's summary.json (collective in a pipeline: every stage's figures).

@@ -251,6 +251,14 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   require_best_evaluations(job_, total_steps_);  // an epochs job's steps known now
   if (!resumed_at_end()) open_run_dir();         // last: input refused above leaves it untouched
   note("data: " + source_->describe());
+  if (opt_->has_ema()) {
+    note(
+        fmt::format("optimizer.ema: an average of the weights, decay {}{}; the evaluations{} "
+                    "are of it, and checkpoints keep it",
+                    *job_.optimizer.ema.decay,
+                    job_.optimizer.ema.warmup ? " (ramped up from the first steps)" : "",
+                    samples_ ? " and samples" : ""));
+  }
   if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
   if (job_.model.init_from) {
     note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);
@@ -693,16 +701,19 @@ void TrainSession::fail_non_finite(double loss) const {
 // Each rank evaluates its slice of every batch; the sums meet in one all-reduce.
 EvalResult TrainSession::evaluate() {
   if (!opt_->ema_ready()) return evaluate_model();
-  // A weight tied across a pipeline cut: the later stage's copy follows the earlier
-  // stage's weight, as after a step, each way.
+  exchange_average();
+  EvalResult r = evaluate_model();
+  exchange_average();
+  r.ema = true;
+  return r;
+}
+
+// optimizer.ema's average into the model, or back (collective): a weight tied across a
+// pipeline cut follows, the later stage's copy as after a step.
+void TrainSession::exchange_average() {
   Tensor average = opt_->ema();
   weights_->exchange(average);
   if (tied_) tied_->publish(ex_->params());
-  EvalResult r = evaluate_model();
-  weights_->exchange(average);
-  if (tied_) tied_->publish(ex_->params());
-  r.ema = true;
-  return r;
 }
 
 EvalResult TrainSession::evaluate_model() {
@@ -917,12 +928,15 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   // A run that mostly skipped its updates still exits 0; it must not look like a good one.
   const int64_t skipped = scaler_.state().skipped_steps;
   if (skipped > 0 && 2 * skipped >= counters_.step) {
+    const bool fixed = scaler_.mode() == LossScaleMode::static_;
     std::fprintf(stderr,
                  "dtrain: warning: %lld of the run's %lld steps were skipped (inf or nan "
-                 "gradients), so the weights changed in %lld steps only; with "
-                 "precision.loss_scale.mode: static, lower loss_scale.init (or use dynamic)\n",
+                 "gradients), so the weights changed in %lld steps only; %s\n",
                  static_cast<long long>(skipped), static_cast<long long>(counters_.step),
-                 static_cast<long long>(counters_.step - skipped));
+                 static_cast<long long>(counters_.step - skipped),
+                 fixed ? "lower precision.loss_scale.init, or use loss_scale.mode: dynamic"
+                       : "lower precision.loss_scale.init (the dynamic scale backs off from it "
+                         "one overflow at a time) or optimizer.lr");
   }
   return 0;
 }

@@ -6,9 +6,9 @@
 // are drawn as `dtrain generate` draws them (pick_token, sampling_uniform) under the
 // seed run.seed + step, which the samples file records: `dtrain generate --checkpoint
 // <that step's checkpoint> --seed <seed>` with the same sampling draws the same text
-// (an fp32 run's; a bf16 graph's logits differ in their last bits). No memory beyond the
-// evaluation's: the same executor and shapes, and one row of logits on the host at a
-// time.
+// (an fp32 run's; a bf16 graph's logits differ in their last bits). With optimizer.ema
+// the samples are of the average, as the evaluations and generate's default are. No memory beyond
+// the evaluation's: the same executor and shapes, and one row of logits on the host at a time.
 #include <fstream>
 #include <string>
 #include <vector>
@@ -66,7 +66,16 @@ void TrainSession::trim_samples(int64_t keep_through) const {
   keep_jsonl_through(out_dir_ / "samples.jsonl", keep_through);
 }
 
+// Of optimizer.ema's average once it exists, as the evaluations (and `dtrain generate`'s
+// default) are: exchanged in for the samples and back on every rank.
 void TrainSession::log_samples() {
+  const bool average = opt_->ema_ready();
+  if (average) exchange_average();
+  draw_samples(average);
+  if (average) exchange_average();
+}
+
+void TrainSession::draw_samples(bool average) {
   const SampleOptions& o = job_.logging.samples;
   const int64_t rows = job_.data.micro_batch, length = *job_.model.seq_len;
   const TokenId end_id = samples_->tok.special(Special::endoftext);
@@ -146,9 +155,11 @@ void TrainSession::log_samples() {
                                  {"prompt", o.prompt.value_or("")},
                                  {"text", text},
                                  {"ids", fresh},
-                                 {"ended", ended[static_cast<size_t>(b)]}};
+                                 {"ended", ended[static_cast<size_t>(b)]},
+                                 {"weights", average ? "ema" : "model"}};
     out << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    note(fmt::format("sample {} at step {}: {}", b, counters_.step,
+    note(fmt::format("sample {} at step {}{}: {}", b, counters_.step,
+                     average ? " (EMA weights)" : "",
                      nlohmann::json(o.prompt.value_or("") + text)
                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)));
   }

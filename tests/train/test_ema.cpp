@@ -154,6 +154,7 @@ TEST_CASE("optimizer.ema: the average is evaluated and kept, training unchanged,
     CHECK(std::fabs(p.at("loss").get<double>() / loss - 1) < 1e-5);
     CHECK((p.at("weights").get<std::string>().find("EMA weights") != std::string::npos) ==
           (loss == ema_loss));
+    CHECK(p.at("ema") == (loss == ema_loss));
   }
   // ckpt inspect says which checkpoints hold an average.
   for (const auto& [run, holds] : {std::pair{ema, true}, std::pair{plain, false}}) {
@@ -172,6 +173,12 @@ TEST_CASE("optimizer.ema: the average is evaluated and kept, training unchanged,
   CHECK(x.log.find("EMA weights") != std::string::npos);
   const nlohmann::json pe = predict_split(tmp.path(), job, {"--checkpoint", exported.string()});
   CHECK(std::fabs(pe.at("loss").get<double>() / ema_loss - 1) < 1e-5);
+  CHECK(pe.at("ema") == true);  // the export's metadata says what it holds
+  const RunResult pm = run_dtrain_command({"predict", job.string(), "--split", "test",
+                                           "--checkpoint", exported.string(), "--weights", "model"},
+                                          tmp.path() / "pm.log");
+  CHECK_MESSAGE(pm.rc == 2, pm.describe());
+  CHECK_MESSAGE(pm.log.find("holds one set of weights") != std::string::npos, pm.log);
 
   // The estimate counts the average as one more f32 copy of the weights (here the size
   // of SGD's momentum), and the allocator's peak grows by as much.
@@ -187,10 +194,16 @@ TEST_CASE("optimizer.ema: the average is evaluated and kept, training unchanged,
   fs::create_directories(tmp.path() / "off" / "checkpoints");
   const fs::path step4 = list_step_checkpoint(plain / "checkpoints", 4);
   fs::copy_file(step4, tmp.path() / "on" / "checkpoints" / step4.filename());
+  fs::copy_file(plain / "metrics.jsonl", tmp.path() / "on" / "metrics.jsonl");  // cut at 4
   const fs::path step4e = list_step_checkpoint(ema / "checkpoints", 4);
   fs::copy_file(step4e, tmp.path() / "off" / "checkpoints" / step4e.filename());
   const RunResult on = train("on", with_ema({"--resume", "latest"}));
   CHECK(on.log.find("holds no average of the weights") != std::string::npos);
+  // Its report draws the evaluation before the resume (of the weights) and the one after
+  // (of the average) as two series.
+  const std::string report = read_bytes(tmp.path() / "on" / "report.html");
+  CHECK(report.find(">test loss<") != std::string::npos);
+  CHECK(report.find(">test loss (EMA weights)<") != std::string::npos);
   const RunResult off = train("off", {"--resume", "latest"});
   CHECK(off.log.find("holds an average of the weights that this job does not keep") !=
         std::string::npos);

@@ -553,6 +553,34 @@ TEST_CASE("logging.samples: text as the model trains, as generate draws it, once
     CHECK(g.at("samples")[b].at("ended") == lines[b].at("ended"));
   }
 
+  CHECK(lines[0].at("weights") == "model");
+  // With optimizer.ema the samples are of the average, which generate reads by default
+  // (--weights auto): the same texts again.
+  const fs::path avg = tmp.path() / "ema";
+  const RunResult e =
+      run_dtrain({job.string(), "--set", samples, "--set", "optimizer.ema.decay=0.9", "--set",
+                  "run.output_dir=" + avg.string()},
+                 tmp.path() / "ema.log");
+  REQUIRE_MESSAGE(e.rc == 0, e.describe());
+  CHECK(contains(e.log, "sample 0 at step 10 (EMA weights)"));
+  std::vector<nlohmann::json> averaged;
+  {
+    std::ifstream in(avg / "samples.jsonl");
+    for (std::string line; std::getline(in, line);) averaged.push_back(nlohmann::json::parse(line));
+  }
+  REQUIRE(averaged.size() == 4);
+  const nlohmann::json ge = generate_json(
+      tmp.path(), "ge.log",
+      {job.string(), "--checkpoint", (avg / "checkpoints" / "step-00000010.dtckpt").string(),
+       "--prompt", "The old", "--tokens", "6", "--samples", "2", "--seed", "11", "--temperature",
+       "0.8", "--no-cache"});
+  CHECK(ge.at("ema") == true);
+  for (size_t b = 0; b < 2; ++b) {
+    CAPTURE(b);
+    CHECK(averaged[b].at("weights") == "ema");
+    CHECK(ge.at("samples")[b].at("text") == averaged[b].at("text"));
+  }
+
   // The run copied and cut back to step 10, with a line its crash left after the step:
   // resumed, it writes the file the whole run wrote.
   fs::create_directories(part);
