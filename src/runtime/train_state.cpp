@@ -68,7 +68,8 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
                          {"accuracy_bits", std::bit_cast<uint64_t>(b.accuracy)},
                          {"reference_bits", std::bit_cast<uint64_t>(b.reference)},
                          {"stale_evals", b.stale_evals},
-                         {"stopped_early", b.stopped}};
+                         {"stopped_early", b.stopped},
+                         {"weights", b.weights}};
   }
   if (c.scaler) {
     meta["loss_scaler"] = {{"scale", c.scaler->scale},
@@ -430,7 +431,9 @@ TrainCounters counters_of(const Checkpoint& ck) {
     b.reference = std::bit_cast<double>(j.at("reference_bits").get<uint64_t>());
     b.stale_evals = j.at("stale_evals");
     b.stopped = j.at("stopped_early");
-    if (b.step < 0 || b.step > c.step || b.stale_evals < 0) {
+    b.weights = j.value("weights", std::string("model"));
+    if (b.step < 0 || b.step > c.step || b.stale_evals < 0 ||
+        (b.weights != "model" && b.weights != "ema")) {
       throw Error(fmt::format("{}: best_eval out of range (step {}, {} evaluations since a gain)",
                               file.string(), b.step, b.stale_evals));
     }

@@ -28,6 +28,9 @@ struct BestEval {
   double reference = 0;     // the value patience counts from (the last gain over min_delta)
   int64_t stale_evals = 0;  // evaluations since that gain
   bool stopped = false;     // the run ended early at this checkpoint (train.best.patience)
+  // What the evaluations were of: "model" (the weights), or "ema" (optimizer.ema's
+  // average); "model" in checkpoints written before it was kept.
+  std::string weights = "model";
 };
 
 struct TrainCounters {

@@ -34,6 +34,7 @@ bool TrainSession::track_best(const EvalResult& r, bool counts_for_patience) {
   if (!b) {
     if (!std::isfinite(v)) return false;  // nothing to compare with yet
     b = BestEval{std::string(to_string(o.metric)), counters_.step, r.loss, r.accuracy, v, 0};
+    b->weights = r.ema ? "ema" : "model";
     return o.keep_checkpoint;
   }
   const bool better = gains(o.metric, v, value_of(o.metric, b->loss, b->accuracy), 0);
@@ -93,11 +94,9 @@ void TrainSession::record_best(std::string_view gone) {
     return;
   }
   const BestEval& b = *counters_.best;
-  nlohmann::json record = {{"metric", b.metric},
-                           {"step", b.step},
-                           {"test_loss", b.loss},
-                           {"test_accuracy", b.accuracy},
-                           {"checkpoint", nullptr}};
+  nlohmann::json record = {
+      {"metric", b.metric},  {"weights", b.weights},        {"step", b.step},
+      {"test_loss", b.loss}, {"test_accuracy", b.accuracy}, {"checkpoint", nullptr}};
   for (const fs::path& p : list_checkpoints(ckpt_dir_))
     if (step_of_name(p) == b.step) record["checkpoint"] = p.filename().string();
   if (record["checkpoint"].is_null()) {
@@ -127,6 +126,19 @@ void TrainSession::start_best() {
       gone = fmt::format("its best by {} is no longer kept out of the rotation",
                          counters_.best->metric);
     }
+    counters_.best.reset();
+  }
+  // Evaluations of optimizer.ema's average and of the weights are not compared either: a
+  // resume that switches the average on or off starts anew too.
+  const std::string weights = opt_->has_ema() ? "ema" : "model";
+  if (counters_.best && counters_.best->weights != weights) {
+    note(
+        fmt::format("note: the checkpoint's best evaluation was of {}; this job's are of {}: "
+                    "the comparison starts anew",
+                    counters_.best->weights == "ema" ? "the average of the weights (optimizer.ema)"
+                                                     : "the weights",
+                    weights == "ema" ? "their average" : "the weights"));
+    gone = "its best was of other weights, no longer kept out of the rotation";
     counters_.best.reset();
   }
   // A run that stopped early and is resumed with more patience trains on.

@@ -255,6 +255,7 @@ nlohmann::json TrainSession::summary(double secs, int64_t first, double last_los
   if (counters_.best) {  // train.best
     const BestEval& b = *counters_.best;
     nlohmann::json best = {{"metric", b.metric},
+                           {"weights", b.weights},
                            {"step", b.step},
                            {"test_loss", b.loss},
                            {"test_accuracy", b.accuracy},

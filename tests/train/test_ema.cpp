@@ -283,3 +283,30 @@ TEST_CASE("optimizer.ema: bad settings and a missing average exit 2 naming the k
                     std::string::npos,
                 m.log);
 }
+
+// train.best with the average: the record says what the evaluations were of, and a resume
+// that switches the average on starts the comparison anew (as another metric would).
+TEST_CASE("optimizer.ema with train.best: the record names the weights, a switch starts anew") {
+  TempDir tmp("ema-best");
+  const fs::path job = write_job(tmp.path(), "run");
+  const std::vector<std::string> best = {"--set", "train.eval_every=2",
+                                         "--set", "train.checkpoint.every=2",
+                                         "--set", "train.best={metric: loss}"};
+  std::vector<std::string> first = {job.string(), "--set", "train.steps=4"};
+  first.insert(first.end(), best.begin(), best.end());
+  const RunResult a = run_dtrain(first, tmp.path() / "a.log");
+  REQUIRE_MESSAGE(a.rc == 0, a.describe());
+  const fs::path record = tmp.path() / "run" / "checkpoints" / "best.json";
+  CHECK(nlohmann::json::parse(read_bytes(record)).at("weights") == "model");
+  std::vector<std::string> second = {job.string(), "--set", "optimizer.ema.decay=0.8", "--resume",
+                                     "latest"};
+  second.insert(second.end(), best.begin(), best.end());
+  const RunResult b = run_dtrain(second, tmp.path() / "b.log");
+  REQUIRE_MESSAGE(b.rc == 0, b.describe());
+  CHECK_MESSAGE(b.log.find("the comparison starts anew") != std::string::npos, b.log);
+  const nlohmann::json r = nlohmann::json::parse(read_bytes(record));
+  CHECK(r.at("weights") == "ema");
+  CHECK(r.at("step").get<int64_t>() > 4);  // a best of the average's evaluations only
+  const nlohmann::json s = nlohmann::json::parse(read_bytes(tmp.path() / "run" / "summary.json"));
+  CHECK(s.at("best").at("weights") == "ema");
+}
