@@ -127,7 +127,7 @@ static_assert(static_cast<int>(SgdMomentum::none) == 0 &&
               static_cast<int>(SgdMomentum::nesterov) == 2);  // kernels/cuda/optimizer.cu
 void sgd_step(const SgdStep& k, Tensor& p, const Tensor& g, Tensor& momentum, Tensor* copy);
 void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor* copy);
-void ema_update(float decay, float rest, const Tensor& p, Tensor& ema);
+void ema_update(float rest, const Tensor& p, Tensor& ema);
 void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,
                   const Tensor& g, Tensor& m, Tensor& v, Tensor& sums);
 void lamb_update(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& step,

@@ -42,8 +42,10 @@ void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor
                 Tensor* copy = nullptr);
 
 // The exponential moving average of the weights (optimizer.ema): p and ema [n] f32,
-// ema = decay * ema + rest * p, rest = 1 - decay rounded once by the caller.
-void ema_update(float decay, float rest, const Tensor& p, Tensor& ema);
+// ema += rest * (p - ema), rest = 1 - decay rounded once by the caller: the lerp form,
+// which stays exactly on weights that no longer move (decay * ema + rest * p, with the
+// two factors rounded apart, would settle off them by up to a percent at decays near 1).
+void ema_update(float rest, const Tensor& p, Tensor& ema);
 
 // LAMB over whole flat buffers p, g, m, v (f32 [N]; g read as g x k.gscale) cut
 // into a fixed chunk table (no copy: the caller writes the compute-dtype copy):

@@ -199,17 +199,17 @@ void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor
   });
 }
 
-void ema_update(float decay, float rest, const Tensor& p, Tensor& ema) {
+void ema_update(float rest, const Tensor& p, Tensor& ema) {
   constexpr std::string_view op = "ema_update";
   const Device device = same_device(op, {&p, &ema});
   require_dtype(op, "p", p, {DType::f32});
   require_dtype(op, "ema", ema, {DType::f32});
   require_numel(op, "ema", ema, p.numel());
-  if (device.is_cuda()) return cuda_ops::ema_update(decay, rest, p, ema);
+  if (device.is_cuda()) return cuda_ops::ema_update(rest, p, ema);
   const float* pp = p.data<float>();
   float* ep = ema.data<float>();
   const int64_t n = p.numel();
-  for (int64_t i = 0; i < n; ++i) ep[i] = decay * ep[i] + rest * pp[i];
+  for (int64_t i = 0; i < n; ++i) ep[i] += rest * (pp[i] - ep[i]);
 }
 
 void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,

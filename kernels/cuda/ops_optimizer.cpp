@@ -31,8 +31,8 @@ void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor
                     stream_of(p));
 }
 
-void ema_update(float decay, float rest, const Tensor& p, Tensor& ema) {
-  launch_ema_update(decay, rest, f32(p), f32(ema), p.numel(), stream_of(p));
+void ema_update(float rest, const Tensor& p, Tensor& ema) {
+  launch_ema_update(rest, f32(p), f32(ema), p.numel(), stream_of(p));
 }
 
 void lamb_moments(const AdamStep& k, const Tensor& ranges, const Tensor& wd, const Tensor& p,

@@ -54,9 +54,8 @@ __global__ void adamw_kernel(AdamScalars k, P* p, const float* g, float* m, floa
   }
 }
 
-__global__ void ema_kernel(float decay, float rest, const float* p, float* ema, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_stride())
-    ema[i] = decay * ema[i] + rest * p[i];
+__global__ void ema_kernel(float rest, const float* p, float* ema, int64_t n) {
+  for (int64_t i = thread_index(); i < n; i += thread_stride()) ema[i] += rest * (p[i] - ema[i]);
 }
 
 // Calls fn(P*, C*) with the parameter and copy pointers cast to their storage types
@@ -135,10 +134,9 @@ void launch_adamw_step(const AdamScalars& k, DType p_dtype, void* p, const float
   DTRAIN_CUDA_CHECK_LAUNCH();
 }
 
-void launch_ema_update(float decay, float rest, const float* p, float* ema, int64_t n,
-                       cudaStream_t stream) {
+void launch_ema_update(float rest, const float* p, float* ema, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
-  ema_kernel<<<grid_for(n), kThreads, 0, stream>>>(decay, rest, p, ema, n);
+  ema_kernel<<<grid_for(n), kThreads, 0, stream>>>(rest, p, ema, n);
   DTRAIN_CUDA_CHECK_LAUNCH();
 }
 

@@ -27,9 +27,8 @@ void launch_sgd_step(const SgdScalars& k, DType p_dtype, void* p, const float* g
 void launch_adamw_step(const AdamScalars& k, DType p_dtype, void* p, const float* g, float* m,
                        float* v, DType copy_dtype, void* copy, int64_t n, cudaStream_t stream);
 
-// ema = decay * ema + rest * p over n f32 elements (optimizer.ema).
-void launch_ema_update(float decay, float rest, const float* p, float* ema, int64_t n,
-                       cudaStream_t stream);
+// ema += rest * (p - ema) over n f32 elements (optimizer.ema).
+void launch_ema_update(float rest, const float* p, float* ema, int64_t n, cudaStream_t stream);
 
 // LAMB's two passes over a chunk table (ranges [C, 2], wd [C]): one block per chunk.
 // sums [C, 2] = (sum p^2, sum u^2); step [C] = lr x trust ratio. k.wd, k.lr unused.

@@ -136,7 +136,7 @@ void lamb_moments(const AdamStep&, const Tensor&, const Tensor&, const Tensor&, 
                   Tensor&, Tensor&, Tensor&) {
   no_cuda("lamb_moments");
 }
-void ema_update(float, float, const Tensor&, Tensor&) { no_cuda("ema_update"); }
+void ema_update(float, const Tensor&, Tensor&) { no_cuda("ema_update"); }
 void lamb_update(const AdamStep&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
                  const Tensor&, const Tensor&) {
   no_cuda("lamb_update");

@@ -143,13 +143,9 @@ nlohmann::json describe(const fs::path& path) {
   out["parameters"] = params;
   out["buffer_elements"] = buffers;
   nlohmann::json stored = nlohmann::json::array();
-  bool average = false;  // optimizer.ema's, which predict, generate and export read
-  for (const runtime::NamedTensor& t : ck.tensors) {
-    stored.push_back(tensor_json(t));
-    average = average || t.name == "optim.ema";
-  }
+  for (const runtime::NamedTensor& t : ck.tensors) stored.push_back(tensor_json(t));
   out["stored"] = stored;
-  out["ema"] = average;
+  out["ema"] = runtime::holds_average(ck);  // which predict, generate and export read
   return out;
 }
 
@@ -394,12 +390,7 @@ void add_ckpt(CLI::App& app, Action& action) {
   // The job file's names (precision.dtype: fp32 | bf16 | fp16) are accepted too.
   cmd->add_option("--dtype", exp->dtype, "f32 (default), bf16 or f16 (or fp32, fp16)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "fp32", "fp16"}));
-  cmd->add_option(
-         "--weights", exp->which_weights,
-         "of a checkpoint: ema (optimizer.ema's average of the weights), model (the weights "
-         "the optimizer stepped) or auto (default: the average when the checkpoint holds "
-         "one)")
-      ->check(CLI::IsMember({"auto", "model", "ema"}));
+  add_weights_option(cmd, exp->which_weights);
   cmd->callback([exp, &action] { action = [exp] { return run_export(*exp); }; });
 }
 

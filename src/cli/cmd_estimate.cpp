@@ -129,6 +129,14 @@ int run_estimate(const EstimateArgs& args) {
 
 }  // namespace
 
+void add_weights_option(CLI::App* cmd, std::string& which) {
+  cmd->add_option("--weights", which,
+                  "of a checkpoint: ema (optimizer.ema's average of the weights), model (the "
+                  "weights the optimizer stepped) or auto (default: the average when the "
+                  "checkpoint holds one)")
+      ->check(CLI::IsMember({"auto", "model", "ema"}));
+}
+
 void add_device_override(const std::string& device, std::vector<std::string>& overrides) {
   if (device.empty()) return;
   try {

@@ -125,7 +125,7 @@ int run_generate(const GenerateArgs& a) {
   r.cache = !a.no_cache;
   if (!a.json) {
     r.on_start = [](const runtime::GenerateResult& g) {  // before the first forward
-      const std::string step = g.step >= 0 ? fmt::format(" (step {})", g.step) : "";
+      const std::string step = weights_label(g.step, g.ema);
       std::fprintf(stderr,
                    "dtrain: generating from %s%s: <|endoftext|> and %zu prompt tokens, context "
                    "%lld\n",
@@ -189,12 +189,7 @@ void add_generate(CLI::App& app, Action& action) {
                   "directory (its newest), best (train.best's), or a .safetensors file (dtrain "
                   "ckpt export, Hugging Face GPT-2); default: the job's newest checkpoint, else "
                   "model.init_from");
-  cmd->add_option(
-         "--weights", args->which_weights,
-         "of a checkpoint: ema (optimizer.ema's average of the weights), model (the weights "
-         "the optimizer stepped) or auto (default: the average when the checkpoint holds "
-         "one)")
-      ->check(CLI::IsMember({"auto", "model", "ema"}));
+  add_weights_option(cmd, args->which_weights);
   cmd->add_option("--prompt", args->prompt, "text to continue (default: none, a new document)");
   cmd->add_option("--prompt-file", args->prompt_file,
                   "read the prompt from a file (- for standard input), a final newline kept");

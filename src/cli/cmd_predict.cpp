@@ -529,7 +529,7 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
     std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return unreadable(p) > 0 ? kExitBadInput : kExitOk;
   }
-  const std::string step = p.step >= 0 ? fmt::format(" (step {})", p.step) : "";
+  const std::string step = weights_label(p.step, p.ema);
   std::fprintf(stderr, "dtrain: classifying %s with %s%s, as %d x %d x %d\n",
                r.test_split ? "the test split" : "images", p.weights.c_str(), step.c_str(),
                p.channels, p.size, p.size);
@@ -643,7 +643,7 @@ int run_predict(const PredictArgs& a) {
         "%s\n",
         to_json(p, in, s).dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
-    const std::string step = p.step >= 0 ? fmt::format(" (step {})", p.step) : "";
+    const std::string step = weights_label(p.step, p.ema);
     const char* doing = p.task == runtime::PredictTask::classify    ? "classifying"
                         : p.task == runtime::PredictTask::fill_mask ? "filling [MASK]s"
                                                                     : "scoring";
@@ -686,12 +686,7 @@ void add_predict(CLI::App& app, Action& action) {
                   "weights: a checkpoint (file or sharded directory), a run or checkpoint "
                   "directory (its newest), best (train.best's), or a .safetensors file (dtrain "
                   "ckpt export); default: the job's newest checkpoint, else model.init_from");
-  cmd->add_option(
-         "--weights", args->which_weights,
-         "of a checkpoint: ema (optimizer.ema's average of the weights), model (the weights "
-         "the optimizer stepped) or auto (default: the average when the checkpoint holds "
-         "one)")
-      ->check(CLI::IsMember({"auto", "model", "ema"}));
+  add_weights_option(cmd, args->which_weights);
   cmd->add_option("--tokenizer", args->tokenizer,
                   "tokenizer.json, or a directory with it (or with GPT-2's vocab.json and "
                   "merges.txt); a labels.json beside it names a classifier's classes "

@@ -38,6 +38,18 @@ void add_report(CLI::App& app, Action& action);
 void add_generate(CLI::App& app, Action& action);
 void add_predict(CLI::App& app, Action& action);  // a BERT's classes or fill-mask
 
+// What predict and generate say after the weights' path: " (step N)", " (step N, EMA
+// weights)", " (EMA weights)" (an export of the average) or nothing.
+inline std::string weights_label(int64_t step, bool ema) {
+  std::string parts = step >= 0 ? "step " + std::to_string(step) : "";
+  if (ema) parts += parts.empty() ? "EMA weights" : ", EMA weights";
+  return parts.empty() ? "" : " (" + parts + ")";
+}
+
+// --weights auto|ema|model of predict, generate and ckpt export: which weights of a
+// checkpoint (optimizer.ema's average or the weights the optimizer stepped).
+void add_weights_option(CLI::App* cmd, std::string& which);
+
 // --device D of estimate and generate: checked as typed, then appended to `overrides`
 // as device=D (nothing when D is empty).
 void add_device_override(const std::string& device, std::vector<std::string>& overrides);

@@ -120,11 +120,10 @@ void Optimizer::step(const ParamTarget& target, const Tensor& grads, double lr, 
   if (!ema_ready_) start_ema(target.flat);  // the weights before this step
   Tensor avg = ema();
   update(target, grads, lr, grad_scale);
-  const double d = ema_decay_at(step_);
-  const auto decay = static_cast<float>(d), rest = static_cast<float>(1.0 - d);
+  const auto rest = static_cast<float>(1.0 - ema_decay_at(step_));
   for_each_range([&](int32_t, int64_t at, int64_t n) {
     Tensor e = avg.view(at, Shape{n});
-    kernels::ema_update(decay, rest, target.flat.view(at, Shape{n}), e);
+    kernels::ema_update(rest, target.flat.view(at, Shape{n}), e);
   });
 }
 

@@ -70,9 +70,10 @@ class Optimizer {
 
   int64_t step_count() const { return step_; }
   // optimizer.ema: the average's buffer (the last state buffer, "ema": f32 [total_elems],
-  // in the parameters' layout), or undefined without one. Ready: it holds an average
-  // (false until the first step, or after loading a state without one: the next step
-  // starts it from the parameters it is given).
+  // in the parameters' layout), or undefined without one. Ready: it holds an average.
+  // False at construction; start_ema() or a step sets it, load_state() too (the caller
+  // clears it, set_ema_ready(false), when the state it loaded had no average, and the
+  // next start_ema() or step starts one from the weights).
   bool has_ema() const { return options_.ema.decay.has_value(); }
   Tensor ema() const { return has_ema() ? buffers_.back().second : Tensor(); }
   bool ema_ready() const { return ema_ready_; }

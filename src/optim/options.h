@@ -63,10 +63,11 @@ struct ScheduleOptions {
 
 // optimizer.ema: an exponential moving average of the weights, kept beside them as an
 // optimizer state buffer ("ema", f32, the parameters' layout) and updated after every
-// step: ema = d * ema + (1 - d) * p, with d = decay, or with warmup
+// step: ema += (1 - d) (p - ema), with d = decay, or with warmup
 // min(decay, (1 + t) / (10 + t)) at step t (counted from 1), so that the average does
-// not dwell on the initial weights. It starts as the weights before the first step it
-// follows.
+// not dwell on the initial weights (t is the optimizer's step count: an average switched
+// on at a resume ramps from that step). It starts as the weights once they are set
+// (Optimizer::start_ema).
 struct EmaOptions {
   std::optional<double> decay;  // unset: no average
   bool warmup = true;

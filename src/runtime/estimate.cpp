@@ -453,8 +453,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                   "fp32 copy the optimizer steps" + shard_note);
   const OptimizerOptions& o = job.optimizer;
   const int ema = o.ema.decay ? 1 : 0;
-  const int states = optim::state_buffer_count(o) - ema;
-  const auto ranged_items = static_cast<size_t>(states + ema + (masters ? 1 : 0));
+  const int states = optim::state_buffer_count(o) - ema;  // the algorithm's own
+  const auto ranged_items = static_cast<size_t>(optim::state_buffer_count(o) + (masters ? 1 : 0));
   add_optimizer(
       "optimizer state", (offload ? host_layout : f32_layout) * static_cast<size_t>(states),
       std::string(o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq") + shard_note);

@@ -98,7 +98,7 @@ ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph:
     const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
     if (ec == std::errc() && end == t.data() + t.size() && v >= 0) step = v;
   }
-  return {w.params, w.buffers, file.string() + (average ? ", EMA weights" : ""), step, average};
+  return {w.params, w.buffers, file.string(), step, average};
 }
 
 ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
@@ -111,8 +111,6 @@ ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::
   } catch (const Error& e) {
     throw Error(e.message(), kWeightsHint);  // its own hint speaks of resuming
   }
-  const bool held = std::any_of(ck.tensors.begin(), ck.tensors.end(),
-                                [](const NamedTensor& t) { return t.name == "optim.ema"; });
   const bool average = select_weights(ck, which) == "ema";
   if (ck.meta.contains("model")) {
     const nlohmann::json& m = ck.meta.at("model");
@@ -171,9 +169,7 @@ ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::
                             path.string(), by_name.begin()->first, job.model.arch),
                 hint);
   }
-  w.source = path.string() + (average ? ", EMA weights"
-                              : held  ? ", the weights (not their EMA average)"
-                                      : "");
+  w.source = path.string();
   w.ema = average;
   w.step = ck.meta.value("step", int64_t{-1});
   return w;

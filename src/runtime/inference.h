@@ -28,7 +28,7 @@ struct ModelWeights {
   // The graph's f32 buffers (batch norm's running statistics), in its buffer layout;
   // undefined for a model without any.
   Tensor buffers;
-  std::string source;  // what was read ("..., EMA weights" for optimizer.ema's average)
+  std::string source;  // what was read (a path)
   int64_t step = -1;   // the checkpoint's step; -1: a safetensors file
   bool ema = false;    // optimizer.ema's average (a checkpoint's, or an export of it)
 };
@@ -41,7 +41,9 @@ struct ModelWeights {
 // Every tensor of the model must come from the file: a safetensors file without the
 // model's task head is an Error. Errors say what to pass instead.
 // `which`: of a checkpoint, its weights or optimizer.ema's average (runtime/safetensors.h's
-// select_weights: auto, model or ema); a safetensors file holds one set (ema: an Error).
+// select_weights: auto, model or ema); a safetensors file holds one set, which dtrain's
+// export names in its metadata ("weights": ema or model, else model): asking for the
+// other is an Error.
 ModelWeights read_model_weights(const Job& job, const std::string& weights, const graph::Graph& g,
                                 int64_t heads, std::string_view command,
                                 std::string_view which = "auto");

@@ -265,6 +265,12 @@ std::vector<NamedTensor> checkpoint_model_tensors(const Checkpoint& ck) {
   return out;
 }
 
+bool holds_average(const Checkpoint& ck) {
+  const std::string average = std::string("optim.") + optim::kEmaBuffer;
+  return std::any_of(ck.tensors.begin(), ck.tensors.end(),
+                     [&](const NamedTensor& t) { return t.name == average; });
+}
+
 std::string select_weights(Checkpoint& ck, std::string_view choice) {
   if (choice != "auto" && choice != "model" && choice != "ema") {
     throw Error(fmt::format("--weights {}: expected auto, model or ema", choice));

@@ -45,6 +45,8 @@ std::vector<NamedTensor> checkpoint_model_tensors(const Checkpoint& ck);
 // place of the weights; asking for it of a checkpoint without one, or another choice,
 // is an Error. Returns what was selected ("model" or "ema").
 std::string select_weights(Checkpoint& ck, std::string_view choice);
+// Whether the checkpoint holds optimizer.ema's average (its blob "optim.ema").
+bool holds_average(const Checkpoint& ck);
 
 struct ExportSummary {
   std::string arch;

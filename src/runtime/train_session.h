@@ -126,9 +126,8 @@ class TrainSession {
   void record_best(std::string_view gone = {});  // gone: why a record is removed
   void start_best();
   StepTotals agree_totals(const StepTotals& local);
-  // The test split's loss and accuracy: of optimizer.ema's average once it exists
-  // (exchanged into the model for the evaluation and back, every bit restored), else of
-  // the weights.
+  // The test split's loss and accuracy: with optimizer.ema of the average (exchanged into
+  // the model for the evaluation and back, every bit restored), else of the weights.
   EvalResult evaluate();
   EvalResult evaluate_model();
   void exchange_average();

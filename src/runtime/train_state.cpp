@@ -434,8 +434,10 @@ TrainCounters counters_of(const Checkpoint& ck) {
     b.weights = j.value("weights", std::string("model"));
     if (b.step < 0 || b.step > c.step || b.stale_evals < 0 ||
         (b.weights != "model" && b.weights != "ema")) {
-      throw Error(fmt::format("{}: best_eval out of range (step {}, {} evaluations since a gain)",
-                              file.string(), b.step, b.stale_evals));
+      throw Error(
+          fmt::format("{}: best_eval out of range (step {}, {} evaluations since a "
+                      "gain, of weights \"{}\")",
+                      file.string(), b.step, b.stale_evals, b.weights));
     }
     c.best = b;
   }
@@ -453,6 +455,25 @@ TrainCounters counters_of(const Checkpoint& ck) {
     c.scaler = st;
   }
   return c;
+}
+
+// The optimizer state buffers a checkpoint holds against this run's: the same, but for
+// optimizer.ema's average, which either may hold alone.
+void check_state_names(const fs::path& path, std::vector<std::string> saved,
+                       std::vector<std::string> live) {
+  for (std::vector<std::string>* names : {&saved, &live}) {
+    names->erase(std::remove(names->begin(), names->end(), optim::kEmaBuffer), names->end());
+    std::sort(names->begin(), names->end());
+  }
+  if (saved == live) return;
+  const auto list = [](const std::vector<std::string>& names) {
+    return names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "));
+  };
+  throw Error(fmt::format("{}: its optimizer state buffers ({}) differ from this run's ({}); "
+                          "only optimizer.ema's average may come or go at a resume",
+                          path.string(), list(saved), list(live)),
+              "resume with the optimizer settings the run was written with (a momentum of 0 "
+              "keeps no momentum buffer)");
 }
 
 void check_optimizer(const Checkpoint& ck, const optim::Optimizer& opt) {
@@ -486,9 +507,6 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       if (mine.defined()) copy_into(rd.read("buffers." + std::string(dtype_name(dt))), mine);
     }
   };
-  // The parameters, then every state buffer (the blobs "optim.<name>"), of a blob
-  // holding elements [first, ...) of the layout, a piece at a time: the parameters
-  // whole, the state's part in [begin, end).
   // optimizer.ema's average may be in the checkpoint and not in this run, or the other
   // way round: the other buffers load, an average the run lacks is not read, and one the
   // checkpoint lacks starts again from the weights (TrainCounters::ema says which).
@@ -496,10 +514,11 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
   const auto saved = [&](const std::string& name) {
     return std::find(saved_names.begin(), saved_names.end(), name) != saved_names.end();
   };
-  const auto without_ema = [](std::vector<std::string> names) {
-    names.erase(std::remove(names.begin(), names.end(), optim::kEmaBuffer), names.end());
-    return names;
-  };
+  std::vector<std::string> live_names;
+  for (const auto& [name, t] : live.buffers) live_names.push_back(name);
+  // The parameters, then every state buffer (the blobs "optim.<name>"), of a blob
+  // holding elements [first, ...) of the layout, a piece at a time: the parameters
+  // whole, the state's part in [begin, end).
   auto load_pieces = [&](const CheckpointReader& rd, const std::string& params, int64_t first,
                          bool state) {
     rd.pieces(params, kLoadPiece,
@@ -542,17 +561,7 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
       check_whole("params.f32");
       for (const CheckpointReader::Blob& b : rd.blobs())
         if (b.name.rfind("optim.", 0) == 0) saved_names.push_back(b.name.substr(6));
-      std::vector<std::string> live_names;
-      for (const auto& [name, t] : live.buffers) live_names.push_back(name);
-      std::sort(saved_names.begin(), saved_names.end());
-      std::sort(live_names.begin(), live_names.end());
-      if (without_ema(saved_names) != without_ema(live_names)) {
-        throw Error(
-            fmt::format("{}: its optimizer state buffers ({}) differ from this run's ({})",
-                        path.string(), fmt::join(saved_names, ", "), fmt::join(live_names, ", ")),
-            "resume with the optimizer settings the run was written with (a momentum "
-            "of 0 keeps no momentum buffer)");
-      }
+      check_state_names(path, saved_names, live_names);
       for (const auto& [name, t] : live.buffers)
         if (name != optim::kEmaBuffer || saved(name)) check_whole("optim." + name);
       check_buffers(rd);
@@ -580,16 +589,13 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
     check_layout(man, "params", layout_of(*l.layout));
     check_layout(man, "buffers", layout_of(*l.buffers));
     check_optimizer(man, opt);
-    std::vector<std::string> names, live_names;  // names: this run's that the checkpoint has
     saved_names = man.meta.at("sharded").at("optimizer_buffers").get<std::vector<std::string>>();
-    for (const auto& [name, t] : live.buffers) {
-      live_names.push_back(name);
+    check_state_names(path, saved_names, live_names);
+    std::vector<std::string> names;  // this run's buffers that the checkpoint has
+    for (const std::string& name : live_names)
       if (saved(name)) names.push_back(name);
-    }
-    if (without_ema(saved_names) != without_ema(live_names) ||
-        man.meta.at("sharded").at("total").get<int64_t>() != total) {
-      bad_shard(manifest, "its optimizer buffers or layout size differ from this run's");
-    }
+    if (man.meta.at("sharded").at("total").get<int64_t>() != total)
+      bad_shard(manifest, "its layout size differs from this run's");
     // Every shard's blobs are checked before any is loaded, so that a shard of the
     // wrong size leaves the live state as it was; one shard file is open at a time (a
     // save of thousands of ranks stays within the open-file limit).

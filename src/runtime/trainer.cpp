@@ -695,10 +695,7 @@ void TrainSession::fail_non_finite(double loss) const {
                  "clamp to keep skipping");
 }
 
-// Mean loss and top-1 accuracy over every predicted label of the test split:
-// images (one label per sample) and tokens (every label of a causal-LM window,
-// the masked positions of a masked-LM one) alike; -100 labels count for nothing.
-// Each rank evaluates its slice of every batch; the sums meet in one all-reduce.
+// With optimizer.ema, of the average (exchanged in and back: every bit restored).
 EvalResult TrainSession::evaluate() {
   if (!opt_->ema_ready()) return evaluate_model();
   exchange_average();
@@ -716,6 +713,11 @@ void TrainSession::exchange_average() {
   if (tied_) tied_->publish(ex_->params());
 }
 
+// Mean loss (plain cross-entropy: Mode::eval, no label smoothing) and top-1 accuracy
+// over every predicted label of the test split: images (one label per sample) and
+// tokens (every label of a causal-LM window, the masked positions of a masked-LM one)
+// alike; -100 labels count for nothing. Each rank evaluates its slice of every batch;
+// the sums meet in one all-reduce.
 EvalResult TrainSession::evaluate_model() {
   DeviceFeed test(source_->feed(FeedSplit::eval, {}), job_.device);
   double loss_sum = 0, correct = 0, samples = 0;

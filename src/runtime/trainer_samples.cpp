@@ -66,7 +66,7 @@ void TrainSession::trim_samples(int64_t keep_through) const {
   keep_jsonl_through(out_dir_ / "samples.jsonl", keep_through);
 }
 
-// Of optimizer.ema's average once it exists, as the evaluations (and `dtrain generate`'s
+// With optimizer.ema, of the average, as the evaluations (and `dtrain generate`'s
 // default) are: exchanged in for the samples and back on every rank.
 void TrainSession::log_samples() {
   const bool average = opt_->ema_ready();

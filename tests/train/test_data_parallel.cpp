@@ -362,6 +362,19 @@ TEST_CASE("optimizer.ema: 2 ranks and ZeRO-1/2/3 keep and evaluate 1 rank's aver
   train(job, tmp.path(), "split", {}, rest);
   CHECK(compare_checkpoints(newest_checkpoint(split / "checkpoints"),
                             newest_checkpoint(tmp.path() / "one-bf16" / "checkpoints")) == "");
+  // Only the average may come or go at a resume: a sharded checkpoint of SGD with
+  // momentum does not resume without it, exit 2 naming what differs.
+  const fs::path resnet = write_job(tmp.path(), "resnet");
+  const fs::path sgd = train(resnet, tmp.path(), "sgd", {2, "ring"},
+                             {"--set", "parallel.zero_stage=1", "--set", "train.steps=2"});
+  const RunResult r =
+      run_dtrain({resnet.string(), "--set", "run.output_dir=" + sgd.string(), "--set",
+                  "optimizer.momentum=0", "--set", "train.steps=4", "--resume", "latest"},
+                 tmp.path() / "sgd-resume.log");
+  CHECK_MESSAGE(r.rc == 2, r.describe());
+  CHECK_MESSAGE(r.log.find("optimizer state buffers (momentum) differ from this run's (none)") !=
+                    std::string::npos,
+                r.log);
 }
 
 // With two micro-batches per rank ZeRO-2 reduces each micro-batch's gradient into the
