@@ -43,8 +43,11 @@ void adamw_step(const AdamStep& k, Tensor& p, const Tensor& g, Tensor& m, Tensor
 
 // The exponential moving average of the weights (optimizer.ema): p and ema [n] f32,
 // ema += rest * (p - ema), rest = 1 - decay rounded once by the caller: the lerp form,
-// which stays exactly on weights that no longer move (decay * ema + rest * p, with the
-// two factors rounded apart, would settle off them by up to a percent at decays near 1).
+// which stays exactly on weights that no longer move and approaches them alike from
+// either side (decay * ema + rest * p, its two factors rounded apart, can drift off
+// them). Either way the average is f32: a step below half a unit in the last place of
+// ema vanishes, so approaching still weights it stalls about ulp(ema) / (2 rest) away
+// (measured: 0.004% at decay 0.999, 0.04% at 0.9999, 0.4% at 0.99999).
 void ema_update(float rest, const Tensor& p, Tensor& ema);
 
 // LAMB over whole flat buffers p, g, m, v (f32 [N]; g read as g x k.gscale) cut

@@ -169,6 +169,17 @@ nlohmann::json last_eval(const fs::path& metrics_jsonl) {
   return out;
 }
 
+std::vector<double> eval_losses(const fs::path& metrics_jsonl, const std::string& weights) {
+  std::ifstream in(metrics_jsonl);
+  std::vector<double> out;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("eval", false) && j.value("weights", std::string()) == weights)
+      out.push_back(j.at("test_loss").get<double>());
+  }
+  return out;
+}
+
 size_t count_lines(const fs::path& file) {
   std::ifstream in(file);
   size_t n = 0;

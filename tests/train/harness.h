@@ -66,6 +66,9 @@ struct StepLoss {
 std::vector<StepLoss> read_losses(const fs::path& metrics_jsonl);
 // The last evaluation line of a metrics.jsonl (null when there is none).
 nlohmann::json last_eval(const fs::path& metrics_jsonl);
+// The test_loss of every eval line of a metrics.jsonl whose "weights" is `weights`
+// ("ema": of optimizer.ema's average, or "model"), in order.
+std::vector<double> eval_losses(const fs::path& metrics_jsonl, const std::string& weights);
 // `key` of the summary line of run_dir/metrics.jsonl (peak_host_bytes, ...); 0 when absent.
 double summary_value(const fs::path& run_dir, const std::string& key);
 size_t count_lines(const fs::path& file);

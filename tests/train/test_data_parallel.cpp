@@ -310,18 +310,7 @@ TEST_CASE("optimizer.ema: 2 ranks and ZeRO-1/2/3 keep and evaluate 1 rank's aver
   TempDir tmp("ema-dp");
   const TokenDir tokens = tokenize(tmp.path(), 300);
   const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
-  const auto evals = [](const fs::path& run) {
-    std::vector<double> out;
-    std::ifstream in(run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.value("eval", false)) {
-        CHECK(j.at("weights") == "ema");
-        out.push_back(j.at("test_loss"));
-      }
-    }
-    return out;
-  };
+  const auto evals = [](const fs::path& run) { return eval_losses(run / "metrics.jsonl", "ema"); };
   for (const char* dtype : {"fp32", "bf16"}) {
     CAPTURE(dtype);
     const std::vector<std::string> base = {"--set", "optimizer.ema.decay=0.9",

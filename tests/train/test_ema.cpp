@@ -19,6 +19,7 @@
 #include "harness.h"
 #include "runtime/checkpoint.h"
 #include "runtime/train_state.h"
+#include "same_run.h"
 
 using namespace dtrain::train_test;
 namespace runtime = dtrain::runtime;
@@ -76,18 +77,11 @@ double memory_item(const fs::path& run, const std::string& kind) {
 TEST_CASE("optimizer.ema: the average is evaluated and kept, training unchanged, resumed exactly") {
   TempDir tmp("ema");
   const fs::path job = write_job(tmp.path(), "run");
+  // The run at tmp/name (its console in tmp/name.log), which must succeed.
   const auto train = [&](const std::string& name, std::vector<std::string> extra) {
-    std::vector<std::string> args = {job.string(),
-                                     "--set",
-                                     "run.output_dir=" + (tmp.path() / name).string(),
-                                     "--set",
-                                     "train.eval_every=4",
-                                     "--set",
-                                     "train.checkpoint.every=4"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    const RunResult r = run_dtrain(args, tmp.path() / (name + ".log"));
-    REQUIRE_MESSAGE(r.rc == 0, r.describe());
-    return r;
+    extra.insert(extra.begin(),
+                 {"--set", "train.eval_every=4", "--set", "train.checkpoint.every=4"});
+    return run_job(job, tmp.path(), name, 1, extra);
   };
   const auto with_ema = [](std::vector<std::string> extra) {
     extra.insert(extra.begin(), kEma.begin(), kEma.end());
@@ -196,15 +190,17 @@ TEST_CASE("optimizer.ema: the average is evaluated and kept, training unchanged,
   fs::copy_file(plain / "metrics.jsonl", tmp.path() / "on" / "metrics.jsonl");  // cut at 4
   const fs::path step4e = list_step_checkpoint(ema / "checkpoints", 4);
   fs::copy_file(step4e, tmp.path() / "off" / "checkpoints" / step4e.filename());
-  const RunResult on = train("on", with_ema({"--resume", "latest"}));
-  CHECK(on.log.find("holds no average of the weights") != std::string::npos);
+  train("on", with_ema({"--resume", "latest"}));
+  CHECK(read_bytes(tmp.path() / "on.log").find("holds no average of the weights") !=
+        std::string::npos);
   // Its report draws the evaluation before the resume (of the weights) and the one after
   // (of the average) as two series.
   const std::string report = read_bytes(tmp.path() / "on" / "report.html");
   CHECK(report.find(">test loss<") != std::string::npos);
   CHECK(report.find(">test loss (EMA weights)<") != std::string::npos);
-  const RunResult off = train("off", {"--resume", "latest"});
-  CHECK(off.log.find("holds an average of the weights that this job does not keep") !=
+  train("off", {"--resume", "latest"});
+  CHECK(read_bytes(tmp.path() / "off.log")
+            .find("holds an average of the weights that this job does not keep") !=
         std::string::npos);
   const runtime::Checkpoint con = final_checkpoint("on"), coff = final_checkpoint("off");
   CHECK(has_tensor(con, "optim.ema"));

@@ -193,15 +193,7 @@ TEST_CASE("optimizer.ema in pipeline stages keeps and evaluates one rank's avera
   const std::vector<std::string> ema = {"--set", "optimizer.ema.decay=0.9",
                                         "--set", "train.eval_every=4",
                                         "--set", "data.micro_batch=8"};
-  const auto evals = [](const fs::path& run) {
-    std::vector<double> out;
-    std::ifstream in(run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.value("eval", false) && j.at("weights") == "ema") out.push_back(j.at("test_loss"));
-    }
-    return out;
-  };
+  const auto evals = [](const fs::path& run) { return eval_losses(run / "metrics.jsonl", "ema"); };
   std::vector<std::string> bf16 = ema;
   bf16.insert(bf16.end(), {"--set", "precision.dtype=bf16"});
   std::vector<std::string> piped = bf16;

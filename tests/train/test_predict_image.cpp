@@ -12,6 +12,7 @@
 
 #include "data/dataset.h"
 #include "harness.h"
+#include "same_run.h"
 
 using namespace dtrain::train_test;
 
@@ -167,21 +168,12 @@ TEST_CASE("an image model classifies its test split as its evaluation did, and i
 TEST_CASE("label smoothing trains on the smoothed loss and evaluates plain cross-entropy") {
   TempDir tmp("smoothing");
   const fs::path job = write_job(tmp.path(), "run");
-  const auto train = [&](const std::string& name, const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {job.string(),
-                                     "--set",
-                                     "run.output_dir=" + (tmp.path() / name).string(),
-                                     "--set",
-                                     "train.steps=4",
-                                     "--set",
-                                     "train.eval_every=4"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    const RunResult r = run_dtrain(args, tmp.path() / (name + ".log"));
-    REQUIRE_MESSAGE(r.rc == 0, r.describe());
-    return tmp.path() / name;
-  };
-  const fs::path plain = train("plain", {});
-  const fs::path smooth = train("smooth", {"--set", "model.label_smoothing=0.2"});
+  const std::vector<std::string> short_run = {"--set", "train.steps=4", "--set",
+                                              "train.eval_every=4"};
+  std::vector<std::string> smoothed = short_run;
+  smoothed.insert(smoothed.end(), {"--set", "model.label_smoothing=0.2"});
+  const fs::path plain = run_job(job, tmp.path(), "plain", 1, short_run);
+  const fs::path smooth = run_job(job, tmp.path(), "smooth", 1, smoothed);
   const auto lp = read_losses(plain / "metrics.jsonl"), ls = read_losses(smooth / "metrics.jsonl");
   REQUIRE(!lp.empty());
   REQUIRE(!ls.empty());

@@ -208,15 +208,7 @@ TEST_CASE("optimizer.ema and label smoothing with tensor 2, and data 2 x tensor 
       "--set", "optimizer.ema.decay=0.9",  "--set", "data.micro_batch=4",
       "--set", "train.steps=10",           "--set", "train.eval_every=5",
       "--set", "model.label_smoothing=0.1"};
-  const auto evals = [](const fs::path& run) {
-    std::vector<double> out;
-    std::ifstream in(run / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (j.value("eval", false) && j.at("weights") == "ema") out.push_back(j.at("test_loss"));
-    }
-    return out;
-  };
+  const auto evals = [](const fs::path& run) { return eval_losses(run / "metrics.jsonl", "ema"); };
   const fs::path whole = run_job(job, tmp.path(), "one", 1, ema);
   const std::vector<double> reference = evals(whole);
   REQUIRE(reference.size() == 2);
