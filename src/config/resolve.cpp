@@ -86,6 +86,9 @@ void resolve_dataset(DataOptions& d) {
   const AugmentOptions defaults = default_augment(d.dataset);
   if (!d.augment.crop_padding) d.augment.crop_padding = defaults.crop_padding;
   if (!d.augment.flip) d.augment.flip = defaults.flip;
+  if (!d.augment.scale) d.augment.scale = defaults.scale;
+  if (!d.augment.ratio) d.augment.ratio = defaults.ratio;
+  if (!d.center_crop && d.dataset == DatasetName::image_folder) d.center_crop = kDefaultCenterCrop;
 }
 
 void resolve_batches(Job& job, const SourceMap& where) {

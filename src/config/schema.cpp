@@ -40,6 +40,36 @@ Field betas_field() {
   return leaf("betas", AT(optimizer.betas), read, print);
 }
 
+// data.augment.scale and .ratio: [low, high], 0 < low <= high (<= 1 where `fraction`).
+template <class Acc>
+Field range_field(std::string key, Acc acc, bool fraction, std::string example) {
+  auto read = [fraction, example](const ConfigNode& n, const std::string& path) {
+    const char* what = fraction ? "in (0, 1]" : "over 0";
+    if (n.kind != ConfigNode::Kind::list || n.items.size() != 2) {
+      fail(
+          n.loc, path,
+          fmt::format("expected a list of two numbers {}, low then high, got {}", what,
+                      n.kind == ConfigNode::Kind::list ? fmt::format("a list of {}", n.items.size())
+                                                       : describe(n)),
+          fmt::format("e.g. {}", example));
+    }
+    std::array<double, 2> r{};
+    for (size_t i = 0; i < 2; ++i) {
+      r[i] = read_real(n.items[i], fmt::format("{}[{}]", path, i),
+                       fraction ? kOpenFraction : kPositiveReal);
+    }
+    if (r[0] > r[1]) {
+      fail(n.loc, path, fmt::format("low {} is over high {}", format_real(r[0]), format_real(r[1])),
+           fmt::format("e.g. {}", example));
+    }
+    return r;
+  };
+  auto print = [](const std::array<double, 2>& r) {
+    return fmt::format("[{}, {}]", format_real(r[0]), format_real(r[1]));
+  };
+  return leaf(std::move(key), acc, read, print);
+}
+
 // parallel.pipeline_blocks: [3, 5], the model blocks of each stage in order.
 Field pipeline_blocks_field() {
   auto read = [](const ConfigNode& n, const std::string& path) {
@@ -109,9 +139,11 @@ Field model_section() {
 }
 
 Field data_section() {
-  Field augment =
-      section("augment", {integer("crop_padding", AT(data.augment.crop_padding), IntRange{0, 64}),
-                          boolean("flip", AT(data.augment.flip))});
+  Field augment = section(
+      "augment", {integer("crop_padding", AT(data.augment.crop_padding), IntRange{0, 64}),
+                  boolean("flip", AT(data.augment.flip)),
+                  range_field("scale", AT(data.augment.scale), true, "scale: [0.08, 1.0]"),
+                  range_field("ratio", AT(data.augment.ratio), false, "ratio: [0.75, 1.3333333]")});
   Field limit = section("limit", {integer("train", AT(data.limit.train), kPositive),
                                   integer("test", AT(data.limit.test), kPositive)});
   return section("data",
@@ -121,7 +153,8 @@ Field data_section() {
                   integer("workers", AT(data.workers), IntRange{0, 256}),
                   integer("prefetch", AT(data.prefetch), IntRange{1, 64}),
                   boolean("shuffle", AT(data.shuffle)), boolean("drop_last", AT(data.drop_last)),
-                  std::move(augment), std::move(limit),
+                  std::move(augment), real("center_crop", AT(data.center_crop), kOpenFraction),
+                  std::move(limit),
                   real("mlm_probability", AT(data.mlm_probability), RealRange{0, 1, true, true})});
 }
 

@@ -349,6 +349,22 @@ void check_data(const Checker& c) {
     c.error("data.dataset", fmt::format("token shards feed language models, but {} is a {}", m.arch,
                                         to_string(arch->family)));
   }
+  if (d.dataset != DatasetName::image_folder) {
+    for (const auto& [key, given] : {std::pair{"data.augment.scale", d.augment.scale.has_value()},
+                                     std::pair{"data.augment.ratio", d.augment.ratio.has_value()},
+                                     std::pair{"data.center_crop", d.center_crop.has_value()}}) {
+      if (given) {
+        c.error(key,
+                fmt::format("{}'s images have one size: only image-folder crops at random "
+                            "sizes and centre-crops its evaluation",
+                            to_string(d.dataset)),
+                "remove the key (data.augment.crop_padding crops a fixed-size set)");
+      }
+    }
+  } else if (language) {
+    c.error("data.dataset", fmt::format("image-folder holds images, but {} is a {}", m.arch,
+                                        to_string(arch->family)));
+  }
   const auto shape = dataset_shape(d.dataset);
   if (shape && language) {
     c.error("data.dataset", fmt::format("{} holds images, but {} is a {}", to_string(d.dataset),

@@ -4,7 +4,9 @@
 // so they never depend on worker count, batch position or timing. No batching here.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "data/dataset.h"
@@ -19,14 +21,25 @@ struct ChannelStats {
   std::vector<float> std;
 };
 // Fashion-MNIST 0.2860 / 0.3530, MNIST 0.1307 / 0.3081, the usual CIFAR-10 and
-// CIFAR-100 per-channel values; synthetic (uniform [0, 1)): 0.5 / sqrt(1/12).
+// CIFAR-100 per-channel values; synthetic (uniform [0, 1)): 0.5 / sqrt(1/12), which the
+// loader does not apply (input_normalization in data/loader.h).
 ChannelStats default_normalization(DatasetName dataset, int channels);
+
+// A random resized crop's ranges (torchvision's RandomResizedCrop): the box's area as a
+// share of the image's, and its aspect ratio width / height.
+struct ResizedCrop {
+  std::array<double, 2> scale{0.08, 1.0};
+  std::array<double, 2> ratio{3.0 / 4, 4.0 / 3};
+};
 
 struct AugmentConfig {
   int crop_padding = 0;  // P: pad P zero pixels each side, crop back at offset in [0, 2P]^2
   Flip flip = Flip::off;
   ChannelStats stats;  // empty: mean 0, std 1
   uint64_t seed = 0;
+  // Set: each sample is read as a random box of its image (Dataset::read_box), before the
+  // padded crop, the flip and the normalisation.
+  std::optional<ResizedCrop> resized_crop;
 };
 
 // The random choices for one sample: the crop's top-left corner in the padded
@@ -42,6 +55,12 @@ class Augmenter {
  public:
   Augmenter(ImageGeometry geometry, AugmentConfig config);
   AugmentDraw draw(int64_t epoch, int64_t index) const;
+  bool crops_boxes() const { return config_.resized_crop.has_value(); }
+  // The random resized crop's box for sample `index` of `epoch`, in an image width x height
+  // pixels, by torchvision's rule: up to 10 tries of an area share and a log-uniform ratio
+  // (block 16 * index + try: word 0 the share, 1 the ratio, 2 and 3 the corner), then the
+  // whole image cut to the nearer end of the ratio range. Needs crops_boxes().
+  ImageBox crop_box(int64_t epoch, int64_t index, int width, int height) const;
   // src and dst are [C, H, W] floats (src in [0, 1]); they must not overlap.
   void apply(const float* src, float* dst, int64_t epoch, int64_t index) const;
 

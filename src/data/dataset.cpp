@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/file_bytes.h"
+#include "data/image_folder.h"
 #include "data/rng_streams.h"
 
 namespace dtrain {
@@ -38,6 +39,10 @@ void ImageDataset::read(int64_t i, float* out) const {
 int32_t ImageDataset::label(int64_t i) const {
   DTRAIN_CHECK(i >= 0 && i < size_, "sample {} of {}", i, size_);
   return data_.labels.data<uint8_t>()[i];
+}
+
+void Dataset::read_box(int64_t, const BoxChooser&, float*) const {
+  DTRAIN_CHECK(false, "{} holds images of one size: no boxes to crop", source());
 }
 
 SyntheticDataset::SyntheticDataset(ImageGeometry geometry, int64_t size, uint64_t seed, Split split)
@@ -100,6 +105,10 @@ std::string missing_dataset_hint(DatasetName dataset) {
     case DatasetName::cifar100:
       return "download cifar-100-binary.tar.gz (https://www.cs.toronto.edu/~kriz/cifar.html), "
              "unpack it and set data.path to its cifar-100-binary directory";
+    case DatasetName::image_folder:
+      return "set data.path to a directory holding train/ and val/ (or test/), each with a "
+             "directory of image files (PNG, JPEG, PGM/PPM) per class, as torchvision's "
+             "ImageFolder reads them";
     default:
       return "set data.path to the dataset's directory";
   }
@@ -134,6 +143,11 @@ std::shared_ptr<const Dataset> open_dataset(const DataOptions& options, Split sp
     const int64_t n = split == Split::train ? synthetic.train_size : synthetic.test_size;
     return std::make_shared<SyntheticDataset>(synthetic.geometry, n, synthetic.seed, split);
   }
+  if (d == DatasetName::image_folder) {
+    if (!options.path)
+      throw Error("data.path: dataset image-folder needs data.path", missing_dataset_hint(d));
+    return open_image_folder(*options.path, split, synthetic.geometry, options.center_crop);
+  }
   if (!dataset_shape(d))
     throw Error(fmt::format("data.dataset: {} is not an image dataset", to_string(d)),
                 "token shards are read by the language-model data path, not open_dataset()");
@@ -155,6 +169,10 @@ class FirstSamples final : public Dataset {
   int64_t size() const override { return n_; }
   ImageGeometry geometry() const override { return base_->geometry(); }
   void read(int64_t i, float* out) const override { base_->read(i, out); }
+  bool reads_boxes() const override { return base_->reads_boxes(); }
+  void read_box(int64_t i, const BoxChooser& choose, float* out) const override {
+    base_->read_box(i, choose, out);
+  }
   int32_t label(int64_t i) const override { return base_->label(i); }
   std::string source() const override {
     return fmt::format("the first {} of {} in {}", n_, base_->size(), base_->source());

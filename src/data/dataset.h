@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,13 @@ struct ImageGeometry {
   int64_t pixels() const { return int64_t{channels} * height * width; }
 };
 
+// A region of an image, in its pixels: x, y its top-left corner.
+struct ImageBox {
+  int x = 0, y = 0, width = 0, height = 0;
+};
+// Picks the region of an image `width` x `height` pixels to read (random resized crops).
+using BoxChooser = std::function<ImageBox(int width, int height)>;
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -31,6 +39,12 @@ class Dataset {
   virtual ImageGeometry geometry() const = 0;
   // Sample i as floats in [0, 1]: out is [C, H, W] row-major, geometry().pixels() long.
   virtual void read(int64_t i, float* out) const = 0;
+  // Whether samples are image files of their own sizes, which read_box can crop before
+  // scaling them to the geometry (image-folder); fixed-size sets cannot.
+  virtual bool reads_boxes() const { return false; }
+  // Sample i's region choose(its width, its height), scaled to the geometry (each axis on
+  // its own), as read() writes it. Only where reads_boxes().
+  virtual void read_box(int64_t i, const BoxChooser& choose, float* out) const;
   virtual int32_t label(int64_t i) const = 0;  // in [0, classes)
   // Where the samples come from, for the run's log: the files read, or "synthetic".
   virtual std::string source() const = 0;

@@ -269,8 +269,10 @@ void jpeg_note(j_common_ptr info, int level) {
   }
 }
 
+// A CMYK (or YCCK) JPEG decodes to 4 channels, `inverted` when an Adobe marker says the
+// values are stored inverted (Photoshop's); read_jpeg makes them RGB.
 void decode_jpeg(const std::string& bytes, DecodedImage& out, int& orientation, JpegError& err,
-                 bool& failed, bool& cmyk) {
+                 bool& failed, bool& inverted) {
   jpeg_decompress_struct info;
   info.err = jpeg_std_error(&err.mgr);
   err.mgr.error_exit = jpeg_fail;
@@ -292,18 +294,15 @@ void decode_jpeg(const std::string& bytes, DecodedImage& out, int& orientation, 
       break;
     }
   }
-  if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
-    cmyk = true;
-    jpeg_destroy_decompress(&info);
-    return;
-  }
+  const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
+  inverted = cmyk && info.saw_Adobe_marker;
   if (int64_t{info.image_width} * info.image_height > kMaxPixels) {
     err.codec->message = too_large(info.image_width, info.image_height);
     jpeg_destroy_decompress(&info);
     failed = true;
     return;
   }
-  info.out_color_space = info.num_components == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  info.out_color_space = cmyk ? JCS_CMYK : info.num_components == 1 ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_start_decompress(&info);
   out.width = static_cast<int>(info.output_width);
   out.height = static_cast<int>(info.output_height);
@@ -324,13 +323,27 @@ DecodedImage read_jpeg(const fs::path& file, const std::string& bytes) {
   CodecError codec;
   JpegError err{};
   err.codec = &codec;
-  bool failed = false, cmyk = false;
+  bool failed = false, inverted = false;
   int orientation = 1;
-  decode_jpeg(bytes, out, orientation, err, failed, cmyk);
-  if (cmyk) bad_image(file, "a CMYK JPEG: save it as RGB (or gray) first");
+  decode_jpeg(bytes, out, orientation, err, failed, inverted);
   if (failed) bad_image(file, fmt::format("JPEG data unreadable: {}", codec.message));
   if (err.corrupt > 0)
     bad_image(file, fmt::format("JPEG data corrupt or truncated: {}", err.warning));
+  if (out.channels == 4) {  // CMYK to RGB as Pillow converts: (255 - C)(255 - K) / 255
+    const size_t n = static_cast<size_t>(out.width) * out.height;
+    for (size_t p = 0; p < n; ++p) {
+      const uint8_t* in = out.pixels.data() + 4 * p;
+      const int nk = 255 - (inverted ? 255 - in[3] : in[3]);
+      uint8_t rgb[3];
+      for (int c = 0; c < 3; ++c) {
+        const int t = (inverted ? 255 - in[c] : in[c]) * nk + 128;
+        rgb[c] = static_cast<uint8_t>(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
+      }
+      std::memcpy(out.pixels.data() + 3 * p, rgb, 3);
+    }
+    out.pixels.resize(3 * n);
+    out.channels = 3;
+  }
   if (out.channels != 1 && out.channels != 3)
     bad_image(file, fmt::format("a JPEG of {} channels", out.channels));
   make_upright(out, orientation);
@@ -460,27 +473,39 @@ bool is_image_file_name(const fs::path& file) {
   return false;
 }
 
-std::vector<float> to_model_input(const DecodedImage& image, const ImageGeometry& g) {
-  DTRAIN_CHECK(g.channels == 1 || g.channels == 3, "a model of {} channels", g.channels);
-  const int w_in = image.width, h_in = image.height, c_in = image.channels;
-  // The model's channels first, in [0, 1].
-  std::vector<float> plane(static_cast<size_t>(g.channels) * h_in * w_in);
-  const size_t area = static_cast<size_t>(h_in) * w_in;
-  for (size_t p = 0; p < area; ++p) {
-    const uint8_t* px = image.pixels.data() + p * c_in;
-    if (g.channels == c_in) {
-      for (int c = 0; c < c_in; ++c) plane[c * area + p] = px[c] / 255.0f;
-    } else if (g.channels == 3) {  // gray to RGB
-      for (int c = 0; c < 3; ++c) plane[c * area + p] = px[0] / 255.0f;
-    } else {  // RGB to gray (BT.601 luma)
-      plane[p] = (0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2]) / 255.0f;
+namespace {
+
+// The model's channels of the image's region `box`, planes [C, box.height, box.width] in
+// [0, 1].
+std::vector<float> model_planes(const DecodedImage& image, int channels, const ImageBox& box) {
+  DTRAIN_CHECK(channels == 1 || channels == 3, "a model of {} channels", channels);
+  DTRAIN_CHECK(box.x >= 0 && box.y >= 0 && box.width >= 1 && box.height >= 1 &&
+                   box.x + box.width <= image.width && box.y + box.height <= image.height,
+               "box {}x{} at ({}, {}) in an image {}x{}", box.width, box.height, box.x, box.y,
+               image.width, image.height);
+  const int c_in = image.channels;
+  std::vector<float> plane(static_cast<size_t>(channels) * box.height * box.width);
+  const size_t area = static_cast<size_t>(box.height) * box.width;
+  size_t p = 0;
+  for (int y = box.y; y < box.y + box.height; ++y) {
+    for (int x = box.x; x < box.x + box.width; ++x, ++p) {
+      const uint8_t* px = image.pixels.data() + (static_cast<size_t>(y) * image.width + x) * c_in;
+      if (channels == c_in) {
+        for (int c = 0; c < c_in; ++c) plane[c * area + p] = px[c] / 255.0f;
+      } else if (channels == 3) {  // gray to RGB
+        for (int c = 0; c < 3; ++c) plane[c * area + p] = px[0] / 255.0f;
+      } else {  // RGB to gray (BT.601 luma)
+        plane[p] = (0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2]) / 255.0f;
+      }
     }
   }
-  // The shorter side to the model's, the middle cut out.
-  const double scale =
-      std::max(static_cast<double>(g.width) / w_in, static_cast<double>(g.height) / h_in);
-  const Taps tx = taps(w_in, g.width, scale, (w_in - g.width / scale) / 2);
-  const Taps ty = taps(h_in, g.height, scale, (h_in - g.height / scale) / 2);
+  return plane;
+}
+
+// Planes [C, h_in, w_in] resampled to g's size along the taps: rows first, then columns.
+std::vector<float> resample(const std::vector<float>& plane, int w_in, int h_in,
+                            const ImageGeometry& g, const Taps& tx, const Taps& ty) {
+  const size_t area = static_cast<size_t>(h_in) * w_in;
   std::vector<float> out(static_cast<size_t>(g.pixels()));
   std::vector<float> rows(static_cast<size_t>(h_in) * g.width);
   for (int c = 0; c < g.channels; ++c) {
@@ -507,6 +532,30 @@ std::vector<float> to_model_input(const DecodedImage& image, const ImageGeometry
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<float> to_model_input(const DecodedImage& image, const ImageGeometry& g,
+                                  double center_crop) {
+  DTRAIN_CHECK(center_crop > 0 && center_crop <= 1, "center crop {}", center_crop);
+  const int w_in = image.width, h_in = image.height;
+  const std::vector<float> plane = model_planes(image, g.channels, {0, 0, w_in, h_in});
+  // The shorter side to the model's / center_crop, the middle cut out.
+  const double scale =
+      std::max(static_cast<double>(g.width) / w_in, static_cast<double>(g.height) / h_in) /
+      center_crop;
+  const Taps tx = taps(w_in, g.width, scale, (w_in - g.width / scale) / 2);
+  const Taps ty = taps(h_in, g.height, scale, (h_in - g.height / scale) / 2);
+  return resample(plane, w_in, h_in, g, tx, ty);
+}
+
+std::vector<float> box_to_model_input(const DecodedImage& image, const ImageGeometry& g,
+                                      const ImageBox& box) {
+  const std::vector<float> plane = model_planes(image, g.channels, box);
+  const Taps tx = taps(box.width, g.width, static_cast<double>(g.width) / box.width, 0);
+  const Taps ty = taps(box.height, g.height, static_cast<double>(g.height) / box.height, 0);
+  return resample(plane, box.width, box.height, g, tx, ty);
 }
 
 }  // namespace dtrain

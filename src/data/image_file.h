@@ -1,9 +1,10 @@
-// Image files for `dtrain predict` on an image model: PNG (libpng), JPEG (libjpeg) and
-// the netpbm formats (PGM, PPM: P2, P3, P5, P6), decoded to 8-bit gray or RGB (an alpha
-// channel is composited onto black, v * alpha / 255, the background of the datasets dtrain
-// trains on; 16-bit PNG samples keep their high byte and no gamma is applied, as PIL and
+// Image files for `dtrain predict` on an image model and the image-folder dataset: PNG (libpng),
+// JPEG (libjpeg) and the netpbm formats (PGM, PPM: P2, P3, P5, P6), decoded to 8-bit gray or RGB
+// (an alpha channel is composited onto black, v * alpha / 255, the background of the datasets
+// dtrain trains on; 16-bit PNG samples keep their high byte and no gamma is applied, as PIL and
 // torchvision read them; netpbm samples scale by their maxval; a JPEG with corrupt or
-// truncated data, a CMYK one, and an image over 64 megapixels are refused), then made
+// truncated data and an image over 64 megapixels are refused; a CMYK or YCCK JPEG becomes
+// RGB as Pillow converts it, Adobe's inverted values included), then made
 // the model's input: its channel count
 // (gray repeated to RGB, RGB to gray by ITU-R BT.601 luma) and its size, the shorter
 // side scaled to it and the middle cut out (torchvision's Resize then CenterCrop), by
@@ -36,7 +37,15 @@ DecodedImage read_image_file(const std::filesystem::path& file);
 bool is_image_file_name(const std::filesystem::path& file);
 
 // The image as the model's input: [C, H, W] floats in [0, 1] (pixel / 255), C, H and W
-// from `g`.
-std::vector<float> to_model_input(const DecodedImage& image, const ImageGeometry& g);
+// from `g`. center_crop in (0, 1]: the shorter side is scaled to g's / center_crop before
+// the middle is cut out (torchvision's Resize(size / center_crop) then CenterCrop(size)).
+std::vector<float> to_model_input(const DecodedImage& image, const ImageGeometry& g,
+                                  double center_crop = 1.0);
+
+// The image's region `box` (inside it) scaled to g's size, each axis on its own, as the
+// model's input (torchvision's resized_crop: the crop, then the resize, which reads no
+// pixel outside the box).
+std::vector<float> box_to_model_input(const DecodedImage& image, const ImageGeometry& g,
+                                      const ImageBox& box);
 
 }  // namespace dtrain

@@ -12,7 +12,7 @@
 namespace dtrain {
 
 LoaderConfig make_loader_config(const DataOptions& options, Split split, uint64_t seed, int rank,
-                                int world, DataPosition start) {
+                                int world, DataPosition start, int channels) {
   LoaderConfig c;
   const bool train = split == Split::train;
   c.sampler.batch = options.micro_batch;
@@ -29,11 +29,19 @@ LoaderConfig make_loader_config(const DataOptions& options, Split split, uint64_
     const AugmentOptions defaults = default_augment(options.dataset);
     c.augment.crop_padding = options.augment.crop_padding.value_or(*defaults.crop_padding);
     c.augment.flip = options.augment.flip.value_or(*defaults.flip) ? Flip::on : Flip::off;
+    if (defaults.scale) {  // a dataset of images of their own sizes
+      c.augment.resized_crop = ResizedCrop{options.augment.scale.value_or(*defaults.scale),
+                                           options.augment.ratio.value_or(*defaults.ratio)};
+    }
   }
-  const int channels =
-      dataset_shape(options.dataset) ? dataset_shape(options.dataset)->channels : 0;
-  c.augment.stats = default_normalization(options.dataset, channels);
+  c.augment.stats = input_normalization(options.dataset, channels);
   return c;
+}
+
+ChannelStats input_normalization(DatasetName dataset, int channels) {
+  if (const auto shape = dataset_shape(dataset)) channels = shape->channels;
+  if (dataset == DatasetName::synthetic) channels = 0;  // uniform [0, 1) pixels, as drawn
+  return default_normalization(dataset, channels);
 }
 
 namespace {
@@ -50,6 +58,8 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderConfig config)
       sampler_(with_size(config.sampler, dataset_->size()), config.start) {
   DTRAIN_CHECK(workers_ >= 0 && config.prefetch >= 1, "workers {} prefetch {}", workers_,
                config.prefetch);
+  DTRAIN_CHECK(!augmenter_.crops_boxes() || dataset_->reads_boxes(),
+               "random resized crops of {}, whose images have one size", dataset_->source());
   const ImageGeometry g = dataset_->geometry();
   const int64_t b = config.sampler.batch;
   batches_per_epoch_ = sampler_.batches_per_epoch();
@@ -91,7 +101,13 @@ void Loader::fill(Slot& slot, std::vector<float>& scratch) const {
   int32_t* labels = slot.batch.labels.data<int32_t>();
   for (size_t j = 0; j < slot.indices.size(); ++j) {
     const int64_t i = slot.indices[j];
-    dataset_->read(i, scratch.data());
+    if (augmenter_.crops_boxes()) {
+      const int64_t epoch = slot.batch.epoch;
+      dataset_->read_box(
+          i, [&](int w, int h) { return augmenter_.crop_box(epoch, i, w, h); }, scratch.data());
+    } else {
+      dataset_->read(i, scratch.data());
+    }
     augmenter_.apply(scratch.data(), images + static_cast<int64_t>(j) * pixels, slot.batch.epoch,
                      i);
     labels[j] = dataset_->label(i);

@@ -29,10 +29,18 @@ struct LoaderConfig {
 };
 
 // Train: shuffle and drop_last as the job says, augmentation from data.augment
-// (or the dataset's default). Test: in order, padded, never augmented. Both
-// normalise with the dataset's channel statistics and draw from `seed`.
+// (or the dataset's default; image-folder: a random resized crop). Test: in order,
+// padded, never augmented. Both normalise with the dataset's channel statistics (of
+// `channels`, the model's, where the dataset has no fixed shape) and draw from `seed`.
 LoaderConfig make_loader_config(const DataOptions& options, Split split, uint64_t seed,
-                                int rank = 0, int world = 1, DataPosition start = {});
+                                int rank = 0, int world = 1, DataPosition start = {},
+                                int channels = 3);
+
+// The statistics a dataset's inputs are normalised with, in training and evaluation
+// alike (dtrain predict normalises its image files with them): the dataset's own
+// channels, or `channels` (the model's) where it has no fixed shape; synthetic pixels
+// stay as drawn.
+ChannelStats input_normalization(DatasetName dataset, int channels);
 
 // A view of one ring slot: valid until the next call to Loader::next().
 struct Batch {

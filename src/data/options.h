@@ -4,6 +4,7 @@
 // defaults below). No file access here.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,11 +15,25 @@
 
 namespace dtrain {
 
-enum class DatasetName : uint8_t { synthetic, fashion_mnist, mnist, cifar10, cifar100, tokens };
+// image-folder: torchvision's ImageFolder layout, data.path/train/<class>/<image files> and
+// data.path/val (or test)/<class>/..., decoded as the loader reads them (data/image_folder.h).
+enum class DatasetName : uint8_t {
+  synthetic,
+  fashion_mnist,
+  mnist,
+  cifar10,
+  cifar100,
+  tokens,
+  image_folder
+};
 inline constexpr std::pair<DatasetName, std::string_view> kDatasetNames[] = {
-    {DatasetName::synthetic, "synthetic"}, {DatasetName::fashion_mnist, "fashion-mnist"},
-    {DatasetName::mnist, "mnist"},         {DatasetName::cifar10, "cifar10"},
-    {DatasetName::cifar100, "cifar100"},   {DatasetName::tokens, "tokens"}};
+    {DatasetName::synthetic, "synthetic"},
+    {DatasetName::fashion_mnist, "fashion-mnist"},
+    {DatasetName::mnist, "mnist"},
+    {DatasetName::cifar10, "cifar10"},
+    {DatasetName::cifar100, "cifar100"},
+    {DatasetName::tokens, "tokens"},
+    {DatasetName::image_folder, "image-folder"}};
 inline std::string_view to_string(DatasetName v) { return enum_name(kDatasetNames, v); }
 inline bool from_string(std::string_view text, DatasetName& out) {
   return enum_parse(kDatasetNames, text, out);
@@ -64,9 +79,14 @@ struct LimitOptions {
   std::optional<int64_t> test;
 };
 
+// image-folder only: the training split's random resized crop (torchvision's
+// RandomResizedCrop): a box of `scale` times the image's area and aspect ratio (width /
+// height) in `ratio`, scaled to the model's size.
 struct AugmentOptions {
   std::optional<int> crop_padding;
   std::optional<bool> flip;
+  std::optional<std::array<double, 2>> scale;
+  std::optional<std::array<double, 2>> ratio;
 };
 // CIFAR: the usual pad 4 + flip. Fashion-MNIST: pad 2 + flip (garments are
 // roughly mirror-symmetric). MNIST: pad 2, no flip (a mirrored digit is another
@@ -75,15 +95,19 @@ inline AugmentOptions default_augment(DatasetName d) {
   switch (d) {
     case DatasetName::cifar10:
     case DatasetName::cifar100:
-      return {4, true};
+      return {4, true, {}, {}};
     case DatasetName::fashion_mnist:
-      return {2, true};
+      return {2, true, {}, {}};
     case DatasetName::mnist:
-      return {2, false};
+      return {2, false, {}, {}};
+    case DatasetName::image_folder:
+      return {0, true, std::array<double, 2>{0.08, 1.0}, std::array<double, 2>{3.0 / 4, 4.0 / 3}};
     default:
-      return {0, false};
+      return {0, false, {}, {}};
   }
 }
+
+inline constexpr double kDefaultCenterCrop = 0.875;  // image-folder's data.center_crop
 
 // global_batch = micro_batch x data-parallel ranks x accumulation micro-steps.
 struct DataOptions {
@@ -96,6 +120,10 @@ struct DataOptions {
   bool shuffle = true;
   bool drop_last = true;  // false: the last batch wraps around to the epoch's start
   AugmentOptions augment;
+  // image-folder only: the test split (and `dtrain predict`'s images) have their shorter
+  // side scaled to model.image_size / center_crop and the middle square cut out (the
+  // ImageNet evaluation's 256 -> 224 at 0.875, the default).
+  std::optional<double> center_crop;
   LimitOptions limit;
   // Masked-LM (BERT) on token shards: the share of positions predicted per window
   // (then 80% [MASK], 10% a random token, 10% kept; see data/text_loader.h).

@@ -13,5 +13,6 @@ inline constexpr uint32_t kSynthetic = 0x12;   // rank field: split; stream inde
 inline constexpr uint32_t kTextOffset = 0x13;  // stream index: epoch (first token of window 0)
 inline constexpr uint32_t kMask = 0x14;      // stream index: window; block: epoch << 32 | position
 inline constexpr uint32_t kDocSplit = 0x15;  // stream index: document (train / validation)
+inline constexpr uint32_t kResizedCrop = 0x16;  // stream index: epoch; block: sample << 4 | try
 
 }  // namespace dtrain::data_rng

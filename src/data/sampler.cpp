@@ -34,25 +34,29 @@ void epoch_order(int64_t n, uint64_t seed, int64_t epoch, Shuffle shuffle,
 
 Sampler::Sampler(SamplerConfig config, DataPosition start) : config_(config) {
   const SamplerConfig& c = config_;
-  DTRAIN_CHECK(c.batch > 0 && c.world > 0 && c.rank >= 0 && c.rank < c.world,
-               "batch {} rank {} world {}", c.batch, c.rank, c.world);
+  DTRAIN_CHECK(c.batch > 0 && c.world > 0 && c.rank >= 0 && c.rank < c.world && c.micro_steps > 0,
+               "batch {} rank {} world {} micro-steps {}", c.batch, c.rank, c.world, c.micro_steps);
   DTRAIN_CHECK(start.epoch >= 0 && start.offset >= 0, "position ({}, {})", start.epoch,
                start.offset);
   if (c.dataset_size <= 0) throw Error("the dataset holds no samples");
-  if (c.tail == Tail::drop && c.dataset_size < global_batch())
+  if (c.tail == Tail::drop && c.dataset_size < step_samples())
     throw Error(fmt::format("the dataset holds {} samples{}, fewer than one global batch of {} "
-                            "({} per rank x {} ranks): with drop_last every batch is dropped",
+                            "({} per rank x {} ranks{}): with drop_last every batch is dropped",
                             c.dataset_size, c.cut_by.empty() ? "" : " (cut by " + c.cut_by + ")",
-                            global_batch(), c.batch, c.world),
+                            step_samples(), c.batch, c.world,
+                            c.micro_steps > 1 ? fmt::format(" x {} micro-batches", c.micro_steps)
+                                              : std::string()),
                 fmt::format("{}lower data.global_batch, or set data.drop_last: false to wrap "
                             "around",
                             c.cut_by.empty() ? "" : "raise " + c.cut_by + ", "));
   pos_ = normalise(start);
 }
 
+// Whether the step holding `offset` (a multiple of the global batch) is in the epoch.
 bool Sampler::has_batch_at(int64_t offset) const {
   const int64_t n = config_.dataset_size;
-  return config_.tail == Tail::drop ? offset + global_batch() <= n : offset < n;
+  const int64_t step = offset - offset % step_samples();
+  return config_.tail == Tail::drop ? step + step_samples() <= n : step < n;
 }
 
 DataPosition Sampler::normalise(DataPosition p) const {
@@ -62,8 +66,8 @@ DataPosition Sampler::normalise(DataPosition p) const {
 
 int64_t Sampler::batches_per_epoch() const {
   const int64_t n = config_.dataset_size;
-  const int64_t g = global_batch();
-  return config_.tail == Tail::drop ? n / g : (n + g - 1) / g;
+  const int64_t g = step_samples();
+  return (config_.tail == Tail::drop ? n / g : (n + g - 1) / g) * config_.micro_steps;
 }
 
 BatchInfo Sampler::next(int64_t* out) {

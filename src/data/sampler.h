@@ -3,7 +3,10 @@
 // world samples, of which rank r takes the r-th slice. Loads no data. A global
 // batch is a contiguous run of the epoch's order, so a position is just (epoch,
 // offset into that order), independent of the world size: a resumed run with the
-// same global batch sees the same global batches at any world size.
+// same global batch sees the same global batches at any world size. A step of
+// `micro_steps` batches (gradient accumulation) keeps or drops the epoch's tail as a
+// whole, so where an epoch ends does not depend on how a step's samples are split
+// between ranks and micro-batches.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,9 @@ struct SamplerConfig {
   int64_t batch = 1;  // per rank
   int rank = 0;
   int world = 1;
+  // Batches per optimizer step (parallel.micro_batches when training): Tail::drop drops
+  // the epoch's last partial step, Tail::pad pads it whole.
+  int64_t micro_steps = 1;
   uint64_t seed = 0;
   Shuffle shuffle = Shuffle::on;
   Tail tail = Tail::drop;
@@ -57,6 +63,7 @@ class Sampler {
   DataPosition position() const { return pos_; }  // where the next batch starts
   int64_t batches_per_epoch() const;
   int64_t global_batch() const { return config_.batch * config_.world; }
+  int64_t step_samples() const { return global_batch() * config_.micro_steps; }
   const SamplerConfig& config() const { return config_; }
 
  private:

@@ -22,6 +22,12 @@
 namespace dtrain {
 namespace {
 
+// " x N micro-batches" in a global batch's breakdown, when a step has several.
+template <class Config>
+std::string micro_steps_note(const Config& c) {
+  return c.micro_steps > 1 ? fmt::format(" x {} micro-batches", c.micro_steps) : std::string();
+}
+
 int64_t window_tokens(const TextBatchConfig& c) {
   return c.task == LmTask::causal ? c.seq_len + 1 : c.seq_len;
 }
@@ -39,12 +45,12 @@ int64_t count_windows(const TokenShard& shard, const TextBatchConfig& c) {
                 c.cut_by.empty() ? "lower model.seq_len, or tokenize more text"
                                  : fmt::format("raise {}, or lower model.seq_len", c.cut_by));
   const int64_t w = c.task == LmTask::causal ? (n - 1) / c.seq_len : n / c.seq_len;
-  const int64_t global = c.batch * c.world;
+  const int64_t global = c.batch * c.world * c.micro_steps;
   if (c.order == TextOrder::shuffled && w < global)
     throw Error(
         fmt::format("{}: {} tokens make {} windows of {}, fewer than one global batch of {} "
-                    "({} per rank x {} ranks)",
-                    shard.path, n, w, c.seq_len, global, c.batch, c.world),
+                    "({} per rank x {} ranks{})",
+                    shard.path, n, w, c.seq_len, global, c.batch, c.world, micro_steps_note(c)),
         c.cut_by.empty()
             ? "lower data.global_batch or model.seq_len, or tokenize more text"
             : fmt::format("raise {}, or lower data.global_batch or model.seq_len", c.cut_by));
@@ -60,6 +66,7 @@ SamplerConfig sampler_config(int64_t samples, const Config& c) {
   s.batch = c.batch;
   s.rank = c.rank;
   s.world = c.world;
+  s.micro_steps = c.micro_steps;
   s.seed = c.seed;
   const bool train = c.order == TextOrder::shuffled;
   s.shuffle = train ? Shuffle::on : Shuffle::off;
@@ -195,11 +202,11 @@ SamplerConfig classify_sampler(const LabelledText& data, const ClassifyConfig& c
                 "--labelled` again into an empty directory");
   }
   const bool train = c.order == TextOrder::shuffled;
-  const int64_t global = c.batch * c.world;
+  const int64_t global = c.batch * c.world * c.micro_steps;
   if (n == 0 || (train && n < global)) {
     throw Error(fmt::format("{}: {} texts, fewer than {}", data.tokens->path, n,
-                            train ? fmt::format("one global batch of {} ({} per rank x {} ranks)",
-                                                global, c.batch, c.world)
+                            train ? fmt::format("one global batch of {} ({} per rank x {} ranks{})",
+                                                global, c.batch, c.world, micro_steps_note(c))
                                   : std::string("one")),
                 !c.cut_by.empty() ? fmt::format("raise {}{}", c.cut_by,
                                                 train ? ", or lower data.global_batch" : "")

@@ -48,6 +48,7 @@ struct TextBatchConfig {
   int64_t batch = 1;    // B, per rank
   int rank = 0;
   int world = 1;
+  int64_t micro_steps = 1;  // batches per optimizer step (SamplerConfig::micro_steps)
   uint64_t seed = 0;
   TextOrder order = TextOrder::shuffled;
   MaskingConfig masking;  // LmTask::masked only
@@ -108,6 +109,7 @@ struct ClassifyConfig {
   int64_t batch = 1;    // B, per rank
   int rank = 0;
   int world = 1;
+  int64_t micro_steps = 1;  // batches per optimizer step (SamplerConfig::micro_steps)
   uint64_t seed = 0;
   TextOrder order = TextOrder::shuffled;
   TokenId separator = -1;  // the id before each text in the shard (<|endoftext|>)

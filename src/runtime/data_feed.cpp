@@ -73,8 +73,10 @@ class ImageSource final : public DataSource {
   std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {
     const bool eval = split == FeedSplit::eval;
     LoaderConfig cfg = make_loader_config(job_.data, eval ? Split::test : Split::train, seed_,
-                                          shard_.rank, shard_.world, eval ? DataPosition{} : start);
+                                          shard_.rank, shard_.world, eval ? DataPosition{} : start,
+                                          train_->geometry().channels);
     if (eval ? cut_.test : cut_.train) cfg.sampler.cut_by = cut_key(split);
+    if (!eval) cfg.sampler.micro_steps = job_.parallel.micro_batches;
     return std::make_unique<ImageFeed>(eval ? test_ : train_, cfg, eval);
   }
   std::string describe() const override {
@@ -206,6 +208,7 @@ class TextSource final : public DataSource {
     cfg.batch = job_.data.micro_batch;
     cfg.rank = shard_.rank;
     cfg.world = shard_.world;
+    if (split == FeedSplit::train) cfg.micro_steps = job_.parallel.micro_batches;
     cfg.seed = seed_;
     cfg.masking = masking_;
     if (split == FeedSplit::eval ? cut_.test : cut_.train) cfg.cut_by = cut_key(split);
@@ -354,6 +357,7 @@ class ClassifySource final : public DataSource {
     cfg.batch = job_.data.micro_batch;
     cfg.rank = shard_.rank;
     cfg.world = shard_.world;
+    if (split == FeedSplit::train) cfg.micro_steps = job_.parallel.micro_batches;
     cfg.seed = seed_;
     cfg.separator = ids_.separator;
     cfg.cls = ids_.cls;
@@ -447,7 +451,8 @@ std::unique_ptr<DataSource> DataSource::open(const Job& job, uint64_t seed, Data
   }
   if (job.data.dataset == DatasetName::tokens) {
     throw Error(fmt::format("data.dataset: tokens, but model.arch {} reads images", job.model.arch),
-                "use an image dataset (fashion-mnist, mnist, cifar10, cifar100, synthetic)");
+                "use an image dataset (fashion-mnist, mnist, cifar10, cifar100, image-folder, "
+                "synthetic)");
   }
   return std::make_unique<ImageSource>(job, seed, shard);
 }

@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "data/augment.h"
 #include "data/image_file.h"
+#include "data/image_folder.h"
+#include "data/loader.h"
 #include "data/text_loader.h"
 #include "data/tokenizer.h"
 #include "kernels/memory.h"
@@ -401,6 +403,16 @@ std::vector<std::string> image_class_names(const Job& job, std::string* source) 
     case DatasetName::cifar100:
       names_file("fine_label_names.txt");
       break;
+    case DatasetName::image_folder:  // the training split's class directories, when at hand
+      if (job.data.path) {
+        try {
+          names = image_folder_classes(*job.data.path);
+          from = image_folder_split_dir(*job.data.path, Split::train).string();
+        } catch (const Error&) {
+          names.clear();
+        }
+      }
+      break;
     default:
       break;
   }
@@ -491,7 +503,7 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
   } else {
     // Files: decoded, made the model's size and channels, normalised as the dataset is.
     AugmentConfig cfg;
-    cfg.stats = default_normalization(job.data.dataset, g.channels);
+    cfg.stats = input_normalization(job.data.dataset, g.channels);
     const Augmenter normalise(g, cfg);
     // Rows are filled with readable images only; an unreadable file keeps its place in
     // the output with its error.
@@ -511,7 +523,7 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
       pr.where = r.files[i];
       try {
         const DecodedImage img = read_image_file(r.files[i]);
-        const std::vector<float> x = to_model_input(img, g);
+        const std::vector<float> x = to_model_input(img, g, job.data.center_crop.value_or(1.0));
         normalise.apply(
             x.data(), f->input_host.data<float>() + static_cast<int64_t>(rows.size()) * g.pixels(),
             0, 0);

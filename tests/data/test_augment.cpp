@@ -30,7 +30,7 @@ std::vector<float> run(const Augmenter& a, int64_t epoch, int64_t index) {
 }  // namespace
 
 TEST_CASE("augmentation draws are a pure function of (seed, epoch, index)") {
-  AugmentConfig c{2, Flip::on, {}, 5};
+  AugmentConfig c{2, Flip::on, {}, 5, {}};
   const Augmenter a(kG, c), b(kG, c);
   CHECK(run(a, 3, 17) == run(b, 3, 17));
   int differ_index = 0, differ_epoch = 0, flips = 0;
@@ -52,7 +52,7 @@ TEST_CASE("augmentation draws are a pure function of (seed, epoch, index)") {
 }
 
 TEST_CASE("flip mirrors, crop shifts in zero padding, normalisation is per channel") {
-  const AugmentConfig flip_only{0, Flip::on, {}, 1};
+  const AugmentConfig flip_only{0, Flip::on, {}, 1, {}};
   const Augmenter f(kG, flip_only);
   int64_t flipped = -1;
   for (int64_t i = 0; i < 16 && flipped < 0; ++i)
@@ -64,7 +64,7 @@ TEST_CASE("flip mirrors, crop shifts in zero padding, normalisation is per chann
   for (int y = 0; y < 6; ++y)
     for (int x = 0; x < 5; ++x) CHECK(m[30 + y * 5 + x] == in[30 + y * 5 + (4 - x)]);
 
-  const Augmenter crop(kG, {3, Flip::off, {}, 2});
+  const Augmenter crop(kG, {3, Flip::off, {}, 2, {}});
   int64_t moved = -1;
   for (int64_t i = 0; i < 16 && moved < 0; ++i)
     if (crop.draw(1, i).oy != 3 && crop.draw(1, i).ox != 3) moved = i;
@@ -79,7 +79,7 @@ TEST_CASE("flip mirrors, crop shifts in zero padding, normalisation is per chann
     }
   CHECK(out != in);
 
-  const Augmenter norm(kG, {0, Flip::off, {{0.5f, 0.25f}, {2.0f, 0.5f}}, 0});
+  const Augmenter norm(kG, {0, Flip::off, {{0.5f, 0.25f}, {2.0f, 0.5f}}, 0, {}});
   const auto n = run(norm, 0, 0);
   CHECK(n[7] == doctest::Approx((in[7] - 0.5f) / 2.0f));
   CHECK(n[37] == doctest::Approx((in[37] - 0.25f) / 0.5f));

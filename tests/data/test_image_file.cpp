@@ -63,7 +63,7 @@ void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector
   info.image_width = static_cast<JDIMENSION>(w);
   info.image_height = static_cast<JDIMENSION>(h);
   info.input_components = channels;
-  info.in_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  info.in_color_space = channels == 1 ? JCS_GRAYSCALE : channels == 4 ? JCS_CMYK : JCS_RGB;
   jpeg_set_defaults(&info);
   jpeg_set_quality(&info, 100, TRUE);
   jpeg_start_compress(&info, TRUE);
@@ -205,6 +205,24 @@ TEST_CASE("PNG, JPEG and netpbm files read back their pixels") {
   for (size_t i = 0; i < g16.size(); ++i) g16[i] = smooth[3 * i];
   write_jpeg(dir / "g.jpeg", 16, 16, 1, g16);
   CHECK(read_image_file(dir / "g.jpeg").channels == 1);
+  // CMYK (libjpeg writes it with an Adobe marker, so read as Photoshop's inverted values):
+  // RGB as Pillow's convert("RGB") gives, (255 - C)(255 - K) / 255 with C = 255 - stored.
+  std::vector<uint8_t> cmyk(16 * 16 * 4);
+  for (size_t i = 0; i < cmyk.size(); ++i)
+    cmyk[i] = static_cast<uint8_t>(i % 4 == 3 ? 160 + (i / 4) % 64 : smooth[i / 4 * 3 + i % 4]);
+  write_jpeg(dir / "cmyk.jpg", 16, 16, 4, cmyk);
+  const DecodedImage k = read_image_file(dir / "cmyk.jpg");
+  REQUIRE(k.channels == 3);
+  REQUIRE(k.pixels.size() == smooth.size());
+  worst = 0;
+  for (size_t p = 0; p < 256; ++p) {
+    for (int c = 0; c < 3; ++c) {
+      const double want = cmyk[4 * p + static_cast<size_t>(c)] * cmyk[4 * p + 3] / 255.0;
+      worst = std::max(worst, static_cast<int>(std::lround(
+                                  std::fabs(k.pixels[3 * p + static_cast<size_t>(c)] - want))));
+    }
+  }
+  CHECK(worst <= 4);
   fs::remove_all(dir);
 }
 

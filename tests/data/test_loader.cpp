@@ -23,7 +23,7 @@ LoaderConfig config(int workers, int prefetch = 2) {
   c.sampler.rank = 1;
   c.sampler.seed = 21;
   c.sampler.tail = Tail::pad;
-  c.augment = {2, Flip::on, default_normalization(DatasetName::synthetic, 3), 21};
+  c.augment = {2, Flip::on, default_normalization(DatasetName::synthetic, 3), 21, {}};
   c.workers = workers;
   c.prefetch = prefetch;
   return c;

@@ -125,3 +125,51 @@ TEST_CASE("a sampler built at a position yields exactly the uninterrupted stream
     }
   }
 }
+
+// A step of 2 micro-batches on 1 rank takes the samples 2 ranks take in one batch each,
+// epoch tail included: the step is dropped (or padded) whole, not cut between
+// micro-batches. 30 samples, steps of 8: 3 steps an epoch with drop_last (6 left over,
+// more than a micro-batch of 4), 4 with the tail padded by wrapping.
+TEST_CASE("a step's micro-batches keep or drop the epoch's tail as the ranks' batches do") {
+  for (const Tail tail : {Tail::drop, Tail::pad}) {
+    CAPTURE(static_cast<int>(tail));
+    SamplerConfig one;
+    one.dataset_size = 30;
+    one.batch = 4;
+    one.micro_steps = 2;
+    one.seed = 11;
+    one.tail = tail;
+    SamplerConfig two = one;
+    two.world = 2;
+    two.micro_steps = 1;
+    const int steps = tail == Tail::drop ? 3 : 4;
+    CHECK(Sampler(one).batches_per_epoch() == 2 * steps);
+    CHECK(Sampler(two).batches_per_epoch() == steps);
+    const int count = 3 * steps;  // three epochs
+    const std::vector<int64_t> micro = stream(one, 2 * count);
+    std::vector<int64_t> ranks;
+    SamplerConfig second = two;
+    second.rank = 1;
+    Sampler r0(two), r1(second);
+    std::vector<int64_t> b(4);
+    for (int k = 0; k < count; ++k) {
+      r0.next(b.data());
+      ranks.insert(ranks.end(), b.begin(), b.end());
+      r1.next(b.data());
+      ranks.insert(ranks.end(), b.begin(), b.end());
+    }
+    CHECK(micro == ranks);
+    // Without micro-steps, 1 rank's batches of 4 cut the epoch elsewhere (7 batches).
+    SamplerConfig plain = one;
+    plain.micro_steps = 1;
+    if (tail == Tail::drop) CHECK(stream(plain, 2 * count) != micro);
+  }
+  SamplerConfig few;
+  few.dataset_size = 12;
+  few.batch = 4;
+  few.micro_steps = 4;
+  CHECK_THROWS_WITH_AS(Sampler{few},
+                       doctest::Contains("global batch of 16 (4 per rank x 1 ranks x 4 "
+                                         "micro-batches)"),
+                       Error);
+}

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "../data/image_folder_writer.h"
 #include "runtime/checkpoint.h"
 #include "runtime/train_state.h"
 
@@ -134,6 +135,21 @@ fs::path write_job(const fs::path& dir, const std::string& run) {
                      << "       limit: {train: 200, test: 64}}\n"
                      << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
                      << "train: {steps: 8, log_every: 1}\n"
+                     << "logging: {console: false}\n";
+  return job;
+}
+
+fs::path write_image_folder_job(const fs::path& dir) {
+  dtrain::test::write_image_folder(dir / "images", {"red", "green", "blue"},
+                                   {{"train", 10}, {"val", 4}});
+  const fs::path job = dir / "job.yaml";
+  std::ofstream(job) << "run: {seed: 3}\n"
+                     << "model: {arch: resnet18, stem: small, width: 0.125, image_size: 24,\n"
+                     << "        num_classes: 3}\n"
+                     << "data: {dataset: image-folder, path: " << (dir / "images").string()
+                     << ", global_batch: 8, workers: 2}\n"
+                     << "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+                     << "train: {steps: 8, log_every: 1, eval_every: 4, checkpoint: {every: 4}}\n"
                      << "logging: {console: false}\n";
   return job;
 }

@@ -56,6 +56,10 @@ RunResult run_dtrain_command(const std::vector<std::string>& args, const fs::pat
 // slice) written to <dir>/job.yaml with run.output_dir <dir>/<run>. Extra
 // settings go through `--set` so each test states what it varies.
 fs::path write_job(const fs::path& dir, const std::string& run = "run");
+// A 3-class image folder at <dir>/images (blue, green, red: 10 training and 4 evaluation
+// PPM images each, of their own sizes) and <dir>/job.yaml, which trains a width-1/8
+// ResNet-18 on it at 24 x 24 for 8 steps, evaluating and saving at steps 4 and 8.
+fs::path write_image_folder_job(const fs::path& dir);
 
 // One train line of metrics.jsonl.
 struct StepLoss {

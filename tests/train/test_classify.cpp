@@ -173,7 +173,8 @@ TEST_CASE("validate opens the job's data as train does") {
       {{"data.limit.train=3"}, "cut to 3 texts by data.limit.train"},
       {{"data.limit.train=3"}, "hint: raise data.limit.train, or lower data.global_batch"},
       // 16 texts per micro-batch, 32 micro-batches per step: more than the training set.
-      {{"data.global_batch=512", "data.micro_batch=16"}, "512 samples per step"},
+      {{"data.global_batch=512", "data.micro_batch=16"},
+       "fewer than one global batch of 512 (16 per rank x 1 ranks x 32 micro-batches)"},
       {{"model.init_from=" + (tmp.path() / "none.safetensors").string()}, "model.init_from: "},
   };
   for (const Case& c : cases) {

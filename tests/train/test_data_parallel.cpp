@@ -129,6 +129,20 @@ TEST_CASE("2 ranks train exactly like 1 rank with 2 micro-batches, with every al
   }
 }
 
+// Images decoded and cropped at random sizes on each rank's loader threads: each sample's
+// box and flip come from (seed, epoch, sample), so the ranks' halves of a batch are the
+// one rank's two micro-batches, and a checkpoint of 2 ranks resumes on 1.
+TEST_CASE("image-folder: 2 ranks train exactly like 1 rank with 2 micro-batches, and resume") {
+  OneThread one;
+  TempDir tmp("dpfolder");
+  const fs::path job = write_image_folder_job(tmp.path());
+  const fs::path one_rank = train(job, tmp.path(), "1x2", {}, {"--set", "data.micro_batch=4"});
+  require_same(one_rank, train(job, tmp.path(), "2", {2, "ring"}, {}));
+  const fs::path split = train(job, tmp.path(), "split", {2, "ring"}, {"--set", "train.steps=4"});
+  train(job, tmp.path(), "split", {}, {"--set", "data.micro_batch=4", "--resume", "latest"});
+  require_same(one_rank, split);
+}
+
 // Half precision keeps the invariant: the f32 master gradients are what is summed.
 TEST_CASE("bf16: 2 ranks train exactly like 1 rank with 2 micro-batches") {
   OneThread one;

@@ -100,11 +100,12 @@ std::vector<std::string> lm_args(const fs::path& job, const LmResumeCase& c, int
 void check_lm_resume(const LmResumeCase& c) {
   TempDir tmp(std::string("lm-resume-") + c.name);
   const TokenDir t = tokenize(tmp.path(), c.records);
-  // Split at the last step that ends inside the first epoch, so that the epoch
-  // ends inside the second half (n*mb < batches <= 2n*mb micro-batches).
-  const int64_t batches = train_windows(c, t) / kBatch, mb = c.micro_batches;
-  const int64_t n = (batches + mb - 1) / mb - 1;
-  REQUIRE_MESSAGE((n >= 1 && n <= 16 && 2 * n * mb >= batches), batches << " batches per epoch");
+  // Split at the last step that ends inside the first epoch, so that the epoch ends
+  // inside the second half. An epoch is whole steps of mb micro-batches: the windows of
+  // a partial last step are dropped with it.
+  const int64_t steps = train_windows(c, t) / (kBatch * c.micro_batches);
+  const int64_t n = steps - 1;
+  REQUIRE_MESSAGE((n >= 1 && n <= 16 && 2 * n >= steps), steps << " steps per epoch");
   if (c.limit_train == 0) REQUIRE_MESSAGE(train_slack(c, t) > 0, "no window offset to move");
   const fs::path straight = write_lm_job(tmp.path(), "straight", c.arch, t.vocab, t.dir);
   const fs::path split = write_lm_job(tmp.path(), "split", c.arch, t.vocab, t.dir);
@@ -145,8 +146,9 @@ TEST_CASE("GPT-2 on tokenized text resumes bit for bit across an epoch end") {
       // The whole shard of a small corpus, with tokens left over: each epoch
       // draws its own window offset.
       {"gpt2_whole_shard", "gpt2-tiny", 10, 0, 1, {}},
-      // Two micro-batches per step: step 3 takes batch 4 (the last) of epoch 0 and batch 0 of 1.
-      {"gpt2_micro2_step_spans_epochs", "gpt2-tiny", 300, 22, 2, {}},
+      // Two micro-batches per step: 22 windows make 2 steps an epoch, the fifth batch of
+      // 4 windows dropped with its step (2 ranks would drop it too), split after step 1 of 4.
+      {"gpt2_micro2_epoch_of_whole_steps", "gpt2-tiny", 300, 22, 2, {}},
   };
   for (const LmResumeCase& c : cases) {
     SUBCASE(c.name) { check_lm_resume(c); }

@@ -1,0 +1,59 @@
+// data.dataset: image-folder, torchvision's ImageFolder layout: data.path/train/<class>/...
+// and data.path/val/<class>/... (or test/), one directory per class holding image files
+// (PNG, JPEG, PGM/PPM; any depth below the class directory; other files are passed over).
+// Classes are the training split's directory names in byte order, labels their positions;
+// files are in path order within a class. The images are decoded when the loader reads
+// them, on its worker threads, and nothing but the file list is held.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace dtrain {
+
+struct ImageFolderIndex {
+  std::filesystem::path dir;         // the split's directory
+  std::vector<std::string> classes;  // the training split's, whichever split this is
+  std::vector<std::filesystem::path> files;
+  std::vector<int32_t> labels;  // by file
+};
+
+// The split's directory under root: train/, or for the test split val/ (else test/).
+// An Error (exit 2) names what is missing: the directory, a class without images, or a
+// class of the test split that training does not have.
+std::filesystem::path image_folder_split_dir(const std::filesystem::path& root, Split split);
+std::vector<std::string> image_folder_classes(const std::filesystem::path& root);
+ImageFolderIndex index_image_folder(const std::filesystem::path& root, Split split);
+
+class ImageFolderDataset final : public Dataset {
+ public:
+  // geometry: the model's input and class count, which must be the folder's; center_crop:
+  // data.center_crop (read()).
+  ImageFolderDataset(ImageFolderIndex index, ImageGeometry geometry, double center_crop);
+  int64_t size() const override { return static_cast<int64_t>(index_.files.size()); }
+  ImageGeometry geometry() const override { return geometry_; }
+  // The whole image, its shorter side scaled to the geometry's / center_crop, the middle cut.
+  void read(int64_t i, float* out) const override;
+  bool reads_boxes() const override { return true; }
+  void read_box(int64_t i, const BoxChooser& choose, float* out) const override;
+  int32_t label(int64_t i) const override;
+  std::string source() const override;
+  const ImageFolderIndex& index() const { return index_; }
+
+ private:
+  ImageFolderIndex index_;
+  ImageGeometry geometry_;
+  double center_crop_;
+};
+
+// open_dataset()'s image-folder: the split of root, checked against the model's classes.
+std::shared_ptr<const Dataset> open_image_folder(const std::string& root, Split split,
+                                                 ImageGeometry geometry,
+                                                 std::optional<double> center_crop);
+
+}  // namespace dtrain

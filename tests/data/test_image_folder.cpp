@@ -1,0 +1,211 @@
+// The image-folder dataset: its index (classes, files, the evaluation split's directory
+// and every refusal), the centre crop and the box resize against hand-computed pixels,
+// the random resized crop's boxes (torchvision's rule, a pure function of seed, epoch
+// and sample) and the loader's batches, the same for any worker count.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <set>
+
+#include "data/augment.h"
+#include "data/image_file.h"
+#include "data/image_folder.h"
+#include "data/loader.h"
+#include "data_files.h"
+#include "image_folder_writer.h"
+
+using namespace dtrain;
+using namespace dtrain::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+DecodedImage gray(int w, int h, const std::function<uint8_t(int, int)>& value) {
+  DecodedImage img;
+  img.width = w;
+  img.height = h;
+  img.channels = 1;
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) img.pixels.push_back(value(x, y));
+  return img;
+}
+
+}  // namespace
+
+TEST_CASE("an image folder's index: sorted classes and files, val or test, nothing else") {
+  TempDir tmp("imgfolder-index");
+  const fs::path root = tmp.str();
+  write_image_folder(root, {"dog", "cat", "bird"}, {{"train", 3}, {"val", 2}});
+  // What the walk passes over or takes: other files, hidden directories, nested images.
+  std::ofstream(root / "train" / "cat" / "notes.txt") << "not an image";
+  write_ppm(root / "train" / ".ipynb_checkpoints" / "x.ppm", 2, 2, std::vector<uint8_t>(12, 9));
+  write_ppm(root / "train" / "cat" / ".hidden" / "y.ppm", 2, 2, std::vector<uint8_t>(12, 9));
+  write_ppm(root / "train" / "cat" / "deeper" / "a.ppm", 2, 2, std::vector<uint8_t>(12, 9));
+  const ImageFolderIndex train = index_image_folder(root, Split::train);
+  CHECK(train.classes == std::vector<std::string>{"bird", "cat", "dog"});
+  CHECK(train.dir == root / "train");
+  REQUIRE(train.files.size() == 10);
+  CHECK(train.files[3] == root / "train" / "cat" / "deeper" / "a.ppm");
+  CHECK(train.files[4] == root / "train" / "cat" / "img000.ppm");
+  CHECK(train.labels == std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1, 2, 2, 2});
+  // The evaluation split: val/ (test/ when there is no val/), labelled by training's
+  // classes even where it lacks one.
+  fs::remove_all(root / "val" / "bird");
+  const ImageFolderIndex val = index_image_folder(root, Split::test);
+  CHECK(val.dir == root / "val");
+  CHECK(val.labels == std::vector<int32_t>{1, 1, 2, 2});
+  fs::rename(root / "val", root / "test");
+  CHECK(index_image_folder(root, Split::test).dir == root / "test");
+
+  // Refusals, each naming the directory at fault.
+  write_ppm(root / "test" / "fox" / "f.ppm", 2, 2, std::vector<uint8_t>(12, 1));
+  CHECK(has(error_of([&] { index_image_folder(root, Split::test); }),
+            "test/fox is a class the training split"));
+  fs::create_directories(root / "train" / "empty");
+  CHECK(has(error_of([&] { index_image_folder(root, Split::train); }),
+            "train/empty holds no image files"));
+  fs::remove_all(root / "test");
+  CHECK(has(error_of([&] { index_image_folder(root, Split::test); }), "has no val/ or test/"));
+  CHECK(has(error_of([&] { index_image_folder(root / "nowhere", Split::train); }),
+            "is not a directory"));
+  // The model's class count must be the folder's.
+  fs::remove(root / "train" / "empty");
+  CHECK(has(
+      error_of([&] {
+        open_image_folder(root.string(), Split::train, {3, 8, 8, 10}, {});
+      }),
+      "model.num_classes: 10, but " + (root / "train").string() + " holds 3 class directories"));
+}
+
+TEST_CASE("centre crops and box resizes read the pixels they should") {
+  // 8 x 6, value 10 * x + y: a centre crop of 0.5 into 3 x 3 keeps the middle 3 x 3 of
+  // the shorter side's half, pixel for pixel.
+  const DecodedImage img =
+      gray(8, 6, [](int x, int y) { return static_cast<uint8_t>(10 * x + y); });
+  const std::vector<float> c = to_model_input(img, {1, 3, 3, 2}, 0.5);
+  // The box is x in [2.5, 5.5), y in [1.5, 4.5): each output averages 2 x 2 half pixels.
+  for (int y = 0; y < 3; ++y) {
+    for (int x = 0; x < 3; ++x) {
+      double sum = 0;
+      for (double fy : {0.0, 1.0})
+        for (double fx : {0.0, 1.0}) {
+          const int sx = 2 + x + static_cast<int>(fx), sy = 1 + y + static_cast<int>(fy);
+          sum += 0.25 * img.pixels[static_cast<size_t>(sy * 8 + sx)];
+        }
+      CHECK(c[static_cast<size_t>(y * 3 + x)] == doctest::Approx(sum / 255.0).epsilon(1e-6));
+    }
+  }
+  // center_crop 1 is the plain resize.
+  CHECK(to_model_input(img, {1, 3, 3, 2}, 1.0) == to_model_input(img, {1, 3, 3, 2}));
+  // A box of the output's size is copied; a box stretched on one axis only repeats along it
+  // and reads nothing outside the box (bilinear clamps at its edges).
+  const std::vector<float> copy = box_to_model_input(img, {1, 2, 3, 2}, {4, 3, 3, 2});
+  for (int y = 0; y < 2; ++y)
+    for (int x = 0; x < 3; ++x)
+      CHECK(copy[static_cast<size_t>(y * 3 + x)] ==
+            img.pixels[static_cast<size_t>((3 + y) * 8 + 4 + x)] / 255.0f);
+  const std::vector<float> tall = box_to_model_input(img, {1, 4, 1, 2}, {7, 0, 1, 1});
+  for (float v : tall) CHECK(v == img.pixels[7] / 255.0f);
+}
+
+TEST_CASE("random resized crops follow torchvision's rule, drawn per seed, epoch and sample") {
+  AugmentConfig cfg;
+  cfg.seed = 5;
+  cfg.resized_crop = ResizedCrop{};
+  const Augmenter aug({3, 16, 16, 10}, cfg);
+  REQUIRE(aug.crops_boxes());
+  std::set<std::tuple<int, int, int, int>> seen;
+  int fallbacks = 0;
+  for (int64_t i = 0; i < 400; ++i) {
+    const ImageBox b = aug.crop_box(0, i, 300, 200);
+    REQUIRE(b.x >= 0);
+    REQUIRE(b.y >= 0);
+    REQUIRE(b.x + b.width <= 300);
+    REQUIRE(b.y + b.height <= 200);
+    const double share = static_cast<double>(b.width) * b.height / (300.0 * 200.0);
+    const double ratio = static_cast<double>(b.width) / b.height;
+    if (b.width == 267 && b.height == 200) {  // the fallback: 3:2 cut to 4:3, centred
+      ++fallbacks;
+      CHECK(b.x == 16);
+      continue;
+    }
+    // Rounding each side to whole pixels moves share and ratio a little.
+    CHECK(share >= 0.08 * 0.95);
+    CHECK(share <= 1.0 + 1e-9);
+    CHECK(ratio >= 0.75 * 0.9);
+    CHECK(ratio <= 4.0 / 3 * 1.1);
+    seen.insert({b.x, b.y, b.width, b.height});
+    // The same draw whenever asked; another epoch or seed draws anew.
+    const ImageBox again = aug.crop_box(0, i, 300, 200);
+    CHECK(std::tie(again.x, again.y, again.width, again.height) ==
+          std::tie(b.x, b.y, b.width, b.height));
+  }
+  CHECK(seen.size() > 350);
+  CHECK(fallbacks < 40);
+  int moved = 0;
+  for (int64_t i = 0; i < 50; ++i) {
+    const ImageBox a = aug.crop_box(0, i, 300, 200), b = aug.crop_box(1, i, 300, 200);
+    moved += std::tie(a.x, a.y, a.width, a.height) != std::tie(b.x, b.y, b.width, b.height);
+  }
+  CHECK(moved > 45);
+  // Ranges no box can meet fall back to the whole image cut to the nearer ratio.
+  AugmentConfig wide = cfg;
+  wide.resized_crop = ResizedCrop{{1.0, 1.0}, {2.0, 2.0}};
+  const ImageBox f = Augmenter({3, 16, 16, 10}, wide).crop_box(0, 3, 100, 100);
+  CHECK(std::tie(f.x, f.y, f.width, f.height) == std::make_tuple(0, 25, 100, 50));
+}
+
+TEST_CASE("an image folder loads the same batches with any worker count") {
+  TempDir tmp("imgfolder-loader");
+  const fs::path root = tmp.str();
+  write_image_folder(root, {"a", "b", "c"}, {{"train", 5}, {"val", 2}});
+  DataOptions o;
+  o.dataset = DatasetName::image_folder;
+  o.path = root.string();
+  o.micro_batch = 4;
+  o.global_batch = 4;
+  const ImageGeometry g{3, 12, 12, 3};
+  const auto train = open_dataset(o, Split::train, {g, 0, 0, 0});
+  REQUIRE(train->size() == 15);
+  REQUIRE(train->reads_boxes());
+  const auto batches = [&](int workers, Split split) {
+    LoaderConfig c = make_loader_config(o, split, 7);
+    c.workers = workers;
+    Loader loader(split == Split::train ? train : open_dataset(o, split, {g, 0, 0, 0}), c);
+    std::vector<std::vector<float>> out;
+    for (int k = 0; k < 5; ++k) {
+      const Batch& b = loader.next();
+      const float* p = b.images.data<float>();
+      out.emplace_back(p, p + b.images.numel());
+    }
+    return out;
+  };
+  const auto inline_train = batches(0, Split::train);
+  CHECK(batches(2, Split::train) == inline_train);
+  CHECK(batches(3, Split::test) == batches(0, Split::test));
+  // Sample by sample, a training batch is the box read, flipped or not, normalised with
+  // ImageNet's statistics; the test split's the centre crop at 0.875.
+  const LoaderConfig c = make_loader_config(o, Split::train, 7);
+  REQUIRE(c.augment.resized_crop.has_value());
+  CHECK(c.augment.flip == Flip::on);
+  CHECK(c.augment.stats.mean == std::vector<float>{0.485f, 0.456f, 0.406f});
+  const Augmenter aug(g, c.augment);
+  SamplerConfig sc;
+  sc.dataset_size = train->size();
+  sc.batch = 4;
+  sc.seed = 7;
+  Sampler sampler(sc);
+  std::vector<int64_t> idx(4);
+  sampler.next(idx.data());
+  std::vector<float> box(static_cast<size_t>(g.pixels())), want(box.size());
+  train->read_box(
+      idx[1], [&](int w, int h) { return aug.crop_box(0, idx[1], w, h); }, box.data());
+  aug.apply(box.data(), want.data(), 0, idx[1]);
+  CHECK(std::equal(want.begin(), want.end(), inline_train[0].begin() + g.pixels()));
+  std::vector<float> whole(box.size());
+  train->read(0, whole.data());
+  const auto* folder = dynamic_cast<const ImageFolderDataset*>(train.get());
+  REQUIRE(folder != nullptr);
+  CHECK(whole == to_model_input(read_image_file(folder->index().files[0]), g, 0.875));
+}

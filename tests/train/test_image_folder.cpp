@@ -1,0 +1,73 @@
+// data.dataset: image-folder end to end: a small ResNet learns a generated folder of PPM
+// images of their own sizes (random resized crops and flips, the centre-cropped
+// evaluation); the run does not depend on the loader's worker count; a run split by a
+// checkpoint is the uninterrupted one bit for bit; `dtrain predict` names the class
+// directories and scores the test split as the trainer's evaluation did; a damaged image
+// and a class count that is not the folder's exit 2 naming what to fix.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "same_run.h"
+
+using namespace dtrain::train_test;
+
+TEST_CASE("image-folder: a ResNet learns a folder of images of their own sizes, any workers") {
+  OneThread one;
+  TempDir tmp("image-folder");
+  const fs::path job = write_image_folder_job(tmp.path());
+  const fs::path run = run_job(job, tmp.path(), "run", 1, {});
+  const auto losses = read_losses(run / "metrics.jsonl");
+  REQUIRE(losses.size() == 8);
+  const nlohmann::json eval = last_eval(run / "metrics.jsonl");
+  REQUIRE(eval.is_object());
+  CHECK(eval.at("test_samples") == 12);
+  CHECK(eval.at("test_accuracy").get<double>() > 0.6);  // 1/3 by chance
+  CHECK(losses.back().loss < losses.front().loss);
+  // Decoding and cropping on 0 or 2 loader threads give the same batches.
+  require_same(run, run_job(job, tmp.path(), "inline", 1, {"--set", "data.workers=0"}));
+  // Stopped at step 4 and resumed: the uninterrupted run, bit for bit.
+  const fs::path split = run_job(job, tmp.path(), "split", 1, {"--set", "train.steps=4"});
+  run_job(job, tmp.path(), "split", 1, {"--resume", "latest"});
+  require_same(run, split);
+
+  // predict: the test split as the trainer evaluated it; files by class directory name.
+  const RunResult test = run_dtrain_command(
+      {"predict", job.string(), "--set", "run.output_dir=" + run.string(), "--split", "test"},
+      tmp.path() / "predict-test.log");
+  REQUIRE_MESSAGE(test.rc == 0, test.describe());
+  char loss[32];
+  std::snprintf(loss, sizeof loss, "loss %.4f", eval.at("test_loss").get<double>());
+  CHECK_MESSAGE(test.log.find(loss) != std::string::npos, test.log);
+  CHECK(test.log.find("0 blue") != std::string::npos);
+  const RunResult files =
+      run_dtrain_command({"predict", job.string(), "--set", "run.output_dir=" + run.string(),
+                          "--image", (tmp.path() / "images" / "val" / "green").string()},
+                         tmp.path() / "predict-files.log");
+  REQUIRE_MESSAGE(files.rc == 0, files.describe());
+  CHECK_MESSAGE(files.log.find("green\t") != std::string::npos, files.log);
+  CHECK(files.log.find("img003.ppm") != std::string::npos);
+}
+
+TEST_CASE("image-folder: a damaged image or a wrong class count exits 2 naming it") {
+  TempDir tmp("image-folder-bad");
+  const fs::path job = write_image_folder_job(tmp.path());
+  const RunResult classes = run_dtrain({job.string(), "--set", "model.num_classes=1000", "--set",
+                                        "run.output_dir=" + (tmp.path() / "c").string()},
+                                       tmp.path() / "classes.log");
+  CHECK(classes.rc == 2);
+  CHECK_MESSAGE(classes.log.find("model.num_classes: 1000, but") != std::string::npos, classes.log);
+  CHECK(classes.log.find("set model.num_classes: 3") != std::string::npos);
+  const fs::path bad = tmp.path() / "images" / "train" / "red" / "img004.ppm";
+  std::ofstream(bad, std::ios::binary) << "P6\n40 40\n255\nshort";
+  const RunResult damaged =
+      run_dtrain({job.string(), "--set", "run.output_dir=" + (tmp.path() / "d").string()},
+                 tmp.path() / "damaged.log");
+  CHECK(damaged.rc == 2);
+  CHECK_MESSAGE(damaged.log.find(bad.string()) != std::string::npos, damaged.log);
+  CHECK(damaged.log.find("truncated") != std::string::npos);
+}
