@@ -364,6 +364,10 @@ void check_data(const Checker& c) {
   } else if (language) {
     c.error("data.dataset", fmt::format("image-folder holds images, but {} is a {}", m.arch,
                                         to_string(arch->family)));
+  } else if (m.in_channels && *m.in_channels != 1 && *m.in_channels != 3) {
+    c.error("model.in_channels",
+            fmt::format("{}, but image files are read as gray (1) or RGB (3)", *m.in_channels),
+            "set model.in_channels: 3 (or 1)");
   }
   const auto shape = dataset_shape(d.dataset);
   if (shape && language) {

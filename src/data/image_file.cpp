@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <type_traits>
 
 #include "core/error.h"
@@ -269,10 +270,9 @@ void jpeg_note(j_common_ptr info, int level) {
   }
 }
 
-// A CMYK (or YCCK) JPEG decodes to 4 channels, `inverted` when an Adobe marker says the
-// values are stored inverted (Photoshop's); read_jpeg makes them RGB.
+// A CMYK (or YCCK) JPEG decodes to its 4 channels; read_jpeg makes them RGB.
 void decode_jpeg(const std::string& bytes, DecodedImage& out, int& orientation, JpegError& err,
-                 bool& failed, bool& inverted) {
+                 bool& failed) {
   jpeg_decompress_struct info;
   info.err = jpeg_std_error(&err.mgr);
   err.mgr.error_exit = jpeg_fail;
@@ -295,7 +295,6 @@ void decode_jpeg(const std::string& bytes, DecodedImage& out, int& orientation, 
     }
   }
   const bool cmyk = info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK;
-  inverted = cmyk && info.saw_Adobe_marker;
   if (int64_t{info.image_width} * info.image_height > kMaxPixels) {
     err.codec->message = too_large(info.image_width, info.image_height);
     jpeg_destroy_decompress(&info);
@@ -323,20 +322,22 @@ DecodedImage read_jpeg(const fs::path& file, const std::string& bytes) {
   CodecError codec;
   JpegError err{};
   err.codec = &codec;
-  bool failed = false, inverted = false;
+  bool failed = false;
   int orientation = 1;
-  decode_jpeg(bytes, out, orientation, err, failed, inverted);
+  decode_jpeg(bytes, out, orientation, err, failed);
   if (failed) bad_image(file, fmt::format("JPEG data unreadable: {}", codec.message));
   if (err.corrupt > 0)
     bad_image(file, fmt::format("JPEG data corrupt or truncated: {}", err.warning));
-  if (out.channels == 4) {  // CMYK to RGB as Pillow converts: (255 - C)(255 - K) / 255
+  // CMYK to RGB as Pillow converts it: each value taken as stored inverted (Adobe's
+  // convention, which Pillow assumes for every CMYK JPEG), then (255 - C)(255 - K) / 255.
+  if (out.channels == 4) {
     const size_t n = static_cast<size_t>(out.width) * out.height;
     for (size_t p = 0; p < n; ++p) {
       const uint8_t* in = out.pixels.data() + 4 * p;
-      const int nk = 255 - (inverted ? 255 - in[3] : in[3]);
+      const int nk = in[3];  // 255 - K, K = 255 - stored
       uint8_t rgb[3];
       for (int c = 0; c < 3; ++c) {
-        const int t = (inverted ? 255 - in[c] : in[c]) * nk + 128;
+        const int t = (255 - in[c]) * nk + 128;
         rgb[c] = static_cast<uint8_t>(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
       }
       std::memcpy(out.pixels.data() + 3 * p, rgb, 3);
@@ -475,58 +476,49 @@ bool is_image_file_name(const fs::path& file) {
 
 namespace {
 
-// The model's channels of the image's region `box`, planes [C, box.height, box.width] in
-// [0, 1].
-std::vector<float> model_planes(const DecodedImage& image, int channels, const ImageBox& box) {
-  DTRAIN_CHECK(channels == 1 || channels == 3, "a model of {} channels", channels);
-  DTRAIN_CHECK(box.x >= 0 && box.y >= 0 && box.width >= 1 && box.height >= 1 &&
-                   box.x + box.width <= image.width && box.y + box.height <= image.height,
-               "box {}x{} at ({}, {}) in an image {}x{}", box.width, box.height, box.x, box.y,
-               image.width, image.height);
-  const int c_in = image.channels;
-  std::vector<float> plane(static_cast<size_t>(channels) * box.height * box.width);
-  const size_t area = static_cast<size_t>(box.height) * box.width;
-  size_t p = 0;
-  for (int y = box.y; y < box.y + box.height; ++y) {
-    for (int x = box.x; x < box.x + box.width; ++x, ++p) {
-      const uint8_t* px = image.pixels.data() + (static_cast<size_t>(y) * image.width + x) * c_in;
-      if (channels == c_in) {
-        for (int c = 0; c < c_in; ++c) plane[c * area + p] = px[c] / 255.0f;
-      } else if (channels == 3) {  // gray to RGB
-        for (int c = 0; c < 3; ++c) plane[c * area + p] = px[0] / 255.0f;
-      } else {  // RGB to gray (BT.601 luma)
-        plane[p] = (0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2]) / 255.0f;
-      }
-    }
-  }
-  return plane;
+// Channel c of the model's input at pixel p of the image, in [0, 1]: the image's own
+// channel, gray repeated to RGB, or RGB made gray by BT.601 luma.
+float model_value(const DecodedImage& image, int channels, int c, size_t p) {
+  const uint8_t* px = image.pixels.data() + p * static_cast<size_t>(image.channels);
+  if (channels == image.channels) return px[c] / 255.0f;
+  if (channels == 3) return px[0] / 255.0f;  // gray to RGB
+  return (0.299f * px[0] + 0.587f * px[1] + 0.114f * px[2]) / 255.0f;
 }
 
-// Planes [C, h_in, w_in] resampled to g's size along the taps: rows first, then columns.
-std::vector<float> resample(const std::vector<float>& plane, int w_in, int h_in,
-                            const ImageGeometry& g, const Taps& tx, const Taps& ty) {
-  const size_t area = static_cast<size_t>(h_in) * w_in;
+// The image resampled to g's size along the taps (input columns x0 + tx.first, rows
+// y0 + ty.first): rows first, then columns, straight from the 8-bit pixels, over the
+// rows the taps read only; no float copy of the image is made.
+std::vector<float> resample(const DecodedImage& image, const ImageGeometry& g, int x0, int y0,
+                            const Taps& tx, const Taps& ty) {
+  DTRAIN_CHECK(g.channels == 1 || g.channels == 3, "a model of {} channels", g.channels);
+  int lo = std::numeric_limits<int>::max(), hi = 0;  // the rows read, relative to y0
+  for (size_t o = 0; o < ty.first.size(); ++o) {
+    lo = std::min(lo, ty.first[o]);
+    hi = std::max(hi, ty.first[o] + static_cast<int>(ty.w[o].size()));
+  }
+  DTRAIN_CHECK(lo >= 0 && y0 + hi <= image.height, "rows [{}, {}) of {}", y0 + lo, y0 + hi,
+               image.height);
   std::vector<float> out(static_cast<size_t>(g.pixels()));
-  std::vector<float> rows(static_cast<size_t>(h_in) * g.width);
+  std::vector<float> rows(static_cast<size_t>(hi - lo) * g.width);
   for (int c = 0; c < g.channels; ++c) {
-    const float* src = plane.data() + c * area;
-    for (int y = 0; y < h_in; ++y) {
+    for (int y = lo; y < hi; ++y) {
+      const size_t row = static_cast<size_t>(y0 + y) * image.width + x0;
       for (int x = 0; x < g.width; ++x) {
         float s = 0;
         const std::vector<float>& w = tx.w[static_cast<size_t>(x)];
+        const auto first = static_cast<size_t>(tx.first[static_cast<size_t>(x)]);
         for (size_t k = 0; k < w.size(); ++k)
-          s += w[k] * src[static_cast<size_t>(y) * w_in + tx.first[static_cast<size_t>(x)] + k];
-        rows[static_cast<size_t>(y) * g.width + x] = s;
+          s += w[k] * model_value(image, g.channels, c, row + first + k);
+        rows[static_cast<size_t>(y - lo) * g.width + x] = s;
       }
     }
     float* dst = out.data() + static_cast<size_t>(c) * g.height * g.width;
     for (int y = 0; y < g.height; ++y) {
       const std::vector<float>& w = ty.w[static_cast<size_t>(y)];
+      const auto first = static_cast<size_t>(ty.first[static_cast<size_t>(y)] - lo);
       for (int x = 0; x < g.width; ++x) {
         float s = 0;
-        for (size_t k = 0; k < w.size(); ++k)
-          s += w[k] *
-               rows[(static_cast<size_t>(ty.first[static_cast<size_t>(y)]) + k) * g.width + x];
+        for (size_t k = 0; k < w.size(); ++k) s += w[k] * rows[(first + k) * g.width + x];
         dst[static_cast<size_t>(y) * g.width + x] = s;
       }
     }
@@ -540,22 +532,24 @@ std::vector<float> to_model_input(const DecodedImage& image, const ImageGeometry
                                   double center_crop) {
   DTRAIN_CHECK(center_crop > 0 && center_crop <= 1, "center crop {}", center_crop);
   const int w_in = image.width, h_in = image.height;
-  const std::vector<float> plane = model_planes(image, g.channels, {0, 0, w_in, h_in});
   // The shorter side to the model's / center_crop, the middle cut out.
   const double scale =
       std::max(static_cast<double>(g.width) / w_in, static_cast<double>(g.height) / h_in) /
       center_crop;
   const Taps tx = taps(w_in, g.width, scale, (w_in - g.width / scale) / 2);
   const Taps ty = taps(h_in, g.height, scale, (h_in - g.height / scale) / 2);
-  return resample(plane, w_in, h_in, g, tx, ty);
+  return resample(image, g, 0, 0, tx, ty);
 }
 
 std::vector<float> box_to_model_input(const DecodedImage& image, const ImageGeometry& g,
                                       const ImageBox& box) {
-  const std::vector<float> plane = model_planes(image, g.channels, box);
+  DTRAIN_CHECK(box.x >= 0 && box.y >= 0 && box.width >= 1 && box.height >= 1 &&
+                   box.x + box.width <= image.width && box.y + box.height <= image.height,
+               "box {}x{} at ({}, {}) in an image {}x{}", box.width, box.height, box.x, box.y,
+               image.width, image.height);
   const Taps tx = taps(box.width, g.width, static_cast<double>(g.width) / box.width, 0);
   const Taps ty = taps(box.height, g.height, static_cast<double>(g.height) / box.height, 0);
-  return resample(plane, box.width, box.height, g, tx, ty);
+  return resample(image, g, box.x, box.y, tx, ty);
 }
 
 }  // namespace dtrain

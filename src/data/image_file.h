@@ -4,7 +4,7 @@
 // dtrain trains on; 16-bit PNG samples keep their high byte and no gamma is applied, as PIL and
 // torchvision read them; netpbm samples scale by their maxval; a JPEG with corrupt or
 // truncated data and an image over 64 megapixels are refused; a CMYK or YCCK JPEG becomes
-// RGB as Pillow converts it, Adobe's inverted values included), then made
+// RGB as Pillow converts it, its values taken as stored inverted), then made
 // the model's input: its channel count
 // (gray repeated to RGB, RGB to gray by ITU-R BT.601 luma) and its size, the shorter
 // side scaled to it and the middle cut out (torchvision's Resize then CenterCrop), by

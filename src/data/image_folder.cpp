@@ -2,10 +2,13 @@
 #include "data/image_folder.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <system_error>
+#include <utility>
 
 #include "core/error.h"
 #include "data/image_file.h"
@@ -21,29 +24,55 @@ const char* const kLayout =
 
 bool hidden(const fs::path& p) { return p.filename().string().starts_with('.'); }
 
+// Whether `entry` is a directory (a link to one included); an entry that cannot be
+// examined, such as a dangling link, is not.
+bool is_dir(const fs::directory_entry& entry) {
+  std::error_code ec;
+  return entry.is_directory(ec);
+}
+
 // Sorted names of the directories in `dir` (not hidden ones: .git, .ipynb_checkpoints).
 std::vector<std::string> subdirectories(const fs::path& dir) {
   std::vector<std::string> names;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (!hidden(it->path()) && it->is_directory(ec)) names.push_back(it->path().filename());
+    if (!hidden(it->path()) && is_dir(*it)) names.push_back(it->path().filename());
   }
   if (ec) throw Error(fmt::format("data.path: cannot list {}: {}", dir.string(), ec.message()));
   std::sort(names.begin(), names.end());
   return names;
 }
 
-// The image files under `dir` at any depth (links followed), in path order.
+// The device and inode of a directory (links followed), to enter each one once.
+std::optional<std::pair<dev_t, ino_t>> identity(const fs::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return std::nullopt;
+  return std::pair{st.st_dev, st.st_ino};
+}
+
+// The image files under `dir` at any depth, in path order. Links to directories are
+// followed, but not into `dir` or a directory above it (a loop, or other classes' images)
+// nor twice into one directory; entries that cannot be examined (dangling links) are
+// passed over.
 std::vector<fs::path> image_files(const fs::path& dir) {
   std::vector<fs::path> files;
+  std::set<std::pair<dev_t, ino_t>> entered;
+  std::error_code absolute;
+  for (fs::path p = fs::absolute(dir, absolute); !absolute && !p.empty(); p = p.parent_path()) {
+    if (const auto id = identity(p)) entered.insert(*id);
+    if (p == p.parent_path()) break;
+  }
   std::error_code ec;
   fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink, ec);
   for (const fs::recursive_directory_iterator end; !ec && it != end; it.increment(ec)) {
-    if (hidden(it->path())) {
-      if (it->is_directory(ec)) it.disable_recursion_pending();
+    if (is_dir(*it)) {
+      const auto id = identity(it->path());
+      if (hidden(it->path()) || !id || !entered.insert(*id).second) it.disable_recursion_pending();
       continue;
     }
-    if (is_image_file_name(it->path()) && it->is_regular_file(ec)) files.push_back(it->path());
+    std::error_code entry;
+    if (!hidden(it->path()) && is_image_file_name(it->path()) && it->is_regular_file(entry))
+      files.push_back(it->path());
   }
   if (ec) throw Error(fmt::format("data.path: cannot list {}: {}", dir.string(), ec.message()));
   std::sort(files.begin(), files.end());
@@ -80,6 +109,13 @@ ImageFolderIndex index_image_folder(const fs::path& root, Split split) {
   index.dir = image_folder_split_dir(root, split);
   const std::vector<std::string> here =
       split == Split::train ? index.classes : subdirectories(index.dir);
+  if (here.empty()) {
+    throw Error(fmt::format("data.path: {} holds no class directories{}", index.dir.string(),
+                            image_files(index.dir).empty() ? "" : ", but images directly"),
+                "sort its images into one directory per class, named as under train/ (ImageNet's "
+                "validation images come in one directory, with their classes in a separate file)");
+  }
+  std::vector<std::vector<fs::path>> by_class(index.classes.size());
   for (const std::string& name : here) {
     const auto at = std::lower_bound(index.classes.begin(), index.classes.end(), name);
     if (at == index.classes.end() || *at != name) {
@@ -96,11 +132,19 @@ ImageFolderIndex index_image_folder(const fs::path& root, Split split) {
                   "every class of the training split needs images; remove the directory or "
                   "fill it");
     }
-    const auto label = static_cast<int32_t>(at - index.classes.begin());
-    for (const fs::path& f : files) {
-      index.files.push_back(f);
-      index.labels.push_back(label);
+    by_class[static_cast<size_t>(at - index.classes.begin())] = files;
+  }
+  // Round-robin over the classes, so that the first N samples (data.limit) hold them
+  // evenly.
+  for (size_t round = 0;; ++round) {
+    bool any = false;
+    for (size_t k = 0; k < by_class.size(); ++k) {
+      if (round >= by_class[k].size()) continue;
+      index.files.push_back(by_class[k][round]);
+      index.labels.push_back(static_cast<int32_t>(k));
+      any = true;
     }
+    if (!any) break;
   }
   if (index.files.empty()) {
     throw Error(fmt::format("data.path: {} holds no image files", index.dir.string()), kLayout);

@@ -2,8 +2,10 @@
 // and data.path/val/<class>/... (or test/), one directory per class holding image files
 // (PNG, JPEG, PGM/PPM; any depth below the class directory; other files are passed over).
 // Classes are the training split's directory names in byte order, labels their positions;
-// files are in path order within a class. The images are decoded when the loader reads
-// them, on its worker threads, and nothing but the file list is held.
+// samples take the classes in turn (file 0 of each class, then file 1, ...), each class's
+// files in path order, so that the first N (data.limit) hold every class alike. The
+// images are decoded when the loader reads them, on its worker threads, and nothing but
+// the file list is held.
 #pragma once
 
 #include <filesystem>
@@ -17,10 +19,10 @@
 namespace dtrain {
 
 struct ImageFolderIndex {
-  std::filesystem::path dir;         // the split's directory
-  std::vector<std::string> classes;  // the training split's, whichever split this is
-  std::vector<std::filesystem::path> files;
-  std::vector<int32_t> labels;  // by file
+  std::filesystem::path dir;                 // the split's directory
+  std::vector<std::string> classes;          // the training split's, whichever split this is
+  std::vector<std::filesystem::path> files;  // the classes in turn
+  std::vector<int32_t> labels;               // by file
 };
 
 // The split's directory under root: train/, or for the test split val/ (else test/).

@@ -158,6 +158,18 @@ void TrainSession::resume_if_asked() {
         counters_.config_hash = hash;
       }
       if (counters_.scaler) scaler_.load(*counters_.scaler);
+      // An epoch is cut into whole steps of data.global_batch samples; a position inside
+      // one (a checkpoint of an older dtrain, which cut epochs by micro-batches, or of
+      // another global batch) moves on to the next step's start.
+      if (const int64_t inside = counters_.position.offset % job_.data.global_batch; inside) {
+        const int64_t skip = job_.data.global_batch - inside;
+        note(
+            fmt::format("note: {}'s data position (epoch {}, sample {}) is inside a step of {} "
+                        "samples; the run goes on from the next step's start, {} samples on",
+                        file.string(), counters_.position.epoch, counters_.position.offset,
+                        job_.data.global_batch, skip));
+        counters_.position.offset += skip;
+      }
       note(fmt::format(
           "resumed from {} at step {}{}", file.string(), counters_.step,
           tensor_split() ? fmt::format(" (tensor rank {} takes its parts)", coord_.tp) : ""));

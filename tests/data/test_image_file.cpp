@@ -205,8 +205,8 @@ TEST_CASE("PNG, JPEG and netpbm files read back their pixels") {
   for (size_t i = 0; i < g16.size(); ++i) g16[i] = smooth[3 * i];
   write_jpeg(dir / "g.jpeg", 16, 16, 1, g16);
   CHECK(read_image_file(dir / "g.jpeg").channels == 1);
-  // CMYK (libjpeg writes it with an Adobe marker, so read as Photoshop's inverted values):
-  // RGB as Pillow's convert("RGB") gives, (255 - C)(255 - K) / 255 with C = 255 - stored.
+  // CMYK, its values taken as stored inverted (as Pillow takes every CMYK JPEG): RGB as
+  // Pillow's convert("RGB") gives, (255 - C)(255 - K) / 255 with C = 255 - stored.
   std::vector<uint8_t> cmyk(16 * 16 * 4);
   for (size_t i = 0; i < cmyk.size(); ++i)
     cmyk[i] = static_cast<uint8_t>(i % 4 == 3 ? 160 + (i / 4) % 64 : smooth[i / 4 * 3 + i % 4]);

@@ -42,21 +42,37 @@ TEST_CASE("an image folder's index: sorted classes and files, val or test, nothi
   write_ppm(root / "train" / ".ipynb_checkpoints" / "x.ppm", 2, 2, std::vector<uint8_t>(12, 9));
   write_ppm(root / "train" / "cat" / ".hidden" / "y.ppm", 2, 2, std::vector<uint8_t>(12, 9));
   write_ppm(root / "train" / "cat" / "deeper" / "a.ppm", 2, 2, std::vector<uint8_t>(12, 9));
+  // Links: back up the tree (entered once, no loop), to the same directory twice, and
+  // dangling ones (passed over).
+  const fs::path cat = root / "train" / "cat";
+  fs::create_directory_symlink("..", cat / "up");
+  fs::create_directory_symlink(".", cat / "here");
+  fs::create_directory_symlink(".", cat / "again");
+  fs::create_symlink(root / "nowhere.ppm", cat / "ghost.ppm");
+  fs::create_symlink(root / "nowhere", root / "train" / "ghost");
   const ImageFolderIndex train = index_image_folder(root, Split::train);
   CHECK(train.classes == std::vector<std::string>{"bird", "cat", "dog"});
   CHECK(train.dir == root / "train");
+  // The classes in turn, each in path order: bird 3, cat 4 (deeper/a.ppm first), dog 3.
   REQUIRE(train.files.size() == 10);
-  CHECK(train.files[3] == root / "train" / "cat" / "deeper" / "a.ppm");
-  CHECK(train.files[4] == root / "train" / "cat" / "img000.ppm");
-  CHECK(train.labels == std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1, 2, 2, 2});
+  CHECK(train.files[1] == cat / "deeper" / "a.ppm");
+  CHECK(train.files[4] == cat / "img000.ppm");
+  CHECK(train.files[9] == cat / "img002.ppm");
+  CHECK(train.labels == std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0, 1, 2, 1});
   // The evaluation split: val/ (test/ when there is no val/), labelled by training's
   // classes even where it lacks one.
   fs::remove_all(root / "val" / "bird");
   const ImageFolderIndex val = index_image_folder(root, Split::test);
   CHECK(val.dir == root / "val");
-  CHECK(val.labels == std::vector<int32_t>{1, 1, 2, 2});
+  CHECK(val.labels == std::vector<int32_t>{1, 2, 1, 2});
   fs::rename(root / "val", root / "test");
   CHECK(index_image_folder(root, Split::test).dir == root / "test");
+  // ImageNet's validation images come flat: say to sort them into class directories.
+  write_ppm(root / "flat" / "val" / "ILSVRC2012_val_00000001.ppm", 2, 2,
+            std::vector<uint8_t>(12, 3));
+  fs::create_directory_symlink(root / "train", root / "flat" / "train");
+  CHECK(has(error_of([&] { index_image_folder(root / "flat", Split::test); }),
+            "val holds no class directories, but images directly"));
 
   // Refusals, each naming the directory at fault.
   write_ppm(root / "test" / "fox" / "f.ppm", 2, 2, std::vector<uint8_t>(12, 1));

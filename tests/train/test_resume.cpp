@@ -185,3 +185,30 @@ TEST_CASE("a run directory that holds a run: a fresh start is refused, a finishe
   REQUIRE(all.size() == 7);  // every step once
   for (size_t i = 0; i < all.size(); ++i) CHECK(all[i].step == static_cast<int64_t>(i + 1));
 }
+
+// An epoch is cut into whole steps of data.global_batch samples. A checkpoint whose data
+// position lies inside a step (another global batch's; or an older dtrain's, which cut
+// epochs by micro-batches) resumes at the next step's start and says so: the epoch's
+// steps stay whole from there on (200 samples, steps of 32: 6 an epoch, 8 dropped).
+TEST_CASE("a data position inside a step resumes at the next step's start, with a note") {
+  TempDir tmp("resume-inside-step");
+  const fs::path job = write_job(tmp.path(), "run");
+  const RunResult first = run_dtrain({job.string(), "--set", "data.global_batch=16", "--set",
+                                      "train.steps=1", "--set", "train.checkpoint.every=1"},
+                                     tmp.path() / "a.log");
+  REQUIRE_MESSAGE(first.rc == 0, first.describe());
+  const RunResult second = run_dtrain(
+      {job.string(), "--set", "train.steps=6", "--resume", "latest"}, tmp.path() / "b.log");
+  REQUIRE_MESSAGE(second.rc == 0, second.describe());
+  CHECK_MESSAGE(second.log.find("data position (epoch 0, sample 16) is inside a step of 32 "
+                                "samples; the run goes on from the next step's start, 16 "
+                                "samples on") != std::string::npos,
+                second.log);
+  // Steps 2-6 take samples 32-191 of epoch 0; the next epoch starts after the 6th step.
+  const RunResult inspect = run_dtrain_command(
+      {"ckpt", "inspect", newest_checkpoint(tmp.path() / "run" / "checkpoints").string()},
+      tmp.path() / "inspect.log");
+  REQUIRE_MESSAGE(inspect.rc == 0, inspect.describe());
+  CHECK_MESSAGE(inspect.log.find("data position: epoch 1, offset 0") != std::string::npos,
+                inspect.log);
+}
