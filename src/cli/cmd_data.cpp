@@ -7,6 +7,8 @@
 // holds labelled rows (DIR/labels.json and one label per text in
 // DIR/{train,val}.labels.bin), for a BERT classifier. The rules for
 // inputs and documents are in data/text_corpus.h.
+// `dtrain data bench JOB [--workers 0,2,4] [--batches N] [--split train|test] [--json]
+// [--out F]`: times the job's data pipeline alone (rank 0's share), per worker count.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,12 +17,20 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
+#include "cli/launcher.h"
+#include "config/config.h"
 #include "core/error.h"
+#include "data/atomic_file.h"
 #include "data/text_corpus.h"
 #include "data/text_loader.h"
 #include "data/token_shards.h"
 #include "data/tokenizer.h"
+#include "runtime/data_feed.h"
 
 namespace dtrain::cli {
 namespace {
@@ -167,10 +177,83 @@ int run_tokenize(const TokenizeArgs& args) {
   return kExitOk;
 }
 
+// ---- bench ------------------------------------------------------------------
+
+struct BenchArgs {
+  std::string job;
+  std::vector<std::string> overrides;
+  std::vector<int> workers;  // empty: the job's data.workers
+  int64_t batches = 20;
+  std::string split = "train";
+  std::string out;
+  bool json = false;
+};
+
+// Loads `batches` batches of the job's data (rank 0's share, as `dtrain train` feeds it)
+// with each worker count and prints samples per second: whether the input pipeline keeps
+// up with the model, without running the model.
+int run_data_bench(const BenchArgs& args) {
+  config::ValidateContext ctx;
+  ctx.world_size = world_from_env();
+  std::vector<std::string> warnings;
+  ctx.warnings = &warnings;
+  // The sources keep a reference to the job and read data.workers as each feed opens.
+  Job job = config::load_job_file(args.job, args.overrides, ctx);
+  for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  std::vector<int> workers = args.workers;
+  if (workers.empty()) workers.push_back(job.data.workers);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto source =
+      runtime::DataSource::open(job, static_cast<uint64_t>(job.run.seed), {0, job.parallel.data});
+  const double open_s = seconds_since(t0);
+  const runtime::FeedSplit split =
+      args.split == "test" ? runtime::FeedSplit::eval : runtime::FeedSplit::train;
+  nlohmann::json out = {{"job", args.job},
+                        {"dataset", std::string(to_string(job.data.dataset))},
+                        {"data", source->describe()},
+                        {"split", args.split},
+                        {"batch", job.data.micro_batch},
+                        {"batches", args.batches},
+                        {"open_seconds", open_s},
+                        {"results", nlohmann::json::array()}};
+  if (!args.json) {
+    std::printf(
+        "data: %s (opened in %.2f s)\n%s split, %lld batches of %lld per worker count, "
+        "from opening the feed to the last batch:\n",
+        source->describe().c_str(), open_s, args.split.c_str(),
+        static_cast<long long>(args.batches), static_cast<long long>(job.data.micro_batch));
+    std::printf("  workers   samples/s   ms/batch   waited\n");
+  }
+  for (const int w : workers) {
+    job.data.workers = w;
+    const auto start = std::chrono::steady_clock::now();
+    const auto feed = source->feed(split, {});
+    int64_t samples = 0;
+    for (int64_t k = 0; k < args.batches; ++k) samples += feed->next().input.shape()[0];
+    const double s = seconds_since(start);
+    const double rate = static_cast<double>(samples) / s;
+    out["results"].push_back({{"workers", w},
+                              {"seconds", s},
+                              {"samples", samples},
+                              {"samples_per_s", rate},
+                              {"ms_per_batch", 1e3 * s / static_cast<double>(args.batches)},
+                              {"wait_seconds", feed->wait_seconds()}});
+    if (!args.json) {
+      std::printf("  %7d %11.1f %10.2f %7.0f%%\n", w, rate,
+                  1e3 * s / static_cast<double>(args.batches), 100.0 * feed->wait_seconds() / s);
+    }
+  }
+  const std::string text = out.dump(2) + "\n";
+  if (args.json) std::fputs(text.c_str(), stdout);
+  if (!args.out.empty()) write_file_atomic(args.out, {text});
+  return kExitOk;
+}
+
 }  // namespace
 
 void add_data(CLI::App& app, Action& action) {
-  CLI::App* data = app.add_subcommand("data", "prepare training data (tokenize text)");
+  CLI::App* data =
+      app.add_subcommand("data", "prepare training data (tokenize text) and time its loading");
   data->require_subcommand(1);
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = data->add_subcommand(
@@ -197,6 +280,23 @@ void add_data(CLI::App& app, Action& action) {
                 "labelled rows");
   cmd->add_option("--seed", args->seed, "seed of the train/validation split (default 0)");
   cmd->callback([args, &action] { action = [args] { return run_tokenize(*args); }; });
+
+  auto bench = std::make_shared<BenchArgs>();
+  CLI::App* b = data->add_subcommand(
+      "bench", "time the job's data pipeline alone: samples per second per loader worker count");
+  b->add_option("job", bench->job, "job file (YAML)")->required();
+  b->add_option("--set", bench->overrides, "override a key, e.g. --set data.micro_batch=64");
+  b->add_option("--workers", bench->workers,
+                "loader threads to time, a comma list (default: the job's data.workers)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 256));
+  b->add_option("--batches", bench->batches, "batches per worker count (default 20)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  b->add_option("--split", bench->split, "train (augmented, as training reads it) or test")
+      ->check(CLI::IsMember({"train", "test"}));
+  b->add_option("--out", bench->out, "also write the JSON here (atomically)");
+  b->add_flag("--json", bench->json, "print JSON instead of the table");
+  b->callback([bench, &action] { action = [bench] { return run_data_bench(*bench); }; });
 }
 
 }  // namespace dtrain::cli

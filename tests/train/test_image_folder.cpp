@@ -71,3 +71,34 @@ TEST_CASE("image-folder: a damaged image or a wrong class count exits 2 naming i
   CHECK_MESSAGE(damaged.log.find(bad.string()) != std::string::npos, damaged.log);
   CHECK(damaged.log.find("truncated") != std::string::npos);
 }
+
+TEST_CASE("dtrain data bench times the image-folder loader per worker count") {
+  TempDir tmp("image-folder-bench");
+  const fs::path job = write_image_folder_job(tmp.path());
+  const fs::path out = tmp.path() / "bench.json";
+  const RunResult r = run_dtrain_command({"data", "bench", job.string(), "--workers", "0,2",
+                                          "--batches", "4", "--json", "--out", out.string()},
+                                         tmp.path() / "bench.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const nlohmann::json j = nlohmann::json::parse(read_bytes(out));
+  CHECK(r.log.find(j.dump(2)) != std::string::npos);  // --json printed what --out holds
+  CHECK(j.at("dataset") == "image-folder");
+  CHECK(j.at("batch") == 8);
+  REQUIRE(j.at("results").size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& row = j.at("results")[i];
+    CHECK(row.at("workers") == (i == 0 ? 0 : 2));
+    CHECK(row.at("samples") == 32);
+    CHECK(row.at("samples_per_s").get<double>() > 0);
+    CHECK(row.at("wait_seconds").get<double>() <= row.at("seconds").get<double>());
+  }
+  const RunResult test =
+      run_dtrain_command({"data", "bench", job.string(), "--split", "test", "--batches", "2"},
+                         tmp.path() / "test.log");
+  REQUIRE_MESSAGE(test.rc == 0, test.describe());
+  CHECK(test.log.find("test split, 2 batches of 8") != std::string::npos);
+  const RunResult bad = run_dtrain_command(
+      {"data", "bench", job.string(), "--set", "model.num_classes=7"}, tmp.path() / "bad.log");
+  CHECK(bad.rc == 2);
+  CHECK(bad.log.find("model.num_classes: 7, but") != std::string::npos);
+}
