@@ -409,12 +409,13 @@ std::vector<std::string> image_files(const std::vector<std::string>& given) {
       continue;
     }
     std::vector<std::string> found;
-    int64_t skipped = 0;
+    int64_t skipped = 0, directories = 0;
     for (const auto& e : std::filesystem::directory_iterator(g, ec)) {
       if (e.is_regular_file(ec) && is_image_file_name(e.path())) {
         found.push_back(e.path().string());
       } else {
         ++skipped;
+        directories += e.is_directory(ec) ? 1 : 0;
       }
     }
     if (skipped > 0) {
@@ -427,7 +428,10 @@ std::vector<std::string> image_files(const std::vector<std::string>& given) {
       throw Error(fmt::format("--image {}: a directory without a .png, .jpg, .jpeg, .pgm, "
                               ".ppm or .pnm file",
                               g),
-                  "pass image files, or a directory holding some");
+                  directories > 0
+                      ? "a directory's subdirectories are not searched: pass them (--image "
+                        "DIR/*), or --split test for the job's own evaluation split"
+                      : "pass image files, or a directory holding some");
     }
     std::sort(found.begin(), found.end());
     out.insert(out.end(), found.begin(), found.end());

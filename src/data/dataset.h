@@ -48,6 +48,9 @@ class Dataset {
   virtual int32_t label(int64_t i) const = 0;  // in [0, classes)
   // Where the samples come from, for the run's log: the files read, or "synthetic".
   virtual std::string source() const = 0;
+  // The classes' names by label where the data names them (an image folder's
+  // directories); empty otherwise.
+  virtual std::vector<std::string> class_names() const { return {}; }
 };
 
 // What the file readers return. images u8 [N, H, W] (IDX) or [N, C, H, W] (CIFAR),

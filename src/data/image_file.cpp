@@ -44,11 +44,12 @@ std::string slurp(const fs::path& file) {
 
 // The most pixels an image may have: its float planes take 12 bytes per pixel of RGB
 // (a 64-megapixel photo, 768 MB) before it shrinks to the model's size.
-constexpr int64_t kMaxPixels = int64_t{1} << 26;
+// Pillow's limit (twice its decompression-bomb warning, 89,478,485): 537 MB of RGB.
+constexpr int64_t kMaxPixels = 178956970;
 
 std::string too_large(int64_t w, int64_t h) {
-  return fmt::format("{} x {} pixels, more than {} megapixels: shrink it first", w, h,
-                     kMaxPixels >> 20);
+  return fmt::format("{} x {} pixels, more than {} (Pillow's limit too): shrink it first", w, h,
+                     kMaxPixels);
 }
 
 // The Orientation tag (0x0112) of an Exif block: a TIFF header ("II" or "MM", 42, the

@@ -3,13 +3,12 @@
 // (an alpha channel is composited onto black, v * alpha / 255, the background of the datasets
 // dtrain trains on; 16-bit PNG samples keep their high byte and no gamma is applied, as PIL and
 // torchvision read them; netpbm samples scale by their maxval; a JPEG with corrupt or
-// truncated data and an image over 64 megapixels are refused; a CMYK or YCCK JPEG becomes
-// RGB as Pillow converts it, its values taken as stored inverted), then made
-// the model's input: its channel count
-// (gray repeated to RGB, RGB to gray by ITU-R BT.601 luma) and its size, the shorter
-// side scaled to it and the middle cut out (torchvision's Resize then CenterCrop), by
-// area averaging when shrinking and bilinear interpolation when growing. A JPEG's or PNG's
-// Exif orientation is applied first, as a photo viewer shows it (PIL's exif_transpose).
+// truncated data and an image over 178,956,970 pixels (Pillow's limit) are refused; a CMYK or YCCK
+// JPEG becomes RGB as Pillow converts it, its values taken as stored inverted), then made the
+// model's input: its channel count (gray repeated to RGB, RGB to gray by ITU-R BT.601 luma) and its
+// size, the shorter side scaled to it and the middle cut out (torchvision's Resize then
+// CenterCrop), by area averaging when shrinking and bilinear interpolation when growing. A JPEG's
+// or PNG's Exif orientation is applied first, as a photo viewer shows it (PIL's exif_transpose).
 #pragma once
 
 #include <cstdint>

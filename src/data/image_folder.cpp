@@ -161,16 +161,24 @@ ImageFolderDataset::ImageFolderDataset(ImageFolderIndex index, ImageGeometry geo
                geometry.classes, index_.classes.size());
 }
 
-void ImageFolderDataset::read(int64_t i, float* out) const {
+DecodedImage ImageFolderDataset::decode(int64_t i) const {
   DTRAIN_CHECK(i >= 0 && i < size(), "sample {} of {}", i, size());
-  const std::vector<float> x = to_model_input(read_image_file(index_.files[static_cast<size_t>(i)]),
-                                              geometry_, center_crop_);
+  try {
+    return read_image_file(index_.files[static_cast<size_t>(i)]);
+  } catch (const Error& e) {
+    throw Error(e.message(),
+                "replace the file with a readable image, or remove it (the folder is indexed "
+                "again when a run starts or resumes)");
+  }
+}
+
+void ImageFolderDataset::read(int64_t i, float* out) const {
+  const std::vector<float> x = to_model_input(decode(i), geometry_, center_crop_);
   std::memcpy(out, x.data(), x.size() * sizeof(float));
 }
 
 void ImageFolderDataset::read_box(int64_t i, const BoxChooser& choose, float* out) const {
-  DTRAIN_CHECK(i >= 0 && i < size(), "sample {} of {}", i, size());
-  const DecodedImage image = read_image_file(index_.files[static_cast<size_t>(i)]);
+  const DecodedImage image = decode(i);
   const std::vector<float> x =
       box_to_model_input(image, geometry_, choose(image.width, image.height));
   std::memcpy(out, x.data(), x.size() * sizeof(float));
@@ -192,8 +200,9 @@ std::shared_ptr<const Dataset> open_image_folder(const std::string& root, Split 
   const auto classes = static_cast<int>(index.classes.size());
   if (geometry.classes != classes) {
     throw Error(
-        fmt::format("model.num_classes: {}, but {} holds {} class directories", geometry.classes,
-                    image_folder_split_dir(root, Split::train).string(), classes),
+        fmt::format("model.num_classes: {} (the job's, or the architecture's default where "
+                    "the job leaves it out), but {} holds {} class directories",
+                    geometry.classes, image_folder_split_dir(root, Split::train).string(), classes),
         fmt::format("set model.num_classes: {}", classes));
   }
   return std::make_shared<ImageFolderDataset>(std::move(index), geometry,

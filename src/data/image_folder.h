@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/image_file.h"
 
 namespace dtrain {
 
@@ -45,9 +46,11 @@ class ImageFolderDataset final : public Dataset {
   void read_box(int64_t i, const BoxChooser& choose, float* out) const override;
   int32_t label(int64_t i) const override;
   std::string source() const override;
+  std::vector<std::string> class_names() const override { return index_.classes; }
   const ImageFolderIndex& index() const { return index_; }
 
  private:
+  DecodedImage decode(int64_t i) const;  // read_image_file's, with a hint for a run
   ImageFolderIndex index_;
   ImageGeometry geometry_;
   double center_crop_;

@@ -6,6 +6,7 @@
 #include "data/loader.h"
 
 #include <chrono>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -54,6 +55,7 @@ SamplerConfig with_size(SamplerConfig s, int64_t size) {
 Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderConfig config)
     : dataset_(std::move(dataset)),
       augmenter_(dataset_->geometry(), config.augment),
+      read_images_(config.read_images),
       workers_(config.workers),
       sampler_(with_size(config.sampler, dataset_->size()), config.start) {
   DTRAIN_CHECK(workers_ >= 0 && config.prefetch >= 1, "workers {} prefetch {}", workers_,
@@ -67,6 +69,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderConfig config)
   slots_.resize(workers_ == 0 ? 1 : static_cast<size_t>(config.prefetch) + 1);
   for (Slot& s : slots_) {
     s.batch.images = Tensor::empty({b, g.channels, g.height, g.width}, DType::f32);
+    if (!read_images_) std::memset(s.batch.images.raw(), 0, s.batch.images.nbytes());
     s.batch.labels = Tensor::empty({b}, DType::i32);
     s.indices.resize(static_cast<size_t>(b));
   }
@@ -101,6 +104,8 @@ void Loader::fill(Slot& slot, std::vector<float>& scratch) const {
   int32_t* labels = slot.batch.labels.data<int32_t>();
   for (size_t j = 0; j < slot.indices.size(); ++j) {
     const int64_t i = slot.indices[j];
+    labels[j] = dataset_->label(i);
+    if (!read_images_) continue;
     if (augmenter_.crops_boxes()) {
       const int64_t epoch = slot.batch.epoch;
       dataset_->read_box(
@@ -110,7 +115,6 @@ void Loader::fill(Slot& slot, std::vector<float>& scratch) const {
     }
     augmenter_.apply(scratch.data(), images + static_cast<int64_t>(j) * pixels, slot.batch.epoch,
                      i);
-    labels[j] = dataset_->label(i);
   }
 }
 

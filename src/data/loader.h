@@ -25,7 +25,8 @@ struct LoaderConfig {
   DataPosition start;
   AugmentConfig augment;
   int workers = 0;
-  int prefetch = 2;  // batches ready ahead of the one the consumer holds (workers > 0)
+  int prefetch = 2;         // batches ready ahead of the one the consumer holds (workers > 0)
+  bool read_images = true;  // false: labels only, the images left zero (nothing decoded)
 };
 
 // Train: shuffle and drop_last as the job says, augmentation from data.augment
@@ -83,6 +84,7 @@ class Loader {
 
   std::shared_ptr<const Dataset> dataset_;
   Augmenter augmenter_;
+  bool read_images_;
   int workers_;
   int64_t batches_per_epoch_ = 0;
   std::vector<Slot> slots_;

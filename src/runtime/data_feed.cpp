@@ -70,19 +70,22 @@ class ImageSource final : public DataSource {
     if (job.data.limit.test) test_ = first_samples(test_, *job.data.limit.test);
     cut_ = {train_ != whole_train, test_ != whole_test};
   }
-  std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {
+  std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start,
+                                 FeedContent content) const override {
     const bool eval = split == FeedSplit::eval;
     LoaderConfig cfg = make_loader_config(job_.data, eval ? Split::test : Split::train, seed_,
                                           shard_.rank, shard_.world, eval ? DataPosition{} : start,
                                           train_->geometry().channels);
     if (eval ? cut_.test : cut_.train) cfg.sampler.cut_by = cut_key(split);
     if (!eval) cfg.sampler.micro_steps = job_.parallel.micro_batches;
+    cfg.read_images = content == FeedContent::all;
     return std::make_unique<ImageFeed>(eval ? test_ : train_, cfg, eval);
   }
   std::string describe() const override {
     return fmt::format("{} train images ({}), {} test images ({})", train_->size(),
                        train_->source(), test_->size(), test_->source());
   }
+  std::vector<std::string> class_names() const override { return train_->class_names(); }
 
  private:
   Cut cut_;
@@ -198,10 +201,11 @@ class TextSource final : public DataSource {
     cut_ = {train_ != whole_train, val_ != whole_val};
     // Every run ends with an evaluation: a validation split without one window is refused
     // now (counting its windows), not after the training.
-    feed(FeedSplit::eval, {});
+    feed(FeedSplit::eval, {}, FeedContent::all);
   }
 
-  std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {
+  std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start,
+                                 FeedContent /*tokens: always read*/) const override {
     TextBatchConfig cfg;
     cfg.task = task_;
     cfg.seq_len = job_.model.seq_len.value_or(0);
@@ -348,10 +352,12 @@ class ClassifySource final : public DataSource {
     train_ = first_texts(train_, job.data.limit.train, "train");
     val_ = first_texts(val_, job.data.limit.test, "test");
     cut_ = {train_.tokens != whole_train.tokens, val_.tokens != whole_val.tokens};
-    feed(FeedSplit::eval, {});  // a validation split without one text is refused now
+    feed(FeedSplit::eval, {},
+         FeedContent::all);  // a validation split without one text is refused now
   }
 
-  std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const override {
+  std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start,
+                                 FeedContent /*tokens: always read*/) const override {
     ClassifyConfig cfg;
     cfg.seq_len = job_.model.seq_len.value_or(0);
     cfg.batch = job_.data.micro_batch;

@@ -44,6 +44,7 @@ class DataFeed {
 };
 
 enum class FeedSplit : uint8_t { train, eval };
+enum class FeedContent : uint8_t { all, labels };
 
 // The training feed starts at `start`; the evaluation feed always at the
 // beginning, in order. With several data-parallel ranks each feed yields this
@@ -64,9 +65,15 @@ class DataSource {
  public:
   static std::unique_ptr<DataSource> open(const Job& job, uint64_t seed, DataShard shard = {});
   virtual ~DataSource() = default;
-  virtual std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start) const = 0;
+  // FeedContent::labels: the batches' labels (and label counts) only, their inputs left
+  // zero, for a pipeline stage after the first, which computes on what the stage before
+  // sends (an image source then decodes nothing; token sources, cheap to read, ignore it).
+  virtual std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start,
+                                         FeedContent content = FeedContent::all) const = 0;
   // Both splits and where they were read from, for the run's log.
   virtual std::string describe() const = 0;
+  // The classes' names by label, where the data names them (an image folder); else empty.
+  virtual std::vector<std::string> class_names() const { return {}; }
 };
 
 }  // namespace dtrain::runtime

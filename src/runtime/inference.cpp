@@ -98,7 +98,13 @@ ModelWeights from_safetensors(const fs::path& file, const Job& job, const graph:
     const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
     if (ec == std::errc() && end == t.data() + t.size() && v >= 0) step = v;
   }
-  return {w.params, w.buffers, file.string(), step, average};
+  // dtrain's export of an image folder's model names its classes (a JSON list).
+  std::vector<std::string> classes;
+  if (auto names = w.metadata.find("classes"); names != w.metadata.end()) {
+    const nlohmann::json list = nlohmann::json::parse(names->second, nullptr, false);
+    classes = class_names_in(list, file.string());
+  }
+  return {w.params, w.buffers, file.string(), step, average, std::move(classes)};
 }
 
 ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::Graph& g,
@@ -172,6 +178,7 @@ ModelWeights from_checkpoint(const fs::path& path, const Job& job, const graph::
   w.source = path.string();
   w.ema = average;
   w.step = ck.meta.value("step", int64_t{-1});
+  if (ck.meta.contains("classes")) w.classes = class_names_in(ck.meta.at("classes"), w.source);
   return w;
 }
 

@@ -28,9 +28,10 @@ struct ModelWeights {
   // The graph's f32 buffers (batch norm's running statistics), in its buffer layout;
   // undefined for a model without any.
   Tensor buffers;
-  std::string source;  // what was read (a path)
-  int64_t step = -1;   // the checkpoint's step; -1: a safetensors file
-  bool ema = false;    // optimizer.ema's average (a checkpoint's, or an export of it)
+  std::string source;                // what was read (a path)
+  int64_t step = -1;                 // the checkpoint's step; -1: a safetensors file
+  bool ema = false;                  // optimizer.ema's average (a checkpoint's, or an export of it)
+  std::vector<std::string> classes;  // the names it was trained with (an image folder's)
 };
 
 // `weights`: a checkpoint (a step file or step-N/ directory), a run or checkpoints

@@ -363,8 +363,13 @@ bool is_image_model(const Job& job) {
   return arch != nullptr && !is_language_model(arch->family);
 }
 
-std::vector<std::string> image_class_names(const Job& job, std::string* source) {
+std::vector<std::string> image_class_names(const Job& job, const std::vector<std::string>& trained,
+                                           std::string* source) {
   const int classes = job.model.num_classes.value_or(0);
+  if (static_cast<int>(trained.size()) == classes) {
+    if (source != nullptr) *source = "the weights' run";
+    return trained;
+  }
   std::vector<std::string> names;
   std::string from;
   const auto names_file = [&](const char* file) {
@@ -403,7 +408,7 @@ std::vector<std::string> image_class_names(const Job& job, std::string* source) 
     case DatasetName::cifar100:
       names_file("fine_label_names.txt");
       break;
-    case DatasetName::image_folder:  // the training split's class directories, when at hand
+    case DatasetName::image_folder:  // weights older than their record: the folder's now
       if (job.data.path) {
         try {
           names = image_folder_classes(*job.data.path);
@@ -445,7 +450,7 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
   out.weights = w.source;
   out.ema = w.ema;
   out.step = w.step;
-  out.classes = image_class_names(job, &out.classes_source);
+  out.classes = image_class_names(job, w.classes, &out.classes_source);
   const auto classes = static_cast<int64_t>(out.classes.size());
   const std::unique_ptr<InferenceGraph> f =
       make_inference_graph(job, job.model, batch, w.params, false, w.buffers);
@@ -477,6 +482,18 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
                               batch, job.data.micro_batch),
                   fmt::format("leave --batch out, or --set data.micro_batch={}", batch));
     const std::unique_ptr<DataSource> source = DataSource::open(job, job.run.seed);
+    if (const std::vector<std::string> now = source->class_names();
+        !w.classes.empty() && !now.empty() && now != w.classes) {
+      throw Error(
+          fmt::format("--split test: {} was trained on classes {}, but data.path's "
+                      "training split now has {}: its labels would not be theirs",
+                      w.source,
+                      fmt::join(w.classes.begin(),
+                                w.classes.begin() + std::min<size_t>(w.classes.size(), 8), ", "),
+                      fmt::join(now.begin(), now.begin() + std::min<size_t>(now.size(), 8), ", ")),
+          "restore the class directories the run trained on (labels are their "
+          "positions in byte order)");
+    }
     const std::unique_ptr<DataFeed> feed = source->feed(FeedSplit::eval, {});
     double loss = 0.0;
     int64_t right = 0;

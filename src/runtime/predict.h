@@ -151,9 +151,12 @@ struct ImagePredictResult {
 
 bool is_image_model(const Job& job);
 ImagePredictResult predict_images(const ImagePredictRequest& r);
-// The dataset's class names: Fashion-MNIST's and CIFAR-10's own, CIFAR-10's
+// The dataset's class names: `trained` (the names the weights' run recorded: an image
+// folder's class directories) when given, Fashion-MNIST's and CIFAR-10's own, CIFAR-10's
 // batches.meta.txt or CIFAR-100's fine_label_names.txt in data.path when there, MNIST's
 // digits; otherwise (synthetic data, another count) "0" ... "K-1".
-std::vector<std::string> image_class_names(const Job& job, std::string* source = nullptr);
+std::vector<std::string> image_class_names(const Job& job,
+                                           const std::vector<std::string>& trained = {},
+                                           std::string* source = nullptr);
 
 }  // namespace dtrain::runtime

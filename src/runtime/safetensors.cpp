@@ -322,6 +322,7 @@ ExportSummary export_safetensors(const Checkpoint& ck, const fs::path& out, DTyp
       {"weights", ema ? "ema" : "model"}};
   if (ck.meta.contains("model") && ck.meta.at("model").contains("heads"))
     meta["heads"] = std::to_string(ck.meta.at("model").at("heads").get<int64_t>());
+  if (ck.meta.contains("classes")) meta["classes"] = ck.meta.at("classes").dump();
   write_safetensors(out, tensors, meta);
   s.tensors = static_cast<int64_t>(tensors.size());
   s.bytes = static_cast<int64_t>(fs::file_size(out));

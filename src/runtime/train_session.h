@@ -181,6 +181,11 @@ class TrainSession {
   graph::TensorParallelPlan tp_plan_;           // what the pass split on this rank
   std::vector<graph::FlatEntry> whole_layout_;  // the one-rank model's fp32 layout
   bool tensor_split() const { return tp_group_ != nullptr; }
+  // A pipeline stage after the first computes on what the stage before sends: its feeds
+  // bring the labels (and label counts) alone.
+  runtime::FeedContent feed_content() const {
+    return pipeline_ && coord_.pp > 0 ? FeedContent::labels : FeedContent::all;
+  }
   void write_shard(ShardedSave save);
   void save_tensor_parts();
   // A save's replica checks (replica_mismatch), agreed by every rank: all of them fail
@@ -198,6 +203,7 @@ class TrainSession {
   std::vector<NamedTensor> compression_blobs() const;
   TrainCounters resume_whole(const fs::path& file);
   void take_extra_blobs(RangeLoad& load);
+  void check_resumed_classes(const fs::path& file) const;
   void resumed_ema_note(const std::filesystem::path& file);
   const FeedBatch& next_batch();
   void sequential_passes(StepTotals& local);

@@ -55,6 +55,7 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
       {"params", std::move(params_layout)},
       {"buffers", layout_of(buffers)}};
   if (c.heads > 0) meta["model"] = {{"heads", c.heads}};
+  if (!c.classes.empty()) meta["classes"] = c.classes;
   // As bits: a decimal round trip could change the logged mean's last bit.
   meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
                         {"losses", c.window_losses}};
@@ -405,6 +406,17 @@ Checkpoint read_any_checkpoint(const fs::path& path) {
   return read_checkpoint(path);
 }
 
+std::vector<std::string> class_names_in(const nlohmann::json& names, const std::string& where) {
+  bool ok = names.is_array() && !names.empty();
+  for (const nlohmann::json& n : names) ok = ok && n.is_string();
+  if (!ok) {
+    throw Error(fmt::format("{}: its class names {} are not a list of names", where,
+                            names.dump().substr(0, 200)),
+                "the file is damaged or not dtrain's: use another checkpoint or export");
+  }
+  return names.get<std::vector<std::string>>();
+}
+
 namespace {
 
 TrainCounters counters_of(const Checkpoint& ck) {
@@ -416,6 +428,7 @@ TrainCounters counters_of(const Checkpoint& ck) {
   c.arch = ck.meta.at("arch");
   c.config_hash = ck.meta.at("config_hash");
   if (ck.meta.contains("model")) c.heads = ck.meta.at("model").value("heads", int64_t{0});
+  if (ck.meta.contains("classes")) c.classes = class_names_in(ck.meta.at("classes"), file.string());
   if (ck.meta.contains("log_window")) {
     const nlohmann::json& w = ck.meta.at("log_window");
     c.window_loss_sum = std::bit_cast<double>(w.at("loss_sum_bits").get<uint64_t>());

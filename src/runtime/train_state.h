@@ -9,6 +9,9 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "data/sampler.h"
 #include "dist/communicator.h"
@@ -50,10 +53,17 @@ struct TrainCounters {
   double window_loss_sum = 0;
   int64_t window_losses = 0;
   std::optional<BestEval> best;  // train.best.metric set and an evaluation done
+  // An image folder's class names, by label (the training split's directories): what
+  // dtrain predict names the classes by. Empty for other datasets.
+  std::vector<std::string> classes;
   // Loaded, not saved: whether the checkpoint holds optimizer.ema's average (its state
   // buffer "ema").
   bool ema = false;
 };
+
+// The class names a checkpoint's or export's metadata holds (`names`: a JSON list of
+// strings, one per class); an Error naming `where` when it is anything else.
+std::vector<std::string> class_names_in(const nlohmann::json& names, const std::string& where);
 
 // `params`: the parameters the optimizer steps (the executor's for fp32, the fp32
 // master weights of a half-precision job: same names and layout either way, so a

@@ -231,14 +231,15 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                                                 : fs::path(job_.train.checkpoint.dir);
   prepare_samples();  // the tokenizer and prompt: a bad one is the job's error, before a step
   resume_if_asked();
+  counters_.classes = source_->class_names();  // the next saves name them (a resume checked)
   // model.init_from starts a fresh run only: a resumed one continues from its checkpoint
   // (and never reads the file, so a job that names it resumes in any layout).
   if (job_.model.init_from && !resumed_) init_from(*job_.model.init_from);
   // optimizer.ema: the average starts as the weights now set (a checkpoint's own
   // average, when it has one, was loaded with it).
   if (opt_->has_ema() && !opt_->ema_ready()) opt_->start_ema(weights_->target().flat);
-  train_ = std::make_unique<DeviceFeed>(source_->feed(FeedSplit::train, counters_.position),
-                                        job_.device);
+  train_ = std::make_unique<DeviceFeed>(
+      source_->feed(FeedSplit::train, counters_.position, feed_content()), job_.device);
   const int64_t per_epoch = steps_per_epoch(train_->batches_per_epoch(), train_->describe(), job_);
   total_steps_ = job_.train.steps ? *job_.train.steps : *job_.train.epochs * per_epoch;
   if (resumed_ && counters_.step > total_steps_) {
@@ -719,7 +720,7 @@ void TrainSession::exchange_average() {
 // alike; -100 labels count for nothing. Each rank evaluates its slice of every batch;
 // the sums meet in one all-reduce.
 EvalResult TrainSession::evaluate_model() {
-  DeviceFeed test(source_->feed(FeedSplit::eval, {}), job_.device);
+  DeviceFeed test(source_->feed(FeedSplit::eval, {}, feed_content()), job_.device);
   double loss_sum = 0, correct = 0, samples = 0;
   for (int64_t k = 0; k < test.batches_per_epoch(); ++k) {
     const FeedBatch& b = test.next();

@@ -87,11 +87,12 @@ TEST_CASE("an image folder's index: sorted classes and files, val or test, nothi
             "is not a directory"));
   // The model's class count must be the folder's.
   fs::remove(root / "train" / "empty");
-  CHECK(has(
-      error_of([&] {
-        open_image_folder(root.string(), Split::train, {3, 8, 8, 10}, {});
-      }),
-      "model.num_classes: 10, but " + (root / "train").string() + " holds 3 class directories"));
+  CHECK(has(error_of([&] {
+              open_image_folder(root.string(), Split::train, {3, 8, 8, 10}, {});
+            }),
+            "model.num_classes: 10 (the job's, or the architecture's default where the job leaves "
+            "it out), but " +
+                (root / "train").string() + " holds 3 class directories"));
 }
 
 TEST_CASE("centre crops and box resizes read the pixels they should") {

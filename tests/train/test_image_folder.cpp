@@ -51,6 +51,43 @@ TEST_CASE("image-folder: a ResNet learns a folder of images of their own sizes, 
   REQUIRE_MESSAGE(files.rc == 0, files.describe());
   CHECK_MESSAGE(files.log.find("green\t") != std::string::npos, files.log);
   CHECK(files.log.find("img003.ppm") != std::string::npos);
+
+  // The checkpoint and its export keep the class names: renamed directories do not rename
+  // the predictions, and what would mislabel (the test split, a resume) is refused.
+  const fs::path exported = tmp.path() / "model.safetensors";
+  const RunResult exp =
+      run_dtrain_command({"ckpt", "export", newest_checkpoint(run / "checkpoints").string(),
+                          "--safetensors", exported.string()},
+                         tmp.path() / "export.log");
+  REQUIRE_MESSAGE(exp.rc == 0, exp.describe());
+  fs::rename(tmp.path() / "images" / "train" / "green", tmp.path() / "images" / "train" / "aqua");
+  fs::rename(tmp.path() / "images" / "val" / "green", tmp.path() / "images" / "val" / "aqua");
+  for (const std::string& weights : {std::string(), exported.string()}) {
+    CAPTURE(weights);
+    std::vector<std::string> args = {"predict", job.string(),
+                                     "--set",   "run.output_dir=" + run.string(),
+                                     "--image", (tmp.path() / "images" / "val" / "aqua").string()};
+    if (!weights.empty()) args.insert(args.end(), {"--checkpoint", weights});
+    const RunResult renamed = run_dtrain_command(args, tmp.path() / "renamed.log");
+    REQUIRE_MESSAGE(renamed.rc == 0, renamed.describe());
+    CHECK_MESSAGE(renamed.log.find("green\t") != std::string::npos, renamed.log);
+    CHECK(renamed.log.find("aqua\t") == std::string::npos);
+  }
+  const RunResult moved = run_dtrain_command(
+      {"predict", job.string(), "--set", "run.output_dir=" + run.string(), "--split", "test"},
+      tmp.path() / "moved.log");
+  CHECK(moved.rc == 2);
+  CHECK_MESSAGE(moved.log.find("was trained on classes blue, green, red, but data.path's "
+                               "training split now has aqua, blue, red") != std::string::npos,
+                moved.log);
+  const RunResult resumed = run_dtrain({job.string(), "--set", "run.output_dir=" + run.string(),
+                                        "--set", "train.steps=12", "--resume", "latest"},
+                                       tmp.path() / "resumed.log");
+  CHECK(resumed.rc == 2);
+  CHECK_MESSAGE(resumed.log.find("the model was trained on 3 classes, data.path's training split "
+                                 "has 3: class 0 is \"blue\" in the checkpoint, \"aqua\" in the "
+                                 "folder") != std::string::npos,
+                resumed.log);
 }
 
 TEST_CASE("image-folder: a damaged image or a wrong class count exits 2 naming it") {
@@ -60,7 +97,9 @@ TEST_CASE("image-folder: a damaged image or a wrong class count exits 2 naming i
                                         "run.output_dir=" + (tmp.path() / "c").string()},
                                        tmp.path() / "classes.log");
   CHECK(classes.rc == 2);
-  CHECK_MESSAGE(classes.log.find("model.num_classes: 1000, but") != std::string::npos, classes.log);
+  CHECK_MESSAGE(classes.log.find("model.num_classes: 1000 (the job's, or the architecture's "
+                                 "default where the job leaves it out), but") != std::string::npos,
+                classes.log);
   CHECK(classes.log.find("set model.num_classes: 3") != std::string::npos);
   const fs::path bad = tmp.path() / "images" / "train" / "red" / "img004.ppm";
   std::ofstream(bad, std::ios::binary) << "P6\n40 40\n255\nshort";
@@ -100,5 +139,5 @@ TEST_CASE("dtrain data bench times the image-folder loader per worker count") {
   const RunResult bad = run_dtrain_command(
       {"data", "bench", job.string(), "--set", "model.num_classes=7"}, tmp.path() / "bad.log");
   CHECK(bad.rc == 2);
-  CHECK(bad.log.find("model.num_classes: 7, but") != std::string::npos);
+  CHECK(bad.log.find("model.num_classes: 7 (the job's") != std::string::npos);
 }
