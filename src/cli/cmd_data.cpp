@@ -183,6 +183,7 @@ struct BenchArgs {
   std::string job;
   std::vector<std::string> overrides;
   std::vector<int> workers;  // empty: the job's data.workers
+  int world = 0;             // 0: from the launcher's environment
   int64_t batches = 20;
   std::string split = "train";
   std::string out;
@@ -194,7 +195,7 @@ struct BenchArgs {
 // up with the model, without running the model.
 int run_data_bench(const BenchArgs& args) {
   config::ValidateContext ctx;
-  ctx.world_size = world_from_env();
+  ctx.world_size = args.world > 0 ? args.world : world_from_env();
   std::vector<std::string> warnings;
   ctx.warnings = &warnings;
   // The sources keep a reference to the job and read data.workers as each feed opens.
@@ -202,6 +203,11 @@ int run_data_bench(const BenchArgs& args) {
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
   std::vector<int> workers = args.workers;
   if (workers.empty()) workers.push_back(job.data.workers);
+  if (workers.size() > 1 && job.data.dataset == DatasetName::tokens) {
+    std::fprintf(stderr,
+                 "dtrain: note: token data is read in the training thread: data.workers does "
+                 "not change its rate\n");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const auto source =
       runtime::DataSource::open(job, static_cast<uint64_t>(job.run.seed), {0, job.parallel.data});
@@ -227,7 +233,7 @@ int run_data_bench(const BenchArgs& args) {
   for (const int w : workers) {
     job.data.workers = w;
     const auto start = std::chrono::steady_clock::now();
-    const auto feed = source->feed(split, {});
+    const auto feed = source->feed(split, {}, runtime::FeedContent::all);
     int64_t samples = 0;
     for (int64_t k = 0; k < args.batches; ++k) samples += feed->next().input.shape()[0];
     const double s = seconds_since(start);
@@ -290,6 +296,10 @@ void add_data(CLI::App& app, Action& action) {
                 "loader threads to time, a comma list (default: the job's data.workers)")
       ->delimiter(',')
       ->check(CLI::Range(0, 256));
+  b->add_option("--world", bench->world,
+                "the world size the job will run at (its per-rank batch; default: the "
+                "launcher's, else 1)")
+      ->check(CLI::Range(1, 1 << 20));
   b->add_option("--batches", bench->batches, "batches per worker count (default 20)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   b->add_option("--split", bench->split, "train (augmented, as training reads it) or test")

@@ -301,9 +301,9 @@ std::string data_line(const Job& job, bool skip) {
   if (skip) return "# data: not opened (--no-data)\n";
   const auto source =
       runtime::DataSource::open(job, static_cast<uint64_t>(job.run.seed), {0, job.parallel.data});
-  const auto train = source->feed(runtime::FeedSplit::train, {});
+  const auto train = source->feed(runtime::FeedSplit::train, {}, runtime::FeedContent::all);
   runtime::steps_per_epoch(train->batches_per_epoch(), train->describe(), job);
-  source->feed(runtime::FeedSplit::eval, {});
+  source->feed(runtime::FeedSplit::eval, {}, runtime::FeedContent::all);
   return "# data: " + source->describe() + "\n";
 }
 

@@ -44,7 +44,7 @@ Field betas_field() {
 template <class Acc>
 Field range_field(std::string key, Acc acc, bool fraction, std::string example) {
   auto read = [fraction, example](const ConfigNode& n, const std::string& path) {
-    const char* what = fraction ? "in (0, 1]" : "over 0";
+    const char* what = fraction ? "in (0, 1]" : "in [0.01, 100]";
     if (n.kind != ConfigNode::Kind::list || n.items.size() != 2) {
       fail(
           n.loc, path,
@@ -56,7 +56,7 @@ Field range_field(std::string key, Acc acc, bool fraction, std::string example) 
     std::array<double, 2> r{};
     for (size_t i = 0; i < 2; ++i) {
       r[i] = read_real(n.items[i], fmt::format("{}[{}]", path, i),
-                       fraction ? kOpenFraction : kPositiveReal);
+                       fraction ? kOpenFraction : RealRange{0.01, 100, false, false});
     }
     if (r[0] > r[1]) {
       fail(n.loc, path, fmt::format("low {} is over high {}", format_real(r[0]), format_real(r[1])),

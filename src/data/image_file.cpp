@@ -42,9 +42,8 @@ std::string slurp(const fs::path& file) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// The most pixels an image may have: its float planes take 12 bytes per pixel of RGB
-// (a 64-megapixel photo, 768 MB) before it shrinks to the model's size.
-// Pillow's limit (twice its decompression-bomb warning, 89,478,485): 537 MB of RGB.
+// The most pixels an image may have: Pillow's limit (twice its decompression-bomb
+// warning, 89,478,485), 537 MB of decoded RGB, which resampling reads as it is.
 constexpr int64_t kMaxPixels = 178956970;
 
 std::string too_large(int64_t w, int64_t h) {

@@ -26,11 +26,14 @@ struct ImageFolderIndex {
   std::vector<int32_t> labels;               // by file
 };
 
-// The split's directory under root: train/, or for the test split val/ (else test/).
-// An Error (exit 2) names what is missing: the directory, a class without images, or a
-// class of the test split that training does not have.
+// The split's directory under root: train/, or for the test split val/ (else test/); an
+// Error (exit 2) when there is none.
 std::filesystem::path image_folder_split_dir(const std::filesystem::path& root, Split split);
+// The training split's class directories, sorted; an Error when there are none.
 std::vector<std::string> image_folder_classes(const std::filesystem::path& root);
+// The split's samples. An Error (exit 2) names what is wrong: a missing directory, a
+// training class without images, an evaluation class training does not have, images
+// without class directories.
 ImageFolderIndex index_image_folder(const std::filesystem::path& root, Split split);
 
 class ImageFolderDataset final : public Dataset {

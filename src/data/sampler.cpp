@@ -32,6 +32,12 @@ void epoch_order(int64_t n, uint64_t seed, int64_t epoch, Shuffle shuffle,
   }
 }
 
+std::string global_batch_phrase(int64_t batch, int world, int64_t micro_steps) {
+  return fmt::format(
+      "one global batch of {} ({} per rank x {} ranks{})", batch * world * micro_steps, batch,
+      world, micro_steps > 1 ? fmt::format(" x {} micro-batches", micro_steps) : std::string());
+}
+
 Sampler::Sampler(SamplerConfig config, DataPosition start) : config_(config) {
   const SamplerConfig& c = config_;
   DTRAIN_CHECK(c.batch > 0 && c.world > 0 && c.rank >= 0 && c.rank < c.world && c.micro_steps > 0,
@@ -40,12 +46,10 @@ Sampler::Sampler(SamplerConfig config, DataPosition start) : config_(config) {
                start.offset);
   if (c.dataset_size <= 0) throw Error("the dataset holds no samples");
   if (c.tail == Tail::drop && c.dataset_size < step_samples())
-    throw Error(fmt::format("the dataset holds {} samples{}, fewer than one global batch of {} "
-                            "({} per rank x {} ranks{}): with drop_last every batch is dropped",
+    throw Error(fmt::format("the dataset holds {} samples{}, fewer than {}: with drop_last every "
+                            "batch is dropped",
                             c.dataset_size, c.cut_by.empty() ? "" : " (cut by " + c.cut_by + ")",
-                            step_samples(), c.batch, c.world,
-                            c.micro_steps > 1 ? fmt::format(" x {} micro-batches", c.micro_steps)
-                                              : std::string()),
+                            global_batch_phrase(c.batch, c.world, c.micro_steps)),
                 fmt::format("{}lower data.global_batch, or set data.drop_last: false to wrap "
                             "around",
                             c.cut_by.empty() ? "" : "raise " + c.cut_by + ", "));

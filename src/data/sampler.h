@@ -54,6 +54,10 @@ struct BatchInfo {
   DataPosition next;  // where the batch after it starts
 };
 
+// "one global batch of 512 (16 per rank x 1 ranks x 32 micro-batches)": a step's samples
+// and how they split, for the errors about a split smaller than one.
+std::string global_batch_phrase(int64_t batch, int world, int64_t micro_steps);
+
 class Sampler {
  public:
   explicit Sampler(SamplerConfig config, DataPosition start = {});

@@ -22,12 +22,6 @@
 namespace dtrain {
 namespace {
 
-// " x N micro-batches" in a global batch's breakdown, when a step has several.
-template <class Config>
-std::string micro_steps_note(const Config& c) {
-  return c.micro_steps > 1 ? fmt::format(" x {} micro-batches", c.micro_steps) : std::string();
-}
-
 int64_t window_tokens(const TextBatchConfig& c) {
   return c.task == LmTask::causal ? c.seq_len + 1 : c.seq_len;
 }
@@ -48,9 +42,8 @@ int64_t count_windows(const TokenShard& shard, const TextBatchConfig& c) {
   const int64_t global = c.batch * c.world * c.micro_steps;
   if (c.order == TextOrder::shuffled && w < global)
     throw Error(
-        fmt::format("{}: {} tokens make {} windows of {}, fewer than one global batch of {} "
-                    "({} per rank x {} ranks{})",
-                    shard.path, n, w, c.seq_len, global, c.batch, c.world, micro_steps_note(c)),
+        fmt::format("{}: {} tokens make {} windows of {}, fewer than {}", shard.path, n, w,
+                    c.seq_len, global_batch_phrase(c.batch, c.world, c.micro_steps)),
         c.cut_by.empty()
             ? "lower data.global_batch or model.seq_len, or tokenize more text"
             : fmt::format("raise {}, or lower data.global_batch or model.seq_len", c.cut_by));
@@ -205,8 +198,7 @@ SamplerConfig classify_sampler(const LabelledText& data, const ClassifyConfig& c
   const int64_t global = c.batch * c.world * c.micro_steps;
   if (n == 0 || (train && n < global)) {
     throw Error(fmt::format("{}: {} texts, fewer than {}", data.tokens->path, n,
-                            train ? fmt::format("one global batch of {} ({} per rank x {} ranks{})",
-                                                global, c.batch, c.world, micro_steps_note(c))
+                            train ? global_batch_phrase(c.batch, c.world, c.micro_steps)
                                   : std::string("one")),
                 !c.cut_by.empty() ? fmt::format("raise {}{}", c.cut_by,
                                                 train ? ", or lower data.global_batch" : "")

@@ -69,7 +69,7 @@ class DataSource {
   // zero, for a pipeline stage after the first, which computes on what the stage before
   // sends (an image source then decodes nothing; token sources, cheap to read, ignore it).
   virtual std::unique_ptr<DataFeed> feed(FeedSplit split, DataPosition start,
-                                         FeedContent content = FeedContent::all) const = 0;
+                                         FeedContent content) const = 0;
   // Both splits and where they were read from, for the run's log.
   virtual std::string describe() const = 0;
   // The classes' names by label, where the data names them (an image folder); else empty.

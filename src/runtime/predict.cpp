@@ -26,6 +26,7 @@
 #include "models/transformer.h"
 #include "runtime/data_feed.h"
 #include "runtime/inference.h"
+#include "runtime/train_state.h"
 
 namespace dtrain::runtime {
 namespace fs = std::filesystem;
@@ -482,19 +483,14 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
                               batch, job.data.micro_batch),
                   fmt::format("leave --batch out, or --set data.micro_batch={}", batch));
     const std::unique_ptr<DataSource> source = DataSource::open(job, job.run.seed);
-    if (const std::vector<std::string> now = source->class_names();
-        !w.classes.empty() && !now.empty() && now != w.classes) {
-      throw Error(
-          fmt::format("--split test: {} was trained on classes {}, but data.path's "
-                      "training split now has {}: its labels would not be theirs",
-                      w.source,
-                      fmt::join(w.classes.begin(),
-                                w.classes.begin() + std::min<size_t>(w.classes.size(), 8), ", "),
-                      fmt::join(now.begin(), now.begin() + std::min<size_t>(now.size(), 8), ", ")),
-          "restore the class directories the run trained on (labels are their "
-          "positions in byte order)");
+    if (const std::string mismatch = class_mismatch(w.classes, source->class_names());
+        !mismatch.empty()) {
+      throw Error(fmt::format("--split test: {}: {}, so its labels would not be theirs", w.source,
+                              mismatch),
+                  "restore the class directories the run trained on (labels are their "
+                  "positions in byte order)");
     }
-    const std::unique_ptr<DataFeed> feed = source->feed(FeedSplit::eval, {});
+    const std::unique_ptr<DataFeed> feed = source->feed(FeedSplit::eval, {}, FeedContent::all);
     double loss = 0.0;
     int64_t right = 0;
     for (int64_t k = 0; k < feed->batches_per_epoch(); ++k) {

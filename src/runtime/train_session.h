@@ -184,7 +184,7 @@ class TrainSession {
   // A pipeline stage after the first computes on what the stage before sends: its feeds
   // bring the labels (and label counts) alone.
   runtime::FeedContent feed_content() const {
-    return pipeline_ && coord_.pp > 0 ? FeedContent::labels : FeedContent::all;
+    return job_.parallel.pipeline > 1 && coord_.pp > 0 ? FeedContent::labels : FeedContent::all;
   }
   void write_shard(ShardedSave save);
   void save_tensor_parts();

@@ -417,6 +417,20 @@ std::vector<std::string> class_names_in(const nlohmann::json& names, const std::
   return names.get<std::vector<std::string>>();
 }
 
+std::string class_mismatch(const std::vector<std::string>& then,
+                           const std::vector<std::string>& now) {
+  if (then.empty() || now.empty() || then == now) return {};
+  size_t k = 0;
+  while (k < then.size() && k < now.size() && then[k] == now[k]) ++k;
+  const auto name = [](const std::vector<std::string>& v, size_t i) {
+    return i < v.size() ? fmt::format("\"{}\"", v[i]) : std::string("none");
+  };
+  return fmt::format(
+      "the model was trained on {} classes, data.path's training split has {}: "
+      "class {} is {} in the checkpoint, {} in the folder",
+      then.size(), now.size(), k, name(then, k), name(now, k));
+}
+
 namespace {
 
 TrainCounters counters_of(const Checkpoint& ck) {

@@ -64,6 +64,12 @@ struct TrainCounters {
 // The class names a checkpoint's or export's metadata holds (`names`: a JSON list of
 // strings, one per class); an Error naming `where` when it is anything else.
 std::vector<std::string> class_names_in(const nlohmann::json& names, const std::string& where);
+// How an image folder's classes now (`now`) differ from those a model was trained on
+// (`then`): "the model was trained on 3 classes, data.path's training split has 3: class
+// 0 is "blue" in the checkpoint, "aqua" in the folder"; empty when they are the same or
+// either is unknown. A resume and predict --split test refuse the difference.
+std::string class_mismatch(const std::vector<std::string>& then,
+                           const std::vector<std::string>& now);
 
 // `params`: the parameters the optimizer steps (the executor's for fp32, the fp32
 // master weights of a half-precision job: same names and layout either way, so a

@@ -92,26 +92,18 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   return counters;
 }
 
-// optimizer.ema after a resume: an average the checkpoint lacks starts again from the
-// resumed weights (the constructor starts it); one the job no longer keeps is not read.
 // The classes an image folder's checkpoint was trained on against data.path's now: a
 // renamed, added or removed class directory moves the labels (positions in byte order).
 void TrainSession::check_resumed_classes(const fs::path& file) const {
-  const std::vector<std::string> now = source_->class_names();
-  const std::vector<std::string>& then = counters_.classes;
-  if (then.empty() || now.empty() || then == now) return;
-  size_t k = 0;
-  while (k < then.size() && k < now.size() && then[k] == now[k]) ++k;
-  const auto name = [](const std::vector<std::string>& v, size_t i) {
-    return i < v.size() ? fmt::format("\"{}\"", v[i]) : std::string("none");
-  };
-  throw Error(fmt::format("{}: the model was trained on {} classes, data.path's training split "
-                          "has {}: class {} is {} in the checkpoint, {} in the folder",
-                          file.string(), then.size(), now.size(), k, name(then, k), name(now, k)),
+  const std::string mismatch = class_mismatch(counters_.classes, source_->class_names());
+  if (mismatch.empty()) return;
+  throw Error(fmt::format("{}: {}", file.string(), mismatch),
               "labels are the class directories' positions in byte order: restore the "
               "directories the run trained on, or start a new run");
 }
 
+// optimizer.ema after a resume: an average the checkpoint lacks starts again from the
+// resumed weights (the constructor starts it); one the job no longer keeps is not read.
 void TrainSession::resumed_ema_note(const fs::path& file) {
   opt_->set_ema_ready(counters_.ema);
   if (opt_->has_ema() && !counters_.ema) {

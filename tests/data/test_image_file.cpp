@@ -52,7 +52,7 @@ void write_png(const fs::path& p, int w, int h, uint32_t format, const void* pix
 }
 
 void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector<uint8_t>& px,
-                const std::string& exif = {}) {
+                const std::string& exif = {}, bool adobe_marker = true) {
   jpeg_compress_struct info;
   jpeg_error_mgr err;
   info.err = jpeg_std_error(&err);
@@ -66,6 +66,7 @@ void write_jpeg(const fs::path& p, int w, int h, int channels, const std::vector
   info.in_color_space = channels == 1 ? JCS_GRAYSCALE : channels == 4 ? JCS_CMYK : JCS_RGB;
   jpeg_set_defaults(&info);
   jpeg_set_quality(&info, 100, TRUE);
+  if (!adobe_marker) info.write_Adobe_marker = FALSE;
   jpeg_start_compress(&info, TRUE);
   if (!exif.empty())
     jpeg_write_marker(&info, JPEG_APP0 + 1, reinterpret_cast<const JOCTET*>(exif.data()),
@@ -214,6 +215,9 @@ TEST_CASE("PNG, JPEG and netpbm files read back their pixels") {
   const DecodedImage k = read_image_file(dir / "cmyk.jpg");
   REQUIRE(k.channels == 3);
   REQUIRE(k.pixels.size() == smooth.size());
+  // Without an Adobe marker too (Pillow assumes Adobe's inverted values for every one).
+  write_jpeg(dir / "cmyk-plain.jpg", 16, 16, 4, cmyk, {}, false);
+  CHECK(read_image_file(dir / "cmyk-plain.jpg").pixels == k.pixels);
   worst = 0;
   for (size_t p = 0; p < 256; ++p) {
     for (int c = 0; c < 3; ++c) {

@@ -4,6 +4,7 @@
 // and sample) and the loader's batches, the same for any worker count.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -113,8 +114,17 @@ TEST_CASE("centre crops and box resizes read the pixels they should") {
       CHECK(c[static_cast<size_t>(y * 3 + x)] == doctest::Approx(sum / 255.0).epsilon(1e-6));
     }
   }
-  // center_crop 1 is the plain resize.
-  CHECK(to_model_input(img, {1, 3, 3, 2}, 1.0) == to_model_input(img, {1, 3, 3, 2}));
+  // center_crop 1: the shorter side (6) to 3, the middle 6 x 6 (x from 1) averaged 2 x 2.
+  const std::vector<float> plain = to_model_input(img, {1, 3, 3, 2}, 1.0);
+  for (int y = 0; y < 3; ++y) {
+    for (int x = 0; x < 3; ++x) {
+      double sum = 0;
+      for (int fy = 0; fy < 2; ++fy)
+        for (int fx = 0; fx < 2; ++fx)
+          sum += 0.25 * img.pixels[static_cast<size_t>((2 * y + fy) * 8 + 1 + 2 * x + fx)];
+      CHECK(plain[static_cast<size_t>(y * 3 + x)] == doctest::Approx(sum / 255.0).epsilon(1e-6));
+    }
+  }
   // A box of the output's size is copied; a box stretched on one axis only repeats along it
   // and reads nothing outside the box (bilinear clamps at its edges).
   const std::vector<float> copy = box_to_model_input(img, {1, 2, 3, 2}, {4, 3, 3, 2});
@@ -166,6 +176,15 @@ TEST_CASE("random resized crops follow torchvision's rule, drawn per seed, epoch
     moved += std::tie(a.x, a.y, a.width, a.height) != std::tie(b.x, b.y, b.width, b.height);
   }
   CHECK(moved > 45);
+  // An asymmetric ratio range: boxes wider than tall, never the other way round.
+  AugmentConfig wider = cfg;
+  wider.resized_crop = ResizedCrop{{0.2, 0.6}, {1.5, 2.0}};
+  const Augmenter w_aug({3, 16, 16, 10}, wider);
+  for (int64_t i = 0; i < 100; ++i) {
+    const ImageBox b = w_aug.crop_box(2, i, 400, 300);
+    CHECK(static_cast<double>(b.width) / b.height >= 1.5 * 0.97);
+    CHECK(static_cast<double>(b.width) / b.height <= 2.0 * 1.03);
+  }
   // Ranges no box can meet fall back to the whole image cut to the nearer ratio.
   AugmentConfig wide = cfg;
   wide.resized_crop = ResizedCrop{{1.0, 1.0}, {2.0, 2.0}};
@@ -225,4 +244,31 @@ TEST_CASE("an image folder loads the same batches with any worker count") {
   const auto* folder = dynamic_cast<const ImageFolderDataset*>(train.get());
   REQUIRE(folder != nullptr);
   CHECK(whole == to_model_input(read_image_file(folder->index().files[0]), g, 0.875));
+
+  // Labels only (a later pipeline stage's feed): the same labels, zero images, and nothing
+  // decoded, so damaged images go unread.
+  const auto labels_of = [](const Batch& b) {
+    return std::vector<int32_t>(b.labels.data<int32_t>(),
+                                b.labels.data<int32_t>() + b.labels.numel());
+  };
+  std::vector<std::vector<int32_t>> want_labels;
+  Loader decoding(train, make_loader_config(o, Split::train, 7));
+  for (int k = 0; k < 5; ++k) want_labels.push_back(labels_of(decoding.next()));
+  for (const fs::path& f : folder->index().files)
+    std::ofstream(f, std::ios::binary) << "P6\n9 9\n255\nshort";
+  LoaderConfig labels_only = make_loader_config(o, Split::train, 7);
+  labels_only.read_images = false;
+  Loader only(train, labels_only);
+  for (int k = 0; k < 5; ++k) {
+    const Batch& b = only.next();
+    CHECK(std::all_of(b.images.data<float>(), b.images.data<float>() + b.images.numel(),
+                      [](float v) { return v == 0.0f; }));
+    CHECK(labels_of(b) == want_labels[static_cast<size_t>(k)]);
+  }
+  Loader damaged(train, make_loader_config(o, Split::train, 7));
+  CHECK_THROWS_WITH_AS(
+      [&] {
+        for (int k = 0; k < 5; ++k) damaged.next();
+      }(),
+      doctest::Contains("truncated"), Error);
 }

@@ -97,6 +97,19 @@ TEST_CASE("a ResNet in 2 and 3 pipeline stages trains exactly like one rank, GPi
   }
 }
 
+// The later stage's feeds bring labels only (it decodes no image); the first stage's
+// images and the last's labels make the one-rank run.
+TEST_CASE("an image folder in 2 pipeline stages trains exactly like one rank") {
+  OneThread one;
+  TempDir tmp("pp-folder");
+  const fs::path job = write_image_folder_job(tmp.path());
+  const std::vector<std::string> micro = {"--set", "data.micro_batch=4"};  // 2 per step
+  const fs::path whole = run_job(job, tmp.path(), "one", 1, micro);
+  std::vector<std::string> extra = micro;
+  extra.insert(extra.end(), {"--set", "parallel.pipeline=2"});
+  require_same(run_job(job, tmp.path(), "pp2", 2, extra), whole);
+}
+
 TEST_CASE("a ViT with dropout, AdamW and clipping in 3 stages, and bf16 in 2: bit for bit") {
   OneThread one;
   TempDir tmp("pp-vit");
