@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -130,7 +131,7 @@ class TrainSession {
   // the model for the evaluation and back, every bit restored), else of the weights.
   EvalResult evaluate();
   EvalResult evaluate_model();
-  void exchange_average();
+  void with_average(const std::function<void(bool average)>& work);
   void log_window(double loss, double seconds, double wait, int64_t steps);
   void log_eval(const EvalResult& r);
   // logging.samples (trainer_samples.cpp): the tokenizer and the prompt, read at start-up

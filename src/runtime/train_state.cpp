@@ -590,7 +590,7 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
         if (b.name.rfind("optim.", 0) == 0) saved_names.push_back(b.name.substr(6));
       check_state_names(path, saved_names, live_names);
       for (const auto& [name, t] : live.buffers)
-        if (name != optim::kEmaBuffer || saved(name)) check_whole("optim." + name);
+        if (saved(name)) check_whole("optim." + name);  // all but an average, checked above
       check_buffers(rd);
       load_pieces(rd, "params.f32", 0, true);
       load_buffers(rd);

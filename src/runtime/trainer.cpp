@@ -698,20 +698,27 @@ void TrainSession::fail_non_finite(double loss) const {
 
 // With optimizer.ema, of the average (exchanged in and back: every bit restored).
 EvalResult TrainSession::evaluate() {
-  if (!opt_->ema_ready()) return evaluate_model();
-  exchange_average();
-  EvalResult r = evaluate_model();
-  exchange_average();
-  r.ema = true;
+  EvalResult r;
+  with_average([&](bool average) {
+    r = evaluate_model();
+    r.ema = average;
+  });
   return r;
 }
 
-// optimizer.ema's average into the model, or back (collective): a weight tied across a
-// pipeline cut follows, the later stage's copy as after a step.
-void TrainSession::exchange_average() {
-  Tensor average = opt_->ema();
-  weights_->exchange(average);
-  if (tied_) tied_->publish(ex_->params());
+// `work` on optimizer.ema's average once it exists (true), else on the weights (false).
+// The average goes into the model and back on every rank (collective): a weight tied
+// across a pipeline cut follows, the later stage's copy as after a step.
+void TrainSession::with_average(const std::function<void(bool average)>& work) {
+  const bool average = opt_->ema_ready();
+  const auto exchange = [&] {
+    Tensor ema = opt_->ema();
+    weights_->exchange(ema);
+    if (tied_) tied_->publish(ex_->params());
+  };
+  if (average) exchange();
+  work(average);
+  if (average) exchange();
 }
 
 // Mean loss (plain cross-entropy: Mode::eval, no label smoothing) and top-1 accuracy

@@ -69,10 +69,7 @@ void TrainSession::trim_samples(int64_t keep_through) const {
 // With optimizer.ema, of the average, as the evaluations (and `dtrain generate`'s
 // default) are: exchanged in for the samples and back on every rank.
 void TrainSession::log_samples() {
-  const bool average = opt_->ema_ready();
-  if (average) exchange_average();
-  draw_samples(average);
-  if (average) exchange_average();
+  with_average([this](bool average) { draw_samples(average); });
 }
 
 void TrainSession::draw_samples(bool average) {
