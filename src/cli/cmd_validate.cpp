@@ -26,6 +26,7 @@
 #include "runtime/data_feed.h"
 #include "runtime/estimate.h"
 #include "runtime/grad_compression.h"
+#include "runtime/param_groups.h"
 #include "runtime/pipeline.h"
 #include "runtime/safetensors.h"
 #include "runtime/train_state.h"
@@ -106,6 +107,17 @@ std::string memory_line(const Job& job) {
       static_cast<double>(e.peak_bytes - e.state_bytes) / 1e9, e.peak_at);
 }
 
+// optimizer.freeze and optimizer.layer_decay as the trainer will apply them (a pattern
+// that matches nothing is the trainer's exit 2, refused here the same way).
+std::string param_group_lines(const Job& job) {
+  if (job.optimizer.freeze.empty() && !job.optimizer.layer_decay) return {};
+  const models::ModelGraph m = models::build_model(job.model, 1);
+  const runtime::ParamGroups groups(job.optimizer, m.graph, job.model.arch);
+  std::string out;
+  for (const std::string& line : groups.lines()) out += "# " + line + "\n";
+  return out;
+}
+
 // The dtype policy of a half-precision job as YAML comments: which parameters are
 // in which dtype (from the graph the trainer builds), what stays f32, the master
 // weights and the loss scaler. Empty for fp32.
@@ -169,8 +181,8 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
   runtime::CompressionPlanSummary s;
   std::vector<compress::BucketPlan> all;  // every stage's, for the gather warning's ratio
   for (const std::vector<dist::Bucket>& b : per_stage) {
-    const std::vector<compress::BucketPlan> plans =
-        compress::plan_compression(job.compress, b, runtime::compression_params(layout.entries()));
+    const std::vector<compress::BucketPlan> plans = compress::plan_compression(
+        job.compress, b, runtime::compression_params(layout.entries(), job.optimizer.freeze));
     const runtime::CompressionPlanSummary one =
         runtime::summarize_plan(job.compress, plans, 0, job.parallel.data);
     s.compressed += one.compressed;
@@ -343,12 +355,14 @@ int run_validate(const ValidateArgs& args) {
                  "ranks of one machine (OMP_NUM_THREADS sizes for another count)\n",
                  threads);
   const std::string summary = model_summary_line(job.model);
+  const std::string groups = param_group_lines(job);
   // The files a run starts from, before any output: exit 2 prints none.
   const std::string data = data_line(job, args.no_data) + init_from_line(job, args.no_data);
   if (!args.no_data) runtime::check_samples_prompt(job);  // needs data.path's tokenizer
   std::fputs(config::dump_job_yaml(job).c_str(), stdout);
   std::fputs(summary.c_str(), stdout);
   if (!summary.empty()) std::fputs(memory_line(job).c_str(), stdout);
+  std::fputs(groups.c_str(), stdout);
   std::fputs(data.c_str(), stdout);
   std::fputs(precision_lines(job).c_str(), stdout);
   std::fputs(data_parallel_lines(job, ctx.world_size).c_str(), stdout);

@@ -88,6 +88,28 @@ Field pipeline_blocks_field() {
   return leaf("pipeline_blocks", AT(parallel.pipeline_blocks), read, print);
 }
 
+Field freeze_field() {
+  auto read = [](const ConfigNode& n, const std::string& path) {
+    if (n.kind != ConfigNode::Kind::list) {
+      fail(n.loc, path,
+           fmt::format("expected a list of parameter name patterns, got {}", describe(n)),
+           "e.g. freeze: [conv1, bn1, layer1, \"*.bias\"] (a module's name covers its "
+           "parameters; * matches any characters: quote a pattern that starts with it)");
+    }
+    std::vector<std::string> patterns;
+    for (size_t i = 0; i < n.items.size(); ++i) {
+      patterns.push_back(read_string(n.items[i], fmt::format("{}[{}]", path, i)));
+    }
+    return patterns;
+  };
+  auto print = [](const std::vector<std::string>& v) {
+    std::vector<std::string> quoted;
+    for (const std::string& s : v) quoted.push_back(quote_string(s));
+    return fmt::format("[{}]", fmt::join(quoted, ", "));
+  };
+  return leaf("freeze", AT(optimizer.freeze), read, print);
+}
+
 Field device_field() {
   auto read = [](const ConfigNode& n, const std::string& path) {
     const std::string s = read_string(n, path);
@@ -167,15 +189,17 @@ Field optimizer_section() {
                    real("min_lr", AT(optimizer.schedule.min_lr), kNonNegativeReal)});
   Field ema = section("ema", {real("decay", AT(optimizer.ema.decay), RealRange{0, 1, true, true}),
                               boolean("warmup", AT(optimizer.ema.warmup))});
-  return section("optimizer", {enumeration("name", AT(optimizer.name)),
-                               real("lr", AT(optimizer.lr), kPositiveReal),
-                               real("momentum", AT(optimizer.momentum), kFraction),
-                               boolean("nesterov", AT(optimizer.nesterov)), betas_field(),
-                               real("eps", AT(optimizer.eps), kPositiveReal),
-                               real("weight_decay", AT(optimizer.weight_decay), kNonNegativeReal),
-                               enumeration("no_decay", AT(optimizer.no_decay)),
-                               real("clip_grad_norm", AT(optimizer.clip_grad_norm), kPositiveReal),
-                               std::move(schedule), std::move(ema)});
+  return section(
+      "optimizer",
+      {enumeration("name", AT(optimizer.name)), real("lr", AT(optimizer.lr), kPositiveReal),
+       real("momentum", AT(optimizer.momentum), kFraction),
+       boolean("nesterov", AT(optimizer.nesterov)), betas_field(),
+       real("eps", AT(optimizer.eps), kPositiveReal),
+       real("weight_decay", AT(optimizer.weight_decay), kNonNegativeReal),
+       enumeration("no_decay", AT(optimizer.no_decay)),
+       real("clip_grad_norm", AT(optimizer.clip_grad_norm), kPositiveReal), std::move(schedule),
+       std::move(ema), freeze_field(),
+       real("layer_decay", AT(optimizer.layer_decay), RealRange{0, 1, true, false})});
 }
 
 Field train_section() {

@@ -370,8 +370,12 @@ void Executor::backward(const std::vector<std::pair<ValueId, Tensor>>& seeds, Va
   const Lifetimes& life = lifetimes(Mode::train);
   for (int i = end_ - 1; i >= begin_; --i) {
     const int seg = life.segment_of[static_cast<size_t>(i)];
-    if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i)
-      recompute(life, life.segments[static_cast<size_t>(seg)]);
+    if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i) {
+      const Segment& s = life.segments[static_cast<size_t>(seg)];
+      bool work = !prunes();
+      for (int j = s.first; j <= s.last && !work; ++j) work = works_[static_cast<size_t>(j)];
+      if (work) recompute(life, s);  // else set_frozen: nothing in it runs backward
+    }
     backward_node(i, vgrad);
   }
   // What earlier stages made: their gradients go back; nothing of the micro-batch stays
@@ -415,7 +419,9 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   const Node& n = graph_.nodes()[static_cast<size_t>(index)];
   bool reached = false;
   for (ValueId v : n.outputs) reached = reached || vgrad[static_cast<size_t>(v)].defined();
-  if (!reached) {  // the loss does not depend on this node: its contributions are zero
+  const bool pruned = reached && prunes() && !works_[static_cast<size_t>(index)];
+  if (!reached || pruned) {  // the loss does not depend on this node (or, set_frozen,
+                             // only frozen parameters do): its contributions are zero
     for (int p : n.params) {
       if (first_user_[static_cast<size_t>(p)] != index) continue;
       Tensor g = grad_view(p);
@@ -479,6 +485,8 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     }
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (!din[k].defined()) continue;
+      // set_frozen: nothing above this input trains, so its gradient goes no further.
+      if (prunes() && !needs_[static_cast<size_t>(n.inputs[k])]) continue;
       Tensor& acc = vgrad[static_cast<size_t>(n.inputs[k])];
       if (acc.defined()) {
         kernels::axpy(1.0f, din[k], acc);
@@ -495,10 +503,36 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   saved_[static_cast<size_t>(index)].clear();
   const int n_nodes = static_cast<int>(graph_.nodes().size());
   release_after(lifetimes(Mode::train), 2 * n_nodes - 1 - index);
-  if (hooks.grad_ready) {
-    for (int p : n.params)
-      if (last_user_[static_cast<size_t>(p)] == index) hooks.grad_ready(p);
+  for (int p : n.params) {
+    if (last_user_[static_cast<size_t>(p)] != index) continue;
+    if (!frozen_.empty() && frozen_[static_cast<size_t>(p)]) {
+      Tensor g = grad_view(p);
+      kernels::fill(g, 0.0f);
+    }
+    if (hooks.grad_ready) hooks.grad_ready(p);
   }
+}
+
+void Executor::set_frozen(std::vector<uint8_t> frozen) {
+  DTRAIN_CHECK(frozen.empty() || frozen.size() == params_.entries().size(),
+               "{} frozen flags for {} parameters", frozen.size(), params_.entries().size());
+  frozen_ = std::move(frozen);
+  needs_.assign(frozen_.empty() ? 0 : values_.size(), 0);
+  works_.assign(frozen_.empty() ? 0 : graph_.nodes().size(), 0);
+  if (frozen_.empty()) return;
+  for (size_t i = 0; i < graph_.nodes().size(); ++i) {  // forward order: producers first
+    const Node& n = graph_.nodes()[i];
+    bool work = false;
+    for (int p : n.params) work = work || !frozen_[static_cast<size_t>(p)];
+    for (ValueId v : n.inputs) work = work || needs_[static_cast<size_t>(v)];
+    works_[i] = work ? 1 : 0;
+    for (ValueId v : n.outputs) needs_[static_cast<size_t>(v)] = works_[i];
+  }
+}
+
+bool Executor::prunes() const {
+  return !works_.empty() && params_owned_ && begin_ == 0 &&
+         end_ == static_cast<int>(graph_.nodes().size());
 }
 
 }  // namespace dtrain::graph

@@ -8,6 +8,9 @@
 // per-chunk norms, then the update with u recomputed bit-identically from (m, v, p),
 // which costs flops but no buffer of the size of p. The trust ratios in between are
 // computed here in double from the per-chunk sums, added in chunk order.
+// A segment's lr_scale multiplies its learning rate (LAMB: lr x scale x trust ratio); a
+// frozen segment is passed over by AdamW, and LAMB steps it by 0: its zeroed gradient
+// keeps its moments 0 and its values unchanged.
 #include <cmath>
 #include <memory>
 
@@ -47,8 +50,11 @@ class AdamW final : public Optimizer {
     const Tensor m = state_buffer(0), v = state_buffer(1);
     const kernels::AdamStep base = adam_coef(options(), step_, lr, grad_scale);
     for_each_range([&](int32_t segment, int64_t at, int64_t n) {
+      const ParamSegment& seg = segments()[static_cast<size_t>(segment)];
+      if (seg.frozen) return;
       kernels::AdamStep k = base;
       k.wd = decay_of(segment);
+      if (seg.lr_scale != 1.0) k.lr = static_cast<float>(lr * seg.lr_scale);
       const Shape s{n};
       Tensor pt = param_range(p, segment, at, n), ct = copy_range(p, segment, at, n);
       Tensor mt = m.view(at, s), vt = v.view(at, s);
@@ -101,7 +107,8 @@ class Lamb final : public Optimizer {
     float* step = step_host_.data<float>();
     for (size_t c = 0; c < chunks().size(); ++c) {
       const auto seg = static_cast<size_t>(chunks()[c].segment);
-      step[c] = static_cast<float>(lr * ratio_[seg]);
+      const ParamSegment& s = segments()[seg];
+      step[c] = s.frozen ? 0.0f : static_cast<float>(lr * s.lr_scale * ratio_[seg]);
     }
     if (device().is_cuda()) kernels::copy(step_host_, step_dev_);
     kernels::lamb_update(k, ranges_, wd_, step_dev_, p, m, v);

@@ -6,8 +6,10 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/enum_names.h"
 
@@ -85,6 +87,12 @@ struct OptimizerOptions {
   std::optional<double> clip_grad_norm;  // unset: no clipping
   ScheduleOptions schedule;
   EmaOptions ema;
+  // Fine-tuning (runtime/param_groups.h): parameters matching a `freeze` pattern keep
+  // their values (their gradients are zeroed, the optimizer passes them over);
+  // `layer_decay` d scales the learning rate of layer l (0: before the first block, the
+  // embeddings; 1..L: the model's blocks; L + 1: after them, the head) by d^(L + 1 - l).
+  std::vector<std::string> freeze;
+  std::optional<double> layer_decay;  // unset: every layer at optimizer.lr
 };
 
 }  // namespace dtrain

@@ -42,7 +42,7 @@ std::vector<ParamSegment> shard_segments(const std::vector<ParamSegment>& segmen
                  "shard [{}, {}) cuts segment {} [{}, +{}); this optimizer needs whole "
                  "segments per shard",
                  begin, end, s.name, s.offset, s.size);
-    out.push_back({s.name, lo - begin, hi - lo, s.decay});
+    out.push_back({s.name, lo - begin, hi - lo, s.decay, s.lr_scale, s.frozen});
   }
   return out;
 }

@@ -19,6 +19,10 @@ struct ParamSegment {
   int64_t offset = 0;  // elements into the flat buffer
   int64_t size = 0;    // elements
   DecayMode decay = DecayMode::decay;
+  double lr_scale = 1.0;  // the learning rate's factor (optimizer.layer_decay)
+  // optimizer.freeze: the gradient arrives zeroed; SGD and AdamW pass the segment over,
+  // LAMB steps it by lr 0; its parameters, moments and average stay as they are.
+  bool frozen = false;
 };
 
 // Elements between segments (FlatStore's alignment padding) are never read or written

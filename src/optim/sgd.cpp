@@ -30,7 +30,9 @@ class Sgd final : public Optimizer {
   void update(const ParamTarget& p, const Tensor& g, double lr, float grad_scale) override {
     const Tensor buf = momentum_ == kernels::SgdMomentum::none ? Tensor() : state_buffer(0);
     for_each_range([&](int32_t segment, int64_t at, int64_t n) {
-      const kernels::SgdStep k{static_cast<float>(lr), decay_of(segment),
+      const ParamSegment& seg = segments()[static_cast<size_t>(segment)];
+      if (seg.frozen) return;  // optimizer.freeze: no update, no decay, no momentum
+      const kernels::SgdStep k{static_cast<float>(lr * seg.lr_scale), decay_of(segment),
                                static_cast<float>(options().momentum), momentum_, grad_scale};
       Tensor pt = param_range(p, segment, at, n), ct = copy_range(p, segment, at, n);
       Tensor bt = buf.defined() ? buf.view(at, Shape{n}) : Tensor();

@@ -364,8 +364,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (compressed) {
     const auto of = [&](const std::vector<dist::Bucket>& b, int64_t span) {
       StageCompression c;
-      const std::vector<compress::BucketPlan> plans =
-          compress::plan_compression(job.compress, b, compression_params(f32_entries.entries()));
+      const std::vector<compress::BucketPlan> plans = compress::plan_compression(
+          job.compress, b, compression_params(f32_entries.entries(), job.optimizer.freeze));
       const int64_t residual = compress::residual_elems(job.compress, plans);
       const int64_t q = compress::powersgd_q_elems(job.compress, plans);
       c.residual = residual > 0 ? round(static_cast<size_t>(residual) * sizeof(float)) : 0;

@@ -9,16 +9,21 @@
 #include "kernels/elementwise.h"
 #include "kernels/memory.h"
 #include "runtime/estimate.h"
+#include "runtime/param_groups.h"
 
 namespace dtrain::runtime {
 
-std::vector<compress::ParamInfo> compression_params(const std::vector<graph::FlatEntry>& layout) {
+std::vector<compress::ParamInfo> compression_params(const std::vector<graph::FlatEntry>& layout,
+                                                    const std::vector<std::string>& freeze) {
   const bool tensor_split = std::any_of(
       layout.begin(), layout.end(), [](const graph::FlatEntry& e) { return e.spec.split.split(); });
   std::vector<compress::ParamInfo> params;
   for (const graph::FlatEntry& e : layout) {
     const Shape& sh = e.spec.shape;
-    const bool compressible = sh.rank() >= 2 && (!tensor_split || e.spec.split.split());
+    const bool frozen = std::any_of(freeze.begin(), freeze.end(), [&](const std::string& p) {
+      return pattern_matches(p, e.name);
+    });
+    const bool compressible = sh.rank() >= 2 && (!tensor_split || e.spec.split.split()) && !frozen;
     params.push_back({e.offset, sh.numel(), compressible ? sh[0] : 0});
   }
   return params;
@@ -71,7 +76,7 @@ std::string gather_warning(const CompressOptions& o, const std::vector<compress:
   return note.empty() ? note : "warning: " + note;
 }
 
-GradCompression::GradCompression(const CompressOptions& o,
+GradCompression::GradCompression(const CompressOptions& o, const std::vector<std::string>& freeze,
                                  const std::vector<graph::FlatEntry>& layout,
                                  const std::vector<dist::Bucket>& buckets,
                                  dist::Communicator& grad_comm, dist::GradSync& sync,
@@ -79,7 +84,8 @@ GradCompression::GradCompression(const CompressOptions& o,
                                  Device device, std::vector<int64_t> place)
     : o_(o),
       sync_(sync),
-      compressor_(o, grad_comm, compress::plan_compression(o, buckets, compression_params(layout)),
+      compressor_(o, grad_comm,
+                  compress::plan_compression(o, buckets, compression_params(layout, freeze)),
                   layout_elems, dense_algo, seed, device),
       summary_(summarize_plan(o, compressor_.plans(), static_cast<int>(layout.size()),
                               grad_comm.size())),

@@ -19,8 +19,11 @@ namespace dtrain::runtime {
 // stays dense). In a tensor-split layout the replicated entries stay dense: a bucket's
 // top-k selection and 1-bit chunks span its tensors, and the split ones differ from
 // tensor rank to tensor rank, so compressing a replicated entry with them would make
-// its update differ too (the save's replica check stops such a run).
-std::vector<compress::ParamInfo> compression_params(const std::vector<graph::FlatEntry>& layout);
+// its update differ too (the save's replica check stops such a run). Parameters that
+// optimizer.freeze names stay dense as well: their gradients are zeros, which a 1-bit
+// chunk shared with a trained tensor would turn into +-scale (and the residual keep).
+std::vector<compress::ParamInfo> compression_params(const std::vector<graph::FlatEntry>& layout,
+                                                    const std::vector<std::string>& freeze);
 
 // "topk on 12 of 40 parameter tensors": the plan in words, and what it sends.
 struct CompressionPlanSummary {
@@ -62,8 +65,10 @@ class GradCompression {
   // `grad_comm` carries the gradients, `device` holds them.
   // `place`: the rank's place in the grid, {pipeline, data, tensor degrees, its stage,
   // data rank, tensor rank}: a checkpoint's residual is restored only where it was made
-  // (and by the same method, in the same form: the tag adds both).
-  GradCompression(const CompressOptions& o, const std::vector<graph::FlatEntry>& layout,
+  // (and by the same method, in the same form: the tag adds both). `freeze`:
+  // optimizer.freeze's patterns (compression_params).
+  GradCompression(const CompressOptions& o, const std::vector<std::string>& freeze,
+                  const std::vector<graph::FlatEntry>& layout,
                   const std::vector<dist::Bucket>& buckets, dist::Communicator& grad_comm,
                   dist::GradSync& sync, int64_t layout_elems, AllreduceAlgo dense_algo,
                   uint64_t seed, Device device, std::vector<int64_t> place);

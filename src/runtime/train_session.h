@@ -37,6 +37,7 @@
 #include "runtime/master_weights.h"
 #include "runtime/metrics.h"
 #include "runtime/monitor.h"
+#include "runtime/param_groups.h"
 #include "runtime/pipeline.h"
 #include "runtime/profiler.h"
 #include "runtime/replicas.h"
@@ -60,9 +61,10 @@ inline double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The optimizer's segments of a flat layout, each with its weight-decay mode.
+// The optimizer's segments of a flat layout, each with its weight-decay mode and its
+// learning-rate factor (0: frozen).
 std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
-                                             NoDecayGroups rule);
+                                             NoDecayGroups rule, const ParamGroups& groups);
 
 struct EvalResult {
   double loss = 0;
@@ -161,6 +163,7 @@ class TrainSession {
   std::unique_ptr<dist::Communicator> device_comm_;  // NCCL for a GPU job across ranks
   dist::Communicator* grad_comm_ = nullptr;          // gradients and buffers: device_comm_ or comm_
   models::ModelGraph model_;
+  ParamGroups groups_;  // optimizer.freeze and optimizer.layer_decay
   graph::DTypePolicy policy_;
   std::unique_ptr<graph::Executor> ex_;
   std::vector<graph::Stage> stages_;         // parallel.pipeline > 1: the stage plan

@@ -51,7 +51,7 @@ Tensor host_f32(const Tensor& t) {
 }
 
 std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
-                                             NoDecayGroups rule) {
+                                             NoDecayGroups rule, const ParamGroups& groups) {
   std::vector<optim::ParamSegment> segs;
   for (const graph::FlatEntry& e : layout) {
     const graph::ParamGroup g = e.spec.group;
@@ -61,7 +61,8 @@ std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>
                  (rule == NoDecayGroups::norm_bias_embedding && g == graph::ParamGroup::embedding);
     }
     segs.push_back({e.name, e.offset, e.spec.shape.numel(),
-                    no_decay ? optim::DecayMode::no_decay : optim::DecayMode::decay});
+                    no_decay ? optim::DecayMode::no_decay : optim::DecayMode::decay,
+                    groups.lr_scale(e.name), groups.frozen(e.name)});
   }
   return segs;
 }
@@ -79,6 +80,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   ModelOptions model = job_.model;
   model.pad_token_id = padding_token(job_);  // a BERT classifier's attention mask
   model_ = models::build_model(model, batch, policy_);
+  groups_ = ParamGroups(job_.optimizer, model_.graph, job_.model.arch);
   coord_ = dist::grid_coord(comm.rank(), dist::degrees_of(job_.parallel));
   if (job_.parallel.tensor > 1) {  // the split graph's ops reach the group once connected
     whole_layout_ = whole_f32_layout(model_.graph);
@@ -106,6 +108,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
       zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned, nodes);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
+  if (groups_.any_frozen()) ex_->set_frozen(groups_.frozen());
   ex_->set_checkpointing(blocks_per_segment(job_, model_.graph), cuts);
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
   ex_->keep(model_.targets, graph::Mode::eval);
@@ -160,7 +163,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       std::max<int64_t>(1, static_cast<int64_t>(job_.comm.bucket_mb * 1024.0 * 1024.0 / 4)));
   const Tensor grads = weights_->grads();
   std::vector<optim::ParamSegment> segments =
-      segments_of(weights_->layout(), job_.optimizer.no_decay);
+      segments_of(weights_->layout(), job_.optimizer.no_decay, groups_);
   if (shard.ranged()) {
     segments =
         optim::shard_segments(segments, shard.begin, shard.end, optim::SegmentSplit::allowed);
@@ -260,6 +263,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                     job_.optimizer.ema.warmup ? " (ramped up from the first steps)" : "",
                     samples_ ? " and samples" : ""));
   }
+  for (const std::string& line : groups_.lines()) note(line);
   if (monitor_ && !monitor_->note().empty()) note(monitor_->note());
   if (job_.model.init_from) {
     note(resumed_ ? "model.init_from: not used, the run resumed from its checkpoint" : init_note_);
@@ -462,7 +466,7 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
   const AllreduceAlgo dense =
       job_.comm.allreduce == AllreduceAlgo::auto_ ? AllreduceAlgo::ring : job_.comm.allreduce;
   compression_ = std::make_unique<GradCompression>(
-      job_.compress, weights_->layout(), buckets, *grad_comm_, *sync_,
+      job_.compress, job_.optimizer.freeze, weights_->layout(), buckets, *grad_comm_, *sync_,
       ex_->grads().buffer_elems(DType::f32), dense, counters_.seed, job_.device,
       std::vector<int64_t>{job_.parallel.pipeline, job_.parallel.data, job_.parallel.tensor,
                            coord_.pp, coord_.dp, coord_.tp});

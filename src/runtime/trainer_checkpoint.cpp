@@ -386,7 +386,7 @@ void TrainSession::save_tensor_parts() {
       a.span = hi - lo;
     }
     a.options = job_.optimizer;
-    a.segments = segments_of(whole_layout_, job_.optimizer.no_decay);
+    a.segments = segments_of(whole_layout_, job_.optimizer.no_decay, groups_);
     a.step = opt_->step_count();
     const WholeRange mine =
         assemble_range(grid_->group(dist::Axis::tensor), sh.sharded() ? &data : nullptr, state, a);

@@ -244,3 +244,61 @@ TEST_CASE("label smoothing: the smoothed loss in training, plain cross-entropy i
     CHECK(db.data<float>()[j] == doctest::Approx(g).epsilon(1e-5));
   }
 }
+
+// optimizer.freeze's executor side: a frozen parameter's gradient is zero when
+// grad_ready reports it, the others are an unfrozen run's bits, and backward skips what
+// only frozen parameters need (fc1 frozen: neither fc1 nor the activation before fc2
+// runs backward, and fc2 passes no gradient down).
+TEST_CASE("set_frozen: frozen gradients zero, the rest the same bits, their backward skipped") {
+  Mlp m;
+  Executor plain(m.g), frozen(m.g);
+  frozen.set_frozen({1, 1, 0});  // fc1.weight, fc1.bias; fc2.weight trains
+  std::vector<std::pair<int, Phase>> ops;
+  std::vector<int> ready;
+  frozen.hooks.pre_op = [&](int node, Phase p) { ops.emplace_back(node, p); };
+  frozen.hooks.grad_ready = [&](int param) {
+    ready.push_back(param);
+    const Tensor g = frozen.grad_view(param);
+    if (param < 2) {
+      for (int64_t i = 0; i < g.numel(); ++i) CHECK(g.data<float>()[i] == 0.0f);
+    }
+  };
+  for (Executor* ex : {&plain, &frozen}) {
+    ex->initialize(9);
+    feed(*ex, m);
+    std::memset(ex->grads().flat(DType::f32).raw(), 0x7f, ex->grads().flat(DType::f32).nbytes());
+    ex->forward(Mode::train);
+    ex->backward(m.loss);
+  }
+  const std::vector<std::pair<int, Phase>> want_ops = {{0, Phase::forward},  {1, Phase::forward},
+                                                       {2, Phase::forward},  {3, Phase::forward},
+                                                       {3, Phase::backward}, {2, Phase::backward}};
+  CHECK(ops == want_ops);
+  CHECK(ready == std::vector<int>{2, 0, 1});
+  const Tensor a = plain.grads().view("fc2.weight"), b = frozen.grads().view("fc2.weight");
+  CHECK(std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+  for (const char* name : {"fc1.weight", "fc1.bias"}) {
+    CAPTURE(name);
+    const Tensor g = frozen.grads().view(name);
+    CHECK(
+        std::all_of(g.data<float>(), g.data<float>() + g.numel(), [](float x) { return x == 0; }));
+    const Tensor p = plain.grads().view(name);
+    CHECK_FALSE(
+        std::all_of(p.data<float>(), p.data<float>() + p.numel(), [](float x) { return x == 0; }));
+  }
+  // Freezing fc2 instead: fc1 still needs the gradient through it, so nothing is skipped.
+  Executor tail(m.g);
+  tail.set_frozen({0, 0, 1});
+  ops.clear();
+  tail.hooks.pre_op = [&](int node, Phase p) { ops.emplace_back(node, p); };
+  tail.initialize(9);
+  feed(tail, m);
+  tail.forward(Mode::train);
+  tail.backward(m.loss);
+  CHECK(ops.size() == 8);
+  const Tensor w1 = plain.grads().view("fc1.weight"), t1 = tail.grads().view("fc1.weight");
+  CHECK(std::memcmp(w1.raw(), t1.raw(), w1.nbytes()) == 0);
+  const Tensor w2 = tail.grads().view("fc2.weight");
+  CHECK(
+      std::all_of(w2.data<float>(), w2.data<float>() + w2.numel(), [](float x) { return x == 0; }));
+}

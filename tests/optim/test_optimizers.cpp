@@ -3,6 +3,7 @@
 // trust-ratio corner cases. Determinism and state round trips are test_state.cpp.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "optim/optimizer.h"
@@ -162,4 +163,50 @@ TEST_CASE("make_optimizer rejects options a job file could not have produced") {
       make_optimizer(options_for(OptimizerName::sgd),
                      {{"w", 0, 10, DecayMode::decay}, {"v", 5, 10, DecayMode::decay}}, 20),
       InternalError);
+}
+
+// optimizer.layer_decay and optimizer.freeze reach the optimizer as each segment's
+// lr_scale: a scaled segment steps as an optimizer of that segment alone at lr x scale,
+// bit for bit (LAMB's trust ratio included), and a frozen one (scale 0, its gradient
+// zeroed by the executor) keeps its values, zero state and an average equal to them.
+TEST_CASE("segment lr_scale: lr x scale bit for bit, scale 0 leaves the segment untouched") {
+  for (const OptimizerName name : {OptimizerName::sgd, OptimizerName::adamw, OptimizerName::lamb}) {
+    CAPTURE(to_string(name));
+    OptimizerOptions o = options_for(name);
+    o.ema.decay = 0.9;
+    std::vector<ParamSegment> segs = layout();
+    segs[0].lr_scale = 0.25;  // w
+    segs[2].frozen = true;    // big
+    auto opt = make_optimizer(o, segs, kTotal);
+    std::vector<float> p = pattern(kTotal, 1);
+    const std::vector<float> p0 = p;
+    // The references: w alone at lr / 4, b alone at lr (no_decay, scale 1).
+    auto ref_w = make_optimizer(o, {{"w", 0, 300, DecayMode::decay}}, 300);
+    auto ref_b = make_optimizer(o, {{"b", 0, 17, DecayMode::no_decay}}, 17);
+    std::vector<float> w(p.begin(), p.begin() + 300), b(p.begin() + 320, p.begin() + 337);
+    Tensor pt = as_tensor(p), wt = as_tensor(w), bt = as_tensor(b);
+    for (int s = 0; s < 3; ++s) {
+      std::vector<float> g = pattern(kTotal, 100 + s);
+      std::fill(g.begin() + 352, g.begin() + 9352, 0.0f);
+      std::vector<float> gw(g.begin(), g.begin() + 300), gb(g.begin() + 320, g.begin() + 337);
+      const double lr = 0.05 * (1.0 + 0.1 * s);
+      opt->step(pt, as_tensor(g), lr);
+      ref_w->step(wt, as_tensor(gw), lr * 0.25);
+      ref_b->step(bt, as_tensor(gb), lr);
+    }
+    CHECK(same_bits(p.data(), w.data(), 300));
+    CHECK(same_bits(p.data() + 320, b.data(), 17));
+    CHECK_FALSE(same_bits(p.data(), p0.data(), 300));
+    CHECK(same_bits(p.data() + 352, p0.data() + 352, 9000));  // frozen
+    const OptimizerState st = opt->state();
+    for (const auto& [buffer, t] : st.buffers) {
+      CAPTURE(buffer);
+      const float* v = t.data<float>() + 352;
+      if (buffer == kEmaBuffer) {
+        CHECK(same_bits(v, p0.data() + 352, 9000));
+      } else {
+        CHECK(std::all_of(v, v + 9000, [](float x) { return x == 0.0f; }));
+      }
+    }
+  }
 }

@@ -61,6 +61,10 @@ fs::path write_job(const fs::path& dir, const std::string& run = "run");
 // ResNet-18 on it at 24 x 24 for 8 steps, evaluating and saving at steps 4 and 8.
 fs::path write_image_folder_job(const fs::path& dir);
 
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 // One train line of metrics.jsonl.
 struct StepLoss {
   int64_t step = 0;

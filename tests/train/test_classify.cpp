@@ -15,13 +15,7 @@
 
 using namespace dtrain::train_test;
 
-namespace {
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("a BERT classifier learns questions from statements, and resumes bit for bit") {
   TempDir tmp("classify");

@@ -17,10 +17,6 @@ namespace {
 
 constexpr int kExitBadInput = 2;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // A finished 12-step run with checkpoints at steps 4, 8 and 12.
 struct SavedRun {
   TempDir tmp;

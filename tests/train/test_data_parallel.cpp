@@ -279,6 +279,58 @@ TEST_CASE("ZeRO-1, 2 and 3 on 2 ranks train exactly like plain data parallelism 
   }
 }
 
+// optimizer.freeze and optimizer.layer_decay in the data-parallel layouts: a frozen
+// gradient is zeroed before its bucket leaves (ZeRO-2 reduces buckets to their owners
+// as backward runs), and each shard's segments keep their factors (LAMB's trust ratio
+// over a tensor a shard boundary cuts included). GPT-2's frozen word embedding is its
+// output layer too.
+TEST_CASE("freeze and layer_decay: 2 ranks and ZeRO-1/2/3 train exactly like 1 rank x 2") {
+  OneThread one;
+  TempDir tmp("finetune_dp");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"adamw", {"0", "2", "3"}}, {"lamb", {"1"}}};
+  for (const auto& [optimizer, stages] : cases) {
+    CAPTURE(optimizer);
+    const std::vector<std::string> extra = {
+        "--set", "optimizer.freeze=[transformer.word_embeddings, \"*.ln_1\"]",
+        "--set", "optimizer.layer_decay=0.7",
+        "--set", "optimizer.clip_grad_norm=0.5",
+        "--set", "optimizer.name=" + optimizer};
+    const fs::path one_rank = train(job, tmp.path(), optimizer + "-1x2", {}, extra);
+    for (const std::string& stage : stages) {
+      CAPTURE(stage);
+      std::vector<std::string> zero = extra;
+      zero.insert(zero.end(), {"--set", "parallel.zero_stage=" + stage});
+      require_same(one_rank,
+                   train(job, tmp.path(), optimizer + "-zero" + stage, {2, "ring"}, zero));
+    }
+  }
+  // The stem and the first two stages of a ResNet frozen: the one rank skips their
+  // backward (and, checkpointing blocks, their recompute); ZeRO-3 runs all of it (its
+  // gathers follow a fixed schedule) with zeroed gradients: the same bits.
+  const fs::path resnet = write_job(tmp.path(), "resnet");
+  const std::vector<std::string> extra = {
+      "--set", "data.micro_batch=16",      "--set", "train.steps=4",
+      "--set", "comm.bucket_mb=0.02",      "--set", "optimizer.freeze=[conv1, bn1, layer1, layer2]",
+      "--set", "optimizer.layer_decay=0.8"};
+  std::vector<std::string> pruned = extra, full = extra;
+  pruned.insert(pruned.end(), {"--set", "memory.checkpointing=block"});
+  full.insert(full.end(), {"--set", "parallel.zero_stage=3"});
+  require_same(train(resnet, tmp.path(), "resnet-1x2", {}, pruned),
+               train(resnet, tmp.path(), "resnet-zero3", {2, "ring"}, full));
+  // Frozen gradients stay out of compression (a 1-bit chunk would turn their zeros into
+  // +-scale): GPT-2's word embedding goes dense.
+  for (const std::string& freeze : {"[]", "[transformer.word_embeddings]"}) {
+    const std::string name = freeze == "[]" ? "onebit" : "onebit-frozen";
+    train(job, tmp.path(), name, {2, "ring"},
+          {"--set", "compress.method=onebit", "--set", "optimizer.freeze=" + freeze});
+    const std::string log = read_bytes(tmp.path() / (name + ".log"));
+    CHECK_MESSAGE(contains(log, freeze == "[]" ? "onebit on 5 of 16 " : "onebit on 4 of 16 "), log);
+  }
+}
+
 // ZeRO-Offload: ZeRO-1, 2 and 3 with memory.offload.optimizer (this rank's masters,
 // optimizer state and gradient range in host memory, stepped there). A GPU feature run
 // here through DTRAIN_TEST_OFFLOAD_ON_CPU (validation refuses it on the CPU otherwise):

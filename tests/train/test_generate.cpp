@@ -30,10 +30,6 @@ constexpr int kExitBadInput = 2;
 constexpr int64_t kContext = kGptContext;  // model.seq_len of the jobs here
 constexpr int kHeads = kGptHeads;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // ---- the sampler -----------------------------------------------------------------
 
 std::vector<int32_t> all_ids(int n) {

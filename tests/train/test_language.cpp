@@ -21,10 +21,6 @@ constexpr int kExitBadInput = 2;
 constexpr int64_t kSeqLen = 16;  // T of every job here
 constexpr int64_t kBatch = 4;    // micro batch of every job here
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // ---- jobs and metrics --------------------------------------------------------
 
 // A one-layer, width-32 transformer of `arch` (gpt2-tiny or bert-tiny shrunk)

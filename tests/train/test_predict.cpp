@@ -25,10 +25,6 @@ namespace {
 
 constexpr int kExitBadInput = 2;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 RunResult predict(const fs::path& tmp, const std::string& log,
                   const std::vector<std::string>& args) {
   std::vector<std::string> all = {"predict"};

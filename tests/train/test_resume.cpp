@@ -110,9 +110,6 @@ TEST_CASE("the same job gives the same bits and another seed does not") {
 // checkpoint past it is refused; a longer job continues it.
 TEST_CASE("a run directory that holds a run: a fresh start is refused, a finished run stays") {
   constexpr int kExitBadInput = 2;
-  const auto contains = [](const std::string& text, const std::string& part) {
-    return text.find(part) != std::string::npos;
-  };
   TempDir tmp("rerun");
   const fs::path job = write_job(tmp.path(), "run");
   const fs::path out = tmp.path() / "run";

@@ -1,0 +1,67 @@
+// Fine-tuning controls: each parameter's learning-rate factor from optimizer.freeze and
+// optimizer.layer_decay, decided from the model's graph once, before the first step.
+//
+// A freeze pattern matches a parameter's name ("layer1.0.conv1.weight", as `dtrain
+// ckpt inspect` lists them: torchvision's for ResNet) or one of its modules' (the
+// name cut at a dot: "layer1", "layer1.0"), whole, with `*` for any run of characters
+// (dots included) and `?` for one. A frozen parameter keeps its value bit for bit: its
+// gradient is zeroed as backward finishes it (graph::Executor::set_frozen), so the
+// gradient norm, clipping, the overflow check and compression do not see it, as
+// PyTorch's requires_grad_(False) leaves it out, and the optimizer passes it over (no
+// update and no weight decay). Its buffers (batch-norm running statistics) still update
+// in training mode, as PyTorch's do. Backward skips what only frozen parameters need
+// (graph::Executor::set_frozen), but a frozen gradient behind a trained layer is still
+// computed, its zeros exchanged, and its optimizer state held (`dtrain estimate` counts
+// all of it, as for a trained parameter).
+//
+// Layer decay (BEiT's and timm's rule): layer 0 holds what the model uses before its
+// first block (patch or word embeddings, a ResNet's stem), layers 1..L its blocks
+// (graph::Node::block, the blocks activation checkpointing recomputes), layer L + 1
+// what comes after (the final norm and the head); a parameter belongs to the layer of
+// its first use, so GPT-2's output layer, tied to the word embedding, is layer 0.
+// Layer l's learning rate is optimizer.lr x d^(L + 1 - l), schedule included.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "graph/graph.h"
+#include "optim/options.h"
+
+namespace dtrain::runtime {
+
+bool pattern_matches(std::string_view pattern, std::string_view name);
+
+class ParamGroups {
+ public:
+  ParamGroups() = default;  // every parameter at factor 1
+  // Throws Error (exit 2) naming optimizer.freeze[i] when a pattern matches no
+  // parameter, or when every parameter would be frozen.
+  ParamGroups(const OptimizerOptions& options, const graph::Graph& graph, const std::string& arch);
+
+  // The named parameter's learning-rate factor (1 without layer_decay), and whether
+  // optimizer.freeze names it (false for a name not in the graph).
+  double lr_scale(const std::string& name) const;
+  bool frozen(const std::string& name) const;
+  // Per graph parameter (param_layout() order): 1 where frozen.
+  const std::vector<uint8_t>& frozen() const { return frozen_; }
+  bool any_frozen() const { return frozen_count_ > 0; }
+  // What the run's log and `dtrain validate` say of the settings in use (none: empty).
+  const std::vector<std::string>& lines() const { return lines_; }
+
+ private:
+  std::unordered_map<std::string, double> scale_;  // frozen: 0
+  std::unordered_set<std::string> frozen_names_;
+  std::vector<uint8_t> frozen_;
+  int frozen_count_ = 0;
+  std::vector<std::string> lines_;
+};
+
+// Layer of each graph parameter (param_layout() order) as layer decay counts them:
+// 0 before the first block, b + 1 in block b, num_blocks() + 1 after the last.
+std::vector<int> param_layers(const graph::Graph& graph);
+
+}  // namespace dtrain::runtime

@@ -1,0 +1,173 @@
+// optimizer.freeze and optimizer.layer_decay end to end, on the tiny ResNet-18 of the
+// trainer's tests (8 blocks: the stem is layer 0, block b layer b + 1, the head layer 9):
+// a fine-tune started from a run's export (model.init_from) with the stem and the first
+// three stages frozen ends with those tensors bit for bit as exported while the rest
+// trains, batch-norm statistics included; layer decay scales each layer's first update
+// by decay^(9 - layer) and leaves the head's alone; bad patterns exit 2 naming the key.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "runtime/checkpoint.h"
+#include "runtime/param_groups.h"
+#include "runtime/safetensors.h"
+#include "runtime/train_state.h"
+
+using namespace dtrain::train_test;
+namespace runtime = dtrain::runtime;
+using dtrain::Tensor;
+
+namespace {
+
+// The model tensors (parameters and buffers, f32, by name) of a run's newest checkpoint.
+std::map<std::string, Tensor> model_tensors(const fs::path& run) {
+  const runtime::Checkpoint ck = runtime::read_checkpoint(newest_checkpoint(run / "checkpoints"));
+  std::map<std::string, Tensor> out;
+  for (runtime::NamedTensor& t : runtime::checkpoint_model_tensors(ck))
+    out.emplace(t.name, std::move(t.tensor));
+  return out;
+}
+
+std::map<std::string, Tensor> safetensors_of(const fs::path& file) {
+  std::map<std::string, Tensor> out;
+  for (runtime::NamedTensor& t : runtime::read_safetensors(file).tensors)
+    out.emplace(t.name, std::move(t.tensor));
+  return out;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// sum |a - b| over a tensor.
+double distance(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.numel() == b.numel());
+  double s = 0;
+  for (int64_t i = 0; i < a.numel(); ++i)
+    s += std::fabs(static_cast<double>(a.data<float>()[i]) - b.data<float>()[i]);
+  return s;
+}
+
+// The trainer's tests' job trained `steps` steps at <dir>/base, exported to
+// <dir>/base.safetensors: the weights a fine-tune starts from.
+fs::path base_export(const fs::path& dir, int steps) {
+  const fs::path job = write_job(dir, "base");
+  RunResult r =
+      run_dtrain({job.string(), "--set", "train.steps=" + std::to_string(steps)}, dir / "base.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const fs::path exported = dir / "base.safetensors";
+  r = run_dtrain_command(
+      {"ckpt", "export", (dir / "base").string(), "--safetensors", exported.string()},
+      dir / "export.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  return exported;
+}
+
+}  // namespace
+
+TEST_CASE("freeze: patterns match a name or a module, * any characters") {
+  CHECK(runtime::pattern_matches("layer1", "layer1.0.conv1.weight"));
+  CHECK(runtime::pattern_matches("layer1.0", "layer1.0.conv1.weight"));
+  CHECK_FALSE(runtime::pattern_matches("layer1.0", "layer1.01.conv1.weight"));
+  CHECK_FALSE(runtime::pattern_matches("layer", "layer1.0.conv1.weight"));
+  CHECK(runtime::pattern_matches("layer1.0.conv1.weight", "layer1.0.conv1.weight"));
+  CHECK(runtime::pattern_matches("*.bn?", "layer1.0.bn2.bias"));
+  CHECK(runtime::pattern_matches("*embed*", "embeddings.word_embeddings.weight"));
+  CHECK(runtime::pattern_matches("encoder.layer.*.attention", "encoder.layer.3.attention.q.w"));
+  CHECK_FALSE(runtime::pattern_matches("encoder.layer.1", "encoder.layer.10.output.dense.bias"));
+  CHECK_FALSE(runtime::pattern_matches("*.bias", "fc.weight"));
+}
+
+TEST_CASE("freeze: a fine-tune from an export keeps the frozen tensors bit for bit") {
+  TempDir tmp("freeze");
+  const fs::path exported = base_export(tmp.path(), 8);
+
+  const fs::path tuned = write_job(tmp.path(), "tuned");
+  RunResult r =
+      run_dtrain({tuned.string(), "--set", "model.init_from=" + exported.string(), "--set",
+                  "optimizer.freeze=[conv1, bn1, layer1, layer2, \"layer3.*\"]", "--set",
+                  "optimizer.weight_decay=0.05", "--set", "logging.console=true"},
+                 tmp.path() / "tuned.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(contains(r.log, "optimizer.freeze: 45 of 62 tensors frozen"), r.log);
+
+  const auto start = safetensors_of(exported);
+  const auto end = model_tensors(tmp.path() / "tuned");
+  int frozen = 0, trained = 0;
+  for (const auto& [name, t] : end) {
+    CAPTURE(name);
+    REQUIRE(start.count(name) == 1);
+    const bool buffer =
+        name.find("running_") != std::string::npos || name.find("num_batches") != std::string::npos;
+    const bool in_frozen = name.rfind("layer4", 0) != 0 && name.rfind("fc", 0) != 0;
+    if (buffer) {  // batch-norm statistics update in training mode, frozen or not
+      if (name.find("running_mean") != std::string::npos)
+        CHECK_FALSE(same_bytes(t, start.at(name)));
+    } else if (in_frozen) {
+      CHECK(same_bytes(t, start.at(name)));
+      ++frozen;
+    } else {
+      CHECK_FALSE(same_bytes(t, start.at(name)));
+      ++trained;
+    }
+  }
+  CHECK(frozen == 45);
+  CHECK(trained == 17);
+
+  // dtrain validate says the same, and refuses what train refuses.
+  r = run_dtrain_command({"validate", tuned.string(), "--no-data", "--set",
+                          "optimizer.freeze=[conv1, bn1, layer1, layer2, \"layer3.*\"]"},
+                         tmp.path() / "validate.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(contains(r.log, "# optimizer.freeze: 45 of 62 tensors frozen"), r.log);
+  for (const auto& [value, message] : std::vector<std::pair<std::string, std::string>>{
+           {"[layer1, layer5]", "optimizer.freeze[1]: \"layer5\" matches no parameter of resnet18"},
+           {"[\"*\"]", "optimizer.freeze: the patterns cover every parameter of resnet18"},
+           {"layer1", "optimizer.freeze: expected a list of parameter name patterns"},
+           {"[\"\"]", "optimizer.freeze[0]: expected a non-empty string"}}) {
+    for (const std::string command : {"train", "validate"}) {
+      CAPTURE(command);
+      const std::vector<std::string> args = {command, tuned.string(), "--set",
+                                             "optimizer.freeze=" + value};
+      r = run_dtrain_command(args, tmp.path() / "refused.log");
+      CHECK_MESSAGE(r.rc == 2, r.describe());
+      CHECK_MESSAGE(contains(r.log, message), r.log);
+    }
+  }
+}
+
+TEST_CASE("layer_decay: each layer's first update scaled by decay^(9 - layer), the head's alone") {
+  TempDir tmp("layer_decay");
+  const fs::path exported = base_export(tmp.path(), 2);
+  RunResult r;
+  const auto start = safetensors_of(exported);
+  // One SGD step from the same weights on the same batch: the same gradient, so each
+  // tensor's step differs by its factor alone (momentum's buffer is the gradient then).
+  std::map<std::string, std::map<std::string, Tensor>> after;
+  for (const char* decay : {"null", "0.9"}) {
+    const fs::path job = write_job(tmp.path(), std::string("decay-") + decay);
+    r = run_dtrain(
+        {job.string(), "--set", "model.init_from=" + exported.string(), "--set", "train.steps=1",
+         "--set", std::string("optimizer.layer_decay=") + decay, "--set", "logging.console=true"},
+        tmp.path() / (std::string("decay-") + decay + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    if (std::string(decay) != "null")
+      CHECK_MESSAGE(contains(r.log, "optimizer.layer_decay: 0.9 over 10 layers"), r.log);
+    after[decay] = model_tensors(tmp.path() / (std::string("decay-") + decay));
+  }
+  const std::vector<std::pair<std::string, int>> layers = {
+      {"conv1.weight", 0},          {"layer1.0.conv1.weight", 1}, {"layer2.1.conv2.weight", 4},
+      {"layer4.0.conv1.weight", 7}, {"layer4.1.bn2.weight", 8},   {"fc.weight", 9}};
+  for (const auto& [name, layer] : layers) {
+    CAPTURE(name);
+    const double plain = distance(after["null"].at(name), start.at(name));
+    const double decayed = distance(after["0.9"].at(name), start.at(name));
+    REQUIRE(plain > 0);
+    CHECK(decayed / plain == doctest::Approx(std::pow(0.9, 9 - layer)).epsilon(0.01));
+  }
+  CHECK(same_bytes(after["null"].at("fc.weight"), after["0.9"].at("fc.weight")));
+}
