@@ -15,6 +15,7 @@
 #include "config/config.h"
 #include "models/registry.h"
 #include "runtime/estimate.h"
+#include "runtime/param_groups.h"
 
 namespace dtrain::cli {
 namespace {
@@ -101,6 +102,10 @@ int run_estimate(const EstimateArgs& args) {
     throw Error(fmt::format("model.arch: {} has no graph builder yet, so nothing to estimate",
                             job.model.arch),
                 "pick an architecture `dtrain train` can build");
+  }
+  if (!job.optimizer.freeze.empty() || job.optimizer.layer_decay) {  // train's refusals too
+    const models::ModelGraph m = models::build_model(job.model, 1);
+    runtime::ParamGroups(job.optimizer, m.graph, job.model.arch);
   }
   runtime::EstimateOptions options;
   options.step_time = true;  // only here: on the CPU it measures the host's peaks first

@@ -90,6 +90,7 @@ Field pipeline_blocks_field() {
 
 Field freeze_field() {
   auto read = [](const ConfigNode& n, const std::string& path) {
+    if (n.kind == ConfigNode::Kind::null) return std::vector<std::string>{};  // `freeze:`
     if (n.kind != ConfigNode::Kind::list) {
       fail(n.loc, path,
            fmt::format("expected a list of parameter name patterns, got {}", describe(n)),

@@ -385,8 +385,12 @@ ConfigNode parse_yaml(std::string_view text, std::string_view origin, bool posit
                               where(e.mark), e.msg, line),
                   "YAML indents with spaces only: replace the tab with spaces");
     }
+    const bool alias =
+        e.msg.find("alias") != std::string::npos || e.msg.find("anchor") != std::string::npos;
     throw Error(fmt::format("{}: YAML syntax error: {}", where(e.mark), e.msg),
-                "check the indentation, colons and brackets around that position");
+                alias ? "an unquoted * starts a YAML alias: quote a value that begins with * "
+                        "(freeze: [\"*.bias\"])"
+                      : "check the indentation, colons and brackets around that position");
   } catch (const YAML::Exception& e) {
     throw Error(fmt::format("{}: cannot read the YAML: {}", where(e.mark), e.msg));
   }

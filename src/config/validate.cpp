@@ -128,6 +128,11 @@ void check_optimizer(const Checker& c) {
     c.warn("optimizer.ema.warmup",
            "false has no effect without optimizer.ema.decay: no average of the weights is kept");
   }
+  if (!o.freeze.empty() && !c.job.model.init_from) {
+    c.warn("optimizer.freeze",
+           "without model.init_from the frozen parameters stay at their random initialisation "
+           "(unless the run resumes a checkpoint that trained them)");
+  }
   if (o.nesterov && o.name != OptimizerName::sgd) {
     c.error("optimizer.nesterov",
             fmt::format("Nesterov momentum is an sgd option, not {}", to_string(o.name)));

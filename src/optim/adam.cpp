@@ -52,7 +52,8 @@ class AdamW final : public Optimizer {
     for_each_range([&](int32_t segment, int64_t at, int64_t n) {
       const ParamSegment& seg = segments()[static_cast<size_t>(segment)];
       if (seg.frozen) return;
-      kernels::AdamStep k = base;
+      const int64_t t = steps_of(segment);
+      kernels::AdamStep k = t == step_ ? base : adam_coef(options(), t, lr, grad_scale);
       k.wd = decay_of(segment);
       if (seg.lr_scale != 1.0) k.lr = static_cast<float>(lr * seg.lr_scale);
       const Shape s{n};

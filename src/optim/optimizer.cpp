@@ -112,6 +112,8 @@ void Optimizer::step(const ParamTarget& target, const Tensor& grads, double lr, 
     check_per_segment(target.views, "views");
   }
   ++step_;
+  for (size_t s = 0; s < frozen_steps_.size(); ++s)
+    if (segments_[s].frozen) ++frozen_steps_[s];
   if (!has_ema()) {
     update(target, grads, lr, grad_scale);
     return;
@@ -151,6 +153,17 @@ void Optimizer::for_each_range(const std::function<void(int32_t, int64_t, int64_
       fn(ch.segment, ch.begin, ch.end - ch.begin);
     }
   });
+}
+
+void Optimizer::set_frozen_steps(const std::map<std::string, int64_t>& by_name) {
+  frozen_steps_.assign(segments_.size(), 0);
+  bool any = false;
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const auto it = by_name.find(segments_[s].name);
+    if (it != by_name.end()) frozen_steps_[s] = std::clamp<int64_t>(it->second, 0, step_);
+    any = any || frozen_steps_[s] > 0 || segments_[s].frozen;
+  }
+  if (!any) frozen_steps_.clear();
 }
 
 OptimizerState Optimizer::state() const { return {step_, buffers_}; }

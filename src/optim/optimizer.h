@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -69,6 +70,14 @@ class Optimizer {
   virtual void set_segment_sums(SegmentSums combine) { (void)combine; }
 
   int64_t step_count() const { return step_; }
+  // optimizer.freeze: the steps each tensor was frozen for, by name (absent: 0), as the
+  // trainer's checkpoints keep them; each frozen segment's count grows by one per step
+  // from here on. AdamW's bias correction of a segment counts the steps it was stepped,
+  // step_count() less these (PyTorch's per-parameter step), so a tensor unfrozen at a
+  // resume starts as a fresh parameter does, at about lr per element, not at
+  // (1 - b1) / sqrt(1 - b2) times it. LAMB keeps the one count (its kernel takes one
+  // bias correction for every chunk).
+  void set_frozen_steps(const std::map<std::string, int64_t>& by_name);
   // optimizer.ema: the average's buffer (the last state buffer, "ema": f32 [total_elems],
   // in the parameters' layout), or undefined without one. Ready: it holds an average.
   // False at construction; start_ema() or a step sets it, load_state() too (the caller
@@ -116,6 +125,11 @@ class Optimizer {
   // whole segments, one after another (each a kernel launch over the whole segment).
   void for_each_range(const std::function<void(int32_t, int64_t, int64_t)>& fn) const;
   int64_t step_ = 0;
+  // Per segment: the steps it was frozen for (set_frozen_steps; empty: none).
+  std::vector<int64_t> frozen_steps_;
+  int64_t steps_of(int32_t segment) const {  // the steps this segment was stepped, this one in
+    return frozen_steps_.empty() ? step_ : step_ - frozen_steps_[static_cast<size_t>(segment)];
+  }
 
  private:
   OptimizerOptions options_;

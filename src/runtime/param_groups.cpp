@@ -1,10 +1,12 @@
 // optimizer.freeze and optimizer.layer_decay: see param_groups.h.
 #include "runtime/param_groups.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
 #include "core/error.h"
+#include "runtime/export_names.h"
 
 namespace dtrain::runtime {
 namespace {
@@ -89,11 +91,44 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
   frozen_.assign(layout.size(), 0);
   int64_t frozen_elems = 0, all_elems = 0;
   std::vector<std::string> per_pattern;
+  // Each parameter's names in the reference implementation (runtime/export_names.h),
+  // which a pattern may use too; none for a model without an export plan.
+  std::vector<std::vector<std::string>> exported(layout.size());
+  if (!options.freeze.empty()) {
+    try {
+      for (const ExportTensor& t : export_plan(family_of(arch), layout, graph.buffer_layout()))
+        if (t.store == StoreKind::params && t.entry >= 0)
+          exported[static_cast<size_t>(t.entry)].push_back(t.name);
+    } catch (const Error&) {
+      // dtrain's own names alone
+    }
+  }
+  // A reference name is covered when any pattern matches it; a tensor holding several
+  // must have all of them covered, or none.
+  const auto matches_any = [&](const std::string& name) {
+    return std::any_of(options.freeze.begin(), options.freeze.end(),
+                       [&](const std::string& pattern) { return pattern_matches(pattern, name); });
+  };
+  std::vector<uint8_t> whole(layout.size(), 0);  // every exported name of it covered
+  for (size_t p = 0; p < layout.size(); ++p) {
+    std::vector<std::string> in, out;
+    for (const std::string& n : exported[p]) (matches_any(n) ? in : out).push_back(n);
+    if (!in.empty() && !out.empty()) {
+      throw Error(fmt::format("optimizer.freeze: the patterns match {} but not {}, which dtrain "
+                              "holds in one tensor with it ({})",
+                              fmt::join(in, ", "), fmt::join(out, ", "), layout[p].name),
+                  "freeze the whole tensor: cover them all, or name " + layout[p].name);
+    }
+    whole[p] = !in.empty() ? 1 : 0;
+  }
   for (size_t i = 0; i < options.freeze.size(); ++i) {
     const std::string& pattern = options.freeze[i];
     int hits = 0;
     for (size_t p = 0; p < layout.size(); ++p) {
-      if (!pattern_matches(pattern, layout[p].name)) continue;
+      bool hit = pattern_matches(pattern, layout[p].name);
+      for (size_t k = 0; !hit && whole[p] && k < exported[p].size(); ++k)
+        hit = pattern_matches(pattern, exported[p][k]);
+      if (!hit) continue;
       ++hits;
       frozen_[p] = 1;
     }
@@ -101,8 +136,8 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
       throw Error(
           fmt::format("optimizer.freeze[{}]: \"{}\" matches no parameter of {}", i, pattern, arch),
           fmt::format("a pattern names a parameter or a module (its name cut at a dot, "
-                      "e.g. layer1 or encoder.layer.0), * matching any characters; {}'s "
-                      "modules: {} (`dtrain ckpt inspect` lists every parameter)",
+                      "e.g. layer1 or encoder.layer.0), as `dtrain ckpt inspect` or `dtrain "
+                      "ckpt export` names them, * matching any characters; {}'s modules: {}",
                       arch, modules_of(layout)));
     }
     per_pattern.push_back(fmt::format("{} ({})", pattern, hits));
@@ -113,6 +148,7 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
     if (frozen_[p]) {
       ++frozen_count_;
       frozen_names_.insert(layout[p].name);
+      frozen_list_.push_back(layout[p].name);
       frozen_elems += n;
     }
   }

@@ -4,7 +4,11 @@
 // A freeze pattern matches a parameter's name ("layer1.0.conv1.weight", as `dtrain
 // ckpt inspect` lists them: torchvision's for ResNet) or one of its modules' (the
 // name cut at a dot: "layer1", "layer1.0"), whole, with `*` for any run of characters
-// (dots included) and `?` for one. A frozen parameter keeps its value bit for bit: its
+// (dots included) and `?` for one; or the names `dtrain ckpt export` writes for it
+// (Hugging Face's "transformer.wte.weight" for dtrain's
+// "transformer.word_embeddings.weight"), all of them where dtrain holds several
+// reference tensors in one (BERT's query, key and value: patterns covering some but
+// not all of them are exit 2). A frozen parameter keeps its value bit for bit: its
 // gradient is zeroed as backward finishes it (graph::Executor::set_frozen), so the
 // gradient norm, clipping, the overflow check and compression do not see it, as
 // PyTorch's requires_grad_(False) leaves it out, and the optimizer passes it over (no
@@ -49,12 +53,14 @@ class ParamGroups {
   // Per graph parameter (param_layout() order): 1 where frozen.
   const std::vector<uint8_t>& frozen() const { return frozen_; }
   bool any_frozen() const { return frozen_count_ > 0; }
+  const std::vector<std::string>& frozen_names() const { return frozen_list_; }  // layout order
   // What the run's log and `dtrain validate` say of the settings in use (none: empty).
   const std::vector<std::string>& lines() const { return lines_; }
 
  private:
   std::unordered_map<std::string, double> scale_;  // frozen: 0
   std::unordered_set<std::string> frozen_names_;
+  std::vector<std::string> frozen_list_;
   std::vector<uint8_t> frozen_;
   int frozen_count_ = 0;
   std::vector<std::string> lines_;

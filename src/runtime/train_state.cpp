@@ -56,6 +56,7 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
       {"buffers", layout_of(buffers)}};
   if (c.heads > 0) meta["model"] = {{"heads", c.heads}};
   if (!c.classes.empty()) meta["classes"] = c.classes;
+  if (!c.frozen_steps.empty()) meta["frozen_steps"] = c.frozen_steps;
   // As bits: a decimal round trip could change the logged mean's last bit.
   meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
                         {"losses", c.window_losses}};
@@ -443,6 +444,21 @@ TrainCounters counters_of(const Checkpoint& ck) {
   c.config_hash = ck.meta.at("config_hash");
   if (ck.meta.contains("model")) c.heads = ck.meta.at("model").value("heads", int64_t{0});
   if (ck.meta.contains("classes")) c.classes = class_names_in(ck.meta.at("classes"), file.string());
+  if (ck.meta.contains("frozen_steps")) {
+    const nlohmann::json& f = ck.meta.at("frozen_steps");
+    bool ok = f.is_object();
+    for (auto it = f.begin(); ok && it != f.end(); ++it) {
+      ok = it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
+           it.value().get<int64_t>() <= c.step;
+      if (ok) c.frozen_steps[it.key()] = it.value().get<int64_t>();
+    }
+    if (!ok) {
+      throw Error(fmt::format("{}: frozen_steps is not a map of tensor names to step counts up to "
+                              "the checkpoint's step {}",
+                              file.string(), c.step),
+                  "the checkpoint's header is damaged: resume from another checkpoint");
+    }
+  }
   if (ck.meta.contains("log_window")) {
     const nlohmann::json& w = ck.meta.at("log_window");
     c.window_loss_sum = std::bit_cast<double>(w.at("loss_sum_bits").get<uint64_t>());

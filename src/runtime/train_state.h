@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ struct TrainCounters {
   // An image folder's class names, by label (the training split's directories): what
   // dtrain predict names the classes by. Empty for other datasets.
   std::vector<std::string> classes;
+  // optimizer.freeze: the optimizer steps each tensor was frozen for, by name (absent:
+  // none), so that AdamW's bias correction of a tensor unfrozen later counts the steps it
+  // was stepped (optim::Optimizer::set_frozen_steps).
+  std::map<std::string, int64_t> frozen_steps;
   // Loaded, not saved: whether the checkpoint holds optimizer.ema's average (its state
   // buffer "ema").
   bool ema = false;

@@ -234,7 +234,8 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                                                 : fs::path(job_.train.checkpoint.dir);
   prepare_samples();  // the tokenizer and prompt: a bad one is the job's error, before a step
   resume_if_asked();
-  counters_.classes = source_->class_names();  // the next saves name them (a resume checked)
+  opt_->set_frozen_steps(counters_.frozen_steps);  // the checkpoint's (a fresh run: none)
+  counters_.classes = source_->class_names();      // the next saves name them (a resume checked)
   // model.init_from starts a fresh run only: a resumed one continues from its checkpoint
   // (and never reads the file, so a job that names it resumes in any layout).
   if (job_.model.init_from && !resumed_) init_from(*job_.model.init_from);
@@ -565,6 +566,7 @@ double TrainSession::train_step(const StopSignals& signals) {
                                {{"name", std::string(to_string(job_.optimizer.name))}});
     weights_->step(*opt_, lr, static_cast<float>(unscale * clip));
   }
+  for (const std::string& name : groups_.frozen_names()) ++counters_.frozen_steps[name];
   if (tied_) tied_->publish(ex_->params());  // the earlier stage's step, to the later one
   return loss;
 }

@@ -6,8 +6,10 @@
 // by decay^(9 - layer) and leaves the head's alone; bad patterns exit 2 naming the key.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -170,4 +172,80 @@ TEST_CASE("layer_decay: each layer's first update scaled by decay^(9 - layer), t
     CHECK(decayed / plain == doctest::Approx(std::pow(0.9, 9 - layer)).epsilon(0.01));
   }
   CHECK(same_bytes(after["null"].at("fc.weight"), after["0.9"].at("fc.weight")));
+}
+
+// Training the head first, then everything: the checkpoint keeps how many steps each
+// tensor was frozen for, so AdamW's bias correction of a tensor unfrozen at the resume
+// counts its own steps, as PyTorch's per-parameter step does: its first update is about
+// lr per element (sign(g) lr), not (1 - b1) / sqrt(1 - b2) times a later step's share.
+// (A block's convolutions get no gradient yet: its last batch norm's scale starts at 0,
+// torchvision's zero_init_residual, and stayed there while frozen; the shortcut's
+// convolution and that scale do.)
+TEST_CASE("freeze: a tensor unfrozen at a resume steps as a fresh parameter, about lr") {
+  TempDir tmp("unfreeze");
+  const fs::path job = write_job(tmp.path(), "run");
+  const std::vector<std::string> adamw = {"--set", "optimizer.name=adamw",
+                                          "--set", "optimizer.weight_decay=0",
+                                          "--set", "optimizer.lr=0.001"};
+  std::vector<std::string> args = {job.string(), "--set", "train.steps=4", "--set",
+                                   "optimizer.freeze=[layer4]"};
+  args.insert(args.end(), adamw.begin(), adamw.end());
+  RunResult r = run_dtrain(args, tmp.path() / "frozen.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const auto before = model_tensors(tmp.path() / "run");
+  const runtime::Checkpoint ck =
+      runtime::read_checkpoint(newest_checkpoint(tmp.path() / "run" / "checkpoints"));
+  CHECK(ck.meta.at("frozen_steps").at("layer4.0.conv1.weight") == 4);
+  args = {job.string(), "--set", "train.steps=5", "--resume", "latest"};
+  args.insert(args.end(), adamw.begin(), adamw.end());
+  r = run_dtrain(args, tmp.path() / "unfrozen.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const auto after = model_tensors(tmp.path() / "run");
+  for (const char* name : {"layer4.0.downsample.0.weight", "layer4.1.bn2.weight"}) {
+    CAPTURE(name);
+    const Tensor& a = before.at(name);
+    const Tensor& b = after.at(name);
+    std::vector<double> step;
+    for (int64_t i = 0; i < a.numel(); ++i)
+      step.push_back(std::fabs(static_cast<double>(b.data<float>()[i]) - a.data<float>()[i]));
+    std::nth_element(step.begin(), step.begin() + static_cast<long>(step.size() / 2), step.end());
+    CHECK(step[step.size() / 2] / 0.001 == doctest::Approx(1.0).epsilon(0.02));
+  }
+}
+
+// Patterns may use the names `dtrain ckpt export` writes (Hugging Face's for GPT-2 and
+// BERT): a tensor dtrain holds whole is matched by its exported name; one that holds
+// several reference tensors (BERT's query, key and value) only by all of them.
+TEST_CASE("freeze: the exported names work too, all parts of a fused tensor or none") {
+  TempDir tmp("freeze_names");
+  const fs::path job = tmp.path() / "job.yaml";
+  for (const std::string& arch : {"gpt2-tiny", "bert-mini"}) {
+    std::ofstream(job) << "run: {output_dir: " << (tmp.path() / "run").string() << "}\n"
+                       << "model: {arch: " << arch << ", seq_len: 16, vocab_size: 64}\n"
+                       << "data: {dataset: synthetic, global_batch: 2}\n"
+                       << "train: {steps: 1}\n";
+    const auto validate = [&](const std::string& freeze) {
+      return run_dtrain_command(
+          {"validate", job.string(), "--no-data", "--set", "optimizer.freeze=" + freeze},
+          tmp.path() / "validate.log");
+    };
+    if (arch == "gpt2-tiny") {
+      const RunResult r = validate("[transformer.wte, transformer.h.0.ln_1]");
+      CHECK_MESSAGE(r.rc == 0, r.describe());
+      CHECK_MESSAGE(contains(r.log, "# optimizer.freeze: 3 of 52 tensors frozen"), r.log);
+    } else {
+      RunResult r = validate(
+          "[bert.embeddings, \"*.self.query.*\", \"*.self.key.*\", "
+          "\"*.self.value.*\"]");
+      CHECK_MESSAGE(r.rc == 0, r.describe());
+      CHECK_MESSAGE(contains(r.log, "# optimizer.freeze: 13 of "), r.log);
+      r = validate("[\"*query*\"]");
+      CHECK_MESSAGE(r.rc == 2, r.describe());
+      CHECK_MESSAGE(
+          contains(r.log,
+                   "the patterns match bert.encoder.layer.0.attention.self.query.weight but "
+                   "not bert.encoder.layer.0.attention.self.key.weight"),
+          r.log);
+    }
+  }
 }
