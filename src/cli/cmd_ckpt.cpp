@@ -5,6 +5,7 @@
 // runtime's (read_any_checkpoint verifies everything); nothing here writes a checkpoint.
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -119,6 +120,7 @@ nlohmann::json describe(const fs::path& path) {
     for (const char* bits : {"loss_bits", "accuracy_bits", "reference_bits"}) b.erase(bits);
     out["best_eval"] = b;
   }
+  if (m.contains("frozen_steps")) out["frozen_steps"] = m.at("frozen_steps");
   if (runtime::is_sharded_checkpoint(path)) {
     const runtime::Checkpoint man = runtime::read_checkpoint(path / "manifest.dtckpt");
     nlohmann::json sh = man.meta.at("sharded");
@@ -210,6 +212,15 @@ void print_one(const nlohmann::json& d) {
         b.at("stale_evals").dump().c_str(),
         b.at("stopped_early").get<bool>() ? "; the run stopped early here" : "");
   }
+  if (d.contains("frozen_steps")) {  // optimizer.freeze: the tensors, and for how long
+    std::map<int64_t, int> by_count;
+    for (const auto& [name, steps] : d.at("frozen_steps").items()) ++by_count[steps.get<int64_t>()];
+    std::string text;
+    for (const auto& [steps, tensors] : by_count)
+      text +=
+          fmt::format("{}{} tensor(s) for {} step(s)", text.empty() ? "" : ", ", tensors, steps);
+    std::printf("frozen (optimizer.freeze): %s\n", text.c_str());
+  }
   if (d.contains("sharded")) {
     const nlohmann::json& sh = d.at("sharded");
     std::printf("sharded: world %s, zero stage %s, precision %s, %s elements (padding included)\n",
@@ -286,8 +297,40 @@ int list_dir(const fs::path& dir, bool json) {
   return kExitOk;
 }
 
+// A .safetensors file (an export, a model.init_from file): its tensors by the names it
+// holds, which optimizer.freeze's patterns may use too.
+int inspect_safetensors(const fs::path& path, bool json) {
+  const runtime::SafetensorsFile f = runtime::read_safetensors(path);
+  nlohmann::json list = nlohmann::json::array();
+  int64_t total = 0;
+  for (const runtime::NamedTensor& t : f.tensors) {
+    list.push_back(
+        {{"name", t.name},
+         {"dtype", std::string(dtype_name(t.tensor.dtype()))},
+         {"shape", std::vector<int64_t>(t.tensor.shape().begin(), t.tensor.shape().end())},
+         {"elements", t.tensor.numel()}});
+    total += t.tensor.numel();
+  }
+  if (json) {
+    std::printf("%s\n", nlohmann::json{{"path", path.string()},
+                                       {"kind", "safetensors"},
+                                       {"metadata", f.metadata},
+                                       {"tensors", list}}
+                            .dump(2)
+                            .c_str());
+    return kExitOk;
+  }
+  std::printf("safetensors: %s (%s)\n", path.string().c_str(),
+              human_bytes(static_cast<int64_t>(fs::file_size(path))).c_str());
+  for (const auto& [key, value] : f.metadata) std::printf("%s: %s\n", key.c_str(), value.c_str());
+  print_layout("tensors", list, total);
+  return kExitOk;
+}
+
 int run_inspect(const CkptArgs& a) {
   const fs::path path = a.path;
+  if (fs::is_regular_file(path) && path.extension() == ".safetensors")
+    return inspect_safetensors(path, a.json);
   if (!is_one_checkpoint(path)) return list_dir(path, a.json);
   const nlohmann::json d = describe(path);
   if (a.json) {
@@ -361,10 +404,10 @@ void add_ckpt(CLI::App& app, Action& action) {
   CLI::App* cmd = ckpt->add_subcommand(
       "inspect",
       "print a checkpoint's step, data position, optimizer, shards and tensors (or list the "
-      "checkpoints of a directory)");
+      "checkpoints of a directory, or a .safetensors file's tensors)");
   cmd->add_option("path", inspect->path,
-                  "a step-N.dtckpt file, a step-N/ directory or a "
-                  "checkpoint directory")
+                  "a step-N.dtckpt file, a step-N/ directory, a "
+                  "checkpoint directory or a .safetensors file")
       ->required();
   cmd->add_flag("--json", inspect->json, "print JSON");
   cmd->callback([inspect, &action] { action = [inspect] { return run_inspect(*inspect); }; });

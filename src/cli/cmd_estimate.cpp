@@ -105,7 +105,7 @@ int run_estimate(const EstimateArgs& args) {
   }
   if (!job.optimizer.freeze.empty() || job.optimizer.layer_decay) {  // train's refusals too
     const models::ModelGraph m = models::build_model(job.model, 1);
-    runtime::ParamGroups(job.optimizer, m.graph, job.model.arch);
+    const runtime::ParamGroups checked(job.optimizer, m.graph, job.model.arch);  // or exit 2
   }
   runtime::EstimateOptions options;
   options.step_time = true;  // only here: on the CPU it measures the host's peaks first

@@ -182,7 +182,9 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
   std::vector<compress::BucketPlan> all;  // every stage's, for the gather warning's ratio
   for (const std::vector<dist::Bucket>& b : per_stage) {
     const std::vector<compress::BucketPlan> plans = compress::plan_compression(
-        job.compress, b, runtime::compression_params(layout.entries(), job.optimizer.freeze));
+        job.compress, b,
+        runtime::compression_params(layout.entries(),
+                                    runtime::ParamGroups(job.optimizer, graph, job.model.arch)));
     const runtime::CompressionPlanSummary one =
         runtime::summarize_plan(job.compress, plans, 0, job.parallel.data);
     s.compressed += one.compressed;

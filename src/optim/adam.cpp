@@ -9,8 +9,8 @@
 // which costs flops but no buffer of the size of p. The trust ratios in between are
 // computed here in double from the per-chunk sums, added in chunk order.
 // A segment's lr_scale multiplies its learning rate (LAMB: lr x scale x trust ratio); a
-// frozen segment is passed over by AdamW, and LAMB steps it by 0: its zeroed gradient
-// keeps its moments 0 and its values unchanged.
+// frozen segment is passed over by AdamW, and LAMB steps it by 0: its values stay, and
+// with its zeroed gradient its moments decay toward 0.
 #include <cmath>
 #include <memory>
 

@@ -20,8 +20,9 @@ struct ParamSegment {
   int64_t size = 0;    // elements
   DecayMode decay = DecayMode::decay;
   double lr_scale = 1.0;  // the learning rate's factor (optimizer.layer_decay)
-  // optimizer.freeze: the gradient arrives zeroed; SGD and AdamW pass the segment over,
-  // LAMB steps it by lr 0; its parameters, moments and average stay as they are.
+  // optimizer.freeze: the gradient arrives zeroed; SGD and AdamW pass the segment over
+  // (parameters and moments unchanged), LAMB steps it by lr 0 (parameters unchanged,
+  // moments decaying toward 0); the average moves toward the unchanging parameters.
   bool frozen = false;
 };
 

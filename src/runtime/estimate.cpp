@@ -2,6 +2,7 @@
 // the optimizers, data_feed.cpp); tests/train/test_estimate.cpp holds it to the
 // allocator's measured peak.
 #include "runtime/estimate.h"
+#include "runtime/param_groups.h"
 
 #include <algorithm>
 #include <cmath>
@@ -362,10 +363,11 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   std::vector<StageCompression> stage_compression;
   StageCompression most_compression;  // the largest stage's residual and Q, for the table
   if (compressed) {
+    const ParamGroups groups(job.optimizer, g, job.model.arch);  // frozen tensors stay dense
     const auto of = [&](const std::vector<dist::Bucket>& b, int64_t span) {
       StageCompression c;
       const std::vector<compress::BucketPlan> plans = compress::plan_compression(
-          job.compress, b, compression_params(f32_entries.entries(), job.optimizer.freeze));
+          job.compress, b, compression_params(f32_entries.entries(), groups));
       const int64_t residual = compress::residual_elems(job.compress, plans);
       const int64_t q = compress::powersgd_q_elems(job.compress, plans);
       c.residual = residual > 0 ? round(static_cast<size_t>(residual) * sizeof(float)) : 0;

@@ -14,15 +14,13 @@
 namespace dtrain::runtime {
 
 std::vector<compress::ParamInfo> compression_params(const std::vector<graph::FlatEntry>& layout,
-                                                    const std::vector<std::string>& freeze) {
+                                                    const ParamGroups& groups) {
   const bool tensor_split = std::any_of(
       layout.begin(), layout.end(), [](const graph::FlatEntry& e) { return e.spec.split.split(); });
   std::vector<compress::ParamInfo> params;
   for (const graph::FlatEntry& e : layout) {
     const Shape& sh = e.spec.shape;
-    const bool frozen = std::any_of(freeze.begin(), freeze.end(), [&](const std::string& p) {
-      return pattern_matches(p, e.name);
-    });
+    const bool frozen = groups.frozen(e.name);
     const bool compressible = sh.rank() >= 2 && (!tensor_split || e.spec.split.split()) && !frozen;
     params.push_back({e.offset, sh.numel(), compressible ? sh[0] : 0});
   }
@@ -76,7 +74,7 @@ std::string gather_warning(const CompressOptions& o, const std::vector<compress:
   return note.empty() ? note : "warning: " + note;
 }
 
-GradCompression::GradCompression(const CompressOptions& o, const std::vector<std::string>& freeze,
+GradCompression::GradCompression(const CompressOptions& o, const ParamGroups& groups,
                                  const std::vector<graph::FlatEntry>& layout,
                                  const std::vector<dist::Bucket>& buckets,
                                  dist::Communicator& grad_comm, dist::GradSync& sync,
@@ -85,7 +83,7 @@ GradCompression::GradCompression(const CompressOptions& o, const std::vector<std
     : o_(o),
       sync_(sync),
       compressor_(o, grad_comm,
-                  compress::plan_compression(o, buckets, compression_params(layout, freeze)),
+                  compress::plan_compression(o, buckets, compression_params(layout, groups)),
                   layout_elems, dense_algo, seed, device),
       summary_(summarize_plan(o, compressor_.plans(), static_cast<int>(layout.size()),
                               grad_comm.size())),
@@ -95,6 +93,15 @@ GradCompression::GradCompression(const CompressOptions& o, const std::vector<std
   // bucket order) are not restored.
   place_.push_back(static_cast<int64_t>(o.method));
   place_.push_back(2);
+  if (groups.any_frozen()) {              // another freeze list compresses other tensors
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the compressed pieces
+    for (const compress::BucketPlan& p : compressor_.plans()) {
+      for (const compress::Piece& m : p.compressed) {
+        for (const int64_t v : {m.lo, m.hi}) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+      }
+    }
+    place_.push_back(static_cast<int64_t>(h));
+  }
   // two_phase: the server residual is this rank's segment of each bucket, so it is
   // restored only at the same place with the same buckets (their compressed sizes).
   // The rank's own residual does not depend on the buckets or the exchange.

@@ -12,6 +12,7 @@
 #include "graph/params.h"
 #include "precision/loss_scaler.h"
 #include "runtime/checkpoint.h"
+#include "runtime/param_groups.h"
 
 namespace dtrain::runtime {
 
@@ -19,11 +20,12 @@ namespace dtrain::runtime {
 // stays dense). In a tensor-split layout the replicated entries stay dense: a bucket's
 // top-k selection and 1-bit chunks span its tensors, and the split ones differ from
 // tensor rank to tensor rank, so compressing a replicated entry with them would make
-// its update differ too (the save's replica check stops such a run). Parameters that
-// optimizer.freeze names stay dense as well: their gradients are zeros, which a 1-bit
-// chunk shared with a trained tensor would turn into +-scale (and the residual keep).
+// its update differ too (the save's replica check stops such a run). Parameters
+// optimizer.freeze froze (`groups`) stay dense as well: their gradients are zeros, which
+// a 1-bit chunk shared with a trained tensor would turn into +-scale (and the residual
+// keep).
 std::vector<compress::ParamInfo> compression_params(const std::vector<graph::FlatEntry>& layout,
-                                                    const std::vector<std::string>& freeze);
+                                                    const ParamGroups& groups);
 
 // "topk on 12 of 40 parameter tensors": the plan in words, and what it sends.
 struct CompressionPlanSummary {
@@ -65,9 +67,9 @@ class GradCompression {
   // `grad_comm` carries the gradients, `device` holds them.
   // `place`: the rank's place in the grid, {pipeline, data, tensor degrees, its stage,
   // data rank, tensor rank}: a checkpoint's residual is restored only where it was made
-  // (and by the same method, in the same form: the tag adds both). `freeze`:
-  // optimizer.freeze's patterns (compression_params).
-  GradCompression(const CompressOptions& o, const std::vector<std::string>& freeze,
+  // (and by the same method, in the same form: the tag adds both; with frozen tensors,
+  // `groups`, which compression_params leaves dense, the compressed pieces too).
+  GradCompression(const CompressOptions& o, const ParamGroups& groups,
                   const std::vector<graph::FlatEntry>& layout,
                   const std::vector<dist::Bucket>& buckets, dist::Communicator& grad_comm,
                   dist::GradSync& sync, int64_t layout_elems, AllreduceAlgo dense_algo,

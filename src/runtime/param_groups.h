@@ -51,7 +51,7 @@ class ParamGroups {
   double lr_scale(const std::string& name) const;
   bool frozen(const std::string& name) const;
   // Per graph parameter (param_layout() order): 1 where frozen.
-  const std::vector<uint8_t>& frozen() const { return frozen_; }
+  const std::vector<uint8_t>& frozen_mask() const { return frozen_; }
   bool any_frozen() const { return frozen_count_ > 0; }
   const std::vector<std::string>& frozen_names() const { return frozen_list_; }  // layout order
   // What the run's log and `dtrain validate` say of the settings in use (none: empty).

@@ -62,7 +62,7 @@ inline double seconds_since(Clock::time_point t) {
 }
 
 // The optimizer's segments of a flat layout, each with its weight-decay mode and its
-// learning-rate factor (0: frozen).
+// learning-rate factor and whether optimizer.freeze froze it.
 std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
                                              NoDecayGroups rule, const ParamGroups& groups);
 

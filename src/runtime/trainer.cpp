@@ -108,7 +108,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
       zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned, nodes);
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
-  if (groups_.any_frozen()) ex_->set_frozen(groups_.frozen());
+  if (groups_.any_frozen()) ex_->set_frozen(groups_.frozen_mask());
   ex_->set_checkpointing(blocks_per_segment(job_, model_.graph), cuts);
   ex_->keep(model_.logits, graph::Mode::eval);  // evaluate() counts the correct predictions
   ex_->keep(model_.targets, graph::Mode::eval);
@@ -467,7 +467,7 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
   const AllreduceAlgo dense =
       job_.comm.allreduce == AllreduceAlgo::auto_ ? AllreduceAlgo::ring : job_.comm.allreduce;
   compression_ = std::make_unique<GradCompression>(
-      job_.compress, job_.optimizer.freeze, weights_->layout(), buckets, *grad_comm_, *sync_,
+      job_.compress, groups_, weights_->layout(), buckets, *grad_comm_, *sync_,
       ex_->grads().buffer_elems(DType::f32), dense, counters_.seed, job_.device,
       std::vector<int64_t>{job_.parallel.pipeline, job_.parallel.data, job_.parallel.tensor,
                            coord_.pp, coord_.dp, coord_.tp});

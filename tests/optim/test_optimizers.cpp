@@ -166,10 +166,11 @@ TEST_CASE("make_optimizer rejects options a job file could not have produced") {
 }
 
 // optimizer.layer_decay and optimizer.freeze reach the optimizer as each segment's
-// lr_scale: a scaled segment steps as an optimizer of that segment alone at lr x scale,
-// bit for bit (LAMB's trust ratio included), and a frozen one (scale 0, its gradient
-// zeroed by the executor) keeps its values, zero state and an average equal to them.
-TEST_CASE("segment lr_scale: lr x scale bit for bit, scale 0 leaves the segment untouched") {
+// lr_scale and frozen flag: a scaled segment steps as an optimizer of that segment alone
+// at lr x scale, bit for bit (LAMB's trust ratio included), and a frozen one (its
+// gradient zeroed by the executor) keeps its values, zero state and an average equal
+// to them.
+TEST_CASE("segment lr_scale: lr x scale bit for bit, a frozen segment left untouched") {
   for (const OptimizerName name : {OptimizerName::sgd, OptimizerName::adamw, OptimizerName::lamb}) {
     CAPTURE(to_string(name));
     OptimizerOptions o = options_for(name);
@@ -209,4 +210,41 @@ TEST_CASE("segment lr_scale: lr x scale bit for bit, scale 0 leaves the segment 
       }
     }
   }
+}
+
+// A tensor frozen for the first steps and then trained (a resume with a shorter
+// optimizer.freeze): set_frozen_steps makes AdamW's bias correction count its own
+// steps, so its first update is a fresh optimizer's first step, bit for bit.
+TEST_CASE("set_frozen_steps: a tensor unfrozen after k steps steps as a fresh one") {
+  OptimizerOptions o = options_for(OptimizerName::adamw);
+  std::vector<ParamSegment> segs = layout();
+  segs[0].frozen = true;  // w, for 4 steps
+  auto before = make_optimizer(o, segs, kTotal);
+  before->set_frozen_steps({});
+  std::vector<float> p = pattern(kTotal, 1);
+  Tensor pt = as_tensor(p);
+  for (int s = 0; s < 4; ++s) {
+    std::vector<float> g = pattern(kTotal, 100 + s);
+    std::fill(g.begin(), g.begin() + 300, 0.0f);
+    before->step(pt, as_tensor(g), 0.05);
+  }
+  auto after = make_optimizer(o, layout(), kTotal);  // w trains now
+  after->load_state(before->state());
+  after->set_frozen_steps({{"w", 4}});
+  auto fresh = make_optimizer(o, {{"w", 0, 300, DecayMode::decay}}, 300);
+  std::vector<float> w(p.begin(), p.begin() + 300);
+  std::vector<float> g = pattern(kTotal, 200);
+  std::vector<float> gw(g.begin(), g.begin() + 300);
+  Tensor wt = as_tensor(w);
+  after->step(pt, as_tensor(g), 0.05);
+  fresh->step(wt, as_tensor(gw), 0.05);
+  CHECK(same_bits(p.data(), w.data(), 300));
+  // Without the count, the step-5 bias correction of fresh moments: not the same bits.
+  auto global = make_optimizer(o, layout(), kTotal);
+  global->load_state(before->state());
+  std::vector<float> q(pattern(kTotal, 1));
+  std::copy(p.begin() + 300, p.end(), q.begin() + 300);
+  Tensor qt = as_tensor(q);
+  global->step(qt, as_tensor(g), 0.05);
+  CHECK_FALSE(same_bits(q.data(), w.data(), 300));
 }

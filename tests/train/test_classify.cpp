@@ -15,8 +15,6 @@
 
 using namespace dtrain::train_test;
 
-namespace {}  // namespace
-
 TEST_CASE("a BERT classifier learns questions from statements, and resumes bit for bit") {
   TempDir tmp("classify");
   const TokenDir t = tokenize_labelled(tmp.path(), 600);

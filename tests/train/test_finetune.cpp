@@ -119,6 +119,18 @@ TEST_CASE("freeze: a fine-tune from an export keeps the frozen tensors bit for b
   }
   CHECK(frozen == 45);
   CHECK(trained == 17);
+  // dtrain ckpt inspect lists the export's tensors (the names patterns may use) and says
+  // what the checkpoint kept frozen.
+  r = run_dtrain_command({"ckpt", "inspect", exported.string()}, tmp.path() / "inspect.log");
+  CHECK_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(contains(r.log, "tensors: 102 tensors"), r.log);
+  CHECK_MESSAGE(contains(r.log, "  layer4.1.bn2.running_var"), r.log);
+  r = run_dtrain_command(
+      {"ckpt", "inspect",
+       (tmp.path() / "tuned" / "checkpoints").string() + "/step-00000008.dtckpt"},
+      tmp.path() / "inspect.log");
+  CHECK_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(contains(r.log, "frozen (optimizer.freeze): 45 tensor(s) for 8 step(s)"), r.log);
 
   // dtrain validate says the same, and refuses what train refuses.
   r = run_dtrain_command({"validate", tuned.string(), "--no-data", "--set",

@@ -246,6 +246,22 @@ TEST_CASE("LAMB with tensor 2, and data 2 x tensor 2 with ZeRO-1, trains like on
   // split tensor: a different run, not one within 1e-5 (the test can fail).
 }
 
+// optimizer.freeze and optimizer.layer_decay with tensor 2: a frozen split tensor (the
+// vocabulary-split word embedding) and the first layer; the skip of the frozen part's
+// backward, where the split ops' own all-reduces run, is every tensor rank's alike.
+TEST_CASE("freeze and layer_decay with tensor 2 train like one rank") {
+  OneThread one;
+  TempDir tmp("tp-freeze");
+  const fs::path job = job_for(tmp.path(), "gpt2-tiny");
+  const std::vector<std::string> tune = {
+      "--set", "optimizer.freeze=[transformer.wte, transformer.wpe, transformer.h.0]",
+      "--set", "optimizer.layer_decay=0.7",
+      "--set", "train.steps=10"};
+  std::vector<std::string> tp = tune;
+  tp.insert(tp.end(), {"--set", "parallel.tensor=2"});
+  require_close(run_job(job, tmp.path(), "tp2", 2, tp), run_job(job, tmp.path(), "one", 1, tune));
+}
+
 // A save first proves the replicas agree: data replicas hold the same state, tensor
 // ranks the same replicated entries (with ZeRO as digests a data group's shards add up
 // to). One rank's replicated parameter one bit off (DTRAIN_TEST_SAVE_FAULT=R:4:diverge)
