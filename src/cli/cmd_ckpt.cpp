@@ -219,7 +219,7 @@ void print_one(const nlohmann::json& d) {
     for (const auto& [steps, tensors] : by_count)
       text +=
           fmt::format("{}{} tensor(s) for {} step(s)", text.empty() ? "" : ", ", tensors, steps);
-    std::printf("frozen (optimizer.freeze): %s\n", text.c_str());
+    std::printf("steps frozen (optimizer.freeze, up to this step): %s\n", text.c_str());
   }
   if (d.contains("sharded")) {
     const nlohmann::json& sh = d.at("sharded");

@@ -149,6 +149,7 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
       ++frozen_count_;
       frozen_names_.insert(layout[p].name);
       frozen_list_.push_back(layout[p].name);
+      frozen_exported_.insert(exported[p].begin(), exported[p].end());
       frozen_elems += n;
     }
   }

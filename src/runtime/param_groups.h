@@ -50,6 +50,9 @@ class ParamGroups {
   // optimizer.freeze names it (false for a name not in the graph).
   double lr_scale(const std::string& name) const;
   bool frozen(const std::string& name) const;
+  // Whether a name `dtrain ckpt export` writes (a reference implementation's) belongs to
+  // a frozen parameter.
+  bool frozen_reference(const std::string& name) const { return frozen_exported_.count(name) > 0; }
   // Per graph parameter (param_layout() order): 1 where frozen.
   const std::vector<uint8_t>& frozen_mask() const { return frozen_; }
   bool any_frozen() const { return frozen_count_ > 0; }
@@ -61,6 +64,7 @@ class ParamGroups {
   std::unordered_map<std::string, double> scale_;  // frozen: 0
   std::unordered_set<std::string> frozen_names_;
   std::vector<std::string> frozen_list_;
+  std::unordered_set<std::string> frozen_exported_;
   std::vector<uint8_t> frozen_;
   int frozen_count_ = 0;
   std::vector<std::string> lines_;

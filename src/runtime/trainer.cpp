@@ -474,7 +474,7 @@ void TrainSession::connect_compression(const std::vector<dist::Bucket>& buckets)
   if (resumed_ && !compression_->restore(resumed_compression_)) {
     note(
         "note: the checkpoint holds no compression state for this layout (another world "
-        "size, grid or method, or none): error feedback starts empty");
+        "size, grid, method or optimizer.freeze list, or none): error feedback starts empty");
   } else if (resumed_ && !compression_->restored_server()) {
     note(
         "note: the checkpoint holds no server residual for these buckets (another "

@@ -48,6 +48,15 @@ void TrainSession::init_from(const std::string& path) {
     init_note_ += fmt::format("; {} head tensor(s) of the file not used: {}", w.unused.size(),
                               names(w.unused));
   }
+  std::vector<std::string> seeded_frozen;  // a head the file lacks, frozen: random for good
+  for (const std::string& n : w.fresh)
+    if (groups_.frozen(n) || groups_.frozen_reference(n)) seeded_frozen.push_back(n);
+  if (!seeded_frozen.empty()) {
+    init_note_ += fmt::format(
+        "\nwarning: optimizer.freeze keeps {} tensor(s) the file does not hold at their seeded "
+        "values for the whole run: {} (leave them out of optimizer.freeze to train them)",
+        seeded_frozen.size(), names(seeded_frozen));
+  }
 }
 
 // Tensor parallelism: the checkpoint holds the one-rank model's layout; every rank

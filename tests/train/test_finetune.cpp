@@ -130,7 +130,22 @@ TEST_CASE("freeze: a fine-tune from an export keeps the frozen tensors bit for b
        (tmp.path() / "tuned" / "checkpoints").string() + "/step-00000008.dtckpt"},
       tmp.path() / "inspect.log");
   CHECK_MESSAGE(r.rc == 0, r.describe());
-  CHECK_MESSAGE(contains(r.log, "frozen (optimizer.freeze): 45 tensor(s) for 8 step(s)"), r.log);
+  CHECK_MESSAGE(
+      contains(r.log,
+               "steps frozen (optimizer.freeze, up to this step): 45 tensor(s) for 8 step(s)"),
+      r.log);
+
+  // A head the file does not hold (another class count), frozen: a warning.
+  r = run_dtrain({tuned.string(), "--set", "model.init_from=" + exported.string(), "--set",
+                  "model.num_classes=12", "--set", "optimizer.freeze=[fc, conv1]", "--set",
+                  "train.steps=1", "--set", "run.output_dir=" + (tmp.path() / "seeded").string(),
+                  "--set", "logging.console=true"},
+                 tmp.path() / "seeded.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  CHECK_MESSAGE(contains(r.log,
+                         "warning: optimizer.freeze keeps 2 tensor(s) the file does not "
+                         "hold at their seeded values for the whole run: fc.weight, fc.bias"),
+                r.log);
 
   // dtrain validate says the same, and refuses what train refuses.
   r = run_dtrain_command({"validate", tuned.string(), "--no-data", "--set",
