@@ -94,9 +94,13 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
   // Each parameter's names in the reference implementation (runtime/export_names.h),
   // which a pattern may use too; none for a model without an export plan.
   std::vector<std::vector<std::string>> exported(layout.size());
+  bool has_family = false;
+  ModelFamily model_family{};
   if (!options.freeze.empty()) {
     try {
-      for (const ExportTensor& t : export_plan(family_of(arch), layout, graph.buffer_layout()))
+      model_family = family_of(arch);
+      has_family = true;
+      for (const ExportTensor& t : export_plan(model_family, layout, graph.buffer_layout()))
         if (t.store == StoreKind::params && t.entry >= 0)
           exported[static_cast<size_t>(t.entry)].push_back(t.name);
     } catch (const Error&) {
@@ -133,6 +137,22 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
       frozen_[p] = 1;
     }
     if (hits == 0) {
+      // Hugging Face's copies of a weight tied to the word embedding, held once here.
+      struct Tied {
+        ModelFamily family;
+        const char* copy;
+        const char* embedding;
+      };
+      static constexpr Tied kTied[] = {
+          {ModelFamily::gpt, "lm_head.weight", "transformer.wte"},
+          {ModelFamily::bert, "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings"}};
+      for (const auto& [family, copy, embedding] : kTied) {
+        if (!has_family || family != model_family || !pattern_matches(pattern, copy)) continue;
+        throw Error(fmt::format("optimizer.freeze[{}]: \"{}\" names {}, which {} ties to the word "
+                                "embedding and dtrain holds once",
+                                i, pattern, copy, arch),
+                    fmt::format("freeze {} (it is the output layer too)", embedding));
+      }
       throw Error(
           fmt::format("optimizer.freeze[{}]: \"{}\" matches no parameter of {}", i, pattern, arch),
           fmt::format("a pattern names a parameter or a module (its name cut at a dot, "

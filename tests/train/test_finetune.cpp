@@ -260,6 +260,11 @@ TEST_CASE("freeze: the exported names work too, all parts of a fused tensor or n
       const RunResult r = validate("[transformer.wte, transformer.h.0.ln_1]");
       CHECK_MESSAGE(r.rc == 0, r.describe());
       CHECK_MESSAGE(contains(r.log, "# optimizer.freeze: 3 of 52 tensors frozen"), r.log);
+      const RunResult tied = validate("[lm_head]");  // Hugging Face's copy of the embedding
+      CHECK_MESSAGE(tied.rc == 2, tied.describe());
+      CHECK_MESSAGE(contains(tied.log, "ties to the word embedding and dtrain holds once"),
+                    tied.log);
+      CHECK_MESSAGE(contains(tied.log, "freeze transformer.wte"), tied.log);
     } else {
       RunResult r = validate(
           "[bert.embeddings, \"*.self.query.*\", \"*.self.key.*\", "
