@@ -180,11 +180,12 @@ std::string compression_line(const Job& job, const graph::Graph& graph,
   }
   runtime::CompressionPlanSummary s;
   std::vector<compress::BucketPlan> all;  // every stage's, for the gather warning's ratio
+  // Frozen tensors stay dense: the plan's view of the layout, once for every stage.
+  const std::vector<compress::ParamInfo> params = runtime::compression_params(
+      layout.entries(), runtime::ParamGroups(job.optimizer, graph, job.model.arch));
   for (const std::vector<dist::Bucket>& b : per_stage) {
-    const std::vector<compress::BucketPlan> plans = compress::plan_compression(
-        job.compress, b,
-        runtime::compression_params(layout.entries(),
-                                    runtime::ParamGroups(job.optimizer, graph, job.model.arch)));
+    const std::vector<compress::BucketPlan> plans =
+        compress::plan_compression(job.compress, b, params);
     const runtime::CompressionPlanSummary one =
         runtime::summarize_plan(job.compress, plans, 0, job.parallel.data);
     s.compressed += one.compressed;

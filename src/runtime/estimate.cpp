@@ -363,11 +363,13 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   std::vector<StageCompression> stage_compression;
   StageCompression most_compression;  // the largest stage's residual and Q, for the table
   if (compressed) {
-    const ParamGroups groups(job.optimizer, g, job.model.arch);  // frozen tensors stay dense
+    // Frozen tensors stay dense: the plan's view of the layout, once for every stage.
+    const std::vector<compress::ParamInfo> params =
+        compression_params(f32_entries.entries(), ParamGroups(job.optimizer, g, job.model.arch));
     const auto of = [&](const std::vector<dist::Bucket>& b, int64_t span) {
       StageCompression c;
-      const std::vector<compress::BucketPlan> plans = compress::plan_compression(
-          job.compress, b, compression_params(f32_entries.entries(), groups));
+      const std::vector<compress::BucketPlan> plans =
+          compress::plan_compression(job.compress, b, params);
       const int64_t residual = compress::residual_elems(job.compress, plans);
       const int64_t q = compress::powersgd_q_elems(job.compress, plans);
       c.residual = residual > 0 ? round(static_cast<size_t>(residual) * sizeof(float)) : 0;

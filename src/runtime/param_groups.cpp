@@ -166,14 +166,13 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
     const int64_t n = layout[p].spec.shape.numel();
     all_elems += n;
     if (frozen_[p]) {
-      ++frozen_count_;
       frozen_names_.insert(layout[p].name);
       frozen_list_.push_back(layout[p].name);
       frozen_exported_.insert(exported[p].begin(), exported[p].end());
       frozen_elems += n;
     }
   }
-  if (!layout.empty() && frozen_count_ == static_cast<int>(layout.size())) {
+  if (!layout.empty() && frozen_list_.size() == layout.size()) {
     throw Error(fmt::format("optimizer.freeze: the patterns cover every parameter of {}; nothing "
                             "would train",
                             arch),
@@ -181,11 +180,11 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
                             "freezes all but it); {}'s modules: {}",
                             arch, modules_of(layout)));
   }
-  if (frozen_count_ > 0) {
+  if (any_frozen()) {
     lines_.push_back(fmt::format(
         "optimizer.freeze: {} of {} tensors frozen ({} of {} parameters): {}; they keep their "
         "values (zero gradients, no update)",
-        frozen_count_, layout.size(), frozen_elems, all_elems, fmt::join(per_pattern, ", ")));
+        frozen_list_.size(), layout.size(), frozen_elems, all_elems, fmt::join(per_pattern, ", ")));
   }
   const std::vector<int> layers = param_layers(graph);
   const int top = graph.num_blocks() + 1;

@@ -55,7 +55,7 @@ class ParamGroups {
   bool frozen_reference(const std::string& name) const { return frozen_exported_.count(name) > 0; }
   // Per graph parameter (param_layout() order): 1 where frozen.
   const std::vector<uint8_t>& frozen_mask() const { return frozen_; }
-  bool any_frozen() const { return frozen_count_ > 0; }
+  bool any_frozen() const { return !frozen_list_.empty(); }
   const std::vector<std::string>& frozen_names() const { return frozen_list_; }  // layout order
   // What the run's log and `dtrain validate` say of the settings in use (none: empty).
   const std::vector<std::string>& lines() const { return lines_; }
@@ -66,7 +66,6 @@ class ParamGroups {
   std::vector<std::string> frozen_list_;
   std::unordered_set<std::string> frozen_exported_;
   std::vector<uint8_t> frozen_;
-  int frozen_count_ = 0;
   std::vector<std::string> lines_;
 };
 
