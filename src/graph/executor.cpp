@@ -88,6 +88,7 @@ void Executor::set_range(int begin, int end) {
   begin_ = begin;
   end_ = end;
   blocks_stale_ = true;
+  life_stale_[0] = life_stale_[1] = true;  // prunes() may change
   user_ranges();
   for (size_t p = 0; p < first_user_.size(); ++p) {
     DTRAIN_CHECK(first_user_[p] < 0 ||
@@ -254,7 +255,8 @@ void Executor::bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& 
 const Lifetimes& Executor::lifetimes(Mode mode) {
   const auto m = static_cast<size_t>(mode == Mode::train ? 0 : 1);
   if (life_stale_[m]) {
-    life_[m] = plan_lifetimes(graph_, mode, pinned_[m], blocks_per_segment_, cuts_);
+    life_[m] = plan_lifetimes(graph_, mode, pinned_[m], blocks_per_segment_, cuts_,
+                              prunes() ? &frozen_ : nullptr);
     life_stale_[m] = false;
   }
   return life_[m];
@@ -286,8 +288,10 @@ void Executor::forward(Mode mode, uint64_t step, BatchKey batch) {
     run_forward(static_cast<int>(i), false);
     if (hooks.post_op) hooks.post_op(static_cast<int>(i), Phase::forward);
     // An evaluation drops the saved tensors now; so does a checkpointed segment (its
-    // recompute makes them again).
-    if (mode == Mode::eval || life.segment_of[i] >= 0) saved_[i].clear();
+    // recompute makes them again), and a node that runs no backward (set_frozen).
+    if (mode == Mode::eval || life.segment_of[i] >= 0 ||
+        (prunes() && !frozen_.runs(static_cast<int>(i))))
+      saved_[i].clear();
     release_after(life, static_cast<int>(i));
   }
 }
@@ -373,7 +377,7 @@ void Executor::backward(const std::vector<std::pair<ValueId, Tensor>>& seeds, Va
     if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i) {
       const Segment& s = life.segments[static_cast<size_t>(seg)];
       bool work = !prunes();
-      for (int j = s.first; j <= s.last && !work; ++j) work = works_[static_cast<size_t>(j)];
+      for (int j = s.first; j <= s.last && !work; ++j) work = frozen_.runs(j);
       if (work) recompute(life, s);  // else set_frozen: nothing in it runs backward
     }
     backward_node(i, vgrad);
@@ -392,6 +396,14 @@ std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& a
   accumulate = 0;
   for (size_t k = 0; k < n.params.size(); ++k) {
     const int p = n.params[k];
+    if (skips_grad(n, k)) {  // frozen: none computed; its first user zeroes it, as a skipped
+      gp.emplace_back();     // node's does
+      if (first_user_[static_cast<size_t>(p)] == index) {
+        Tensor g = grad_view(p);
+        kernels::fill(g, 0.0f);
+      }
+      continue;
+    }
     const TensorSpec half{params_.entries()[static_cast<size_t>(p)].spec.shape,
                           params_.entries()[static_cast<size_t>(p)].spec.dtype};
     const bool direct = half_grad_in_f32(*n.op, k, half.dtype);
@@ -419,7 +431,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   const Node& n = graph_.nodes()[static_cast<size_t>(index)];
   bool reached = false;
   for (ValueId v : n.outputs) reached = reached || vgrad[static_cast<size_t>(v)].defined();
-  const bool pruned = reached && prunes() && !works_[static_cast<size_t>(index)];
+  const bool pruned = reached && prunes() && !frozen_.runs(index);
   if (!reached || pruned) {  // the loss does not depend on this node (or, set_frozen,
                              // only frozen parameters do): its contributions are zero
     for (int p : n.params) {
@@ -446,7 +458,8 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     const int step = 2 * static_cast<int>(graph_.nodes().size()) - 1 - index;
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       const ValueId v = n.inputs[k];
-      const bool need = graph_.value(v).requires_grad;
+      // set_frozen: no gradient for an input nothing above which trains.
+      const bool need = graph_.value(v).requires_grad && (!prunes() || frozen_.wants(v));
       // A value used twice (a residual) gets its gradient contributions summed.
       if (need && in_place_grad(life, n, k, step)) {
         din.push_back(values_[static_cast<size_t>(v)]);  // over the input, which dies here
@@ -467,6 +480,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     bind_blocks(n, ctx, blocks);
     n.op->backward(ctx);
     for (size_t k = 0; k < n.params.size(); ++k) {
+      if (!gp[k].defined()) continue;  // frozen, not computed
       Tensor total = grad_view(n.params[k]);
       const bool first = first_user_[static_cast<size_t>(n.params[k])] == index;
       if (gp[k].dtype() != DType::f32) {  // a half weight gradient: widened, summed in f32
@@ -485,8 +499,6 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     }
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (!din[k].defined()) continue;
-      // set_frozen: nothing above this input trains, so its gradient goes no further.
-      if (prunes() && !needs_[static_cast<size_t>(n.inputs[k])]) continue;
       Tensor& acc = vgrad[static_cast<size_t>(n.inputs[k])];
       if (acc.defined()) {
         kernels::axpy(1.0f, din[k], acc);
@@ -505,7 +517,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   release_after(lifetimes(Mode::train), 2 * n_nodes - 1 - index);
   for (int p : n.params) {
     if (last_user_[static_cast<size_t>(p)] != index) continue;
-    if (!frozen_.empty() && frozen_[static_cast<size_t>(p)]) {
+    if (frozen_.is_frozen(p)) {
       Tensor g = grad_view(p);
       kernels::fill(g, 0.0f);
     }
@@ -516,22 +528,22 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
 void Executor::set_frozen(std::vector<uint8_t> frozen) {
   DTRAIN_CHECK(frozen.empty() || frozen.size() == params_.entries().size(),
                "{} frozen flags for {} parameters", frozen.size(), params_.entries().size());
-  frozen_ = std::move(frozen);
-  needs_.assign(frozen_.empty() ? 0 : values_.size(), 0);
-  works_.assign(frozen_.empty() ? 0 : graph_.nodes().size(), 0);
-  if (frozen_.empty()) return;
-  for (size_t i = 0; i < graph_.nodes().size(); ++i) {  // forward order: producers first
-    const Node& n = graph_.nodes()[i];
-    bool work = false;
-    for (int p : n.params) work = work || !frozen_[static_cast<size_t>(p)];
-    for (ValueId v : n.inputs) work = work || needs_[static_cast<size_t>(v)];
-    works_[i] = work ? 1 : 0;
-    for (ValueId v : n.outputs) needs_[static_cast<size_t>(v)] = works_[i];
-  }
+  frozen_ = graph::backward_set(graph_, std::move(frozen), true);
+  life_stale_[0] = life_stale_[1] = true;
+}
+
+BackwardSet Executor::backward_set() const {
+  BackwardSet set = frozen_;
+  if (!prunes()) set.works.clear(), set.needs.clear();
+  return set;
+}
+
+bool Executor::skips_grad(const Node& n, size_t k) const {
+  return frozen_.is_frozen(n.params[k]) && n.op->skips_param_grad(k);
 }
 
 bool Executor::prunes() const {
-  return !works_.empty() && params_owned_ && begin_ == 0 &&
+  return !frozen_.works.empty() && params_owned_ && begin_ == 0 &&
          end_ == static_cast<int>(graph_.nodes().size());
 }
 

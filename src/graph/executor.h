@@ -92,14 +92,24 @@ class Executor {
   FlatStore& buffers() { return buffers_; }
   // Per parameter (params() order), 1 where its gradient is zeroed as backward finishes
   // it, before grad_ready (optimizer.freeze: runtime/param_groups.h). Empty: none.
-  // Backward then also skips what only frozen parameters need, as autograd does for
-  // tensors without requires_grad: a node with no trainable parameter of its own and
-  // none upstream runs no backward (nor a checkpointed segment of such nodes its
-  // recompute), and no gradient flows into the values it made. The trainable
-  // parameters' gradients are the same bits either way. Only where the executor runs
-  // the whole graph on parameters it owns: a pipeline stage sends its input's gradient
-  // whatever it holds, and ZeRO-3's gathers follow a fixed per-node schedule.
+  // Backward then skips what only frozen parameters need, as autograd does for tensors
+  // without requires_grad (graph::BackwardSet):
+  //  - an op that can (Op::skips_param_grad) computes no gradient for a frozen
+  //    parameter (a frozen output layer's weight-gradient GEMM);
+  //  - a node with no trainable parameter of its own and none upstream runs no backward
+  //    and keeps nothing for it: its saved tensors go after its forward, and its inputs
+  //    and outputs live only as long as forward and working nodes read them (a frozen
+  //    backbone holds no activations for backward); a checkpointed segment of such
+  //    nodes is not recomputed;
+  //  - no gradient is computed for, or flows into, the values such nodes made.
+  // The trainable parameters' gradients are the same bits either way. The last two only
+  // where the executor runs the whole graph on parameters it owns: a pipeline stage
+  // sends its input's gradient whatever it holds, and ZeRO-3's gathers follow a fixed
+  // per-node schedule.
   void set_frozen(std::vector<uint8_t> frozen);
+  // What set_frozen's skipping applies here (works and needs empty where this executor
+  // does not prune): runtime::train_flops counts from it.
+  BackwardSet backward_set() const;
   // Parameters (when owned) and buffers, deterministically from the seed.
   void initialize(uint64_t seed);
   // How ops compute f32 GEMMs and convolutions (tf32: TF32 tensor cores on CUDA, the
@@ -197,10 +207,10 @@ class Executor {
   std::vector<int> cuts_;
   void check_segments();  // none straddles the range
   std::vector<std::vector<Tensor>> saved_;
-  std::vector<uint8_t> frozen_;   // per param: set_frozen
-  std::vector<uint8_t> needs_;    // per value: a trainable parameter at or above it
-  std::vector<uint8_t> works_;    // per node: a trainable parameter, or an input in needs_
-  bool prunes() const;            // set_frozen's skipping applies to this executor
+  BackwardSet frozen_;  // set_frozen (works and needs always computed)
+  bool prunes() const;  // set_frozen's works / needs apply to this executor
+  // Whether node n's op computes no gradient for its k-th parameter (frozen).
+  bool skips_grad(const Node& n, size_t k) const;
   std::vector<Tensor> in_grads_;  // per value: a received value's gradient (backward)
   int begin_ = 0, end_ = 0;       // the range of nodes run
   // The micro-batches not current: values_, saved_, in_grads_, batch_ swapped in and out.

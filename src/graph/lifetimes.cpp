@@ -75,8 +75,29 @@ bool grad_in_place_ok(const Graph& graph, const Lifetimes& life, ValueId v, int 
   return life.last_use[static_cast<size_t>(v)] == step;  // -1 (pinned, unread) never matches
 }
 
+BackwardSet backward_set(const Graph& graph, std::vector<uint8_t> frozen, bool prune) {
+  BackwardSet set;
+  if (std::find(frozen.begin(), frozen.end(), 1) == frozen.end()) return set;
+  DTRAIN_CHECK(frozen.size() == graph.param_layout().size(), "{} frozen flags for {} parameters",
+               frozen.size(), graph.param_layout().size());
+  set.frozen = std::move(frozen);
+  if (!prune) return set;
+  set.needs.assign(static_cast<size_t>(graph.num_values()), 0);
+  set.works.assign(graph.nodes().size(), 0);
+  for (size_t i = 0; i < graph.nodes().size(); ++i) {  // forward order: producers first
+    const Node& n = graph.nodes()[i];
+    bool work = false;
+    for (int p : n.params) work = work || !set.frozen[static_cast<size_t>(p)];
+    for (ValueId v : n.inputs) work = work || set.needs[static_cast<size_t>(v)];
+    set.works[i] = work ? 1 : 0;
+    for (ValueId v : n.outputs) set.needs[static_cast<size_t>(v)] = set.works[i];
+  }
+  return set;
+}
+
 Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned,
-                         int blocks_per_segment, const std::vector<int>& cuts) {
+                         int blocks_per_segment, const std::vector<int>& cuts,
+                         const BackwardSet* set) {
   const auto& nodes = graph.nodes();
   const int n = static_cast<int>(nodes.size());
   const auto values = static_cast<size_t>(graph.num_values());
@@ -112,17 +133,28 @@ Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>&
     int& last = backward ? last_backward[i] : last_forward[i];
     last = std::max(last, step);
   };
+  // set: whether some node of segment s runs backward (else it is not recomputed).
+  std::vector<char> segment_works(life.segments.size(), 1);
+  if (set != nullptr && !set->works.empty()) {
+    for (size_t s = 0; s < life.segments.size(); ++s) {
+      segment_works[s] = 0;
+      for (int i = life.segments[s].first; i <= life.segments[s].last; ++i)
+        segment_works[s] = static_cast<char>(segment_works[s] || set->runs(i));
+    }
+  }
   for (int i = 0; i < n; ++i) {
     const Node& node = nodes[static_cast<size_t>(i)];
     for (ValueId v : node.inputs) use(v, i, false);
     if (!train) continue;
     const int back = 2 * n - 1 - i;
-    if (keeps_inputs(node))
+    const bool runs = set == nullptr || set->runs(i);
+    if (runs && keeps_inputs(node))
       for (ValueId v : node.inputs) use(v, back, true);
-    if (keeps_outputs(node))
+    if (runs && keeps_outputs(node))
       for (ValueId v : node.outputs) use(v, back, true);
     const int s = life.segment_of[static_cast<size_t>(i)];
-    if (s >= 0) {  // the recompute reads the segment's inputs from outside
+    if (s >= 0 && segment_works[static_cast<size_t>(s)]) {  // the recompute reads the
+                                                            // segment's inputs from outside
       const int recompute = 2 * n - 1 - life.segments[static_cast<size_t>(s)].last;
       for (ValueId v : node.inputs)
         if (segment_of_value(v) != s) use(v, recompute, true);

@@ -19,6 +19,7 @@
 // segment's inputs live until that recompute.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "graph/graph.h"
@@ -28,6 +29,29 @@ namespace dtrain::graph {
 // Whether node `node`'s backward reads the value in its `input` / output slots.
 bool keeps_inputs(const Node& node);
 bool keeps_outputs(const Node& node);
+
+// optimizer.freeze (Executor::set_frozen): what backward does when some parameters are
+// frozen, the one rule the executor follows and the memory planner replays.
+//  - frozen: per parameter (param_layout() order), 1 where frozen. An op that can
+//    (Op::skips_param_grad) computes no gradient for a frozen parameter.
+//  - works / needs (empty: every node and value; only where the executor prunes): a
+//    node runs backward when it has a trainable parameter or an input that needs a
+//    gradient; a value needs one when a working node made it. A node that does not
+//    work keeps nothing for backward (no saved tensors, no kept inputs or outputs), and
+//    a working node computes no gradient for an input that needs none.
+struct BackwardSet {
+  std::vector<uint8_t> frozen;
+  std::vector<uint8_t> works;
+  std::vector<uint8_t> needs;
+  bool runs(int node) const { return works.empty() || works[static_cast<size_t>(node)] != 0; }
+  bool wants(ValueId v) const { return needs.empty() || needs[static_cast<size_t>(v)] != 0; }
+  bool is_frozen(int param) const {
+    return !frozen.empty() && frozen[static_cast<size_t>(param)] != 0;
+  }
+};
+// prune: also works and needs (the executor runs the whole graph on parameters it
+// owns); else the frozen flags alone. frozen empty: an empty set (nothing frozen).
+BackwardSet backward_set(const Graph& graph, std::vector<uint8_t> frozen, bool prune);
 
 struct Segment {
   int first = 0, last = 0;  // node indices, inclusive
@@ -59,7 +83,10 @@ std::vector<char> read_after_forward(const Graph& graph, const Lifetimes& life, 
 // blocks_per_segment: 0 no checkpointing; k: segments of k consecutive blocks.
 // cuts: blocks where segments start afresh (pipeline stages' first blocks: no segment
 // straddles a stage), in increasing order; empty: none.
+// set (train): a node that does not work reads nothing in backward, and a segment with
+// no working node is not recomputed. Null: every node works.
 Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>& pinned,
-                         int blocks_per_segment = 0, const std::vector<int>& cuts = {});
+                         int blocks_per_segment = 0, const std::vector<int>& cuts = {},
+                         const BackwardSet* set = nullptr);
 
 }  // namespace dtrain::graph

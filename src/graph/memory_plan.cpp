@@ -53,14 +53,21 @@ class Tally {
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
                                 const RoundBytes& round, int blocks_per_segment,
                                 const GradBuckets* buckets, const ParamGathers* gathers,
-                                const StageRange* stage, const std::vector<int>& cuts) {
+                                const StageRange* stage, const std::vector<int>& cuts,
+                                const BackwardSet* frozen) {
   const auto& nodes = graph.nodes();
   const int n = static_cast<int>(nodes.size());
   DTRAIN_CHECK(stage == nullptr || gathers == nullptr,
                "a pipeline stage's plan with ZeRO-3's gathers");
   const int lo = stage != nullptr ? stage->begin : 0;
   const int hi = stage != nullptr ? stage->end : n;
-  const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment, cuts);
+  const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment, cuts, frozen);
+  const BackwardSet none;
+  const BackwardSet& set = frozen != nullptr ? *frozen : none;
+  // Executor::skips_grad: a frozen parameter the op computes no gradient for.
+  auto skips = [&](const Node& node, size_t k) {
+    return set.is_frozen(node.params[k]) && node.op->skips_param_grad(k);
+  };
   Tally t(round);
   std::vector<size_t> value(static_cast<size_t>(graph.num_values()), 0);  // rounded bytes held
   std::vector<size_t> saved(nodes.size(), 0);
@@ -119,7 +126,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       value[static_cast<size_t>(node.outputs[o])] = t.add(bytes_of(node.info.outputs[o]));
     for (const TensorSpec& s : node.info.saved) saved[static_cast<size_t>(i)] += t.add(bytes_of(s));
     t.mark(i, Phase::forward);
-    if (mode != Mode::train || life.segment_of[static_cast<size_t>(i)] >= 0) {
+    if (mode != Mode::train || life.segment_of[static_cast<size_t>(i)] >= 0 || !set.runs(i)) {
       t.remove(saved[static_cast<size_t>(i)]);
       saved[static_cast<size_t>(i)] = 0;
     }
@@ -177,7 +184,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         const int p = node.params[k];
         // A half parameter whose op writes its f32 gradient itself counts as an f32 one.
         const DType dtype = graph.param_layout()[static_cast<size_t>(p)].spec.dtype;
-        const bool is_half = dtype != DType::f32 && !half_grad_in_f32(*node.op, k, dtype);
+        const bool is_half =
+            dtype != DType::f32 && !half_grad_in_f32(*node.op, k, dtype) && !skips(node, k);
         if ((half >= 0 && is_half != (half == 1)) || buckets->bucket_of[static_cast<size_t>(p)] < 0)
           continue;  // another's, or a stage's parameter in no bucket of its own
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
@@ -210,7 +218,14 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     for (int i = hi - 1; i >= lo; --i) {
       const Node& node = nodes[static_cast<size_t>(i)];
       const int seg = life.segment_of[static_cast<size_t>(i)];
-      if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i) {  // the recompute
+      bool recomputed = seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i;
+      if (recomputed) {  // not a segment where no node runs backward (set_frozen)
+        bool work = false;
+        for (int j = life.segments[static_cast<size_t>(seg)].first; j <= i && !work; ++j)
+          work = set.runs(j);
+        recomputed = work;
+      }
+      if (recomputed) {
         for (int j = life.segments[static_cast<size_t>(seg)].first; j <= i; ++j) {
           const Node& r = nodes[static_cast<size_t>(j)];
           gather(j, Phase::recompute);
@@ -232,6 +247,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
       }
       bool reached = false;
       for (ValueId v : node.outputs) reached = reached || has_grad[static_cast<size_t>(v)];
+      reached = reached && set.runs(i);      // set_frozen's skipped node: as if unreached
       open_buckets(node, reached ? 0 : -1);  // grad_targets, or an unreached node's zeros
       if (!reached && buckets != nullptr) t.mark(i, Phase::backward);
       if (reached) {
@@ -247,7 +263,9 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             }
             return false;
           }();
-          if (half_grad_in_f32(*node.op, k, e.spec.dtype)) {
+          if (skips(node, k)) {
+            // frozen: no gradient computed (its first user zeroes the f32 one)
+          } else if (half_grad_in_f32(*node.op, k, e.spec.dtype)) {
             // the op writes the f32 gradient itself (Op::param_grad_in_f32)
           } else if (e.spec.dtype != DType::f32) {
             transient += t.add(bytes_of({e.spec.shape, e.spec.dtype}));
@@ -269,7 +287,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         const int step = 2 * n - 1 - i;
         for (size_t k = 0; k < node.inputs.size(); ++k) {
           const Value& in = graph.value(node.inputs[k]);
-          if (!in.requires_grad) continue;
+          if (!in.requires_grad || !set.wants(node.inputs[k])) continue;
           if (node.info.grad_in_place == static_cast<int>(k) &&
               grad_in_place_ok(graph, life, node.inputs[k], step) &&
               value[static_cast<size_t>(node.inputs[k])] > 0) {
@@ -280,7 +298,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         }
         size_t op_temps = 0;
         for (const TensorSpec& s : node.info.backward_temps) op_temps += t.add(bytes_of(s));
-        if (node.info.writes_input_grad && !graph.value(node.inputs[0]).requires_grad)
+        if (node.info.writes_input_grad &&
+            (!graph.value(node.inputs[0]).requires_grad || !set.wants(node.inputs[0])))
           op_temps += t.add(bytes_of(graph.value(node.inputs[0]).spec));
         t.mark(i, Phase::backward);
         t.remove(op_temps);
@@ -297,7 +316,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             first = std::find(ps.begin(), ps.end(), node.params[k]) == ps.end();
           }
           if (e.spec.dtype != DType::f32 && !first &&
-              !half_grad_in_f32(*node.op, k, e.spec.dtype)) {
+              !half_grad_in_f32(*node.op, k, e.spec.dtype) && !skips(node, k)) {
             const size_t wide = t.add(bytes_of({e.spec.shape, DType::f32}));
             t.mark(i, Phase::backward);
             t.remove(wide);

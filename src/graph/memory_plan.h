@@ -16,6 +16,7 @@
 
 #include "graph/executor.h"
 #include "graph/graph.h"
+#include "graph/lifetimes.h"
 #include "graph/param_units.h"
 
 namespace dtrain::graph {
@@ -108,12 +109,15 @@ struct ParamGathers {
 // stage: one micro-batch over a pipeline stage (cuts: the stages' first blocks, as
 // Executor::set_checkpointing takes them; buckets: the stage's own, in a stage's plan
 // its last micro-batch's backward); not with gathers.
+// frozen: optimizer.freeze as Executor::set_frozen applies it (graph::backward_set,
+// pruning only where that executor prunes); null: nothing frozen.
 ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector<char>& pinned,
                                 const RoundBytes& round, int blocks_per_segment = 0,
                                 const GradBuckets* buckets = nullptr,
                                 const ParamGathers* gathers = nullptr,
                                 const StageRange* stage = nullptr,
-                                const std::vector<int>& cuts = {});
+                                const std::vector<int>& cuts = {},
+                                const BackwardSet* frozen = nullptr);
 ExecutorBytes executor_bytes(const Graph& graph, Device device, const RoundBytes& round);
 
 }  // namespace dtrain::graph

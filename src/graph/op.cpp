@@ -31,6 +31,10 @@ void Op::backward(OpContext& ctx) const {
     DTRAIN_CHECK(ctx.grad_outputs[i].defined() || !is_floating(ctx.outputs[i].dtype()),
                  "{}: undefined grad for output {}", kind(), i);
   }
+  for (size_t k = 0; k < ctx.grad_params.size(); ++k) {
+    DTRAIN_CHECK(ctx.grad_params[k].defined() || (skips_param_grad(k) && !ctx.accumulates(k)),
+                 "{}: undefined grad for param {}", kind(), k);
+  }
   do_backward(ctx);
 }
 

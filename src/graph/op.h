@@ -130,7 +130,9 @@ struct OpContext {
   // gradient (labels, graph inputs); otherwise it is fully overwritten.
   std::span<const Tensor> grad_outputs;
   std::span<Tensor> grad_inputs;
-  std::span<Tensor> grad_params;  // overwritten, same order as params...
+  // Overwritten, same order as params (undefined: frozen, not wanted; only where
+  // Op::skips_param_grad(k))...
+  std::span<Tensor> grad_params;
   // ...except where bit k is set: then add into grad_params[k] (a tied parameter's
   // later user, for an op whose can_accumulate_param_grad(k) is true; a half param's
   // f32 gradient where param_grad_in_f32(k), which implies it).
@@ -172,6 +174,10 @@ class Op {
   // widen after (a half word table: its gradient a scatter-add of half rows). Implies
   // can_accumulate_param_grad(k).
   virtual bool param_grad_in_f32(size_t /*k*/) const { return false; }
+  // Whether backward accepts an undefined grad_params[k] and then computes nothing for
+  // param k (a frozen parameter: Executor::set_frozen), so that a frozen layer still
+  // passing its input's gradient down skips its weight-gradient GEMM.
+  virtual bool skips_param_grad(size_t /*k*/) const { return false; }
   // Tensor parallelism (graph/tensor_parallel.h): the op computing one rank's part
   // in `share`'s role, or null when it has no such form.
   virtual std::unique_ptr<Op> tensor_share(const TpShare& /*share*/) const { return nullptr; }

@@ -91,7 +91,8 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
                           const graph::RoundBytes& round, const std::vector<char>& eval_pins,
                           const std::vector<graph::Stage>& stages,
                           const std::vector<size_t>& stage_state,
-                          const std::vector<StageCompression>& compression, MemoryEstimate& e) {
+                          const std::vector<StageCompression>& compression,
+                          const graph::BackwardSet& frozen, MemoryEstimate& e) {
   const graph::Graph& g = m.graph;
   const int P = job.parallel.pipeline, micro = job.parallel.micro_batches;
   std::vector<int> cuts;
@@ -111,8 +112,9 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
       for (graph::ValueId v : stages[static_cast<size_t>(s) + 1].receives)
         if (g.value(v).requires_grad) r.grad_seeds.push_back(v);
     }
-    const graph::ActivationPeak one = graph::plan_activations(
-        g, graph::Mode::train, {}, round, blocks_per_segment(job, g), nullptr, nullptr, &r, cuts);
+    const graph::ActivationPeak one =
+        graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
+                                nullptr, nullptr, &r, cuts, &frozen);
     graph::ActivationPeak eval =
         graph::plan_activations(g, graph::Mode::eval, eval_pins, round, 0, nullptr, nullptr, &r);
     const int k = job.parallel.schedule == PipelineSchedule::gpipe ? micro : std::min(P - s, micro);
@@ -128,7 +130,7 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
       const StageCompression& c = compression[static_cast<size_t>(s)];
       const graph::ActivationPeak last =
           graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
-                                  &c.buckets, nullptr, &r, cuts);
+                                  &c.buckets, nullptr, &r, cuts, &frozen);
       const size_t during = last.peak,
                    after = last.at_end + std::max(c.exchange_after, last.exchange_after);
       const size_t at = std::max(during, after) + static_cast<size_t>(micro) * copies;
@@ -271,6 +273,12 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   for (graph::FlatEntry& e : wide) e.spec.dtype = DType::f32;
   const graph::FlatStore f32_entries(wide);
   const int64_t layout_elems = f32_entries.buffer_elems(DType::f32);
+  // optimizer.freeze: what backward skips (graph::Executor::set_frozen; the whole graph's
+  // executor prunes, a pipeline stage's and ZeRO-3's skip frozen weight gradients only).
+  const ParamGroups groups(job.optimizer, g, job.model.arch);
+  const graph::BackwardSet frozen_all =
+      graph::backward_set(g, groups.frozen_mask(), !zero3 && job.parallel.pipeline == 1);
+  const graph::BackwardSet frozen_only = graph::backward_set(g, groups.frozen_mask(), false);
   // A pipeline stage steps its span of the layout (runtime/pipeline.h; ZeRO shards it):
   // the masters and optimizer state are the largest stage's here, each stage's below.
   const std::vector<graph::Stage> stages =
@@ -365,7 +373,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (compressed) {
     // Frozen tensors stay dense: the plan's view of the layout, once for every stage.
     const std::vector<compress::ParamInfo> params =
-        compression_params(f32_entries.entries(), ParamGroups(job.optimizer, g, job.model.arch));
+        compression_params(f32_entries.entries(), groups);
     const auto of = [&](const std::vector<dist::Bucket>& b, int64_t span) {
       StageCompression c;
       const std::vector<compress::BucketPlan> plans =
@@ -515,7 +523,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   const graph::ParamGathers gathers{&units, policy.compute, f32_entries.entries()};
   e.train = graph::plan_activations(g, graph::Mode::train, {}, round, blocks_per_segment(job, g),
                                     buckets.bytes.empty() ? nullptr : &buckets,
-                                    zero3 ? &gathers : nullptr);
+                                    zero3 ? &gathers : nullptr, nullptr, {}, &frozen_all);
   exchange_after = std::max(exchange_after, e.train.exchange_after);
   if (e.train.at_end + exchange_after > e.train.peak) {
     e.train.peak = e.train.at_end + exchange_after;
@@ -541,7 +549,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                             stage_params_bytes - grads_items * stage_grads_bytes + held_params[s] +
                             grads_items * held_grads[s] - compression);
     }
-    pipeline_activations(job, m, round, eval_pins, stages, stage_state, stage_compression, e);
+    pipeline_activations(job, m, round, eval_pins, stages, stage_state, stage_compression,
+                         frozen_only, e);
   }
   // After each evaluation forward the trainer reads the logits on the host as f32
   // (TrainSession::evaluate): half logits are widened into a copy then.
@@ -553,6 +562,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       e.eval.node = -2;  // after the forward
     }
   }
+  // An evaluation opens the test split's image feed (TrainSession::evaluate_model) while
+  // the training feed keeps its slots: as many slots again, of the same batch. Seen
+  // once backward skips enough (a linear probe's) for an evaluation to set the peak.
+  if (images && e.stages.empty()) e.eval.peak += data;
   e.train_peak_at = where(g, e.train);
   e.eval_peak_at = where(g, e.eval);
   const bool train_higher = e.train.peak >= e.eval.peak;
@@ -567,7 +580,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                               st.train >= st.eval ? st.at : std::string("evaluation"));
     }
   }
-  e.step_flops = 3.0 * g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
+  e.step_flops = train_flops(g, frozen_all, job.parallel.micro_batches);
   e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
   if (world > 1) e.comm.zero_stage = job.parallel.zero_stage;
   if (zero2) {  // ZeRO-2 and 3 reduce each micro-batch's gradients into their owners

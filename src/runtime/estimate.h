@@ -33,7 +33,7 @@ struct MemoryEstimate {
   size_t state_bytes = 0;
   size_t peak_bytes = 0;  // state + the larger of the two activation peaks
   std::string peak_at;
-  double step_flops = 0;  // forward + backward (3x forward) per rank and step
+  double step_flops = 0;  // forward + backward per rank and step (runtime::train_flops)
   // Forward FLOPs of one micro-batch on this rank: its part of the graph (tensor
   // parallelism), the worst stage's nodes (a pipeline).
   double forward_flops = 0;

@@ -17,6 +17,7 @@
 #include "optim/optimizer.h"
 #include "precision/options.h"
 #include "runtime/estimate.h"
+#include "runtime/param_groups.h"
 #include "runtime/zero.h"
 
 namespace dtrain::runtime {
@@ -62,6 +63,34 @@ NodeWork node_work(const graph::Graph& g, const graph::Node& n) {
     w.bytes += static_cast<double>(s.shape.numel()) * static_cast<double>(dtype_size(s.dtype));
   }
   return w;
+}
+
+double backward_passes(const graph::Graph& g, const graph::BackwardSet& frozen, int node) {
+  if (!frozen.runs(node)) return 0.0;
+  const graph::Node& n = g.nodes()[static_cast<size_t>(node)];
+  if (n.params.empty()) return 2.0;
+  bool weight = false, input_could = false, input = false;
+  for (size_t k = 0; k < n.params.size(); ++k)
+    weight = weight || !(frozen.is_frozen(n.params[k]) && n.op->skips_param_grad(k));
+  for (graph::ValueId v : n.inputs) {
+    if (!g.value(v).requires_grad) continue;
+    input_could = true;
+    input = input || frozen.wants(v);
+  }
+  return 2.0 - (weight ? 0.0 : 1.0) - (input_could && !input ? 1.0 : 0.0);
+}
+
+double train_flops(const graph::Graph& g, const graph::BackwardSet& frozen, int micro_batches) {
+  double flops = 0;
+  for (size_t i = 0; i < g.nodes().size(); ++i)
+    flops += (1.0 + backward_passes(g, frozen, static_cast<int>(i))) * g.nodes()[i].info.flops;
+  return flops * micro_batches;
+}
+
+graph::BackwardSet job_backward_set(const Job& job, const graph::Graph& g) {
+  const bool zero3 = job.parallel.zero_stage >= 3 && job.parallel.data > 1;
+  return graph::backward_set(g, ParamGroups(job.optimizer, g, job.model.arch).frozen_mask(),
+                             !zero3 && job.parallel.pipeline == 1);
 }
 
 namespace {
@@ -157,7 +186,8 @@ RooflinePeak roofline_peak(Device device, DType compute, kernels::MathMode math,
 
 StepTimeEstimate roofline_step_time(const graph::Graph& g, const RooflinePeak& peak,
                                     int micro_batches, int blocks_per_segment,
-                                    size_t optimizer_bytes, size_t host_bytes, size_t link_bytes) {
+                                    size_t optimizer_bytes, size_t host_bytes, size_t link_bytes,
+                                    const graph::BackwardSet* frozen) {
   DTRAIN_CHECK(peak.matrix_f32_flops > 0 && peak.matrix_half_flops > 0 && peak.vector_flops > 0 &&
                    peak.bytes_per_s > 0,
                "roofline peak without a figure: {}", peak.source);
@@ -165,19 +195,29 @@ StepTimeEstimate roofline_step_time(const graph::Graph& g, const RooflinePeak& p
   StepTimeEstimate e;
   e.source = peak.source;
   // The same segments the executor recomputes (graph/lifetimes.h).
-  std::vector<int> segment_of(g.nodes().size(), -1);
-  if (blocks_per_segment > 0)
-    segment_of = graph::plan_lifetimes(g, graph::Mode::train, {}, blocks_per_segment).segment_of;
+  const graph::BackwardSet none;
+  const graph::BackwardSet& set = frozen != nullptr ? *frozen : none;
+  std::vector<char> recomputed(g.nodes().size(), 0);
+  if (blocks_per_segment > 0) {
+    const graph::Lifetimes life =
+        graph::plan_lifetimes(g, graph::Mode::train, {}, blocks_per_segment, {}, &set);
+    for (const graph::Segment& s : life.segments) {
+      bool work = false;
+      for (int i = s.first; i <= s.last; ++i) work = work || set.runs(i);
+      for (int i = s.first; i <= s.last && work; ++i) recomputed[static_cast<size_t>(i)] = 1;
+    }
+  }
   const double mb = micro_batches;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const NodeCost c = node_cost(g, g.nodes()[i], peak);
     // Forward once, backward at twice forward's FLOPs and bytes (the input and the
-    // weight gradient each cost a forward), the recompute once more.
-    const bool recomputed = segment_of[i] >= 0;
-    const double passes = 3.0 + (recomputed ? 1.0 : 0.0);
+    // weight gradient each cost a forward; less what set_frozen skips), the recompute
+    // once more.
+    const double passes =
+        1.0 + backward_passes(g, set, static_cast<int>(i)) + (recomputed[i] ? 1.0 : 0.0);
     const double t =
         add_pass(e, passes * mb * c.flops, passes * mb * c.bytes, c.flops_per_s, peak.bytes_per_s);
-    if (recomputed) e.recompute_seconds += t / passes;
+    if (recomputed[i]) e.recompute_seconds += t / passes;
   }
   e.optimizer_seconds =
       add_pass(e, 0.0, static_cast<double>(optimizer_bytes), peak.vector_flops, peak.bytes_per_s);
@@ -246,8 +286,9 @@ StepTimeEstimate estimate_step_time(const Job& job, const graph::Graph& g) {
   const RooflinePeak peak =
       roofline_peak(job.device, compute_dtype(job.precision.dtype), math, offload);
   const OptimizerTraffic t = optimizer_traffic(job, g);
+  const graph::BackwardSet frozen = job_backward_set(job, g);
   return roofline_step_time(g, peak, job.parallel.micro_batches, blocks_per_segment(job, g),
-                            t.device_bytes, t.host_bytes, t.link_bytes);
+                            t.device_bytes, t.host_bytes, t.link_bytes, &frozen);
 }
 
 }  // namespace dtrain::runtime

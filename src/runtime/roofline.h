@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "graph/graph.h"
+#include "graph/lifetimes.h"
 #include "kernels/common.h"
 #include "runtime/job.h"
 
@@ -36,6 +37,21 @@ struct NodeWork {
   double flops = 0, bytes = 0;
 };
 NodeWork node_work(const graph::Graph& g, const graph::Node& n);
+
+// A node's backward in forward passes: 2 (its input's gradient and its parameters'),
+// less what optimizer.freeze skips (graph::BackwardSet, as Executor::set_frozen applies
+// it): none for a node that runs no backward; one less for a node whose parameters are
+// all frozen and skipped (Op::skips_param_grad), one less for a node with parameters
+// whose inputs would take a gradient but none is wanted.
+double backward_passes(const graph::Graph& g, const graph::BackwardSet& frozen, int node);
+// The FLOPs of one training step on a rank: each node's forward once and backward
+// backward_passes times, every micro-batch (3x forward with nothing frozen). What
+// `dtrain estimate` prints and the trainer's model_gflops_per_s counts.
+double train_flops(const graph::Graph& g, const graph::BackwardSet& frozen, int micro_batches);
+// The job's frozen set (runtime::ParamGroups) as the trainer's executor applies it:
+// pruned where it runs the whole graph on parameters it owns (not ZeRO-3 on several
+// ranks, not a pipeline stage).
+graph::BackwardSet job_backward_set(const Job& job, const graph::Graph& g);
 
 // The peaks a job on `device` with compute dtype `compute` runs against. CPU: measured
 // once per process (about half a second). CUDA: the datasheet of the GPU query_cuda()
@@ -74,11 +90,13 @@ struct OptimizerTraffic {
 // what one optimizer step reads and writes on the device (parameters, gradients,
 // masters, state). Offloaded, `host_bytes` at peak.host_bytes_per_s and `link_bytes` at
 // peak.link_bytes_per_s (one direction at a time: MasterWeights::step downloads, steps,
-// then uploads).
+// then uploads). `frozen`: backward's passes per node (backward_passes; null: 2 each),
+// and a checkpointed segment where no node runs backward is not recomputed.
 StepTimeEstimate roofline_step_time(const graph::Graph& g, const RooflinePeak& peak,
                                     int micro_batches, int blocks_per_segment = 0,
                                     size_t optimizer_bytes = 0, size_t host_bytes = 0,
-                                    size_t link_bytes = 0);
+                                    size_t link_bytes = 0,
+                                    const graph::BackwardSet* frozen = nullptr);
 
 // What one optimizer step of `job` reads and writes in all, from the f32 layout of `g`'s
 // parameters: the gradient (read, and zeroed for the next step), the weights (f32, or
@@ -93,8 +111,8 @@ size_t optimizer_step_bytes(const Job& job, const graph::Graph& g);
 OptimizerTraffic optimizer_traffic(const Job& job, const graph::Graph& g);
 
 // The job's roofline: its device's peak (roofline_peak), its micro-batches and
-// checkpointing, and optimizer_traffic. `g`: the job's graph for one micro-batch. Throws
-// RunError where roofline_peak does.
+// checkpointing, optimizer.freeze (job_backward_set), and optimizer_traffic. `g`: the job's graph
+// for one micro-batch. Throws RunError where roofline_peak does.
 StepTimeEstimate estimate_step_time(const Job& job, const graph::Graph& g);
 
 }  // namespace dtrain::runtime

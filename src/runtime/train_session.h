@@ -243,6 +243,7 @@ class TrainSession {
   std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)
   std::unique_ptr<ProfileWindow> profile_;  // logging.profile: every rank's trace
   double gpu_peak_ = -1;                    // gpu_peak_flops(); -1: not asked yet
+  double step_flops_ = -1;                  // runtime::train_flops; -1: not counted yet
   std::unique_ptr<RankLog> rank_log_;
   FaultInjector faults_{comm_.rank()};
   OverflowInjector overflows_{comm_.rank()};

@@ -114,9 +114,12 @@ void TrainSession::log_window(double loss, double seconds, double wait, int64_t 
                            {"data_wait_s", wait},
                            {"peak_host_bytes", host_allocator().stats().peak}};
     // The model's FLOPs per step on this rank (forward and backward at twice forward,
-    // the roofline's count) over the step time; MFU where the peak is a datasheet's
-    // (CUDA): a CPU's must be measured, which `dtrain bench` does, not every run.
-    const double flops = 3.0 * model_.graph.forward_flops() * micro_batches_;
+    // less what optimizer.freeze skips: the roofline's count) over the step time; MFU
+    // where the peak is a datasheet's (CUDA): a CPU's must be measured, which `dtrain
+    // bench` does, not every run.
+    if (step_flops_ < 0)
+      step_flops_ = train_flops(model_.graph, ex_->backward_set(), micro_batches_);
+    const double flops = step_flops_;
     line["model_gflops_per_s"] = flops / seconds / 1e9;
     if (job_.device.is_cuda()) {
       const double peak = gpu_peak_flops();

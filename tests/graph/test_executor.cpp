@@ -8,6 +8,8 @@
 
 #include "graph/executor.h"
 #include "graph/ops.h"
+#include "kernels/elementwise.h"
+#include "kernels/memory.h"
 
 using namespace dtrain;
 using namespace dtrain::graph;
@@ -301,4 +303,133 @@ TEST_CASE("set_frozen: frozen gradients zero, the rest the same bits, their back
   const Tensor w2 = tail.grads().view("fc2.weight");
   CHECK(
       std::all_of(w2.data<float>(), w2.data<float>() + w2.numel(), [](float x) { return x == 0; }));
+}
+
+namespace {
+
+// A pass-through op with one parameter that records what backward was handed: whether
+// its parameter's and its input's gradient tensors were defined.
+struct SpySeen {
+  int calls = 0;
+  bool grad_param = false, grad_input = false;
+};
+
+class Spy final : public Op {
+ public:
+  Spy(SpySeen* seen, bool skips) : seen_(seen), skips_(skips) {}
+  std::string_view kind() const override { return "spy"; }
+  bool skips_param_grad(size_t /*k*/) const override { return skips_; }
+
+ protected:
+  OpInfo do_infer(std::span<const TensorSpec> in) const override {
+    OpInfo info;
+    info.outputs = {in[0]};
+    info.params = {{"w", {1}, InitKind::zeros}};
+    info.keep = Keep::nothing;
+    return info;
+  }
+  void do_forward(OpContext& ctx) const override {
+    kernels::scale(1.0f, ctx.inputs[0], ctx.outputs[0]);
+  }
+  void do_backward(OpContext& ctx) const override {
+    ++seen_->calls;
+    seen_->grad_param = ctx.grad_params[0].defined();
+    seen_->grad_input = ctx.grad_inputs[0].defined();
+    if (seen_->grad_param) kernels::fill(ctx.grad_params[0], 0.5f);
+    if (seen_->grad_input) kernels::scale(1.0f, ctx.grad_outputs[0], ctx.grad_inputs[0]);
+  }
+
+ private:
+  SpySeen* seen_;
+  bool skips_;
+};
+
+// x -> fc1 -> spy -> fc2 -> loss; parameters fc1.weight, fc1.bias, spy.w, fc2.weight.
+struct SpyNet {
+  Graph g;
+  ValueId x, labels, loss;
+  SpySeen seen;
+  explicit SpyNet(bool skips) {
+    x = g.input("x", {4, 6}, DType::f32);
+    labels = g.input("labels", {4}, DType::i32);
+    ValueId h = g.add1("fc1", linear(6, 8, Bias::yes), {x});
+    h = g.add1("spy", std::make_unique<Spy>(&seen, skips), {h});
+    h = g.add1("fc2", linear(8, 3, Bias::no), {h});
+    loss = g.add1("loss", softmax_cross_entropy(), {h, labels});
+  }
+  // One training step with `frozen` (params() order); the gradients stay readable.
+  void step(Executor& ex, std::vector<uint8_t> frozen) {
+    ex.set_frozen(std::move(frozen));
+    ex.initialize(5);
+    Tensor in = Tensor::empty({4, 6}, DType::f32);
+    for (int i = 0; i < 24; ++i) in.data<float>()[i] = static_cast<float>(i % 7) * 0.25f - 0.7f;
+    Tensor l = Tensor::empty({4}, DType::i32);
+    for (int i = 0; i < 4; ++i) l.data<int32_t>()[i] = i % 3;
+    ex.set_input(x, in);
+    ex.set_input(labels, l);
+    std::memset(ex.grads().flat(DType::f32).raw(), 0x7f, ex.grads().flat(DType::f32).nbytes());
+    ex.forward(Mode::train);
+    ex.backward(loss);
+  }
+};
+
+bool all_zero(const Tensor& g) {
+  return std::all_of(g.data<float>(), g.data<float>() + g.numel(), [](float v) { return v == 0; });
+}
+
+}  // namespace
+
+// optimizer.freeze inside a trained model: a frozen op that still passes its input's
+// gradient down gets no gradient tensor for its parameter (Op::skips_param_grad: a frozen
+// layer skips its weight-gradient GEMM), and the first trained op after a frozen part
+// gets none for its input. The trained gradients are the unfrozen run's bits throughout.
+TEST_CASE(
+    "set_frozen: no weight gradient for a frozen op behind a trained one, none for an "
+    "input nothing trains above") {
+  SpyNet plain_net(true);
+  Executor plain(plain_net.g);
+  plain_net.step(plain, {});
+  CHECK(plain_net.seen.grad_param);
+  CHECK(plain_net.seen.grad_input);
+  const std::vector<std::string> names = {"fc1.weight", "fc1.bias", "fc2.weight"};
+  auto same_as_plain = [&](Executor& ex, const std::string& name) {
+    const Tensor a = plain.grads().view(name), b = ex.grads().view(name);
+    return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  };
+  SUBCASE("the spy frozen between trained layers: backward runs, its parameter's is skipped") {
+    SpyNet net(true);
+    Executor ex(net.g);
+    net.step(ex, {0, 0, 1, 0});
+    CHECK(net.seen.calls == 1);
+    CHECK_FALSE(net.seen.grad_param);
+    CHECK(net.seen.grad_input);
+    CHECK(all_zero(ex.grads().view("spy.w")));  // zeroed over the 0x7f garbage
+    for (const std::string& name : names) CHECK(same_as_plain(ex, name));
+  }
+  SUBCASE("an op that cannot skip computes it, and it is zeroed before grad_ready") {
+    SpyNet net(false);
+    Executor ex(net.g);
+    net.step(ex, {0, 0, 1, 0});
+    CHECK(net.seen.grad_param);
+    CHECK(all_zero(ex.grads().view("spy.w")));
+    for (const std::string& name : names) CHECK(same_as_plain(ex, name));
+  }
+  SUBCASE("fc1 frozen: the trained spy gets no gradient for fc1's output") {
+    SpyNet net(true);
+    Executor ex(net.g);
+    net.step(ex, {1, 1, 0, 0});
+    CHECK(net.seen.calls == 1);
+    CHECK(net.seen.grad_param);
+    CHECK_FALSE(net.seen.grad_input);
+    CHECK(same_as_plain(ex, "fc2.weight"));
+    CHECK(all_zero(ex.grads().view("fc1.weight")));
+    CHECK(all_zero(ex.grads().view("fc1.bias")));
+  }
+  SUBCASE("fc1 and the spy frozen: the spy runs no backward at all") {
+    SpyNet net(true);
+    Executor ex(net.g);
+    net.step(ex, {1, 1, 1, 0});
+    CHECK(net.seen.calls == 0);
+    CHECK(same_as_plain(ex, "fc2.weight"));
+  }
 }

@@ -20,6 +20,7 @@ class Conv2d final : public Op {
         bias_(bias),
         fan_(fan) {}
   std::string_view kind() const override { return "conv2d"; }
+  bool skips_param_grad(size_t /*k*/) const override { return true; }
   // oneDNN's blocked layouts here for groups 1; the bias pass is NCHW's.
   BlockedForm blocked_form() const override {
     return groups_ == 1 && bias_ == Bias::no ? BlockedForm::free : BlockedForm::none;
@@ -78,8 +79,9 @@ class Conv2d final : public Op {
     if (ctx.grad_inputs[0].defined()) {
       kernels::conv2d_backward_data(a, dy, ctx.params[0], ctx.grad_inputs[0], ctx.workspace);
     }
-    kernels::conv2d_backward_filter(a, ctx.inputs[0], dy, ctx.grad_params[0], ctx.workspace);
-    if (bias_ == Bias::yes) {
+    if (ctx.grad_params[0].defined())
+      kernels::conv2d_backward_filter(a, ctx.inputs[0], dy, ctx.grad_params[0], ctx.workspace);
+    if (bias_ == Bias::yes && ctx.grad_params[1].defined()) {
       kernels::bias_add_backward({a.n, k_, a.out_h() * a.out_w()}, dy, ctx.grad_params[1]);
     }
   }

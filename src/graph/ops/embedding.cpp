@@ -22,6 +22,7 @@ class TokenEmbedding final : public Op {
   // embedding_backward adds half rows into an f32 table): no temporary of the table's
   // size in its dtype, and none in f32 to widen it through. Not the vocabulary share.
   bool param_grad_in_f32(size_t k) const override { return k == 0 && !tp_; }
+  bool skips_param_grad(size_t /*k*/) const override { return true; }
 
   // Tensor parallelism: word-table rows [begin, begin + count) of the vocabulary; each
   // rank looks up its own ids (zeros for the others') and the rows meet in one sum.
@@ -94,17 +95,21 @@ class TokenEmbedding final : public Op {
   void do_backward(OpContext& ctx) const override {
     const int64_t b = ctx.inputs[0].dim(0), t = ctx.inputs[0].dim(1), c = d_.channels;
     const Tensor dy = ctx.grad_outputs[0].reshape({b * t, c});
-    if (!ctx.accumulates(0)) kernels::fill(ctx.grad_params[0], 0.0f);
-    if (tp_) {
+    if (!ctx.grad_params[0].defined()) {  // frozen
+    } else if (tp_) {
+      if (!ctx.accumulates(0)) kernels::fill(ctx.grad_params[0], 0.0f);
       kernels::embedding_backward_share(ctx.inputs[0].reshape({b * t}), dy, tp_->begin, d_.vocab,
                                         ctx.grad_params[0]);
     } else {
+      if (!ctx.accumulates(0)) kernels::fill(ctx.grad_params[0], 0.0f);
       kernels::embedding_backward(ctx.inputs[0].reshape({b * t}), dy, ctx.grad_params[0]);
     }
-    kernels::fill(ctx.grad_params[1], 0.0f);  // rows t >= T stay 0
-    Tensor dpos = ctx.grad_params[1].view(0, {t * c});
-    kernels::bias_add_backward({b, t * c, 1}, dy, dpos);
-    if (d_.types == 0) return;
+    if (ctx.grad_params[1].defined()) {
+      kernels::fill(ctx.grad_params[1], 0.0f);  // rows t >= T stay 0
+      Tensor dpos = ctx.grad_params[1].view(0, {t * c});
+      kernels::bias_add_backward({b, t * c, 1}, dy, dpos);
+    }
+    if (d_.types == 0 || !ctx.grad_params[2].defined()) return;
     kernels::fill(ctx.grad_params[2], 0.0f);
     if (type_ids_ == TypeIds::none) {
       Tensor dtype0 = ctx.grad_params[2].view(0, {c});

@@ -25,6 +25,7 @@ class Linear final : public Op {
       : in_(in), out_(out), fan_in_(in), bias_(bias), init_(init), gelu_(gelu) {}
   std::string_view kind() const override { return gelu_ ? "linear_gelu" : "linear"; }
   bool can_accumulate_param_grad(size_t k) const override { return k == 0; }
+  bool skips_param_grad(size_t /*k*/) const override { return true; }
   bool param_grad_in_f32(size_t k) const override { return k == 0; }
 
   std::unique_ptr<Op> tensor_share(const TpShare& share) const override {
@@ -144,10 +145,13 @@ class Linear final : public Op {
       // A column share's input gradient is its features' part of the sum.
       if (tp_ && !row()) tp_->group->all_reduce(ctx.grad_inputs[0], GroupReduce::sum);
     }
-    kernels::GemmArgs dw = with_math(bwd_weight(rows), ctx);
-    if (ctx.accumulates(0)) dw.beta = 1.0f;  // a tied weight: added to the other user's
-    kernels::gemm(dw, dy, ctx.inputs[0], ctx.grad_params[0], ctx.workspace);
-    if (bias_ == Bias::yes) kernels::bias_add_backward({rows, out_, 1}, dy, ctx.grad_params[1]);
+    if (ctx.grad_params[0].defined()) {
+      kernels::GemmArgs dw = with_math(bwd_weight(rows), ctx);
+      if (ctx.accumulates(0)) dw.beta = 1.0f;  // a tied weight: added to the other user's
+      kernels::gemm(dw, dy, ctx.inputs[0], ctx.grad_params[0], ctx.workspace);
+    }
+    if (bias_ == Bias::yes && ctx.grad_params[1].defined())
+      kernels::bias_add_backward({rows, out_, 1}, dy, ctx.grad_params[1]);
   }
 
  private:
