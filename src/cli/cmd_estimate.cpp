@@ -103,7 +103,8 @@ int run_estimate(const EstimateArgs& args) {
                             job.model.arch),
                 "pick an architecture `dtrain train` can build");
   }
-  if (!job.optimizer.freeze.empty() || job.optimizer.layer_decay) {  // train's refusals too
+  if (!job.optimizer.freeze.empty() || job.optimizer.layer_decay ||
+      !job.optimizer.groups.empty()) {  // train's refusals too
     const models::ModelGraph m = models::build_model(job.model, 1);
     const runtime::ParamGroups checked(job.optimizer, m.graph, job.model.arch);  // or exit 2
   }

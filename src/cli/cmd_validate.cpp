@@ -107,10 +107,11 @@ std::string memory_line(const Job& job) {
       static_cast<double>(e.peak_bytes - e.state_bytes) / 1e9, e.peak_at);
 }
 
-// optimizer.freeze and optimizer.layer_decay as the trainer will apply them (a pattern
+// optimizer.freeze, layer_decay and groups as the trainer will apply them (a pattern
 // that matches nothing is the trainer's exit 2, refused here the same way).
 std::string param_group_lines(const Job& job) {
-  if (job.optimizer.freeze.empty() && !job.optimizer.layer_decay) return {};
+  if (job.optimizer.freeze.empty() && !job.optimizer.layer_decay && job.optimizer.groups.empty())
+    return {};
   const models::ModelGraph m = models::build_model(job.model, 1);
   const runtime::ParamGroups groups(job.optimizer, m.graph, job.model.arch);
   std::string out;

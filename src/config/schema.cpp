@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "config/fields.h"
+#include "config/suggest.h"
 #include "core/error.h"
 
 namespace dtrain::config {
@@ -111,6 +112,76 @@ Field freeze_field() {
   return leaf("freeze", AT(optimizer.freeze), read, print);
 }
 
+// optimizer.groups: [{params: [PATTERN...], lr_scale: X, weight_decay: Y}, ...].
+Field groups_field() {
+  static const std::vector<std::string> kKeys = {"params", "lr_scale", "weight_decay"};
+  const std::string example =
+      "e.g. groups: [{params: [heads], lr_scale: 10}, {params: [\"*.bias\", \"*norm*\"], "
+      "weight_decay: 0}] (patterns as optimizer.freeze's; the first group that matches a "
+      "parameter decides it)";
+  auto read = [example](const ConfigNode& n, const std::string& path) {
+    std::vector<OptimizerOptions::Group> groups;
+    if (n.kind == ConfigNode::Kind::null) return groups;  // `groups:`
+    if (n.kind != ConfigNode::Kind::list)
+      fail(n.loc, path, fmt::format("expected a list of groups, got {}", describe(n)), example);
+    for (size_t i = 0; i < n.items.size(); ++i) {
+      const ConfigNode& item = n.items[i];
+      const std::string at = fmt::format("{}[{}]", path, i);
+      if (item.kind != ConfigNode::Kind::map) {
+        fail(item.loc, at, fmt::format("expected a group (a mapping), got {}", describe(item)),
+             example);
+      }
+      OptimizerOptions::Group g;
+      bool has_params = false;
+      for (const Entry& e : item.entries) {
+        const std::string key = at + "." + e.key;
+        if (e.key == "params") {
+          if (e.value.kind != ConfigNode::Kind::list || e.value.items.empty()) {
+            fail(e.value.loc, key,
+                 fmt::format("expected a non-empty list of parameter name patterns, got {}",
+                             describe(e.value)),
+                 example);
+          }
+          for (size_t k = 0; k < e.value.items.size(); ++k)
+            g.params.push_back(read_string(e.value.items[k], fmt::format("{}[{}]", key, k)));
+          has_params = true;
+        } else if (e.key == "lr_scale") {
+          if (e.value.kind != ConfigNode::Kind::null)
+            g.lr_scale = read_real(e.value, key, kPositiveReal);
+        } else if (e.key == "weight_decay") {
+          if (e.value.kind != ConfigNode::Kind::null)
+            g.weight_decay = read_real(e.value, key, kNonNegativeReal);
+        } else {
+          fail(e.key_loc, key, fmt::format("unknown key{}", did_you_mean(e.key, kKeys)),
+               "a group takes params, lr_scale and weight_decay");
+        }
+      }
+      if (!has_params)
+        fail(item.loc, at + ".params", "missing: the patterns of the group", example);
+      if (!g.lr_scale && !g.weight_decay) {
+        fail(item.loc, at, "the group sets nothing",
+             "give it lr_scale (its learning rate's factor) or weight_decay (its decay, in place "
+             "of optimizer.weight_decay and no_decay), or drop it");
+      }
+      groups.push_back(std::move(g));
+    }
+    return groups;
+  };
+  auto print = [](const std::vector<OptimizerOptions::Group>& groups) {
+    std::vector<std::string> out;
+    for (const OptimizerOptions::Group& g : groups) {
+      std::vector<std::string> quoted;
+      for (const std::string& p : g.params) quoted.push_back(quote_string(p));
+      std::string one = fmt::format("{{params: [{}]", fmt::join(quoted, ", "));
+      if (g.lr_scale) one += ", lr_scale: " + format_real(*g.lr_scale);
+      if (g.weight_decay) one += ", weight_decay: " + format_real(*g.weight_decay);
+      out.push_back(one + "}");
+    }
+    return fmt::format("[{}]", fmt::join(out, ", "));
+  };
+  return leaf("groups", AT(optimizer.groups), read, print);
+}
+
 Field device_field() {
   auto read = [](const ConfigNode& n, const std::string& path) {
     const std::string s = read_string(n, path);
@@ -200,7 +271,8 @@ Field optimizer_section() {
        enumeration("no_decay", AT(optimizer.no_decay)),
        real("clip_grad_norm", AT(optimizer.clip_grad_norm), kPositiveReal), std::move(schedule),
        std::move(ema), freeze_field(),
-       real("layer_decay", AT(optimizer.layer_decay), RealRange{0, 1, true, false})});
+       real("layer_decay", AT(optimizer.layer_decay), RealRange{0, 1, true, false}),
+       groups_field()});
 }
 
 Field train_section() {

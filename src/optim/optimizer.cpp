@@ -191,8 +191,9 @@ void Optimizer::load_state(const OptimizerState& saved) {
 }
 
 float Optimizer::decay_of(int32_t segment) const {
-  const bool decays = segments_[static_cast<size_t>(segment)].decay == DecayMode::decay;
-  return decays ? static_cast<float>(options_.weight_decay) : 0.0f;
+  const ParamSegment& s = segments_[static_cast<size_t>(segment)];
+  if (s.weight_decay) return static_cast<float>(*s.weight_decay);  // optimizer.groups
+  return s.decay == DecayMode::decay ? static_cast<float>(options_.weight_decay) : 0.0f;
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options,

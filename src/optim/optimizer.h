@@ -119,7 +119,9 @@ class Optimizer {
 
   Tensor state_buffer(size_t i) const { return buffers_[i].second; }
   const std::vector<SegmentChunk>& chunks() const { return chunks_; }
-  float decay_of(int32_t segment) const;  // weight_decay, or 0 for a no_decay segment
+  // The segment's weight_decay (optimizer.groups), else the options' weight_decay, or 0
+  // for a no_decay segment.
+  float decay_of(int32_t segment) const;
   // fn(segment, begin, length) over ranges of the flat buffers that together cover
   // every segment once: on the CPU the fixed chunks, run on the thread pool; on CUDA
   // whole segments, one after another (each a kernel launch over the whole segment).

@@ -93,6 +93,16 @@ struct OptimizerOptions {
   // embeddings; 1..L: the model's blocks; L + 1: after them, the head) by d^(L + 1 - l).
   std::vector<std::string> freeze;
   std::optional<double> layer_decay;  // unset: every layer at optimizer.lr
+  // optimizer.groups (PyTorch's parameter groups): the parameters a group's patterns
+  // match (as freeze's) take its learning-rate factor (times layer_decay's) and its
+  // weight decay (in place of weight_decay and no_decay); the first group that matches
+  // a parameter decides it.
+  struct Group {
+    std::vector<std::string> params;
+    std::optional<double> lr_scale;      // unset: 1
+    std::optional<double> weight_decay;  // unset: weight_decay and no_decay as usual
+  };
+  std::vector<Group> groups;
 };
 
 }  // namespace dtrain

@@ -42,7 +42,10 @@ std::vector<ParamSegment> shard_segments(const std::vector<ParamSegment>& segmen
                  "shard [{}, {}) cuts segment {} [{}, +{}); this optimizer needs whole "
                  "segments per shard",
                  begin, end, s.name, s.offset, s.size);
-    out.push_back({s.name, lo - begin, hi - lo, s.decay, s.lr_scale, s.frozen});
+    ParamSegment piece = s;  // every setting of the segment, for its part inside
+    piece.offset = lo - begin;
+    piece.size = hi - lo;
+    out.push_back(std::move(piece));
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,11 +20,14 @@ struct ParamSegment {
   int64_t offset = 0;  // elements into the flat buffer
   int64_t size = 0;    // elements
   DecayMode decay = DecayMode::decay;
-  double lr_scale = 1.0;  // the learning rate's factor (optimizer.layer_decay)
+  double lr_scale = 1.0;  // the learning rate's factor (optimizer.layer_decay, .groups)
   // optimizer.freeze: the gradient arrives zeroed; SGD and AdamW pass the segment over
   // (parameters and moments unchanged), LAMB steps it by lr 0 (parameters unchanged,
   // moments decaying toward 0); the average moves toward the unchanging parameters.
   bool frozen = false;
+  // optimizer.groups: the weight decay of this segment, in place of the optimizer's
+  // weight_decay and the decay mode; unset: those.
+  std::optional<double> weight_decay;
 };
 
 // Elements between segments (FlatStore's alignment padding) are never read or written

@@ -85,56 +85,58 @@ std::vector<int> param_layers(const graph::Graph& graph) {
   return layer;
 }
 
-ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& graph,
-                         const std::string& arch) {
-  const std::vector<graph::FlatEntry>& layout = graph.param_layout();
-  frozen_.assign(layout.size(), 0);
-  int64_t frozen_elems = 0, all_elems = 0;
-  std::vector<std::string> per_pattern;
-  // Each parameter's names in the reference implementation (runtime/export_names.h),
-  // which a pattern may use too; none for a model without an export plan.
-  std::vector<std::vector<std::string>> exported(layout.size());
+namespace {
+
+// What a pattern list needs to know of the model: its layout and each parameter's names
+// in the reference implementation (runtime/export_names.h), which a pattern may use
+// too (none for a model without an export plan).
+struct Names {
+  const std::vector<graph::FlatEntry>& layout;
+  std::vector<std::vector<std::string>> exported;
   bool has_family = false;
-  ModelFamily model_family{};
-  if (!options.freeze.empty()) {
-    try {
-      model_family = family_of(arch);
-      has_family = true;
-      for (const ExportTensor& t : export_plan(model_family, layout, graph.buffer_layout()))
-        if (t.store == StoreKind::params && t.entry >= 0)
-          exported[static_cast<size_t>(t.entry)].push_back(t.name);
-    } catch (const Error&) {
-      // dtrain's own names alone
-    }
-  }
+  ModelFamily family{};
+  std::string arch;
+};
+
+// The parameters `patterns` cover (per param_layout() entry), each pattern's count in
+// `per_pattern` ("pattern (n)"). `key`: the list's config path, for the messages; `verb`:
+// what the list does to a parameter ("freeze", "name"). Exit 2 (Error) for a pattern
+// that matches nothing, and for patterns covering some but not all of the reference
+// tensors dtrain holds in one (BERT's query, key and value).
+std::vector<uint8_t> cover(const std::vector<std::string>& patterns, const std::string& key,
+                           const char* verb, const Names& names,
+                           std::vector<std::string>& per_pattern) {
+  const std::vector<graph::FlatEntry>& layout = names.layout;
+  std::vector<uint8_t> hit(layout.size(), 0);
   // A reference name is covered when any pattern matches it; a tensor holding several
   // must have all of them covered, or none.
   const auto matches_any = [&](const std::string& name) {
-    return std::any_of(options.freeze.begin(), options.freeze.end(),
+    return std::any_of(patterns.begin(), patterns.end(),
                        [&](const std::string& pattern) { return pattern_matches(pattern, name); });
   };
   std::vector<uint8_t> whole(layout.size(), 0);  // every exported name of it covered
   for (size_t p = 0; p < layout.size(); ++p) {
     std::vector<std::string> in, out;
-    for (const std::string& n : exported[p]) (matches_any(n) ? in : out).push_back(n);
+    for (const std::string& n : names.exported[p]) (matches_any(n) ? in : out).push_back(n);
     if (!in.empty() && !out.empty()) {
-      throw Error(fmt::format("optimizer.freeze: the patterns match {} but not {}, which dtrain "
-                              "holds in one tensor with it ({})",
-                              fmt::join(in, ", "), fmt::join(out, ", "), layout[p].name),
-                  "freeze the whole tensor: cover them all, or name " + layout[p].name);
+      throw Error(
+          fmt::format("{}: the patterns match {} but not {}, which dtrain holds in one "
+                      "tensor with it ({})",
+                      key, fmt::join(in, ", "), fmt::join(out, ", "), layout[p].name),
+          fmt::format("{} the whole tensor: cover them all, or name {}", verb, layout[p].name));
     }
     whole[p] = !in.empty() ? 1 : 0;
   }
-  for (size_t i = 0; i < options.freeze.size(); ++i) {
-    const std::string& pattern = options.freeze[i];
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    const std::string& pattern = patterns[i];
     int hits = 0;
     for (size_t p = 0; p < layout.size(); ++p) {
-      bool hit = pattern_matches(pattern, layout[p].name);
-      for (size_t k = 0; !hit && whole[p] && k < exported[p].size(); ++k)
-        hit = pattern_matches(pattern, exported[p][k]);
-      if (!hit) continue;
+      bool match = pattern_matches(pattern, layout[p].name);
+      for (size_t k = 0; !match && whole[p] && k < names.exported[p].size(); ++k)
+        match = pattern_matches(pattern, names.exported[p][k]);
+      if (!match) continue;
       ++hits;
-      frozen_[p] = 1;
+      hit[p] = 1;
     }
     if (hits == 0) {
       // Hugging Face's copies of a weight tied to the word embedding, held once here.
@@ -147,28 +149,53 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
           {ModelFamily::gpt, "lm_head.weight", "transformer.wte"},
           {ModelFamily::bert, "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings"}};
       for (const auto& [family, copy, embedding] : kTied) {
-        if (!has_family || family != model_family || !pattern_matches(pattern, copy)) continue;
-        throw Error(fmt::format("optimizer.freeze[{}]: \"{}\" names {}, which {} ties to the word "
-                                "embedding and dtrain holds once",
-                                i, pattern, copy, arch),
-                    fmt::format("freeze {} (it is the output layer too)", embedding));
+        if (!names.has_family || family != names.family || !pattern_matches(pattern, copy))
+          continue;
+        throw Error(fmt::format("{}[{}]: \"{}\" names {}, which {} ties to the word embedding "
+                                "and dtrain holds once",
+                                key, i, pattern, copy, names.arch),
+                    fmt::format("{} {} (it is the output layer too)", verb, embedding));
       }
       throw Error(
-          fmt::format("optimizer.freeze[{}]: \"{}\" matches no parameter of {}", i, pattern, arch),
+          fmt::format("{}[{}]: \"{}\" matches no parameter of {}", key, i, pattern, names.arch),
           fmt::format("a pattern names a parameter or a module (its name cut at a dot, "
-                      "e.g. layer1 or encoder.layer.0), as `dtrain ckpt inspect` or `dtrain "
-                      "ckpt export` names them, * matching any characters; {}'s modules: {}",
-                      arch, modules_of(layout)));
+                      "e.g. layer1 or encoder.layer.0), as `dtrain ckpt inspect` or "
+                      "`dtrain ckpt export` names them, * matching any characters; {}'s "
+                      "modules: {}",
+                      names.arch, modules_of(layout)));
     }
     per_pattern.push_back(fmt::format("{} ({})", pattern, hits));
   }
+  return hit;
+}
+
+}  // namespace
+
+ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& graph,
+                         const std::string& arch) {
+  const std::vector<graph::FlatEntry>& layout = graph.param_layout();
+  Names names{layout, std::vector<std::vector<std::string>>(layout.size()), false, {}, arch};
+  if (!options.freeze.empty() || !options.groups.empty()) {
+    try {
+      names.family = family_of(arch);
+      names.has_family = true;
+      for (const ExportTensor& t : export_plan(names.family, layout, graph.buffer_layout()))
+        if (t.store == StoreKind::params && t.entry >= 0)
+          names.exported[static_cast<size_t>(t.entry)].push_back(t.name);
+    } catch (const Error&) {
+      // dtrain's own names alone
+    }
+  }
+  std::vector<std::string> per_pattern;
+  frozen_ = cover(options.freeze, "optimizer.freeze", "freeze", names, per_pattern);
+  int64_t frozen_elems = 0, all_elems = 0;
   for (size_t p = 0; p < layout.size(); ++p) {
     const int64_t n = layout[p].spec.shape.numel();
     all_elems += n;
     if (frozen_[p]) {
       frozen_names_.insert(layout[p].name);
       frozen_list_.push_back(layout[p].name);
-      frozen_exported_.insert(exported[p].begin(), exported[p].end());
+      frozen_exported_.insert(names.exported[p].begin(), names.exported[p].end());
       frozen_elems += n;
     }
   }
@@ -186,12 +213,51 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
         "values (zero gradients, no update)",
         frozen_list_.size(), layout.size(), frozen_elems, all_elems, fmt::join(per_pattern, ", ")));
   }
+  // optimizer.groups: the first group whose patterns match a parameter decides it.
+  std::vector<int> group_of(layout.size(), -1);
+  for (size_t i = 0; i < options.groups.size(); ++i) {
+    const OptimizerOptions::Group& g = options.groups[i];
+    const std::string key = fmt::format("optimizer.groups[{}]", i);
+    std::vector<std::string> matched;
+    const std::vector<uint8_t> hit = cover(g.params, key + ".params", "name", names, matched);
+    int tensors = 0, taken = 0;
+    int64_t elems = 0;
+    for (size_t p = 0; p < layout.size(); ++p) {
+      if (!hit[p]) continue;
+      if (group_of[p] >= 0) {
+        ++taken;
+        continue;
+      }
+      group_of[p] = static_cast<int>(i);
+      ++tensors;
+      elems += layout[p].spec.shape.numel();
+    }
+    if (tensors == 0) {
+      throw Error(fmt::format("{}: every parameter its patterns match ({}) belongs to an earlier "
+                              "group",
+                              key, taken),
+                  "the first group that matches a parameter decides it: put the narrower group "
+                  "first, or drop this one");
+    }
+    std::vector<std::string> sets;
+    if (g.lr_scale) sets.push_back(fmt::format("learning rate x {}", *g.lr_scale));
+    if (g.weight_decay) sets.push_back(fmt::format("weight decay {}", *g.weight_decay));
+    lines_.push_back(fmt::format(
+        "{}: {} tensors ({} parameters): {}{}; {}", key, tensors, elems, fmt::join(matched, ", "),
+        taken > 0 ? fmt::format(", {} more in earlier groups", taken) : std::string(),
+        fmt::join(sets, ", ")));
+  }
   const std::vector<int> layers = param_layers(graph);
   const int top = graph.num_blocks() + 1;
   for (size_t p = 0; p < layout.size(); ++p) {
     double s = frozen_[p] ? 0.0 : 1.0;
     if (options.layer_decay && s > 0)
       s = std::pow(*options.layer_decay, static_cast<double>(top - layers[p]));
+    if (group_of[p] >= 0) {
+      const OptimizerOptions::Group& g = options.groups[static_cast<size_t>(group_of[p])];
+      if (g.lr_scale) s *= *g.lr_scale;
+      if (g.weight_decay) decay_.emplace(layout[p].name, *g.weight_decay);
+    }
     scale_.emplace(layout[p].name, s);
   }
   if (options.layer_decay) {
@@ -209,5 +275,10 @@ double ParamGroups::lr_scale(const std::string& name) const {
 }
 
 bool ParamGroups::frozen(const std::string& name) const { return frozen_names_.count(name) > 0; }
+
+std::optional<double> ParamGroups::weight_decay(const std::string& name) const {
+  const auto it = decay_.find(name);
+  return it == decay_.end() ? std::nullopt : std::optional<double>(it->second);
+}
 
 }  // namespace dtrain::runtime

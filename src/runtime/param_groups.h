@@ -1,5 +1,6 @@
-// Fine-tuning controls: each parameter's learning-rate factor from optimizer.freeze and
-// optimizer.layer_decay, decided from the model's graph once, before the first step.
+// Fine-tuning controls: each parameter's learning-rate factor and weight decay from
+// optimizer.freeze, optimizer.layer_decay and optimizer.groups, decided from the
+// model's graph once, before the first step.
 //
 // A freeze pattern matches a parameter's name ("layer1.0.conv1.weight", as `dtrain
 // ckpt inspect` lists them: torchvision's for ResNet) or one of its modules' (the
@@ -14,9 +15,10 @@
 // PyTorch's requires_grad_(False) leaves it out, and the optimizer passes it over (no
 // update and no weight decay). Its buffers (batch-norm running statistics) still update
 // in training mode, as PyTorch's do. Backward skips what only frozen parameters need
-// (graph::Executor::set_frozen), but a frozen gradient behind a trained layer is still
-// computed, its zeros exchanged, and its optimizer state held (`dtrain estimate` counts
-// all of it, as for a trained parameter).
+// (graph::Executor::set_frozen, graph::BackwardSet: no backward for frozen layers with
+// nothing trainable before them, no weight gradient for a frozen linear, convolution or
+// embedding), and `dtrain estimate` replays that; a frozen parameter's gradient buffer
+// and optimizer state are still held and its zeros exchanged.
 //
 // Layer decay (BEiT's and timm's rule): layer 0 holds what the model uses before its
 // first block (patch or word embeddings, a ResNet's stem), layers 1..L its blocks
@@ -24,8 +26,14 @@
 // what comes after (the final norm and the head); a parameter belongs to the layer of
 // its first use, so GPT-2's output layer, tied to the word embedding, is layer 0.
 // Layer l's learning rate is optimizer.lr x d^(L + 1 - l), schedule included.
+//
+// Groups (PyTorch's parameter groups): optimizer.groups[i].params are patterns as
+// freeze's; the first group whose patterns match a parameter decides it: its lr_scale
+// multiplies the parameter's learning rate (after layer decay's factor) and its
+// weight_decay replaces optimizer.weight_decay and no_decay for it.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -42,14 +50,18 @@ bool pattern_matches(std::string_view pattern, std::string_view name);
 class ParamGroups {
  public:
   ParamGroups() = default;  // every parameter at factor 1
-  // Throws Error (exit 2) naming optimizer.freeze[i] when a pattern matches no
-  // parameter, or when every parameter would be frozen.
+  // Throws Error (exit 2) naming optimizer.freeze[i] (optimizer.groups[i].params[j])
+  // when a pattern matches no parameter, when every parameter would be frozen, or when
+  // a group takes no parameter (earlier groups took all it matches).
   ParamGroups(const OptimizerOptions& options, const graph::Graph& graph, const std::string& arch);
 
   // The named parameter's learning-rate factor (1 without layer_decay), and whether
   // optimizer.freeze names it (false for a name not in the graph).
   double lr_scale(const std::string& name) const;
   bool frozen(const std::string& name) const;
+  // optimizer.groups: the named parameter's weight decay, where its group sets one
+  // (in place of optimizer.weight_decay and no_decay).
+  std::optional<double> weight_decay(const std::string& name) const;
   // Whether a name `dtrain ckpt export` writes (a reference implementation's) belongs to
   // a frozen parameter.
   bool frozen_reference(const std::string& name) const { return frozen_exported_.count(name) > 0; }
@@ -62,6 +74,7 @@ class ParamGroups {
 
  private:
   std::unordered_map<std::string, double> scale_;  // frozen: 0
+  std::unordered_map<std::string, double> decay_;  // optimizer.groups' weight_decay
   std::unordered_set<std::string> frozen_names_;
   std::vector<std::string> frozen_list_;
   std::unordered_set<std::string> frozen_exported_;

@@ -62,7 +62,7 @@ std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>
     }
     segs.push_back({e.name, e.offset, e.spec.shape.numel(),
                     no_decay ? optim::DecayMode::no_decay : optim::DecayMode::decay,
-                    groups.lr_scale(e.name), groups.frozen(e.name)});
+                    groups.lr_scale(e.name), groups.frozen(e.name), groups.weight_decay(e.name)});
   }
   return segs;
 }

@@ -279,12 +279,12 @@ TEST_CASE("ZeRO-1, 2 and 3 on 2 ranks train exactly like plain data parallelism 
   }
 }
 
-// optimizer.freeze and optimizer.layer_decay in the data-parallel layouts: a frozen
-// gradient is zeroed before its bucket leaves (ZeRO-2 reduces buckets to their owners
-// as backward runs), and each shard's segments keep their factors (LAMB's trust ratio
-// over a tensor a shard boundary cuts included). GPT-2's frozen word embedding is its
-// output layer too.
-TEST_CASE("freeze and layer_decay: 2 ranks and ZeRO-1/2/3 train exactly like 1 rank x 2") {
+// optimizer.freeze, optimizer.layer_decay and optimizer.groups in the data-parallel
+// layouts: a frozen gradient is zeroed before its bucket leaves (ZeRO-2 reduces buckets
+// to their owners as backward runs), and each shard's segments keep their factors and
+// weight decay (LAMB's trust ratio over a tensor a shard boundary cuts included). GPT-2's frozen
+// word embedding is its output layer too.
+TEST_CASE("freeze, layer_decay and groups: 2 ranks and ZeRO-1/2/3 train exactly like 1 rank x 2") {
   OneThread one;
   TempDir tmp("finetune_dp");
   const TokenDir tokens = tokenize(tmp.path(), 300);
@@ -294,10 +294,16 @@ TEST_CASE("freeze and layer_decay: 2 ranks and ZeRO-1/2/3 train exactly like 1 r
   for (const auto& [optimizer, stages] : cases) {
     CAPTURE(optimizer);
     const std::vector<std::string> extra = {
-        "--set", "optimizer.freeze=[transformer.word_embeddings, \"*.ln_1\"]",
-        "--set", "optimizer.layer_decay=0.7",
-        "--set", "optimizer.clip_grad_norm=0.5",
-        "--set", "optimizer.name=" + optimizer};
+        "--set",
+        "optimizer.freeze=[transformer.word_embeddings, \"*.ln_1\"]",
+        "--set",
+        "optimizer.layer_decay=0.7",
+        "--set",
+        "optimizer.groups=[{params: [transformer.h.0.mlp], lr_scale: 3, weight_decay: 0.2}]",
+        "--set",
+        "optimizer.clip_grad_norm=0.5",
+        "--set",
+        "optimizer.name=" + optimizer};
     const fs::path one_rank = train(job, tmp.path(), optimizer + "-1x2", {}, extra);
     for (const std::string& stage : stages) {
       CAPTURE(stage);

@@ -201,6 +201,86 @@ TEST_CASE("layer_decay: each layer's first update scaled by decay^(9 - layer), t
   CHECK(same_bytes(after["null"].at("fc.weight"), after["0.9"].at("fc.weight")));
 }
 
+// optimizer.groups, PyTorch's parameter groups: the first group whose patterns match a
+// parameter decides its learning-rate factor and weight decay. One SGD step from the
+// same weights on the same batch, so each tensor's step differs by its group's settings
+// alone: layer4 (group 1) steps 4x the plain run's; fc (group 0, which also wins fc over
+// group 1's pattern) takes no weight decay, the same bits as a run with weight_decay 0;
+// the rest is the plain run's, bit for bit.
+TEST_CASE("groups: the first matching group sets a tensor's lr factor and weight decay") {
+  TempDir tmp("groups");
+  const fs::path exported = base_export(tmp.path(), 2);
+  const auto start = safetensors_of(exported);
+  const std::string groups =
+      "optimizer.groups=[{params: [fc], weight_decay: 0}, {params: [layer4, fc], lr_scale: 4}]";
+  std::map<std::string, std::map<std::string, Tensor>> after;
+  for (const auto& [name, sets] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"plain", {"--set", "optimizer.weight_decay=0.05"}},
+           {"groups", {"--set", "optimizer.weight_decay=0.05", "--set", groups}},
+           {"no-decay", {"--set", "optimizer.weight_decay=0"}}}) {
+    const fs::path job = write_job(tmp.path(), name);
+    std::vector<std::string> args = {job.string(),
+                                     "--set",
+                                     "model.init_from=" + exported.string(),
+                                     "--set",
+                                     "train.steps=1",
+                                     "--set",
+                                     "logging.console=true"};
+    args.insert(args.end(), sets.begin(), sets.end());
+    const RunResult r = run_dtrain(args, tmp.path() / (name + ".log"));
+    REQUIRE_MESSAGE(r.rc == 0, r.describe());
+    if (name == "groups") {
+      CHECK_MESSAGE(contains(r.log,
+                             "optimizer.groups[0]: 2 tensors (650 parameters): fc (2); "
+                             "weight decay 0"),
+                    r.log);
+      CHECK_MESSAGE(contains(r.log, "optimizer.groups[1]: "), r.log);
+      CHECK_MESSAGE(
+          contains(r.log,
+                   "15 tensors (131712 parameters): layer4 (15), fc (2), 2 more in earlier "
+                   "groups; learning rate x 4"),
+          r.log);
+    }
+    after[name] = model_tensors(tmp.path() / name);
+  }
+  for (const char* name : {"layer4.0.conv1.weight", "layer4.1.bn2.weight"}) {
+    CAPTURE(name);
+    const double plain = distance(after["plain"].at(name), start.at(name));
+    REQUIRE(plain > 0);
+    CHECK(distance(after["groups"].at(name), start.at(name)) / plain ==
+          doctest::Approx(4.0).epsilon(0.01));
+  }
+  for (const char* name : {"conv1.weight", "layer1.0.conv1.weight", "layer3.1.bn1.bias"}) {
+    CAPTURE(name);
+    CHECK(same_bytes(after["groups"].at(name), after["plain"].at(name)));
+  }
+  CHECK(same_bytes(after["groups"].at("fc.weight"), after["no-decay"].at("fc.weight")));
+  CHECK_FALSE(same_bytes(after["groups"].at("fc.weight"), after["plain"].at("fc.weight")));
+  // What a group cannot be: exit 2 naming the key, in validate and train alike.
+  const fs::path job = write_job(tmp.path(), "bad");
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"optimizer.groups=[{params: [layer9], lr_scale: 2}]",
+       "optimizer.groups[0].params[0]: \"layer9\" matches no parameter of resnet18"},
+      {"optimizer.groups=[{params: [fc], lr_scale: 2}, {params: [\"fc.*\"], weight_decay: 0}]",
+       "optimizer.groups[1]: every parameter its patterns match (2) belongs to an earlier group"},
+      {"optimizer.groups=[{params: [fc], lr_scael: 2}]",
+       "optimizer.groups[0].lr_scael: unknown key (did you mean \"lr_scale\"?)"},
+      {"optimizer.groups=[{params: [fc]}]", "optimizer.groups[0]: the group sets nothing"},
+      {"optimizer.groups=[{params: [fc], weight_decay: -1}]", "optimizer.groups[0].weight_decay"},
+      {"optimizer.groups=[{params: [], lr_scale: 2}]", "optimizer.groups[0].params"},
+      {"optimizer.groups=[{lr_scale: 2}]", "optimizer.groups[0].params: missing"},
+  };
+  for (const auto& [set, message] : bad) {
+    CAPTURE(set);
+    for (const char* command : {"validate", "train"}) {
+      const RunResult r =
+          run_dtrain_command({command, job.string(), "--set", set}, tmp.path() / "bad.log");
+      CHECK(r.rc == 2);
+      CHECK_MESSAGE(contains(r.log, message), r.log);
+    }
+  }
+}
+
 // Training the head first, then everything: the checkpoint keeps how many steps each
 // tensor was frozen for, so AdamW's bias correction of a tensor unfrozen at the resume
 // counts its own steps, as PyTorch's per-parameter step does: its first update is about

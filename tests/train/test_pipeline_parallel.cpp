@@ -125,16 +125,21 @@ TEST_CASE("a ViT with dropout, AdamW and clipping in 3 stages, and bf16 in 2: bi
                run_job(resnet, tmp.path(), "bf16-one", 1, bf16));
 }
 
-// optimizer.freeze and optimizer.layer_decay across stages: the first stage's frozen
-// patch embedding and first layer, each stage's layer factors; the one rank skips the
-// frozen part's backward, the stages (which send their input's gradient) do not.
-TEST_CASE("freeze and layer_decay in 3 stages train exactly like one rank") {
+// optimizer.freeze, layer_decay and groups across stages: the first stage's frozen patch
+// embedding and first layer, each stage's layer factors and groups; the one rank skips
+// the frozen part's backward, the stages (which send their input's gradient) do not.
+TEST_CASE("freeze, layer_decay and groups in 3 stages train exactly like one rank") {
   OneThread one;
   TempDir tmp("pp-freeze");
   const fs::path vit = vit_job(tmp.path());
   const std::vector<std::string> tune = {
-      "--set", "optimizer.freeze=[conv_proj, encoder.layers.encoder_layer_0]", "--set",
-      "optimizer.layer_decay=0.7"};
+      "--set",
+      "optimizer.freeze=[conv_proj, encoder.layers.encoder_layer_0]",
+      "--set",
+      "optimizer.layer_decay=0.7",
+      "--set",
+      "optimizer.groups=[{params: [heads], lr_scale: 3}, {params: [\"*.bias\"], weight_decay: "
+      "0.3}]"};
   std::vector<std::string> piped = tune;
   piped.insert(piped.end(), {"--set", "parallel.pipeline=3"});
   require_same(run_job(vit, tmp.path(), "pp3", 3, piped), run_job(vit, tmp.path(), "one", 1, tune));

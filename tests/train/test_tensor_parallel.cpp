@@ -246,16 +246,18 @@ TEST_CASE("LAMB with tensor 2, and data 2 x tensor 2 with ZeRO-1, trains like on
   // split tensor: a different run, not one within 1e-5 (the test can fail).
 }
 
-// optimizer.freeze and optimizer.layer_decay with tensor 2: a frozen split tensor (the
+// optimizer.freeze, layer_decay and groups with tensor 2: a frozen split tensor (the
 // vocabulary-split word embedding) and the first layer; the skip of the frozen part's
-// backward, where the split ops' own all-reduces run, is every tensor rank's alike.
-TEST_CASE("freeze and layer_decay with tensor 2 train like one rank") {
+// backward, where the split ops' own all-reduces run, is every tensor rank's alike; a
+// group over split tensors.
+TEST_CASE("freeze, layer_decay and groups with tensor 2 train like one rank") {
   OneThread one;
   TempDir tmp("tp-freeze");
   const fs::path job = job_for(tmp.path(), "gpt2-tiny");
   const std::vector<std::string> tune = {
       "--set", "optimizer.freeze=[transformer.wte, transformer.wpe, transformer.h.0]",
       "--set", "optimizer.layer_decay=0.7",
+      "--set", "optimizer.groups=[{params: [transformer.h.1], lr_scale: 2, weight_decay: 0.3}]",
       "--set", "train.steps=10"};
   std::vector<std::string> tp = tune;
   tp.insert(tp.end(), {"--set", "parallel.tensor=2"});
