@@ -119,7 +119,16 @@ Field groups_field() {
       "e.g. groups: [{params: [heads], lr_scale: 10}, {params: [\"*.bias\", \"*norm*\"], "
       "weight_decay: 0}] (patterns as optimizer.freeze's; the first group that matches a "
       "parameter decides it)";
-  auto read = [example](const ConfigNode& n, const std::string& path) {
+  // A scalar reader's refusal, given the example as its hint.
+  const auto hinted = [example](const auto& read_one) {
+    try {
+      return read_one();
+    } catch (const Error& e) {
+      if (!e.hint().empty()) throw;
+      throw Error(e.message(), example);
+    }
+  };
+  auto read = [example, hinted](const ConfigNode& n, const std::string& path) {
     std::vector<OptimizerOptions::Group> groups;
     if (n.kind == ConfigNode::Kind::null) return groups;  // `groups:`
     if (n.kind != ConfigNode::Kind::list)
@@ -139,18 +148,21 @@ Field groups_field() {
           if (e.value.kind != ConfigNode::Kind::list || e.value.items.empty()) {
             fail(e.value.loc, key,
                  fmt::format("expected a non-empty list of parameter name patterns, got {}",
-                             describe(e.value)),
+                             e.value.kind == ConfigNode::Kind::list ? std::string("an empty list")
+                                                                    : describe(e.value)),
                  example);
           }
-          for (size_t k = 0; k < e.value.items.size(); ++k)
-            g.params.push_back(read_string(e.value.items[k], fmt::format("{}[{}]", key, k)));
+          for (size_t k = 0; k < e.value.items.size(); ++k) {
+            const std::string at_k = fmt::format("{}[{}]", key, k);
+            g.params.push_back(hinted([&] { return read_string(e.value.items[k], at_k); }));
+          }
           has_params = true;
         } else if (e.key == "lr_scale") {
           if (e.value.kind != ConfigNode::Kind::null)
-            g.lr_scale = read_real(e.value, key, kPositiveReal);
+            g.lr_scale = hinted([&] { return read_real(e.value, key, kPositiveReal); });
         } else if (e.key == "weight_decay") {
           if (e.value.kind != ConfigNode::Kind::null)
-            g.weight_decay = read_real(e.value, key, kNonNegativeReal);
+            g.weight_decay = hinted([&] { return read_real(e.value, key, kNonNegativeReal); });
         } else {
           fail(e.key_loc, key, fmt::format("unknown key{}", did_you_mean(e.key, kKeys)),
                "a group takes params, lr_scale and weight_decay");

@@ -581,6 +581,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     }
   }
   e.step_flops = train_flops(g, frozen_all, job.parallel.micro_batches);
+  if (g.forward_flops() > 0) {
+    const double forward = g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
+    e.backward_share = (e.step_flops - forward) / (2.0 * forward);
+  }
   e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
   if (world > 1) e.comm.zero_stage = job.parallel.zero_stage;
   if (zero2) {  // ZeRO-2 and 3 reduce each micro-batch's gradients into their owners

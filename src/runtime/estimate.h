@@ -34,6 +34,8 @@ struct MemoryEstimate {
   size_t peak_bytes = 0;  // state + the larger of the two activation peaks
   std::string peak_at;
   double step_flops = 0;  // forward + backward per rank and step (runtime::train_flops)
+  // Backward's FLOPs over twice forward's: 1, less what optimizer.freeze skips.
+  double backward_share = 1.0;
   // Forward FLOPs of one micro-batch on this rank: its part of the graph (tensor
   // parallelism), the worst stage's nodes (a pipeline).
   double forward_flops = 0;

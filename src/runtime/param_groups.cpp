@@ -1,8 +1,9 @@
-// optimizer.freeze and optimizer.layer_decay: see param_groups.h.
+// optimizer.freeze, optimizer.layer_decay and optimizer.groups: see param_groups.h.
 #include "runtime/param_groups.h"
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/error.h"
@@ -105,7 +106,8 @@ struct Names {
 // tensors dtrain holds in one (BERT's query, key and value).
 std::vector<uint8_t> cover(const std::vector<std::string>& patterns, const std::string& key,
                            const char* verb, const Names& names,
-                           std::vector<std::string>& per_pattern) {
+                           std::vector<std::string>& per_pattern,
+                           std::vector<std::string>& warnings) {
   const std::vector<graph::FlatEntry>& layout = names.layout;
   std::vector<uint8_t> hit(layout.size(), 0);
   // A reference name is covered when any pattern matches it; a tensor holding several
@@ -127,6 +129,12 @@ std::vector<uint8_t> cover(const std::vector<std::string>& patterns, const std::
     }
     whole[p] = !in.empty() ? 1 : 0;
   }
+  struct TiedName {
+    size_t pattern;
+    const char* copy;
+    const char* embedding;
+  };
+  std::vector<TiedName> tied;  // patterns covering a tied copy's name
   for (size_t i = 0; i < patterns.size(); ++i) {
     const std::string& pattern = patterns[i];
     int hits = 0;
@@ -138,16 +146,22 @@ std::vector<uint8_t> cover(const std::vector<std::string>& patterns, const std::
       ++hits;
       hit[p] = 1;
     }
+    // Hugging Face's copies of a weight tied to the word embedding, held once here.
+    struct Tied {
+      ModelFamily family;
+      const char* copy;
+      const char* embedding;
+    };
+    static constexpr Tied kTied[] = {
+        {ModelFamily::gpt, "lm_head.weight", "transformer.wte"},
+        {ModelFamily::bert, "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings"}};
+    if (hits > 0) {  // a module pattern ("cls") that takes in the tied copy's name too
+      for (const auto& [family, copy, embedding] : kTied) {
+        if (names.has_family && family == names.family && pattern_matches(pattern, copy))
+          tied.push_back({i, copy, embedding});
+      }
+    }
     if (hits == 0) {
-      // Hugging Face's copies of a weight tied to the word embedding, held once here.
-      struct Tied {
-        ModelFamily family;
-        const char* copy;
-        const char* embedding;
-      };
-      static constexpr Tied kTied[] = {
-          {ModelFamily::gpt, "lm_head.weight", "transformer.wte"},
-          {ModelFamily::bert, "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings"}};
       for (const auto& [family, copy, embedding] : kTied) {
         if (!names.has_family || family != names.family || !pattern_matches(pattern, copy))
           continue;
@@ -165,6 +179,17 @@ std::vector<uint8_t> cover(const std::vector<std::string>& patterns, const std::
                       names.arch, modules_of(layout)));
     }
     per_pattern.push_back(fmt::format("{} ({})", pattern, hits));
+  }
+  for (const auto& [i, copy, embedding] : tied) {  // warned unless another pattern takes it
+    bool embedding_hit = false;
+    for (size_t p = 0; p < layout.size(); ++p)
+      for (const std::string& n : names.exported[p])
+        embedding_hit = embedding_hit || (hit[p] && pattern_matches(embedding, n));
+    if (embedding_hit) continue;
+    warnings.push_back(fmt::format(
+        "{}[{}]: \"{}\" covers {} by name, but that is the word embedding ({} ties them and "
+        "dtrain holds it once), which the patterns leave out; {} {} to include it",
+        key, i, patterns[i], copy, names.arch, verb, embedding));
   }
   return hit;
 }
@@ -186,8 +211,8 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
       // dtrain's own names alone
     }
   }
-  std::vector<std::string> per_pattern;
-  frozen_ = cover(options.freeze, "optimizer.freeze", "freeze", names, per_pattern);
+  std::vector<std::string> per_pattern, warnings;
+  frozen_ = cover(options.freeze, "optimizer.freeze", "freeze", names, per_pattern, warnings);
   int64_t frozen_elems = 0, all_elems = 0;
   for (size_t p = 0; p < layout.size(); ++p) {
     const int64_t n = layout[p].spec.shape.numel();
@@ -219,34 +244,51 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
     const OptimizerOptions::Group& g = options.groups[i];
     const std::string key = fmt::format("optimizer.groups[{}]", i);
     std::vector<std::string> matched;
-    const std::vector<uint8_t> hit = cover(g.params, key + ".params", "name", names, matched);
-    int tensors = 0, taken = 0;
+    const std::vector<uint8_t> hit =
+        cover(g.params, key + ".params", "name", names, matched, warnings);
+    int tensors = 0, taken = 0, frozen = 0, first_taker = -1;
     int64_t elems = 0;
     for (size_t p = 0; p < layout.size(); ++p) {
       if (!hit[p]) continue;
       if (group_of[p] >= 0) {
         ++taken;
+        if (first_taker < 0) first_taker = group_of[p];
         continue;
       }
       group_of[p] = static_cast<int>(i);
       ++tensors;
+      frozen += frozen_[p];
       elems += layout[p].spec.shape.numel();
     }
     if (tensors == 0) {
       throw Error(fmt::format("{}: every parameter its patterns match ({}) belongs to an earlier "
-                              "group",
-                              key, taken),
+                              "group (optimizer.groups[{}] is the first of them)",
+                              key, taken, first_taker),
                   "the first group that matches a parameter decides it: put the narrower group "
                   "first, or drop this one");
+    }
+    if (g.lr_scale && !(options.lr * *g.lr_scale < std::numeric_limits<float>::max())) {
+      throw Error(fmt::format("{}.lr_scale: {} x optimizer.lr {} is beyond what an f32 learning "
+                              "rate holds",
+                              key, *g.lr_scale, options.lr),
+                  "a group's learning rate is optimizer.lr x lr_scale: give a factor such as 10");
     }
     std::vector<std::string> sets;
     if (g.lr_scale) sets.push_back(fmt::format("learning rate x {}", *g.lr_scale));
     if (g.weight_decay) sets.push_back(fmt::format("weight decay {}", *g.weight_decay));
-    lines_.push_back(fmt::format(
-        "{}: {} tensors ({} parameters): {}{}; {}", key, tensors, elems, fmt::join(matched, ", "),
-        taken > 0 ? fmt::format(", {} more in earlier groups", taken) : std::string(),
-        fmt::join(sets, ", ")));
+    lines_.push_back(
+        fmt::format("{}: {} tensors ({} parameters{}): {}{}; {}", key, tensors, elems,
+                    frozen > 0 ? fmt::format("; {} of the tensors frozen", frozen) : std::string(),
+                    fmt::join(matched, ", "),
+                    taken > 0 ? fmt::format(", {} more in earlier groups", taken) : std::string(),
+                    fmt::join(sets, ", ")));
+    if (frozen == tensors) {
+      warnings.push_back(fmt::format(
+          "{}: every tensor it decides is frozen (optimizer.freeze): its settings change nothing",
+          key));
+    }
   }
+  for (const std::string& w : warnings) lines_.push_back("warning: " + w);
   const std::vector<int> layers = param_layers(graph);
   const int top = graph.num_blocks() + 1;
   for (size_t p = 0; p < layout.size(); ++p) {

@@ -34,7 +34,8 @@ std::vector<int64_t> micro_sizes(int64_t per_rank) {
 void model_step(const Cluster& c, const Job& v, const MemoryEstimate& e, LayoutPlan& l) {
   const double rate = c.peak_flops * c.efficiency;
   const double forward = e.forward_flops / rate;  // one micro-batch, the worst stage
-  const double passes = l.checkpointing ? 4.0 : 3.0;
+  // Forward, backward at twice forward less what optimizer.freeze skips, the recompute.
+  const double passes = 1.0 + 2.0 * e.backward_share + (l.checkpointing ? 1.0 : 0.0);
   const double fixed = 3.0 * e.forward_param_bytes / c.memory_bandwidth +
                        passes * static_cast<double>(e.forward_ops) * c.launch;
   const double per_micro = forward * passes + fixed;

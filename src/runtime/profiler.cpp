@@ -50,6 +50,10 @@ void Profiler::attach(graph::Executor& ex) {
   DTRAIN_CHECK(ex_ == nullptr, "Profiler::attach twice");
   ex_ = &ex;
   saved_ = ex.hooks;
+  const graph::BackwardSet frozen = ex.backward_set();  // what backward skips (the roofline's)
+  bwd_passes_.clear();
+  for (size_t i = 0; i < graph_.nodes().size(); ++i)
+    bwd_passes_.push_back(backward_passes(graph_, frozen, static_cast<int>(i)));
   ex.hooks.pre_op = [this, before = saved_.pre_op](int node, graph::Phase phase) {
     if (before) before(node, phase);  // ZeRO-3's gathers stay outside the op's span
     op_begin(node, phase);
@@ -91,7 +95,7 @@ void Profiler::op_end(int node, graph::Phase phase) {
   if (!tracing_) return;
   if (device_.is_cuda()) kernels::trace_range_pop();
   const graph::Node& n = graph_.nodes()[i];
-  const double k = phase == graph::Phase::backward ? 2.0 : 1.0;  // the roofline's rule
+  const double k = phase == graph::Phase::backward ? bwd_passes_[i] : 1.0;  // the roofline's
   span(n.name, phase_name(phase), kMainTrack, op_start_, end,
        {{"op", std::string(n.op->kind())},
         {"flops", k * node_flops_[i]},

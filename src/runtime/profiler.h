@@ -93,6 +93,7 @@ class Profiler {
   double op_start_ = 0;
   std::vector<double> fwd_, bwd_;
   std::vector<double> node_flops_, node_bytes_;
+  std::vector<double> bwd_passes_;  // per node: runtime::backward_passes, set by attach
   nlohmann::json events_ = nlohmann::json::array();
   std::set<int> named_;  // tracks given a name
 };

@@ -69,9 +69,10 @@ double backward_passes(const graph::Graph& g, const graph::BackwardSet& frozen, 
   if (!frozen.runs(node)) return 0.0;
   const graph::Node& n = g.nodes()[static_cast<size_t>(node)];
   if (n.params.empty()) return 2.0;
-  bool weight = false, input_could = false, input = false;
-  for (size_t k = 0; k < n.params.size(); ++k)
-    weight = weight || !(frozen.is_frozen(n.params[k]) && n.op->skips_param_grad(k));
+  // The weight-gradient pass is the first parameter's (a linear's or convolution's
+  // weight, an embedding's word table); a bias's sum alone counts for nothing.
+  const bool weight = !(frozen.is_frozen(n.params[0]) && n.op->skips_param_grad(0));
+  bool input_could = false, input = false;
   for (graph::ValueId v : n.inputs) {
     if (!g.value(v).requires_grad) continue;
     input_could = true;

@@ -40,9 +40,11 @@ NodeWork node_work(const graph::Graph& g, const graph::Node& n);
 
 // A node's backward in forward passes: 2 (its input's gradient and its parameters'),
 // less what optimizer.freeze skips (graph::BackwardSet, as Executor::set_frozen applies
-// it): none for a node that runs no backward; one less for a node whose parameters are
-// all frozen and skipped (Op::skips_param_grad), one less for a node with parameters
-// whose inputs would take a gradient but none is wanted.
+// it): none for a node that runs no backward; one less for a node whose first parameter
+// (the weight: its bias's sum is not counted) is frozen and skipped
+// (Op::skips_param_grad), one less for a node with parameters whose inputs would take a
+// gradient but none is wanted. Nothing frozen: 2 for every node, also the first layer,
+// whose input (the batch) takes no gradient.
 double backward_passes(const graph::Graph& g, const graph::BackwardSet& frozen, int node);
 // The FLOPs of one training step on a rank: each node's forward once and backward
 // backward_passes times, every micro-batch (3x forward with nothing frozen). What

@@ -165,6 +165,17 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
   const double wte = flops.at("gpt2-tiny [transformer.wte]") / flops.at("gpt2-tiny []");
   CHECK(wte < 0.97);
   CHECK(wte > 0.7);
+  // BERT's too, although the decoder's bias (the tied layer's other parameter) trains:
+  // its weight gradient is the pass skipped (it was counted while the bias trained).
+  const fs::path bert = tmp.path() / "bert-tiny.yaml";
+  const auto bert_flops = [&](const std::string& freeze) {
+    const RunResult e = run_dtrain_command(
+        {"estimate", bert.string(), "--json", "--set", "optimizer.freeze=" + freeze},
+        tmp.path() / "bert-flops.log");
+    REQUIRE_MESSAGE(e.rc == 0, e.describe());
+    return last_json(e.log).at("step_flops").get<double>();
+  };
+  CHECK(bert_flops("[bert.embeddings.word_embeddings]") < 0.9 * bert_flops("[]"));
 }
 
 // A resumed run reads its checkpoint a piece at a time (runtime::CheckpointReader): its

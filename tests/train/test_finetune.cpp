@@ -269,7 +269,23 @@ TEST_CASE("groups: the first matching group sets a tensor's lr factor and weight
       {"optimizer.groups=[{params: [fc], weight_decay: -1}]", "optimizer.groups[0].weight_decay"},
       {"optimizer.groups=[{params: [], lr_scale: 2}]", "optimizer.groups[0].params"},
       {"optimizer.groups=[{lr_scale: 2}]", "optimizer.groups[0].params: missing"},
+      {"optimizer.groups=[{params: [fc], lr_scale: 1e300}]",
+       "optimizer.groups[0].lr_scale: 1e+300 x optimizer.lr 0.05 is beyond what an f32"},
   };
+  // A group deciding frozen tensors only changes nothing: a warning.
+  const RunResult frozen =
+      run_dtrain_command({"validate", job.string(), "--set", "optimizer.freeze=[fc]", "--set",
+                          "optimizer.groups=[{params: [fc], lr_scale: 2}]"},
+                         tmp.path() / "frozen.log");
+  CHECK_MESSAGE(frozen.rc == 0, frozen.describe());
+  CHECK_MESSAGE(contains(frozen.log,
+                         "# optimizer.groups[0]: 2 tensors (650 parameters; 2 of the "
+                         "tensors frozen): fc (2); learning rate x 2"),
+                frozen.log);
+  CHECK_MESSAGE(contains(frozen.log,
+                         "# warning: optimizer.groups[0]: every tensor it decides is "
+                         "frozen"),
+                frozen.log);
   for (const auto& [set, message] : bad) {
     CAPTURE(set);
     for (const char* command : {"validate", "train"}) {
@@ -358,6 +374,18 @@ TEST_CASE("freeze: the exported names work too, all parts of a fused tensor or n
                    "the patterns match bert.encoder.layer.0.attention.self.query.weight but "
                    "not bert.encoder.layer.0.attention.self.key.weight"),
           r.log);
+      // A module pattern taking in the tied decoder's name leaves the word table out,
+      // and says so (unless another pattern takes it in).
+      r = validate("[cls]");
+      CHECK_MESSAGE(r.rc == 0, r.describe());
+      CHECK_MESSAGE(contains(r.log,
+                             "# warning: optimizer.freeze[0]: \"cls\" covers "
+                             "cls.predictions.decoder.weight by name, but that is the word "
+                             "embedding"),
+                    r.log);
+      r = validate("[cls, bert.embeddings.word_embeddings]");
+      CHECK_MESSAGE(r.rc == 0, r.describe());
+      CHECK_MESSAGE(!contains(r.log, "warning: optimizer.freeze"), r.log);
     }
   }
 }
