@@ -580,6 +580,19 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                               st.train >= st.eval ? st.at : std::string("evaluation"));
     }
   }
+  // precision.master_weights: false saves its half parameters widened to f32, the whole
+  // layout at once (MasterWeights::state), on top of the state and what the last step or
+  // evaluation left held: the peak once frozen layers hold few activations.
+  if (policy.half() && !job.precision.master_weights && !sharded && stages.empty() &&
+      job.parallel.tensor == 1) {
+    size_t at_save = e.state_bytes + std::max(e.train.at_end, e.eval.at_end) +
+                     round(static_cast<size_t>(layout_elems) * sizeof(float));
+    if (job.device.is_cpu()) at_save += e.host_bytes;
+    if (at_save > e.peak_bytes) {
+      e.peak_bytes = at_save;
+      e.peak_at = "a checkpoint save (the half parameters widened to f32)";
+    }
+  }
   e.step_flops = train_flops(g, frozen_all, job.parallel.micro_batches);
   if (g.forward_flops() > 0) {
     const double forward = g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
