@@ -3,6 +3,7 @@
 // allocator's measured peak.
 #include "runtime/estimate.h"
 #include "runtime/param_groups.h"
+#include "runtime/safetensors.h"
 
 #include <algorithm>
 #include <cmath>
@@ -591,6 +592,34 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     if (at_save > e.peak_bytes) {
       e.peak_bytes = at_save;
       e.peak_at = "a checkpoint save (the half parameters widened to f32)";
+    }
+  }
+  // model.init_from (runtime::load_init_weights), before the first step and before the
+  // data feed exists: the f32 layouts of the parameters and buffers it fills, and the
+  // file's tensors read one at a time, each beside its f32 widening. Sized from the
+  // file's header (an absent or damaged file is train's exit 2: nothing counted here).
+  if (job.model.init_from && stages.empty()) {
+    try {
+      SafetensorsReader file(*job.model.init_from);
+      size_t one = 0;  // the largest tensor read, with its widening
+      for (const SafetensorsEntry& t : file.entries()) {
+        const auto bytes = static_cast<size_t>(t.end - t.begin);
+        const size_t wide =
+            t.dtype == DType::f32 ? 0 : round(static_cast<size_t>(t.shape.numel()) * sizeof(float));
+        one = std::max(one, round(bytes) + wide);
+      }
+      std::vector<graph::FlatEntry> wide_buffers = g.buffer_layout();
+      for (graph::FlatEntry& b : wide_buffers) b.spec.dtype = DType::f32;
+      const int64_t buffer_elems = graph::FlatStore(wide_buffers).buffer_elems(DType::f32);
+      size_t at_init =
+          e.state_bytes - data + one + round(static_cast<size_t>(layout_elems) * sizeof(float)) +
+          (buffer_elems > 0 ? round(static_cast<size_t>(buffer_elems) * sizeof(float)) : 0);
+      if (job.device.is_cpu()) at_init += e.host_bytes;
+      if (at_init > e.peak_bytes) {
+        e.peak_bytes = at_init;
+        e.peak_at = "reading model.init_from (an f32 copy of the model, a tensor at a time)";
+      }
+    } catch (const Error&) {
     }
   }
   e.step_flops = train_flops(g, frozen_all, job.parallel.micro_batches);

@@ -38,7 +38,9 @@ std::string_view st_dtype(DType dt) {
               "the file is damaged, truncated, or not a safetensors file");
 }
 
-std::string read_all(const fs::path& file) {
+// `file` opened for reading, refusing a directory, an unreadable file and a dtrain
+// checkpoint (its magic) with what to do instead.
+std::ifstream open_file(const fs::path& file) {
   std::error_code ec;
   if (fs::is_directory(file, ec)) {
     throw Error(fmt::format("{}: is a directory, not a safetensors file", file.string()),
@@ -51,21 +53,19 @@ std::string read_all(const fs::path& file) {
     throw Error(fmt::format("{}: cannot read it", file.string()),
                 "check the path (a .safetensors file) and its permissions");
   }
-  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (bytes.rfind("DTRAINCK", 0) == 0) {  // runtime/checkpoint.cpp's magic
+  char magic[8] = {};
+  in.read(magic, sizeof(magic));
+  if (in.gcount() == 8 && std::string_view(magic, 8) == "DTRAINCK") {  // checkpoint.cpp's
     throw Error(fmt::format("{}: is a dtrain checkpoint, not a safetensors file", file.string()),
                 "write its weights first: `dtrain ckpt export " + file.string() +
                     " --safetensors FILE.safetensors`");
   }
-  return bytes;
+  in.clear();
+  in.seekg(0);
+  return in;
 }
 
-struct Span {
-  std::string name;
-  DType dtype;
-  Shape shape;
-  uint64_t begin, end;
-};
+using Span = SafetensorsEntry;
 
 Span parse_entry(const fs::path& file, const std::string& name, const nlohmann::json& e) {
   const std::string dt = e.at("dtype").get<std::string>();
@@ -203,31 +203,43 @@ const Tensor* SafetensorsFile::find(std::string_view name) const {
   return nullptr;
 }
 
-SafetensorsFile read_safetensors(const fs::path& file) {
-  const std::string bytes = read_all(file);
-  if (bytes.size() < 8)
-    bad_file(file, fmt::format("{} bytes, too short for a header", bytes.size()));
+SafetensorsReader::SafetensorsReader(const fs::path& file) : file_(file), in_(open_file(file)) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(file, ec);
+  if (ec || size < 8) bad_file(file, fmt::format("{} bytes, too short for a header", size));
   uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);  // little-endian hosts only (x86-64, aarch64)
-  if (n > kMaxHeader || n > bytes.size() - 8) {
+  in_.read(reinterpret_cast<char*>(&n), 8);  // little-endian hosts only (x86-64, aarch64)
+  if (!in_ || n > kMaxHeader || n > size - 8) {
     bad_file(file, fmt::format("the header claims {} bytes; the file has {} after the length", n,
-                               bytes.size() - 8));
+                               size - 8));
   }
-  SafetensorsFile out;
-  out.file = file;
-  std::vector<Span> spans;
+  std::string header(static_cast<size_t>(n), '\0');
+  in_.read(header.data(), static_cast<std::streamsize>(n));
+  if (!in_) bad_file(file, "the header could not be read");
   try {
-    const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
-    spans = parse_header(file, header, bytes.size() - 8 - n, out.metadata);
+    entries_ = parse_header(file, nlohmann::json::parse(header), size - 8 - n, metadata_);
   } catch (const nlohmann::json::exception& e) {
     bad_file(file, fmt::format("malformed header: {}", e.what()));
   }
-  const char* data = bytes.data() + 8 + n;
-  for (const Span& s : spans) {
-    Tensor t = Tensor::empty(s.shape, s.dtype);
-    std::memcpy(t.raw(), data + s.begin, s.end - s.begin);
-    out.tensors.push_back({s.name, std::move(t)});
-  }
+  data_at_ = 8 + n;
+}
+
+Tensor SafetensorsReader::read(size_t i) {
+  const SafetensorsEntry& e = entries_.at(i);
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  in_.seekg(static_cast<std::streamoff>(data_at_ + e.begin));
+  in_.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(e.end - e.begin));
+  if (!in_) bad_file(file_, fmt::format("tensor {}: its bytes could not be read", e.name));
+  return t;
+}
+
+SafetensorsFile read_safetensors(const fs::path& file) {
+  SafetensorsReader reader(file);
+  SafetensorsFile out;
+  out.file = file;
+  out.metadata = reader.metadata();
+  for (size_t i = 0; i < reader.entries().size(); ++i)
+    out.tensors.push_back({reader.entries()[i].name, reader.read(i)});
   return out;
 }
 
@@ -335,7 +347,9 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
   const ModelFamily family = family_of(arch);
   const std::vector<graph::FlatEntry> p32 = as_f32(params), b32 = as_f32(buffers);
   const std::vector<ExportTensor> plan = export_plan(family, p32, b32);
-  const SafetensorsFile st = read_safetensors(file);
+  // One tensor at a time: the file is never held whole (runtime::estimate_memory counts
+  // the largest tensor, its f32 widening and the f32 layout below).
+  SafetensorsReader st(file);
   std::map<std::string, const ExportTensor*> wanted;
   for (const ExportTensor& t : plan) wanted[t.name] = &t;
   const std::string hint = fmt::format(
@@ -344,7 +358,7 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
       arch, plan.size(), plan.empty() ? "" : plan.front().name);
 
   InitWeights out;
-  out.metadata = st.metadata;
+  out.metadata = st.metadata();
   out.params = Tensor::empty({graph::FlatStore(p32).buffer_elems(DType::f32)}, DType::f32);
   std::memset(out.params.raw(), 0, out.params.nbytes());
   if (!b32.empty()) {
@@ -352,12 +366,13 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
     std::memset(out.buffers.raw(), 0, out.buffers.nbytes());
   }
   std::set<std::string> seen;
-  for (const NamedTensor& t : st.tensors) {
+  for (size_t i = 0; i < st.entries().size(); ++i) {
+    const SafetensorsEntry& t = st.entries()[i];
     const std::string name = canonical_import_name(family, t.name);
     if (ignored_on_import(family, t.name) || ignored_on_import(family, name)) continue;
     const auto it = wanted.find(name);
     const bool head = is_head_tensor(family, name);
-    if (head && (it == wanted.end() || !(t.tensor.shape() == it->second->shape))) {
+    if (head && (it == wanted.end() || !(t.shape == it->second->shape))) {
       out.unused.push_back(t.name);  // another task's head, or another class count
       continue;
     }
@@ -368,13 +383,13 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
       init_error(file, fmt::format("tensor {} appears twice", name), hint);
     }
     const ExportTensor& x = *it->second;
-    if (!(t.tensor.shape() == x.shape)) {
+    if (!(t.shape == x.shape)) {
       init_error(file,
-                 fmt::format("tensor {} has shape {}, this model needs {}", t.name,
-                             t.tensor.shape().str(), x.shape.str()),
+                 fmt::format("tensor {} has shape {}, this model needs {}", t.name, t.shape.str(),
+                             x.shape.str()),
                  hint);
     }
-    const DType dt = t.tensor.dtype();
+    const DType dt = t.dtype;
     if (dt != DType::f32 && dt != DType::bf16 && dt != DType::f16) {
       init_error(file,
                  fmt::format("tensor {} is {}; model.init_from reads F32, BF16 and F16", t.name,
@@ -384,7 +399,7 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
     const bool is_param = x.store == StoreKind::params;
     const graph::FlatEntry& e = (is_param ? p32 : b32)[static_cast<size_t>(x.entry)];
     Tensor dst = (is_param ? out.params : out.buffers).view(e.offset, e.spec.shape);
-    const Tensor wide = widen(t.tensor);
+    const Tensor wide = widen(st.read(i));
     const float* v = wide.data<float>();
     const float* bad = std::find_if(v, v + wide.numel(), [](float f) { return !std::isfinite(f); });
     if (bad != v + wide.numel()) {

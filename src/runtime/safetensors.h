@@ -8,6 +8,7 @@
 #pragma once
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <string_view>
@@ -25,6 +26,32 @@ struct SafetensorsFile {
   std::vector<NamedTensor> tensors;  // in the order of their data; host memory
   std::map<std::string, std::string> metadata;
   const Tensor* find(std::string_view name) const;  // nullptr when absent
+};
+
+// One tensor's place in a safetensors file: its bytes [begin, end) after the header.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  uint64_t begin = 0, end = 0;
+};
+// A safetensors file opened to read one tensor at a time (model.init_from: a model's
+// weights without the whole file in memory). Opening reads and checks the header as
+// read_safetensors does (an Error naming the file); read(i) reads entry i's bytes into
+// host memory (an Error when the file has changed or shrunk since).
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::filesystem::path& file);
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }  // in data order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  Tensor read(size_t i);
+
+ private:
+  std::filesystem::path file_;
+  std::ifstream in_;
+  uint64_t data_at_ = 0;  // the header's end: where entry offsets count from
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // Every tensor of `file` (F32, F16, BF16, F64, I64, I32, U8: other dtypes, a short or

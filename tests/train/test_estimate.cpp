@@ -186,6 +186,36 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
     return last_json(e.log).at("step_flops").get<double>();
   };
   CHECK(bert_flops("[bert.embeddings.word_embeddings]") < 0.9 * bert_flops("[]"));
+  // A probe started from an export (model.init_from, f32 and bf16 files): reading it
+  // (an f32 copy of the model, the file a tensor at a time) is the peak, counted.
+  const fs::path gpt = tmp.path() / "gpt2-tiny.yaml";
+  for (const char* dtype : {"f32", "bf16"}) {
+    CAPTURE(dtype);
+    const fs::path file = tmp.path() / (std::string("gpt-") + dtype + ".safetensors");
+    const RunResult x = run_dtrain_command({"ckpt", "export", (tmp.path() / "run3").string(),
+                                            "--safetensors", file.string(), "--dtype", dtype},
+                                           tmp.path() / "export.log");
+    REQUIRE_MESSAGE(x.rc == 0, x.describe());
+    const std::vector<std::string> sets = {
+        "--set", "optimizer.freeze=[transformer.wte, transformer.wpe, transformer.h]", "--set",
+        "model.init_from=" + file.string()};
+    std::vector<std::string> est = {"estimate", gpt.string(), "--json"};
+    est.insert(est.end(), sets.begin(), sets.end());
+    const RunResult e = run_dtrain_command(est, tmp.path() / "init-estimate.log");
+    REQUIRE_MESSAGE(e.rc == 0, e.describe());
+    const nlohmann::json plan = last_json(e.log);
+    const fs::path out = tmp.path() / (std::string("init-") + dtype);
+    std::vector<std::string> train = {gpt.string(), "--set", "run.output_dir=" + out.string()};
+    train.insert(train.end(), sets.begin(), sets.end());
+    const RunResult t = run_dtrain(train, out.string() + ".log");
+    REQUIRE_MESSAGE(t.rc == 0, t.describe());
+    const double measured = summary_value(out, "peak_host_bytes");
+    const double estimated = plan.at("peak_bytes").get<double>();
+    MESSAGE("init_from ", std::string(dtype), ": estimate ", estimated, " B, measured ", measured,
+            " B");
+    CHECK(plan.at("peak_at").get<std::string>().find("model.init_from") != std::string::npos);
+    CHECK(std::abs(estimated / measured - 1.0) <= 0.005);
+  }
 }
 
 // A resumed run reads its checkpoint a piece at a time (runtime::CheckpointReader): its
