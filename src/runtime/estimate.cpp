@@ -596,9 +596,12 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   }
   // model.init_from (runtime::load_init_weights), before the first step and before the
   // data feed exists: the f32 layouts of the parameters and buffers it fills, and the
-  // file's tensors read one at a time, each beside its f32 widening. Sized from the
-  // file's header (an absent or damaged file is train's exit 2: nothing counted here).
-  if (job.model.init_from && stages.empty()) {
+  // file's tensors read one at a time, each beside its f32 widening, all in host memory:
+  // counted where the host is the device (the CPU), whole-model executors only (a
+  // pipeline stage loads the same, not counted yet). Counted whether or not a resume
+  // will skip it. Sized from the file's header (an absent or damaged file is train's
+  // exit 2: nothing counted here).
+  if (job.model.init_from && stages.empty() && job.device.is_cpu()) {
     try {
       SafetensorsReader file(*job.model.init_from);
       size_t one = 0;  // the largest tensor read, with its widening
@@ -614,7 +617,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       size_t at_init =
           e.state_bytes - data + one + round(static_cast<size_t>(layout_elems) * sizeof(float)) +
           (buffer_elems > 0 ? round(static_cast<size_t>(buffer_elems) * sizeof(float)) : 0);
-      if (job.device.is_cpu()) at_init += e.host_bytes;
+      at_init += e.host_bytes;
       if (at_init > e.peak_bytes) {
         e.peak_bytes = at_init;
         e.peak_at = "reading model.init_from (an f32 copy of the model, a tensor at a time)";

@@ -135,6 +135,10 @@ std::vector<uint8_t> cover(const std::vector<std::string>& patterns, const std::
     const char* embedding;
   };
   std::vector<TiedName> tied;  // patterns covering a tied copy's name
+  // BERT ties its decoder to the word table only with the masked-LM head ("cls.*"); a
+  // classifier has none.
+  const bool bert_lm_head = std::any_of(layout.begin(), layout.end(),
+                                        [](const auto& e) { return e.name.rfind("cls.", 0) == 0; });
   for (size_t i = 0; i < patterns.size(); ++i) {
     const std::string& pattern = patterns[i];
     int hits = 0;
@@ -157,7 +161,8 @@ std::vector<uint8_t> cover(const std::vector<std::string>& patterns, const std::
         {ModelFamily::bert, "cls.predictions.decoder.weight", "bert.embeddings.word_embeddings"}};
     if (hits > 0) {  // a module pattern ("cls") that takes in the tied copy's name too
       for (const auto& [family, copy, embedding] : kTied) {
-        if (names.has_family && family == names.family && pattern_matches(pattern, copy))
+        if (names.has_family && family == names.family && pattern_matches(pattern, copy) &&
+            (family != ModelFamily::bert || bert_lm_head))
           tied.push_back({i, copy, embedding});
       }
     }
@@ -272,6 +277,13 @@ ParamGroups::ParamGroups(const OptimizerOptions& options, const graph::Graph& gr
                               "rate holds",
                               key, *g.lr_scale, options.lr),
                   "a group's learning rate is optimizer.lr x lr_scale: give a factor such as 10");
+    }
+    if (g.lr_scale && options.lr > 0 &&
+        options.lr * *g.lr_scale < std::numeric_limits<float>::min()) {
+      throw Error(fmt::format("{}.lr_scale: {} x optimizer.lr {} rounds to a learning rate of 0 "
+                              "in f32",
+                              key, *g.lr_scale, options.lr),
+                  "to keep these parameters as they are, put them in optimizer.freeze");
     }
     std::vector<std::string> sets;
     if (g.lr_scale) sets.push_back(fmt::format("learning rate x {}", *g.lr_scale));

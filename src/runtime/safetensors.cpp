@@ -204,9 +204,14 @@ const Tensor* SafetensorsFile::find(std::string_view name) const {
 }
 
 SafetensorsReader::SafetensorsReader(const fs::path& file) : file_(file), in_(open_file(file)) {
-  std::error_code ec;
-  const uintmax_t size = fs::file_size(file, ec);
-  if (ec || size < 8) bad_file(file, fmt::format("{} bytes, too short for a header", size));
+  // The size of what was opened (not the path looked up again); a stream that cannot
+  // seek (a pipe) reads as empty.
+  in_.seekg(0, std::ios::end);
+  const std::streamoff end = in_.tellg();
+  const uint64_t size = end > 0 ? static_cast<uint64_t>(end) : 0;
+  in_.clear();
+  in_.seekg(0);
+  if (size < 8) bad_file(file, fmt::format("{} bytes, too short for a header", size));
   uint64_t n = 0;
   in_.read(reinterpret_cast<char*>(&n), 8);  // little-endian hosts only (x86-64, aarch64)
   if (!in_ || n > kMaxHeader || n > size - 8) {
@@ -227,6 +232,7 @@ SafetensorsReader::SafetensorsReader(const fs::path& file) : file_(file), in_(op
 Tensor SafetensorsReader::read(size_t i) {
   const SafetensorsEntry& e = entries_.at(i);
   Tensor t = Tensor::empty(e.shape, e.dtype);
+  in_.clear();  // a failed read before does not fail this one
   in_.seekg(static_cast<std::streamoff>(data_at_ + e.begin));
   in_.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(e.end - e.begin));
   if (!in_) bad_file(file_, fmt::format("tensor {}: its bytes could not be read", e.name));

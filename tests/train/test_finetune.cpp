@@ -271,6 +271,8 @@ TEST_CASE("groups: the first matching group sets a tensor's lr factor and weight
       {"optimizer.groups=[{lr_scale: 2}]", "optimizer.groups[0].params: missing"},
       {"optimizer.groups=[{params: [fc], lr_scale: 1e300}]",
        "optimizer.groups[0].lr_scale: 1e+300 x optimizer.lr 0.05 is beyond what an f32"},
+      {"optimizer.groups=[{params: [fc], lr_scale: 1e-50}]",
+       "optimizer.groups[0].lr_scale: 1e-50 x optimizer.lr 0.05 rounds to a learning rate of 0"},
   };
   // A group deciding frozen tensors only changes nothing: a warning.
   const RunResult frozen =
