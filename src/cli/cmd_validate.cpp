@@ -97,14 +97,20 @@ std::string tensor_core_line(const std::vector<graph::FlatEntry>& params,
       misses.size(), list);
 }
 
-// "# memory: ..." the estimate's peak per rank (runtime/estimate.h), one line.
+// "# memory: ..." the estimate's peak per rank (runtime/estimate.h), one line. What the
+// peak holds beyond the state is the step's activations, or (a save, model.init_from's
+// load) what that moment holds: "more", then.
 std::string memory_line(const Job& job) {
   const runtime::MemoryEstimate e = runtime::estimate_memory(job);
+  const bool step = e.peak_at.rfind("a checkpoint save", 0) != 0 &&
+                    e.peak_at.rfind("reading model.init_from", 0) != 0;
+  const double gb = 1e9, above = static_cast<double>(e.peak_bytes - e.state_bytes) / gb;
   return fmt::format(
-      "# memory: estimated peak {:.2f} GB per rank (state {:.2f} GB, activations {:.2f} GB, at "
-      "{}); `dtrain estimate` prints the table\n",
-      static_cast<double>(e.peak_bytes) / 1e9, static_cast<double>(e.state_bytes) / 1e9,
-      static_cast<double>(e.peak_bytes - e.state_bytes) / 1e9, e.peak_at);
+      "# memory: estimated peak {:.2f} GB per rank (state {:.2f} GB, {}); `dtrain estimate` "
+      "prints the table\n",
+      static_cast<double>(e.peak_bytes) / gb, static_cast<double>(e.state_bytes) / gb,
+      step ? fmt::format("activations {:.2f} GB, at {}", above, e.peak_at)
+           : fmt::format("{:.2f} GB more at {}", above, e.peak_at));
 }
 
 // optimizer.freeze, layer_decay and groups as the trainer will apply them (a pattern

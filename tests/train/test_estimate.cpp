@@ -216,6 +216,14 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
     CHECK(plan.at("peak_at").get<std::string>().find("model.init_from") != std::string::npos);
     CHECK(std::abs(estimated / measured - 1.0) <= 0.005);
   }
+  // `dtrain validate` does not call such a moment's bytes activations.
+  const RunResult v =
+      run_dtrain_command({"validate", bert.string(), "--set", "precision.dtype=bf16", "--set",
+                          "precision.master_weights=false"},
+                         tmp.path() / "validate.log");
+  REQUIRE_MESSAGE(v.rc == 0, v.describe());
+  CHECK_MESSAGE(contains(v.log, "GB more at a checkpoint save (the half parameters widened"),
+                v.log);
 }
 
 // A resumed run reads its checkpoint a piece at a time (runtime::CheckpointReader): its
