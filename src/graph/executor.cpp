@@ -375,10 +375,9 @@ void Executor::backward(const std::vector<std::pair<ValueId, Tensor>>& seeds, Va
   for (int i = end_ - 1; i >= begin_; --i) {
     const int seg = life.segment_of[static_cast<size_t>(i)];
     if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i) {
-      const Segment& s = life.segments[static_cast<size_t>(seg)];
-      bool work = !prunes();
-      for (int j = s.first; j <= s.last && !work; ++j) work = frozen_.runs(j);
-      if (work) recompute(life, s);  // else set_frozen: nothing in it runs backward
+      // Not where no node of it runs backward (set_frozen).
+      if (life.recomputed[static_cast<size_t>(seg)])
+        recompute(life, life.segments[static_cast<size_t>(seg)]);
     }
     backward_node(i, vgrad);
   }
@@ -396,8 +395,9 @@ std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& a
   accumulate = 0;
   for (size_t k = 0; k < n.params.size(); ++k) {
     const int p = n.params[k];
-    if (skips_grad(n, k)) {  // frozen: none computed; its first user zeroes it, as a skipped
-      gp.emplace_back();     // node's does
+    if (frozen_.skips_grad(n,
+                           k)) {  // frozen: none computed; its first user zeroes it, as a skipped
+      gp.emplace_back();          // node's does
       if (first_user_[static_cast<size_t>(p)] == index) {
         Tensor g = grad_view(p);
         kernels::fill(g, 0.0f);
@@ -536,10 +536,6 @@ BackwardSet Executor::backward_set() const {
   BackwardSet set = frozen_;
   if (!prunes()) set.works.clear(), set.needs.clear();
   return set;
-}
-
-bool Executor::skips_grad(const Node& n, size_t k) const {
-  return frozen_.is_frozen(n.params[k]) && n.op->skips_param_grad(k);
 }
 
 bool Executor::prunes() const {

@@ -207,10 +207,8 @@ class Executor {
   std::vector<int> cuts_;
   void check_segments();  // none straddles the range
   std::vector<std::vector<Tensor>> saved_;
-  BackwardSet frozen_;  // set_frozen (works and needs always computed)
-  bool prunes() const;  // set_frozen's works / needs apply to this executor
-  // Whether node n's op computes no gradient for its k-th parameter (frozen).
-  bool skips_grad(const Node& n, size_t k) const;
+  BackwardSet frozen_;            // set_frozen (works and needs always computed)
+  bool prunes() const;            // set_frozen's works / needs apply to this executor
   std::vector<Tensor> in_grads_;  // per value: a received value's gradient (backward)
   int begin_ = 0, end_ = 0;       // the range of nodes run
   // The micro-batches not current: values_, saved_, in_grads_, batch_ swapped in and out.

@@ -134,12 +134,12 @@ Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>&
     last = std::max(last, step);
   };
   // set: whether some node of segment s runs backward (else it is not recomputed).
-  std::vector<char> segment_works(life.segments.size(), 1);
+  life.recomputed.assign(life.segments.size(), 1);
   if (set != nullptr && !set->works.empty()) {
     for (size_t s = 0; s < life.segments.size(); ++s) {
-      segment_works[s] = 0;
+      life.recomputed[s] = 0;
       for (int i = life.segments[s].first; i <= life.segments[s].last; ++i)
-        segment_works[s] = static_cast<char>(segment_works[s] || set->runs(i));
+        life.recomputed[s] = static_cast<char>(life.recomputed[s] || set->runs(i));
     }
   }
   for (int i = 0; i < n; ++i) {
@@ -153,8 +153,8 @@ Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>&
     if (runs && keeps_outputs(node))
       for (ValueId v : node.outputs) use(v, back, true);
     const int s = life.segment_of[static_cast<size_t>(i)];
-    if (s >= 0 && segment_works[static_cast<size_t>(s)]) {  // the recompute reads the
-                                                            // segment's inputs from outside
+    if (s >= 0 && life.recomputed[static_cast<size_t>(s)]) {  // the recompute reads the
+                                                              // segment's inputs from outside
       const int recompute = 2 * n - 1 - life.segments[static_cast<size_t>(s)].last;
       for (ValueId v : node.inputs)
         if (segment_of_value(v) != s) use(v, recompute, true);

@@ -48,6 +48,11 @@ struct BackwardSet {
   bool is_frozen(int param) const {
     return !frozen.empty() && frozen[static_cast<size_t>(param)] != 0;
   }
+  // Whether node n's op computes no gradient for its k-th parameter (frozen, and the op
+  // can skip it: Op::skips_param_grad).
+  bool skips_grad(const Node& n, size_t k) const {
+    return is_frozen(n.params[k]) && n.op->skips_param_grad(k);
+  }
 };
 // prune: also works and needs (the executor runs the whole graph on parameters it
 // owns); else the frozen flags alone. frozen empty: an empty set (nothing frozen).
@@ -62,7 +67,9 @@ struct Lifetimes {
   std::vector<int> last_use;  // per value: the last step reading it; -1: kept (pinned, unread)
   std::vector<std::vector<ValueId>> release_after;  // per step: values released after it
   std::vector<Segment> segments;                    // checkpointed segments (train only)
-  std::vector<int> segment_of;                      // per node: its segment, or -1
+  // Per segment: whether backward recomputes it (0: no node of it runs backward, set_frozen).
+  std::vector<char> recomputed;
+  std::vector<int> segment_of;  // per node: its segment, or -1
   // Per node of a segment: inner values released right after that node's recompute
   // forward (nothing in backward reads them).
   std::vector<std::vector<ValueId>> recompute_release;

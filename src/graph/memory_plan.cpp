@@ -64,10 +64,6 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
   const Lifetimes life = plan_lifetimes(graph, mode, pinned, blocks_per_segment, cuts, frozen);
   const BackwardSet none;
   const BackwardSet& set = frozen != nullptr ? *frozen : none;
-  // Executor::skips_grad: a frozen parameter the op computes no gradient for.
-  auto skips = [&](const Node& node, size_t k) {
-    return set.is_frozen(node.params[k]) && node.op->skips_param_grad(k);
-  };
   Tally t(round);
   std::vector<size_t> value(static_cast<size_t>(graph.num_values()), 0);  // rounded bytes held
   std::vector<size_t> saved(nodes.size(), 0);
@@ -184,8 +180,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
         const int p = node.params[k];
         // A half parameter whose op writes its f32 gradient itself counts as an f32 one.
         const DType dtype = graph.param_layout()[static_cast<size_t>(p)].spec.dtype;
-        const bool is_half =
-            dtype != DType::f32 && !half_grad_in_f32(*node.op, k, dtype) && !skips(node, k);
+        const bool is_half = dtype != DType::f32 && !half_grad_in_f32(*node.op, k, dtype) &&
+                             !set.skips_grad(node, k);
         if ((half >= 0 && is_half != (half == 1)) || buckets->bucket_of[static_cast<size_t>(p)] < 0)
           continue;  // another's, or a stage's parameter in no bucket of its own
         const auto b = static_cast<size_t>(buckets->bucket_of[static_cast<size_t>(p)]);
@@ -218,14 +214,9 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     for (int i = hi - 1; i >= lo; --i) {
       const Node& node = nodes[static_cast<size_t>(i)];
       const int seg = life.segment_of[static_cast<size_t>(i)];
-      bool recomputed = seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i;
-      if (recomputed) {  // not a segment where no node runs backward (set_frozen)
-        bool work = false;
-        for (int j = life.segments[static_cast<size_t>(seg)].first; j <= i && !work; ++j)
-          work = set.runs(j);
-        recomputed = work;
-      }
-      if (recomputed) {
+      // Not a segment where no node runs backward (set_frozen).
+      if (seg >= 0 && life.segments[static_cast<size_t>(seg)].last == i &&
+          life.recomputed[static_cast<size_t>(seg)]) {
         for (int j = life.segments[static_cast<size_t>(seg)].first; j <= i; ++j) {
           const Node& r = nodes[static_cast<size_t>(j)];
           gather(j, Phase::recompute);
@@ -263,7 +254,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             }
             return false;
           }();
-          if (skips(node, k)) {
+          if (set.skips_grad(node, k)) {
             // frozen: no gradient computed (its first user zeroes the f32 one)
           } else if (half_grad_in_f32(*node.op, k, e.spec.dtype)) {
             // the op writes the f32 gradient itself (Op::param_grad_in_f32)
@@ -316,7 +307,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             first = std::find(ps.begin(), ps.end(), node.params[k]) == ps.end();
           }
           if (e.spec.dtype != DType::f32 && !first &&
-              !half_grad_in_f32(*node.op, k, e.spec.dtype) && !skips(node, k)) {
+              !half_grad_in_f32(*node.op, k, e.spec.dtype) && !set.skips_grad(node, k)) {
             const size_t wide = t.add(bytes_of({e.spec.shape, DType::f32}));
             t.mark(i, Phase::backward);
             t.remove(wide);

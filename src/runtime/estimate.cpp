@@ -695,7 +695,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
 
   if (options.step_time) {
     try {
-      e.step_time = estimate_step_time(job, g);
+      e.step_time = estimate_step_time(job, g, &frozen_all);
     } catch (const RunError& err) {  // a CPU whose peak dtrain cannot measure
       e.step_time_missing = "no step time: " + err.message();
     }

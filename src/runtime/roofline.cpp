@@ -71,7 +71,7 @@ double backward_passes(const graph::Graph& g, const graph::BackwardSet& frozen, 
   if (n.params.empty()) return 2.0;
   // The weight-gradient pass is the first parameter's (a linear's or convolution's
   // weight, an embedding's word table); a bias's sum alone counts for nothing.
-  const bool weight = !(frozen.is_frozen(n.params[0]) && n.op->skips_param_grad(0));
+  const bool weight = !frozen.skips_grad(n, 0);
   bool input_could = false, input = false;
   for (graph::ValueId v : n.inputs) {
     if (!g.value(v).requires_grad) continue;
@@ -202,11 +202,9 @@ StepTimeEstimate roofline_step_time(const graph::Graph& g, const RooflinePeak& p
   if (blocks_per_segment > 0) {
     const graph::Lifetimes life =
         graph::plan_lifetimes(g, graph::Mode::train, {}, blocks_per_segment, {}, &set);
-    for (const graph::Segment& s : life.segments) {
-      bool work = false;
-      for (int i = s.first; i <= s.last; ++i) work = work || set.runs(i);
-      for (int i = s.first; i <= s.last && work; ++i) recomputed[static_cast<size_t>(i)] = 1;
-    }
+    for (size_t s = 0; s < life.segments.size(); ++s)
+      for (int i = life.segments[s].first; i <= life.segments[s].last && life.recomputed[s]; ++i)
+        recomputed[static_cast<size_t>(i)] = 1;
   }
   const double mb = micro_batches;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
@@ -280,16 +278,19 @@ size_t optimizer_step_bytes(const Job& job, const graph::Graph& g) {
   return t.device_bytes + t.host_bytes;
 }
 
-StepTimeEstimate estimate_step_time(const Job& job, const graph::Graph& g) {
+StepTimeEstimate estimate_step_time(const Job& job, const graph::Graph& g,
+                                    const graph::BackwardSet* frozen) {
   const kernels::MathMode math =
       job.precision.tf32 ? kernels::MathMode::tf32 : kernels::MathMode::fp32;
   const bool offload = job.memory.offload.optimizer && job.device.is_cuda();
   const RooflinePeak peak =
       roofline_peak(job.device, compute_dtype(job.precision.dtype), math, offload);
   const OptimizerTraffic t = optimizer_traffic(job, g);
-  const graph::BackwardSet frozen = job_backward_set(job, g);
+  const graph::BackwardSet own =
+      frozen != nullptr ? graph::BackwardSet() : job_backward_set(job, g);
   return roofline_step_time(g, peak, job.parallel.micro_batches, blocks_per_segment(job, g),
-                            t.device_bytes, t.host_bytes, t.link_bytes, &frozen);
+                            t.device_bytes, t.host_bytes, t.link_bytes,
+                            frozen != nullptr ? frozen : &own);
 }
 
 }  // namespace dtrain::runtime

@@ -115,6 +115,8 @@ OptimizerTraffic optimizer_traffic(const Job& job, const graph::Graph& g);
 // The job's roofline: its device's peak (roofline_peak), its micro-batches and
 // checkpointing, optimizer.freeze (job_backward_set), and optimizer_traffic. `g`: the job's graph
 // for one micro-batch. Throws RunError where roofline_peak does.
-StepTimeEstimate estimate_step_time(const Job& job, const graph::Graph& g);
+// `frozen`: the job's frozen set when the caller has it (null: job_backward_set).
+StepTimeEstimate estimate_step_time(const Job& job, const graph::Graph& g,
+                                    const graph::BackwardSet* frozen = nullptr);
 
 }  // namespace dtrain::runtime

@@ -29,14 +29,17 @@ struct Mlp {
   }
 };
 
-void feed(Executor& ex, const Mlp& m) {
+// The Mlp tests' batch: x f32 [4, 6], labels i32 [4].
+void feed(Executor& ex, ValueId x_id, ValueId labels_id) {
   Tensor x = Tensor::empty({4, 6}, DType::f32);
   for (int i = 0; i < 24; ++i) x.data<float>()[i] = static_cast<float>(i % 7) * 0.25f - 0.7f;
   Tensor l = Tensor::empty({4}, DType::i32);
   for (int i = 0; i < 4; ++i) l.data<int32_t>()[i] = i % 3;
-  ex.set_input(m.x, x);
-  ex.set_input(m.labels, l);
+  ex.set_input(x_id, x);
+  ex.set_input(labels_id, l);
 }
+
+void feed(Executor& ex, const Mlp& m) { feed(ex, m.x, m.labels); }
 
 }  // namespace
 
@@ -357,16 +360,12 @@ struct SpyNet {
     h = g.add1("fc2", linear(8, 3, Bias::no), {h});
     loss = g.add1("loss", softmax_cross_entropy(), {h, labels});
   }
-  // One training step with `frozen` (params() order); the gradients stay readable.
+  // One training step on the Mlp tests' batch with `frozen` (params() order); the
+  // gradients stay readable.
   void step(Executor& ex, std::vector<uint8_t> frozen) {
     ex.set_frozen(std::move(frozen));
     ex.initialize(5);
-    Tensor in = Tensor::empty({4, 6}, DType::f32);
-    for (int i = 0; i < 24; ++i) in.data<float>()[i] = static_cast<float>(i % 7) * 0.25f - 0.7f;
-    Tensor l = Tensor::empty({4}, DType::i32);
-    for (int i = 0; i < 4; ++i) l.data<int32_t>()[i] = i % 3;
-    ex.set_input(x, in);
-    ex.set_input(labels, l);
+    feed(ex, x, labels);
     std::memset(ex.grads().flat(DType::f32).raw(), 0x7f, ex.grads().flat(DType::f32).nbytes());
     ex.forward(Mode::train);
     ex.backward(loss);

@@ -52,6 +52,29 @@ nlohmann::json last_json(const std::string& log) {
   return nlohmann::json::parse(log.substr(at));
 }
 
+// `dtrain estimate JOB --json SETS`, then the run itself into `out`: the estimate's JSON
+// and the run's measured peak (peak_host_bytes over the whole run).
+struct Measured {
+  nlohmann::json plan;
+  double peak = 0;
+  double estimated() const { return plan.at("peak_bytes").get<double>(); }
+};
+Measured estimate_and_run(const fs::path& job, const std::vector<std::string>& sets,
+                          const fs::path& out) {
+  std::vector<std::string> est = {"estimate", job.string(), "--json"};
+  est.insert(est.end(), sets.begin(), sets.end());
+  const RunResult e = run_dtrain_command(est, out.string() + "-estimate.log");
+  REQUIRE_MESSAGE(e.rc == 0, e.describe());
+  Measured m{last_json(e.log)};
+  std::vector<std::string> train = {job.string(), "--set", "run.output_dir=" + out.string()};
+  train.insert(train.end(), sets.begin(), sets.end());
+  const RunResult t = run_dtrain(train, out.string() + ".log");
+  REQUIRE_MESSAGE(t.rc == 0, t.describe());
+  m.peak = summary_value(out, "peak_host_bytes");
+  REQUIRE(m.peak > 0);
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("dtrain estimate is within 3% of the measured peak, every family, batch and dtype") {
@@ -70,24 +93,13 @@ TEST_CASE("dtrain estimate is within 3% of the measured peak, every family, batc
         const std::string batch = f.name[0] == 'r'   ? std::to_string(32 * scale)
                                   : f.name[0] == 'v' ? std::to_string(16 * scale)
                                                      : std::to_string(8 * scale);
-        const std::vector<std::string> sets = {"--set", std::string("precision.dtype=") + dtype,
-                                               "--set", "data.global_batch=" + batch};
-        std::vector<std::string> est = {"estimate", job.string(), "--json"};
-        est.insert(est.end(), sets.begin(), sets.end());
-        const RunResult e = run_dtrain_command(est, tmp.path() / (run + "-estimate.log"));
-        REQUIRE_MESSAGE(e.rc == 0, e.describe());
-        const nlohmann::json plan = last_json(e.log);
-        std::vector<std::string> train = {job.string(), "--set",
-                                          "run.output_dir=" + (tmp.path() / run).string()};
-        train.insert(train.end(), sets.begin(), sets.end());
-        const RunResult t = run_dtrain(train, tmp.path() / (run + ".log"));
-        REQUIRE_MESSAGE(t.rc == 0, t.describe());
-        const double measured = summary_value(tmp.path() / run, "peak_host_bytes");
-        REQUIRE(measured > 0);
-        const double estimated = plan.at("peak_bytes").get<double>();
-        MESSAGE(run, ": estimate ", estimated, " B, measured ", measured, " B, at ",
-                plan.at("peak_at").get<std::string>());
-        CHECK(std::abs(estimated / measured - 1.0) <= 0.03);
+        const Measured m = estimate_and_run(job,
+                                            {"--set", std::string("precision.dtype=") + dtype,
+                                             "--set", "data.global_batch=" + batch},
+                                            tmp.path() / run);
+        MESSAGE(run, ": estimate ", m.estimated(), " B, measured ", m.peak, " B, at ",
+                m.plan.at("peak_at").get<std::string>());
+        CHECK(std::abs(m.estimated() / m.peak - 1.0) <= 0.03);
       }
     }
   }
@@ -137,19 +149,9 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
                        << "logging: {console: false}\n";
     std::vector<std::string> sets = {"--set", std::string("optimizer.freeze=") + c.freeze};
     sets.insert(sets.end(), c.sets.begin(), c.sets.end());
-    std::vector<std::string> est = {"estimate", job.string(), "--json"};
-    est.insert(est.end(), sets.begin(), sets.end());
-    const std::string run = "run" + std::to_string(i);
-    const RunResult e = run_dtrain_command(est, tmp.path() / (run + "-estimate.log"));
-    REQUIRE_MESSAGE(e.rc == 0, e.describe());
-    const nlohmann::json plan = last_json(e.log);
-    std::vector<std::string> train = {job.string(), "--set",
-                                      "run.output_dir=" + (tmp.path() / run).string()};
-    train.insert(train.end(), sets.begin(), sets.end());
-    const RunResult t = run_dtrain(train, tmp.path() / (run + ".log"));
-    REQUIRE_MESSAGE(t.rc == 0, t.describe());
-    const double measured = summary_value(tmp.path() / run, "peak_host_bytes");
-    const double estimated = plan.at("peak_bytes").get<double>();
+    const Measured m = estimate_and_run(job, sets, tmp.path() / ("run" + std::to_string(i)));
+    const nlohmann::json& plan = m.plan;
+    const double measured = m.peak, estimated = m.estimated();
     MESSAGE(std::string(c.family->name), " ", std::string(c.freeze), ": estimate ", estimated,
             " B, measured ", measured, " B, at ", plan.at("peak_at").get<std::string>(), ", ",
             plan.at("step_flops").get<double>(), " FLOPs");
@@ -196,25 +198,15 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
                                             "--safetensors", file.string(), "--dtype", dtype},
                                            tmp.path() / "export.log");
     REQUIRE_MESSAGE(x.rc == 0, x.describe());
-    const std::vector<std::string> sets = {
-        "--set", "optimizer.freeze=[transformer.wte, transformer.wpe, transformer.h]", "--set",
-        "model.init_from=" + file.string()};
-    std::vector<std::string> est = {"estimate", gpt.string(), "--json"};
-    est.insert(est.end(), sets.begin(), sets.end());
-    const RunResult e = run_dtrain_command(est, tmp.path() / "init-estimate.log");
-    REQUIRE_MESSAGE(e.rc == 0, e.describe());
-    const nlohmann::json plan = last_json(e.log);
-    const fs::path out = tmp.path() / (std::string("init-") + dtype);
-    std::vector<std::string> train = {gpt.string(), "--set", "run.output_dir=" + out.string()};
-    train.insert(train.end(), sets.begin(), sets.end());
-    const RunResult t = run_dtrain(train, out.string() + ".log");
-    REQUIRE_MESSAGE(t.rc == 0, t.describe());
-    const double measured = summary_value(out, "peak_host_bytes");
-    const double estimated = plan.at("peak_bytes").get<double>();
-    MESSAGE("init_from ", std::string(dtype), ": estimate ", estimated, " B, measured ", measured,
+    const Measured m = estimate_and_run(
+        gpt,
+        {"--set", "optimizer.freeze=[transformer.wte, transformer.wpe, transformer.h]", "--set",
+         "model.init_from=" + file.string()},
+        tmp.path() / (std::string("init-") + dtype));
+    MESSAGE("init_from ", std::string(dtype), ": estimate ", m.estimated(), " B, measured ", m.peak,
             " B");
-    CHECK(plan.at("peak_at").get<std::string>().find("model.init_from") != std::string::npos);
-    CHECK(std::abs(estimated / measured - 1.0) <= 0.005);
+    CHECK(m.plan.at("peak_at").get<std::string>().find("model.init_from") != std::string::npos);
+    CHECK(std::abs(m.estimated() / m.peak - 1.0) <= 0.005);
   }
   // `dtrain validate` does not call such a moment's bytes activations.
   const RunResult v =
