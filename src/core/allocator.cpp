@@ -187,9 +187,10 @@ size_t held_pages_bytes(const ByteRanges& held) {
   return n;
 }
 
-void* map_held_pages(size_t bytes, const ByteRanges& held) {
+void* map_held_pages(size_t bytes, const ByteRanges& held, Unheld rest) {
   const size_t span = std::max<size_t>(bytes, 1);
-  void* base = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* base = mmap(nullptr, span, rest == Unheld::zeros ? PROT_READ : PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
     throw Error(
         fmt::format("cannot reserve {} bytes of address space: {}", bytes, std::strerror(errno)),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -95,12 +96,17 @@ using ByteRanges = std::vector<std::pair<size_t, size_t>>;
 // The host memory a held_pages mapping commits for `held`: every page a range touches,
 // once (what host_allocator() counts for it).
 size_t held_pages_bytes(const ByteRanges& held);
+// What the pages outside `held` of a held-pages mapping are: absent (reserved, never
+// committed, faulting when touched: a pipeline stage's share of the whole model's flat
+// buffers) or zeros (read-only: a read maps the kernel's one shared zero page, a write
+// faults: the optimizer state of frozen parameters, which every reader sees as 0).
+enum class Unheld : uint8_t { absent, zeros };
 // `bytes` of host address space of which only the pages under `held` are backed
-// (read-write, zero-filled); the rest is reserved, never committed, and faults when
-// touched. A pipeline stage's share of the whole model's flat buffers, addressed as the
-// whole (the same offsets as every other rank's). Counted in host_allocator() by
-// held_pages_bytes(held); `release` unmaps it. Throws Error when the system refuses.
-void* map_held_pages(size_t bytes, const ByteRanges& held);
+// (read-write, zero-filled), the rest as `rest` says, addressed as the whole buffer
+// (the same offsets as a fully backed one). Counted in host_allocator() by
+// held_pages_bytes(held); unmap_held_pages releases it. Throws Error when the system
+// refuses.
+void* map_held_pages(size_t bytes, const ByteRanges& held, Unheld rest = Unheld::absent);
 void unmap_held_pages(void* base, size_t bytes, const ByteRanges& held);
 
 }  // namespace dtrain

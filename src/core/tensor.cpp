@@ -9,8 +9,8 @@ Storage::Storage(Allocator& alloc, size_t bytes)
 Storage::Storage(void* external, size_t bytes, Device device)
     : data_(external), bytes_(bytes), device_(device) {}
 
-Storage::Storage(size_t bytes, ByteRanges held)
-    : data_(map_held_pages(bytes, held)),
+Storage::Storage(size_t bytes, ByteRanges held, Unheld rest)
+    : data_(map_held_pages(bytes, held, rest)),
       bytes_(bytes),
       device_(Device::cpu()),
       held_(std::move(held)),
@@ -40,7 +40,7 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) 
 }
 
 Tensor Tensor::held_pages(const Shape& shape, DType dtype,
-                          const std::vector<std::pair<int64_t, int64_t>>& held) {
+                          const std::vector<std::pair<int64_t, int64_t>>& held, Unheld rest) {
   const size_t esize = dtype_size(dtype);
   ByteRanges bytes;
   for (const auto& [a, b] : held) {
@@ -50,7 +50,7 @@ Tensor Tensor::held_pages(const Shape& shape, DType dtype,
   }
   Tensor t;
   t.storage_ =
-      std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * esize, std::move(bytes));
+      std::make_shared<Storage>(static_cast<size_t>(shape.numel()) * esize, std::move(bytes), rest);
   t.shape_ = shape;
   t.dtype_ = dtype;
   return t;

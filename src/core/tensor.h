@@ -22,7 +22,7 @@ class Storage {
   Storage(Allocator& alloc, size_t bytes);
   Storage(void* external, size_t bytes, Device device);  // non-owning
   // Host memory mapped by map_held_pages (core/allocator.h), unmapped when freed.
-  Storage(size_t bytes, ByteRanges held);
+  Storage(size_t bytes, ByteRanges held, Unheld rest = Unheld::absent);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -51,9 +51,11 @@ class Tensor {
   // Wraps memory owned elsewhere (a flat buffer, a workspace, a test array).
   static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device = Device::cpu());
   // Host memory of which only the element ranges `held` ([begin, end)) exist, zeros;
-  // touching any other element faults (core/allocator.h, map_held_pages).
+  // touching any other element faults, or with Unheld::zeros reads 0 and faults on a
+  // write, committing nothing (core/allocator.h, map_held_pages).
   static Tensor held_pages(const Shape& shape, DType dtype,
-                           const std::vector<std::pair<int64_t, int64_t>>& held);
+                           const std::vector<std::pair<int64_t, int64_t>>& held,
+                           Unheld rest = Unheld::absent);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

@@ -9,8 +9,8 @@
 // which costs flops but no buffer of the size of p. The trust ratios in between are
 // computed here in double from the per-chunk sums, added in chunk order.
 // A segment's lr_scale multiplies its learning rate (LAMB: lr x scale x trust ratio); a
-// frozen segment is passed over by AdamW, and LAMB steps it by 0: its values stay, and
-// with its zeroed gradient its moments decay toward 0.
+// frozen segment is passed over (LAMB's chunk table leaves it out): its values stay, and
+// it has no moments (optim/optimizer.h, drops_frozen_state).
 #include <cmath>
 #include <memory>
 
@@ -69,11 +69,13 @@ class Lamb final : public Optimizer {
   Lamb(const OptimizerOptions& o, std::vector<ParamSegment> s, int64_t total, Device device)
       : Optimizer(o, std::move(s), total, {"exp_avg", "exp_avg_sq"}, device),
         ratio_(segments().size()) {
-    const auto c = static_cast<int64_t>(chunks().size());
+    for (const SegmentChunk& ch : chunks())
+      if (!segments()[static_cast<size_t>(ch.segment)].frozen) live_.push_back(ch);
+    const auto c = static_cast<int64_t>(live_.size());
     Tensor ranges = Tensor::empty(Shape{c, 2}, DType::i64);
     Tensor wd = Tensor::empty(Shape{c}, DType::f32);
     for (int64_t i = 0; i < c; ++i) {
-      const SegmentChunk& ch = chunks()[static_cast<size_t>(i)];
+      const SegmentChunk& ch = live_[static_cast<size_t>(i)];
       ranges.data<int64_t>()[2 * i] = ch.begin;
       ranges.data<int64_t>()[2 * i + 1] = ch.end;
       wd.data<float>()[i] = decay_of(ch.segment);
@@ -87,9 +89,10 @@ class Lamb final : public Optimizer {
   }
 
  private:
-  // A host table's twin on the optimizer's device (the same tensor on the CPU).
+  // A host table's twin on the optimizer's device (the same tensor on the CPU, and when
+  // empty: every segment frozen, no step reads it).
   Tensor on_device(const Tensor& host, DType dt) const {
-    if (device().is_cpu()) return host;
+    if (device().is_cpu() || host.numel() == 0) return host;
     Tensor t = Tensor::empty(host.shape(), dt, &kernels::device_allocator(device()));
     kernels::copy(host, t);
     return t;
@@ -99,6 +102,7 @@ class Lamb final : public Optimizer {
   void set_segment_sums(SegmentSums combine) override { combine_ = std::move(combine); }
 
   void update(const ParamTarget& target, const Tensor& g, double lr, float grad_scale) override {
+    if (live_.empty()) return;  // every segment frozen
     Tensor p = target.flat;
     Tensor m = state_buffer(0), v = state_buffer(1);
     const kernels::AdamStep k = adam_coef(options(), step_, lr, grad_scale);
@@ -106,14 +110,14 @@ class Lamb final : public Optimizer {
     if (device().is_cuda()) kernels::copy(sums_, sums_host_);  // blocking: the ratios need them
     trust_ratios();
     float* step = step_host_.data<float>();
-    for (size_t c = 0; c < chunks().size(); ++c) {
-      const auto seg = static_cast<size_t>(chunks()[c].segment);
-      const ParamSegment& s = segments()[seg];
-      step[c] = s.frozen ? 0.0f : static_cast<float>(lr * s.lr_scale * ratio_[seg]);
+    for (size_t c = 0; c < live_.size(); ++c) {
+      const auto seg = static_cast<size_t>(live_[c].segment);
+      step[c] = static_cast<float>(lr * segments()[seg].lr_scale * ratio_[seg]);
     }
     if (device().is_cuda()) kernels::copy(step_host_, step_dev_);
     kernels::lamb_update(k, ranges_, wd_, step_dev_, p, m, v);
     for (size_t s = 0; s < target.copies.size(); ++s) {  // the compute-dtype copy: a third pass
+      if (segments()[s].frozen) continue;
       Tensor copy = target.copies[s];
       kernels::cast(p.view(segments()[s].offset, Shape{segments()[s].size}), copy);
     }
@@ -123,8 +127,8 @@ class Lamb final : public Optimizer {
   void trust_ratios() {
     std::vector<double> ps(segments().size(), 0.0), us(segments().size(), 0.0);
     const double* sums = sums_host_.data<double>();
-    for (size_t c = 0; c < chunks().size(); ++c) {
-      const auto seg = static_cast<size_t>(chunks()[c].segment);
+    for (size_t c = 0; c < live_.size(); ++c) {
+      const auto seg = static_cast<size_t>(live_[c].segment);
       ps[seg] += sums[2 * c];
       us[seg] += sums[2 * c + 1];
     }
@@ -135,10 +139,11 @@ class Lamb final : public Optimizer {
     }
   }
 
-  Tensor ranges_, wd_;           // the chunk table, on the device
-  Tensor sums_, sums_host_;      // f64 [C, 2] per-chunk (sum p^2, sum u^2)
-  Tensor step_dev_, step_host_;  // f32 [C] lr x trust ratio
-  std::vector<double> ratio_;    // per segment
+  std::vector<SegmentChunk> live_;  // the chunks of segments not frozen
+  Tensor ranges_, wd_;              // their table, on the device
+  Tensor sums_, sums_host_;         // f64 [C, 2] per-chunk (sum p^2, sum u^2)
+  Tensor step_dev_, step_host_;     // f32 [C] lr x trust ratio
+  std::vector<double> ratio_;       // per segment
   SegmentSums combine_;
 };
 

@@ -56,10 +56,45 @@ Optimizer::Optimizer(const OptimizerOptions& options, std::vector<ParamSegment> 
   chunks_ = chunk_segments(segments_);
   std::vector<std::string> names = state_names;
   if (has_ema()) names.emplace_back(kEmaBuffer);
+  const bool holes = drops_frozen_state(segments_, device_);
   for (const std::string& name : names) {
+    if (holes && name != kEmaBuffer) {  // frozen segments' pages read 0, commit nothing
+      buffers_.emplace_back(name, Tensor::held_pages(Shape{total_}, DType::f32,
+                                                     stateful_ranges(segments_), Unheld::zeros));
+      continue;
+    }
     Tensor t = Tensor::empty(Shape{total_}, DType::f32, &kernels::device_allocator(device_));
     kernels::fill(t, 0.0f);
     buffers_.emplace_back(name, std::move(t));
+  }
+}
+
+std::vector<std::pair<int64_t, int64_t>> stateful_ranges(
+    const std::vector<ParamSegment>& segments) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const ParamSegment& s : segments)
+    if (!s.frozen) out.emplace_back(s.offset, s.offset + s.size);
+  return out;
+}
+
+bool drops_frozen_state(const std::vector<ParamSegment>& segments, Device device) {
+  return device.is_cpu() && std::any_of(segments.begin(), segments.end(),
+                                        [](const ParamSegment& s) { return s.frozen; });
+}
+
+void Optimizer::load_state_piece(size_t buffer, int64_t at, const Tensor& piece) {
+  DTRAIN_CHECK(buffer < buffers_.size() && at >= 0 && at + piece.numel() <= total_,
+               "state piece [{}, {}) of buffer {} of {}", at, at + piece.numel(), buffer,
+               buffers_.size());
+  Tensor dst = buffers_[buffer].second;
+  const int64_t end = at + piece.numel();
+  const bool all = buffers_[buffer].first == kEmaBuffer;  // the average of every weight
+  for (const ParamSegment& s : segments_) {
+    if (s.frozen && !all) continue;  // its state is dropped: it restarts when unfrozen
+    const int64_t a = std::max(at, s.offset), b = std::min(end, s.offset + s.size);
+    if (a >= b) continue;
+    Tensor out = dst.view(a, Shape{b - a});
+    kernels::copy(piece.view(a - at, Shape{b - a}), out);
   }
 }
 
@@ -161,6 +196,7 @@ void Optimizer::set_frozen_steps(const std::map<std::string, int64_t>& by_name) 
   for (size_t s = 0; s < segments_.size(); ++s) {
     const auto it = by_name.find(segments_[s].name);
     if (it != by_name.end()) frozen_steps_[s] = std::clamp<int64_t>(it->second, 0, step_);
+    if (segments_[s].frozen) frozen_steps_[s] = step_;  // no state: none of its steps count
     any = any || frozen_steps_[s] > 0 || segments_[s].frozen;
   }
   if (!any) frozen_steps_.clear();
@@ -184,7 +220,7 @@ void Optimizer::load_state(const OptimizerState& saved) {
                               saved.buffers[i].first, src.str(), total_),
                   "resume from a checkpoint of the same model and parallel layout");
     }
-    kernels::copy(src, buffers_[i].second);
+    if (src.raw() != buffers_[i].second.raw()) load_state_piece(i, 0, src);
   }
   step_ = saved.step;
   ema_ready_ = has_ema();

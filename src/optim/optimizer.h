@@ -71,12 +71,13 @@ class Optimizer {
 
   int64_t step_count() const { return step_; }
   // optimizer.freeze: the steps each tensor was frozen for, by name (absent: 0), as the
-  // trainer's checkpoints keep them; each frozen segment's count grows by one per step
-  // from here on. AdamW's bias correction of a segment counts the steps it was stepped,
-  // step_count() less these (PyTorch's per-parameter step), so a tensor unfrozen at a
-  // resume starts as a fresh parameter does, at about lr per element, not at
-  // (1 - b1) / sqrt(1 - b2) times it. LAMB keeps the one count (its kernel takes one
-  // bias correction for every chunk).
+  // trainer's checkpoints keep them; a segment frozen now counts every step so far (it
+  // holds no state: load_state dropped what it had), and each frozen segment's count
+  // grows by one per step from here on. AdamW's bias correction of a segment counts the
+  // steps it was stepped, step_count() less these (PyTorch's per-parameter step), so a
+  // tensor unfrozen at a resume starts as a fresh parameter does, at about lr per
+  // element, not at (1 - b1) / sqrt(1 - b2) times it. LAMB keeps the one count (its
+  // kernel takes one bias correction for every chunk).
   void set_frozen_steps(const std::map<std::string, int64_t>& by_name);
   // optimizer.ema: the average's buffer (the last state buffer, "ema": f32 [total_elems],
   // in the parameters' layout), or undefined without one. Ready: it holds an average.
@@ -94,11 +95,19 @@ class Optimizer {
   void start_ema(const Tensor& params);
   // The decay of the average at step t (counted from 1), in double.
   double ema_decay_at(int64_t t) const;
-  // Views of the live buffers (not copies): write them out, or copy to keep a snapshot.
+  // Views of the live buffers (not copies): read them (write them out, or copy to keep
+  // a snapshot); write them through load_state or load_state_piece only: a frozen
+  // segment's range of the algorithm's buffers is read-only zeros on the CPU.
   OptimizerState state() const;
   // Copies a saved state in (from any device). A buffer set or size that does not match
-  // this optimizer (a checkpoint of another optimizer or model) is a dtrain::Error.
+  // this optimizer (a checkpoint of another optimizer or model) is a dtrain::Error. What
+  // a frozen segment's range of the algorithm's buffers holds is not taken (a frozen
+  // tensor has no optimizer state: it restarts as a fresh parameter when unfrozen,
+  // set_frozen_steps); the average takes every segment.
   void load_state(const OptimizerState& saved);
+  // The same for elements [at, at + piece.numel()) of state buffer `buffer` (state()
+  // order): a checkpoint read a piece at a time.
+  void load_state_piece(size_t buffer, int64_t at, const Tensor& piece);
 
   OptimizerName name() const { return options_.name; }
   const OptimizerOptions& options() const { return options_; }
@@ -145,6 +154,13 @@ class Optimizer {
 
 // The name of optimizer.ema's state buffer.
 inline constexpr const char* kEmaBuffer = "ema";
+// optimizer.freeze: the element ranges of the segments that hold optimizer state (every
+// segment not frozen), and whether an optimizer on `device` commits memory for those
+// alone: on the CPU, a frozen segment's range of each algorithm buffer (not the
+// average's) is read-only zero pages (Tensor::held_pages, Unheld::zeros), so a linear
+// probe keeps state for its head only. On CUDA the buffers are whole (zeros there).
+std::vector<std::pair<int64_t, int64_t>> stateful_ranges(const std::vector<ParamSegment>& segments);
+bool drops_frozen_state(const std::vector<ParamSegment>& segments, Device device);
 // How many f32 state buffers of the parameters' size an optimizer with these options
 // keeps (the EMA included): what dtrain estimate counts.
 int state_buffer_count(const OptimizerOptions& options);

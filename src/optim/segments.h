@@ -21,9 +21,9 @@ struct ParamSegment {
   int64_t size = 0;    // elements
   DecayMode decay = DecayMode::decay;
   double lr_scale = 1.0;  // the learning rate's factor (optimizer.layer_decay, .groups)
-  // optimizer.freeze: the gradient arrives zeroed; SGD and AdamW pass the segment over
-  // (parameters and moments unchanged), LAMB steps it by lr 0 (parameters unchanged,
-  // moments decaying toward 0); the average moves toward the unchanging parameters.
+  // optimizer.freeze: the gradient arrives zeroed; every optimizer passes the segment
+  // over (parameters unchanged, no state: Optimizer::load_state), the average moves
+  // toward the unchanging parameters.
   bool frozen = false;
   // optimizer.groups: the weight decay of this segment, in place of the optimizer's
   // weight_decay and the decay mode; unset: those.

@@ -329,6 +329,43 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   std::string shard_note;
   if (sharded || !stages.empty())
     f32_layout = round(static_cast<size_t>(last_shard) * sizeof(float));
+  // optimizer.freeze with the optimizer on the host: a frozen tensor's range of each of
+  // the algorithm's buffers is zero pages that commit nothing (optim::drops_frozen_state),
+  // so a buffer holds the pages under the trained tensors of its rank's range. Per stage
+  // (or the whole model) the largest data rank's; 0 where nothing is frozen there (the
+  // buffer is whole, as above).
+  const bool host_optimizer = job.device.is_cpu() || job.memory.offload.optimizer;
+  std::vector<size_t> frozen_state(ranges.size(), 0);  // one buffer, per stage
+  if (host_optimizer && groups.any_frozen()) {
+    const std::vector<std::pair<int64_t, int64_t>> lohi =
+        stages.empty() ? std::vector<std::pair<int64_t, int64_t>>{{0, layout_elems}}
+                       : stage_spans(f32_entries.entries(), stages, layout_elems);
+    for (size_t st = 0; st < lohi.size(); ++st) {
+      const auto [lo, hi] = lohi[st];
+      for (int r = 0; r < (sharded ? world : 1); ++r) {
+        const ShardRange sh = sharded ? shard_of(hi - lo, r, world, lo) : ShardRange{lo, hi};
+        ByteRanges held;
+        bool holes = false;
+        for (size_t i = 0; i < f32_entries.entries().size(); ++i) {
+          const graph::FlatEntry& en = f32_entries.entries()[i];
+          const int64_t a = std::max(en.offset, sh.begin),
+                        b = std::min(en.offset + en.spec.shape.numel(), sh.end);
+          if (a >= b) continue;
+          if (groups.frozen_mask()[i] != 0) {
+            holes = true;
+          } else {
+            held.emplace_back(static_cast<size_t>(a - sh.begin) * sizeof(float),
+                              static_cast<size_t>(b - sh.begin) * sizeof(float));
+          }
+        }
+        if (holes) frozen_state[st] = std::max(frozen_state[st], held_pages_bytes(held));
+      }
+    }
+  }
+  const auto state_buffer = [&](size_t whole) {  // the largest stage's, one buffer
+    const size_t most = *std::max_element(frozen_state.begin(), frozen_state.end());
+    return most > 0 ? most : whole;
+  };
   if (sharded) shard_note = fmt::format(" (ZeRO-{}: 1/{} of it)", job.parallel.zero_stage, world);
   if (!stages.empty()) shard_note += ", the largest pipeline stage's parameters";
   // ZeRO-2: no whole gradient buffer; backward writes into buckets (dist/zero_grads.h),
@@ -468,9 +505,11 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   const int ema = o.ema.decay ? 1 : 0;
   const int states = optim::state_buffer_count(o) - ema;  // the algorithm's own
   const auto ranged_items = static_cast<size_t>(optim::state_buffer_count(o) + (masters ? 1 : 0));
-  add_optimizer(
-      "optimizer state", (offload ? host_layout : f32_layout) * static_cast<size_t>(states),
-      std::string(o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq") + shard_note);
+  add_optimizer("optimizer state",
+                state_buffer(offload ? host_layout : f32_layout) * static_cast<size_t>(states),
+                std::string(o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq") +
+                    (groups.any_frozen() && host_optimizer ? ", trained tensors only" : "") +
+                    shard_note);
   if (ema) {
     add_optimizer("EMA weights", offload ? host_layout : f32_layout,
                   "f32 average of the weights (optimizer.ema)" + shard_note);
@@ -545,9 +584,13 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
         compression = most_compression.residual + most_compression.q + most_compression.server -
                       c.residual - c.q - c.server;
       }
-      stage_state.push_back(e.state_bytes - ranged_items * f32_layout +
-                            ranged_items * round(static_cast<size_t>(ranges[s]) * sizeof(float)) -
-                            stage_params_bytes - grads_items * stage_grads_bytes + held_params[s] +
+      const size_t range_bytes = round(static_cast<size_t>(ranges[s]) * sizeof(float));
+      const size_t states_here = frozen_state[s] > 0 ? frozen_state[s] : range_bytes;
+      stage_state.push_back(e.state_bytes - ranged_items * f32_layout -
+                            static_cast<size_t>(states) * (state_buffer(f32_layout) - f32_layout) +
+                            (ranged_items - static_cast<size_t>(states)) * range_bytes +
+                            static_cast<size_t>(states) * states_here - stage_params_bytes -
+                            grads_items * stage_grads_bytes + held_params[s] +
                             grads_items * held_grads[s] - compression);
     }
     pipeline_activations(job, m, round, eval_pins, stages, stage_state, stage_compression,

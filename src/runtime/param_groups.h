@@ -17,8 +17,9 @@
 // in training mode, as PyTorch's do. Backward skips what only frozen parameters need
 // (graph::Executor::set_frozen, graph::BackwardSet: no backward for frozen layers with
 // nothing trainable before them, no weight gradient for a frozen linear, convolution or
-// embedding), and `dtrain estimate` replays that; a frozen parameter's gradient buffer
-// and optimizer state are still held and its zeros exchanged.
+// embedding), and `dtrain estimate` replays that. A frozen parameter holds no optimizer
+// state (optim::drops_frozen_state: zero pages on the host; dropped at a resume, its
+// steps counted anew); its gradient buffer is still held and its zeros exchanged.
 //
 // Layer decay (BEiT's and timm's rule): layer 0 holds what the model uses before its
 // first block (patch or word embeddings, a ResNet's stem), layers 1..L its blocks

@@ -122,11 +122,13 @@ WholeRange assemble_range(dist::Communicator& tensor, dist::Communicator* data,
   if (writer) mine.params = Tensor::empty(Shape{mine.range.size()}, DType::f32);
   assemble(state[0], &mine.params);
   if (writer) {
+    // A container of the assembled state, written into directly: whole buffers (a frozen
+    // segment's range would be read-only zeros; it assembles to zeros here anyway).
+    std::vector<optim::ParamSegment> segments = optim::shard_segments(
+        a.segments, mine.range.begin, mine.range.end, optim::SegmentSplit::allowed);
+    for (optim::ParamSegment& s : segments) s.frozen = false;
     mine.opt =
-        optim::make_optimizer(a.options,
-                              optim::shard_segments(a.segments, mine.range.begin, mine.range.end,
-                                                    optim::SegmentSplit::allowed),
-                              mine.range.size(), Device::cpu());
+        optim::make_optimizer(a.options, std::move(segments), mine.range.size(), Device::cpu());
     optim::OptimizerState st = mine.opt->state();
     DTRAIN_CHECK(st.buffers.size() + 2 == state.size(), "{} optimizer buffers, {} state tensors",
                  st.buffers.size(), state.size());

@@ -567,7 +567,8 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
     rd.pieces(params, kLoadPiece,
               [&](int64_t lo, const Tensor& piece) { l.params(first + lo, piece); });
     if (!state) return;
-    for (const auto& [name, t] : live.buffers) {
+    for (size_t i = 0; i < live.buffers.size(); ++i) {
+      const std::string& name = live.buffers[i].first;
       if (!saved(name)) continue;
       rd.pieces("optim." + name, kLoadPiece, [&](int64_t lo, const Tensor& piece) {
         lo += first;
@@ -576,7 +577,7 @@ TrainCounters load_train_state_ranges(const fs::path& path, const RangeLoad& l) 
           return;
         }
         const int64_t a = std::max(lo, l.begin), b = std::min(lo + piece.numel(), l.end);
-        if (a < b) copy_into(piece.view(a - lo, Shape{b - a}), t.view(a - l.begin, Shape{b - a}));
+        if (a < b) opt.load_state_piece(i, a - l.begin, piece.view(a - lo, Shape{b - a}));
       });
     }
   };

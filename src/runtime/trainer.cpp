@@ -234,6 +234,10 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
                                                 : fs::path(job_.train.checkpoint.dir);
   prepare_samples();  // the tokenizer and prompt: a bad one is the job's error, before a step
   resume_if_asked();
+  // A tensor frozen now holds no optimizer state (the resume dropped any it had), so none
+  // of its steps so far count: unfrozen later, it starts as a fresh parameter.
+  for (const std::string& name : groups_.frozen_names())
+    counters_.frozen_steps[name] = opt_->step_count();
   opt_->set_frozen_steps(counters_.frozen_steps);  // the checkpoint's (a fresh run: none)
   counters_.classes = source_->class_names();      // the next saves name them (a resume checked)
   // model.init_from starts a fresh run only: a resumed one continues from its checkpoint

@@ -96,7 +96,7 @@ TrainCounters TrainSession::resume_whole(const fs::path& file) {
   // ZeRO or a pipeline stage: this rank's optimizer holds its range [begin, end) of the
   // local layout, as `state` does.
   optim::OptimizerState mine = opt_->state();
-  for (auto& [name, t] : mine.buffers) kernels::copy(state.at(name), t);
+  for (auto& [name, t] : mine.buffers) t = state.at(name);
   opt_->load_state(mine);
   return counters;
 }

@@ -248,3 +248,74 @@ TEST_CASE("set_frozen_steps: a tensor unfrozen after k steps steps as a fresh on
   global->step(qt, as_tensor(g), 0.05);
   CHECK_FALSE(same_bits(q.data(), w.data(), 300));
 }
+
+// A frozen segment holds no optimizer state: on the CPU its range of each algorithm
+// buffer is zero pages that commit nothing (the average's is whole), a loaded state's
+// values there are not taken, and a segment frozen at a load counts every step so far
+// as frozen (it restarts as a fresh parameter when unfrozen).
+TEST_CASE("a frozen segment holds no state: zero pages, not loaded, its steps restart") {
+  const int64_t big = 1 << 20;  // 4 MiB of f32: frozen
+  const std::vector<ParamSegment> segs = {{"head", 0, 1000, DecayMode::decay},
+                                          {"body", 1024, big, DecayMode::decay}};
+  const int64_t total = 1024 + big;
+  std::vector<ParamSegment> frozen = segs;
+  frozen[1].frozen = true;
+  CHECK(stateful_ranges(frozen) == std::vector<std::pair<int64_t, int64_t>>{{0, 1000}});
+  CHECK(drops_frozen_state(frozen, Device::cpu()));
+  CHECK_FALSE(drops_frozen_state(segs, Device::cpu()));
+  for (const OptimizerName name : {OptimizerName::sgd, OptimizerName::adamw, OptimizerName::lamb}) {
+    CAPTURE(to_string(name));
+    OptimizerOptions o = options_for(name);
+    o.ema.decay = 0.9;
+    const size_t before = host_allocator().stats().current;
+    auto whole = make_optimizer(o, segs, total);
+    const size_t whole_bytes = host_allocator().stats().current - before;
+    auto opt = make_optimizer(o, frozen, total);
+    const size_t bytes = host_allocator().stats().current - before - whole_bytes;
+    const int algorithm = state_buffer_count(o) - 1;
+    // The average whole, each algorithm buffer one page (the head's 4000 bytes), and
+    // LAMB's chunk tables (a few small blocks).
+    const size_t expected = CachingAllocator::size_class(static_cast<size_t>(total) * 4) +
+                            static_cast<size_t>(algorithm) * held_pages_bytes({{0, 4000}});
+    CHECK(bytes < whole_bytes);
+    CHECK(bytes >= expected);
+    CHECK(bytes - expected <= (name == OptimizerName::lamb ? 4096u : 0u));
+    // Train both a step (the body's gradient is zero, as the executor leaves it), then
+    // load the trained state into the frozen optimizer: the head's exactly, no body.
+    std::vector<float> p = pattern(total, 1), q = p;
+    std::vector<float> g = pattern(total, 7);
+    Tensor pt = as_tensor(p);
+    whole->step(pt, as_tensor(g), 0.01);
+    std::fill(g.begin() + 1024, g.end(), 0.0f);
+    opt->step(pt, as_tensor(g), 0.01);  // reads and writes the head's state only
+    opt->load_state(whole->state());
+    const OptimizerState a = whole->state(), b = opt->state();
+    for (size_t i = 0; i < a.buffers.size(); ++i) {
+      CAPTURE(a.buffers[i].first);
+      const float* x = a.buffers[i].second.data<float>();
+      const float* y = b.buffers[i].second.data<float>();
+      CHECK(same_bits(x, y, 1000));
+      if (a.buffers[i].first == kEmaBuffer) {
+        CHECK(same_bits(x + 1024, y + 1024, big));
+      } else {
+        CHECK(std::any_of(x + 1024, x + total, [](float v) { return v != 0.0f; }));
+        CHECK(std::all_of(y + 1024, y + total, [](float v) { return v == 0.0f; }));
+      }
+    }
+    // The load's step count, all of it frozen for the body.
+    CHECK(opt->step_count() == 1);
+    auto fresh = make_optimizer(o, {{"body", 0, big, DecayMode::decay}}, big);
+    auto unfrozen = make_optimizer(o, segs, total);
+    unfrozen->load_state(opt->state());
+    unfrozen->set_frozen_steps({{"body", 1}});
+    std::vector<float> body(q.begin() + 1024, q.end()), gb(g.size() - 1024, 0.0f);
+    std::vector<float> g2 = pattern(total, 9);
+    std::copy(g2.begin() + 1024, g2.end(), gb.begin());
+    Tensor qt = as_tensor(q), bt = as_tensor(body);
+    unfrozen->step(qt, as_tensor(g2), 0.01);
+    fresh->step(bt, as_tensor(gb), 0.01);
+    if (name != OptimizerName::lamb) {  // LAMB's one bias correction (optim/optimizer.h)
+      CHECK(same_bits(q.data() + 1024, body.data(), big));
+    }
+  }
+}

@@ -34,6 +34,18 @@ std::map<std::string, Tensor> model_tensors(const fs::path& run) {
   return out;
 }
 
+// One optimizer buffer of a run's newest checkpoint ("exp_avg"), by parameter name.
+std::map<std::string, Tensor> state_tensors(const fs::path& run, const std::string& buffer) {
+  runtime::Checkpoint ck = runtime::read_checkpoint(newest_checkpoint(run / "checkpoints"));
+  const Tensor state = ck.get("optim." + buffer);
+  for (runtime::NamedTensor& t : ck.tensors)
+    if (t.name == "params.f32") t.tensor = state;  // the same layout
+  std::map<std::string, Tensor> out;
+  for (runtime::NamedTensor& t : runtime::checkpoint_model_tensors(ck))
+    out.emplace(t.name, std::move(t.tensor));
+  return out;
+}
+
 std::map<std::string, Tensor> safetensors_of(const fs::path& file) {
   std::map<std::string, Tensor> out;
   for (runtime::NamedTensor& t : runtime::read_safetensors(file).tensors)
@@ -43,6 +55,11 @@ std::map<std::string, Tensor> safetensors_of(const fs::path& file) {
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+bool all_zero(const Tensor& t) {
+  const float* v = t.data<float>();
+  return std::all_of(v, v + t.numel(), [](float x) { return x == 0.0f; });
 }
 
 // sum |a - b| over a tensor.
@@ -299,34 +316,49 @@ TEST_CASE("groups: the first matching group sets a tensor's lr factor and weight
   }
 }
 
-// Training the head first, then everything: the checkpoint keeps how many steps each
-// tensor was frozen for, so AdamW's bias correction of a tensor unfrozen at the resume
-// counts its own steps, as PyTorch's per-parameter step does: its first update is about
-// lr per element (sign(g) lr), not (1 - b1) / sqrt(1 - b2) times a later step's share.
-// (A block's convolutions get no gradient yet: its last batch norm's scale starts at 0,
-// torchvision's zero_init_residual, and stayed there while frozen; the shortcut's
-// convolution and that scale do.)
+// Training everything, then the head alone, then everything: a frozen tensor holds no
+// optimizer state (the resume that froze it dropped its moments, and the checkpoint
+// keeps zeros and how many steps it went without), so AdamW's bias correction of a
+// tensor unfrozen at the next resume counts its own steps from there, as PyTorch's
+// per-parameter step does for a parameter it starts to train: its first update is
+// about lr per element (sign(g) lr), not (1 - b1) / sqrt(1 - b2) times a later step's
+// share, nor a step of moments two steps stale. (A block's convolutions get little
+// gradient: its last batch norm's scale starts at 0, torchvision's zero_init_residual;
+// the shortcut's convolution and that scale get some.)
 TEST_CASE("freeze: a tensor unfrozen at a resume steps as a fresh parameter, about lr") {
   TempDir tmp("unfreeze");
   const fs::path job = write_job(tmp.path(), "run");
   const std::vector<std::string> adamw = {"--set", "optimizer.name=adamw",
                                           "--set", "optimizer.weight_decay=0",
                                           "--set", "optimizer.lr=0.001"};
-  std::vector<std::string> args = {job.string(), "--set", "train.steps=4", "--set",
-                                   "optimizer.freeze=[layer4]"};
+  std::vector<std::string> args = {job.string(), "--set", "train.steps=2"};
   args.insert(args.end(), adamw.begin(), adamw.end());
-  RunResult r = run_dtrain(args, tmp.path() / "frozen.log");
+  RunResult r = run_dtrain(args, tmp.path() / "trained.log");
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  const auto trained = model_tensors(tmp.path() / "run");
+  const char* const layer4[] = {"layer4.0.downsample.0.weight", "layer4.1.bn2.weight"};
+  for (const char* name : layer4)
+    CHECK_FALSE(all_zero(state_tensors(tmp.path() / "run", "exp_avg").at(name)));
+  args = {job.string(), "--set", "train.steps=4", "--set", "optimizer.freeze=[layer4]",
+          "--resume",   "latest"};
+  args.insert(args.end(), adamw.begin(), adamw.end());
+  r = run_dtrain(args, tmp.path() / "frozen.log");
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
   const auto before = model_tensors(tmp.path() / "run");
+  CHECK(same_bytes(before.at("layer4.0.downsample.0.weight"),
+                   trained.at("layer4.0.downsample.0.weight")));
   const runtime::Checkpoint ck =
       runtime::read_checkpoint(newest_checkpoint(tmp.path() / "run" / "checkpoints"));
-  CHECK(ck.meta.at("frozen_steps").at("layer4.0.conv1.weight") == 4);
+  CHECK(ck.meta.at("frozen_steps").at("layer4.0.conv1.weight") == 4);  // all 4: no state
+  const auto moments = state_tensors(tmp.path() / "run", "exp_avg");
+  for (const char* name : layer4) CHECK(all_zero(moments.at(name)));
+  CHECK_FALSE(all_zero(moments.at("fc.weight")));
   args = {job.string(), "--set", "train.steps=5", "--resume", "latest"};
   args.insert(args.end(), adamw.begin(), adamw.end());
   r = run_dtrain(args, tmp.path() / "unfrozen.log");
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
   const auto after = model_tensors(tmp.path() / "run");
-  for (const char* name : {"layer4.0.downsample.0.weight", "layer4.1.bn2.weight"}) {
+  for (const char* name : layer4) {
     CAPTURE(name);
     const Tensor& a = before.at(name);
     const Tensor& b = after.at(name);

@@ -452,6 +452,15 @@ TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%"
       // Data replicas without ZeRO: each steps its stage's whole span (the estimate took
       // a ZeRO shard of it until 2026-12-06: 5-7% under).
       {vit, "vit-1f1b-dp2", {"--set", "parallel.schedule=1f1b", "--set", "parallel.data=2"}, 2, 2},
+      // A frozen first half holds no optimizer state: stage 0's data ranks keep AdamW's
+      // moments for none (rank 0's shard) or few of their tensors.
+      {vit,
+       "vit-1f1b-zero1-frozen",
+       {"--set", "parallel.schedule=1f1b", "--set", "parallel.data=2", "--set",
+        "parallel.zero_stage=1", "--set",
+        "optimizer.freeze=[conv_proj, encoder.layers.encoder_layer_0]"},
+       2,
+       2},
       // Gradient compression over each stage's data group: the stage's own residual and
       // Q, its buckets' exchanges in its last micro-batch's backward (or after it).
       {vit,

@@ -1,6 +1,11 @@
 // Shapes, devices, tensors and views, and the caching allocator's statistics.
 #include <doctest/doctest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <fstream>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -100,4 +105,42 @@ TEST_CASE("held pages: only the held ranges are backed, zeros, counted while the
     CHECK_THROWS_AS(Tensor::held_pages({8}, DType::f32, {{4, 9}}), InternalError);
   }
   CHECK(host_allocator().stats().current == before);
+}
+
+namespace {
+size_t resident_bytes() {  // this process's resident set
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+}
+}  // namespace
+
+// Unheld::zeros (a frozen tensor's optimizer state): the rest reads 0 and commits
+// nothing (reading 64 MiB of it leaves the resident set within a few MiB), the held
+// range is ordinary memory, and a write outside it faults (in a child process).
+TEST_CASE("held pages with readable zeros: reads commit nothing, a write faults") {
+  const int64_t n = int64_t{16} << 20;  // 64 MiB of f32
+  const size_t before = host_allocator().stats().current;
+  Tensor t = Tensor::held_pages({n}, DType::f32, {{0, 1000}}, Unheld::zeros);
+  CHECK(host_allocator().stats().current - before == held_pages_bytes({{0, 4000}}));
+  t.data<float>()[999] = 5.0f;
+  const size_t rss = resident_bytes();
+  const float* v = t.data<float>();
+  double sum = 0;
+  for (int64_t i = 1000; i < n; ++i) sum += v[i];
+  CHECK(sum == 0.0);
+  CHECK(v[999] == 5.0f);
+  const size_t grown = resident_bytes() - std::min(rss, resident_bytes());
+  CHECK(grown < (size_t{8} << 20));
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    t.data<float>()[n / 2] = 1.0f;  // faults
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGSEGV);
 }
