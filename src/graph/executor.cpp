@@ -29,7 +29,8 @@ std::vector<FlatEntry> f32_grad_layout(const Graph& graph) {
 }  // namespace
 
 Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
-                   ParamBuffer param_buffer, std::pair<int, int> stage)
+                   ParamBuffer param_buffer, std::pair<int, int> stage,
+                   std::vector<char> zero_grads)
     : params_owned_(param_buffer == ParamBuffer::owned),
       graph_(graph),
       device_(device),
@@ -61,7 +62,18 @@ Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
     }
   };
   if (params_owned_) allocate(params_);
-  if (grad_buffer == GradBuffer::owned) allocate(grads_);
+  if (std::find(zero_grads.begin(), zero_grads.end(), 1) != zero_grads.end()) {
+    DTRAIN_CHECK(zero_grads.size() == static_cast<size_t>(grads_.size()) && held.empty() &&
+                     device_.is_cpu() && grad_buffer == GradBuffer::owned,
+                 "zero gradients: {} flags for {} parameters, on the host, of the whole graph",
+                 zero_grads.size(), grads_.size());
+    std::vector<char> backed(zero_grads.size());
+    for (size_t p = 0; p < backed.size(); ++p) backed[p] = zero_grads[p] == 0 ? 1 : 0;
+    grads_.allocate_held(backed, Unheld::zeros);
+    zero_grads_ = std::move(zero_grads);
+  } else if (grad_buffer == GradBuffer::owned) {
+    allocate(grads_);
+  }
   buffers_.allocate(device_);
   const size_t ws = graph.max_workspace_bytes(device_);
   if (ws > 0) workspace_ = alloc({{static_cast<int64_t>(ws)}, DType::u8});
@@ -353,6 +365,8 @@ void Executor::backward(ValueId loss, float dloss) { backward({}, loss, dloss); 
 void Executor::backward(const std::vector<std::pair<ValueId, Tensor>>& seeds, ValueId loss,
                         float dloss) {
   DTRAIN_CHECK(mode_ == Mode::train, "backward after an evaluation forward");
+  DTRAIN_CHECK(zero_grads_.empty() || !frozen_.scratch.empty(),
+               "zero gradients without set_frozen naming them");
   std::vector<Tensor> vgrad(values_.size());
   if (loss >= 0) {
     const Value& lv = graph_.value(loss);
@@ -398,7 +412,7 @@ std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& a
     if (frozen_.skips_grad(n,
                            k)) {  // frozen: none computed; its first user zeroes it, as a skipped
       gp.emplace_back();          // node's does
-      if (first_user_[static_cast<size_t>(p)] == index) {
+      if (first_user_[static_cast<size_t>(p)] == index && !zero_grad(p)) {
         Tensor g = grad_view(p);
         kernels::fill(g, 0.0f);
       }
@@ -407,6 +421,10 @@ std::vector<Tensor> Executor::grad_targets(const Node& n, int index, uint32_t& a
     const TensorSpec half{params_.entries()[static_cast<size_t>(p)].spec.shape,
                           params_.entries()[static_cast<size_t>(p)].spec.dtype};
     const bool direct = half_grad_in_f32(*n.op, k, half.dtype);
+    if (zero_grad(p)) {  // computed into a transient tensor and dropped
+      gp.push_back(alloc({half.shape, direct ? DType::f32 : half.dtype}));
+      continue;
+    }
     DTRAIN_CHECK(!direct || n.op->can_accumulate_param_grad(k),
                  "{}: writes param {}'s gradient in f32 but cannot accumulate it", n.name, k);
     if (direct) {  // the op writes the f32 gradient itself
@@ -435,7 +453,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   if (!reached || pruned) {  // the loss does not depend on this node (or, set_frozen,
                              // only frozen parameters do): its contributions are zero
     for (int p : n.params) {
-      if (first_user_[static_cast<size_t>(p)] != index) continue;
+      if (first_user_[static_cast<size_t>(p)] != index || zero_grad(p)) continue;
       Tensor g = grad_view(p);
       kernels::fill(g, 0.0f);
     }
@@ -480,7 +498,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
     bind_blocks(n, ctx, blocks);
     n.op->backward(ctx);
     for (size_t k = 0; k < n.params.size(); ++k) {
-      if (!gp[k].defined()) continue;  // frozen, not computed
+      if (!gp[k].defined() || zero_grad(n.params[k])) continue;  // frozen: none kept
       Tensor total = grad_view(n.params[k]);
       const bool first = first_user_[static_cast<size_t>(n.params[k])] == index;
       if (gp[k].dtype() != DType::f32) {  // a half weight gradient: widened, summed in f32
@@ -517,7 +535,7 @@ void Executor::backward_node(int index, std::vector<Tensor>& vgrad) {
   release_after(lifetimes(Mode::train), 2 * n_nodes - 1 - index);
   for (int p : n.params) {
     if (last_user_[static_cast<size_t>(p)] != index) continue;
-    if (frozen_.is_frozen(p)) {
+    if (frozen_.is_frozen(p) && !zero_grad(p)) {
       Tensor g = grad_view(p);
       kernels::fill(g, 0.0f);
     }
@@ -529,7 +547,12 @@ void Executor::set_frozen(std::vector<uint8_t> frozen) {
   DTRAIN_CHECK(frozen.empty() || frozen.size() == params_.entries().size(),
                "{} frozen flags for {} parameters", frozen.size(), params_.entries().size());
   frozen_ = graph::backward_set(graph_, std::move(frozen), true);
+  frozen_.scratch = zero_grads_;
   life_stale_[0] = life_stale_[1] = true;
+  for (size_t p = 0; p < zero_grads_.size(); ++p) {
+    DTRAIN_CHECK(!zero_grads_[p] || frozen_.is_frozen(static_cast<int>(p)),
+                 "{}: a zero gradient for a parameter not frozen", params_.entries()[p].name);
+  }
 }
 
 BackwardSet Executor::backward_set() const {

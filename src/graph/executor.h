@@ -62,10 +62,15 @@ class Executor {
   // set_range, and the owned parameter and gradient buffers hold the parameters those
   // nodes use and no others (FlatStore::allocate_held: the host, addressed as the whole
   // model). set_range can then only narrow to nodes using held parameters.
+  // `zero_grads` (per parameter, 1 where set; empty: none; the host, the whole graph,
+  // owned gradients): those gradients are read-only zero pages that commit no memory
+  // (FlatStore::allocate_held, Unheld::zeros), never written: frozen parameters whose
+  // gradients no exchange sends (optimizer.freeze; set_frozen must name them). An op
+  // that cannot skip a frozen weight's gradient writes it into a transient tensor.
   explicit Executor(const Graph& graph, Device device = Device::cpu(),
                     GradBuffer grad_buffer = GradBuffer::owned,
                     ParamBuffer param_buffer = ParamBuffer::owned,
-                    std::pair<int, int> stage = {0, -1});
+                    std::pair<int, int> stage = {0, -1}, std::vector<char> zero_grads = {});
 
   Device device() const { return device_; }
   FlatStore& params() { return params_; }
@@ -207,7 +212,10 @@ class Executor {
   std::vector<int> cuts_;
   void check_segments();  // none straddles the range
   std::vector<std::vector<Tensor>> saved_;
-  BackwardSet frozen_;            // set_frozen (works and needs always computed)
+  BackwardSet frozen_;  // set_frozen (works and needs always computed)
+  // The constructor's zero_grads (also frozen_.scratch, for the memory plan).
+  std::vector<char> zero_grads_;
+  bool zero_grad(int p) const { return frozen_.scratch_grad(p); }
   bool prunes() const;            // set_frozen's works / needs apply to this executor
   std::vector<Tensor> in_grads_;  // per value: a received value's gradient (backward)
   int begin_ = 0, end_ = 0;       // the range of nodes run

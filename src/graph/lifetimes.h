@@ -53,6 +53,12 @@ struct BackwardSet {
   bool skips_grad(const Node& n, size_t k) const {
     return is_frozen(n.params[k]) && n.op->skips_param_grad(k);
   }
+  // Per parameter (empty: none): frozen, its gradient read-only zero pages (graph::
+  // Executor's zero_grads): an op that computes it anyway writes a transient tensor.
+  std::vector<char> scratch;
+  bool scratch_grad(int param) const {
+    return !scratch.empty() && scratch[static_cast<size_t>(param)] != 0;
+  }
 };
 // prune: also works and needs (the executor runs the whole graph on parameters it
 // owns); else the frozen flags alone. frozen empty: an empty set (nothing frozen).

@@ -256,6 +256,9 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
           }();
           if (set.skips_grad(node, k)) {
             // frozen: no gradient computed (its first user zeroes the f32 one)
+          } else if (set.scratch_grad(node.params[k])) {  // computed, dropped
+            const bool f32 = half_grad_in_f32(*node.op, k, e.spec.dtype);
+            transient += t.add(bytes_of({e.spec.shape, f32 ? DType::f32 : e.spec.dtype}));
           } else if (half_grad_in_f32(*node.op, k, e.spec.dtype)) {
             // the op writes the f32 gradient itself (Op::param_grad_in_f32)
           } else if (e.spec.dtype != DType::f32) {
@@ -307,7 +310,8 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
             first = std::find(ps.begin(), ps.end(), node.params[k]) == ps.end();
           }
           if (e.spec.dtype != DType::f32 && !first &&
-              !half_grad_in_f32(*node.op, k, e.spec.dtype) && !set.skips_grad(node, k)) {
+              !half_grad_in_f32(*node.op, k, e.spec.dtype) && !set.skips_grad(node, k) &&
+              !set.scratch_grad(node.params[k])) {
             const size_t wide = t.add(bytes_of({e.spec.shape, DType::f32}));
             t.mark(i, Phase::backward);
             t.remove(wide);

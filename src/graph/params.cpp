@@ -119,15 +119,16 @@ std::vector<std::pair<DType, std::vector<std::pair<int64_t, int64_t>>>> FlatStor
   return out;
 }
 
-void FlatStore::allocate_held(const std::vector<char>& held) {
+void FlatStore::allocate_held(const std::vector<char>& held, Unheld rest) {
   const auto ranges = held_ranges(held);
   buffers_.clear();
   device_ = Device::cpu();
   for (size_t b = 0; b < sizes_.size(); ++b) {
     const auto& [dt, n] = sizes_[b];
-    buffers_.emplace_back(dt, Tensor::held_pages({n}, dt, ranges[b].second));
+    buffers_.emplace_back(dt, Tensor::held_pages({n}, dt, ranges[b].second, rest));
   }
   held_ = held;
+  rest_ = rest;
 }
 
 size_t FlatStore::held_bytes(const std::vector<char>& held) const {
@@ -223,7 +224,8 @@ Tensor FlatStore::view(int index) const {
   const FlatEntry& e = entries_[static_cast<size_t>(index)];
   const Tensor buf = flat(e.spec.dtype);
   DTRAIN_CHECK(buf.defined(), "flat store not allocated");
-  DTRAIN_CHECK(held(index), "{} is not held here (another pipeline stage's)", e.name);
+  DTRAIN_CHECK(held(index) || rest_ == Unheld::zeros,
+               "{} is not held here (another pipeline stage's)", e.name);
   return buf.view(e.offset, e.spec.shape);
 }
 

@@ -37,8 +37,12 @@ class FlatStore {
   // gradients, addressed as the whole model's (core/tensor.h, Tensor::held_pages). The
   // others are another stage's: view() refuses them, and touching their part of flat()
   // faults.
-  void allocate_held(const std::vector<char>& held);
+  // With Unheld::zeros the others read as zeros instead (read-only, committing nothing:
+  // frozen parameters' gradients, graph::Executor), and view() gives them.
+  void allocate_held(const std::vector<char>& held, Unheld rest = Unheld::absent);
+  // Whether an entry is backed (writable); see allocate_held for the others.
   bool held(int index) const { return held_.empty() || held_[static_cast<size_t>(index)] != 0; }
+  Unheld unheld() const { return rest_; }
   const std::vector<char>& held_mask() const { return held_; }  // empty: every entry
   // The host memory allocate_held(held) takes (whole pages; core/allocator.h).
   size_t held_bytes(const std::vector<char>& held) const;
@@ -67,6 +71,7 @@ class FlatStore {
   std::vector<std::pair<DType, Tensor>> buffers_;
   Device device_;
   std::vector<char> held_;  // allocate_held's mask (empty: every entry)
+  Unheld rest_ = Unheld::absent;
   // Per dtype buffer, the element ranges of the held entries.
   std::vector<std::pair<DType, std::vector<std::pair<int64_t, int64_t>>>> held_ranges(
       const std::vector<char>& held) const;

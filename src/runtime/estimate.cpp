@@ -168,14 +168,15 @@ void pipeline_activations(const Job& job, const models::ModelGraph& m,
 
 // MemoryEstimate::Comm for the (split) graph `g`: the collectives the split ops make
 // (graph/tensor_parallel.h) over the worst pipeline stage's nodes, and that stage's
-// exchanges.
+// exchanges. sent_bytes: what the gradient buckets hold (gradient_buckets), per stage.
 MemoryEstimate::Comm communication(const Job& job, const graph::Graph& g,
-                                   const graph::TensorParallelPlan& plan, size_t layout_bytes) {
+                                   const graph::TensorParallelPlan& plan,
+                                   const std::vector<double>& sent_bytes) {
   MemoryEstimate::Comm c;
   const ParallelOptions& p = job.parallel;
   const double micro = p.micro_batches;
   const auto ring = [](int n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; };
-  c.data = static_cast<double>(layout_bytes) * ring(p.data);  // a pipeline: its stage's, below
+  c.data = *std::max_element(sent_bytes.begin(), sent_bytes.end()) * ring(p.data);
   const auto bytes = [&](graph::ValueId v) {
     const graph::TensorSpec& s = g.value(v).spec;
     return static_cast<double>(s.shape.numel()) * static_cast<double>(dtype_size(s.dtype));
@@ -214,9 +215,6 @@ MemoryEstimate::Comm communication(const Job& job, const graph::Graph& g,
     c.tensor = std::max(c.tensor, tensor * micro * ring(p.tensor));
     c.tensor_calls = std::max(c.tensor_calls, calls * p.micro_batches);
     if (p.pipeline > 1) {
-      if (s == 0) c.data = 0;  // each stage sums its own parameters' gradients
-      c.data = std::max(c.data,
-                        static_cast<double>(stages[s].param_elems) * sizeof(float) * ring(p.data));
       double moved = 0;  // activations in, their gradients back; the next stage's the same
       for (graph::ValueId v : stages[s].receives)
         moved += bytes(v) * (g.value(v).requires_grad ? 2 : 1);
@@ -277,8 +275,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   // optimizer.freeze: what backward skips (graph::Executor::set_frozen; the whole graph's
   // executor prunes, a pipeline stage's and ZeRO-3's skip frozen weight gradients only).
   const ParamGroups groups(job.optimizer, g, job.model.arch);
-  const graph::BackwardSet frozen_all =
+  graph::BackwardSet frozen_all =
       graph::backward_set(g, groups.frozen_mask(), !zero3 && job.parallel.pipeline == 1);
+  // Frozen gradients no exchange sends, as zero pages (graph::Executor's zero_grads).
+  frozen_all.scratch = zero_gradients(job, g, groups);
   const graph::BackwardSet frozen_only = graph::backward_set(g, groups.frozen_mask(), false);
   // A pipeline stage steps its span of the layout (runtime/pipeline.h; ZeRO shards it):
   // the masters and optimizer state are the largest stage's here, each stage's below.
@@ -301,8 +301,13 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   }
   const size_t stage_params_bytes =
       stages.empty() ? ex.params : *std::max_element(held_params.begin(), held_params.end());
-  const size_t stage_grads_bytes =
+  size_t stage_grads_bytes =
       stages.empty() ? ex.grads : *std::max_element(held_grads.begin(), held_grads.end());
+  if (!frozen_all.scratch.empty()) {  // the pages under the others (FlatStore::allocate_held)
+    std::vector<char> backed;
+    for (char z : frozen_all.scratch) backed.push_back(z != 0 ? 0 : 1);
+    stage_grads_bytes = f32_entries.held_bytes(backed);
+  }
   const std::string stage_note = stages.empty() ? "" : ", the largest pipeline stage's";
   std::vector<int64_t> ranges;  // each stage's largest shard of its span (ZeRO), or all of it
   for (int64_t span : spans)
@@ -376,8 +381,25 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   std::vector<dist::GradRange> grad_ranges;
   for (const graph::FlatEntry& e : f32_entries.entries())
     grad_ranges.push_back({e.offset, e.spec.shape.numel()});
-  const std::vector<dist::Bucket> planned = dist::plan_buckets(
-      grad_ranges, layout_elems, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
+  const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
+  const std::vector<dist::Bucket> planned =
+      gradient_buckets(f32_entries.entries(), g, groups, nullptr, zero2, bucket_bytes);
+  // What each stage's (or the model's) buckets send: the data-parallel traffic's base.
+  const auto bucket_elems = [](const std::vector<dist::Bucket>& b) {
+    int64_t n = 0;
+    for (const dist::Bucket& k : b) n += k.end - k.begin;
+    return n;
+  };
+  std::vector<double> sent_bytes;
+  if (stages.empty()) {
+    sent_bytes.push_back(static_cast<double>(bucket_elems(planned)) * sizeof(float));
+  } else {
+    for (const graph::Stage& st : stages) {
+      sent_bytes.push_back(static_cast<double>(bucket_elems(gradient_buckets(
+                               f32_entries.entries(), g, groups, &st, zero2, bucket_bytes))) *
+                           sizeof(float));
+    }
+  }
   // Gradient compression (runtime/grad_compression.h; not with ZeRO-2).
   const bool compressed = job.compress.method != CompressMethod::none && !zero2;
   graph::GradBuckets buckets;
@@ -394,7 +416,9 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (zero2) {
     add("gradients", f32_layout, "f32, this rank's shard" + shard_note);
   } else {
-    add("gradients", stage_grads_bytes, "f32, every precision" + stage_note);
+    add("gradients", stage_grads_bytes,
+        "f32, every precision" + stage_note +
+            (frozen_all.scratch.empty() ? "" : "; none for the frozen tensors no bucket sends"));
   }
   // Compression: the residual (the compressed tensors' entries, with error feedback)
   // and PowerSGD's Q live for the run; each bucket's exchange holds its buffers from its
@@ -453,11 +477,9 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       stage_compression.push_back(of(planned, layout_elems));
       buckets.exchange = stage_compression[0].buckets.exchange;
     } else {
-      const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
       for (size_t k = 0; k < stages.size(); ++k) {
         stage_compression.push_back(
-            of(dist::plan_buckets_of(grad_ranges, graph::stage_param_indices(g, stages[k]),
-                                     bucket_bytes),
+            of(gradient_buckets(f32_entries.entries(), g, groups, &stages[k], zero2, bucket_bytes),
                spans[k]));
       }
     }
@@ -673,8 +695,16 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     const double forward = g.forward_flops() * static_cast<double>(job.parallel.micro_batches);
     e.backward_share = (e.step_flops - forward) / (2.0 * forward);
   }
-  e.comm = communication(job, g, tp_plan, static_cast<size_t>(layout_elems) * sizeof(float));
+  e.comm = communication(job, g, tp_plan, sent_bytes);
   if (world > 1) e.comm.zero_stage = job.parallel.zero_stage;
+  if (sharded && !zero2) {  // ZeRO-1: the buckets reduced into owners, the span gathered
+    const double share = static_cast<double>(world - 1) / world;
+    e.comm.data = 0;
+    for (size_t k = 0; k < spans.size(); ++k) {
+      e.comm.data = std::max(
+          e.comm.data, share * (sent_bytes[k] + static_cast<double>(spans[k]) * sizeof(float)));
+    }
+  }
   if (zero2) {  // ZeRO-2 and 3 reduce each micro-batch's gradients into their owners
     const double share = static_cast<double>(world - 1) / world;
     const double layout = static_cast<double>(layout_elems) * sizeof(float);

@@ -335,4 +335,66 @@ std::optional<double> ParamGroups::weight_decay(const std::string& name) const {
   return it == decay_.end() ? std::nullopt : std::optional<double>(it->second);
 }
 
+std::vector<dist::Bucket> gradient_buckets(const std::vector<graph::FlatEntry>& layout,
+                                           const graph::Graph& graph, const ParamGroups& groups,
+                                           const graph::Stage* stage, bool zero2,
+                                           size_t bucket_bytes, bool* all) {
+  std::vector<dist::GradRange> ranges;
+  for (const graph::FlatEntry& e : layout) ranges.push_back({e.offset, e.spec.shape.numel()});
+  const int n = static_cast<int>(layout.size());
+  std::vector<char> candidate(static_cast<size_t>(n), stage == nullptr ? 1 : 0);
+  if (stage != nullptr)
+    for (int p : graph::stage_param_indices(graph, *stage)) candidate[static_cast<size_t>(p)] = 1;
+  // In layout order: each candidate sent unless frozen; a run of frozen ones between two
+  // sent ones bridged when small.
+  std::vector<char> sent(static_cast<size_t>(n), 0);
+  const std::vector<uint8_t>& frozen = groups.frozen_mask();
+  int last_sent = -1;
+  size_t run_bytes = 0;
+  for (int p = 0; p < n; ++p) {
+    const auto i = static_cast<size_t>(p);
+    if (candidate[i] == 0) continue;
+    if (zero2 || frozen.empty() || frozen[i] == 0) {
+      if (last_sent >= 0 && run_bytes > 0 && run_bytes <= kBridgeBytes) {
+        for (int q = last_sent + 1; q < p; ++q)
+          if (candidate[static_cast<size_t>(q)] != 0) sent[static_cast<size_t>(q)] = 1;
+      }
+      sent[i] = 1;
+      last_sent = p;
+      run_bytes = 0;
+    } else {
+      run_bytes += static_cast<size_t>(layout[i].spec.shape.numel()) * sizeof(float);
+    }
+  }
+  std::vector<int> which;
+  for (int p = 0; p < n; ++p)
+    if (sent[static_cast<size_t>(p)] != 0) which.push_back(p);
+  const bool every = static_cast<int>(which.size()) == n;
+  if (all != nullptr) *all = every;
+  if (every) {
+    return dist::plan_buckets(ranges, graph::FlatStore(layout).buffer_elems(DType::f32),
+                              bucket_bytes);
+  }
+  return dist::plan_buckets_of(ranges, which, bucket_bytes);
+}
+
+std::vector<char> zero_gradients(const Job& job, const graph::Graph& graph,
+                                 const ParamGroups& groups) {
+  const ParallelOptions& p = job.parallel;
+  if (!job.device.is_cpu() || p.pipeline > 1 || (p.zero_stage >= 1 && p.data > 1) ||
+      !groups.any_frozen()) {
+    return {};
+  }
+  std::vector<graph::FlatEntry> layout = graph.param_layout();
+  for (graph::FlatEntry& e : layout) e.spec.dtype = DType::f32;
+  const std::vector<dist::Bucket> buckets =
+      gradient_buckets(layout, graph, groups, nullptr, false,
+                       static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
+  std::vector<char> zero(groups.frozen_mask().begin(), groups.frozen_mask().end());
+  for (const dist::Bucket& b : buckets)
+    for (int q : b.params) zero[static_cast<size_t>(q)] = 0;
+  if (std::find(zero.begin(), zero.end(), 1) == zero.end()) zero.clear();
+  return zero;
+}
+
 }  // namespace dtrain::runtime

@@ -19,7 +19,8 @@
 // nothing trainable before them, no weight gradient for a frozen linear, convolution or
 // embedding), and `dtrain estimate` replays that. A frozen parameter holds no optimizer
 // state (optim::drops_frozen_state: zero pages on the host; dropped at a resume, its
-// steps counted anew); its gradient buffer is still held and its zeros exchanged.
+// steps counted anew), and its gradient stays home (gradient_buckets; zero pages on a
+// CPU job's executor where nothing sends it: zero_gradients).
 //
 // Layer decay (BEiT's and timm's rule): layer 0 holds what the model uses before its
 // first block (patch or word embeddings, a ResNet's stem), layers 1..L its blocks
@@ -41,8 +42,11 @@
 #include <unordered_set>
 #include <vector>
 
+#include "dist/ddp.h"
 #include "graph/graph.h"
+#include "graph/stages.h"
 #include "optim/options.h"
+#include "runtime/job.h"
 
 namespace dtrain::runtime {
 
@@ -82,6 +86,33 @@ class ParamGroups {
   std::vector<uint8_t> frozen_;
   std::vector<std::string> lines_;
 };
+
+// The data-parallel gradient buckets (dist/ddp.h) as the trainer plans them and dtrain
+// estimate replays them, over the f32 layout's parameters (`layout`, param_layout()
+// order): every one (dist::plan_buckets, tiling the layout), or some
+// (dist::plan_buckets_of): a pipeline stage's own (`stage`; null without a pipeline)
+// and, but under ZeRO-2 (whose buckets hold whatever backward writes), none of the
+// frozen ones, whose gradients are zeros on every rank: nothing to sum, as PyTorch's DDP
+// leaves out what does not require a gradient. A run of frozen tensors of at most
+// kBridgeBytes between two trained ones still travels, so that freezing the norms of
+// every layer does not cut each bucket at each of them (sending a megabyte of zeros
+// costs less than another collective's latency). `all`: set to whether every
+// parameter is in a bucket.
+inline constexpr size_t kBridgeBytes = size_t{1} << 20;
+std::vector<dist::Bucket> gradient_buckets(const std::vector<graph::FlatEntry>& layout,
+                                           const graph::Graph& graph, const ParamGroups& groups,
+                                           const graph::Stage* stage, bool zero2,
+                                           size_t bucket_bytes, bool* all = nullptr);
+
+// optimizer.freeze on the host: per graph parameter, 1 where its gradient is read-only
+// zero pages (graph::Executor's zero_grads): frozen and in no bucket of
+// gradient_buckets, so nothing writes it. Empty (none) but for a CPU job whose whole
+// graph runs on one executor with a whole gradient buffer of its own: not on a GPU
+// (no zero pages there), not in a pipeline stage (its gradients are held pages
+// already, and a tied weight's are summed across the cut), not under ZeRO (ZeRO-1
+// gathers the stepped masters through the gradient buffer; ZeRO-2 and 3 keep none).
+std::vector<char> zero_gradients(const Job& job, const graph::Graph& graph,
+                                 const ParamGroups& groups);
 
 // Layer of each graph parameter (param_layout() order) as layer decay counts them:
 // 0 before the first block, b + 1 in block b, num_blocks() + 1 after the last.

@@ -106,7 +106,8 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   }
   ex_ = std::make_unique<graph::Executor>(
       model_.graph, job_.device, zero2_ ? graph::GradBuffer::external : graph::GradBuffer::owned,
-      zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned, nodes);
+      zero3_ ? graph::ParamBuffer::external : graph::ParamBuffer::owned, nodes,
+      zero_gradients(job_, model_.graph, groups_));
   if (job_.precision.tf32) ex_->set_math(kernels::MathMode::tf32);
   if (groups_.any_frozen()) ex_->set_frozen(groups_.frozen_mask());
   ex_->set_checkpointing(blocks_per_segment(job_, model_.graph), cuts);
@@ -215,10 +216,11 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
       }
     });
   }
-  if (micro_batches_ > 1 && !zero2_) {  // a pipeline stage's: its held gradients alone
+  // A pipeline stage's: its held gradients alone; frozen ones no exchange sends: none.
+  if (micro_batches_ > 1 && !zero2_) {
     if (!ex_->grads().held_mask().empty()) {
       grad_acc_store_ = graph::FlatStore(ex_->grads().entries());
-      grad_acc_store_.allocate_held(ex_->grads().held_mask());
+      grad_acc_store_.allocate_held(ex_->grads().held_mask(), ex_->grads().unheld());
       grad_acc_ = grad_acc_store_.flat(DType::f32);
     } else {
       grad_acc_ = Tensor::empty(grads.shape(), DType::f32, &kernels::device_allocator(job_.device));
@@ -333,15 +335,13 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   std::vector<dist::GradRange> ranges;
   for (const graph::FlatEntry& e : weights_->layout())
     ranges.push_back({e.offset, e.spec.shape.numel()});
-  const int64_t layout_elems = ex_->grads().buffer_elems(DType::f32);
-  const auto bucket_bytes = static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0);
-  std::vector<dist::Bucket> planned = dist::plan_buckets(ranges, layout_elems, bucket_bytes);
-  if (pipeline_) {  // a stage sums its own parameters' gradients only (the rest are zeros)
-    planned = dist::plan_buckets_of(
-        ranges,
-        graph::stage_param_indices(model_.graph, stages_[static_cast<size_t>(pipeline_->stage())]),
-        bucket_bytes);
-  }
+  // A stage sums its own parameters' gradients only (the rest are zeros), and frozen
+  // ones stay home (but under ZeRO-2).
+  bool every_param = true;
+  std::vector<dist::Bucket> planned = gradient_buckets(
+      weights_->layout(), model_.graph, groups_,
+      pipeline_ ? &stages_[static_cast<size_t>(pipeline_->stage())] : nullptr, zero2_,
+      static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0), &every_param);
   std::vector<std::pair<int64_t, int64_t>> owners;  // ZeRO: every rank's range
   for (int r = 0; weights_->shard().sharded() && r < grad_comm_->size(); ++r) {
     const ShardRange& mine = weights_->shard();
@@ -360,7 +360,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     auto sync = std::make_unique<dist::GradSync>(
         *grad_comm_, std::move(planned), ex_->grads().size(),
         job_.comm.overlap ? dist::Overlap::on : dist::Overlap::off,
-        pipeline_ ? dist::Unbucketed::skipped : dist::Unbucketed::refused);
+        every_param ? dist::Unbucketed::refused : dist::Unbucketed::skipped);
     sync_ = sync.get();
     grad_sync_ = std::move(sync);
     sync_->set_accumulation(weights_->grads(), grad_acc_);
@@ -381,7 +381,9 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     resumed_compression_.clear();
     resumed_compression_.shrink_to_fit();
   }
-  const int last_param = ex_->grads().size() - 1;
+  int last_param = ex_->grads().size() - 1;  // whose gradient is written (not zero pages)
+  while (last_param > 0 && ex_->grads().unheld() == Unheld::zeros && !ex_->grads().held(last_param))
+    --last_param;
   ex_->hooks.grad_ready = [this, last_param](int p) {
     if (inject_overflow_ && p == last_param) {  // DTRAIN_TEST_OVERFLOW, before the send
       Tensor g = ex_->grad_view(p).view(0, Shape{1});

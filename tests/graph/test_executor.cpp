@@ -424,6 +424,34 @@ TEST_CASE(
     CHECK(all_zero(ex.grads().view("fc1.weight")));
     CHECK(all_zero(ex.grads().view("fc1.bias")));
   }
+  SUBCASE("zero gradients: the spy's is read-only zero pages, written by no op") {
+    for (const bool skips : {true, false}) {
+      CAPTURE(skips);
+      SpyNet net(skips);
+      Executor ex(net.g, Device::cpu(), GradBuffer::owned, ParamBuffer::owned, {0, -1},
+                  {0, 0, 1, 0});
+      CHECK_THROWS_AS(ex.set_frozen({0, 0, 0, 1}), InternalError);  // not the frozen one
+      ex.set_frozen({0, 0, 1, 0});
+      ex.initialize(5);
+      feed(ex, net.x, net.labels);
+      for (const std::string& name : names) {  // garbage where backward writes
+        const Tensor g = ex.grads().view(name);
+        std::memset(g.raw(), 0x7f, g.nbytes());
+      }
+      ex.forward(Mode::train);
+      ex.backward(net.loss);
+      CHECK(net.seen.grad_param == !skips);  // computed into a transient, dropped
+      CHECK(all_zero(ex.grads().view("spy.w")));
+      for (const std::string& name : names) CHECK(same_as_plain(ex, name));
+    }
+    SpyNet net(true);
+    Executor unnamed(net.g, Device::cpu(), GradBuffer::owned, ParamBuffer::owned, {0, -1},
+                     {0, 0, 1, 0});
+    unnamed.initialize(5);
+    feed(unnamed, net.x, net.labels);
+    unnamed.forward(Mode::train);
+    CHECK_THROWS_AS(unnamed.backward(net.loss), InternalError);  // set_frozen must name it
+  }
   SUBCASE("fc1 and the spy frozen: the spy runs no backward at all") {
     SpyNet net(true);
     Executor ex(net.g);

@@ -137,6 +137,10 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
       {&kFamilies[2],
        "[]",
        {"--set", "precision.dtype=bf16", "--set", "precision.master_weights=false"}},
+      // A middle layer (over kBridgeBytes): its gradients are zero pages, and its layer
+      // norms, which cannot skip theirs, write them into transients.
+      {&kFamilies[3], "[encoder.layers.encoder_layer_5]", {}},
+      {&kFamilies[3], "[encoder.layers.encoder_layer_5]", {"--set", "precision.dtype=bf16"}},
   };
   std::map<std::string, double> peak, flops, act;  // by family and freeze list, fp32 only
   for (size_t i = 0; i < cases.size(); ++i) {
