@@ -102,7 +102,11 @@ class Lamb final : public Optimizer {
   void set_segment_sums(SegmentSums combine) override { combine_ = std::move(combine); }
 
   void update(const ParamTarget& target, const Tensor& g, double lr, float grad_scale) override {
-    if (live_.empty()) return;  // every segment frozen
+    if (live_.empty()) {  // every segment frozen: no update, but the ranks' sums are
+      std::vector<double> ps(segments().size(), 0.0), us(segments().size(), 0.0);
+      if (combine_) combine_(ps, us);  // collective (ZeRO, tensor parallelism)
+      return;
+    }
     Tensor p = target.flat;
     Tensor m = state_buffer(0), v = state_buffer(1);
     const kernels::AdamStep k = adam_coef(options(), step_, lr, grad_scale);

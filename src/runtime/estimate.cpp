@@ -336,11 +336,12 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     f32_layout = round(static_cast<size_t>(last_shard) * sizeof(float));
   // optimizer.freeze with the optimizer on the host: a frozen tensor's range of each of
   // the algorithm's buffers is zero pages that commit nothing (optim::drops_frozen_state),
-  // so a buffer holds the pages under the trained tensors of its rank's range. Per stage
-  // (or the whole model) the largest data rank's; 0 where nothing is frozen there (the
-  // buffer is whole, as above).
+  // so a buffer holds the pages under the trained tensors of its rank's range (a rank
+  // whose range holds no frozen tensor, a whole buffer). Per stage (or the whole model)
+  // the largest data rank's; unused where nothing is frozen (frozen_holes false).
   const bool host_optimizer = job.device.is_cpu() || job.memory.offload.optimizer;
   std::vector<size_t> frozen_state(ranges.size(), 0);  // one buffer, per stage
+  bool frozen_holes = false;
   if (host_optimizer && groups.any_frozen()) {
     const std::vector<std::pair<int64_t, int64_t>> lohi =
         stages.empty() ? std::vector<std::pair<int64_t, int64_t>>{{0, layout_elems}}
@@ -363,13 +364,15 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                               static_cast<size_t>(b - sh.begin) * sizeof(float));
           }
         }
-        if (holes) frozen_state[st] = std::max(frozen_state[st], held_pages_bytes(held));
+        frozen_holes = frozen_holes || holes;
+        frozen_state[st] =
+            std::max(frozen_state[st],
+                     holes ? held_pages_bytes(held) : round(static_cast<size_t>(sh.size()) * 4));
       }
     }
   }
   const auto state_buffer = [&](size_t whole) {  // the largest stage's, one buffer
-    const size_t most = *std::max_element(frozen_state.begin(), frozen_state.end());
-    return most > 0 ? most : whole;
+    return frozen_holes ? *std::max_element(frozen_state.begin(), frozen_state.end()) : whole;
   };
   if (sharded) shard_note = fmt::format(" (ZeRO-{}: 1/{} of it)", job.parallel.zero_stage, world);
   if (!stages.empty()) shard_note += ", the largest pipeline stage's parameters";
@@ -530,8 +533,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   add_optimizer("optimizer state",
                 state_buffer(offload ? host_layout : f32_layout) * static_cast<size_t>(states),
                 std::string(o.name == OptimizerName::sgd ? "momentum" : "exp_avg, exp_avg_sq") +
-                    (groups.any_frozen() && host_optimizer ? ", trained tensors only" : "") +
-                    shard_note);
+                    (frozen_holes ? ", trained tensors only" : "") + shard_note);
   if (ema) {
     add_optimizer("EMA weights", offload ? host_layout : f32_layout,
                   "f32 average of the weights (optimizer.ema)" + shard_note);
@@ -607,7 +609,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
                       c.residual - c.q - c.server;
       }
       const size_t range_bytes = round(static_cast<size_t>(ranges[s]) * sizeof(float));
-      const size_t states_here = frozen_state[s] > 0 ? frozen_state[s] : range_bytes;
+      const size_t states_here = frozen_holes ? frozen_state[s] : range_bytes;
       stage_state.push_back(e.state_bytes - ranged_items * f32_layout -
                             static_cast<size_t>(states) * (state_buffer(f32_layout) - f32_layout) +
                             (ranged_items - static_cast<size_t>(states)) * range_bytes +

@@ -385,8 +385,9 @@ std::vector<char> zero_gradients(const Job& job, const graph::Graph& graph,
       !groups.any_frozen()) {
     return {};
   }
-  std::vector<graph::FlatEntry> layout = graph.param_layout();
-  for (graph::FlatEntry& e : layout) e.spec.dtype = DType::f32;
+  std::vector<graph::FlatEntry> entries = graph.param_layout();
+  for (graph::FlatEntry& e : entries) e.spec.dtype = DType::f32;
+  const std::vector<graph::FlatEntry> layout = graph::FlatStore(entries).entries();  // offsets
   const std::vector<dist::Bucket> buckets =
       gradient_buckets(layout, graph, groups, nullptr, false,
                        static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));

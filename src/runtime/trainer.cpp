@@ -404,9 +404,11 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       for (const dist::Bucket& b : buckets)
         bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
       // Timed on the gradient buffer itself (a pipeline stage's holds only its own
-      // parameters' part: there a buffer is allocated for the timing).
+      // parameters' part, frozen ones may be zero pages: there a buffer is allocated for
+      // the timing).
+      const bool whole = !pipeline_ && ex_->grads().held_mask().empty();
       const dist::AutoChoice choice =
-          dist::tune_allreduce(*grad_comm_, bytes, 3, pipeline_ ? Tensor{} : weights_->grads());
+          dist::tune_allreduce(*grad_comm_, bytes, 3, whole ? weights_->grads() : Tensor{});
       note(dist::format_auto_choice(choice));
       for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
     } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {

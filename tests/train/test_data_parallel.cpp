@@ -44,7 +44,6 @@ struct Layout {
   std::string algo = "native";
 };
 
-// The whole run at `dir/name`, every step logged; REQUIREs success.
 // The data traffic of a run's step (metrics.jsonl's comm_volume_bytes: the ZeRO paper's
 // units, dist::CommStats::bus_bytes).
 double comm_volume(const fs::path& run, int step) {
@@ -57,6 +56,7 @@ double comm_volume(const fs::path& run, int step) {
   return 0.0;
 }
 
+// The whole run at `dir/name`, every step logged; REQUIREs success.
 fs::path train(const fs::path& job, const fs::path& dir, const std::string& name, const Layout& l,
                std::vector<std::string> extra) {
   const fs::path out = dir / name;
@@ -350,8 +350,25 @@ TEST_CASE("freeze, layer_decay and groups: 2 ranks and ZeRO-1/2/3 train exactly 
   std::vector<std::string> pruned = extra, full = extra;
   pruned.insert(pruned.end(), {"--set", "memory.checkpointing=block"});
   full.insert(full.end(), {"--set", "parallel.zero_stage=3"});
-  require_same(train(resnet, tmp.path(), "resnet-1x2", {}, pruned),
-               train(resnet, tmp.path(), "resnet-zero3", {2, "ring"}, full));
+  const fs::path resnet_one = train(resnet, tmp.path(), "resnet-1x2", {}, pruned);
+  require_same(resnet_one, train(resnet, tmp.path(), "resnet-zero3", {2, "ring"}, full));
+  // comm.allreduce auto times its candidates on a buffer of its own: the gradient
+  // buffer's frozen part is read-only zero pages.
+  require_same(resnet_one, train(resnet, tmp.path(), "resnet-auto", {2, "auto"}, pruned));
+  // LAMB under ZeRO-1 with rank 0's shard all frozen: it still joins the ranks' sums of
+  // the trust ratios' norms (it hung there).
+  std::vector<std::string> lamb = {"--set",
+                                   "data.micro_batch=16",
+                                   "--set",
+                                   "train.steps=3",
+                                   "--set",
+                                   "optimizer.name=lamb",
+                                   "--set",
+                                   "optimizer.freeze=[conv1, bn1, layer1, layer2, layer3, "
+                                   "layer4.0, layer4.1.conv1]"};
+  const fs::path lamb_one = train(resnet, tmp.path(), "resnet-lamb-1x2", {}, lamb);
+  lamb.insert(lamb.end(), {"--set", "parallel.zero_stage=1"});
+  require_same(lamb_one, train(resnet, tmp.path(), "resnet-lamb-zero1", {2, "ring"}, lamb));
   // Frozen gradients stay out of compression (a 1-bit chunk would turn their zeros into
   // +-scale): GPT-2's word embedding goes dense, named as dtrain or as Hugging Face does.
   const std::vector<std::pair<std::string, std::string>> plans = {

@@ -141,6 +141,8 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
       // norms, which cannot skip theirs, write them into transients.
       {&kFamilies[3], "[encoder.layers.encoder_layer_5]", {}},
       {&kFamilies[3], "[encoder.layers.encoder_layer_5]", {"--set", "precision.dtype=bf16"}},
+      // Every block's first norm: each bridges a bucket, so every gradient travels.
+      {&kFamilies[0], "[\"*.bn1\"]", {"--set", "comm.bucket_mb=0.5"}},
   };
   std::map<std::string, double> peak, flops, act;  // by family and freeze list, fp32 only
   for (size_t i = 0; i < cases.size(); ++i) {
