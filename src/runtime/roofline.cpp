@@ -251,11 +251,21 @@ OptimizerTraffic optimizer_traffic(const Job& job, const graph::Graph& g) {
   else if (job.precision.master_weights)
     step += 2.0 + 0.5;  // the fp32 masters read and written, the half weights written
   else
-    step += 1.0;                                   // half weights read and written in place
-  step += 2.0 * optim::state_buffer_count(o);      // each read and written (the EMA too)
-  if (o.ema.decay) step += 1.0;                    // the EMA's pass reads the weights again
+    step += 1.0;  // half weights read and written in place
+  step += 2.0 * (optim::state_buffer_count(o) - (o.ema.decay ? 1 : 0));  // read and written
   if (o.name == OptimizerName::lamb) step += 2.0;  // the weight and update norms
+  // optimizer.freeze: the step and the gradients' passes cover the trained parameters
+  // only (a frozen one is passed over; its gradient is zeros no bucket sends); the
+  // EMA's pass reads the weights and reads and writes the average of every one.
   const double n = static_cast<double>(g.num_params());
+  double trained = n;
+  if (!job.optimizer.freeze.empty()) {
+    const std::vector<uint8_t>& frozen =
+        ParamGroups(job.optimizer, g, job.model.arch).frozen_mask();
+    for (size_t p = 0; p < frozen.size(); ++p)
+      if (frozen[p] != 0) trained -= static_cast<double>(g.param_layout()[p].spec.shape.numel());
+  }
+  const double ema = o.ema.decay ? 3.0 * n : 0.0;
   // ZeRO-1: this rank steps its shard (the last rank's, the largest) of the layout.
   double share = 1.0;
   if (job.parallel.zero_stage >= 1 && job.parallel.data > 1 && g.num_params() > 0) {
@@ -264,11 +274,11 @@ OptimizerTraffic optimizer_traffic(const Job& job, const graph::Graph& g) {
   }
   OptimizerTraffic t;
   if (!job.memory.offload.optimizer || !job.device.is_cuda()) {  // offload: CUDA only
-    t.device_bytes = static_cast<size_t>((around + share * step) * 4.0 * n);
+    t.device_bytes = static_cast<size_t>((around * trained + share * (step * trained + ema)) * 4.0);
     return t;
   }
-  t.device_bytes = static_cast<size_t>(around * 4.0 * n);
-  t.host_bytes = static_cast<size_t>(share * step * 4.0 * n);
+  t.device_bytes = static_cast<size_t>(around * 4.0 * trained);
+  t.host_bytes = static_cast<size_t>(share * (step * trained + ema) * 4.0);
   t.link_bytes = static_cast<size_t>(4.0 * n + param_bytes(g));  // gradients down, weights up
   return t;
 }

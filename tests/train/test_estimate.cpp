@@ -144,7 +144,7 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
       // Every block's first norm: each bridges a bucket, so every gradient travels.
       {&kFamilies[0], "[\"*.bn1\"]", {"--set", "comm.bucket_mb=0.5"}},
   };
-  std::map<std::string, double> peak, flops, act;  // by family and freeze list, fp32 only
+  std::map<std::string, double> peak, flops, act, opt;  // by family and freeze list, fp32 only
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     CAPTURE(c.family->name);
@@ -167,6 +167,8 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
       peak[key] = measured;
       flops[key] = plan.at("step_flops").get<double>();
       act[key] = plan.at("train_activation_bytes").get<double>();
+      REQUIRE(plan.contains("step_time"));
+      opt[key] = plan.at("step_time").at("optimizer_seconds").get<double>();
     }
   }
   // The probe holds almost none of the full fine-tune's training activations (nothing
@@ -176,6 +178,8 @@ TEST_CASE("dtrain estimate follows optimizer.freeze: the peak measured, the FLOP
   CHECK(peak.at("vit-tiny []") - peak.at("vit-tiny [conv_proj, encoder]") >
         0.8 * act.at("vit-tiny []"));
   const double probe = flops.at("vit-tiny [conv_proj, encoder]") / flops.at("vit-tiny []");
+  // Its optimizer step reads and writes the head's gradient, weights and moments alone.
+  CHECK(opt.at("vit-tiny [conv_proj, encoder]") < 0.05 * opt.at("vit-tiny []"));
   CHECK(probe > 0.3);
   CHECK(probe < 0.36);
   // A frozen tied word table: the output layer's weight gradient and the table's
