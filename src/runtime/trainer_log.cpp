@@ -207,8 +207,10 @@ void TrainSession::write_run_report() {
   }
 }
 
-// The summary line: the run's figures, the memory estimate beside them, and in a
-// pipeline every stage's (collective: one all-gather over the world).
+// The summary line: the run's figures, the memory estimate beside them, and with
+// several ranks every rank's peak (the estimate gives the largest rank's: ZeRO's ranks
+// hold different ranges, frozen tensors in some) and in a pipeline every stage's
+// figures (collective: one all-gather over the world).
 nlohmann::json TrainSession::summary(double secs, int64_t first, double last_loss) {
   nlohmann::json summary = {{"summary", true},
                             {"steps", counters_.step},
@@ -229,6 +231,13 @@ nlohmann::json TrainSession::summary(double secs, int64_t first, double last_los
                               {"state_bytes", estimate_.state_bytes},
                               {"train_activation_bytes", estimate_.train.peak},
                               {"peak_at", estimate_.peak_at}}}};
+  if (comm_.size() > 1 && !pipeline_) {  // every rank's peak (collective)
+    double mine = static_cast<double>(host_allocator().stats().peak);
+    Tensor all = Tensor::empty(Shape{comm_.size()}, DType::f64);
+    comm_.all_gather(Tensor::wrap(&mine, Shape{1}, DType::f64), all);
+    summary["peak_host_bytes_per_rank"] =
+        std::vector<double>(all.data<double>(), all.data<double>() + comm_.size());
+  }
   if (pipeline_) {  // every stage's figures (collective): memory, micro-batches held, waits
     std::vector<double> mine = {
         static_cast<double>(pipeline_->stage()), static_cast<double>(host_allocator().stats().peak),

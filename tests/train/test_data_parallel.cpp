@@ -680,6 +680,33 @@ TEST_CASE("a crash during a ZeRO save leaves the previous checkpoint, which resu
 
 // The memory ZeRO-1 saves, measured: rank 0's peak against plain data parallelism and
 // against dtrain estimate (which gives the largest rank's, the last: it adds the tail).
+// ZeRO-1 with the first layer frozen: rank 0's range holds it, and no optimizer state
+// for it (zero pages), so rank 0 holds less than rank 1; the estimate gives the largest
+// rank's peak (what must fit), which summary.json's per-rank peaks show.
+TEST_CASE("ZeRO-1 with a frozen layer: ranks hold different state, the estimate the largest's") {
+  OneThread one;
+  TempDir tmp("zero1frozen");
+  const fs::path job = tmp.path() / "gpt.yaml";
+  std::ofstream(job) << "run: {seed: 3}\n"
+                     << "model: {arch: gpt2-tiny, seq_len: 32, vocab_size: 4096}\n"
+                     << "data: {dataset: synthetic, global_batch: 8, limit: {test: 16}}\n"
+                     << "optimizer: {name: adamw, lr: 1.0e-3}\n"
+                     << "train: {steps: 2, log_every: 1}\n"
+                     << "logging: {console: false}\n";
+  const std::vector<std::string> sets = {"--set", "optimizer.freeze=[transformer.h.0]", "--set",
+                                         "parallel.zero_stage=1"};
+  const fs::path run = train(job, tmp.path(), "zero1", {2, "ring"}, sets);
+  const nlohmann::json s = nlohmann::json::parse(read_bytes(run / "summary.json"));
+  const std::vector<double> peaks = s.at("peak_host_bytes_per_rank").get<std::vector<double>>();
+  REQUIRE(peaks.size() == 2);
+  CHECK(peaks[0] == s.at("peak_host_bytes").get<double>());
+  CHECK(peaks[0] < 0.95 * peaks[1]);
+  const double estimated =
+      estimate_json(job, 2, sets, tmp.path() / "estimate.log").at("peak_bytes").get<double>();
+  MESSAGE("per-rank peaks ", peaks[0], ", ", peaks[1], "; estimated ", estimated);
+  CHECK(std::fabs(estimated / peaks[1] - 1) < 0.01);
+}
+
 TEST_CASE("ZeRO-1 and ZeRO-2 lower the measured peak as dtrain estimate says, within 3%") {
   OneThread one;
   TempDir tmp("zero1memory");
