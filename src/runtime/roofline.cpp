@@ -260,8 +260,8 @@ OptimizerTraffic optimizer_traffic(const Job& job, const graph::Graph& g) {
   const double n = static_cast<double>(g.num_params());
   double trained = n;
   if (!job.optimizer.freeze.empty()) {
-    const std::vector<uint8_t>& frozen =
-        ParamGroups(job.optimizer, g, job.model.arch).frozen_mask();
+    const ParamGroups groups(job.optimizer, g, job.model.arch);
+    const std::vector<uint8_t>& frozen = groups.frozen_mask();
     for (size_t p = 0; p < frozen.size(); ++p)
       if (frozen[p] != 0) trained -= static_cast<double>(g.param_layout()[p].spec.shape.numel());
   }
