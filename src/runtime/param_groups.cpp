@@ -335,6 +335,23 @@ std::optional<double> ParamGroups::weight_decay(const std::string& name) const {
   return it == decay_.end() ? std::nullopt : std::optional<double>(it->second);
 }
 
+std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
+                                             NoDecayGroups rule, const ParamGroups& groups) {
+  std::vector<optim::ParamSegment> segs;
+  for (const graph::FlatEntry& e : layout) {
+    const graph::ParamGroup g = e.spec.group;
+    bool no_decay = false;
+    if (rule != NoDecayGroups::none) {
+      no_decay = g == graph::ParamGroup::norm || g == graph::ParamGroup::bias ||
+                 (rule == NoDecayGroups::norm_bias_embedding && g == graph::ParamGroup::embedding);
+    }
+    segs.push_back({e.name, e.offset, e.spec.shape.numel(),
+                    no_decay ? optim::DecayMode::no_decay : optim::DecayMode::decay,
+                    groups.lr_scale(e.name), groups.frozen(e.name), groups.weight_decay(e.name)});
+  }
+  return segs;
+}
+
 std::vector<dist::Bucket> gradient_buckets(const std::vector<graph::FlatEntry>& layout,
                                            const graph::Graph& graph, const ParamGroups& groups,
                                            const graph::Stage* stage, bool zero2,

@@ -46,6 +46,7 @@
 #include "graph/graph.h"
 #include "graph/stages.h"
 #include "optim/options.h"
+#include "optim/segments.h"
 #include "runtime/job.h"
 
 namespace dtrain::runtime {
@@ -86,6 +87,11 @@ class ParamGroups {
   std::vector<uint8_t> frozen_;
   std::vector<std::string> lines_;
 };
+
+// The optimizer's segments of a flat layout, each with its weight-decay mode and its
+// learning-rate factor and whether optimizer.freeze froze it.
+std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
+                                             NoDecayGroups rule, const ParamGroups& groups);
 
 // The data-parallel gradient buckets (dist/ddp.h) as the trainer plans them and dtrain
 // estimate replays them, over the f32 layout's parameters (`layout`, param_layout()

@@ -61,11 +61,6 @@ inline double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The optimizer's segments of a flat layout, each with its weight-decay mode and its
-// learning-rate factor and whether optimizer.freeze froze it.
-std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
-                                             NoDecayGroups rule, const ParamGroups& groups);
-
 struct EvalResult {
   double loss = 0;
   double accuracy = 0;

@@ -50,23 +50,6 @@ Tensor host_f32(const Tensor& t) {
   return f;
 }
 
-std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>& layout,
-                                             NoDecayGroups rule, const ParamGroups& groups) {
-  std::vector<optim::ParamSegment> segs;
-  for (const graph::FlatEntry& e : layout) {
-    const graph::ParamGroup g = e.spec.group;
-    bool no_decay = false;
-    if (rule != NoDecayGroups::none) {
-      no_decay = g == graph::ParamGroup::norm || g == graph::ParamGroup::bias ||
-                 (rule == NoDecayGroups::norm_bias_embedding && g == graph::ParamGroup::embedding);
-    }
-    segs.push_back({e.name, e.offset, e.spec.shape.numel(),
-                    no_decay ? optim::DecayMode::no_decay : optim::DecayMode::decay,
-                    groups.lr_scale(e.name), groups.frozen(e.name), groups.weight_decay(e.name)});
-  }
-  return segs;
-}
-
 TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
     : req_(r), job_(r.job), comm_(comm) {
   require_supported(job_, comm.size());
