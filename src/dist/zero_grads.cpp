@@ -11,7 +11,8 @@ namespace dtrain::dist {
 
 ShardedGradSync::ShardedGradSync(Communicator& comm, std::vector<Bucket> buckets,
                                  const std::vector<GradRange>& params,
-                                 std::vector<std::pair<int64_t, int64_t>> ranges, Tensor shard)
+                                 std::vector<std::pair<int64_t, int64_t>> ranges, Tensor shard,
+                                 Unbucketed unbucketed)
     : comm_(comm),
       buckets_(std::move(buckets)),
       params_(params),
@@ -28,9 +29,14 @@ ShardedGradSync::ShardedGradSync(Communicator& comm, std::vector<Bucket> buckets
   for (size_t b = 0; b < buckets_.size(); ++b) {
     for (int p : buckets_[b].params) bucket_of_[static_cast<size_t>(p)] = static_cast<int>(b);
   }
+  bool every = true;
   for (size_t p = 0; p < params.size(); ++p) {
-    DTRAIN_CHECK(bucket_of_[p] >= 0, "parameter {} is in no bucket", p);
+    DTRAIN_CHECK(bucket_of_[p] >= 0 || unbucketed == Unbucketed::skipped,
+                 "parameter {} is in no bucket", p);
+    every = every && bucket_of_[p] >= 0;
   }
+  // The buckets write only their own parts of the shard: the rest (frozen) stays zero.
+  if (!every) kernels::fill(shard_, 0.0f);
   begin_micro(true);
 }
 
@@ -43,6 +49,8 @@ void ShardedGradSync::begin_micro(bool first) {
 }
 
 Tensor ShardedGradSync::grad_view(int param, const Shape& shape) {
+  DTRAIN_CHECK(bucket_of_[static_cast<size_t>(param)] >= 0,
+               "parameter {} is in no bucket: its gradient has no storage", param);
   const auto b = static_cast<size_t>(bucket_of_[static_cast<size_t>(param)]);
   const Bucket& k = buckets_[b];
   if (!buffers_[b].defined()) {
@@ -55,6 +63,7 @@ Tensor ShardedGradSync::grad_view(int param, const Shape& shape) {
 }
 
 void ShardedGradSync::ready(int param) {
+  if (bucket_of_[static_cast<size_t>(param)] < 0) return;  // Unbucketed::skipped
   const auto b = static_cast<size_t>(bucket_of_[static_cast<size_t>(param)]);
   DTRAIN_CHECK(pending_[b] > 0, "parameter {} reported ready twice", param);
   if (--pending_[b] == 0) reduce(b);

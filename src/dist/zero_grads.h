@@ -24,9 +24,13 @@ class ShardedGradSync : public StepGradients {
  public:
   // params: every parameter's range of the layout (increasing offsets); ranges: every
   // rank's [begin, end) of it (tiling it, rank order); shard: f32 [this rank's size].
+  // Unbucketed::skipped: a parameter in no bucket (optimizer.freeze) has no gradient
+  // storage (grad_view refuses it), its readiness is ignored, and its part of the shard
+  // stays zero.
   ShardedGradSync(Communicator& comm, std::vector<Bucket> buckets,
                   const std::vector<GradRange>& params,
-                  std::vector<std::pair<int64_t, int64_t>> ranges, Tensor shard);
+                  std::vector<std::pair<int64_t, int64_t>> ranges, Tensor shard,
+                  Unbucketed unbucketed = Unbucketed::refused);
 
   const std::vector<Bucket>& buckets() const override { return buckets_; }
   std::string exchange(size_t) const override { return "reduce(owners)"; }

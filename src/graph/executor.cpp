@@ -63,13 +63,17 @@ Executor::Executor(const Graph& graph, Device device, GradBuffer grad_buffer,
   };
   if (params_owned_) allocate(params_);
   if (std::find(zero_grads.begin(), zero_grads.end(), 1) != zero_grads.end()) {
+    const bool owned = grad_buffer == GradBuffer::owned;
     DTRAIN_CHECK(zero_grads.size() == static_cast<size_t>(grads_.size()) && held.empty() &&
-                     device_.is_cpu() && grad_buffer == GradBuffer::owned,
-                 "zero gradients: {} flags for {} parameters, on the host, of the whole graph",
+                     (device_.is_cpu() || !owned),
+                 "zero gradients: {} flags for {} parameters, of the whole graph, on the host "
+                 "unless the gradient storage is external",
                  zero_grads.size(), grads_.size());
-    std::vector<char> backed(zero_grads.size());
-    for (size_t p = 0; p < backed.size(); ++p) backed[p] = zero_grads[p] == 0 ? 1 : 0;
-    grads_.allocate_held(backed, Unheld::zeros);
+    if (owned) {
+      std::vector<char> backed(zero_grads.size());
+      for (size_t p = 0; p < backed.size(); ++p) backed[p] = zero_grads[p] == 0 ? 1 : 0;
+      grads_.allocate_held(backed, Unheld::zeros);
+    }
     zero_grads_ = std::move(zero_grads);
   } else if (grad_buffer == GradBuffer::owned) {
     allocate(grads_);

@@ -62,11 +62,13 @@ class Executor {
   // set_range, and the owned parameter and gradient buffers hold the parameters those
   // nodes use and no others (FlatStore::allocate_held: the host, addressed as the whole
   // model). set_range can then only narrow to nodes using held parameters.
-  // `zero_grads` (per parameter, 1 where set; empty: none; the host, the whole graph,
-  // owned gradients): those gradients are read-only zero pages that commit no memory
-  // (FlatStore::allocate_held, Unheld::zeros), never written: frozen parameters whose
-  // gradients no exchange sends (optimizer.freeze; set_frozen must name them). An op
-  // that cannot skip a frozen weight's gradient writes it into a transient tensor.
+  // `zero_grads` (per parameter, 1 where set; empty: none; the whole graph): gradients
+  // never written nor handed out (grad_view): frozen parameters whose gradients no
+  // exchange sends (optimizer.freeze; set_frozen must name them). With owned gradients
+  // (the host only) they are read-only zero pages that commit no memory
+  // (FlatStore::allocate_held, Unheld::zeros); with external ones (ZeRO-2's buckets)
+  // they have no storage at all. An op that cannot skip a frozen weight's gradient
+  // writes it into a transient tensor.
   explicit Executor(const Graph& graph, Device device = Device::cpu(),
                     GradBuffer grad_buffer = GradBuffer::owned,
                     ParamBuffer param_buffer = ParamBuffer::owned,

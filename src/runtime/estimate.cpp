@@ -45,6 +45,7 @@ namespace {
 std::string where(const graph::Graph& g, const graph::ActivationPeak& p) {
   if (p.node == -2) return "the accuracy count (half logits widened to f32)";
   if (p.node == -3) return "the compressed gradient exchange after backward";
+  if (p.node == -4) return "the step's gather of the stepped parameters (ZeRO)";
   if (p.node < 0) return "nowhere";
   return fmt::format("{} of {}", p.phase == graph::Phase::forward ? "forward" : "backward",
                      g.nodes()[static_cast<size_t>(p.node)].name);
@@ -303,7 +304,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       stages.empty() ? ex.params : *std::max_element(held_params.begin(), held_params.end());
   size_t stage_grads_bytes =
       stages.empty() ? ex.grads : *std::max_element(held_grads.begin(), held_grads.end());
-  if (!frozen_all.scratch.empty()) {  // the pages under the others (FlatStore::allocate_held)
+  if (!frozen_all.scratch.empty() && !zero2) {  // the pages under the others (allocate_held)
     std::vector<char> backed;
     for (char z : frozen_all.scratch) backed.push_back(z != 0 ? 0 : 1);
     stage_grads_bytes = f32_entries.held_bytes(backed);
@@ -382,7 +383,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     grad_ranges.push_back({e.offset, e.spec.shape.numel()});
   const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
   const std::vector<dist::Bucket> planned =
-      gradient_buckets(f32_entries.entries(), g, groups, nullptr, zero2, bucket_bytes);
+      gradient_buckets(f32_entries.entries(), g, groups, nullptr, false, bucket_bytes);
   // What each stage's (or the model's) buckets send: the data-parallel traffic's base.
   const auto bucket_elems = [](const std::vector<dist::Bucket>& b) {
     int64_t n = 0;
@@ -397,6 +398,40 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       sent_bytes.push_back(static_cast<double>(bucket_elems(gradient_buckets(
                                f32_entries.entries(), g, groups, &st, zero2, bucket_bytes))) *
                            sizeof(float));
+    }
+  }
+  // ZeRO-1 and 2 gather what each step changed: the span, or with optimizer.freeze the
+  // buckets' cover of it (MasterWeights::set_cover), each stage's; and the buffer that
+  // carries it after the step (gather_cover's, or ZeRO-2 with masters broadcast_shards').
+  std::vector<double> gathered_bytes;
+  int64_t gather_buffer = 0;
+  if (sharded && !zero3) {
+    const auto piece = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / 4));
+    const std::vector<std::pair<int64_t, int64_t>> stage_span =
+        stages.empty() ? std::vector<std::pair<int64_t, int64_t>>{{0, layout_elems}}
+                       : stage_spans(f32_entries.entries(), stages, layout_elems);
+    for (size_t k = 0; k < stage_span.size(); ++k) {
+      const auto [lo, hi] = stage_span[k];
+      const ShardRange last = shard_of(hi - lo, world - 1, world, lo);
+      LayoutRanges cover;
+      if (groups.any_frozen()) {
+        cover = bucket_cover(stages.empty() ? planned
+                                            : gradient_buckets(f32_entries.entries(), g, groups,
+                                                               &stages[k], zero2, bucket_bytes),
+                             lo, hi);
+      }
+      int64_t n = hi - lo;
+      if (!cover.empty()) {
+        n = 0;
+        for (const auto& [a, b] : cover) n += b - a;
+      }
+      gathered_bytes.push_back(static_cast<double>(n) * sizeof(float));
+      const bool through_pieces = zero2 && policy.half() && job.precision.master_weights;
+      gather_buffer = std::max(
+          gather_buffer, through_pieces
+                             ? broadcast_shards_elems(last, piece, cover.empty() ? nullptr : &cover)
+                         : cover.empty() ? 0
+                                         : gather_cover_elems(last, cover, piece));
     }
   }
   // Gradient compression (runtime/grad_compression.h; not with ZeRO-2).
@@ -589,6 +624,11 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     e.train.peak = e.train.at_end + exchange_after;
     e.train.node = -3;  // the gradient exchange after backward
   }
+  const size_t gather_after = gather_buffer > 0 ? round(static_cast<size_t>(gather_buffer) * 4) : 0;
+  if (e.train.at_end + gather_after > e.train.peak) {
+    e.train.peak = e.train.at_end + gather_after;
+    e.train.node = -4;  // the step's gather
+  }
   std::vector<char> eval_pins(static_cast<size_t>(g.num_values()), 0);
   eval_pins[static_cast<size_t>(m.logits)] = 1;
   eval_pins[static_cast<size_t>(m.targets)] = 1;
@@ -698,18 +738,20 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   if (sharded && !zero2) {  // ZeRO-1: the buckets reduced into owners, the span gathered
     const double share = static_cast<double>(world - 1) / world;
     e.comm.data = 0;
-    for (size_t k = 0; k < spans.size(); ++k) {
-      e.comm.data = std::max(
-          e.comm.data, share * (sent_bytes[k] + static_cast<double>(spans[k]) * sizeof(float)));
-    }
+    for (size_t k = 0; k < spans.size(); ++k)
+      e.comm.data = std::max(e.comm.data, share * (sent_bytes[k] + gathered_bytes[k]));
   }
-  if (zero2) {  // ZeRO-2 and 3 reduce each micro-batch's gradients into their owners
+  if (zero2) {  // ZeRO-2 and 3 reduce each micro-batch's buckets into their owners
     const double share = static_cast<double>(world - 1) / world;
-    const double layout = static_cast<double>(layout_elems) * sizeof(float);
     const double micro = job.parallel.micro_batches;
-    e.comm.data = micro * share * layout +
-                  (zero3 ? micro * share * e.train.gathered_bytes  // every pass's gathers
-                         : share * layout);  // ZeRO-2: the stepped parameters, gathered
+    e.comm.data = 0;
+    for (size_t k = 0; k < sent_bytes.size(); ++k) {
+      e.comm.data =
+          std::max(e.comm.data,
+                   micro * share * sent_bytes[k] +
+                       (zero3 ? micro * share * e.train.gathered_bytes  // every pass's gathers
+                              : share * gathered_bytes[k]));  // ZeRO-2: the stepped parameters
+    }
   }
   if (compressed) {
     e.comm.data_dense = e.comm.data;

@@ -171,23 +171,33 @@ void MasterWeights::step(optim::Optimizer& opt, double lr, float grad_scale) {
 // After the optimizer wrote this rank's range of target_.flat: every parameter the
 // executor holds from it (gathered over the data group) and, from that, the compute-dtype
 // copy.
-void MasterWeights::publish_range() {
+void MasterWeights::publish_range(bool whole) {
   if (param_shard_.defined()) {  // ZeRO-3: the next forward gathers what it needs
     if (target_.flat.raw() != param_shard_.raw()) publish_piece(shard_.begin, target_.flat);
     return;
   }
+  const bool covered = !whole && !cover_.empty() && shard_.sharded();
+  const auto gather = [&](Tensor flat) {
+    if (covered) {
+      gather_cover(*comm_, std::move(flat), shard_, cover_, gather_piece_);
+    } else if (shard_.sharded()) {
+      gather_shards(*comm_, std::move(flat), shard_);
+    }
+  };
   if (mode_ == MasterMode::fp32) {
     Tensor flat = ex_.params().flat(DType::f32);
     if (offload_) {  // the stepped range back into the executor, then gathered there
       Tensor mine = flat.view(shard_.begin, Shape{shard_.size()});
       kernels::copy(shard_host_params_, mine);
     }
-    if (shard_.sharded()) gather_shards(*comm_, flat, shard_);
+    gather(flat);
     return;
   }
   if (grads_sharded_) {  // no whole buffer to gather through: pieces, rounded as they come
-    broadcast_shards(*comm_, shard_masters_, shard_, gather_piece_,
-                     [this](int64_t lo, const Tensor& values) { publish_piece(lo, values); });
+    broadcast_shards(
+        *comm_, shard_masters_, shard_, gather_piece_,
+        [this](int64_t lo, const Tensor& values) { publish_piece(lo, values); },
+        covered ? &cover_ : nullptr);
     return;
   }
   if (!shard_.sharded()) {  // a pipeline stage alone: its range rounded into its parameters
@@ -198,8 +208,15 @@ void MasterWeights::publish_range() {
   // rank then rounds into its half parameters (the span's: a pipeline stage's own).
   Tensor mine = grads_.view(shard_.begin, Shape{shard_.size()});
   kernels::copy(shard_masters_, mine);
-  gather_shards(*comm_, grads_, shard_);
-  publish_piece(shard_.base, grads_.view(shard_.base, Shape{shard_.span}));
+  gather(grads_);
+  if (!covered) {
+    publish_piece(shard_.base, grads_.view(shard_.base, Shape{shard_.span}));
+    return;
+  }
+  for (const auto& [lo, hi] : cover_) {
+    const int64_t a = std::max(lo, shard_.base), b = std::min(hi, shard_.base + shard_.span);
+    if (a < b) publish_piece(a, grads_.view(a, Shape{b - a}));
+  }
 }
 
 void MasterWeights::exchange(Tensor& values) {
@@ -224,7 +241,7 @@ void MasterWeights::exchange(Tensor& values) {
   }
   if (shard_.ranged()) {
     DTRAIN_CHECK(comm_ != nullptr || !shard_.sharded(), "ZeRO exchange before attach()");
-    return publish_range();
+    return publish_range(true);
   }
   if (mode_ == MasterMode::masters) return publish(mine);
   if (twin_) upload();  // fp32 offloaded: the host twin stepped, the executor's uploaded

@@ -86,6 +86,11 @@ class MasterWeights {
   // ZeRO-2: each rank holds only its shard of the gradient; the pieces of the masters
   // travel in pieces of this many elements after each step.
   void set_gather_piece(int64_t elems) { gather_piece_ = elems; }
+  // optimizer.freeze under ZeRO: the parts of the layout a step changes (the gradient
+  // buckets' cover, runtime::bucket_cover); each step gathers those alone (gather_cover,
+  // or broadcast_shards of them), the frozen rest being equal on every rank already.
+  // Empty (the default): the whole span.
+  void set_cover(LayoutRanges cover) { cover_ = std::move(cover); }
   // Where the optimizer writes (built once; the views stay valid).
   const optim::ParamTarget& target() const { return target_; }
   // One update: opt (built on optimizer_device()) reads grads() x grad_scale and
@@ -116,8 +121,10 @@ class MasterWeights {
 
  private:
   void publish(const Tensor& flat);  // f32 layout -> executor, rounded
-  void publish_range();  // ranged: the stepped range -> the executor (gathered), rounded
-  void upload();         // offloaded: host twin -> executor
+  // ranged: the stepped range -> the executor (gathered), rounded; `whole`: every part of
+  // it, not only the cover (optimizer.ema's average differs in the frozen parts too).
+  void publish_range(bool whole = false);
+  void upload();                                        // offloaded: host twin -> executor
   void publish_piece(int64_t lo, const Tensor& piece);  // f32 layout piece -> executor
 
   graph::Executor& ex_;
@@ -134,6 +141,7 @@ class MasterWeights {
   dist::Communicator* comm_ = nullptr;
   bool grads_sharded_ = false;              // ZeRO-2: grads_ is the shard
   int64_t gather_piece_ = 1 << 22;          // ZeRO-2: elements per broadcast piece
+  LayoutRanges cover_;                      // set_cover (empty: the whole span)
   graph::FlatStore layout_;                 // masters (allocated) or the layout alone
   std::unique_ptr<graph::FlatStore> wide_;  // in_place: the widened checkpoint copy
   Tensor grads_;

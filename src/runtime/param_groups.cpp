@@ -354,7 +354,7 @@ std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>
 
 std::vector<dist::Bucket> gradient_buckets(const std::vector<graph::FlatEntry>& layout,
                                            const graph::Graph& graph, const ParamGroups& groups,
-                                           const graph::Stage* stage, bool zero2,
+                                           const graph::Stage* stage, bool frozen_too,
                                            size_t bucket_bytes, bool* all) {
   std::vector<dist::GradRange> ranges;
   for (const graph::FlatEntry& e : layout) ranges.push_back({e.offset, e.spec.shape.numel()});
@@ -371,7 +371,7 @@ std::vector<dist::Bucket> gradient_buckets(const std::vector<graph::FlatEntry>& 
   for (int p = 0; p < n; ++p) {
     const auto i = static_cast<size_t>(p);
     if (candidate[i] == 0) continue;
-    if (zero2 || frozen.empty() || frozen[i] == 0) {
+    if (frozen_too || frozen.empty() || frozen[i] == 0) {
       if (last_sent >= 0 && run_bytes > 0 && run_bytes <= kBridgeBytes) {
         for (int q = last_sent + 1; q < p; ++q)
           if (candidate[static_cast<size_t>(q)] != 0) sent[static_cast<size_t>(q)] = 1;
@@ -398,8 +398,8 @@ std::vector<dist::Bucket> gradient_buckets(const std::vector<graph::FlatEntry>& 
 std::vector<char> zero_gradients(const Job& job, const graph::Graph& graph,
                                  const ParamGroups& groups) {
   const ParallelOptions& p = job.parallel;
-  if (!job.device.is_cpu() || p.pipeline > 1 || (p.zero_stage >= 1 && p.data > 1) ||
-      !groups.any_frozen()) {
+  const bool zero1 = p.zero_stage == 1 && p.data > 1, zero2 = p.zero_stage >= 2 && p.data > 1;
+  if (p.pipeline > 1 || !groups.any_frozen() || zero1 || (!zero2 && !job.device.is_cpu())) {
     return {};
   }
   std::vector<graph::FlatEntry> entries = graph.param_layout();
@@ -413,6 +413,24 @@ std::vector<char> zero_gradients(const Job& job, const graph::Graph& graph,
     for (int q : b.params) zero[static_cast<size_t>(q)] = 0;
   if (std::find(zero.begin(), zero.end(), 1) == zero.end()) zero.clear();
   return zero;
+}
+
+std::vector<std::pair<int64_t, int64_t>> bucket_cover(const std::vector<dist::Bucket>& buckets,
+                                                      int64_t lo, int64_t hi) {
+  std::vector<std::pair<int64_t, int64_t>> spans;
+  for (const dist::Bucket& b : buckets) spans.emplace_back(b.begin, b.end);
+  std::sort(spans.begin(), spans.end());
+  std::vector<std::pair<int64_t, int64_t>> cover;
+  for (const auto& [b, e] : spans) {
+    const int64_t a = std::max(b, lo), z = std::min(e, hi);
+    if (a >= z) continue;
+    if (!cover.empty() && cover.back().second >= a) {
+      cover.back().second = std::max(cover.back().second, z);
+    } else {
+      cover.emplace_back(a, z);
+    }
+  }
+  return cover;
 }
 
 }  // namespace dtrain::runtime

@@ -35,11 +35,13 @@
 // weight_decay replaces optimizer.weight_decay and no_decay for it.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "dist/ddp.h"
@@ -97,7 +99,8 @@ std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>
 // estimate replays them, over the f32 layout's parameters (`layout`, param_layout()
 // order): every one (dist::plan_buckets, tiling the layout), or some
 // (dist::plan_buckets_of): a pipeline stage's own (`stage`; null without a pipeline)
-// and, but under ZeRO-2 (whose buckets hold whatever backward writes), none of the
+// and, unless `frozen_too` (a pipeline stage under ZeRO-2, whose buckets hold whatever
+// its backward writes), none of the
 // frozen ones, whose gradients are zeros on every rank: nothing to sum, as PyTorch's DDP
 // leaves out what does not require a gradient. A run of frozen tensors of at most
 // kBridgeBytes between two trained ones still travels, so that freezing the norms of
@@ -107,18 +110,25 @@ std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>
 inline constexpr size_t kBridgeBytes = size_t{1} << 20;
 std::vector<dist::Bucket> gradient_buckets(const std::vector<graph::FlatEntry>& layout,
                                            const graph::Graph& graph, const ParamGroups& groups,
-                                           const graph::Stage* stage, bool zero2,
+                                           const graph::Stage* stage, bool frozen_too,
                                            size_t bucket_bytes, bool* all = nullptr);
 
-// optimizer.freeze on the host: per graph parameter, 1 where its gradient is read-only
-// zero pages (graph::Executor's zero_grads): frozen and in no bucket of
-// gradient_buckets, so nothing writes it. Empty (none) but for a CPU job whose whole
-// graph runs on one executor with a whole gradient buffer of its own: not on a GPU
-// (no zero pages there), not in a pipeline stage (its gradients are held pages
-// already, and a tied weight's are summed across the cut), not under ZeRO (ZeRO-1
-// gathers the stepped masters through the gradient buffer; ZeRO-2 and 3 keep none).
+// optimizer.freeze: per graph parameter, 1 where nothing writes its gradient
+// (graph::Executor's zero_grads): frozen and in no bucket of gradient_buckets. Empty
+// (none) but where the whole graph runs on one executor (not in a pipeline stage: its
+// gradients are held pages already, and a tied weight's are summed across the cut) and
+// either keeps a whole gradient buffer of its own on the host, whose frozen part is then
+// read-only zero pages (a CPU job without ZeRO: ZeRO-1 gathers the stepped masters
+// through the gradient buffer), or keeps none (ZeRO-2 and 3, on any device: a frozen
+// gradient then has no bucket, and no buffer at all).
 std::vector<char> zero_gradients(const Job& job, const graph::Graph& graph,
                                  const ParamGroups& groups);
+
+// The parts of [lo, hi) that `buckets` cover, merged where they touch (increasing): what
+// a ZeRO step changes, and so what it gathers, where not every parameter is in a bucket
+// (the rest are frozen, equal on every rank).
+std::vector<std::pair<int64_t, int64_t>> bucket_cover(const std::vector<dist::Bucket>& buckets,
+                                                      int64_t lo, int64_t hi);
 
 // Layer of each graph parameter (param_layout() order) as layer decay counts them:
 // 0 before the first block, b + 1 in block b, num_blocks() + 1 after the last.

@@ -319,12 +319,18 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   for (const graph::FlatEntry& e : weights_->layout())
     ranges.push_back({e.offset, e.spec.shape.numel()});
   // A stage sums its own parameters' gradients only (the rest are zeros), and frozen
-  // ones stay home (but under ZeRO-2).
+  // ones stay home (but in a pipeline stage under ZeRO-2, whose buckets hold whatever
+  // its backward writes).
   bool every_param = true;
   std::vector<dist::Bucket> planned = gradient_buckets(
       weights_->layout(), model_.graph, groups_,
-      pipeline_ ? &stages_[static_cast<size_t>(pipeline_->stage())] : nullptr, zero2_,
+      pipeline_ ? &stages_[static_cast<size_t>(pipeline_->stage())] : nullptr, zero2_ && pipeline_,
       static_cast<size_t>(job_.comm.bucket_mb * 1024.0 * 1024.0), &every_param);
+  // ZeRO with optimizer.freeze: a step changes only what the buckets send, so only that
+  // is gathered after it.
+  const ShardRange& shard = weights_->shard();
+  if (groups_.any_frozen() && !every_param && shard.sharded())
+    weights_->set_cover(bucket_cover(planned, shard.base, shard.base + shard.span));
   std::vector<std::pair<int64_t, int64_t>> owners;  // ZeRO: every rank's range
   for (int r = 0; weights_->shard().sharded() && r < grad_comm_->size(); ++r) {
     const ShardRange& mine = weights_->shard();
@@ -333,8 +339,9 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   }
   const std::vector<dist::Bucket> buckets = planned;
   if (zero2_) {
-    auto zero = std::make_unique<dist::ShardedGradSync>(*grad_comm_, std::move(planned), ranges,
-                                                        owners, shard_grads_);
+    auto zero = std::make_unique<dist::ShardedGradSync>(
+        *grad_comm_, std::move(planned), ranges, owners, shard_grads_,
+        every_param ? dist::Unbucketed::refused : dist::Unbucketed::skipped);
     ex_->set_grad_storage([this, shards = zero.get()](int p) {
       return shards->grad_view(p, weights_->layout()[static_cast<size_t>(p)].spec.shape);
     });

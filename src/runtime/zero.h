@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 #include "dist/communicator.h"
@@ -38,13 +40,31 @@ ShardRange shard_of(int64_t span, int rank, int world, int64_t base = 0);
 // broadcast of the tail).
 void gather_shards(dist::Communicator& comm, Tensor flat, const ShardRange& mine);
 
+// Intervals [lo, hi) of the layout, increasing and disjoint.
+using LayoutRanges = std::vector<std::pair<int64_t, int64_t>>;
+
+// With optimizer.freeze a step changes only part of the span, `cover` (the gradient
+// buckets' ranges, runtime::bucket_cover): gather_shards of that part alone. Each
+// rank's part of the cover within its range travels in rounds of one all_gatherv
+// through a buffer of gather_cover_elems elements (the ranks' parts packed, at most
+// `piece` in all); the rest of the span is left as it is (equal on every rank).
+void gather_cover(dist::Communicator& comm, Tensor flat, const ShardRange& mine,
+                  const LayoutRanges& cover, int64_t piece);
+// The elements of gather_cover's buffer (0: nothing to gather), for dtrain estimate.
+int64_t gather_cover_elems(const ShardRange& mine, const LayoutRanges& cover, int64_t piece);
+
 // Every rank's range of an f32-layout vector of `total` elements, from its owner, in
 // pieces of at most `piece` elements: `take(lo, values)` runs on every rank for each
 // piece in layout order (`values` on this rank's device, valid during the call). For
 // ZeRO-2, whose ranks hold no whole f32 buffer to gather into. `mine`: f32 [this
-// rank's size], `me` its range (the span it divides is what travels).
+// rank's size], `me` its range (the span it divides is what travels; with a `cover`,
+// only the parts of it within the cover).
 void broadcast_shards(dist::Communicator& comm, const Tensor& mine, const ShardRange& me,
                       int64_t piece,
-                      const std::function<void(int64_t lo, const Tensor& values)>& take);
+                      const std::function<void(int64_t lo, const Tensor& values)>& take,
+                      const LayoutRanges* cover = nullptr);
+// The elements of broadcast_shards' buffer, for dtrain estimate.
+int64_t broadcast_shards_elems(const ShardRange& me, int64_t piece,
+                               const LayoutRanges* cover = nullptr);
 
 }  // namespace dtrain::runtime
