@@ -89,6 +89,19 @@ Field pipeline_blocks_field() {
   return leaf("pipeline_blocks", AT(parallel.pipeline_blocks), read, print);
 }
 
+// A pattern listed twice in `list` (read into `patterns`) is refused at the second: a
+// leftover, or a typo of the one meant.
+void refuse_repeated(const ConfigNode& list, const std::vector<std::string>& patterns,
+                     const std::string& path) {
+  for (size_t i = 1; i < patterns.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (patterns[i] != patterns[j]) continue;
+      fail(list.items[i].loc, fmt::format("{}[{}]", path, i),
+           fmt::format("\"{}\" repeats {}[{}]", patterns[i], path, j), "list each pattern once");
+    }
+  }
+}
+
 Field freeze_field() {
   auto read = [](const ConfigNode& n, const std::string& path) {
     if (n.kind == ConfigNode::Kind::null) return std::vector<std::string>{};  // `freeze:`
@@ -102,6 +115,7 @@ Field freeze_field() {
     for (size_t i = 0; i < n.items.size(); ++i) {
       patterns.push_back(read_string(n.items[i], fmt::format("{}[{}]", path, i)));
     }
+    refuse_repeated(n, patterns, path);
     return patterns;
   };
   auto print = [](const std::vector<std::string>& v) {
@@ -156,6 +170,7 @@ Field groups_field() {
             const std::string at_k = fmt::format("{}[{}]", key, k);
             g.params.push_back(hinted([&] { return read_string(e.value.items[k], at_k); }));
           }
+          refuse_repeated(e.value, g.params, key);
           has_params = true;
         } else if (e.key == "lr_scale") {
           if (e.value.kind != ConfigNode::Kind::null)

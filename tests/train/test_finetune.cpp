@@ -174,7 +174,9 @@ TEST_CASE("freeze: a fine-tune from an export keeps the frozen tensors bit for b
            {"[layer1, layer5]", "optimizer.freeze[1]: \"layer5\" matches no parameter of resnet18"},
            {"[\"*\"]", "optimizer.freeze: the patterns cover every parameter of resnet18"},
            {"layer1", "optimizer.freeze: expected a list of parameter name patterns"},
-           {"[\"\"]", "optimizer.freeze[0]: expected a non-empty string"}}) {
+           {"[\"\"]", "optimizer.freeze[0]: expected a non-empty string"},
+           {"[layer1, fc, layer1]",
+            "optimizer.freeze[2]: \"layer1\" repeats optimizer.freeze[0]"}}) {
     for (const std::string command : {"train", "validate"}) {
       CAPTURE(command);
       const std::vector<std::string> args = {command, tuned.string(), "--set",
@@ -278,6 +280,8 @@ TEST_CASE("groups: the first matching group sets a tensor's lr factor and weight
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"optimizer.groups=[{params: [layer9], lr_scale: 2}]",
        "optimizer.groups[0].params[0]: \"layer9\" matches no parameter of resnet18"},
+      {"optimizer.groups=[{params: [fc, \"*.bias\", fc], lr_scale: 2}]",
+       "optimizer.groups[0].params[2]: \"fc\" repeats optimizer.groups[0].params[0]"},
       {"optimizer.groups=[{params: [fc], lr_scale: 2}, {params: [\"fc.*\"], weight_decay: 0}]",
        "optimizer.groups[1]: every parameter its patterns match (2) belongs to an earlier group"},
       {"optimizer.groups=[{params: [fc], lr_scael: 2}]",
