@@ -22,6 +22,7 @@
 #include "dist/launcher.h"
 #include "dist/watchdog.h"
 #include "kernels/device_info.h"
+#include "runtime/signals.h"
 #include "runtime/startup.h"
 #include "runtime/trainer.h"
 
@@ -70,6 +71,9 @@ int run_train(const TrainArgs& args) {
   runtime::StopSignals signals;
   size_rank_threads();
   const std::unique_ptr<dist::Communicator> world = dist::make_world_communicator();
+  // After MPI's own handlers: a crash names the rank before they run.
+  runtime::report_fatal_signals(world->size() > 1 ? fmt::format("dtrain[rank {}]", world->rank())
+                                                  : std::string("dtrain"));
   runtime::TrainRequest req;
   runtime::TrainSessionPtr session;
   runtime::agree_on_startup(*world, [&] {

@@ -178,11 +178,19 @@ int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options)
   if (WIFEXITED(status)) {
     const int rc = WEXITSTATUS(status);
     if (rc > 128 && rc < 128 + NSIG) {  // mpirun's code for a rank a signal ended
+      const int sig = rc - 128;
+      // A crash (runtime::report_fatal_signals) named its rank in a line of its own.
+      const bool named =
+          sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL || sig == SIGABRT;
       std::fprintf(stderr,
-                   "dtrain: mpirun exited with %d: a rank ended on signal %d (%s), or mpirun "
+                   "dtrain: mpirun exited with %d: a rank ended on signal %d (%s)%s, or mpirun "
                    "could not start the ranks (its own report is off here: run mpirun "
-                   "yourself to see it)\n",
-                   rc, rc - 128, strsignal(rc - 128));
+                   "yourself to see it)%s\n",
+                   rc, sig, strsignal(sig), named ? " (its line above names it)" : "",
+                   sig == SIGKILL ? "; SIGKILL is most often the kernel's out-of-memory killer "
+                                    "(`dmesg` names what it killed; `dtrain estimate JOB` gives "
+                                    "each rank's peak)"
+                                  : "");
     }
     return rc == 0 && stopped ? 4 : rc;  // commands.h: kExitInterrupted
   }

@@ -854,6 +854,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
           profile_->after(next, stop_agreed_ || next == total_steps_, traced);
       if (!written.empty()) note(written);
     }
+    note_steps_done(counters_.step);
     faults_.after_step(counters_.step);
     if (std::isfinite(last_loss)) {  // a skipped step's loss may be inf: not averaged in
       counters_.window_loss_sum += last_loss;

@@ -1634,6 +1634,14 @@ TEST_CASE("a rank that dies or hangs ends every rank within the timeout, nothing
     CHECK_MESSAGE(took < 20.0, "ended after ", took, " s: ", r.describe());
     if (mode_name == "kill" || mode_name == "abort")  // mpirun --quiet: the launcher says it
       CHECK_MESSAGE(r.log.find("a rank ended on signal") != std::string::npos, r.log);
+    if (mode_name == "kill")  // no line of its own: the launcher names the likely killer
+      CHECK_MESSAGE(r.log.find("out-of-memory killer") != std::string::npos, r.log);
+    if (mode_name == "abort") {  // the crashed rank says who it was and how far it got
+      CHECK_MESSAGE(r.log.find("dtrain[rank 1]: ended by signal 6 (SIGABRT, aborted) with 3 "
+                               "step(s) done") != std::string::npos,
+                    r.log);
+      CHECK_MESSAGE(r.log.find("its line above names it") != std::string::npos, r.log);
+    }
     if (std::string(mode) == "exit0" || std::string(mode) == "hang") {
       // Only the watchdog can end these: it names the collective that never finished,
       // and from the heartbeats in logs/ the rank that is missing and why.

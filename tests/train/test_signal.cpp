@@ -88,3 +88,19 @@ TEST_CASE("SIGINT stops with a checkpoint and resume matches an uninterrupted ru
 TEST_CASE("SIGUSR1 (SLURM's early warning) stops with a checkpoint and resume matches") {
   check_stop_and_resume(SIGUSR1, "usr1");
 }
+
+// A crash is not a stop: the run says, before it dies, that a fatal signal ended it and
+// how many steps it had done (runtime::report_fatal_signals), then dies of that signal
+// (the handlers hand it on to its default action: the harness sees 128 + SIGABRT).
+TEST_CASE("a crash names the signal and the steps done, then ends as that signal does") {
+  TempDir tmp("signal-abort");
+  const fs::path job = write_job(tmp.path());
+  setenv("DTRAIN_TEST_FAULT", "0:2:abort", 1);
+  const RunResult r =
+      run_dtrain({job.string(), "--set", "train.steps=5"}, tmp.path() / "abort.log");
+  unsetenv("DTRAIN_TEST_FAULT");
+  CHECK_MESSAGE(r.rc == 128 + SIGABRT, r.describe());
+  CHECK_MESSAGE(r.log.find("dtrain: ended by signal 6 (SIGABRT, aborted) with 2 step(s) done") !=
+                    std::string::npos,
+                r.log);
+}
