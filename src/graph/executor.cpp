@@ -162,7 +162,9 @@ void Executor::set_value(ValueId v, Tensor t) {
 
 void Executor::release_unused() {
   const Lifetimes& life = lifetimes(mode_);
-  const std::vector<char> read = read_after_forward(graph_, life, mode_, begin_, end_);
+  const BackwardSet set = backward_set();
+  const std::vector<char> read =
+      read_after_forward(graph_, life, mode_, begin_, end_, set.frozen.empty() ? nullptr : &set);
   for (size_t v = 0; v < values_.size(); ++v) {
     if (!values_[v].defined() || graph_.value(static_cast<ValueId>(v)).producer < 0) continue;
     if (life.last_use[v] < 0) continue;  // pinned, or read by nothing (the loss)
@@ -271,8 +273,9 @@ void Executor::bind_blocks(const Node& n, OpContext& ctx, std::vector<int32_t>& 
 const Lifetimes& Executor::lifetimes(Mode mode) {
   const auto m = static_cast<size_t>(mode == Mode::train ? 0 : 1);
   if (life_stale_[m]) {
+    const BackwardSet set = backward_set();  // pruned where this executor prunes
     life_[m] = plan_lifetimes(graph_, mode, pinned_[m], blocks_per_segment_, cuts_,
-                              prunes() ? &frozen_ : nullptr);
+                              set.frozen.empty() ? nullptr : &set);
     life_stale_[m] = false;
   }
   return life_[m];

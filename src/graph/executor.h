@@ -117,6 +117,8 @@ class Executor {
   // What set_frozen's skipping applies here (works and needs empty where this executor
   // does not prune): runtime::train_flops counts from it.
   BackwardSet backward_set() const;
+  // Whether parameter p's gradient is written (not one of the constructor's zero_grads).
+  bool writes_grad(int p) const { return !zero_grad(p); }
   // Parameters (when owned) and buffers, deterministically from the seed.
   void initialize(uint64_t seed);
   // How ops compute f32 GEMMs and convolutions (tf32: TF32 tensor cores on CUDA, the

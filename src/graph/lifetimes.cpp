@@ -5,12 +5,14 @@
 
 namespace dtrain::graph {
 
-bool keeps_inputs(const Node& node) {
-  return node.info.keep == Keep::inputs || node.info.keep == Keep::inputs_and_outputs;
+bool keeps_inputs(const Node& node, const BackwardSet* set) {
+  const Keep keep = set != nullptr ? set->keep(node) : node.info.keep;
+  return keep == Keep::inputs || keep == Keep::inputs_and_outputs;
 }
 
-bool keeps_outputs(const Node& node) {
-  return node.info.keep == Keep::outputs || node.info.keep == Keep::inputs_and_outputs;
+bool keeps_outputs(const Node& node, const BackwardSet* set) {
+  const Keep keep = set != nullptr ? set->keep(node) : node.info.keep;
+  return keep == Keep::outputs || keep == Keep::inputs_and_outputs;
 }
 
 namespace {
@@ -48,7 +50,7 @@ std::vector<Segment> segments_of(const Graph& graph, int k, const std::vector<in
 }  // namespace
 
 std::vector<char> read_after_forward(const Graph& graph, const Lifetimes& life, Mode mode,
-                                     int begin, int end) {
+                                     int begin, int end, const BackwardSet* set) {
   std::vector<char> read(static_cast<size_t>(graph.num_values()), 0);
   if (mode != Mode::train) return read;
   const auto& nodes = graph.nodes();
@@ -62,9 +64,9 @@ std::vector<char> read_after_forward(const Graph& graph, const Lifetimes& life, 
   }
   for (int i = begin; i < end; ++i) {
     const Node& node = nodes[static_cast<size_t>(i)];
-    if (keeps_inputs(node))
+    if (keeps_inputs(node, set))
       for (ValueId v : node.inputs) read[static_cast<size_t>(v)] = 1;
-    if (keeps_outputs(node))
+    if (keeps_outputs(node, set))
       for (ValueId v : node.outputs) read[static_cast<size_t>(v)] = 1;
   }
   return read;
@@ -148,9 +150,9 @@ Lifetimes plan_lifetimes(const Graph& graph, Mode mode, const std::vector<char>&
     if (!train) continue;
     const int back = 2 * n - 1 - i;
     const bool runs = set == nullptr || set->runs(i);
-    if (runs && keeps_inputs(node))
+    if (runs && keeps_inputs(node, set))
       for (ValueId v : node.inputs) use(v, back, true);
-    if (runs && keeps_outputs(node))
+    if (runs && keeps_outputs(node, set))
       for (ValueId v : node.outputs) use(v, back, true);
     const int s = life.segment_of[static_cast<size_t>(i)];
     if (s >= 0 && life.recomputed[static_cast<size_t>(s)]) {  // the recompute reads the

@@ -26,9 +26,11 @@
 
 namespace dtrain::graph {
 
-// Whether node `node`'s backward reads the value in its `input` / output slots.
-bool keeps_inputs(const Node& node);
-bool keeps_outputs(const Node& node);
+struct BackwardSet;
+// Whether node `node`'s backward reads the value in its `input` / output slots (with
+// `set`, as it runs under optimizer.freeze: BackwardSet::keep).
+bool keeps_inputs(const Node& node, const BackwardSet* set = nullptr);
+bool keeps_outputs(const Node& node, const BackwardSet* set = nullptr);
 
 // optimizer.freeze (Executor::set_frozen): what backward does when some parameters are
 // frozen, the one rule the executor follows and the memory planner replays.
@@ -52,6 +54,14 @@ struct BackwardSet {
   // can skip it: Op::skips_param_grad).
   bool skips_grad(const Node& n, size_t k) const {
     return is_frozen(n.params[k]) && n.op->skips_param_grad(k);
+  }
+  // What node n's backward reads from forward: its OpInfo::keep, less what only the
+  // gradients it skips would have read (Op::keep_skipping).
+  Keep keep(const Node& n) const {
+    uint32_t skipped = 0;
+    for (size_t k = 0; k < n.params.size() && k < 32; ++k)
+      if (skips_grad(n, k)) skipped |= 1u << k;
+    return skipped != 0 ? n.op->keep_skipping(n.info.keep, skipped) : n.info.keep;
   }
   // Per parameter (empty: none): frozen, its gradient read-only zero pages (graph::
   // Executor's zero_grads): an op that computes it anyway writes a transient tensor.
@@ -90,7 +100,7 @@ bool grad_in_place_ok(const Graph& graph, const Lifetimes& life, ValueId v, int 
 // per value, whether a later step of that range still reads it: a backward that keeps
 // it, or the recompute of a checkpointed segment inside the range. Nothing in eval.
 std::vector<char> read_after_forward(const Graph& graph, const Lifetimes& life, Mode mode,
-                                     int begin, int end);
+                                     int begin, int end, const BackwardSet* set = nullptr);
 
 // pinned: per value (graph.num_values() entries, or empty: none pinned).
 // blocks_per_segment: 0 no checkpointing; k: segments of k consecutive blocks.

@@ -129,7 +129,7 @@ ActivationPeak plan_activations(const Graph& graph, Mode mode, const std::vector
     release(i);
   }
   if (stage != nullptr) {  // Executor::release_unused: what no later step of the stage reads
-    const std::vector<char> read = read_after_forward(graph, life, mode, lo, hi);
+    const std::vector<char> read = read_after_forward(graph, life, mode, lo, hi, frozen);
     for (size_t v = 0; v < value.size(); ++v) {
       if (value[v] == 0 || graph.value(static_cast<ValueId>(v)).producer < 0) continue;
       if (life.last_use[v] < 0 || read[v]) continue;

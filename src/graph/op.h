@@ -178,6 +178,11 @@ class Op {
   // param k (a frozen parameter: Executor::set_frozen), so that a frozen layer still
   // passing its input's gradient down skips its weight-gradient GEMM.
   virtual bool skips_param_grad(size_t /*k*/) const { return false; }
+  // What backward still reads (OpInfo::keep is `keep`) when it computes no gradient for
+  // the parameters whose bits are set in `skipped` (those Op::skips_param_grad allows):
+  // a linear's or a convolution's input is read by its weight gradient alone, so a
+  // frozen one behind a trained layer keeps none of it.
+  virtual Keep keep_skipping(Keep keep, uint32_t /*skipped*/) const { return keep; }
   // Tensor parallelism (graph/tensor_parallel.h): the op computing one rank's part
   // in `share`'s role, or null when it has no such form.
   virtual std::unique_ptr<Op> tensor_share(const TpShare& /*share*/) const { return nullptr; }

@@ -413,12 +413,14 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     for (size_t k = 0; k < stage_span.size(); ++k) {
       const auto [lo, hi] = stage_span[k];
       const ShardRange last = shard_of(hi - lo, world - 1, world, lo);
+      // As the trainer decides: a cover where something is frozen and a bucket misses it.
       LayoutRanges cover;
       if (groups.any_frozen()) {
-        cover = bucket_cover(stages.empty() ? planned
-                                            : gradient_buckets(f32_entries.entries(), g, groups,
-                                                               &stages[k], zero2, bucket_bytes),
-                             lo, hi);
+        bool all = true;
+        const std::vector<dist::Bucket> b = gradient_buckets(
+            f32_entries.entries(), g, groups, stages.empty() ? nullptr : &stages[k],
+            zero2 && !stages.empty(), bucket_bytes, &all);
+        if (!all) cover = bucket_cover(b, lo, hi);
       }
       int64_t n = hi - lo;
       if (!cover.empty()) {
@@ -470,7 +472,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     // Frozen tensors stay dense: the plan's view of the layout, once for every stage.
     const std::vector<compress::ParamInfo> params =
         compression_params(f32_entries.entries(), groups);
-    const auto of = [&](const std::vector<dist::Bucket>& b, int64_t span) {
+    const auto of = [&](const std::vector<dist::Bucket>& b, size_t stage) {
       StageCompression c;
       const std::vector<compress::BucketPlan> plans =
           compress::plan_compression(job.compress, b, params);
@@ -481,11 +483,10 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       // The last rank's server residual: its segments are the longest.
       const int64_t server = compress::server_residual_elems(job.compress, plans, world, world - 1);
       c.server = server > 0 ? round(static_cast<size_t>(server) * sizeof(float)) : 0;
-      // ZeRO-1 then gathers the stepped parameters: (n-1)/n of the span.
+      // ZeRO-1 then gathers the stepped parameters: (n-1)/n of the span, or of the
+      // buckets' cover of it with optimizer.freeze.
       c.bus = compress::bus_bytes_per_step(job.compress, plans, world) +
-              (sharded ? static_cast<double>(world - 1) / world * static_cast<double>(span) *
-                             sizeof(float)
-                       : 0.0);
+              (sharded ? static_cast<double>(world - 1) / world * gathered_bytes[stage] : 0.0);
       c.buckets.bucket_of.assign(grad_ranges.size(), -1);
       std::vector<graph::BucketExchange> exchanges;
       for (size_t k = 0; k < b.size(); ++k) {
@@ -508,13 +509,13 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       return c;
     };
     if (stages.empty()) {
-      stage_compression.push_back(of(planned, layout_elems));
+      stage_compression.push_back(of(planned, 0));
       buckets.exchange = stage_compression[0].buckets.exchange;
     } else {
       for (size_t k = 0; k < stages.size(); ++k) {
         stage_compression.push_back(
             of(gradient_buckets(f32_entries.entries(), g, groups, &stages[k], zero2, bucket_bytes),
-               spans[k]));
+               k));
       }
     }
     for (const StageCompression& c : stage_compression) {

@@ -190,6 +190,17 @@ TEST_CASE("an overflow on one rank makes every rank skip the step, as one rank w
     CHECK_MESSAGE(last.find("\"skipped_steps\":1") != std::string::npos, last);
     CHECK_MESSAGE(last.find("\"loss_scale\":32.0") != std::string::npos, last);
   }
+  // The last parameter frozen under ZeRO-2: the overflow lands in the last gradient that
+  // has storage (a frozen one has none there), as on one rank.
+  std::vector<std::string> frozen_head = extra;
+  frozen_head.insert(frozen_head.end(), {"--set", "optimizer.freeze=[fc]"});
+  setenv("DTRAIN_TEST_OVERFLOW", "0:3", 1);
+  const fs::path head_one = train(job, tmp.path(), "head-1x2", {}, frozen_head);
+  frozen_head.insert(frozen_head.end(), {"--set", "parallel.zero_stage=2"});
+  setenv("DTRAIN_TEST_OVERFLOW", "1:3", 1);
+  const fs::path head_two = train(job, tmp.path(), "head-zero2", {2, "ring"}, frozen_head);
+  unsetenv("DTRAIN_TEST_OVERFLOW");
+  require_same(head_one, head_two);
 }
 
 TEST_CASE("4 ranks stay within 1e-5 of 1 rank x 4 micro-batches and repeat bit for bit") {
@@ -382,12 +393,21 @@ TEST_CASE("freeze, layer_decay and groups: 2 ranks and ZeRO-1/2/3 train exactly 
     const std::string log = read_bytes(tmp.path() / (name + ".log"));
     CHECK_MESSAGE(contains(log, plans[k].second), log);
   }
+  // BitFit (every weight frozen, the biases trained): a frozen linear keeps no input for
+  // backward (its skipped weight gradient was the one reader), in every layout; ZeRO-3
+  // runs it on parameters it gathers.
+  const std::vector<std::string> bitfit = {"--set",
+                                           "optimizer.freeze=[\"*.weight\", \"*.wte\", \"*.wpe\"]"};
+  const fs::path bitfit_one = train(job, tmp.path(), "bitfit-1x2", {}, bitfit);
+  for (const char* stage : {"0", "3"}) {
+    CAPTURE(stage);
+    std::vector<std::string> zero = bitfit;
+    zero.insert(zero.end(), {"--set", std::string("parallel.zero_stage=") + stage});
+    require_same(bitfit_one,
+                 train(job, tmp.path(), std::string("bitfit-zero") + stage, {2, "ring"}, zero));
+  }
 }
 
-// ZeRO-Offload: ZeRO-1, 2 and 3 with memory.offload.optimizer (this rank's masters,
-// optimizer state and gradient range in host memory, stepped there). A GPU feature run
-// here through DTRAIN_TEST_OFFLOAD_ON_CPU (validation refuses it on the CPU otherwise):
-// the same code with memcpys for transfers, so the bits of plain data parallelism.
 // optimizer.freeze under ZeRO-1 and 2: a step changes the trained tensors alone, so
 // only they are gathered after it (MasterWeights::set_cover): through the gradient
 // buffer with bf16 masters (ZeRO-1), in broadcast pieces (ZeRO-2), from the host
@@ -465,6 +485,10 @@ TEST_CASE("freeze under ZeRO: bf16 masters, offload and EMA gather the trained t
                             newest_checkpoint(tmp.path() / "refrozen-2" / "checkpoints")) == "");
 }
 
+// ZeRO-Offload: ZeRO-1, 2 and 3 with memory.offload.optimizer (this rank's masters,
+// optimizer state and gradient range in host memory, stepped there). A GPU feature run
+// here through DTRAIN_TEST_OFFLOAD_ON_CPU (validation refuses it on the CPU otherwise):
+// the same code with memcpys for transfers, so the bits of plain data parallelism.
 TEST_CASE("ZeRO-Offload (stages 1, 2 and 3) trains exactly like plain data parallelism") {
   OneThread one;
   TempDir tmp("zerooffload");
@@ -782,6 +806,33 @@ TEST_CASE("ZeRO-1 with a frozen layer: ranks hold different state, the estimate 
       estimate_json(job, 2, sets, tmp.path() / "estimate.log").at("peak_bytes").get<double>();
   MESSAGE("per-rank peaks ", peaks[0], ", ", peaks[1], "; estimated ", estimated);
   CHECK(std::fabs(estimated / peaks[1] - 1) < 0.01);
+  // One frozen norm between trained tensors travels in its bucket: every parameter is
+  // sent, so the step gathers in place, with no buffer, and the estimate counts none.
+  const std::vector<std::string> bridged = {"--set", "optimizer.freeze=[transformer.h.1.ln_1]",
+                                            "--set", "parallel.zero_stage=1"};
+  const fs::path norm = train(job, tmp.path(), "zero1-norm", {2, "ring"}, bridged);
+  const std::vector<double> norm_peaks = nlohmann::json::parse(read_bytes(norm / "summary.json"))
+                                             .at("peak_host_bytes_per_rank")
+                                             .get<std::vector<double>>();
+  const nlohmann::json e = estimate_json(job, 2, bridged, tmp.path() / "estimate-norm.log");
+  MESSAGE("a frozen norm: per-rank peaks ", norm_peaks[0], ", ", norm_peaks[1], "; estimated ",
+          e.at("peak_bytes").get<double>(), " at ", e.at("peak_at").get<std::string>());
+  CHECK(std::fabs(e.at("peak_bytes").get<double>() /
+                      *std::max_element(norm_peaks.begin(), norm_peaks.end()) -
+                  1) < 0.01);
+  // Compressed under ZeRO-1, the parameters gathered after the step are the trained
+  // ones too, as the estimate's traffic says.
+  std::vector<std::string> topk = sets;
+  topk.insert(topk.end(), {"--set", "compress.method=topk", "--set", "compress.ratio=0.05", "--set",
+                           "compress.warmup_steps=1"});
+  const fs::path compressed = train(job, tmp.path(), "zero1-topk", {2, "ring"}, topk);
+  const double measured = comm_volume(compressed, 2);
+  const double traffic = estimate_json(job, 2, topk, tmp.path() / "estimate-topk.log")
+                             .at("comm_bytes_per_step")
+                             .at("data")
+                             .get<double>();
+  MESSAGE("top-k under ZeRO-1 with a frozen layer: ", measured, " B, estimated ", traffic);
+  CHECK(std::fabs(traffic / measured - 1) < 0.01);
 }
 
 TEST_CASE("ZeRO-1 and ZeRO-2 lower the measured peak as dtrain estimate says, within 3%") {

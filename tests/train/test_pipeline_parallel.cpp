@@ -128,6 +128,7 @@ TEST_CASE("a ViT with dropout, AdamW and clipping in 3 stages, and bf16 in 2: bi
 // optimizer.freeze, layer_decay and groups across stages: the first stage's frozen patch
 // embedding and first layer, each stage's layer factors and groups; the one rank skips
 // the frozen part's backward, the stages (which send their input's gradient) do not.
+// And BitFit, whose frozen linears keep no input in either layout.
 TEST_CASE("freeze, layer_decay and groups in 3 stages train exactly like one rank") {
   OneThread one;
   TempDir tmp("pp-freeze");
@@ -143,6 +144,14 @@ TEST_CASE("freeze, layer_decay and groups in 3 stages train exactly like one ran
   std::vector<std::string> piped = tune;
   piped.insert(piped.end(), {"--set", "parallel.pipeline=3"});
   require_same(run_job(vit, tmp.path(), "pp3", 3, piped), run_job(vit, tmp.path(), "one", 1, tune));
+  // BitFit: every weight frozen, the biases trained; a stage's frozen linears keep no
+  // input (the stage receives its first one from the stage before).
+  const std::vector<std::string> bitfit = {
+      "--set", "optimizer.freeze=[\"*.weight\", conv_proj, class_token, \"*pos_embedding*\"]"};
+  std::vector<std::string> bitfit_piped = bitfit;
+  bitfit_piped.insert(bitfit_piped.end(), {"--set", "parallel.pipeline=3"});
+  require_same(run_job(vit, tmp.path(), "bitfit-pp3", 3, bitfit_piped),
+               run_job(vit, tmp.path(), "bitfit-one", 1, bitfit));
 }
 
 // A weight tied across the cut: each stage computes its users' part of the gradient and

@@ -73,6 +73,11 @@ class Conv2d final : public Op {
     }
   }
 
+  // The input is read by the filter gradient alone (backward-data reads the weight).
+  Keep keep_skipping(Keep keep, uint32_t skipped) const override {
+    return (skipped & 1u) != 0 && keep == Keep::inputs ? Keep::nothing : keep;
+  }
+
   void do_backward(OpContext& ctx) const override {
     const kernels::Conv2dArgs a = args(ctx);
     const Tensor& dy = ctx.grad_outputs[0];

@@ -130,6 +130,12 @@ class Linear final : public Op {
       kernels::bias_add({rows, out_, 1}, ctx.outputs[0], ctx.params[1], ctx.outputs[0]);
   }
 
+  // The input is read by the weight gradient alone (the input gradient reads the
+  // weight, the bias gradient dy; linear_gelu's pre-activation is a saved tensor).
+  Keep keep_skipping(Keep keep, uint32_t skipped) const override {
+    return (skipped & 1u) != 0 && keep == Keep::inputs ? Keep::nothing : keep;
+  }
+
   void do_backward(OpContext& ctx) const override {
     const int64_t rows = ctx.inputs[0].numel() / in_;
     Tensor dz;  // linear_gelu: the gradient at the pre-activation
