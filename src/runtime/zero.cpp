@@ -86,7 +86,7 @@ std::vector<LayoutRanges> rank_parts(const ShardRange& mine, const LayoutRanges*
 }  // namespace
 
 int64_t gather_cover_elems(const ShardRange& mine, const LayoutRanges& cover, int64_t piece) {
-  if (!mine.sharded()) return 0;
+  if (!mine.sharded() || cover.size() <= kInPlaceCoverParts) return 0;  // in place
   int64_t most = 0;
   rank_parts(mine, &cover, most);
   if (most == 0) return 0;
@@ -98,6 +98,22 @@ void gather_cover(dist::Communicator& comm, Tensor flat, const ShardRange& mine,
   if (!mine.sharded()) return;
   const int world = comm.size(), me = comm.rank();
   DTRAIN_CHECK(world == mine.world, "a shard of {} ranks gathered over {}", mine.world, world);
+  if (cover.size() <= kInPlaceCoverParts) {
+    // Each part of the cover, in place: its pieces in the ranks' ranges lie end to end
+    // in rank order (the ranges tile the span), as an all_gatherv wants them.
+    for (const auto& [a, b] : cover) {
+      const int64_t lo = std::max(a, mine.base), hi = std::min(b, mine.base + mine.span);
+      if (lo >= hi) continue;
+      std::vector<int64_t> counts(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) {
+        const ShardRange s = shard_of(mine.span, r, world, mine.base);
+        counts[static_cast<size_t>(r)] =
+            std::max<int64_t>(0, std::min(hi, s.end) - std::max(lo, s.begin));
+      }
+      comm.all_gatherv_async(flat.view(lo, Shape{hi - lo}), counts).wait();
+    }
+    return;
+  }
   int64_t most = 0;
   const std::vector<LayoutRanges> parts = rank_parts(mine, &cover, most);
   if (most == 0) return;

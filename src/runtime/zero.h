@@ -44,10 +44,13 @@ void gather_shards(dist::Communicator& comm, Tensor flat, const ShardRange& mine
 using LayoutRanges = std::vector<std::pair<int64_t, int64_t>>;
 
 // With optimizer.freeze a step changes only part of the span, `cover` (the gradient
-// buckets' ranges, runtime::bucket_cover): gather_shards of that part alone. Each
-// rank's part of the cover within its range travels in rounds of one all_gatherv
-// through a buffer of gather_cover_elems elements (the ranks' parts packed, at most
-// `piece` in all); the rest of the span is left as it is (equal on every rank).
+// buckets' ranges, runtime::bucket_cover): gather_shards of that part alone, the rest
+// of the span left as it is (equal on every rank). A cover of at most
+// kInPlaceCoverParts parts travels in place, one all_gatherv per part (no buffer);
+// a longer one (BitFit's biases between frozen weights) in rounds of one all_gatherv
+// of every rank's parts packed into a buffer of gather_cover_elems elements (at most
+// `piece`), so that the collectives stay few.
+inline constexpr size_t kInPlaceCoverParts = 16;
 void gather_cover(dist::Communicator& comm, Tensor flat, const ShardRange& mine,
                   const LayoutRanges& cover, int64_t piece);
 // The elements of gather_cover's buffer (0: nothing to gather), for dtrain estimate.
