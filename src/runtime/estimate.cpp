@@ -42,6 +42,9 @@ std::string format_seconds(double s) {
 
 namespace {
 
+constexpr const char* kInitFromPeak =
+    "reading model.init_from (a tensor at a time, with its f32 widening and layout copy)";
+
 std::string where(const graph::Graph& g, const graph::ActivationPeak& p) {
   if (p.node == -2) return "the accuracy count (half logits widened to f32)";
   if (p.node == -3) return "the compressed gradient exchange after backward";
@@ -635,6 +638,33 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   eval_pins[static_cast<size_t>(m.targets)] = 1;
   e.eval = graph::plan_activations(g, graph::Mode::eval, eval_pins, round, 0, nullptr,
                                    zero3 ? &gathers : nullptr);
+  // model.init_from (runtime::load_init_weights, streamed), before the first step and
+  // before the data feed exists: each of the file's tensors read, its f32 widening and
+  // its rows in layout order, one tensor at a time, and the f32 buffers (batch-norm
+  // statistics) whole, all in host memory: counted where the host is the device (the
+  // CPU), on every rank alike (each stage takes what it holds). Counted whether or not
+  // a resume will skip it. Sized from the file's header (an absent or damaged file is
+  // train's exit 2: nothing counted here).
+  size_t init_extra = 0;
+  if (job.model.init_from && job.device.is_cpu()) {
+    try {
+      SafetensorsReader file(*job.model.init_from);
+      for (const SafetensorsEntry& t : file.entries()) {
+        // Read (the file's bytes), widened (a half tensor's f32 copy, the read freed
+        // after it), then put in layout order (a second f32 copy).
+        const size_t read = round(static_cast<size_t>(t.end - t.begin));
+        const size_t f32 = round(static_cast<size_t>(t.shape.numel()) * sizeof(float));
+        const size_t most = t.dtype == DType::f32 ? read + f32 : std::max(read + f32, 2 * f32);
+        init_extra = std::max(init_extra, most);
+      }
+      std::vector<graph::FlatEntry> wide_buffers = g.buffer_layout();
+      for (graph::FlatEntry& b : wide_buffers) b.spec.dtype = DType::f32;
+      const int64_t buffer_elems = graph::FlatStore(wide_buffers).buffer_elems(DType::f32);
+      if (buffer_elems > 0) init_extra += round(static_cast<size_t>(buffer_elems) * sizeof(float));
+    } catch (const Error&) {
+      init_extra = 0;
+    }
+  }
   if (job.parallel.pipeline > 1) {
     std::vector<size_t> stage_state;
     for (size_t s = 0; s < ranges.size(); ++s) {
@@ -656,6 +686,15 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
     }
     pipeline_activations(job, m, round, eval_pins, stages, stage_state, stage_compression,
                          frozen_only, e);
+    for (MemoryEstimate::Stage& st : e.stages) {  // each stage reads model.init_from too
+      if (init_extra == 0) break;
+      const size_t at_init =
+          stage_state[static_cast<size_t>(st.stage)] - data + init_extra + e.host_bytes;
+      if (at_init > st.peak) {
+        st.peak = at_init;
+        st.at = kInitFromPeak;
+      }
+    }
   }
   // After each evaluation forward the trainer reads the logits on the host as f32
   // (TrainSession::evaluate): half logits are widened into a copy then.
@@ -698,35 +737,13 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       e.peak_at = "a checkpoint save (the half parameters widened to f32)";
     }
   }
-  // model.init_from (runtime::load_init_weights), before the first step and before the
-  // data feed exists: the f32 layouts of the parameters and buffers it fills, and the
-  // file's tensors read one at a time, each beside its f32 widening, all in host memory:
-  // counted where the host is the device (the CPU), whole-model executors only (a
-  // pipeline stage loads the same, not counted yet). Counted whether or not a resume
-  // will skip it. Sized from the file's header (an absent or damaged file is train's
-  // exit 2: nothing counted here).
-  if (job.model.init_from && stages.empty() && job.device.is_cpu()) {
-    try {
-      SafetensorsReader file(*job.model.init_from);
-      size_t one = 0;  // the largest tensor read, with its widening
-      for (const SafetensorsEntry& t : file.entries()) {
-        const auto bytes = static_cast<size_t>(t.end - t.begin);
-        const size_t wide =
-            t.dtype == DType::f32 ? 0 : round(static_cast<size_t>(t.shape.numel()) * sizeof(float));
-        one = std::max(one, round(bytes) + wide);
-      }
-      std::vector<graph::FlatEntry> wide_buffers = g.buffer_layout();
-      for (graph::FlatEntry& b : wide_buffers) b.spec.dtype = DType::f32;
-      const int64_t buffer_elems = graph::FlatStore(wide_buffers).buffer_elems(DType::f32);
-      size_t at_init =
-          e.state_bytes - data + one + round(static_cast<size_t>(layout_elems) * sizeof(float)) +
-          (buffer_elems > 0 ? round(static_cast<size_t>(buffer_elems) * sizeof(float)) : 0);
-      at_init += e.host_bytes;
-      if (at_init > e.peak_bytes) {
-        e.peak_bytes = at_init;
-        e.peak_at = "reading model.init_from (an f32 copy of the model, a tensor at a time)";
-      }
-    } catch (const Error&) {
+  // model.init_from's read (above; a pipeline's stages counted it each), the peak where
+  // it is the highest point.
+  if (init_extra > 0 && stages.empty()) {
+    const size_t at_init = e.state_bytes - data + init_extra + e.host_bytes;
+    if (at_init > e.peak_bytes) {
+      e.peak_bytes = at_init;
+      e.peak_at = kInitFromPeak;
     }
   }
   e.step_flops = train_flops(g, frozen_all, job.parallel.micro_batches);

@@ -349,7 +349,7 @@ ExportSummary export_safetensors(const Checkpoint& ck, const fs::path& out, DTyp
 
 InitWeights load_init_weights(const fs::path& file, std::string_view arch,
                               const std::vector<graph::FlatEntry>& params,
-                              const std::vector<graph::FlatEntry>& buffers) {
+                              const std::vector<graph::FlatEntry>& buffers, const InitTake& take) {
   const ModelFamily family = family_of(arch);
   const std::vector<graph::FlatEntry> p32 = as_f32(params), b32 = as_f32(buffers);
   const std::vector<ExportTensor> plan = export_plan(family, p32, b32);
@@ -365,8 +365,10 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
 
   InitWeights out;
   out.metadata = st.metadata();
-  out.params = Tensor::empty({graph::FlatStore(p32).buffer_elems(DType::f32)}, DType::f32);
-  std::memset(out.params.raw(), 0, out.params.nbytes());
+  if (!take) {
+    out.params = Tensor::empty({graph::FlatStore(p32).buffer_elems(DType::f32)}, DType::f32);
+    std::memset(out.params.raw(), 0, out.params.nbytes());
+  }
   if (!b32.empty()) {
     out.buffers = Tensor::empty({graph::FlatStore(b32).buffer_elems(DType::f32)}, DType::f32);
     std::memset(out.buffers.raw(), 0, out.buffers.nbytes());
@@ -404,7 +406,6 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
     }
     const bool is_param = x.store == StoreKind::params;
     const graph::FlatEntry& e = (is_param ? p32 : b32)[static_cast<size_t>(x.entry)];
-    Tensor dst = (is_param ? out.params : out.buffers).view(e.offset, e.spec.shape);
     const Tensor wide = widen(st.read(i));
     const float* v = wide.data<float>();
     const float* bad = std::find_if(v, v + wide.numel(), [](float f) { return !std::isfinite(f); });
@@ -413,7 +414,18 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
                  "a training run would start from it and diverge at once: export the "
                  "weights of an earlier checkpoint, or check how the file was written");
     }
-    from_reference(x, wide, dst);
+    if (is_param && take) {  // its rows of the parameter, in layout order, handed on
+      const int64_t rows = e.spec.shape.rank() == 0 ? 1 : e.spec.shape[0];
+      const int64_t cols = e.spec.shape.numel() / rows;
+      ExportTensor part = x;
+      part.row_begin = 0;
+      Tensor these = Tensor::empty(Shape{x.rows, cols}, DType::f32);
+      from_reference(part, wide, these);
+      take(e.offset + x.row_begin * cols, these.view(0, Shape{x.rows * cols}));
+    } else {
+      Tensor dst = (is_param ? out.params : out.buffers).view(e.offset, e.spec.shape);
+      from_reference(x, wide, dst);
+    }
     ++out.tensors;
   }
   std::vector<bool> fresh(p32.size(), false);
@@ -427,6 +439,7 @@ InitWeights load_init_weights(const fs::path& file, std::string_view arch,
     init_error(file, fmt::format("no tensor {} {}, which this model needs", t.name, t.shape.str()),
                hint);
   }
+  if (take) return out;
   // The loaded parameter entries as runs of the buffer (a fresh entry splits them).
   const int64_t total = out.params.numel();
   int64_t lo = 0;

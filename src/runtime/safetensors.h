@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -106,8 +107,16 @@ struct InitWeights {
   std::vector<std::string> unused;  // the file's head tensors not used (absent or reshaped)
   std::map<std::string, std::string> metadata;  // the file's __metadata__
 };
+// `take` set: streamed instead. Each file tensor's rows of its parameter go to
+// take(lo, values) as they are read (values: f32, the layout's elements [lo, lo +
+// numel), valid during the call), and InitWeights::params stays undefined (nor are
+// `pieces` filled): no f32 copy of the whole model is held, only the tensor read, its
+// widening and its rows in layout order (the buffers, small, still come back whole). A
+// tensor the checks refuse after others were taken leaves those taken: the caller stops.
+using InitTake = std::function<void(int64_t lo, const Tensor& values)>;
 InitWeights load_init_weights(const std::filesystem::path& file, std::string_view arch,
                               const std::vector<graph::FlatEntry>& params,
-                              const std::vector<graph::FlatEntry>& buffers);
+                              const std::vector<graph::FlatEntry>& buffers,
+                              const InitTake& take = {});
 
 }  // namespace dtrain::runtime

@@ -15,13 +15,13 @@ namespace dtrain::runtime {
 void TrainSession::init_from(const std::string& path) {
   require_init_from_supported(job_);
   InitWeights w;
-  try {
-    w = load_init_weights(path, job_.model.arch, model_.graph.param_layout(),
-                          model_.graph.buffer_layout());
+  try {  // streamed, a tensor at a time: no f32 copy of the whole model on any rank
+    w = load_init_weights(
+        path, job_.model.arch, model_.graph.param_layout(), model_.graph.buffer_layout(),
+        [this](int64_t lo, const Tensor& values) { weights_->load_piece(lo, values); });
   } catch (const Error& e) {
     throw Error("model.init_from: " + e.message(), e.hint());
   }
-  for (const auto& [lo, n] : w.pieces) weights_->load_piece(lo, w.params.view(lo, Shape{n}));
   weights_->finish_load();
   if (w.buffers.defined()) {
     Tensor live = ex_->buffers().flat(DType::f32);

@@ -442,9 +442,21 @@ TEST_CASE("dtrain estimate gives every pipeline stage's measured peak within 3%"
     std::vector<std::string> sets;
     int stages = 3, data = 1;
   };
+  // A probe of the vit started from an export of it: every stage streams the file into
+  // the weights it holds, a tensor at a time.
+  const fs::path seed_run = run_job(vit, tmp.path(), "vit-seed", 1, {"--set", "train.steps=1"});
+  const fs::path exported = tmp.path() / "vit.safetensors";
+  const RunResult x =
+      run_dtrain_command({"ckpt", "export", seed_run.string(), "--safetensors", exported.string()},
+                         tmp.path() / "export.log");
+  REQUIRE_MESSAGE(x.rc == 0, x.describe());
   // A stage holds the masters and optimizer state of its own span (ZeRO-1: its shard of
   // it); the last case's bf16 masters and AdamW state are most of a stage's state.
   const std::vector<Case> cases = {
+      {vit,
+       "vit-1f1b-init-probe",
+       {"--set", "parallel.schedule=1f1b", "--set", "model.init_from=" + exported.string(), "--set",
+        "optimizer.freeze=[conv_proj, encoder]"}},
       {resnet, "resnet-gpipe", {"--set", "parallel.schedule=gpipe"}},
       {resnet, "resnet-1f1b", {"--set", "parallel.schedule=1f1b"}},
       {resnet,
