@@ -397,12 +397,18 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       std::vector<size_t> bytes;
       for (const dist::Bucket& b : buckets)
         bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
-      // Timed on the gradient buffer itself (a pipeline stage's holds only its own
-      // parameters' part, frozen ones may be zero pages: there a buffer is allocated for
-      // the timing).
-      const bool whole = !pipeline_ && ex_->grads().held_mask().empty();
-      const dist::AutoChoice choice =
-          dist::tune_allreduce(*grad_comm_, bytes, 3, whole ? weights_->grads() : Tensor{});
+      // Timed in the gradient buffer itself, in its largest bucket (the largest size
+      // timed): a bucket's range is written by backward, never zero pages nor another
+      // pipeline stage's part, so no buffer is allocated for the timing.
+      const auto largest = std::max_element(buckets.begin(), buckets.end(),
+                                            [](const dist::Bucket& a, const dist::Bucket& b) {
+                                              return a.end - a.begin < b.end - b.begin;
+                                            });
+      const Tensor scratch =
+          largest == buckets.end()
+              ? Tensor{}
+              : weights_->grads().view(largest->begin, Shape{largest->end - largest->begin});
+      const dist::AutoChoice choice = dist::tune_allreduce(*grad_comm_, bytes, 3, scratch);
       note(dist::format_auto_choice(choice));
       for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
     } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
