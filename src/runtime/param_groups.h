@@ -99,8 +99,7 @@ std::vector<optim::ParamSegment> segments_of(const std::vector<graph::FlatEntry>
 // estimate replays them, over the f32 layout's parameters (`layout`, param_layout()
 // order): every one (dist::plan_buckets, tiling the layout), or some
 // (dist::plan_buckets_of): a pipeline stage's own (`stage`; null without a pipeline)
-// and, unless `frozen_too` (a pipeline stage under ZeRO-2, whose buckets hold whatever
-// its backward writes), none of the
+// and, unless `frozen_too` (buckets that hold whatever backward writes), none of the
 // frozen ones, whose gradients are zeros on every rank: nothing to sum, as PyTorch's DDP
 // leaves out what does not require a gradient. A run of frozen tensors of at most
 // kBridgeBytes between two trained ones still travels, so that freezing the norms of
