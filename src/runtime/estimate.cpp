@@ -385,23 +385,29 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
   for (const graph::FlatEntry& e : f32_entries.entries())
     grad_ranges.push_back({e.offset, e.spec.shape.numel()});
   const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
-  const std::vector<dist::Bucket> planned =
-      gradient_buckets(f32_entries.entries(), g, groups, nullptr, false, bucket_bytes);
-  // What each stage's (or the model's) buckets send: the data-parallel traffic's base.
-  const auto bucket_elems = [](const std::vector<dist::Bucket>& b) {
-    int64_t n = 0;
-    for (const dist::Bucket& k : b) n += k.end - k.begin;
-    return n;
+  // The model's (`planned`) or each pipeline stage's, planned once; `every`: whether
+  // they hold every parameter (the trainer's every_param).
+  bool planned_all = true;
+  const std::vector<dist::Bucket> planned = gradient_buckets(
+      f32_entries.entries(), g, groups, nullptr, false, bucket_bytes, &planned_all);
+  std::vector<std::vector<dist::Bucket>> stage_buckets;
+  std::vector<char> every;
+  if (stages.empty()) every.push_back(planned_all ? 1 : 0);
+  for (const graph::Stage& st : stages) {
+    bool all = true;
+    stage_buckets.push_back(
+        gradient_buckets(f32_entries.entries(), g, groups, &st, zero2, bucket_bytes, &all));
+    every.push_back(all ? 1 : 0);
+  }
+  const auto buckets_of = [&](size_t k) -> const std::vector<dist::Bucket>& {
+    return stages.empty() ? planned : stage_buckets[k];
   };
+  // What each stage's (or the model's) buckets send: the data-parallel traffic's base.
   std::vector<double> sent_bytes;
-  if (stages.empty()) {
-    sent_bytes.push_back(static_cast<double>(bucket_elems(planned)) * sizeof(float));
-  } else {
-    for (const graph::Stage& st : stages) {
-      sent_bytes.push_back(static_cast<double>(bucket_elems(gradient_buckets(
-                               f32_entries.entries(), g, groups, &st, zero2, bucket_bytes))) *
-                           sizeof(float));
-    }
+  for (size_t k = 0; k < every.size(); ++k) {
+    int64_t n = 0;
+    for (const dist::Bucket& b : buckets_of(k)) n += b.end - b.begin;
+    sent_bytes.push_back(static_cast<double>(n) * sizeof(float));
   }
   // ZeRO-1 and 2 gather what each step changed: the span, or with optimizer.freeze the
   // buckets' cover of it (MasterWeights::set_cover), each stage's; and the buffer that
@@ -418,13 +424,7 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       const ShardRange last = shard_of(hi - lo, world - 1, world, lo);
       // As the trainer decides: a cover where something is frozen and a bucket misses it.
       LayoutRanges cover;
-      if (groups.any_frozen()) {
-        bool all = true;
-        const std::vector<dist::Bucket> b = gradient_buckets(
-            f32_entries.entries(), g, groups, stages.empty() ? nullptr : &stages[k],
-            zero2 && !stages.empty(), bucket_bytes, &all);
-        if (!all) cover = bucket_cover(b, lo, hi);
-      }
+      if (groups.any_frozen() && every[k] == 0) cover = bucket_cover(buckets_of(k), lo, hi);
       int64_t n = hi - lo;
       if (!cover.empty()) {
         n = 0;
@@ -511,16 +511,8 @@ MemoryEstimate estimate_memory(const Job& job, const EstimateOptions& options) {
       }
       return c;
     };
-    if (stages.empty()) {
-      stage_compression.push_back(of(planned, 0));
-      buckets.exchange = stage_compression[0].buckets.exchange;
-    } else {
-      for (size_t k = 0; k < stages.size(); ++k) {
-        stage_compression.push_back(
-            of(gradient_buckets(f32_entries.entries(), g, groups, &stages[k], zero2, bucket_bytes),
-               k));
-      }
-    }
+    for (size_t k = 0; k < every.size(); ++k) stage_compression.push_back(of(buckets_of(k), k));
+    if (stages.empty()) buckets.exchange = stage_compression[0].buckets.exchange;
     for (const StageCompression& c : stage_compression) {
       most_compression.residual = std::max(most_compression.residual, c.residual);
       most_compression.q = std::max(most_compression.q, c.q);

@@ -372,12 +372,9 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     resumed_compression_.shrink_to_fit();
   }
   // The last parameter whose gradient is written (not zero pages, nor a frozen one ZeRO-2
-  // keeps no storage for).
+  // keeps no storage for: the executor's zero_grads either way).
   int last_param = ex_->grads().size() - 1;
-  while (last_param > 0 &&
-         (!ex_->writes_grad(last_param) ||
-          (ex_->grads().unheld() == Unheld::zeros && !ex_->grads().held(last_param))))
-    --last_param;
+  while (last_param > 0 && !ex_->writes_grad(last_param)) --last_param;
   ex_->hooks.grad_ready = [this, last_param](int p) {
     if (inject_overflow_ && p == last_param) {  // DTRAIN_TEST_OVERFLOW, before the send
       Tensor g = ex_->grad_view(p).view(0, Shape{1});

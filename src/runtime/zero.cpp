@@ -70,25 +70,28 @@ void walk(const LayoutRanges& parts, int64_t from, int64_t count,
   }
 }
 
-// Every rank's parts of the cover within its range, and the most any rank has.
-std::vector<LayoutRanges> rank_parts(const ShardRange& mine, const LayoutRanges* cover,
-                                     int64_t& most) {
+// Every rank's parts of the cover within its range.
+std::vector<LayoutRanges> rank_parts(const ShardRange& mine, const LayoutRanges* cover) {
   std::vector<LayoutRanges> parts;
-  most = 0;
   for (int r = 0; r < mine.world; ++r) {
     const ShardRange s = shard_of(mine.span, r, mine.world, mine.base);
     parts.push_back(clip(cover, s.begin, s.end));
-    most = std::max(most, elems(parts.back()));
   }
   return parts;
+}
+
+// The most elements any rank's parts hold.
+int64_t most_of(const std::vector<LayoutRanges>& parts) {
+  int64_t most = 0;
+  for (const LayoutRanges& p : parts) most = std::max(most, elems(p));
+  return most;
 }
 
 }  // namespace
 
 int64_t gather_cover_elems(const ShardRange& mine, const LayoutRanges& cover, int64_t piece) {
   if (!mine.sharded() || cover.size() <= kInPlaceCoverParts) return 0;  // in place
-  int64_t most = 0;
-  rank_parts(mine, &cover, most);
+  const int64_t most = most_of(rank_parts(mine, &cover));
   if (most == 0) return 0;
   return std::max<int64_t>(1, std::min(piece / mine.world, most)) * mine.world;
 }
@@ -114,8 +117,8 @@ void gather_cover(dist::Communicator& comm, Tensor flat, const ShardRange& mine,
     }
     return;
   }
-  int64_t most = 0;
-  const std::vector<LayoutRanges> parts = rank_parts(mine, &cover, most);
+  const std::vector<LayoutRanges> parts = rank_parts(mine, &cover);
+  const int64_t most = most_of(parts);
   if (most == 0) return;
   const int64_t q = gather_cover_elems(mine, cover, piece) / world;
   Tensor buf =
@@ -147,8 +150,7 @@ void gather_cover(dist::Communicator& comm, Tensor flat, const ShardRange& mine,
 }
 
 int64_t broadcast_shards_elems(const ShardRange& me, int64_t piece, const LayoutRanges* cover) {
-  int64_t most = 0;
-  const std::vector<LayoutRanges> parts = rank_parts(me, cover, most);
+  const std::vector<LayoutRanges> parts = rank_parts(me, cover);
   int64_t longest = 0;
   for (const LayoutRanges& p : parts)
     for (const auto& [a, b] : p) longest = std::max(longest, b - a);
@@ -162,8 +164,7 @@ void broadcast_shards(dist::Communicator& comm, const Tensor& mine, const ShardR
   const int world = comm.size();
   DTRAIN_CHECK(world == me.world && mine.numel() == me.size(), "a shard of {} for [{}, {}) of {}",
                mine.numel(), me.begin, me.end, me.world);
-  int64_t most = 0;
-  const std::vector<LayoutRanges> parts = rank_parts(me, cover, most);
+  const std::vector<LayoutRanges> parts = rank_parts(me, cover);
   piece = broadcast_shards_elems(me, piece, cover);
   // On the communicator's device (`mine` may be in host memory: ZeRO-Offload).
   Tensor buf = Tensor::empty(Shape{piece}, DType::f32, &kernels::device_allocator(comm.device()));
