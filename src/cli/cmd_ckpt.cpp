@@ -121,6 +121,7 @@ nlohmann::json describe(const fs::path& path) {
     out["best_eval"] = b;
   }
   if (m.contains("frozen_steps")) out["frozen_steps"] = m.at("frozen_steps");
+  if (m.value("eval_pending", false)) out["eval_pending"] = true;
   if (runtime::is_sharded_checkpoint(path)) {
     const runtime::Checkpoint man = runtime::read_checkpoint(path / "manifest.dtckpt");
     nlohmann::json sh = man.meta.at("sharded");
@@ -220,6 +221,11 @@ void print_one(const nlohmann::json& d) {
       text +=
           fmt::format("{}{} tensor(s) for {} step(s)", text.empty() ? "" : ", ", tensors, steps);
     std::printf("steps frozen (optimizer.freeze, up to this step): %s\n", text.c_str());
+  }
+  if (d.contains("eval_pending")) {
+    std::printf(
+        "evaluation pending: the step's evaluation could not read its test data; a resume "
+        "evaluates it first\n");
   }
   if (d.contains("sharded")) {
     const nlohmann::json& sh = d.at("sharded");

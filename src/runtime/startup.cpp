@@ -12,22 +12,23 @@ int exit_code_of(const std::exception& e) {
   return 1;
 }
 
-void agree_on_startup(dist::Communicator& comm, const std::function<void()>& work) {
+AgreedStatus agree_status(dist::Communicator& comm, const std::function<void()>& work) {
+  AgreedStatus s;
   int code = 0;
-  std::exception_ptr err;
   try {
     work();
   } catch (const std::exception& e) {
     code = exit_code_of(e);
-    err = std::current_exception();
+    s.error = std::current_exception();
   }
   if (comm.size() == 1) {
-    if (err) std::rethrow_exception(err);
-    return;
+    s.code = code;
+    s.everyone = code != 0;
+    return s;
   }
   const int n = comm.size(), r = comm.rank();
   // [worst code, size - lowest failing rank (max picks the lowest), failing ranks]
-  Tensor v = Tensor::empty(Shape{3}, DType::i64);
+  Tensor v = Tensor::empty(Shape{2}, DType::i64);
   int64_t* x = v.data<int64_t>();
   x[0] = code;
   x[1] = code != 0 ? n - r : 0;
@@ -35,11 +36,20 @@ void agree_on_startup(dist::Communicator& comm, const std::function<void()>& wor
   count.data<int64_t>()[0] = code != 0 ? 1 : 0;
   comm.all_reduce(v, dist::ReduceOp::max);
   comm.all_reduce(count, dist::ReduceOp::sum);
-  if (x[0] == 0) return;
-  const int first = n - static_cast<int>(x[1]);
-  const bool everyone = count.data<int64_t>()[0] == n;
-  if (err && (!everyone || r == first)) std::rethrow_exception(err);
-  throw PeerFailed(static_cast<int>(x[0]), first);
+  s.code = static_cast<int>(x[0]);
+  s.first = n - static_cast<int>(x[1]);
+  s.everyone = count.data<int64_t>()[0] == n;
+  return s;
+}
+
+void rethrow_agreed(const AgreedStatus& s, int rank) {
+  if (s.error && (!s.everyone || rank == s.first)) std::rethrow_exception(s.error);
+  throw PeerFailed(s.code, s.first);
+}
+
+void agree_on_startup(dist::Communicator& comm, const std::function<void()>& work) {
+  const AgreedStatus s = agree_status(comm, work);
+  if (s) rethrow_agreed(s, comm.rank());
 }
 
 }  // namespace dtrain::runtime

@@ -45,6 +45,7 @@
 #include "runtime/roofline.h"
 #include "runtime/safetensors.h"
 #include "runtime/signals.h"
+#include "runtime/startup.h"
 #include "runtime/tensor_parallel.h"
 #include "runtime/tensorboard.h"
 #include "runtime/train_state.h"
@@ -111,8 +112,9 @@ class TrainSession {
   // Resumed at the job's last step (a requeue after the end), or where it stopped early:
   // nothing to train or write.
   bool resumed_at_end() const {
-    return resumed_ && (counters_.step == total_steps_ ||
-                        (counters_.best && counters_.best->stopped && patience_spent()));
+    return resumed_ && !counters_.eval_pending &&
+           (counters_.step == total_steps_ ||
+            (counters_.best && counters_.best->stopped && patience_spent()));
   }
   // train.best (trainer_best.cpp): whether an evaluation is the best so far and its
   // checkpoint kept (counters_.best updated, with the patience count); whether the run
@@ -126,8 +128,13 @@ class TrainSession {
   StepTotals agree_totals(const StepTotals& local);
   // The test split's loss and accuracy: with optimizer.ema of the average (exchanged into
   // the model for the evaluation and back, every bit restored), else of the weights.
+  // A test batch that cannot be read (a damaged image) on any rank ends the evaluation on
+  // every rank (agreed batch by batch, before the batch's collectives): the checkpoint is
+  // saved with the evaluation pending, unless this step's is already on disk, and the
+  // failing rank's error ends the run (fail_evaluation).
   EvalResult evaluate();
-  EvalResult evaluate_model();
+  EvalResult evaluate_model(AgreedStatus& failed);
+  [[noreturn]] void fail_evaluation(const AgreedStatus& failed);
   void with_average(const std::function<void(bool average)>& work);
   void log_window(double loss, double seconds, double wait, int64_t steps);
   void log_eval(const EvalResult& r);
@@ -233,6 +240,7 @@ class TrainSession {
   std::string algo_summary_;
   fs::path out_dir_, ckpt_dir_;
   bool resumed_ = false;
+  int64_t saved_step_ = -1;  // the step of the newest checkpoint written or resumed from
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<EventWriter> events_;     // logging.tensorboard (rank 0)
   std::unique_ptr<SystemMonitor> monitor_;  // RSS, CPU, NVML figures per window (rank 0)

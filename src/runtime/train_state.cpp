@@ -57,9 +57,11 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
   if (c.heads > 0) meta["model"] = {{"heads", c.heads}};
   if (!c.classes.empty()) meta["classes"] = c.classes;
   if (!c.frozen_steps.empty()) meta["frozen_steps"] = c.frozen_steps;
+  if (c.eval_pending) meta["eval_pending"] = true;
   // As bits: a decimal round trip could change the logged mean's last bit.
   meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
-                        {"losses", c.window_losses}};
+                        {"losses", c.window_losses},
+                        {"last_loss_bits", std::bit_cast<uint64_t>(c.last_loss)}};
   if (c.best) {  // values as bits too: a resumed run compares with exactly these
     const BestEval& b = *c.best;
     meta["best_eval"] = {{"metric", b.metric},
@@ -459,10 +461,20 @@ TrainCounters counters_of(const Checkpoint& ck) {
                   "the checkpoint's header is damaged: resume from another checkpoint");
     }
   }
+  if (ck.meta.contains("eval_pending")) {
+    const nlohmann::json& e = ck.meta.at("eval_pending");
+    if (!e.is_boolean()) {
+      throw Error(fmt::format("{}: eval_pending is not true or false", file.string()),
+                  "the checkpoint's header is damaged: resume from another checkpoint");
+    }
+    c.eval_pending = e.get<bool>();
+  }
   if (ck.meta.contains("log_window")) {
     const nlohmann::json& w = ck.meta.at("log_window");
     c.window_loss_sum = std::bit_cast<double>(w.at("loss_sum_bits").get<uint64_t>());
     c.window_losses = w.at("losses");
+    if (w.contains("last_loss_bits"))
+      c.last_loss = std::bit_cast<double>(w.at("last_loss_bits").get<uint64_t>());
   }
   if (ck.meta.contains("best_eval")) {
     const nlohmann::json& j = ck.meta.at("best_eval");

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -53,6 +54,9 @@ struct TrainCounters {
   // the uninterrupted run logs (0 and 0 in checkpoints written before it was kept).
   double window_loss_sum = 0;
   int64_t window_losses = 0;
+  // The last step's loss (NaN before the first step, and in checkpoints written before
+  // it was kept): the summary's final_loss when a resume trains no step.
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
   std::optional<BestEval> best;  // train.best.metric set and an evaluation done
   // An image folder's class names, by label (the training split's directories): what
   // dtrain predict names the classes by. Empty for other datasets.
@@ -61,6 +65,9 @@ struct TrainCounters {
   // none), so that AdamW's bias correction of a tensor unfrozen later counts the steps it
   // was stepped (optim::Optimizer::set_frozen_steps).
   std::map<std::string, int64_t> frozen_steps;
+  // The step's evaluation could not read its test data: the checkpoint was saved before
+  // it, and a resume evaluates the step first (absent: false).
+  bool eval_pending = false;
   // Loaded, not saved: whether the checkpoint holds optimizer.ema's average (its state
   // buffer "ema").
   bool ema = false;

@@ -710,11 +710,36 @@ void TrainSession::fail_non_finite(double loss) const {
 // With optimizer.ema, of the average (exchanged in and back: every bit restored).
 EvalResult TrainSession::evaluate() {
   EvalResult r;
+  AgreedStatus failed;
   with_average([&](bool average) {
-    r = evaluate_model();
+    r = evaluate_model(failed);
     r.ema = average;
   });
+  if (failed) fail_evaluation(failed);  // the weights are the optimizer's again
   return r;
+}
+
+// Nothing trained is lost to unreadable test data: every rank is between collectives here,
+// so the checkpoint is saved as for a stop signal, saying that this step's evaluation is
+// still to do (a resume does it first, as the uninterrupted run would have here).
+void TrainSession::fail_evaluation(const AgreedStatus& failed) {
+  const bool save = saved_step_ != counters_.step;
+  if (save) {
+    counters_.eval_pending = true;
+    save_checkpoint();
+    counters_.eval_pending = false;
+  }
+  comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
+  write_run_report();
+  note(fmt::format(
+      "the evaluation at step {} could not read the test data ({}); {} {}: once the file is "
+      "replaced or removed, --resume latest evaluates step {} and trains on",
+      counters_.step,
+      failed.error ? "the error below names the file"
+                   : fmt::format("rank {}'s error names the file", failed.first),
+      save ? "checkpoint saved at that step in" : "the step's checkpoint is already in",
+      ckpt_dir_.string(), counters_.step));
+  rethrow_agreed(failed, comm_.rank());
 }
 
 // `work` on optimizer.ema's average once it exists (true), else on the weights (false).
@@ -736,12 +761,16 @@ void TrainSession::with_average(const std::function<void(bool average)>& work) {
 // over every predicted label of the test split: images (one label per sample) and
 // tokens (every label of a causal-LM window, the masked positions of a masked-LM one)
 // alike; -100 labels count for nothing. Each rank evaluates its slice of every batch;
-// the sums meet in one all-reduce.
-EvalResult TrainSession::evaluate_model() {
+// the sums meet in one all-reduce. Every rank reads each batch before its collectives,
+// and the ranks agree that all of them have it (`failed` says which did not).
+EvalResult TrainSession::evaluate_model(AgreedStatus& failed) {
   DeviceFeed test(source_->feed(FeedSplit::eval, {}, feed_content()), job_.device);
   double loss_sum = 0, correct = 0, samples = 0;
   for (int64_t k = 0; k < test.batches_per_epoch(); ++k) {
-    const FeedBatch& b = test.next();
+    const FeedBatch* read = nullptr;
+    failed = agree_status(comm_, [&] { read = &test.next(); });
+    if (failed) return {};
+    const FeedBatch& b = *read;
     if (pipeline_) {  // every stage forwards its part; the last one counts
       pipeline_->eval_forward(static_cast<uint64_t>(counters_.step), [&] { set_batch(b); });
       if (k + 1 < test.batches_per_epoch()) test.prefetch();
@@ -820,7 +849,6 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   int64_t window_steps = 0;
   Clock::time_point window_start = Clock::now();
   double window_excluded = 0;  // seconds of the window spent evaluating or saving
-  double last_loss = NAN;
   // The window's line: its mean loss, time per step (evaluations and saves excluded)
   // and data wait.
   const auto log_window_line = [&] {
@@ -846,30 +874,37 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     last_eval_ = evaluate();  // the checkpoint's weights evaluated, for the summary
     save_checkpoint();        // the same step again, now saying it stopped: a resume is done
   }
-  while (!stopped_early && counters_.step < total_steps_) {
-    const int64_t next = counters_.step + 1;
+  // A checkpoint saved before its step's evaluation (fail_evaluation): that evaluation
+  // first, then the step's save again, as the uninterrupted run did there. At the last
+  // step it is the final evaluation below.
+  bool pending = !stopped_early && counters_.eval_pending && counters_.step < total_steps_;
+  counters_.eval_pending = false;
+  while (!stopped_early && (pending || counters_.step < total_steps_)) {
     dist::TracedBuckets* traced = nullptr;
     if (grad_comm_->size() > 1) traced = grad_sync_.get();
-    if (profile_) profile_->before(next, *ex_, traced);
-    {
-      const Profiler::Scope span(profiler(), profiler() ? fmt::format("step {}", next) : "",
-                                 "step");  // no formatting per step outside a profile
-      last_loss = train_step(signals);
+    if (!pending) {
+      const int64_t next = counters_.step + 1;
+      if (profile_) profile_->before(next, *ex_, traced);
+      {
+        const Profiler::Scope span(profiler(), profiler() ? fmt::format("step {}", next) : "",
+                                   "step");  // no formatting per step outside a profile
+        counters_.last_loss = train_step(signals);
+      }
+      if (profile_) {
+        const std::string written =
+            profile_->after(next, stop_agreed_ || next == total_steps_, traced);
+        if (!written.empty()) note(written);
+      }
+      note_steps_done(counters_.step);
+      faults_.after_step(counters_.step);
+      if (std::isfinite(counters_.last_loss)) {  // a skipped step's may be inf: not averaged
+        counters_.window_loss_sum += counters_.last_loss;
+        ++counters_.window_losses;
+      }
+      ++window_steps;
+      if (counters_.step % log_every == 0 || counters_.step == total_steps_) log_window_line();
     }
-    if (profile_) {
-      const std::string written =
-          profile_->after(next, stop_agreed_ || next == total_steps_, traced);
-      if (!written.empty()) note(written);
-    }
-    note_steps_done(counters_.step);
-    faults_.after_step(counters_.step);
-    if (std::isfinite(last_loss)) {  // a skipped step's loss may be inf: not averaged in
-      counters_.window_loss_sum += last_loss;
-      ++counters_.window_losses;
-    }
-    ++window_steps;
     const int64_t s = counters_.step;
-    if (s % log_every == 0 || s == total_steps_) log_window_line();
     const auto& ck = job_.train.checkpoint;
     const Clock::time_point aside = Clock::now();
     bool best_now = false;  // this step's evaluation is the best so far (train.best)
@@ -892,7 +927,9 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     }
     // Not once a stop is agreed: the checkpoint comes first (a grace period is short).
     if (samples_ && !stop_agreed_ && !early && s % job_.logging.samples.every == 0) log_samples();
-    const bool save = (ck.every && s % *ck.every == 0 && s != total_steps_) || best_now || early;
+    const bool save =
+        (ck.every && s % *ck.every == 0 && s != total_steps_) || best_now || early || pending;
+    pending = false;
     if (save) save_checkpoint();
     if (best_now) record_best();  // once its checkpoint is complete
     if (!early) window_excluded += seconds_since(aside);
@@ -928,7 +965,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
     if (best_now) record_best();
   }
   const double secs = seconds_since(start);
-  const nlohmann::json summary = this->summary(secs, first, last_loss);
+  const nlohmann::json summary = this->summary(secs, first, counters_.last_loss);
   comm_.barrier();
   if (!leader()) return 0;
   if (metrics_) metrics_->write(summary);

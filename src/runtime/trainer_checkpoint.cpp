@@ -194,6 +194,7 @@ void TrainSession::resume_if_asked() {
           "resumed from {} at step {}{}", file.string(), counters_.step,
           tensor_split() ? fmt::format(" (tensor rank {} takes its parts)", coord_.tp) : ""));
       resumed_ = true;
+      saved_step_ = counters_.step;
     } else {
       note("no checkpoint yet; starting from step 0");
     }
@@ -251,6 +252,7 @@ void TrainSession::set_aside_later_checkpoints() {
 // the one-rank model's layout by shard too (save_tensor_parts), and so do replicas
 // with gradient compression (save_replica_parts: each rank's residual is its own).
 void TrainSession::save_checkpoint() {
+  saved_step_ = counters_.step;
   if (tensor_split()) {
     save_tensor_parts();
     return;

@@ -155,6 +155,96 @@ TEST_CASE("image-folder: 2 ranks train exactly like 1 rank with 2 micro-batches,
   require_same(one_rank, split);
 }
 
+// The evaluation lines of a run's metrics.jsonl, as they were written.
+std::vector<std::string> eval_lines(const fs::path& run) {
+  std::vector<std::string> out;
+  std::ifstream metrics(run / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    if (nlohmann::json::parse(line).value("eval", false)) out.push_back(line);
+  return out;
+}
+
+// An unreadable test image loses nothing trained: the ranks agree on each test batch before
+// its collectives, so whichever rank reads the file, every rank saves the step's checkpoint
+// (its evaluation pending) and ends with exit 2 naming the file. Resumed once the file is
+// readable (in another layout), the run evaluates that step first and is the uninterrupted
+// run bit for bit; at the last step the summary is written as well.
+TEST_CASE("image-folder: an unreadable test image saves the step, whose resume evaluates it") {
+  OneThread one;
+  TempDir tmp("dpbadval");
+  const fs::path job = write_image_folder_job(tmp.path());
+  const fs::path image = tmp.path() / "images" / "val" / "red" / "img001.ppm";
+  const std::string good = read_bytes(image);
+  const auto damage = [&] { std::ofstream(image, std::ios::binary) << "P6\n40 40\n255\nshort"; };
+  const auto mend = [&] { std::ofstream(image, std::ios::binary) << good; };
+  const std::vector<std::string> grid = {"--set", "train.eval_every=4", "--set",
+                                         "train.checkpoint.every=6"};
+  const fs::path whole = train(job, tmp.path(), "whole", {2, "ring"}, grid);
+  REQUIRE(eval_lines(whole).size() == 2);
+
+  damage();
+  const fs::path split = tmp.path() / "split";
+  std::vector<std::string> args = {
+      job.string(), "--set", "run.output_dir=" + split.string(), "--set", "comm.allreduce=ring",
+      "--nproc",    "2"};
+  args.insert(args.end(), grid.begin(), grid.end());
+  const RunResult failed = run_dtrain(args, tmp.path() / "failed.log");
+  CHECK(failed.rc == 2);
+  CHECK_MESSAGE(failed.log.find(image.string() + ": truncated") != std::string::npos, failed.log);
+  CHECK_MESSAGE(
+      failed.log.find("the evaluation at step 4 could not read the test data") != std::string::npos,
+      failed.log);
+  CHECK(failed.log.find("checkpoint saved at that step in") != std::string::npos);
+  REQUIRE(newest_checkpoint(split / "checkpoints").filename() ==
+          runtime::checkpoint_path({}, 4).filename());
+  const RunResult info = run_dtrain_command(
+      {"ckpt", "inspect", newest_checkpoint(split / "checkpoints").string(), "--json"},
+      tmp.path() / "inspect.log");
+  REQUIRE_MESSAGE(info.rc == 0, info.describe());
+  CHECK(info.log.find("\"eval_pending\": true") != std::string::npos);
+  // Resumed with the file still damaged: the same refusal, the checkpoint as it was.
+  std::vector<std::string> again = args;
+  again.insert(again.end(), {"--resume", "latest"});
+  const RunResult still = run_dtrain(again, tmp.path() / "still.log");
+  CHECK(still.rc == 2);
+  CHECK_MESSAGE(still.log.find("the step's checkpoint is already in") != std::string::npos,
+                still.log);
+  CHECK(newest_checkpoint(split / "checkpoints").filename() ==
+        runtime::checkpoint_path({}, 4).filename());
+
+  mend();  // on 1 rank with 2 micro-batches: the global batch and its order are the same
+  std::vector<std::string> rest = grid;
+  rest.insert(rest.end(), {"--set", "data.micro_batch=4", "--resume", "latest"});
+  train(job, tmp.path(), "split", {1, "ring"}, rest);
+  require_same(whole, split);
+  CHECK(eval_lines(split) == eval_lines(whole));
+
+  // At the last step: the final evaluation, then the summary, after the resume.
+  const std::vector<std::string> last = {"--set", "train.eval_every=8"};
+  const fs::path end = train(job, tmp.path(), "end", {}, last);
+  damage();
+  const fs::path end_split = tmp.path() / "end-split";
+  const RunResult at_end =
+      run_dtrain({job.string(), "--set", "run.output_dir=" + end_split.string(), "--set",
+                  "train.eval_every=8"},
+                 tmp.path() / "end-failed.log");
+  CHECK(at_end.rc == 2);
+  CHECK(!fs::exists(end_split / "summary.json"));
+  REQUIRE(newest_checkpoint(end_split / "checkpoints").filename() ==
+          runtime::checkpoint_path({}, 8).filename());
+  mend();
+  std::vector<std::string> resume_end = last;
+  resume_end.insert(resume_end.end(), {"--resume", "latest"});
+  train(job, tmp.path(), "end-split", {}, resume_end);
+  require_same(end, end_split);
+  CHECK(eval_lines(end_split) == eval_lines(end));
+  for (const char* key : {"final_loss", "test_loss", "test_accuracy"}) {
+    CAPTURE(key);
+    CHECK(summary_value(end_split, key) == summary_value(end, key));
+  }
+  CHECK(std::isfinite(summary_value(end_split, "final_loss")));
+}
+
 // Half precision keeps the invariant: the f32 master gradients are what is summed.
 TEST_CASE("bf16: 2 ranks train exactly like 1 rank with 2 micro-batches") {
   OneThread one;
