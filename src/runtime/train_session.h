@@ -82,6 +82,7 @@ std::array<double, N> sum_over_ranks(dist::Communicator& comm, std::array<double
 // the label count, and how many ranks were asked to stop.
 struct StepTotals {
   double loss_sum = 0, labelled = 0, stop = 0;
+  double data_failed = 0;  // ranks that could not read a batch of the step
 };
 
 // `t` on the host as f32 (half logits widened: the accuracy count, a sample's draw).
@@ -211,13 +212,21 @@ class TrainSession {
   void take_extra_blobs(RangeLoad& load);
   void check_resumed_classes(const fs::path& file) const;
   void resumed_ema_note(const std::filesystem::path& file);
+  // The training feed's next batch; once a batch cannot be read (data_error_), a stand-in
+  // of no labels for the rest of the step, so that every collective still runs. The step
+  // is then discarded on every rank and its start saved (fail_training_data).
   const FeedBatch& next_batch();
+  void prefetch_batch();
+  const FeedBatch& standin_batch();
+  [[noreturn]] void fail_training_data(const DataPosition& start);
   void sequential_passes(StepTotals& local);
   void pipeline_passes(StepTotals& local);
   std::unique_ptr<MasterWeights> weights_;  // what the optimizer steps, in each precision
   std::unique_ptr<optim::Optimizer> opt_;
   std::unique_ptr<DataSource> source_;
   std::unique_ptr<DeviceFeed> train_;
+  std::exception_ptr data_error_;  // this rank's unreadable training batch
+  FeedBatch standin_;
   // The step's gradient stage: DDP's buckets (ZeRO-1's reduce to owners, through the
   // compressor), or ZeRO-2's reduce into shards.
   std::unique_ptr<dist::StepGradients> grad_sync_;

@@ -16,6 +16,7 @@
 #include "models/transformer.h"
 #include "runtime/train_session.h"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -496,9 +497,9 @@ void TrainSession::set_batch(const FeedBatch& b) {
 }
 
 StepTotals TrainSession::agree_totals(const StepTotals& local) {
-  const std::array<double, 3> t =
-      sum_over_ranks<3>(comm_, {local.loss_sum, local.labelled, local.stop});
-  return {t[0], t[1], t[2]};
+  const std::array<double, 4> t =
+      sum_over_ranks<4>(comm_, {local.loss_sum, local.labelled, local.stop, local.data_failed});
+  return {t[0], t[1], t[2], t[3]};
 }
 
 // One optimizer step; returns the mean loss over the global batch's labels. Micro-batch
@@ -507,6 +508,7 @@ StepTotals TrainSession::agree_totals(const StepTotals& local) {
 double TrainSession::train_step(const StopSignals& signals) {
   Tensor grads = weights_->grads();
   if (compression_) compression_->begin_step(counters_.step);
+  const DataPosition start = counters_.position;
   StepTotals local;
   if (pipeline_) {
     pipeline_passes(local);
@@ -518,7 +520,9 @@ double TrainSession::train_step(const StopSignals& signals) {
   buffer_avg_->finish();
   if (coord_.tp != 0) local.loss_sum = local.labelled = 0;  // tensor ranks share one loss
   local.stop = signals.requested() ? 1 : 0;
+  local.data_failed = data_error_ ? 1 : 0;
   const StepTotals total = agree_totals(local);
+  if (total.data_failed > 0) fail_training_data(start);
   stop_agreed_ = total.stop > 0;
   const double loss = total.labelled > 0 ? total.loss_sum / total.labelled : 0.0;
   // Unscale: the scaled sum over labels becomes the mean (no labels: a zero gradient).
@@ -578,8 +582,80 @@ double TrainSession::train_step(const StopSignals& signals) {
 
 // The training feed's next batch, its wait traced as "data wait".
 const FeedBatch& TrainSession::next_batch() {
-  const Profiler::Scope wait(profiler(), "data wait", "data");
-  return train_->next();
+  if (!data_error_) {
+    try {
+      const Profiler::Scope wait(profiler(), "data wait", "data");
+      return train_->next();
+    } catch (const Error&) {  // a damaged file: the step goes on without it, then ends
+      data_error_ = std::current_exception();
+    }
+  }
+  return standin_batch();
+}
+
+void TrainSession::prefetch_batch() {
+  if (!data_error_) train_->prefetch();
+}
+
+// A batch of the model's input shape with no label that counts: its loss is 0 and its
+// gradient exactly zero, and no value is out of range (token ids avoid the padding id, so
+// no attention row is all masked).
+const FeedBatch& TrainSession::standin_batch() {
+  if (standin_.input.defined()) return standin_;
+  const auto make = [&](graph::ValueId v, double fill) {
+    const graph::TensorSpec& spec = model_.graph.value(v).spec;
+    Tensor host = Tensor::empty(spec.shape, spec.dtype);
+    if (spec.dtype == DType::i32) {
+      std::fill_n(host.data<int32_t>(), host.numel(), static_cast<int32_t>(fill));
+    } else {
+      kernels::fill(host, static_cast<float>(fill));  // images: zeros
+    }
+    Tensor out = Tensor::empty(spec.shape, spec.dtype, &kernels::device_allocator(job_.device));
+    kernels::copy(host, out);
+    return out;
+  };
+  const std::optional<int> pad = padding_token(job_);
+  standin_.input = make(model_.input, pad && *pad == 0 ? 1 : 0);
+  standin_.labels = make(model_.labels, -100);
+  standin_.next = counters_.position;
+  standin_.labelled = 0;
+  return standin_;
+}
+
+// A rank could not read a batch of the step: every rank finished the step's passes (and
+// their collectives) and now discards it as a skipped step (buffers back, no update, the
+// data position at the step's start), saves the checkpoint of the last step done, unless
+// it is on disk already, and ends with the failing rank's error. With compress.method the
+// error feedback empties, as after a skipped overflow step.
+void TrainSession::fail_training_data(const DataPosition& start) {
+  buffer_avg_->discard();
+  if (compression_) compression_->adjust(precision::ScaleDecision{.skip = true});
+  counters_.position = start;
+  const bool save = counters_.step > 0 && saved_step_ != counters_.step;
+  if (save) save_checkpoint();
+  comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
+  write_run_report();
+  const AgreedStatus failed = agree_status(comm_, [&] {
+    if (data_error_) std::rethrow_exception(data_error_);
+  });
+  const std::string named = failed.error
+                                ? "the error below names the file"
+                                : fmt::format("rank {}'s error names the file", failed.first);
+  if (counters_.step == 0) {
+    note(
+        fmt::format("step 1 could not read its training data ({}); no step was done: once "
+                    "the file is replaced or removed, run the job again",
+                    named));
+  } else {
+    note(fmt::format(
+        "step {} could not read its training data ({}) and was discarded; {} {}: once the "
+        "file is replaced or removed, --resume latest trains on from step {}",
+        counters_.step + 1, named,
+        save ? fmt::format("checkpoint saved at step {} in", counters_.step)
+             : "the last step's checkpoint is already in",
+        ckpt_dir_.string(), counters_.step + 1));
+  }
+  rethrow_agreed(failed, comm_.rank());
 }
 
 // A step's micro-batches one after another on this rank: each one's forward at its
@@ -601,7 +677,7 @@ void TrainSession::sequential_passes(StepTotals& local) {
                   static_cast<float>(static_cast<double>(b.labelled) * scaler_.scale()));
     if (zero_params_) zero_params_->end_pass();
     inject_overflow_ = false;
-    train_->prefetch();  // the next batch moves while this one computes
+    prefetch_batch();  // the next batch moves while this one computes
     local.loss_sum += read_scalar(ex_->value(model_.loss)) * static_cast<double>(b.labelled);
     local.labelled += static_cast<double>(b.labelled);
     buffer_avg_->end_micro(m);
@@ -630,7 +706,7 @@ void TrainSession::pipeline_passes(StepTotals& local) {
     ex_->set_input(model_.labels, copy(b.labels));
     labelled_[static_cast<size_t>(m)] = b.labelled;
     counters_.position = b.next;
-    train_->prefetch();
+    prefetch_batch();
     buffer_avg_->begin_micro(m);
     const auto g = static_cast<uint64_t>(m * job_.parallel.data + coord_.dp);
     return graph::BatchKey{g * static_cast<uint64_t>(mb), mb};
