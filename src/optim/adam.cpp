@@ -12,6 +12,7 @@
 // frozen segment is passed over (LAMB's chunk table leaves it out): its values stay, and
 // it has no moments (optim/optimizer.h, drops_frozen_state).
 #include <cmath>
+#include <map>
 #include <memory>
 
 #include "kernels/elementwise.h"
@@ -71,31 +72,63 @@ class Lamb final : public Optimizer {
         ratio_(segments().size()) {
     for (const SegmentChunk& ch : chunks())
       if (!segments()[static_cast<size_t>(ch.segment)].frozen) live_.push_back(ch);
-    const auto c = static_cast<int64_t>(live_.size());
-    Tensor ranges = Tensor::empty(Shape{c, 2}, DType::i64);
-    Tensor wd = Tensor::empty(Shape{c}, DType::f32);
-    for (int64_t i = 0; i < c; ++i) {
-      const SegmentChunk& ch = live_[static_cast<size_t>(i)];
-      ranges.data<int64_t>()[2 * i] = ch.begin;
-      ranges.data<int64_t>()[2 * i + 1] = ch.end;
-      wd.data<float>()[i] = decay_of(ch.segment);
-    }
-    sums_host_ = Tensor::empty(Shape{c, 2}, DType::f64);
-    step_host_ = Tensor::empty(Shape{c}, DType::f32);
-    ranges_ = on_device(ranges, DType::i64);
-    wd_ = on_device(wd, DType::f32);
-    sums_ = on_device(sums_host_, DType::f64);
-    step_dev_ = on_device(step_host_, DType::f32);
   }
 
  private:
-  // A host table's twin on the optimizer's device (the same tensor on the CPU, and when
-  // empty: every segment frozen, no step reads it).
+  // The live chunks whose segments were frozen for the same number of steps (set_frozen_steps;
+  // one group when none was): one bias correction, so one pass of each kernel, over their
+  // table. A segment's chunks stay consecutive, in chunk order, within its group.
+  struct Group {
+    int64_t frozen = 0;
+    std::vector<size_t> chunks;  // indices into live_
+    Tensor ranges, wd;           // their table, on the device
+    Tensor sums, sums_host;      // f64 [C, 2] per-chunk (sum p^2, sum u^2)
+    Tensor step_dev, step_host;  // f32 [C] lr x trust ratio
+    kernels::AdamStep k{};       // this step's scalars
+  };
+
+  // A host table's twin on the optimizer's device (the same tensor on the CPU).
   Tensor on_device(const Tensor& host, DType dt) const {
-    if (device().is_cpu() || host.numel() == 0) return host;
+    if (device().is_cpu()) return host;
     Tensor t = Tensor::empty(host.shape(), dt, &kernels::device_allocator(device()));
     kernels::copy(host, t);
     return t;
+  }
+
+  // The groups for the frozen counts now, built again only when those changed (a resume's
+  // set_frozen_steps: a live segment's count does not grow).
+  void group_chunks() {
+    std::vector<int64_t> key(live_.size(), 0);
+    if (!frozen_steps_.empty()) {
+      for (size_t c = 0; c < live_.size(); ++c)
+        key[c] = frozen_steps_[static_cast<size_t>(live_[c].segment)];
+    }
+    if (!groups_.empty() && key == grouped_by_) return;
+    grouped_by_ = key;
+    std::map<int64_t, std::vector<size_t>> by_count;
+    for (size_t c = 0; c < live_.size(); ++c) by_count[key[c]].push_back(c);
+    groups_.clear();
+    for (auto& [frozen, members] : by_count) {
+      Group g;
+      g.frozen = frozen;
+      g.chunks = std::move(members);
+      const auto n = static_cast<int64_t>(g.chunks.size());
+      Tensor ranges = Tensor::empty(Shape{n, 2}, DType::i64);
+      Tensor wd = Tensor::empty(Shape{n}, DType::f32);
+      for (int64_t i = 0; i < n; ++i) {
+        const SegmentChunk& ch = live_[g.chunks[static_cast<size_t>(i)]];
+        ranges.data<int64_t>()[2 * i] = ch.begin;
+        ranges.data<int64_t>()[2 * i + 1] = ch.end;
+        wd.data<float>()[i] = decay_of(ch.segment);
+      }
+      g.sums_host = Tensor::empty(Shape{n, 2}, DType::f64);
+      g.step_host = Tensor::empty(Shape{n}, DType::f32);
+      g.ranges = on_device(ranges, DType::i64);
+      g.wd = on_device(wd, DType::f32);
+      g.sums = on_device(g.sums_host, DType::f64);
+      g.step_dev = on_device(g.step_host, DType::f32);
+      groups_.push_back(std::move(g));
+    }
   }
 
   bool steps_views() const override { return false; }
@@ -107,19 +140,24 @@ class Lamb final : public Optimizer {
       if (combine_) combine_(ps, us);  // collective (ZeRO, tensor parallelism)
       return;
     }
+    group_chunks();
     Tensor p = target.flat;
     Tensor m = state_buffer(0), v = state_buffer(1);
-    const kernels::AdamStep k = adam_coef(options(), step_, lr, grad_scale);
-    kernels::lamb_moments(k, ranges_, wd_, p, g, m, v, sums_);
-    if (device().is_cuda()) kernels::copy(sums_, sums_host_);  // blocking: the ratios need them
-    trust_ratios();
-    float* step = step_host_.data<float>();
-    for (size_t c = 0; c < live_.size(); ++c) {
-      const auto seg = static_cast<size_t>(live_[c].segment);
-      step[c] = static_cast<float>(lr * segments()[seg].lr_scale * ratio_[seg]);
+    for (Group& gr : groups_) {  // each its own steps' bias correction
+      gr.k = adam_coef(options(), step_ - gr.frozen, lr, grad_scale);
+      kernels::lamb_moments(gr.k, gr.ranges, gr.wd, p, g, m, v, gr.sums);
+      if (device().is_cuda()) kernels::copy(gr.sums, gr.sums_host);  // blocking: ratios need them
     }
-    if (device().is_cuda()) kernels::copy(step_host_, step_dev_);
-    kernels::lamb_update(k, ranges_, wd_, step_dev_, p, m, v);
+    trust_ratios();
+    for (Group& gr : groups_) {
+      float* step = gr.step_host.data<float>();
+      for (size_t i = 0; i < gr.chunks.size(); ++i) {
+        const auto seg = static_cast<size_t>(live_[gr.chunks[i]].segment);
+        step[i] = static_cast<float>(lr * segments()[seg].lr_scale * ratio_[seg]);
+      }
+      if (device().is_cuda()) kernels::copy(gr.step_host, gr.step_dev);
+      kernels::lamb_update(gr.k, gr.ranges, gr.wd, gr.step_dev, p, m, v);
+    }
     for (size_t s = 0; s < target.copies.size(); ++s) {  // the compute-dtype copy: a third pass
       if (segments()[s].frozen) continue;
       Tensor copy = target.copies[s];
@@ -127,14 +165,17 @@ class Lamb final : public Optimizer {
     }
   }
 
-  // Per segment: chunk sums added in chunk order (chunks of a segment are consecutive).
+  // Per segment: chunk sums added in chunk order (a segment's chunks are consecutive in
+  // its group).
   void trust_ratios() {
     std::vector<double> ps(segments().size(), 0.0), us(segments().size(), 0.0);
-    const double* sums = sums_host_.data<double>();
-    for (size_t c = 0; c < live_.size(); ++c) {
-      const auto seg = static_cast<size_t>(live_[c].segment);
-      ps[seg] += sums[2 * c];
-      us[seg] += sums[2 * c + 1];
+    for (const Group& gr : groups_) {
+      const double* sums = gr.sums_host.data<double>();
+      for (size_t i = 0; i < gr.chunks.size(); ++i) {
+        const auto seg = static_cast<size_t>(live_[gr.chunks[i]].segment);
+        ps[seg] += sums[2 * i];
+        us[seg] += sums[2 * i + 1];
+      }
     }
     if (combine_) combine_(ps, us);  // ZeRO: the other ranks' pieces of each tensor
     for (size_t s = 0; s < ratio_.size(); ++s) {
@@ -144,10 +185,9 @@ class Lamb final : public Optimizer {
   }
 
   std::vector<SegmentChunk> live_;  // the chunks of segments not frozen
-  Tensor ranges_, wd_;              // their table, on the device
-  Tensor sums_, sums_host_;         // f64 [C, 2] per-chunk (sum p^2, sum u^2)
-  Tensor step_dev_, step_host_;     // f32 [C] lr x trust ratio
-  std::vector<double> ratio_;       // per segment
+  std::vector<Group> groups_;
+  std::vector<int64_t> grouped_by_;  // per live chunk: the frozen count groups_ was built for
+  std::vector<double> ratio_;        // per segment
   SegmentSums combine_;
 };
 

@@ -76,8 +76,8 @@ class Optimizer {
   // grows by one per step from here on. AdamW's bias correction of a segment counts the
   // steps it was stepped, step_count() less these (PyTorch's per-parameter step), so a
   // tensor unfrozen at a resume starts as a fresh parameter does, at about lr per
-  // element, not at (1 - b1) / sqrt(1 - b2) times it. LAMB keeps the one count (its
-  // kernel takes one bias correction for every chunk).
+  // element, not at (1 - b1) / sqrt(1 - b2) times it. LAMB runs its kernels once per
+  // group of segments frozen for the same count (one bias correction each).
   void set_frozen_steps(const std::map<std::string, int64_t>& by_name);
   // optimizer.ema: the average's buffer (the last state buffer, "ema": f32 [total_elems],
   // in the parameters' layout), or undefined without one. Ready: it holds an average.
