@@ -258,8 +258,9 @@ void print_one(const nlohmann::json& d) {
   std::printf("\n");
 }
 
-// A checkpoint directory: step, kind, world, ZeRO stage and size of each (manifests
-// only: nothing but a sharded checkpoint's manifest is read).
+// A checkpoint directory: step, kind, world, ZeRO stage and size of each, and whether its
+// evaluation is pending (headers only: a single file's header, a sharded checkpoint's
+// manifest).
 int list_dir(const fs::path& dir, bool json) {
   nlohmann::json list = nlohmann::json::array();
   const std::vector<fs::path> all = checkpoints_in(dir);
@@ -276,13 +277,22 @@ int list_dir(const fs::path& dir, bool json) {
                           {"world", nullptr},
                           {"zero_stage", 0},
                           {"bytes", bytes_on_disk(p)},
-                          {"best", best.has_value() && step_of_name(p) == best}};
+                          {"best", best.has_value() && step_of_name(p) == best},
+                          {"eval_pending", false}};
     if (runtime::is_sharded_checkpoint(p)) {
       const runtime::Checkpoint man = runtime::read_checkpoint(p / "manifest.dtckpt");
       row["kind"] = "sharded";
       row["step"] = man.meta.value("step", int64_t{-1});
       row["world"] = man.meta.at("sharded").at("world");
       row["zero_stage"] = man.meta.at("sharded").at("zero_stage");
+      row["eval_pending"] = man.meta.value("eval_pending", false);
+    } else {
+      try {  // a damaged header marks nothing here; inspect FILE or verify names it
+        const auto none = [](const std::string&) { return false; };
+        row["eval_pending"] =
+            runtime::read_checkpoint_blobs(p, none).meta.value("eval_pending", false);
+      } catch (const Error&) {
+      }
     }
     list.push_back(row);
   }
@@ -299,6 +309,12 @@ int list_dir(const fs::path& dir, bool json) {
                 human_bytes(r.at("bytes").get<int64_t>()).c_str(),
                 r.at("path").get<std::string>().c_str());
     if (r.at("best").get<bool>()) std::printf("%-10s (the best evaluation's: best.json)\n", "");
+    if (r.at("eval_pending").get<bool>()) {
+      std::printf(
+          "%-10s (its evaluation is pending: the test data could not be read; a "
+          "resume evaluates it first)\n",
+          "");
+    }
   }
   return kExitOk;
 }

@@ -20,7 +20,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -634,7 +636,7 @@ void TrainSession::fail_training_data(const DataPosition& start) {
   const bool save = counters_.step > 0 && saved_step_ != counters_.step;
   if (save) save_checkpoint();
   comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
-  write_run_report();
+  if (counters_.step > 0) write_run_report();  // the run so far (none before a step)
   const AgreedStatus failed = agree_status(comm_, [&] {
     if (data_error_) std::rethrow_exception(data_error_);
   });
@@ -809,12 +811,15 @@ void TrainSession::fail_evaluation(const AgreedStatus& failed) {
   write_run_report();
   note(fmt::format(
       "the evaluation at step {} could not read the test data ({}); {} {}: once the file is "
-      "replaced or removed, --resume latest evaluates step {} and trains on",
+      "replaced or removed, --resume latest {}",
       counters_.step,
       failed.error ? "the error below names the file"
                    : fmt::format("rank {}'s error names the file", failed.first),
       save ? "checkpoint saved at that step in" : "the step's checkpoint is already in",
-      ckpt_dir_.string(), counters_.step));
+      ckpt_dir_.string(),
+      counters_.step < total_steps_
+          ? fmt::format("evaluates step {} and trains on", counters_.step)
+          : std::string("runs the final evaluation and writes the summary")));
   rethrow_agreed(failed, comm_.rank());
 }
 
@@ -1017,9 +1022,13 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
       comm_.barrier();     // no rank exits (and has the launcher end the job) before the save
       write_run_report();  // the run so far
       note(signals.requested()
-               ? fmt::format("signal {} received: checkpoint saved at step {} in {}; resume "
-                             "with --resume latest",
-                             signals.signal(), s, ckpt_dir_.string())
+               ? fmt::format("signal {} (SIG{}{}) received: checkpoint saved at step {} in {}; "
+                             "resume with --resume latest",
+                             signals.signal(), sigabbrev_np(signals.signal()),
+                             signals.signal() == SIGUSR1 && dist::launcher_world_size()
+                                 ? ": the --nproc launcher's or the scheduler's stop"
+                                 : "",
+                             s, ckpt_dir_.string())
                : fmt::format("another rank received a stop signal: checkpoint saved at step {} "
                              "in {}; resume with --resume latest",
                              s, ckpt_dir_.string()));

@@ -336,9 +336,9 @@ def main():
         log("job completed after one requeue")
 
         # What the log must show, in order.
-        m = re.search(r"signal 10 received: checkpoint saved at step (\d+)", text)
+        m = re.search(r"signal 10 \(SIGUSR1[^)]*\) received: checkpoint saved at step (\d+)", text)
         if not m:
-            raise Fail("no 'signal 10 received: checkpoint saved' in the job output")
+            raise Fail("no 'signal 10 (SIGUSR1...) received: checkpoint saved' in the job output")
         stop = int(m.group(1))
         if not 0 < stop < STEPS:
             raise Fail(f"stopped at step {stop}, not mid-run")
@@ -410,9 +410,9 @@ def main():
               flush=True)
         if info2["JobState"] != "CANCELLED" or info2.get("Restarts") != "0":
             raise Fail(f"cancelled job ended {info2['JobState']} Restarts={info2.get('Restarts')}")
-        m2 = re.search(r"signal 15 received: checkpoint saved at step (\d+)", text2)
+        m2 = re.search(r"signal 15 \(SIGTERM\) received: checkpoint saved at step (\d+)", text2)
         if not m2:
-            raise Fail("no 'signal 15 received: checkpoint saved' in the cancelled job's output")
+            raise Fail("no 'signal 15 (SIGTERM) received: checkpoint saved' in the cancelled job's output")
         expected2 = [
             "train.sbatch: SIGTERM reached the batch shell",
             "train.sbatch: dtrain exited 4",

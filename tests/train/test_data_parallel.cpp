@@ -202,6 +202,10 @@ TEST_CASE("image-folder: an unreadable test image saves the step, whose resume e
       tmp.path() / "inspect.log");
   REQUIRE_MESSAGE(info.rc == 0, info.describe());
   CHECK(info.log.find("\"eval_pending\": true") != std::string::npos);
+  const RunResult listed = run_dtrain_command({"ckpt", "inspect", (split / "checkpoints").string()},
+                                              tmp.path() / "list.log");
+  REQUIRE_MESSAGE(listed.rc == 0, listed.describe());
+  CHECK_MESSAGE(listed.log.find("(its evaluation is pending") != std::string::npos, listed.log);
   // Resumed with the file still damaged: the same refusal, the checkpoint as it was.
   std::vector<std::string> again = args;
   again.insert(again.end(), {"--resume", "latest"});
@@ -229,6 +233,9 @@ TEST_CASE("image-folder: an unreadable test image saves the step, whose resume e
                   "train.eval_every=8"},
                  tmp.path() / "end-failed.log");
   CHECK(at_end.rc == 2);
+  CHECK_MESSAGE(at_end.log.find("--resume latest runs the final evaluation and writes the "
+                                "summary") != std::string::npos,
+                at_end.log);
   CHECK(!fs::exists(end_split / "summary.json"));
   REQUIRE(newest_checkpoint(end_split / "checkpoints").filename() ==
           runtime::checkpoint_path({}, 8).filename());

@@ -109,6 +109,25 @@ TEST_CASE("image-folder: a damaged image or a wrong class count exits 2 naming i
   CHECK(damaged.rc == 2);
   CHECK_MESSAGE(damaged.log.find(bad.string()) != std::string::npos, damaged.log);
   CHECK(damaged.log.find("truncated") != std::string::npos);
+  // Read in step 2 (the sampler's order for seed 3): step 1 saved.
+  CHECK(damaged.log.find("step 2 could not read its training data") != std::string::npos);
+  CHECK(damaged.log.find("checkpoint saved at step 1 in") != std::string::npos);
+  // Every red image damaged, so step 1's batch has one: nothing to save, and no report of
+  // a run that took no step.
+  for (int i = 0; i < 10; ++i) {
+    char name[32];
+    std::snprintf(name, sizeof name, "img%03d.ppm", i);
+    std::ofstream(bad.parent_path() / name, std::ios::binary) << "P6\n40 40\n255\nshort";
+  }
+  const RunResult first =
+      run_dtrain({job.string(), "--set", "run.output_dir=" + (tmp.path() / "f").string()},
+                 tmp.path() / "first.log");
+  CHECK(first.rc == 2);
+  CHECK_MESSAGE(first.log.find("step 1 could not read its training data") != std::string::npos,
+                first.log);
+  CHECK(first.log.find("no step was done") != std::string::npos);
+  CHECK(first.log.find("report.html not written") == std::string::npos);
+  CHECK(!fs::exists(tmp.path() / "f" / "checkpoints"));
 }
 
 TEST_CASE("dtrain data bench times the image-folder loader per worker count") {
