@@ -150,8 +150,8 @@ std::string human_bytes(size_t b) {
 }
 }  // namespace
 
-std::string format_auto_choice(const AutoChoice& choice) {
-  std::string out = "all-reduce auto (max over ranks of the median time):\n";
+std::string format_auto_choice(const AutoChoice& choice, const std::string& title) {
+  std::string out = title + "\n";
   for (const AutoEntry& e : choice.entries) {
     std::string line = fmt::format("  {:>10} -> {:<12}", human_bytes(e.bytes), to_string(e.algo));
     for (const auto& [algo, s] : e.seconds) {

@@ -58,7 +58,10 @@ struct AutoChoice {
 // takes no memory beside what training holds; otherwise a buffer is allocated.
 AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes, int reps = 3,
                           const Tensor& scratch = {});
-// A few readable lines: one per size class, the choice and every candidate's time.
-std::string format_auto_choice(const AutoChoice& choice);
+// A few readable lines under `title`: one per size class, the choice and every
+// candidate's time (none for a choice read back from a checkpoint).
+std::string format_auto_choice(
+    const AutoChoice& choice,
+    const std::string& title = "all-reduce auto (max over ranks of the median time):");
 
 }  // namespace dtrain::dist

@@ -58,6 +58,12 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
   if (!c.classes.empty()) meta["classes"] = c.classes;
   if (!c.frozen_steps.empty()) meta["frozen_steps"] = c.frozen_steps;
   if (c.eval_pending) meta["eval_pending"] = true;
+  if (c.allreduce_auto) {
+    nlohmann::json classes = nlohmann::json::array();
+    for (const auto& [bytes, algo] : c.allreduce_auto->classes)
+      classes.push_back({{"bytes", bytes}, {"algo", algo}});
+    meta["allreduce_auto"] = {{"world", c.allreduce_auto->world}, {"classes", classes}};
+  }
   // As bits: a decimal round trip could change the logged mean's last bit.
   meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
                         {"losses", c.window_losses},
@@ -460,6 +466,29 @@ TrainCounters counters_of(const Checkpoint& ck) {
                               file.string(), c.step),
                   "the checkpoint's header is damaged: resume from another checkpoint");
     }
+  }
+  if (ck.meta.contains("allreduce_auto")) {
+    const nlohmann::json& a = ck.meta.at("allreduce_auto");
+    TrainCounters::AutoAllreduce choice;
+    bool ok = a.is_object() && a.value("world", 0) > 1 && a.contains("classes") &&
+              a.at("classes").is_array();
+    if (ok) choice.world = a.at("world").get<int>();
+    for (size_t i = 0; ok && i < a.at("classes").size(); ++i) {
+      const nlohmann::json& e = a.at("classes")[i];
+      ok = e.is_object() && e.contains("bytes") && e.at("bytes").is_number_integer() &&
+           e.at("bytes").get<int64_t>() > 0 && e.contains("algo") && e.at("algo").is_string();
+      if (!ok) break;
+      const std::string algo = e.at("algo").get<std::string>();
+      ok = algo == "native" || algo == "ring" || algo == "hierarchical";
+      choice.classes.emplace_back(e.at("bytes").get<int64_t>(), algo);
+    }
+    if (!ok) {
+      throw Error(fmt::format("{}: allreduce_auto is not a world size and a list of (bytes, "
+                              "algorithm) classes",
+                              file.string()),
+                  "the checkpoint's header is damaged: resume from another checkpoint");
+    }
+    c.allreduce_auto = choice;
   }
   if (ck.meta.contains("eval_pending")) {
     const nlohmann::json& e = ck.meta.at("eval_pending");

@@ -68,6 +68,15 @@ struct TrainCounters {
   // The step's evaluation could not read its test data: the checkpoint was saved before
   // it, and a resume evaluates the step first (absent: false).
   bool eval_pending = false;
+  // comm.allreduce auto in plain data parallelism: the algorithm chosen per bucket-size
+  // class (bytes, "native" / "ring" / "hierarchical") on `world` ranks, which a resume on
+  // as many ranks keeps instead of timing again, so that it sums as the run did (three or
+  // more addends are summed in another order by another algorithm).
+  struct AutoAllreduce {
+    int world = 0;
+    std::vector<std::pair<int64_t, std::string>> classes;
+  };
+  std::optional<AutoAllreduce> allreduce_auto;
   // Loaded, not saved: whether the checkpoint holds optimizer.ema's average (its state
   // buffer "ema").
   bool ema = false;

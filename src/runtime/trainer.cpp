@@ -393,7 +393,32 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     algo_summary_ = "reduce to owners";
   } else {
     std::vector<AllreduceAlgo> algos(buckets.size(), job_.comm.allreduce);
-    if (grad_comm_->size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
+    const std::optional<TrainCounters::AutoAllreduce> saved = counters_.allreduce_auto;
+    counters_.allreduce_auto.reset();  // what this run chose, below
+    dist::AutoChoice kept;             // the checkpoint's, when a resume keeps it
+    if (resumed_ && saved && !grid_ && saved->world == grad_comm_->size()) {
+      for (const auto& [bytes, name] : saved->classes) {
+        dist::AutoEntry e;
+        e.bytes = static_cast<size_t>(bytes);
+        if (!from_string(name, e.algo) || e.algo == AllreduceAlgo::hierarchical) {
+          kept.entries.clear();  // the nodes may be others now: timed again
+          break;
+        }
+        kept.entries.push_back(e);
+      }
+    }
+    if (grad_comm_->size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_ &&
+        !kept.entries.empty()) {
+      note(dist::format_auto_choice(
+          kept,
+          "all-reduce auto: the checkpoint's choice, timed when the run started on as "
+          "many ranks, so that the resumed run sums as the run did:"));
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        algos[b] =
+            kept.algo_for(static_cast<size_t>(buckets[b].end - buckets[b].begin) * sizeof(float));
+      }
+      counters_.allreduce_auto = saved;
+    } else if (grad_comm_->size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
       std::vector<size_t> bytes;
       for (const dist::Bucket& b : buckets)
         bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
@@ -411,6 +436,13 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       const dist::AutoChoice choice = dist::tune_allreduce(*grad_comm_, bytes, 3, scratch);
       note(dist::format_auto_choice(choice));
       for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
+      if (!grid_) {  // one table on every rank: the checkpoint keeps it for a resume
+        TrainCounters::AutoAllreduce table;
+        table.world = grad_comm_->size();
+        for (const dist::AutoEntry& e : choice.entries)
+          table.classes.emplace_back(static_cast<int64_t>(e.bytes), std::string(to_string(e.algo)));
+        counters_.allreduce_auto = table;
+      }
     } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
       std::fill(algos.begin(), algos.end(), AllreduceAlgo::native);
     }

@@ -360,6 +360,43 @@ TEST_CASE("4 ranks stay within 1e-5 of 1 rank x 4 micro-batches and repeat bit f
   }
 }
 
+// comm.allreduce auto times the algorithms when a run starts; on 4 ranks native and ring
+// sum in other orders, so a resume that timed again could sum otherwise. The checkpoint
+// keeps the table, and a resume on as many ranks takes it: the resumed run is the
+// uninterrupted one (with the algorithm the table chose) bit for bit.
+TEST_CASE("comm.allreduce auto: a resume on as many ranks keeps the checkpoint's choice") {
+  OneThread one;
+  TempDir tmp("dpauto");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  // One bucket: one size class, whose algorithm the uninterrupted run is given.
+  const std::vector<std::string> extra = {"--set", "data.micro_batch=2", "--set",
+                                          "comm.bucket_mb=25"};
+  std::vector<std::string> first = extra;
+  first.insert(first.end(), {"--set", "train.steps=3"});
+  const fs::path split = train(job, tmp.path(), "split", {4, "auto"}, first);
+  const std::string started = read_bytes(tmp.path() / "split.log");
+  const size_t arrow = started.find(" -> ");
+  REQUIRE_MESSAGE(arrow != std::string::npos, started);
+  const std::string chosen = started.substr(arrow + 4, started.find(' ', arrow + 4) - arrow - 4);
+  REQUIRE((chosen == "native" || chosen == "ring"));
+  std::vector<std::string> rest = extra;
+  rest.insert(rest.end(), {"--resume", "latest"});
+  train(job, tmp.path(), "split", {4, "auto"}, rest);
+  const std::string resumed = read_bytes(tmp.path() / "split.log");
+  CHECK_MESSAGE(resumed.find("all-reduce auto: the checkpoint's choice") != std::string::npos,
+                resumed);
+  CHECK(resumed.find("max over ranks of the median time") == std::string::npos);
+  CHECK(resumed.find(" -> " + chosen) != std::string::npos);
+  require_same(train(job, tmp.path(), "whole", {4, chosen}, extra), split);
+  // On another world size the table is not this one's: timed again.
+  std::vector<std::string> two = {"--set", "data.micro_batch=4", "--set",    "comm.bucket_mb=25",
+                                  "--set", "train.steps=8",      "--resume", "latest"};
+  train(job, tmp.path(), "split", {2, "auto"}, two);
+  CHECK(read_bytes(tmp.path() / "split.log").find("max over ranks of the median time") !=
+        std::string::npos);
+}
+
 TEST_CASE("a checkpoint resumes across layouts: 2 ranks <-> 1 rank x 2 micro-batches") {
   OneThread one;
   TempDir tmp("dpresume");
