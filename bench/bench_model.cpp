@@ -198,8 +198,13 @@ StepTimes run_steps(graph::Executor& ex, const models::ModelGraph& m, runtime::P
       ex, a.dtype == DType::f32 ? runtime::MasterMode::fp32 : runtime::MasterMode::masters, 1, d);
   const Tensor grads = weights.grads();
   std::vector<optim::ParamSegment> segs;
-  for (const graph::FlatEntry& e : weights.layout())
-    segs.push_back({e.name, e.offset, e.spec.shape.numel(), optim::DecayMode::decay});
+  for (const graph::FlatEntry& e : weights.layout()) {
+    optim::ParamSegment seg;
+    seg.name = e.name;
+    seg.offset = e.offset;
+    seg.size = e.spec.shape.numel();
+    segs.push_back(seg);
+  }
   auto opt = optim::make_optimizer(o, segs, grads.numel(), d);
   StepTimes t;
   for (int s = 0; s < a.warmup + a.steps; ++s) {

@@ -354,6 +354,20 @@ void check_data(const Checker& c) {
     c.error("data.dataset", fmt::format("token shards feed language models, but {} is a {}", m.arch,
                                         to_string(arch->family)));
   }
+  if (d.unreadable == UnreadableAction::skip && d.dataset != DatasetName::image_folder) {
+    c.error("data.unreadable",
+            fmt::format("skip, but {} is read whole at start-up, where a damaged file stops "
+                        "the run before any step: only image-folder decodes its files mid-run",
+                        to_string(d.dataset)),
+            "remove the key (or set it to stop)");
+  }
+  if (d.unreadable == UnreadableAction::skip && c.job.parallel.pipeline > 1) {
+    c.error("data.unreadable",
+            fmt::format("skip with parallel.pipeline = {}: the later stages read the labels "
+                        "only and cannot know which image the first stage left out",
+                        c.job.parallel.pipeline),
+            "set data.unreadable: stop (a damaged file then stops the run after saving)");
+  }
   if (d.dataset != DatasetName::image_folder) {
     for (const auto& [key, given] : {std::pair{"data.augment.scale", d.augment.scale.has_value()},
                                      std::pair{"data.augment.ratio", d.augment.ratio.has_value()},

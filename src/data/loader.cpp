@@ -36,6 +36,7 @@ LoaderConfig make_loader_config(const DataOptions& options, Split split, uint64_
     }
   }
   c.augment.stats = input_normalization(options.dataset, channels);
+  c.skip_unreadable = options.unreadable == UnreadableAction::skip;
   return c;
 }
 
@@ -56,6 +57,7 @@ Loader::Loader(std::shared_ptr<const Dataset> dataset, LoaderConfig config)
     : dataset_(std::move(dataset)),
       augmenter_(dataset_->geometry(), config.augment),
       read_images_(config.read_images),
+      skip_unreadable_(config.skip_unreadable),
       workers_(config.workers),
       sampler_(with_size(config.sampler, dataset_->size()), config.start) {
   DTRAIN_CHECK(workers_ >= 0 && config.prefetch >= 1, "workers {} prefetch {}", workers_,
@@ -96,6 +98,7 @@ void Loader::plan(Slot& slot, int64_t ticket) {
   slot.batch.epoch = info.epoch;
   slot.batch.valid = info.valid;
   slot.batch.next = info.next;
+  slot.batch.unreadable.clear();
 }
 
 void Loader::fill(Slot& slot, std::vector<float>& scratch) const {
@@ -106,12 +109,20 @@ void Loader::fill(Slot& slot, std::vector<float>& scratch) const {
     const int64_t i = slot.indices[j];
     labels[j] = dataset_->label(i);
     if (!read_images_) continue;
-    if (augmenter_.crops_boxes()) {
-      const int64_t epoch = slot.batch.epoch;
-      dataset_->read_box(
-          i, [&](int w, int h) { return augmenter_.crop_box(epoch, i, w, h); }, scratch.data());
-    } else {
-      dataset_->read(i, scratch.data());
+    try {
+      if (augmenter_.crops_boxes()) {
+        const int64_t epoch = slot.batch.epoch;
+        dataset_->read_box(
+            i, [&](int w, int h) { return augmenter_.crop_box(epoch, i, w, h); }, scratch.data());
+      } else {
+        dataset_->read(i, scratch.data());
+      }
+    } catch (const Error& e) {
+      if (!skip_unreadable_) throw;
+      labels[j] = -100;  // counts for nothing: no loss, no gradient, no accuracy
+      std::fill_n(images + static_cast<int64_t>(j) * pixels, pixels, 0.0f);
+      slot.batch.unreadable.push_back(e.message());
+      continue;
     }
     augmenter_.apply(scratch.data(), images + static_cast<int64_t>(j) * pixels, slot.batch.epoch,
                      i);

@@ -27,6 +27,9 @@ struct LoaderConfig {
   int workers = 0;
   int prefetch = 2;         // batches ready ahead of the one the consumer holds (workers > 0)
   bool read_images = true;  // false: labels only, the images left zero (nothing decoded)
+  // data.unreadable: skip: an image whose read throws dtrain::Error is left zero with the
+  // ignore label (-100), its message in the batch's `unreadable`; else the batch fails.
+  bool skip_unreadable = false;
 };
 
 // Train: shuffle and drop_last as the job says, augmentation from data.augment
@@ -51,6 +54,8 @@ struct Batch {
   int64_t epoch = 0;
   int64_t valid = 0;  // leading samples that are not wrap-around padding
   DataPosition next;  // the position to checkpoint to resume after this batch
+  // skip_unreadable: the errors of the samples left out of this batch ("FILE: why").
+  std::vector<std::string> unreadable;
 };
 
 class Loader {
@@ -85,6 +90,7 @@ class Loader {
   std::shared_ptr<const Dataset> dataset_;
   Augmenter augmenter_;
   bool read_images_;
+  bool skip_unreadable_;
   int workers_;
   int64_t batches_per_epoch_ = 0;
   std::vector<Slot> slots_;

@@ -40,6 +40,21 @@ inline bool from_string(std::string_view text, DatasetName& out) {
 }
 inline const auto& enum_names(DatasetName) { return kDatasetNames; }
 
+// data.unreadable: what an image that cannot be decoded mid-run does (image-folder; the
+// other datasets are read whole at start-up). stop: the run saves its last step and ends
+// with exit 2 naming the file (docs/checkpoints.md). skip: the sample counts for nothing
+// (zero pixels, the ignore label), with a warning naming the file once per rank.
+enum class UnreadableAction : uint8_t { stop, skip };
+inline constexpr std::pair<UnreadableAction, std::string_view> kUnreadableActionNames[] = {
+    {UnreadableAction::stop, "stop"}, {UnreadableAction::skip, "skip"}};
+inline std::string_view to_string(UnreadableAction v) {
+  return enum_name(kUnreadableActionNames, v);
+}
+inline bool from_string(std::string_view text, UnreadableAction& out) {
+  return enum_parse(kUnreadableActionNames, text, out);
+}
+inline const auto& enum_names(UnreadableAction) { return kUnreadableActionNames; }
+
 // Shape of the samples a real dataset yields; image datasets only.
 // An image dataset's geometry, and its published split sizes (what the loader holds in
 // memory, u8 pixels and labels, for the run: dtrain estimate counts them).
@@ -124,6 +139,7 @@ struct DataOptions {
   // side scaled to model.image_size / center_crop and the middle square cut out (the
   // ImageNet evaluation's 256 -> 224 at 0.875, the default).
   std::optional<double> center_crop;
+  UnreadableAction unreadable = UnreadableAction::stop;
   LimitOptions limit;
   // Masked-LM (BERT) on token shards: the share of positions predicted per window
   // (then 80% [MASK], 10% a random token, 10% kept; see data/text_loader.h).

@@ -39,7 +39,8 @@ class ImageFeed final : public DataFeed {
     if (eval_) {  // wrap-around padding counts for nothing (cross-entropy's ignore index)
       for (int64_t i = b.valid; i < labels_.numel(); ++i) labels_.data<int32_t>()[i] = -100;
     }
-    batch_ = {b.images, labels_, b.next, b.epoch, count_labelled(labels_)};
+    batch_ = {b.images, labels_, b.next, b.epoch, count_labelled(labels_), {}};
+    batch_.unreadable = b.unreadable;
     return batch_;
   }
   int64_t batches_per_epoch() const override { return loader_.batches_per_epoch(); }
@@ -135,7 +136,7 @@ class TextFeed final : public DataFeed {
 
   const FeedBatch& next() override {
     const TokenBatch b = batches_.next();
-    batch_ = {b.input, b.labels, b.info.next, b.info.epoch, count_labelled(b.labels)};
+    batch_ = {b.input, b.labels, b.info.next, b.info.epoch, count_labelled(b.labels), {}};
     return batch_;
   }
   int64_t batches_per_epoch() const override { return batches_.batches_per_epoch(); }
@@ -263,7 +264,7 @@ class ClassifyFeed final : public DataFeed {
 
   const FeedBatch& next() override {
     const BatchInfo info = batches_.next(input_.data<int32_t>(), labels_.data<int32_t>());
-    batch_ = {input_, labels_, info.next, info.epoch, count_labelled(labels_)};
+    batch_ = {input_, labels_, info.next, info.epoch, count_labelled(labels_), {}};
     return batch_;
   }
   int64_t batches_per_epoch() const override { return batches_.batches_per_epoch(); }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "data/sampler.h"
@@ -22,6 +23,8 @@ struct FeedBatch {
   DataPosition next;  // the position to checkpoint to resume after this batch
   int64_t epoch = 0;
   int64_t labelled = 0;  // labels that count (not -100): the loss is their mean
+  // data.unreadable: skip: the samples left out of this batch, "FILE: why" each.
+  std::vector<std::string> unreadable;
 };
 
 // A BERT classifier's [PAD] id (the tokenizer's in data.path, or the synthetic

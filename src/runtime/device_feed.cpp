@@ -49,6 +49,7 @@ void DeviceFeed::stage(int slot) {
   s.next = h.next;
   s.epoch = h.epoch;
   s.labelled = h.labelled;
+  s.unreadable = h.unreadable;
 }
 
 const FeedBatch& DeviceFeed::next() {
@@ -61,7 +62,8 @@ const FeedBatch& DeviceFeed::next() {
   prefetched_ = -1;
   turn_ = 1 - slot;
   const Slot& s = slots_[slot];
-  out_ = {s.input, s.labels, s.next, s.epoch, s.labelled};
+  out_ = {s.input, s.labels, s.next, s.epoch, s.labelled, {}};
+  out_.unreadable = s.unreadable;
   return out_;
 }
 

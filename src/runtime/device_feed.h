@@ -41,6 +41,7 @@ class DeviceFeed {
     DataPosition next;
     int64_t epoch = 0;
     int64_t labelled = 0;
+    std::vector<std::string> unreadable;
   };
   void stage(int slot);
 

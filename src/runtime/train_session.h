@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -218,6 +219,8 @@ class TrainSession {
   const FeedBatch& next_batch();
   void prefetch_batch();
   const FeedBatch& standin_batch();
+  // data.unreadable: skip: a warning per file (once per rank), and the count.
+  void note_unreadable(const FeedBatch& b);
   [[noreturn]] void fail_training_data(const DataPosition& start);
   void sequential_passes(StepTotals& local);
   void pipeline_passes(StepTotals& local);
@@ -226,6 +229,8 @@ class TrainSession {
   std::unique_ptr<DataSource> source_;
   std::unique_ptr<DeviceFeed> train_;
   std::exception_ptr data_error_;  // this rank's unreadable training batch
+  std::set<std::string> unreadable_seen_;
+  int64_t unreadable_skipped_ = 0;  // sample reads left out, training and evaluation
   FeedBatch standin_;
   // The step's gradient stage: DDP's buckets (ZeRO-1's reduce to owners, through the
   // compressor), or ZeRO-2's reduce into shards.

@@ -619,12 +619,29 @@ const FeedBatch& TrainSession::next_batch() {
   if (!data_error_) {
     try {
       const Profiler::Scope wait(profiler(), "data wait", "data");
-      return train_->next();
+      const FeedBatch& b = train_->next();
+      note_unreadable(b);
+      return b;
     } catch (const Error&) {  // a damaged file: the step goes on without it, then ends
       data_error_ = std::current_exception();
     }
   }
   return standin_batch();
+}
+
+void TrainSession::note_unreadable(const FeedBatch& b) {
+  for (const std::string& why : b.unreadable) {
+    ++unreadable_skipped_;
+    if (!unreadable_seen_.insert(why).second) continue;
+    const std::string line = fmt::format(
+        "warning: an unreadable image is left out (data.unreadable: skip; it counts for "
+        "nothing in its batch, here and in later epochs): {}",
+        why);
+    std::fprintf(stderr, "%s: %s\n",
+                 comm_.size() > 1 ? fmt::format("dtrain[rank {}]", comm_.rank()).c_str() : "dtrain",
+                 line.c_str());
+    if (rank_log_) rank_log_->write(line);
+  }
 }
 
 void TrainSession::prefetch_batch() {
@@ -884,6 +901,7 @@ EvalResult TrainSession::evaluate_model(AgreedStatus& failed) {
     failed = agree_status(comm_, [&] { read = &test.next(); });
     if (failed) return {};
     const FeedBatch& b = *read;
+    note_unreadable(b);
     if (pipeline_) {  // every stage forwards its part; the last one counts
       pipeline_->eval_forward(static_cast<uint64_t>(counters_.step), [&] { set_batch(b); });
       if (k + 1 < test.batches_per_epoch()) test.prefetch();

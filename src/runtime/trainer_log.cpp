@@ -231,6 +231,10 @@ nlohmann::json TrainSession::summary(double secs, int64_t first, double last_los
                               {"state_bytes", estimate_.state_bytes},
                               {"train_activation_bytes", estimate_.train.peak},
                               {"peak_at", estimate_.peak_at}}}};
+  if (job_.data.unreadable == UnreadableAction::skip) {  // collective; tensor ranks read alike
+    summary["unreadable_skipped"] = sum_over_ranks<1>(
+        comm_, {coord_.tp == 0 ? static_cast<double>(unreadable_skipped_) : 0.0})[0];
+  }
   if (comm_.size() > 1 && !pipeline_) {  // every rank's peak (collective)
     double mine = static_cast<double>(host_allocator().stats().peak);
     Tensor all = Tensor::empty(Shape{comm_.size()}, DType::f64);

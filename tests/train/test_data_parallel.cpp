@@ -291,6 +291,34 @@ TEST_CASE("image-folder: an unreadable training image discards its step and save
   }
 }
 
+// data.unreadable: skip: an unreadable image counts for nothing (zero pixels, the ignore
+// label) in training and evaluation alike, with a warning naming it; the sample is the
+// same one in every layout, so 2 ranks still train exactly like 1 rank x 2.
+TEST_CASE("image-folder: data.unreadable skip leaves the image out, in every layout alike") {
+  OneThread one;
+  TempDir tmp("dpskip");
+  const fs::path job = write_image_folder_job(tmp.path());
+  const fs::path train_image = tmp.path() / "images" / "train" / "green" / "img005.ppm";
+  const fs::path test_image = tmp.path() / "images" / "val" / "red" / "img001.ppm";
+  for (const fs::path& f : {train_image, test_image})
+    std::ofstream(f, std::ios::binary) << "P6\n40 40\n255\nshort";
+  const fs::path one_rank = train(job, tmp.path(), "1x2", {},
+                                  {"--set", "data.unreadable=skip", "--set", "data.micro_batch=4"});
+  const fs::path two = train(job, tmp.path(), "2", {2, "ring"}, {"--set", "data.unreadable=skip"});
+  require_same(one_rank, two);
+  const std::string log = read_bytes(tmp.path() / "2.log");
+  for (const fs::path& f : {train_image, test_image}) {
+    CHECK_MESSAGE(log.find("warning: an unreadable image is left out (data.unreadable: skip; "
+                           "it counts for nothing in its batch, here and in later epochs): " +
+                           f.string() + ": truncated") != std::string::npos,
+                  log);
+  }
+  CHECK(last_eval(two / "metrics.jsonl").at("test_samples") == 11);  // 12 less the one
+  // Read twice in training (8 steps of 8 over 30 images) and at each of 2 evaluations.
+  CHECK(summary_value(two, "unreadable_skipped") == 4);
+  CHECK(summary_value(one_rank, "unreadable_skipped") == 4);
+}
+
 // Half precision keeps the invariant: the f32 master gradients are what is summed.
 TEST_CASE("bf16: 2 ranks train exactly like 1 rank with 2 micro-batches") {
   OneThread one;

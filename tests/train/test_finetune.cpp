@@ -380,7 +380,7 @@ TEST_CASE("freeze: a tensor unfrozen at a resume steps as a fresh parameter, abo
 TEST_CASE("freeze: the exported names work too, all parts of a fused tensor or none") {
   TempDir tmp("freeze_names");
   const fs::path job = tmp.path() / "job.yaml";
-  for (const std::string& arch : {"gpt2-tiny", "bert-mini"}) {
+  for (const std::string arch : {"gpt2-tiny", "bert-mini"}) {
     std::ofstream(job) << "run: {output_dir: " << (tmp.path() / "run").string() << "}\n"
                        << "model: {arch: " << arch << ", seq_len: 16, vocab_size: 64}\n"
                        << "data: {dataset: synthetic, global_batch: 2}\n"
