@@ -201,6 +201,8 @@ int run_data_bench(const BenchArgs& args) {
   // The sources keep a reference to the job and read data.workers as each feed opens.
   Job job = config::load_job_file(args.job, args.overrides, ctx);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  // The bench finds a damaged image (exit 2 naming it), whatever training would do with it.
+  job.data.unreadable = UnreadableAction::stop;
   std::vector<int> workers = args.workers;
   if (workers.empty()) workers.push_back(job.data.workers);
   if (workers.size() > 1 && job.data.dataset == DatasetName::tokens) {

@@ -482,7 +482,11 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
                               "data.micro_batch ({})",
                               batch, job.data.micro_batch),
                   fmt::format("leave --batch out, or --set data.micro_batch={}", batch));
-    const std::unique_ptr<DataSource> source = DataSource::open(job, job.run.seed);
+    // An unreadable image is an Error naming it here: data.unreadable: skip is training's
+    // (a left-out sample would end the batch's rows, read up to the first ignore label).
+    Job reading = job;
+    reading.data.unreadable = UnreadableAction::stop;
+    const std::unique_ptr<DataSource> source = DataSource::open(reading, job.run.seed);
     if (const std::string mismatch = class_mismatch(w.classes, source->class_names());
         !mismatch.empty()) {
       throw Error(fmt::format("--split test: {}: {}, so its labels would not be theirs", w.source,

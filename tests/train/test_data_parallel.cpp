@@ -317,6 +317,18 @@ TEST_CASE("image-folder: data.unreadable skip leaves the image out, in every lay
   // Read twice in training (8 steps of 8 over 30 images) and at each of 2 evaluations.
   CHECK(summary_value(two, "unreadable_skipped") == 4);
   CHECK(summary_value(one_rank, "unreadable_skipped") == 4);
+  // predict --split test and data bench name the file whatever training does with it.
+  const RunResult predicted =
+      run_dtrain_command({"predict", job.string(), "--set", "run.output_dir=" + two.string(),
+                          "--set", "data.unreadable=skip", "--split", "test"},
+                         tmp.path() / "predict.log");
+  CHECK(predicted.rc == 2);
+  CHECK_MESSAGE(predicted.log.find(test_image.string()) != std::string::npos, predicted.log);
+  const RunResult bench = run_dtrain_command(
+      {"data", "bench", job.string(), "--set", "data.unreadable=skip", "--split", "test"},
+      tmp.path() / "bench.log");
+  CHECK(bench.rc == 2);
+  CHECK_MESSAGE(bench.log.find(test_image.string()) != std::string::npos, bench.log);
 }
 
 // Half precision keeps the invariant: the f32 master gradients are what is summed.
