@@ -105,6 +105,12 @@ nlohmann::json tensor_json(const runtime::NamedTensor& t) {
           {"bytes", t.tensor.nbytes()}};
 }
 
+// Whether a checkpoint's meta marks its step's evaluation pending (a damaged value: no).
+bool eval_pending(const nlohmann::json& meta) {
+  const auto it = meta.find("eval_pending");
+  return it != meta.end() && it->is_boolean() && it->get<bool>();
+}
+
 // One checkpoint, verified, as JSON (the text form prints the same fields).
 nlohmann::json describe(const fs::path& path) {
   const runtime::Checkpoint ck = runtime::read_any_checkpoint(path);
@@ -121,7 +127,7 @@ nlohmann::json describe(const fs::path& path) {
     out["best_eval"] = b;
   }
   if (m.contains("frozen_steps")) out["frozen_steps"] = m.at("frozen_steps");
-  if (m.value("eval_pending", false)) out["eval_pending"] = true;
+  if (eval_pending(m)) out["eval_pending"] = true;
   if (runtime::is_sharded_checkpoint(path)) {
     const runtime::Checkpoint man = runtime::read_checkpoint(path / "manifest.dtckpt");
     nlohmann::json sh = man.meta.at("sharded");
@@ -285,12 +291,11 @@ int list_dir(const fs::path& dir, bool json) {
       row["step"] = man.meta.value("step", int64_t{-1});
       row["world"] = man.meta.at("sharded").at("world");
       row["zero_stage"] = man.meta.at("sharded").at("zero_stage");
-      row["eval_pending"] = man.meta.value("eval_pending", false);
+      row["eval_pending"] = eval_pending(man.meta);
     } else {
       try {  // a damaged header marks nothing here; inspect FILE or verify names it
         const auto none = [](const std::string&) { return false; };
-        row["eval_pending"] =
-            runtime::read_checkpoint_blobs(p, none).meta.value("eval_pending", false);
+        row["eval_pending"] = eval_pending(runtime::read_checkpoint_blobs(p, none).meta);
       } catch (const Error&) {
       }
     }

@@ -2,6 +2,7 @@
 #include "runtime/device_feed.h"
 
 #include <cstring>
+#include <utility>
 
 #include "kernels/memory.h"
 
@@ -54,6 +55,7 @@ void DeviceFeed::stage(int slot) {
 
 const FeedBatch& DeviceFeed::next() {
   if (device_.is_cpu()) return host_->next();
+  if (prefetch_error_) std::rethrow_exception(std::exchange(prefetch_error_, nullptr));
   int slot = prefetched_;
   if (slot < 0) {
     slot = turn_;
@@ -68,8 +70,13 @@ const FeedBatch& DeviceFeed::next() {
 }
 
 void DeviceFeed::prefetch() {
-  if (device_.is_cpu() || prefetched_ >= 0) return;
-  stage(turn_);
+  if (device_.is_cpu() || prefetched_ >= 0 || prefetch_error_) return;
+  try {
+    stage(turn_);
+  } catch (...) {  // stage() changes nothing before the host batch is read
+    prefetch_error_ = std::current_exception();
+    return;
+  }
   prefetched_ = turn_;
 }
 

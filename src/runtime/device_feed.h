@@ -11,6 +11,7 @@
 // synchronized after batch k-1 (its loss readback) before calling prefetch().
 #pragma once
 
+#include <exception>
 #include <memory>
 
 #include "runtime/data_feed.h"
@@ -27,7 +28,9 @@ class DeviceFeed {
   // The next batch, on the device; valid until the next call. Requires a device
   // synchronize (any readback) since the previous batch's kernels were enqueued.
   const FeedBatch& next();
-  // Starts moving the following batch now (a no-op on the CPU or when one is ready).
+  // Starts moving the following batch now (a no-op on the CPU or when one is ready). A
+  // batch that cannot be read throws from the next call of next(), not from here: the
+  // caller reads (and agrees on) batches where it calls next().
   void prefetch();
 
   int64_t batches_per_epoch() const { return host_->batches_per_epoch(); }
@@ -48,8 +51,9 @@ class DeviceFeed {
   std::unique_ptr<DataFeed> host_;
   Device device_;
   Slot slots_[2];
-  int turn_ = 0;         // the slot the next stage() fills
-  int prefetched_ = -1;  // the slot holding a batch not yet returned, or -1
+  int turn_ = 0;                       // the slot the next stage() fills
+  int prefetched_ = -1;                // the slot holding a batch not yet returned, or -1
+  std::exception_ptr prefetch_error_;  // what prefetch()'s read threw, for next()
   FeedBatch out_;
 };
 

@@ -1,5 +1,5 @@
-// Status agreement: two small all-reduces (max of the exit codes, max of a
-// "lowest failing rank" key) and a count of failing ranks.
+// Status agreement: one small all-reduce (max of the exit codes, of a "lowest failing
+// rank" key and of "a rank succeeded").
 #include "runtime/startup.h"
 
 #include "core/error.h"
@@ -27,23 +27,22 @@ AgreedStatus agree_status(dist::Communicator& comm, const std::function<void()>&
     return s;
   }
   const int n = comm.size(), r = comm.rank();
-  // [worst code, size - lowest failing rank (max picks the lowest), failing ranks]
-  Tensor v = Tensor::empty(Shape{2}, DType::i64);
+  // One max: [worst code, size - lowest failing rank (max picks the lowest), whether any
+  // rank succeeded].
+  Tensor v = Tensor::empty(Shape{3}, DType::i64);
   int64_t* x = v.data<int64_t>();
   x[0] = code;
   x[1] = code != 0 ? n - r : 0;
-  Tensor count = Tensor::empty(Shape{1}, DType::i64);
-  count.data<int64_t>()[0] = code != 0 ? 1 : 0;
+  x[2] = code == 0 ? 1 : 0;
   comm.all_reduce(v, dist::ReduceOp::max);
-  comm.all_reduce(count, dist::ReduceOp::sum);
   s.code = static_cast<int>(x[0]);
   s.first = n - static_cast<int>(x[1]);
-  s.everyone = count.data<int64_t>()[0] == n;
+  s.everyone = x[2] == 0;
   return s;
 }
 
-void rethrow_agreed(const AgreedStatus& s, int rank) {
-  if (s.error && (!s.everyone || rank == s.first)) std::rethrow_exception(s.error);
+void rethrow_agreed(const AgreedStatus& s, int rank, bool each) {
+  if (s.error && (each || !s.everyone || rank == s.first)) std::rethrow_exception(s.error);
   throw PeerFailed(s.code, s.first);
 }
 

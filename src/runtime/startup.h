@@ -32,14 +32,14 @@ struct AgreedStatus {
   explicit operator bool() const { return code != 0; }
 };
 
-// Runs `work`, catching what it throws, then agrees with every rank of `comm` (two small
-// all-reduces; none for one rank). Every rank returns the same code, first and everyone.
+// Runs `work`, catching what it throws, then agrees with every rank of `comm` (one small
+// all-reduce; none for one rank). Every rank returns the same code, first and everyone.
 AgreedStatus agree_status(dist::Communicator& comm, const std::function<void()>& work);
 
-// Ends a failed agreement on this rank: rethrows its own error (only on the lowest failing
-// rank when every rank failed, which is the same job error everywhere), else throws
-// PeerFailed.
-[[noreturn]] void rethrow_agreed(const AgreedStatus& status, int rank);
+// Ends a failed agreement on this rank: rethrows its own error (with `each`, on every
+// failing rank: each read its own files; else only on the lowest failing rank when every
+// rank failed, which is the same job error everywhere), else throws PeerFailed.
+[[noreturn]] void rethrow_agreed(const AgreedStatus& status, int rank, bool each = false);
 
 // agree_status, then rethrow_agreed when a rank failed: start-up's all-or-nothing.
 void agree_on_startup(dist::Communicator& comm, const std::function<void()>& work);

@@ -146,7 +146,7 @@ class TrainSession {
   void log_samples();
   void draw_samples(bool average);
   void trim_samples(int64_t keep_through) const;
-  void write_run_report();
+  void write_run_report(bool quiet = false);  // quiet: no note when it cannot be drawn
   // The run's summary.json (collective in a pipeline: every stage's figures).
   nlohmann::json summary(double seconds, int64_t first_step, double last_loss);
   void save_checkpoint();

@@ -62,7 +62,10 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
     nlohmann::json classes = nlohmann::json::array();
     for (const auto& [bytes, algo] : c.allreduce_auto->classes)
       classes.push_back({{"bytes", bytes}, {"algo", algo}});
-    meta["allreduce_auto"] = {{"world", c.allreduce_auto->world}, {"classes", classes}};
+    meta["allreduce_auto"] = {{"world", c.allreduce_auto->world},
+                              {"backend", c.allreduce_auto->backend},
+                              {"buckets", c.allreduce_auto->buckets},
+                              {"classes", classes}};
   }
   // As bits: a decimal round trip could change the logged mean's last bit.
   meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
@@ -470,9 +473,18 @@ TrainCounters counters_of(const Checkpoint& ck) {
   if (ck.meta.contains("allreduce_auto")) {
     const nlohmann::json& a = ck.meta.at("allreduce_auto");
     TrainCounters::AutoAllreduce choice;
-    bool ok = a.is_object() && a.value("world", 0) > 1 && a.contains("classes") &&
-              a.at("classes").is_array();
-    if (ok) choice.world = a.at("world").get<int>();
+    bool ok = a.is_object() && a.contains("world") && a.at("world").is_number_integer() &&
+              a.at("world").get<int64_t>() > 1 && a.contains("classes") &&
+              a.at("classes").is_array() && a.contains("backend") && a.at("backend").is_string() &&
+              a.contains("buckets") && a.at("buckets").is_array();
+    if (ok) {
+      choice.world = a.at("world").get<int>();
+      choice.backend = a.at("backend").get<std::string>();
+      for (const nlohmann::json& b : a.at("buckets")) {
+        ok = ok && b.is_number_integer() && b.get<int64_t>() > 0;
+        if (ok) choice.buckets.push_back(b.get<int64_t>());
+      }
+    }
     for (size_t i = 0; ok && i < a.at("classes").size(); ++i) {
       const nlohmann::json& e = a.at("classes")[i];
       ok = e.is_object() && e.contains("bytes") && e.at("bytes").is_number_integer() &&
@@ -483,8 +495,8 @@ TrainCounters counters_of(const Checkpoint& ck) {
       choice.classes.emplace_back(e.at("bytes").get<int64_t>(), algo);
     }
     if (!ok) {
-      throw Error(fmt::format("{}: allreduce_auto is not a world size and a list of (bytes, "
-                              "algorithm) classes",
+      throw Error(fmt::format("{}: allreduce_auto is not a world size, a backend, bucket sizes "
+                              "and a list of (bytes, algorithm) classes",
                               file.string()),
                   "the checkpoint's header is damaged: resume from another checkpoint");
     }

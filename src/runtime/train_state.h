@@ -69,11 +69,14 @@ struct TrainCounters {
   // it, and a resume evaluates the step first (absent: false).
   bool eval_pending = false;
   // comm.allreduce auto in plain data parallelism: the algorithm chosen per bucket-size
-  // class (bytes, "native" / "ring" / "hierarchical") on `world` ranks, which a resume on
-  // as many ranks keeps instead of timing again, so that it sums as the run did (three or
-  // more addends are summed in another order by another algorithm).
+  // class (bytes, "native" / "ring" / "hierarchical") on `world` ranks of `backend` for
+  // these gradient buckets (bytes each), which a resume with the same world, backend and
+  // buckets keeps instead of timing again, so that it sums as the run did (three or more
+  // addends are summed in another order by another algorithm).
   struct AutoAllreduce {
     int world = 0;
+    std::string backend;
+    std::vector<int64_t> buckets;
     std::vector<std::pair<int64_t, std::string>> classes;
   };
   std::optional<AutoAllreduce> allreduce_auto;

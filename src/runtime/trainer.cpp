@@ -391,12 +391,17 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   // bucket-size class measured now. ZeRO reduces into owners: nothing to choose.
   if (weights_->shard().sharded()) {
     algo_summary_ = "reduce to owners";
+    counters_.allreduce_auto.reset();  // no table: a later plain resume times again
   } else {
     std::vector<AllreduceAlgo> algos(buckets.size(), job_.comm.allreduce);
     const std::optional<TrainCounters::AutoAllreduce> saved = counters_.allreduce_auto;
     counters_.allreduce_auto.reset();  // what this run chose, below
     dist::AutoChoice kept;             // the checkpoint's, when a resume keeps it
-    if (resumed_ && saved && !grid_ && saved->world == grad_comm_->size()) {
+    std::vector<int64_t> bucket_bytes;
+    for (const dist::Bucket& b : buckets)
+      bucket_bytes.push_back((b.end - b.begin) * static_cast<int64_t>(sizeof(float)));
+    if (resumed_ && saved && !grid_ && saved->world == grad_comm_->size() &&
+        saved->backend == grad_comm_->backend() && saved->buckets == bucket_bytes) {
       for (const auto& [bytes, name] : saved->classes) {
         dist::AutoEntry e;
         e.bytes = static_cast<size_t>(bytes);
@@ -411,8 +416,8 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
         !kept.entries.empty()) {
       note(dist::format_auto_choice(
           kept,
-          "all-reduce auto: the checkpoint's choice, timed when the run started on as "
-          "many ranks, so that the resumed run sums as the run did:"));
+          "all-reduce auto: the checkpoint's choice, timed when the run started on these "
+          "ranks and buckets, so that the resumed run sums as the run did:"));
       for (size_t b = 0; b < buckets.size(); ++b) {
         algos[b] =
             kept.algo_for(static_cast<size_t>(buckets[b].end - buckets[b].begin) * sizeof(float));
@@ -439,6 +444,8 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       if (!grid_) {  // one table on every rank: the checkpoint keeps it for a resume
         TrainCounters::AutoAllreduce table;
         table.world = grad_comm_->size();
+        table.backend = grad_comm_->backend();
+        table.buckets = bucket_bytes;
         for (const dist::AutoEntry& e : choice.entries)
           table.classes.emplace_back(static_cast<int64_t>(e.bytes), std::string(to_string(e.algo)));
         counters_.allreduce_auto = table;
@@ -684,8 +691,8 @@ void TrainSession::fail_training_data(const DataPosition& start) {
   counters_.position = start;
   const bool save = counters_.step > 0 && saved_step_ != counters_.step;
   if (save) save_checkpoint();
-  comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
-  if (counters_.step > 0) write_run_report();  // the run so far (none before a step)
+  comm_.barrier();         // no rank exits (and has the launcher end the job) before the save
+  write_run_report(true);  // the run so far, if it logged a step
   const AgreedStatus failed = agree_status(comm_, [&] {
     if (data_error_) std::rethrow_exception(data_error_);
   });
@@ -706,7 +713,7 @@ void TrainSession::fail_training_data(const DataPosition& start) {
              : "the last step's checkpoint is already in",
         ckpt_dir_.string(), counters_.step + 1));
   }
-  rethrow_agreed(failed, comm_.rank());
+  rethrow_agreed(failed, comm_.rank(), true);  // each rank its own file
 }
 
 // A step's micro-batches one after another on this rank: each one's forward at its
@@ -857,19 +864,19 @@ void TrainSession::fail_evaluation(const AgreedStatus& failed) {
     counters_.eval_pending = false;
   }
   comm_.barrier();  // no rank exits (and has the launcher end the job) before the save
-  write_run_report();
-  note(fmt::format(
-      "the evaluation at step {} could not read the test data ({}); {} {}: once the file is "
-      "replaced or removed, --resume latest {}",
-      counters_.step,
-      failed.error ? "the error below names the file"
-                   : fmt::format("rank {}'s error names the file", failed.first),
-      save ? "checkpoint saved at that step in" : "the step's checkpoint is already in",
-      ckpt_dir_.string(),
-      counters_.step < total_steps_
-          ? fmt::format("evaluates step {} and trains on", counters_.step)
-          : std::string("runs the final evaluation and writes the summary")));
-  rethrow_agreed(failed, comm_.rank());
+  write_run_report(true);
+  const bool data = failed.code == 2;  // bad input: an unreadable file; else an internal fault
+  note(
+      fmt::format("the evaluation at step {} {} ({}); {} {}: {}--resume latest {}", counters_.step,
+                  data ? "could not read the test data" : "failed",
+                  failed.error ? "the error below says why"
+                               : fmt::format("rank {}'s error says why", failed.first),
+                  save ? "checkpoint saved at that step in" : "the step's checkpoint is already in",
+                  ckpt_dir_.string(), data ? "once the file is replaced or removed, " : "",
+                  counters_.step < total_steps_
+                      ? fmt::format("evaluates step {} and trains on", counters_.step)
+                      : std::string("runs the final evaluation and writes the summary")));
+  rethrow_agreed(failed, comm_.rank(), true);  // each rank its own file
 }
 
 // `work` on optimizer.ema's average once it exists (true), else on the weights (false).
@@ -999,6 +1006,8 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   // A checkpoint whose evaluations have already spent this job's patience (a run
   // extended past its end, or resumed with less patience) ends here as an early stop, as
   // the uninterrupted run with this job would have ended at that evaluation.
+  // Cleared first: every save below is of an evaluated step (the early stop's too).
+  const bool eval_pending = std::exchange(counters_.eval_pending, false);
   bool stopped_early = resumed_ && patience_spent();
   if (stopped_early) {
     counters_.best->stopped = true;
@@ -1008,8 +1017,7 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
   // A checkpoint saved before its step's evaluation (fail_evaluation): that evaluation
   // first, then the step's save again, as the uninterrupted run did there. At the last
   // step it is the final evaluation below.
-  bool pending = !stopped_early && counters_.eval_pending && counters_.step < total_steps_;
-  counters_.eval_pending = false;
+  bool pending = !stopped_early && eval_pending && counters_.step < total_steps_;
   while (!stopped_early && (pending || counters_.step < total_steps_)) {
     dist::TracedBuckets* traced = nullptr;
     if (grad_comm_->size() > 1) traced = grad_sync_.get();
@@ -1050,6 +1058,9 @@ int TrainSession::run(const StopSignals& signals, dist::Watchdog* watchdog) {
                   // stop signal now stops nothing more
       counters_.best->stopped = true;           // kept by the checkpoint: a resume trains nothing
       window_excluded += seconds_since(aside);  // the evaluation is not training time
+      // A resumed pending evaluation trained no step here: its window's steps are the
+      // checkpoint's (the times of that line are not the uninterrupted run's).
+      if (window_steps == 0) window_steps = counters_.window_losses;
       if (window_steps > 0) log_window_line();
       if (profile_) {
         const std::string written = profile_->after(s, true, traced);

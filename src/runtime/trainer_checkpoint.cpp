@@ -194,7 +194,10 @@ void TrainSession::resume_if_asked() {
           "resumed from {} at step {}{}", file.string(), counters_.step,
           tensor_split() ? fmt::format(" (tensor rank {} takes its parts)", coord_.tp) : ""));
       resumed_ = true;
-      saved_step_ = counters_.step;
+      // On disk where this run saves (not --resume PATH from elsewhere): a failure before
+      // the next step need not save it again.
+      std::error_code same;
+      if (fs::equivalent(file.parent_path(), ckpt_dir_, same)) saved_step_ = counters_.step;
     } else {
       note("no checkpoint yet; starting from step 0");
     }

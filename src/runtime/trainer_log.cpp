@@ -198,12 +198,12 @@ void TrainSession::log_eval(const EvalResult& r) {
 
 // report.html from metrics.jsonl (rank 0, at the end and at a stop); a failure to draw
 // it fails nothing.
-void TrainSession::write_run_report() {
+void TrainSession::write_run_report(bool quiet) {
   if (!leader() || !metrics_) return;
   try {
     write_report(out_dir_, out_dir_ / "report.html");
   } catch (const std::exception& e) {
-    note(fmt::format("note: report.html not written: {}", e.what()));
+    if (!quiet) note(fmt::format("note: report.html not written: {}", e.what()));
   }
 }
 

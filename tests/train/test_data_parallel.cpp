@@ -173,10 +173,18 @@ TEST_CASE("image-folder: an unreadable test image saves the step, whose resume e
   OneThread one;
   TempDir tmp("dpbadval");
   const fs::path job = write_image_folder_job(tmp.path());
+  // Read by rank 1 and rank 0 in the first test batch: each names its own.
   const fs::path image = tmp.path() / "images" / "val" / "red" / "img001.ppm";
-  const std::string good = read_bytes(image);
-  const auto damage = [&] { std::ofstream(image, std::ios::binary) << "P6\n40 40\n255\nshort"; };
-  const auto mend = [&] { std::ofstream(image, std::ios::binary) << good; };
+  const fs::path other = tmp.path() / "images" / "val" / "green" / "img000.ppm";
+  const std::string good = read_bytes(image), other_good = read_bytes(other);
+  const auto damage = [&] {
+    for (const fs::path& f : {image, other})
+      std::ofstream(f, std::ios::binary) << "P6\n40 40\n255\nshort";
+  };
+  const auto mend = [&] {
+    std::ofstream(image, std::ios::binary) << good;
+    std::ofstream(other, std::ios::binary) << other_good;
+  };
   const std::vector<std::string> grid = {"--set", "train.eval_every=4", "--set",
                                          "train.checkpoint.every=6"};
   const fs::path whole = train(job, tmp.path(), "whole", {2, "ring"}, grid);
@@ -191,6 +199,7 @@ TEST_CASE("image-folder: an unreadable test image saves the step, whose resume e
   const RunResult failed = run_dtrain(args, tmp.path() / "failed.log");
   CHECK(failed.rc == 2);
   CHECK_MESSAGE(failed.log.find(image.string() + ": truncated") != std::string::npos, failed.log);
+  CHECK_MESSAGE(failed.log.find(other.string() + ": truncated") != std::string::npos, failed.log);
   CHECK_MESSAGE(
       failed.log.find("the evaluation at step 4 could not read the test data") != std::string::npos,
       failed.log);
@@ -283,6 +292,18 @@ TEST_CASE("image-folder: an unreadable training image discards its step and save
     CHECK(failed.log.find("checkpoint saved at step 1 in") != std::string::npos);
     REQUIRE(newest_checkpoint(split / "checkpoints").filename().string().find("00000001") !=
             std::string::npos);
+    // Resumed from that checkpoint into another directory, still damaged: this run's
+    // directory gets its own checkpoint of step 1.
+    const fs::path elsewhere = tmp.path() / (name + "-elsewhere");
+    std::vector<std::string> moved = args;
+    moved[2] = "run.output_dir=" + elsewhere.string();
+    moved.insert(moved.end(), {"--resume", newest_checkpoint(split / "checkpoints").string()});
+    const RunResult again = run_dtrain(moved, tmp.path() / (name + "-elsewhere.log"));
+    CHECK(again.rc == 2);
+    CHECK_MESSAGE(again.log.find("checkpoint saved at step 1 in " +
+                                 (elsewhere / "checkpoints").string()) != std::string::npos,
+                  again.log);
+    CHECK(again.log.find("report.html not written") == std::string::npos);
     std::ofstream(image, std::ios::binary) << good;
     std::vector<std::string> rest = layout;
     rest.insert(rest.end(), {"--resume", "latest"});
@@ -429,6 +450,12 @@ TEST_CASE("comm.allreduce auto: a resume on as many ranks keeps the checkpoint's
   CHECK(resumed.find("max over ranks of the median time") == std::string::npos);
   CHECK(resumed.find(" -> " + chosen) != std::string::npos);
   require_same(train(job, tmp.path(), "whole", {4, chosen}, extra), split);
+  // Other buckets (comm.bucket_mb) were not timed: timed again.
+  train(job, tmp.path(), "split", {4, "auto"},
+        {"--set", "data.micro_batch=2", "--set", "comm.bucket_mb=0.005", "--set", "train.steps=7",
+         "--resume", "latest"});
+  CHECK(read_bytes(tmp.path() / "split.log").find("max over ranks of the median time") !=
+        std::string::npos);
   // On another world size the table is not this one's: timed again.
   std::vector<std::string> two = {"--set", "data.micro_batch=4", "--set",    "comm.bucket_mb=25",
                                   "--set", "train.steps=8",      "--resume", "latest"};
