@@ -84,6 +84,8 @@ nlohmann::json to_json(const runtime::MemoryEstimate& e) {
   return out;
 }
 
+int estimate_job(const EstimateArgs& args, const Job& job, const config::ValidateContext& ctx);
+
 int run_estimate(const EstimateArgs& args) {
   std::vector<std::string> warnings;
   config::ValidateContext ctx;
@@ -91,8 +93,16 @@ int run_estimate(const EstimateArgs& args) {
   ctx.warnings = &warnings;
   std::vector<std::string> overrides = args.overrides;
   add_device_override(args.device, overrides);
-  const Job job = config::load_job_file(args.job, overrides, ctx);
+  config::SourceMap where;
+  const Job job = config::load_job_file(args.job, overrides, ctx, &where);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  int rc = kExitOk;
+  config::located_errors(where, [&] { rc = estimate_job(args, job, ctx); });
+  return rc;
+}
+
+// The estimate of a loaded job (refusals of the model's and data's name their keys).
+int estimate_job(const EstimateArgs& args, const Job& job, const config::ValidateContext& ctx) {
   if (const int threads = assume_rank_threads(ctx.world_size, job.comm.ranks_per_node.value_or(0)))
     std::fprintf(stderr,
                  "dtrain: note: sized for %d OpenMP thread(s) per rank, as --nproc runs the "

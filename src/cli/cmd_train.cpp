@@ -76,12 +76,13 @@ int run_train(const TrainArgs& args) {
                                                   : std::string("dtrain"));
   runtime::TrainRequest req;
   runtime::TrainSessionPtr session;
+  config::SourceMap where;  // a refusal naming a key the job wrote says where it was written
   runtime::agree_on_startup(*world, [&] {
     std::vector<std::string> warnings;
     config::ValidateContext ctx;
     ctx.world_size = world->size();
     ctx.warnings = &warnings;
-    req.job = config::load_job_file(args.job, args.overrides, ctx);
+    req.job = config::load_job_file(args.job, args.overrides, ctx, &where);
     host_allocator().set_caching(req.job.memory.pool);  // before the first tensor
     if (world->rank() == 0) {
       for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
@@ -102,7 +103,7 @@ int run_train(const TrainArgs& args) {
       req.resume = *req.job.train.resume;
     }
     world->set_ranks_per_node(req.job.comm.ranks_per_node);
-    session = runtime::prepare_training(req, *world);
+    config::located_errors(where, [&] { session = runtime::prepare_training(req, *world); });
   });
   // From here on every collective is watched: a dead or hung peer ends this rank too.
   std::optional<dist::Watchdog> watchdog;

@@ -351,13 +351,23 @@ std::string init_from_line(const Job& job, bool skip) {
                      *job.model.init_from, w.tensors, w.fresh.size());
 }
 
+void validate_loaded(const ValidateArgs& args, const Job& job, const config::ValidateContext& ctx);
+
 int run_validate(const ValidateArgs& args) {
   std::vector<std::string> warnings;
   config::ValidateContext ctx;
   ctx.world_size = args.world > 0 ? args.world : world_from_env();
   ctx.warnings = &warnings;
-  const Job job = config::load_job_file(args.job, args.overrides, ctx);
+  config::SourceMap where;
+  const Job job = config::load_job_file(args.job, args.overrides, ctx, &where);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  config::located_errors(where, [&] { validate_loaded(args, job, ctx); });
+  return kExitOk;
+}
+
+// What train checks beyond the job file (the layout, the model, the data and init_from
+// files), then the resolved job and what it will hold, printed.
+void validate_loaded(const ValidateArgs& args, const Job& job, const config::ValidateContext& ctx) {
   runtime::require_trainable(job);  // what train refuses of a layout, refused here too
   if (const int threads = assume_rank_threads(ctx.world_size, job.comm.ranks_per_node.value_or(0)))
     std::fprintf(stderr,
@@ -376,7 +386,6 @@ int run_validate(const ValidateArgs& args) {
   std::fputs(data.c_str(), stdout);
   std::fputs(precision_lines(job).c_str(), stdout);
   std::fputs(data_parallel_lines(job, ctx.world_size).c_str(), stdout);
-  return kExitOk;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -39,10 +40,18 @@ struct SourceLoc {
 // Key path ("optimizer.lr", "" for the whole document) -> where it was written.
 using SourceMap = std::map<std::string, SourceLoc, std::less<>>;
 
+// `where`, when given, receives where each key was written (for located_error).
 Job load_job_file(const std::string& path, const std::vector<std::string>& overrides,
-                  const ValidateContext& ctx);
+                  const ValidateContext& ctx, SourceMap* where = nullptr);
 Job load_job_text(std::string_view text, std::string_view filename,
-                  const std::vector<std::string>& overrides, const ValidateContext& ctx);
+                  const std::vector<std::string>& overrides, const ValidateContext& ctx,
+                  SourceMap* where = nullptr);
+
+// Runs `work` (a command's steps after its job loaded); an Error whose message starts
+// with a key the job file (or a --set) wrote, "model.num_classes: ...", comes out with
+// that key's position in front, "job.yaml:4:16: model.num_classes: ...", as the loader's
+// own refusals do. A RunError stays one (exit 3); other exceptions pass unchanged.
+void located_errors(const SourceMap& where, const std::function<void()>& work);
 
 // Checks the combinations a single key cannot (batch divisibility, world size, ...).
 // `where` only improves the messages; without it they name the key alone.

@@ -84,7 +84,8 @@ void apply_override(ConfigNode& root, std::string_view spec) {
 }
 
 Job load_job_text(std::string_view text, std::string_view filename,
-                  const std::vector<std::string>& overrides, const ValidateContext& ctx) {
+                  const std::vector<std::string>& overrides, const ValidateContext& ctx,
+                  SourceMap* where_out) {
   if (text.size() > kMaxFileBytes) {
     throw Error(fmt::format("{}: {} bytes, more than the {} allowed for a job file", filename,
                             text.size(), kMaxFileBytes));
@@ -106,12 +107,40 @@ Job load_job_text(std::string_view text, std::string_view filename,
   }
   resolve_job(job, where, own);
   validate_job(job, own, &where);
+  if (where_out != nullptr) *where_out = std::move(where);
   return job;
 }
 
+void located_errors(const SourceMap& where, const std::function<void()>& work) {
+  const auto located = [&](const std::string& message) {
+    const size_t colon = message.find(": ");
+    if (colon == std::string::npos || colon == 0) return message;
+    std::string_view key(message.data(), colon);
+    if (key.find_first_of(" /\\") != std::string_view::npos) return message;  // not a key
+    // The key, else the nearest enclosing one the job wrote ("optimizer.freeze" for
+    // "optimizer.freeze[1]"), short of a whole section: a default was not written.
+    for (;;) {
+      const auto it = where.find(key);
+      if (it != where.end() && (it->second.line > 0 || it->second.origin.rfind("--set", 0) == 0))
+        return it->second.str() + ": " + message;
+      const size_t cut = key.find_last_of(".[");
+      if (cut == std::string_view::npos || cut == 0) return message;
+      key = key.substr(0, cut);
+      if (key.find_first_of(".[") == std::string_view::npos) return message;  // a section
+    }
+  };
+  try {
+    work();
+  } catch (const RunError& e) {
+    throw RunError(located(e.message()), e.hint());
+  } catch (const Error& e) {
+    throw Error(located(e.message()), e.hint());
+  }
+}
+
 Job load_job_file(const std::string& path, const std::vector<std::string>& overrides,
-                  const ValidateContext& ctx) {
-  return load_job_text(read_job_file(path), path, overrides, ctx);
+                  const ValidateContext& ctx, SourceMap* where) {
+  return load_job_text(read_job_file(path), path, overrides, ctx, where);
 }
 
 }  // namespace dtrain::config

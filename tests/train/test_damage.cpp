@@ -137,7 +137,9 @@ TEST_CASE("device: cuda without a usable GPU is refused with CUDA's own reason")
     const std::string reason =
         cuda.built ? cuda.reason : std::string("this dtrain was built without CUDA");
     CHECK_MESSAGE(
-        contains(r.log, "error: device: cuda:0: no CUDA device available (" + reason + ")"), r.log);
+        contains(r.log, "error: --set device=cuda: device: cuda:0: no CUDA device available (" +
+                            reason + ")"),
+        r.log);
     CHECK_MESSAGE(!fs::exists(out), out << " was created");
   }
   // An index past the last device (or no device at all) is refused the same way.
@@ -168,14 +170,14 @@ TEST_CASE("bad input is refused before any output is written") {
       {"ZeRO without master weights",
        {"--set", "precision.dtype=bf16", "--set", "precision.master_weights=false", "--set",
         "parallel.zero_stage=3"},
-       "precision.master_weights"},
+       "--set precision.master_weights=false: precision.master_weights"},
       {"missing dataset", {"--set", "data.path=/nonexistent"}, "/nonexistent"},
       {"data.limit.train below one batch",
        {"--set", "data.limit.train=3"},
        "the dataset holds 3 samples (cut by data.limit.train)"},
   };
   if (!dtrain::kernels::query_cuda().available)
-    cases.push_back({"cuda", {"--set", "device=cuda"}, "device"});
+    cases.push_back({"cuda", {"--set", "device=cuda"}, "--set device=cuda: device"});
   for (const Case& c : cases) {
     const std::string what = c.what;
     CAPTURE(what);

@@ -211,10 +211,11 @@ TEST_CASE("unusable token data is refused with exit 2, naming the key or file") 
   const Case cases[] = {
       {"missing data.path directory",
        {"--set", "data.path=" + missing},
-       {"error: data.path: " + missing, "dtrain data tokenize"}},
+       {"error: --set data.path=" + missing + ": data.path: " + missing, "dtrain data tokenize"}},
       {"model.vocab_size below the tokenizer's",
        {"--set", "model.vocab_size=" + std::to_string(t.vocab - 1)},
-       {"error: model.vocab_size", std::to_string(t.vocab)}},
+       {"error: --set model.vocab_size=" + std::to_string(t.vocab - 1) + ": model.vocab_size",
+        std::to_string(t.vocab)}},
       {"an image dataset for a GPT",
        {"--set", "data.dataset=fashion-mnist"},
        {"data.dataset: fashion-mnist", "gpt2-tiny"}},
