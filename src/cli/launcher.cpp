@@ -194,7 +194,16 @@ int run_ranks(const std::vector<std::string>& argv, const RanksOptions& options)
     }
     return rc == 0 && stopped ? 4 : rc;  // commands.h: kExitInterrupted
   }
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  // mpirun itself died (a signal sent to it rather than to this process, or its own
+  // crash while it ended the ranks): the ranks' codes are lost with it.
+  std::fprintf(stderr,
+               "dtrain: mpirun ended on signal %d (%s) without the ranks' exit codes; the "
+               "lines above are the ranks' own (a saved checkpoint is named there). To stop "
+               "a run, signal this dtrain process (Ctrl-C, kill): it stops the ranks with a "
+               "checkpoint\n",
+               sig, strsignal(sig));
+  return 128 + sig;
 }
 
 std::string private_stop_file() {

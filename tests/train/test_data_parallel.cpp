@@ -2068,4 +2068,28 @@ TEST_CASE("SIGTERM or SIGINT to the --nproc launcher stops every rank with exit 
        "train.steps=" + std::to_string(read_losses(run / "metrics.jsonl").back().step + 1)});
   const RunResult resumed = run_dtrain(one_more, tmp.path() / "after.log");
   CHECK_MESSAGE(resumed.rc == 0, resumed.describe());
+  // mpirun itself killed (not the launcher): the launcher says so and how to stop a run,
+  // and nothing is left running.
+  const size_t lines = count_lines(run / "metrics.jsonl");
+  const pid_t spawned = spawn_dtrain(args, tmp.path() / "mpirun-killed.log");
+  for (int i = 0; i < 600 && count_lines(run / "metrics.jsonl") < lines + 2; ++i) usleep(50000);
+  pid_t mpirun = 0;  // the launcher's child, from /proc/PID/stat's parent field
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string stat = read_bytes(e.path() / "stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    long parent = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %*c %ld", &parent) == 1 && parent == spawned)
+      mpirun = static_cast<pid_t>(std::stol(name));
+  }
+  REQUIRE(mpirun > 0);
+  kill(mpirun, SIGKILL);
+  const RunResult killed = wait_dtrain(spawned, tmp.path() / "mpirun-killed.log", 120);
+  CHECK_MESSAGE(killed.rc == 128 + SIGKILL, killed.describe());
+  CHECK_MESSAGE(killed.log.find("dtrain: mpirun ended on signal 9") != std::string::npos,
+                killed.log);
+  for (int i = 0; i < 100 && !processes_mentioning(run).empty(); ++i) usleep(50000);
+  CHECK(processes_mentioning(run).empty());
 }
