@@ -474,9 +474,9 @@ TrainCounters counters_of(const Checkpoint& ck) {
     const nlohmann::json& a = ck.meta.at("allreduce_auto");
     TrainCounters::AutoAllreduce choice;
     bool ok = a.is_object() && a.contains("world") && a.at("world").is_number_integer() &&
-              a.at("world").get<int64_t>() > 1 && a.contains("classes") &&
-              a.at("classes").is_array() && a.contains("backend") && a.at("backend").is_string() &&
-              a.contains("buckets") && a.at("buckets").is_array();
+              a.at("world").get<int64_t>() > 1 && a.at("world").get<int64_t>() <= INT32_MAX &&
+              a.contains("classes") && a.at("classes").is_array() && a.contains("backend") &&
+              a.at("backend").is_string() && a.contains("buckets") && a.at("buckets").is_array();
     if (ok) {
       choice.world = a.at("world").get<int>();
       choice.backend = a.at("backend").get<std::string>();
