@@ -1,8 +1,9 @@
 // The training session behind runtime/trainer.h, private to src/runtime. Its members
-// live in three files: trainer.cpp (start-up, connecting the communicators, the step,
-// evaluation, the loop), trainer_checkpoint.cpp (model.init_from, resume, the saves of
-// every layout) and trainer_log.cpp (the run directory, metrics, TensorBoard, the
-// console and the summary).
+// live in trainer.cpp (start-up, connecting the communicators, the step, the loop),
+// trainer_data.cpp (reading the feeds: training batches, the evaluation, unreadable
+// data), trainer_checkpoint.cpp (model.init_from, resume, the saves of every layout),
+// trainer_log.cpp (the run directory, metrics, TensorBoard, the console and the
+// summary), and trainer_best.cpp, trainer_require.cpp and trainer_samples.cpp.
 #pragma once
 
 #include <array>
@@ -88,6 +89,8 @@ struct StepTotals {
 
 // `t` on the host as f32 (half logits widened: the accuracy count, a sample's draw).
 Tensor host_f32(const Tensor& t);
+// A one-element f32 tensor's value (a loss), on the host.
+float read_scalar(const Tensor& t);
 
 // Start-up refusals (trainer_require.cpp): the device and the world against the
 // layout, then require_trainable; train.best's evaluations once the steps are known
@@ -137,6 +140,7 @@ class TrainSession {
   EvalResult evaluate();
   EvalResult evaluate_model(AgreedStatus& failed);
   [[noreturn]] void fail_evaluation(const AgreedStatus& failed);
+  bool save_before_failing(bool eval_pending);
   void with_average(const std::function<void(bool average)>& work);
   void log_window(double loss, double seconds, double wait, int64_t steps);
   void log_eval(const EvalResult& r);
