@@ -276,7 +276,7 @@ Compressor::Compressor(const CompressOptions& o, dist::Communicator& comm,
   if (o.method != CompressMethod::powersgd) return;
   Tensor q = Tensor::empty(Shape{std::max<int64_t>(n, 1)}, DType::f32);
   const Philox rng(seed, rng_stream_id(kPowerSgdPurpose, 0, 0));  // the same Q on every rank
-  for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] = rng.normal(static_cast<uint64_t>(i));
+  rng.normals(0, q.numel(), q.data<float>());
   q_ = scratch(q.numel(), DType::f32);
   kernels::copy(q, q_);
 }

@@ -1,6 +1,7 @@
 // Philox-4x32-10 with the constants of Random123.
 #include "core/rng.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -195,11 +196,37 @@ void Philox::words(uint64_t first, int64_t n, uint32_t* out) const {
 
 float Philox::uniform(uint64_t i) const { return u32_to_uniform(u32(i)); }
 
-float Philox::normal(uint64_t i) const {
-  // Box-Muller; u1 in (0, 1] so the log is finite.
-  const float u1 = 1.0f - uniform(2 * i);
-  const float u2 = uniform(2 * i + 1);
+float box_muller(uint32_t a, uint32_t b) {
+  const float u1 = 1.0f - u32_to_uniform(a);
+  const float u2 = u32_to_uniform(b);
   return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853071795864769f * u2);
+}
+
+float Philox::normal(uint64_t i) const {
+  const PhiloxCounter w = block(i / 2);  // words 2i and 2i + 1 share a block
+  return box_muller(w[2 * (i % 2)], w[2 * (i % 2) + 1]);
+}
+
+namespace {
+constexpr int64_t kBulk = 2048;  // words per words() call: whole interleaved groups
+}  // namespace
+
+void Philox::uniforms(uint64_t first, int64_t n, float* out) const {
+  uint32_t w[kBulk];
+  for (int64_t k = 0; k < n; k += kBulk) {
+    const int64_t m = std::min(kBulk, n - k);
+    words(first + static_cast<uint64_t>(k), m, w);
+    for (int64_t j = 0; j < m; ++j) out[k + j] = u32_to_uniform(w[j]);
+  }
+}
+
+void Philox::normals(uint64_t first, int64_t n, float* out) const {
+  uint32_t w[kBulk];
+  for (int64_t k = 0; k < n; k += kBulk / 2) {
+    const int64_t m = std::min(kBulk / 2, n - k);
+    words(2 * (first + static_cast<uint64_t>(k)), 2 * m, w);
+    for (int64_t j = 0; j < m; ++j) out[k + j] = box_muller(w[2 * j], w[2 * j + 1]);
+  }
 }
 
 uint64_t rng_stream_id(uint32_t purpose, uint32_t rank, uint64_t index) {

@@ -30,6 +30,10 @@ class Philox {
   float uniform(uint64_t i) const;
   // Standard normal via Box-Muller on words 2i and 2i+1.
   float normal(uint64_t i) const;
+  // out[k] = uniform(first + k) and normal(first + k) for k in [0, n): the same bits,
+  // the words drawn by words() (a weight initialisation's whole tensor at once).
+  void uniforms(uint64_t first, int64_t n, float* out) const;
+  void normals(uint64_t first, int64_t n, float* out) const;
   // out[k] = u32(first + k) for k in [0, n): the same words, 16 blocks at a time
   // in vector registers (8 without AVX-512), four such groups interleaved where n
   // allows (dropout masks draw one word per element; ask for 256+ words per call for
@@ -42,6 +46,9 @@ class Philox {
 };
 
 inline float u32_to_uniform(uint32_t x) { return static_cast<float>(x >> 8) * 0x1p-24f; }
+
+// Box-Muller on two words; u1 = 1 - uniform(a) is in (0, 1], so the log is finite.
+float box_muller(uint32_t a, uint32_t b);
 
 // Packs purpose (8 bits), rank (16 bits) and index (40 bits) into a stream id.
 uint64_t rng_stream_id(uint32_t purpose, uint32_t rank, uint64_t index);

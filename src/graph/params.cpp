@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "kernels/memory.h"
 
@@ -27,23 +29,80 @@ int64_t align_elems(int64_t n, DType dt) {
   return (n + per - 1) / per * per;
 }
 
-// Value i of entry `e`, before the cast to its dtype.
-float init_value(const ParamSpec& s, const Philox& rng, uint64_t i) {
+// Values first .. first + n - 1 of entry `s`, before the cast to its dtype: a normal or
+// uniform draw per value (Philox::normals / uniforms, the words drawn in bulk), scaled.
+void init_values(const ParamSpec& s, const Philox& rng, uint64_t first, int64_t n, float* out) {
   switch (s.init) {
     case InitKind::zeros:
-      return 0.0f;
     case InitKind::ones:
-      return 1.0f;
+      std::fill(out, out + n, s.init == InitKind::ones ? 1.0f : 0.0f);
+      return;
     case InitKind::normal:
-      return static_cast<float>(s.scale) * rng.normal(i);
-    case InitKind::uniform:
-      return static_cast<float>(s.scale) * (2.0f * rng.uniform(i) - 1.0f);
-    case InitKind::kaiming_normal:
-      return std::sqrt(2.0f / static_cast<float>(s.fan_in)) * rng.normal(i);
-    case InitKind::kaiming_uniform:
-      return (2.0f * rng.uniform(i) - 1.0f) / std::sqrt(static_cast<float>(s.fan_in));
+    case InitKind::kaiming_normal: {
+      rng.normals(first, n, out);
+      const float scale = s.init == InitKind::normal
+                              ? static_cast<float>(s.scale)
+                              : std::sqrt(2.0f / static_cast<float>(s.fan_in));
+      for (int64_t k = 0; k < n; ++k) out[k] = scale * out[k];
+      return;
+    }
+    case InitKind::uniform: {
+      rng.uniforms(first, n, out);
+      const float scale = static_cast<float>(s.scale);
+      for (int64_t k = 0; k < n; ++k) out[k] = scale * (2.0f * out[k] - 1.0f);
+      return;
+    }
+    case InitKind::kaiming_uniform: {
+      rng.uniforms(first, n, out);
+      const float bound = std::sqrt(static_cast<float>(s.fan_in));
+      for (int64_t k = 0; k < n; ++k) out[k] = (2.0f * out[k] - 1.0f) / bound;
+      return;
+    }
   }
-  return 0.0f;
+}
+
+// Entry-local elements j, j + 1, ... whose whole-tensor indices follow one another from
+// whole_index(s, j): to the end of the entry, or of the row of the split dimension.
+int64_t contiguous_from(const ParamSpec& s, int64_t j) {
+  const int64_t n = s.shape.numel();
+  if (!s.split.split()) return n - j;
+  int64_t inner = 1;
+  for (int k = s.split.dim + 1; k < s.shape.rank(); ++k) inner *= s.shape[k];
+  return inner - j % inner;
+}
+
+// Entry `s`'s values for its elements [begin, end), into out[0 .. end - begin).
+void init_entry(const ParamSpec& s, const Philox& rng, int64_t begin, int64_t end, float* out) {
+  for (int64_t j = begin; j < end;) {
+    const int64_t run = std::min(end - j, contiguous_from(s, j));
+    init_values(s, rng, whole_index(s, j), run, out + (j - begin));
+    j += run;
+  }
+}
+
+// Entry `s`'s elements [begin, end) as T into out[0 .. end - begin), in parallel chunks
+// (each value is a function of its index alone, so the bits do not depend on threads).
+template <typename T>
+void init_into(const ParamSpec& s, const Philox& rng, int64_t begin, int64_t end, T* out) {
+  parallel_for(begin, end, int64_t{1} << 16, [&](int64_t lo, int64_t hi) {
+    if constexpr (std::is_same_v<T, float>) {
+      init_entry(s, rng, lo, hi, out + (lo - begin));
+    } else {
+      constexpr int64_t kChunk = 4096;  // values drawn at a time, then cast
+      float x[kChunk];
+      for (int64_t j = lo; j < hi; j += kChunk) {
+        const int64_t m = std::min(kChunk, hi - j);
+        init_entry(s, rng, j, j + m, x);
+        for (int64_t k = 0; k < m; ++k) {
+          if constexpr (std::is_same_v<T, f16>) {
+            out[j - begin + k] = to_f16(x[k]);
+          } else {
+            out[j - begin + k] = to_bf16(x[k]);
+          }
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -164,21 +223,14 @@ void FlatStore::initialize(uint64_t seed) {
       if (dt == e.spec.dtype) v = t.view(e.offset, e.spec.shape);
     DTRAIN_CHECK(v.defined(), "flat store not allocated");
     const int64_t n = v.numel();
-    for (int64_t j = 0; j < n; ++j) {
-      const float x = init_value(e.spec, rng, whole_index(e.spec, j));
-      switch (v.dtype()) {
-        case DType::f32:
-          v.data<float>()[j] = x;
-          break;
-        case DType::f16:
-          v.data<f16>()[j] = to_f16(x);
-          break;
-        case DType::bf16:
-          v.data<bf16>()[j] = to_bf16(x);
-          break;
-        default:
-          DTRAIN_CHECK(false, "{}: cannot initialise {}", e.name, dtype_name(v.dtype()));
-      }
+    DTRAIN_CHECK(v.dtype() == DType::f32 || v.dtype() == DType::f16 || v.dtype() == DType::bf16,
+                 "{}: cannot initialise {}", e.name, dtype_name(v.dtype()));
+    if (v.dtype() == DType::f32) {
+      init_into(e.spec, rng, 0, n, v.data<float>());
+    } else if (v.dtype() == DType::f16) {
+      init_into(e.spec, rng, 0, n, v.data<f16>());
+    } else {
+      init_into(e.spec, rng, 0, n, v.data<bf16>());
     }
   }
   if (device_.is_cpu()) return;
@@ -198,9 +250,7 @@ void FlatStore::initialize_range(uint64_t seed, int64_t begin, Tensor& out) cons
     const int64_t hi = std::min(end, e.offset + e.spec.shape.numel());
     if (lo >= hi) continue;
     const Philox rng(seed, rng_stream_id(kInitPurpose, 0, fnv1a(e.name)));
-    float* dst = host.data<float>() + (lo - begin);
-    for (int64_t x = lo; x < hi; ++x)
-      dst[x - lo] = init_value(e.spec, rng, whole_index(e.spec, x - e.offset));
+    init_into(e.spec, rng, lo - e.offset, hi - e.offset, host.data<float>() + (lo - begin));
   }
   if (!out.device().is_cpu()) kernels::copy(host, out);
 }

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -83,6 +84,40 @@ TEST_CASE("Philox words(): the vectorised draw equals u32() word for word") {
         bad += got[static_cast<size_t>(k)] != rng.u32(first + static_cast<uint64_t>(k));
       CHECK(bad == 0);
       CHECK(got[static_cast<size_t>(n)] == 0xdeadbeefu);  // nothing written past n
+    }
+  }
+}
+
+TEST_CASE(
+    "Philox uniforms() and normals(): the bulk draws equal uniform() and normal() bit for bit") {
+  const Philox rng(0x0bad'cafe'1234'5678ull, 0x42ull);
+  // Box-Muller on words 2i and 2i + 1, written out from u32(): normal() reads both
+  // from one block.
+  auto box_muller_of = [&](uint64_t i) {
+    const float u1 = 1.0f - u32_to_uniform(rng.u32(2 * i)), u2 = u32_to_uniform(rng.u32(2 * i + 1));
+    return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853071795864769f * u2);
+  };
+  const uint64_t starts[] = {0, 1, 3, 1001, (uint64_t{1} << 33) - 5};
+  const int64_t lengths[] = {0, 1, 7, 64, 1023, 1024, 1025, 2049, 5000};
+  for (uint64_t first : starts) {
+    for (int64_t n : lengths) {
+      CAPTURE(first);
+      CAPTURE(n);
+      std::vector<float> u(static_cast<size_t>(n) + 1, -7.0f), z(static_cast<size_t>(n) + 1, -7.0f);
+      rng.uniforms(first, n, u.data());
+      rng.normals(first, n, z.data());
+      int64_t bad = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const uint64_t i = first + static_cast<uint64_t>(k);
+        const float zi = rng.normal(i), ui = rng.uniform(i);
+        bad += std::memcmp(&u[static_cast<size_t>(k)], &ui, 4) != 0;
+        bad += std::memcmp(&z[static_cast<size_t>(k)], &zi, 4) != 0;
+        const float ref = box_muller_of(i);
+        bad += std::memcmp(&zi, &ref, 4) != 0;
+      }
+      CHECK(bad == 0);
+      CHECK(u[static_cast<size_t>(n)] == -7.0f);  // nothing written past n
+      CHECK(z[static_cast<size_t>(n)] == -7.0f);
     }
   }
 }
