@@ -142,6 +142,32 @@ AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_
   return choice;
 }
 
+AutoChoice broadcast_choice(Communicator& comm, const AutoChoice& choice, int root) {
+  int64_t n = static_cast<int64_t>(choice.entries.size());
+  Tensor n_t = Tensor::wrap(&n, Shape{1}, DType::i64);
+  comm.broadcast(n_t, root);
+  std::vector<int64_t> rows(static_cast<size_t>(2 * n), 0);
+  if (comm.rank() == root) {
+    for (size_t i = 0; i < choice.entries.size(); ++i) {
+      rows[2 * i] = static_cast<int64_t>(choice.entries[i].bytes);
+      rows[2 * i + 1] = static_cast<int64_t>(choice.entries[i].algo);
+    }
+  }
+  if (n > 0) {
+    Tensor rows_t = Tensor::wrap(rows.data(), Shape{2 * n}, DType::i64);
+    comm.broadcast(rows_t, root);
+  }
+  if (comm.rank() == root) return choice;
+  AutoChoice out;
+  for (int64_t i = 0; i < n; ++i) {
+    AutoEntry e;
+    e.bytes = static_cast<size_t>(rows[static_cast<size_t>(2 * i)]);
+    e.algo = static_cast<AllreduceAlgo>(rows[static_cast<size_t>(2 * i + 1)]);
+    out.entries.push_back(e);
+  }
+  return out;
+}
+
 namespace {
 std::string human_bytes(size_t b) {
   if (b >= (size_t{1} << 20)) return fmt::format("{:.1f} MiB", b / 1048576.0);

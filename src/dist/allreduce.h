@@ -58,6 +58,9 @@ struct AutoChoice {
 // takes no memory beside what training holds; otherwise a buffer is allocated.
 AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes, int reps = 3,
                           const Tensor& scratch = {});
+// `root`'s choice on every rank of `comm` (sizes and algorithms; the times are root's
+// alone): a grid's data groups all take the one its first group timed. Collective.
+AutoChoice broadcast_choice(Communicator& comm, const AutoChoice& choice, int root);
 // A few readable lines under `title`: one per size class, the choice and every
 // candidate's time (none for a choice read back from a checkpoint).
 std::string format_auto_choice(

@@ -66,6 +66,10 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
                               {"backend", c.allreduce_auto->backend},
                               {"buckets", c.allreduce_auto->buckets},
                               {"classes", classes}};
+    if (!c.allreduce_auto->grid.empty()) {
+      meta["allreduce_auto"]["grid"] = c.allreduce_auto->grid;
+      meta["allreduce_auto"]["signature"] = fmt::format("{:016x}", c.allreduce_auto->signature);
+    }
   }
   // As bits: a decimal round trip could change the logged mean's last bit.
   meta["log_window"] = {{"loss_sum_bits", std::bit_cast<uint64_t>(c.window_loss_sum)},
@@ -485,6 +489,20 @@ TrainCounters counters_of(const Checkpoint& ck) {
         if (ok) choice.buckets.push_back(b.get<int64_t>());
       }
     }
+    if (ok && a.contains("grid")) {  // a pipeline or tensor grid's: its degrees and signature
+      ok = a.at("grid").is_array() && a.at("grid").size() == 3 && a.contains("signature") &&
+           a.at("signature").is_string() && a.at("signature").get<std::string>().size() == 16;
+      for (size_t i = 0; ok && i < 3; ++i) {
+        const nlohmann::json& d = a.at("grid")[i];
+        ok = d.is_number_integer() && d.get<int64_t>() >= 1 && d.get<int64_t>() <= INT32_MAX;
+        if (ok) choice.grid.push_back(d.get<int>());
+      }
+      if (ok) {
+        const std::string sig = a.at("signature").get<std::string>();
+        ok = sig.find_first_not_of("0123456789abcdef") == std::string::npos;
+        if (ok) choice.signature = std::stoull(sig, nullptr, 16);
+      }
+    }
     for (size_t i = 0; ok && i < a.at("classes").size(); ++i) {
       const nlohmann::json& e = a.at("classes")[i];
       ok = e.is_object() && e.contains("bytes") && e.at("bytes").is_number_integer() &&
@@ -496,7 +514,8 @@ TrainCounters counters_of(const Checkpoint& ck) {
     }
     if (!ok) {
       throw Error(fmt::format("{}: allreduce_auto is not a world size, a backend, bucket sizes "
-                              "and a list of (bytes, algorithm) classes",
+                              "and a list of (bytes, algorithm) classes (and a grid's degrees "
+                              "and signature)",
                               file.string()),
                   "the checkpoint's header is damaged: resume from another checkpoint");
     }

@@ -68,16 +68,21 @@ struct TrainCounters {
   // The step's evaluation could not read its test data: the checkpoint was saved before
   // it, and a resume evaluates the step first (absent: false).
   bool eval_pending = false;
-  // comm.allreduce auto in plain data parallelism: the algorithm chosen per bucket-size
-  // class (bytes, "native" / "ring" / "hierarchical") on `world` ranks of `backend` for
-  // these gradient buckets (bytes each), which a resume with the same world, backend and
+  // comm.allreduce auto: the algorithm chosen per bucket-size class (bytes, "native" /
+  // "ring" / "hierarchical") on `world` data-parallel ranks of `backend` for these
+  // gradient buckets (bytes each), which a resume with the same world, backend and
   // buckets keeps instead of timing again, so that it sums as the run did (three or more
-  // addends are summed in another order by another algorithm).
+  // addends are summed in another order by another algorithm). In a pipeline or tensor
+  // grid (`grid`: its pipeline, data and tensor degrees) every data group takes the one
+  // table its first group timed; `buckets` is empty, and `signature` hashes every rank's
+  // buckets instead, which the resume's must equal.
   struct AutoAllreduce {
     int world = 0;
     std::string backend;
     std::vector<int64_t> buckets;
     std::vector<std::pair<int64_t, std::string>> classes;
+    std::vector<int> grid;   // empty: plain data parallelism
+    uint64_t signature = 0;  // with `grid`
   };
   std::optional<AutoAllreduce> allreduce_auto;
   // Loaded, not saved: whether the checkpoint holds optimizer.ema's average (its state

@@ -27,6 +27,7 @@
 #include <fstream>
 #include <limits>
 
+#include <fmt/ranges.h>
 #include <unistd.h>
 #include <map>
 #include <memory>
@@ -35,10 +36,23 @@ namespace dtrain::runtime {
 
 namespace {
 
-std::string fnv1a_hex(std::string_view s) {
+uint64_t fnv1a(std::string_view s) {
   uint64_t h = 1469598103934665603ull;
   for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return fmt::format("{:016x}", h);
+  return h;
+}
+
+std::string fnv1a_hex(std::string_view s) { return fmt::format("{:016x}", fnv1a(s)); }
+
+// Every rank's gradient bucket sizes (`bucket_bytes`, this rank's), hashed in rank
+// order: the same value on every rank of `world`. Collective.
+uint64_t buckets_signature(dist::Communicator& world, const std::vector<int64_t>& bucket_bytes) {
+  auto mine = static_cast<int64_t>(fnv1a(fmt::format("{}", fmt::join(bucket_bytes, ","))));
+  std::vector<int64_t> all(static_cast<size_t>(world.size()));
+  const Tensor in = Tensor::wrap(&mine, Shape{1}, DType::i64);
+  Tensor out = Tensor::wrap(all.data(), Shape{world.size()}, DType::i64);
+  world.all_gather(in, out);
+  return fnv1a(fmt::format("{}", fmt::join(all, ",")));
 }
 
 }  // namespace
@@ -403,8 +417,15 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
       bucket_bytes.push_back(static_cast<int64_t>(bytes.back()));
     }
-    if (resumed_ && saved && !grid_ && saved->world == grad_comm_->size() &&
-        saved->backend == grad_comm_->backend() && saved->buckets == bucket_bytes) {
+    const bool tuning = grad_comm_->size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_;
+    // A grid's data groups take one table (its first group's), keyed by every rank's buckets.
+    const std::vector<int> degrees =
+        grid_ ? std::vector<int>{job_.parallel.pipeline, job_.parallel.data, job_.parallel.tensor}
+              : std::vector<int>{};
+    const uint64_t signature = grid_ && tuning ? buckets_signature(comm_, bucket_bytes) : 0;
+    if (resumed_ && saved && saved->world == grad_comm_->size() &&
+        saved->backend == grad_comm_->backend() && saved->grid == degrees &&
+        (grid_ ? saved->signature == signature : saved->buckets == bucket_bytes)) {
       for (const auto& [bytes, name] : saved->classes) {
         dist::AutoEntry e;
         e.bytes = static_cast<size_t>(bytes);
@@ -415,38 +436,47 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
         kept.entries.push_back(e);
       }
     }
-    if (grad_comm_->size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_ &&
-        !kept.entries.empty()) {
+    if (tuning && !kept.entries.empty()) {
       note(dist::format_auto_choice(
           kept,
           "all-reduce auto: the checkpoint's choice, timed when the run started on these "
           "ranks and buckets, so that the resumed run sums as the run did:"));
       for (size_t b = 0; b < buckets.size(); ++b) algos[b] = kept.algo_for(bytes[b]);
       counters_.allreduce_auto = saved;
-    } else if (grad_comm_->size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_) {
+    } else if (tuning) {
       // Timed in the gradient buffer itself, in its largest bucket (the largest size
       // timed): a bucket's range is written by backward, never zero pages nor another
-      // pipeline stage's part, so no buffer is allocated for the timing.
-      const auto largest = std::max_element(buckets.begin(), buckets.end(),
-                                            [](const dist::Bucket& a, const dist::Bucket& b) {
-                                              return a.end - a.begin < b.end - b.begin;
-                                            });
-      const Tensor scratch =
-          largest == buckets.end()
-              ? Tensor{}
-              : weights_->grads().view(largest->begin, Shape{largest->end - largest->begin});
-      const dist::AutoChoice choice = dist::tune_allreduce(*grad_comm_, bytes, 3, scratch);
-      note(dist::format_auto_choice(choice));
-      for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
-      if (!grid_) {  // one table on every rank: the checkpoint keeps it for a resume
-        TrainCounters::AutoAllreduce table;
-        table.world = grad_comm_->size();
-        table.backend = grad_comm_->backend();
-        table.buckets = bucket_bytes;
-        for (const dist::AutoEntry& e : choice.entries)
-          table.classes.emplace_back(static_cast<int64_t>(e.bytes), std::string(to_string(e.algo)));
-        counters_.allreduce_auto = table;
+      // pipeline stage's part, so no buffer is allocated for the timing. In a grid, the
+      // data group of world rank 0 times and every group takes its table: one table for
+      // the checkpoint to keep.
+      dist::AutoChoice choice;
+      if (!grid_ || (coord_.pp == 0 && coord_.tp == 0)) {
+        const auto largest = std::max_element(buckets.begin(), buckets.end(),
+                                              [](const dist::Bucket& a, const dist::Bucket& b) {
+                                                return a.end - a.begin < b.end - b.begin;
+                                              });
+        const Tensor scratch =
+            largest == buckets.end()
+                ? Tensor{}
+                : weights_->grads().view(largest->begin, Shape{largest->end - largest->begin});
+        choice = dist::tune_allreduce(*grad_comm_, bytes, 3, scratch);
       }
+      if (grid_) choice = dist::broadcast_choice(comm_, choice, 0);
+      note(coord_.pp == 0 && coord_.tp == 0
+               ? dist::format_auto_choice(choice)
+               : dist::format_auto_choice(choice,
+                                          "all-reduce auto: the table the data group "
+                                          "of rank 0 timed, for every data group:"));
+      for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
+      TrainCounters::AutoAllreduce table;  // the checkpoint keeps it for a resume
+      table.world = grad_comm_->size();
+      table.backend = grad_comm_->backend();
+      if (!grid_) table.buckets = bucket_bytes;  // a grid's groups differ: its signature
+      table.grid = degrees;
+      table.signature = signature;
+      for (const dist::AutoEntry& e : choice.entries)
+        table.classes.emplace_back(static_cast<int64_t>(e.bytes), std::string(to_string(e.algo)));
+      counters_.allreduce_auto = table;
     } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
       std::fill(algos.begin(), algos.end(), AllreduceAlgo::native);
     }

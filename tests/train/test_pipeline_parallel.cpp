@@ -393,6 +393,54 @@ TEST_CASE("1F1B holds at most P - s micro-batches on stage s, GPipe all of them"
 // saves every step (data replicas proven equal) and a run stopped at step 4 resumes bit
 // for bit: every rank's residual (and its stage's Q) is in its own shard, data rank 1's
 // in an empty-range shard.
+// comm.allreduce auto in a grid: the data group of rank 0 times, every group (each
+// stage's, with its own buckets) takes that table, and the checkpoint keeps it; a resume
+// on the same grid and buckets uses it instead of timing again, so that with 3 data ranks
+// (native and ring sum in other orders) it is the uninterrupted run with that algorithm.
+TEST_CASE("comm.allreduce auto in 2 stages x 3 data ranks: one table, kept by a resume") {
+  OneThread one;
+  TempDir tmp("pp-auto");
+  const TokenDir tokens = tokenize(tmp.path(), 300);
+  const fs::path job = lm_job(tmp.path(), "gpt2-tiny", tokens);
+  const std::vector<std::string> grid = {
+      "--set", "parallel.pipeline=2", "--set", "parallel.data=3", "--set", "data.global_batch=12",
+      "--set", "comm.bucket_mb=25"};  // one bucket per stage: one size class each
+  std::vector<std::string> first = grid;
+  first.insert(first.end(), {"--set", "comm.allreduce=auto", "--set", "train.steps=3"});
+  const fs::path split = run_job(job, tmp.path(), "split", 6, first);
+  const std::string started = read_bytes(tmp.path() / "split.log");
+  const size_t arrow = started.find(" -> ");
+  REQUIRE_MESSAGE(arrow != std::string::npos, started);
+  const std::string chosen = started.substr(arrow + 4, started.find(' ', arrow + 4) - arrow - 4);
+  REQUIRE((chosen == "native" || chosen == "ring"));
+  // Rank 3 (stage 1) timed nothing and took rank 0's group's table.
+  const std::string stage1 = read_bytes(split / "logs" / "rank-3.log");
+  CHECK_MESSAGE(stage1.find("the table the data group of rank 0 timed") != std::string::npos,
+                stage1);
+  CHECK(stage1.find(" -> " + chosen) != std::string::npos);
+  std::vector<std::string> rest = grid;
+  rest.insert(rest.end(), {"--set", "comm.allreduce=auto", "--resume", "latest"});
+  run_job(job, tmp.path(), "split", 6, rest);
+  const std::string resumed = read_bytes(tmp.path() / "split.log");
+  CHECK_MESSAGE(resumed.find("all-reduce auto: the checkpoint's choice") != std::string::npos,
+                resumed);
+  CHECK(resumed.find("max over ranks of the median time") == std::string::npos);
+  std::vector<std::string> fixed = grid;
+  fixed.insert(fixed.end(), {"--set", "comm.allreduce=" + chosen});
+  require_same(run_job(job, tmp.path(), "whole", 6, fixed), split);
+  // Other buckets on some stage change the signature: timed again.
+  rest = {"--set",    "parallel.pipeline=2",
+          "--set",    "parallel.data=3",
+          "--set",    "data.global_batch=12",
+          "--set",    "comm.bucket_mb=0.005",
+          "--set",    "comm.allreduce=auto",
+          "--set",    "train.steps=10",
+          "--resume", "latest"};
+  run_job(job, tmp.path(), "split", 6, rest);
+  CHECK(read_bytes(tmp.path() / "split.log").find("max over ranks of the median time") !=
+        std::string::npos);
+}
+
 TEST_CASE("gradient compression with 2 stages x 2 data ranks: ratio 1 is plain, each resumes") {
   OneThread one;
   TempDir tmp("pp-compress");
