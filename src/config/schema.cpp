@@ -275,6 +275,7 @@ Field data_section() {
                   integer("prefetch", AT(data.prefetch), IntRange{1, 64}),
                   boolean("shuffle", AT(data.shuffle)), boolean("drop_last", AT(data.drop_last)),
                   std::move(augment), real("center_crop", AT(data.center_crop), kOpenFraction),
+                  real("holdout", AT(data.holdout), RealRange{0, 1, true, true}),
                   enumeration("unreadable", AT(data.unreadable)), std::move(limit),
                   real("mlm_probability", AT(data.mlm_probability), RealRange{0, 1, true, true})});
 }

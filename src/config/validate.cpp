@@ -368,6 +368,13 @@ void check_data(const Checker& c) {
                         c.job.parallel.pipeline),
             "set data.unreadable: stop (a damaged file then stops the run after saving)");
   }
+  if (d.holdout && d.dataset != DatasetName::image_folder) {
+    c.error("data.holdout",
+            fmt::format("{} has its own test split: only image-folder holds out part of its "
+                        "training images",
+                        to_string(d.dataset)),
+            "remove the key");
+  }
   if (d.dataset != DatasetName::image_folder) {
     for (const auto& [key, given] : {std::pair{"data.augment.scale", d.augment.scale.has_value()},
                                      std::pair{"data.augment.ratio", d.augment.ratio.has_value()},

@@ -146,7 +146,8 @@ std::shared_ptr<const Dataset> open_dataset(const DataOptions& options, Split sp
   if (d == DatasetName::image_folder) {
     if (!options.path)
       throw Error("data.path: dataset image-folder needs data.path", missing_dataset_hint(d));
-    return open_image_folder(*options.path, split, synthetic.geometry, options.center_crop);
+    return open_image_folder(*options.path, split, synthetic.geometry, options.center_crop,
+                             options.holdout);
   }
   if (!dataset_shape(d))
     throw Error(fmt::format("data.dataset: {} is not an image dataset", to_string(d)),

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <set>
 #include <system_error>
@@ -90,9 +91,11 @@ fs::path image_folder_split_dir(const fs::path& root, Split split) {
   for (const char* name : names) {
     if (fs::is_directory(root / name, ec)) return root / name;
   }
-  throw Error(fmt::format("data.path: {} has no {} directory", root.string(),
-                          split == Split::train ? "train/" : "val/ or test/"),
-              kLayout);
+  if (split == Split::train)
+    throw Error(fmt::format("data.path: {} has no train/ directory", root.string()), kLayout);
+  throw Error(fmt::format("data.path: {} has no val/ or test/ directory", root.string()),
+              std::string(kLayout) +
+                  "; or set data.holdout (e.g. 0.1) to evaluate on a share of train/'s images");
 }
 
 std::vector<std::string> image_folder_classes(const fs::path& root) {
@@ -103,9 +106,24 @@ std::vector<std::string> image_folder_classes(const fs::path& root) {
   return classes;
 }
 
-ImageFolderIndex index_image_folder(const fs::path& root, Split split) {
+ImageFolderIndex index_image_folder(const fs::path& root, Split split,
+                                    std::optional<double> holdout) {
   ImageFolderIndex index;
   index.classes = image_folder_classes(root);
+  const bool held_split = holdout && split == Split::test;  // the files held out
+  if (holdout) {
+    std::error_code ec;
+    for (const char* name : {"val", "test"}) {
+      if (fs::is_directory(root / name, ec)) {
+        throw Error(fmt::format("data.holdout: {} has its own evaluation split, {}", root.string(),
+                                (root / name).string()),
+                    "remove data.holdout to evaluate on it, or move the directory away");
+      }
+    }
+    index.holdout = holdout;
+    index.held = held_split;
+    split = Split::train;  // both splits are cut from train/ below
+  }
   index.dir = image_folder_split_dir(root, split);
   const std::vector<std::string> here =
       split == Split::train ? index.classes : subdirectories(index.dir);
@@ -133,6 +151,27 @@ ImageFolderIndex index_image_folder(const fs::path& root, Split split) {
                   "fill it");
     }
     by_class[static_cast<size_t>(at - index.classes.begin())] = files;
+  }
+  if (holdout) {  // file i of a class is held out when floor((i + 1) h) > floor(i h)
+    const double h = *holdout;
+    size_t held = 0, all = 0;
+    for (std::vector<fs::path>& files : by_class) {
+      std::vector<fs::path> kept;
+      for (size_t i = 0; i < files.size(); ++i) {
+        const bool out =
+            std::floor(static_cast<double>(i + 1) * h) > std::floor(static_cast<double>(i) * h);
+        held += out ? 1 : 0;
+        if (out == held_split) kept.push_back(files[i]);
+      }
+      all += files.size();
+      files = std::move(kept);
+    }
+    if (held == 0) {
+      throw Error(fmt::format("data.holdout: {} of {}'s {} images holds none out (each class "
+                              "gives floor(its images x {}))",
+                              h, index.dir.string(), all, h),
+                  "raise data.holdout, or add a val/ directory");
+    }
   }
   // Round-robin over the classes, so that the first N samples (data.limit) hold them
   // evenly.
@@ -190,13 +229,17 @@ int32_t ImageFolderDataset::label(int64_t i) const {
 }
 
 std::string ImageFolderDataset::source() const {
-  return fmt::format("{} ({} classes)", index_.dir.string(), index_.classes.size());
+  if (!index_.holdout)
+    return fmt::format("{} ({} classes)", index_.dir.string(), index_.classes.size());
+  return fmt::format("{}{} data.holdout {}, {} classes", index_.dir.string(),
+                     index_.held ? "'s" : " less", *index_.holdout, index_.classes.size());
 }
 
 std::shared_ptr<const Dataset> open_image_folder(const std::string& root, Split split,
                                                  ImageGeometry geometry,
-                                                 std::optional<double> center_crop) {
-  ImageFolderIndex index = index_image_folder(root, split);
+                                                 std::optional<double> center_crop,
+                                                 std::optional<double> holdout) {
+  ImageFolderIndex index = index_image_folder(root, split, holdout);
   const auto classes = static_cast<int>(index.classes.size());
   if (geometry.classes != classes) {
     throw Error(

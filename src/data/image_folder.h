@@ -24,17 +24,23 @@ struct ImageFolderIndex {
   std::vector<std::string> classes;          // the training split's, whichever split this is
   std::vector<std::filesystem::path> files;  // the classes in turn
   std::vector<int32_t> labels;               // by file
+  std::optional<double> holdout;             // data.holdout: both splits come from train/
+  bool held = false;                         // with holdout: the held-out (test) split
 };
 
 // The split's directory under root: train/, or for the test split val/ (else test/); an
-// Error (exit 2) when there is none.
+// Error (exit 2) when there is none (its hint names data.holdout).
 std::filesystem::path image_folder_split_dir(const std::filesystem::path& root, Split split);
 // The training split's class directories, sorted; an Error when there are none.
 std::vector<std::string> image_folder_classes(const std::filesystem::path& root);
 // The split's samples. An Error (exit 2) names what is wrong: a missing directory, a
 // training class without images, an evaluation class training does not have, images
-// without class directories.
-ImageFolderIndex index_image_folder(const std::filesystem::path& root, Split split);
+// without class directories. With `holdout` (data.holdout) both splits come from train/:
+// of each class's n files in path order, file i is held out for the test split when
+// floor((i + 1) h) > floor(i h), so floor(n h) of them, evenly spread; root must then have
+// no val/ or test/, and something must be held out.
+ImageFolderIndex index_image_folder(const std::filesystem::path& root, Split split,
+                                    std::optional<double> holdout = {});
 
 class ImageFolderDataset final : public Dataset {
  public:
@@ -62,6 +68,7 @@ class ImageFolderDataset final : public Dataset {
 // open_dataset()'s image-folder: the split of root, checked against the model's classes.
 std::shared_ptr<const Dataset> open_image_folder(const std::string& root, Split split,
                                                  ImageGeometry geometry,
-                                                 std::optional<double> center_crop);
+                                                 std::optional<double> center_crop,
+                                                 std::optional<double> holdout = {});
 
 }  // namespace dtrain

@@ -139,6 +139,9 @@ struct DataOptions {
   // side scaled to model.image_size / center_crop and the middle square cut out (the
   // ImageNet evaluation's 256 -> 224 at 0.875, the default).
   std::optional<double> center_crop;
+  // image-folder without val/ or test/: this share of each training class's images (spread
+  // evenly through its files in path order) is the test split, the rest trains.
+  std::optional<double> holdout;
   UnreadableAction unreadable = UnreadableAction::stop;
   LimitOptions limit;
   // Masked-LM (BERT) on token shards: the share of positions predicted per window

@@ -96,6 +96,35 @@ TEST_CASE("an image folder's index: sorted classes and files, val or test, nothi
                 (root / "train").string() + " holds 3 class directories"));
 }
 
+TEST_CASE("data.holdout: each class's evenly spread share of train/ is the test split") {
+  TempDir tmp("imgfolder-holdout");
+  const fs::path root = tmp.str();
+  write_image_folder(root, {"a", "b"}, {{"train", 10}});
+  // 0.3 of 10: files 3, 6 and 9 (floor((i + 1) 0.3) > floor(i 0.3)), by class in turn.
+  const ImageFolderIndex test = index_image_folder(root, Split::test, 0.3);
+  const ImageFolderIndex train = index_image_folder(root, Split::train, 0.3);
+  CHECK(test.dir == root / "train");
+  REQUIRE(test.files.size() == 6);
+  CHECK(test.files[0] == root / "train" / "a" / "img003.ppm");
+  CHECK(test.files[3] == root / "train" / "b" / "img006.ppm");
+  CHECK(test.files[5] == root / "train" / "b" / "img009.ppm");
+  CHECK(test.labels == std::vector<int32_t>{0, 1, 0, 1, 0, 1});
+  REQUIRE(train.files.size() == 14);
+  std::set<fs::path> all(train.files.begin(), train.files.end());
+  all.insert(test.files.begin(), test.files.end());
+  CHECK(all.size() == 20);  // disjoint, and together every file
+  CHECK(index_image_folder(root, Split::train).files.size() == 20);  // no holdout: all
+  // A class of 3 at 0.3 holds none out (floor(0.9) = 0) but a larger one does.
+  write_image_folder(root, {"c"}, {{"train", 3}});
+  CHECK(index_image_folder(root, Split::test, 0.3).files.size() == 6);
+  // Refused: nothing held out, or an evaluation split of the folder's own.
+  CHECK(has(error_of([&] { index_image_folder(root, Split::test, 0.05); }),
+            "data.holdout: 0.05 of " + (root / "train").string() + "'s 23 images holds none out"));
+  fs::create_directories(root / "val" / "a");
+  CHECK(has(error_of([&] { index_image_folder(root, Split::train, 0.3); }),
+            "data.holdout: " + root.string() + " has its own evaluation split"));
+}
+
 TEST_CASE("centre crops and box resizes read the pixels they should") {
   // 8 x 6, value 10 * x + y: a centre crop of 0.5 into 3 x 3 keeps the middle 3 x 3 of
   // the shorter side's half, pixel for pixel.

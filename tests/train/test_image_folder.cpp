@@ -3,7 +3,8 @@
 // evaluation); the run does not depend on the loader's worker count; a run split by a
 // checkpoint is the uninterrupted one bit for bit; `dtrain predict` names the class
 // directories and scores the test split as the trainer's evaluation did; a damaged image
-// and a class count that is not the folder's exit 2 naming what to fix.
+// and a class count that is not the folder's exit 2 naming what to fix; data.holdout
+// evaluates a folder without val/ on a share of its training images.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -88,6 +89,39 @@ TEST_CASE("image-folder: a ResNet learns a folder of images of their own sizes, 
                                        tmp.path() / "resumed.log");
   CHECK(resumed.rc == 2);
   CHECK_MESSAGE(resumed.log.find(renamed_classes) != std::string::npos, resumed.log);
+}
+
+// A folder with train/ only: without data.holdout it is refused with the key as the way
+// out; with it, a share of each class's training images is the evaluation split, which
+// the training split no longer holds and `predict --split test` scores as the run did.
+TEST_CASE("image-folder: data.holdout evaluates on a share of train/ when there is no val/") {
+  OneThread one;
+  TempDir tmp("image-folder-holdout");
+  const fs::path job = write_image_folder_job(tmp.path());
+  fs::remove_all(tmp.path() / "images" / "val");
+  const RunResult none =
+      run_dtrain({job.string(), "--set", "run.output_dir=" + (tmp.path() / "none").string()},
+                 tmp.path() / "none.log");
+  CHECK(none.rc == 2);
+  CHECK_MESSAGE(none.log.find("has no val/ or test/ directory") != std::string::npos, none.log);
+  CHECK(none.log.find("or set data.holdout") != std::string::npos);
+  const fs::path run =
+      run_job(job, tmp.path(), "run", 1, {"--set", "data.holdout=0.25", "--set", "train.steps=4"});
+  const std::string log = read_bytes(tmp.path() / "run.log");
+  // 10 images a class: floor(10 x 0.25) = 2 held out of each, 8 train.
+  CHECK_MESSAGE(log.find("data: 24 train images") != std::string::npos, log);
+  CHECK(log.find("6 test images") != std::string::npos);
+  const nlohmann::json eval = last_eval(run / "metrics.jsonl");
+  REQUIRE(eval.is_object());
+  CHECK(eval.at("test_samples") == 6);
+  const RunResult test =
+      run_dtrain_command({"predict", job.string(), "--set", "run.output_dir=" + run.string(),
+                          "--set", "data.holdout=0.25", "--split", "test"},
+                         tmp.path() / "predict.log");
+  REQUIRE_MESSAGE(test.rc == 0, test.describe());
+  char loss[32];
+  std::snprintf(loss, sizeof loss, "loss %.4f", eval.at("test_loss").get<double>());
+  CHECK_MESSAGE(test.log.find(loss) != std::string::npos, test.log);
 }
 
 TEST_CASE("image-folder: a damaged image or a wrong class count exits 2 naming it") {
