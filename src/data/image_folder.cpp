@@ -106,6 +106,19 @@ std::vector<std::string> image_folder_classes(const fs::path& root) {
   return classes;
 }
 
+// FNV-1a, then MurmurHash3's 64-bit finaliser (FNV-1a alone barely moves its high bits
+// between names that differ in the last character).
+uint64_t image_folder_holdout_hash(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  return h;
+}
+
 ImageFolderIndex index_image_folder(const fs::path& root, Split split,
                                     std::optional<double> holdout) {
   ImageFolderIndex index;
@@ -152,24 +165,29 @@ ImageFolderIndex index_image_folder(const fs::path& root, Split split,
     }
     by_class[static_cast<size_t>(at - index.classes.begin())] = files;
   }
-  if (holdout) {  // file i of a class is held out when floor((i + 1) h) > floor(i h)
-    const double h = *holdout;
+  if (holdout) {  // a file is held out by its own name alone
+    const uint64_t below = static_cast<uint64_t>(std::ldexp(*holdout, 64));  // h < 1: no overflow
     size_t held = 0, all = 0;
     for (std::vector<fs::path>& files : by_class) {
+      std::vector<char> out(files.size());
+      size_t n_out = 0;
+      for (size_t i = 0; i < files.size(); ++i) {
+        out[i] = image_folder_holdout_hash(
+                     files[i].lexically_relative(index.dir).generic_string()) < below;
+        n_out += out[i] != 0 ? 1 : 0;
+      }
+      if (n_out == files.size()) std::fill(out.begin(), out.end(), 0);  // trains whole
       std::vector<fs::path> kept;
       for (size_t i = 0; i < files.size(); ++i) {
-        const bool out =
-            std::floor(static_cast<double>(i + 1) * h) > std::floor(static_cast<double>(i) * h);
-        held += out ? 1 : 0;
-        if (out == held_split) kept.push_back(files[i]);
+        held += out[i] != 0 ? 1 : 0;
+        if ((out[i] != 0) == held_split) kept.push_back(files[i]);
       }
       all += files.size();
       files = std::move(kept);
     }
     if (held == 0) {
-      throw Error(fmt::format("data.holdout: {} of {}'s {} images holds none out (each class "
-                              "gives floor(its images x {}))",
-                              h, index.dir.string(), all, h),
+      throw Error(fmt::format("data.holdout: {} of {}'s {} images holds none of them out", *holdout,
+                              index.dir.string(), all),
                   "raise data.holdout, or add a val/ directory");
     }
   }

@@ -35,10 +35,15 @@ std::filesystem::path image_folder_split_dir(const std::filesystem::path& root, 
 std::vector<std::string> image_folder_classes(const std::filesystem::path& root);
 // The split's samples. An Error (exit 2) names what is wrong: a missing directory, a
 // training class without images, an evaluation class training does not have, images
-// without class directories. With `holdout` (data.holdout) both splits come from train/:
-// of each class's n files in path order, file i is held out for the test split when
-// floor((i + 1) h) > floor(i h), so floor(n h) of them, evenly spread; root must then have
-// no val/ or test/, and something must be held out.
+// without class directories. With `holdout` (data.holdout, h) both splits come from
+// train/: a file is held out for the test split when a 64-bit hash of its path under
+// train/ is below h 2^64 (about h of each class; the file's name alone decides, so
+// adding or removing files moves no other), except that a class held out whole trains
+// whole; root must then have no val/ or test/, and something must be held out.
+// data.holdout's draw for a file: a 64-bit hash of its path under train/
+// ("cat/img001.jpg"), a pure function of the name, so adding or removing other files
+// moves no file between the splits.
+uint64_t image_folder_holdout_hash(const std::string& name);
 ImageFolderIndex index_image_folder(const std::filesystem::path& root, Split split,
                                     std::optional<double> holdout = {});
 

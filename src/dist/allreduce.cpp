@@ -71,10 +71,9 @@ std::vector<size_t> size_classes(const std::vector<size_t>& bucket_bytes) {
   return out;
 }
 
-std::vector<AllreduceAlgo> candidates(Communicator& comm) {
+std::vector<AllreduceAlgo> candidates(Communicator& comm, bool hierarchical) {
   std::vector<AllreduceAlgo> algos{AllreduceAlgo::native, AllreduceAlgo::ring};
-  const Topology topo = comm.topology();
-  if (topo.nodes > 1 && topo.ranks_per_node > 1) algos.push_back(AllreduceAlgo::hierarchical);
+  if (hierarchical && hierarchical_possible(comm)) algos.push_back(AllreduceAlgo::hierarchical);
   return algos;
 }
 
@@ -94,11 +93,16 @@ double time_allreduce(Communicator& comm, Tensor& buf, AllreduceAlgo algo, int r
 
 }  // namespace
 
+bool hierarchical_possible(Communicator& comm) {
+  const Topology topo = comm.topology();
+  return topo.nodes > 1 && topo.ranks_per_node > 1;
+}
+
 AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes, int reps,
-                          const Tensor& scratch) {
+                          const Tensor& scratch, bool hierarchical) {
   DTRAIN_CHECK(reps > 0);
   const std::vector<size_t> classes = size_classes(bucket_bytes);
-  const std::vector<AllreduceAlgo> algos = candidates(comm);
+  const std::vector<AllreduceAlgo> algos = candidates(comm, hierarchical);
   // One f64 per (class, algo), reduced with max in one collective: identical tables.
   std::vector<double> times(classes.size() * algos.size(), 0.0);
   for (size_t c = 0; c < classes.size(); ++c) {

@@ -50,14 +50,17 @@ struct AutoChoice {
   AllreduceAlgo algo_for(size_t bytes) const;
 };
 
-// Times native, ring and (with more than one node of more than one rank each)
+// Whether `comm` can run the hierarchical all-reduce: more than one node, with more than
+// one rank each (as many on every node).
+bool hierarchical_possible(Communicator& comm);
+// Times native, ring and (where hierarchical_possible, unless `hierarchical` is false)
 // hierarchical all-reduce of f32 buckets, `reps` runs after a warm-up, the median
 // per rank then the max over ranks. Collective: every rank gets the same table.
 // `scratch` (f32 on the communicator's device, when given and large enough: the
 // gradient buffer the buckets are ranges of) is timed on and left zero, so that tuning
 // takes no memory beside what training holds; otherwise a buffer is allocated.
 AutoChoice tune_allreduce(Communicator& comm, const std::vector<size_t>& bucket_bytes, int reps = 3,
-                          const Tensor& scratch = {});
+                          const Tensor& scratch = {}, bool hierarchical = true);
 // `root`'s choice on every rank of `comm` (sizes and algorithms; the times are root's
 // alone): a grid's data groups all take the one its first group timed. Collective.
 AutoChoice broadcast_choice(Communicator& comm, const AutoChoice& choice, int root);

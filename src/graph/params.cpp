@@ -62,13 +62,16 @@ void init_values(const ParamSpec& s, const Philox& rng, uint64_t first, int64_t 
 }
 
 // Entry-local elements j, j + 1, ... whose whole-tensor indices follow one another from
-// whole_index(s, j): to the end of the entry, or of the row of the split dimension.
+// whole_index(s, j): to the end of the entry, or of the split dimension's chunk (within
+// a chunk, the next index along the split dimension is the whole tensor's next too).
 int64_t contiguous_from(const ParamSpec& s, int64_t j) {
   const int64_t n = s.shape.numel();
   if (!s.split.split()) return n - j;
   int64_t inner = 1;
   for (int k = s.split.dim + 1; k < s.shape.rank(); ++k) inner *= s.shape[k];
-  return inner - j % inner;
+  const int64_t extent = s.shape[s.split.dim], per_chunk = extent / s.split.chunks;
+  const int64_t l = j / inner % extent;
+  return (per_chunk - l % per_chunk) * inner - j % inner;
 }
 
 // Entry `s`'s values for its elements [begin, end), into out[0 .. end - begin).

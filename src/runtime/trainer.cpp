@@ -44,15 +44,31 @@ uint64_t fnv1a(std::string_view s) {
 
 std::string fnv1a_hex(std::string_view s) { return fmt::format("{:016x}", fnv1a(s)); }
 
-// Every rank's gradient bucket sizes (`bucket_bytes`, this rank's), hashed in rank
-// order: the same value on every rank of `world`. Collective.
-uint64_t buckets_signature(dist::Communicator& world, const std::vector<int64_t>& bucket_bytes) {
-  auto mine = static_cast<int64_t>(fnv1a(fmt::format("{}", fmt::join(bucket_bytes, ","))));
-  std::vector<int64_t> all(static_cast<size_t>(world.size()));
-  const Tensor in = Tensor::wrap(&mine, Shape{1}, DType::i64);
-  Tensor out = Tensor::wrap(all.data(), Shape{world.size()}, DType::i64);
+// What a grid's data groups agree on for comm.allreduce auto, in one all-gather over
+// `world` (collective): every rank's gradient bucket sizes (`bucket_bytes`: this rank's)
+// hashed in rank order, and whether every data group can run the hierarchical
+// all-reduce (`hierarchical`: this rank's can), so that the one table suits them all.
+struct GridTuning {
+  uint64_t signature = 0;
+  bool hierarchical = true;
+};
+GridTuning agree_grid_tuning(dist::Communicator& world, const std::vector<int64_t>& bucket_bytes,
+                             bool hierarchical) {
+  std::array<int64_t, 2> mine = {
+      static_cast<int64_t>(fnv1a(fmt::format("{}", fmt::join(bucket_bytes, ",")))),
+      hierarchical ? 1 : 0};
+  std::vector<int64_t> all(static_cast<size_t>(2 * world.size()));
+  const Tensor in = Tensor::wrap(mine.data(), Shape{2}, DType::i64);
+  Tensor out = Tensor::wrap(all.data(), Shape{2 * world.size()}, DType::i64);
   world.all_gather(in, out);
-  return fnv1a(fmt::format("{}", fmt::join(all, ",")));
+  GridTuning t;
+  std::vector<int64_t> hashes;
+  for (size_t r = 0; r < all.size(); r += 2) {
+    hashes.push_back(all[r]);
+    t.hierarchical = t.hierarchical && all[r + 1] != 0;
+  }
+  t.signature = fnv1a(fmt::format("{}", fmt::join(hashes, ",")));
+  return t;
 }
 
 }  // namespace
@@ -422,10 +438,13 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     const std::vector<int> degrees =
         grid_ ? std::vector<int>{job_.parallel.pipeline, job_.parallel.data, job_.parallel.tensor}
               : std::vector<int>{};
-    const uint64_t signature = grid_ && tuning ? buckets_signature(comm_, bucket_bytes) : 0;
+    const GridTuning agreed =
+        grid_ && tuning
+            ? agree_grid_tuning(comm_, bucket_bytes, dist::hierarchical_possible(*grad_comm_))
+            : GridTuning{};
     if (resumed_ && saved && saved->world == grad_comm_->size() &&
         saved->backend == grad_comm_->backend() && saved->grid == degrees &&
-        (grid_ ? saved->signature == signature : saved->buckets == bucket_bytes)) {
+        (grid_ ? saved->signature == agreed.signature : saved->buckets == bucket_bytes)) {
       for (const auto& [bytes, name] : saved->classes) {
         dist::AutoEntry e;
         e.bytes = static_cast<size_t>(bytes);
@@ -459,7 +478,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
             largest == buckets.end()
                 ? Tensor{}
                 : weights_->grads().view(largest->begin, Shape{largest->end - largest->begin});
-        choice = dist::tune_allreduce(*grad_comm_, bytes, 3, scratch);
+        choice = dist::tune_allreduce(*grad_comm_, bytes, 3, scratch, agreed.hierarchical);
       }
       if (grid_) choice = dist::broadcast_choice(comm_, choice, 0);
       note(coord_.pp == 0 && coord_.tp == 0
@@ -473,7 +492,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
       table.backend = grad_comm_->backend();
       if (!grid_) table.buckets = bucket_bytes;  // a grid's groups differ: its signature
       table.grid = degrees;
-      table.signature = signature;
+      table.signature = agreed.signature;
       for (const dist::AutoEntry& e : choice.entries)
         table.classes.emplace_back(static_cast<int64_t>(e.bytes), std::string(to_string(e.algo)));
       counters_.allreduce_auto = table;

@@ -96,30 +96,63 @@ TEST_CASE("an image folder's index: sorted classes and files, val or test, nothi
                 (root / "train").string() + " holds 3 class directories"));
 }
 
-TEST_CASE("data.holdout: each class's evenly spread share of train/ is the test split") {
+TEST_CASE("data.holdout: a share of train/ by each file's name is the test split") {
   TempDir tmp("imgfolder-holdout");
   const fs::path root = tmp.str();
-  write_image_folder(root, {"a", "b"}, {{"train", 10}});
-  // 0.3 of 10: files 3, 6 and 9 (floor((i + 1) 0.3) > floor(i 0.3)), by class in turn.
-  const ImageFolderIndex test = index_image_folder(root, Split::test, 0.3);
-  const ImageFolderIndex train = index_image_folder(root, Split::train, 0.3);
+  write_image_folder(root, {"a", "b"}, {{"train", 200}});
+  const ImageFolderIndex test = index_image_folder(root, Split::test, 0.25);
+  const ImageFolderIndex train = index_image_folder(root, Split::train, 0.25);
   CHECK(test.dir == root / "train");
-  REQUIRE(test.files.size() == 6);
-  CHECK(test.files[0] == root / "train" / "a" / "img003.ppm");
-  CHECK(test.files[3] == root / "train" / "b" / "img006.ppm");
-  CHECK(test.files[5] == root / "train" / "b" / "img009.ppm");
-  CHECK(test.labels == std::vector<int32_t>{0, 1, 0, 1, 0, 1});
-  REQUIRE(train.files.size() == 14);
+  // About a quarter of each class (a binomial count: 50 +- 6.1 each), both in the test
+  // split, each in path order and labelled as in training.
+  const auto count = [](const ImageFolderIndex& x, int32_t label) {
+    return std::count(x.labels.begin(), x.labels.end(), label);
+  };
+  for (int32_t k : {0, 1}) {
+    CAPTURE(k);
+    CHECK(count(test, k) > 25);
+    CHECK(count(test, k) < 75);
+    CHECK(count(test, k) + count(train, k) == 200);
+  }
   std::set<fs::path> all(train.files.begin(), train.files.end());
   all.insert(test.files.begin(), test.files.end());
-  CHECK(all.size() == 20);  // disjoint, and together every file
-  CHECK(index_image_folder(root, Split::train).files.size() == 20);  // no holdout: all
-  // A class of 3 at 0.3 holds none out (floor(0.9) = 0) but a larger one does.
-  write_image_folder(root, {"c"}, {{"train", 3}});
-  CHECK(index_image_folder(root, Split::test, 0.3).files.size() == 6);
-  // Refused: nothing held out, or an evaluation split of the folder's own.
-  CHECK(has(error_of([&] { index_image_folder(root, Split::test, 0.05); }),
-            "data.holdout: 0.05 of " + (root / "train").string() + "'s 23 images holds none out"));
+  CHECK(all.size() == 400);  // disjoint, and together every file
+  CHECK(index_image_folder(root, Split::train).files.size() == 400);  // no holdout: all
+  // A file's name alone decides: removing files (an unreadable one, say) and adding some
+  // moves no other file between the splits.
+  fs::remove(test.files[0]);
+  fs::remove(train.files[0]);
+  write_ppm(root / "train" / "a" / "extra.ppm", 2, 2, std::vector<uint8_t>(12, 5));
+  const ImageFolderIndex again = index_image_folder(root, Split::test, 0.25);
+  std::set<fs::path> before(test.files.begin() + 1, test.files.end());
+  before.erase(root / "train" / "a" / "extra.ppm");
+  std::set<fs::path> after(again.files.begin(), again.files.end());
+  after.erase(root / "train" / "a" / "extra.ppm");
+  CHECK(before == after);
+  // A class held out whole trains whole: class c's one file, named so that its hash is
+  // below 0.5 x 2^64, trains at 0.5 while a's files below it are held out.
+  std::string lone;
+  for (int i = 0; lone.empty(); ++i) {
+    const std::string name = "c/img" + std::to_string(i) + ".ppm";
+    if (image_folder_holdout_hash(name) < (uint64_t{1} << 63)) lone = name;
+  }
+  write_ppm(root / "mixed" / "train" / lone, 2, 2, std::vector<uint8_t>(12, 5));
+  write_image_folder(root / "mixed", {"a"}, {{"train", 20}});
+  const ImageFolderIndex mixed_train = index_image_folder(root / "mixed", Split::train, 0.5);
+  const ImageFolderIndex mixed_test = index_image_folder(root / "mixed", Split::test, 0.5);
+  CHECK(std::count(mixed_train.files.begin(), mixed_train.files.end(),
+                   root / "mixed" / "train" / lone) == 1);
+  for (const fs::path& f : mixed_test.files) {
+    CHECK(image_folder_holdout_hash(f.lexically_relative(root / "mixed" / "train").string()) <
+          (uint64_t{1} << 63));
+    CHECK(f.parent_path().filename() == "a");
+  }
+  // Nothing held out: refused (one file, held out whole, trains whole).
+  write_image_folder(root / "tiny", {"c"}, {{"train", 1}});
+  CHECK(has(error_of([&] { index_image_folder(root / "tiny", Split::test, 0.999); }),
+            "data.holdout: 0.999 of " + (root / "tiny" / "train").string() +
+                "'s 1 images holds none of them out"));
+  // Refused: an evaluation split of the folder's own.
   fs::create_directories(root / "val" / "a");
   CHECK(has(error_of([&] { index_image_folder(root, Split::train, 0.3); }),
             "data.holdout: " + root.string() + " has its own evaluation split"));

