@@ -106,10 +106,11 @@ std::vector<std::string> image_folder_classes(const fs::path& root) {
   return classes;
 }
 
-// FNV-1a, then MurmurHash3's 64-bit finaliser (FNV-1a alone barely moves its high bits
-// between names that differ in the last character).
+// 64-bit FNV-1a (offset basis 14695981039346656037, prime 1099511628211), then
+// MurmurHash3's 64-bit finaliser (FNV-1a alone barely moves its high bits between names
+// that differ in the last character).
 uint64_t image_folder_holdout_hash(const std::string& name) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 14695981039346656037ull;
   for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdull;
@@ -167,7 +168,7 @@ ImageFolderIndex index_image_folder(const fs::path& root, Split split,
   }
   if (holdout) {  // a file is held out by its own name alone
     const uint64_t below = static_cast<uint64_t>(std::ldexp(*holdout, 64));  // h < 1: no overflow
-    size_t held = 0, all = 0;
+    size_t held = 0, all = 0, whole = 0;
     for (std::vector<fs::path>& files : by_class) {
       std::vector<char> out(files.size());
       size_t n_out = 0;
@@ -176,7 +177,10 @@ ImageFolderIndex index_image_folder(const fs::path& root, Split split,
                      files[i].lexically_relative(index.dir).generic_string()) < below;
         n_out += out[i] != 0 ? 1 : 0;
       }
-      if (n_out == files.size()) std::fill(out.begin(), out.end(), 0);  // trains whole
+      if (n_out == files.size()) {  // held out whole: trains whole
+        std::fill(out.begin(), out.end(), 0);
+        ++whole;
+      }
       std::vector<fs::path> kept;
       for (size_t i = 0; i < files.size(); ++i) {
         held += out[i] != 0 ? 1 : 0;
@@ -184,6 +188,13 @@ ImageFolderIndex index_image_folder(const fs::path& root, Split split,
       }
       all += files.size();
       files = std::move(kept);
+    }
+    if (held == 0 && whole > 0) {
+      throw Error(fmt::format("data.holdout: {} of {}'s {} images holds none of them out: every "
+                              "file of {} class(es) fell below it, and a class held out whole "
+                              "trains whole",
+                              *holdout, index.dir.string(), all, whole),
+                  "lower data.holdout, or add a val/ directory");
     }
     if (held == 0) {
       throw Error(fmt::format("data.holdout: {} of {}'s {} images holds none of them out", *holdout,

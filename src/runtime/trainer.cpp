@@ -442,20 +442,39 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
         grid_ && tuning
             ? agree_grid_tuning(comm_, bucket_bytes, dist::hierarchical_possible(*grad_comm_))
             : GridTuning{};
-    if (resumed_ && saved && saved->world == grad_comm_->size() &&
-        saved->backend == grad_comm_->backend() && saved->grid == degrees &&
-        (grid_ ? saved->signature == agreed.signature : saved->buckets == bucket_bytes)) {
+    std::string retimed;  // why a resume does not keep the checkpoint's table
+    if (!saved) {
+      retimed = "the checkpoint holds none";
+    } else if (saved->world != grad_comm_->size()) {
+      retimed = fmt::format("it was timed on {} data ranks, this run has {}", saved->world,
+                            grad_comm_->size());
+    } else if (saved->backend != grad_comm_->backend()) {
+      retimed = fmt::format("it was timed over {}, this run uses {}", saved->backend,
+                            grad_comm_->backend());
+    } else if (saved->grid != degrees) {
+      retimed = "it was timed on another grid (parallel.pipeline, data, tensor)";
+    } else if (grid_ ? saved->signature != agreed.signature : saved->buckets != bucket_bytes) {
+      retimed = "this run's gradient buckets differ (comm.bucket_mb, optimizer.freeze)";
+    } else {
       for (const auto& [bytes, name] : saved->classes) {
         dist::AutoEntry e;
         e.bytes = static_cast<size_t>(bytes);
         if (!from_string(name, e.algo) || e.algo == AllreduceAlgo::hierarchical) {
           kept.entries.clear();  // the nodes may be others now: timed again
+          retimed = "it holds hierarchical, and the nodes may be others now";
           break;
         }
         kept.entries.push_back(e);
       }
+      if (kept.entries.empty() && retimed.empty()) retimed = "its table is empty";
     }
-    if (tuning && !kept.entries.empty()) {
+    if (tuning && resumed_ && kept.entries.empty()) {
+      note(
+          fmt::format("all-reduce auto: not the checkpoint's table ({}), timed again: with 3 or "
+                      "more data ranks the resumed run may sum in another order than the run did",
+                      retimed));
+    }
+    if (tuning && resumed_ && !kept.entries.empty()) {
       note(dist::format_auto_choice(
           kept,
           "all-reduce auto: the checkpoint's choice, timed when the run started on these "

@@ -151,7 +151,7 @@ TEST_CASE("data.holdout: a share of train/ by each file's name is the test split
   write_image_folder(root / "tiny", {"c"}, {{"train", 1}});
   CHECK(has(error_of([&] { index_image_folder(root / "tiny", Split::test, 0.999); }),
             "data.holdout: 0.999 of " + (root / "tiny" / "train").string() +
-                "'s 1 images holds none of them out"));
+                "'s 1 images holds none of them out: every file of 1 class(es) fell below it"));
   // Refused: an evaluation split of the folder's own.
   fs::create_directories(root / "val" / "a");
   CHECK(has(error_of([&] { index_image_folder(root, Split::train, 0.3); }),

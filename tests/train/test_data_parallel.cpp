@@ -460,8 +460,11 @@ TEST_CASE("comm.allreduce auto: a resume on as many ranks keeps the checkpoint's
   std::vector<std::string> two = {"--set", "data.micro_batch=4", "--set",    "comm.bucket_mb=25",
                                   "--set", "train.steps=8",      "--resume", "latest"};
   train(job, tmp.path(), "split", {2, "auto"}, two);
-  CHECK(read_bytes(tmp.path() / "split.log").find("max over ranks of the median time") !=
-        std::string::npos);
+  const std::string retimed = read_bytes(tmp.path() / "split.log");
+  CHECK(retimed.find("max over ranks of the median time") != std::string::npos);
+  CHECK_MESSAGE(retimed.find("not the checkpoint's table (it was timed on 4 data ranks, this run "
+                             "has 2)") != std::string::npos,
+                retimed);
 }
 
 TEST_CASE("a checkpoint resumes across layouts: 2 ranks <-> 1 rank x 2 micro-batches") {
