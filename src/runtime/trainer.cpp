@@ -470,8 +470,9 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
     }
     if (tuning && resumed_ && kept.entries.empty()) {
       note(
-          fmt::format("all-reduce auto: not the checkpoint's table ({}), timed again: with 3 or "
-                      "more data ranks the resumed run may sum in another order than the run did",
+          fmt::format("all-reduce auto: timed again, not the checkpoint's table: {}. With 3 or "
+                      "more data ranks the resumed run may sum in another order than the run "
+                      "did.",
                       retimed));
     }
     if (tuning && resumed_ && !kept.entries.empty()) {

@@ -462,8 +462,8 @@ TEST_CASE("comm.allreduce auto: a resume on as many ranks keeps the checkpoint's
   train(job, tmp.path(), "split", {2, "auto"}, two);
   const std::string retimed = read_bytes(tmp.path() / "split.log");
   CHECK(retimed.find("max over ranks of the median time") != std::string::npos);
-  CHECK_MESSAGE(retimed.find("not the checkpoint's table (it was timed on 4 data ranks, this run "
-                             "has 2)") != std::string::npos,
+  CHECK_MESSAGE(retimed.find("not the checkpoint's table: it was timed on 4 data ranks, this run "
+                             "has 2.") != std::string::npos,
                 retimed);
 }
 

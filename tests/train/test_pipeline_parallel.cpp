@@ -439,7 +439,7 @@ TEST_CASE("comm.allreduce auto in 2 stages x 3 data ranks: one table, kept by a 
   run_job(job, tmp.path(), "split", 6, rest);
   const std::string retimed = read_bytes(tmp.path() / "split.log");
   CHECK(retimed.find("max over ranks of the median time") != std::string::npos);
-  CHECK_MESSAGE(retimed.find("not the checkpoint's table (this run's gradient buckets differ") !=
+  CHECK_MESSAGE(retimed.find("not the checkpoint's table: this run's gradient buckets differ") !=
                     std::string::npos,
                 retimed);
 }
