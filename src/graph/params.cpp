@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/checksum.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "kernels/memory.h"
@@ -17,12 +18,6 @@ namespace dtrain::graph {
 namespace {
 
 constexpr uint32_t kInitPurpose = 1;
-
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
-}
 
 int64_t align_elems(int64_t n, DType dt) {
   const int64_t per = std::max<int64_t>(1, 64 / static_cast<int64_t>(dtype_size(dt)));

@@ -110,6 +110,8 @@ class TrainSession {
   void resume_if_asked();
   void connect(dist::Watchdog* watchdog);
   void connect_compression(const std::vector<dist::Bucket>& buckets);
+  // The all-reduce algorithm of each gradient bucket, given to sync_ (trainer_allreduce.cpp).
+  void choose_allreduce(const std::vector<dist::Bucket>& buckets);
   double train_step(const StopSignals& signals);
   std::string first_non_finite(const Tensor& grads) const;
   Tensor own_grads() const;

@@ -12,6 +12,7 @@
 // non-finite check) and, for evaluation, the logits and targets.
 #include "runtime/trainer.h"
 
+#include "core/checksum.h"
 #include "dist/launcher.h"
 #include "models/transformer.h"
 #include "runtime/train_session.h"
@@ -27,49 +28,14 @@
 #include <fstream>
 #include <limits>
 
-#include <fmt/ranges.h>
 #include <unistd.h>
-#include <map>
 #include <memory>
 
 namespace dtrain::runtime {
 
 namespace {
 
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
-}
-
 std::string fnv1a_hex(std::string_view s) { return fmt::format("{:016x}", fnv1a(s)); }
-
-// What a grid's data groups agree on for comm.allreduce auto, in one all-gather over
-// `world` (collective): every rank's gradient bucket sizes (`bucket_bytes`: this rank's)
-// hashed in rank order, and whether every data group can run the hierarchical
-// all-reduce (`hierarchical`: this rank's can), so that the one table suits them all.
-struct GridTuning {
-  uint64_t signature = 0;
-  bool hierarchical = true;
-};
-GridTuning agree_grid_tuning(dist::Communicator& world, const std::vector<int64_t>& bucket_bytes,
-                             bool hierarchical) {
-  std::array<int64_t, 2> mine = {
-      static_cast<int64_t>(fnv1a(fmt::format("{}", fmt::join(bucket_bytes, ",")))),
-      hierarchical ? 1 : 0};
-  std::vector<int64_t> all(static_cast<size_t>(2 * world.size()));
-  const Tensor in = Tensor::wrap(mine.data(), Shape{2}, DType::i64);
-  Tensor out = Tensor::wrap(all.data(), Shape{2 * world.size()}, DType::i64);
-  world.all_gather(in, out);
-  GridTuning t;
-  std::vector<int64_t> hashes;
-  for (size_t r = 0; r < all.size(); r += 2) {
-    hashes.push_back(all[r]);
-    t.hierarchical = t.hierarchical && all[r + 1] != 0;
-  }
-  t.signature = fnv1a(fmt::format("{}", fmt::join(hashes, ",")));
-  return t;
-}
 
 }  // namespace
 
@@ -417,114 +383,7 @@ void TrainSession::connect(dist::Watchdog* watchdog) {
   };
   buffer_avg_ = std::make_unique<BufferAverage>(ex_->buffers(), micro_batches_, *grad_comm_);
 
-  // The all-reduce algorithm of each bucket: the job's, or with `auto` the fastest per
-  // bucket-size class measured now. ZeRO reduces into owners: nothing to choose.
-  if (weights_->shard().sharded()) {
-    algo_summary_ = "reduce to owners";
-    counters_.allreduce_auto.reset();  // no table: a later plain resume times again
-  } else {
-    std::vector<AllreduceAlgo> algos(buckets.size(), job_.comm.allreduce);
-    const std::optional<TrainCounters::AutoAllreduce> saved = counters_.allreduce_auto;
-    counters_.allreduce_auto.reset();   // what this run chose, below
-    dist::AutoChoice kept;              // the checkpoint's, when a resume keeps it
-    std::vector<int64_t> bucket_bytes;  // the table's and the timing's sizes
-    std::vector<size_t> bytes;
-    for (const dist::Bucket& b : buckets) {
-      bytes.push_back(static_cast<size_t>(b.end - b.begin) * sizeof(float));
-      bucket_bytes.push_back(static_cast<int64_t>(bytes.back()));
-    }
-    const bool tuning = grad_comm_->size() > 1 && job_.comm.allreduce == AllreduceAlgo::auto_;
-    // A grid's data groups take one table (its first group's), keyed by every rank's buckets.
-    const std::vector<int> degrees =
-        grid_ ? std::vector<int>{job_.parallel.pipeline, job_.parallel.data, job_.parallel.tensor}
-              : std::vector<int>{};
-    const GridTuning agreed =
-        grid_ && tuning
-            ? agree_grid_tuning(comm_, bucket_bytes, dist::hierarchical_possible(*grad_comm_))
-            : GridTuning{};
-    std::string retimed;  // why a resume does not keep the checkpoint's table
-    if (!saved) {
-      retimed = "the checkpoint holds none";
-    } else if (saved->world != grad_comm_->size()) {
-      retimed = fmt::format("it was timed on {} data ranks, this run has {}", saved->world,
-                            grad_comm_->size());
-    } else if (saved->backend != grad_comm_->backend()) {
-      retimed = fmt::format("it was timed over {}, this run uses {}", saved->backend,
-                            grad_comm_->backend());
-    } else if (saved->grid != degrees) {
-      retimed = "it was timed on another grid (parallel.pipeline, data, tensor)";
-    } else if (grid_ ? saved->signature != agreed.signature : saved->buckets != bucket_bytes) {
-      retimed = "this run's gradient buckets differ (comm.bucket_mb, optimizer.freeze)";
-    } else {
-      for (const auto& [bytes, name] : saved->classes) {
-        dist::AutoEntry e;
-        e.bytes = static_cast<size_t>(bytes);
-        if (!from_string(name, e.algo) || e.algo == AllreduceAlgo::hierarchical) {
-          kept.entries.clear();  // the nodes may be others now: timed again
-          retimed = "it holds hierarchical, and the nodes may be others now";
-          break;
-        }
-        kept.entries.push_back(e);
-      }
-      if (kept.entries.empty() && retimed.empty()) retimed = "its table is empty";
-    }
-    if (tuning && resumed_ && kept.entries.empty()) {
-      note(
-          fmt::format("all-reduce auto: timed again, not the checkpoint's table: {}. With 3 or "
-                      "more data ranks the resumed run may sum in another order than the run "
-                      "did.",
-                      retimed));
-    }
-    if (tuning && resumed_ && !kept.entries.empty()) {
-      note(dist::format_auto_choice(
-          kept,
-          "all-reduce auto: the checkpoint's choice, timed when the run started on these "
-          "ranks and buckets, so that the resumed run sums as the run did:"));
-      for (size_t b = 0; b < buckets.size(); ++b) algos[b] = kept.algo_for(bytes[b]);
-      counters_.allreduce_auto = saved;
-    } else if (tuning) {
-      // Timed in the gradient buffer itself, in its largest bucket (the largest size
-      // timed): a bucket's range is written by backward, never zero pages nor another
-      // pipeline stage's part, so no buffer is allocated for the timing. In a grid, the
-      // data group of world rank 0 times and every group takes its table: one table for
-      // the checkpoint to keep.
-      dist::AutoChoice choice;
-      if (!grid_ || (coord_.pp == 0 && coord_.tp == 0)) {
-        const auto largest = std::max_element(buckets.begin(), buckets.end(),
-                                              [](const dist::Bucket& a, const dist::Bucket& b) {
-                                                return a.end - a.begin < b.end - b.begin;
-                                              });
-        const Tensor scratch =
-            largest == buckets.end()
-                ? Tensor{}
-                : weights_->grads().view(largest->begin, Shape{largest->end - largest->begin});
-        choice = dist::tune_allreduce(*grad_comm_, bytes, 3, scratch, agreed.hierarchical);
-      }
-      if (grid_) choice = dist::broadcast_choice(comm_, choice, 0);
-      note(coord_.pp == 0 && coord_.tp == 0
-               ? dist::format_auto_choice(choice)
-               : dist::format_auto_choice(choice,
-                                          "all-reduce auto: the table the data group "
-                                          "of rank 0 timed, for every data group:"));
-      for (size_t b = 0; b < buckets.size(); ++b) algos[b] = choice.algo_for(bytes[b]);
-      TrainCounters::AutoAllreduce table;  // the checkpoint keeps it for a resume
-      table.world = grad_comm_->size();
-      table.backend = grad_comm_->backend();
-      if (!grid_) table.buckets = bucket_bytes;  // a grid's groups differ: its signature
-      table.grid = degrees;
-      table.signature = agreed.signature;
-      for (const dist::AutoEntry& e : choice.entries)
-        table.classes.emplace_back(static_cast<int64_t>(e.bytes), std::string(to_string(e.algo)));
-      counters_.allreduce_auto = table;
-    } else if (job_.comm.allreduce == AllreduceAlgo::auto_) {
-      std::fill(algos.begin(), algos.end(), AllreduceAlgo::native);
-    }
-    sync_->set_algorithms(algos);
-    std::map<std::string, int> counts;
-    for (AllreduceAlgo a : algos) ++counts[std::string(to_string(a))];
-    for (const auto& [name, n] : counts)
-      algo_summary_ += fmt::format("{}{}", algo_summary_.empty() ? "" : "+", name);
-  }
+  choose_allreduce(buckets);
   if (grad_comm_->size() == 1) algo_summary_ = "none";  // one data-parallel rank: no sum
   if (grad_comm_->size() > 1) {
     note(fmt::format(

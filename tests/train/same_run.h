@@ -28,6 +28,14 @@ inline void require_same(const fs::path& a, const fs::path& b) {
                             newest_checkpoint(b / "checkpoints")) == "");
 }
 
+// The algorithm comm.allreduce auto chose for the first size class of a run's console
+// (`log`: "  241.6 KiB -> ring ..."); a failed REQUIRE when it printed no table.
+inline std::string auto_choice(const std::string& log) {
+  const size_t arrow = log.find(" -> ");
+  REQUIRE_MESSAGE(arrow != std::string::npos, log);
+  return log.substr(arrow + 4, log.find(' ', arrow + 4) - arrow - 4);
+}
+
 // `dtrain train JOB --set run.output_dir=DIR/NAME [--nproc RANKS] EXTRA...`, which must
 // succeed (its console in DIR/NAME.log); returns the run directory.
 inline fs::path run_job(const fs::path& job, const fs::path& dir, const std::string& name,
