@@ -36,8 +36,10 @@ int64_t cpu_channel_block();
 // to f32 whatever the layout), else 0; 0 for other dtypes.
 int64_t cpu_channel_block(DType dtype);
 
-// Bytes of workspace each direction needs (the max over the three is safe). CUDA:
-// cuDNN's budget (a constant, so planning works without a GPU); the algorithm
+// Bytes of workspace each direction needs (the max over the three is safe). CPU:
+// backward-filter's grows with the OpenMP thread count at the call (a gradient buffer
+// for each task run at once); a smaller workspace runs fewer at once, at the same bits.
+// CUDA: cuDNN's budget (a constant, so planning works without a GPU); the algorithm
 // chosen for each shape fits it.
 size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device = Device::cpu());
 
@@ -47,7 +49,7 @@ void conv2d_forward(const Conv2dArgs& args, const Tensor& x, const Tensor& w, Te
 // dy [N, K, OH, OW], w -> dx [N, C, H, W] (overwritten)
 void conv2d_backward_data(const Conv2dArgs& args, const Tensor& dy, const Tensor& w, Tensor& dx,
                           Workspace ws);
-// x, dy -> dw [K, C/g, R, S] (overwritten)
+// x, dy -> dw [K, C/g, R, S] (overwritten). CPU: the same bits at any thread count.
 void conv2d_backward_filter(const Conv2dArgs& args, const Tensor& x, const Tensor& dy, Tensor& dw,
                             Workspace ws);
 

@@ -8,6 +8,12 @@
 // (dense_dnnl.h: bf16_compute), compute in f32 via those same reorders.
 #include "kernels/conv.h"
 
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <span>
+#include <vector>
+
 #include "kernels/cpu/dense_dnnl.h"
 #include "kernels/cuda_ops.h"
 
@@ -22,8 +28,37 @@ namespace {
 using namespace dnnl_util;
 using tag = dnnl::memory::format_tag;
 
+// Backward-filter sums over the batch, and oneDNN splits that sum across threads in a
+// way that follows the thread count (jit:avx512_core's filter gradient differs in the
+// last bits between 1 and 2 threads), so a ResNet's weights would follow
+// OMP_NUM_THREADS, and 2 ranks of one thread would not reproduce 1 rank of two with 2
+// micro-batches. So the work is cut into tasks whose shapes follow the convolution's
+// alone: chunks of images (FilterTasks::chunk, sized so that a one-thread primitive
+// keeps its rate), times slices of the output channels (so a batch of few images still
+// spreads over the threads; a slice reads its channels of dy from a copy). Each task's
+// gradient comes from a primitive planned for one thread, tasks run in parallel, and the
+// chunks' gradients are added in chunk order: the bits follow the shape only.
+struct FilterTasks {
+  int64_t chunk = 0, chunks = 0;           // images per chunk; chunks
+  int64_t slices = 1;                      // output-channel slices (dy channel-blocked when > 1)
+  md x, dy, dw;                            // one task's arguments, in the primitive's layouts
+  size_t x_image = 0, dy_image = 0;        // bytes of one image of x; of the whole dy
+  size_t dy_run = 0;                       // bytes of a slice's channels in one image of dy
+  size_t dw_bytes = 0, scratch_bytes = 0;  // a task's f32 gradient; its scratchpad
+  int64_t count() const { return chunks * slices; }
+  size_t task_bytes() const {
+    return align64(dw_bytes) + (slices > 1 ? align64(dy.get_size()) : 0) + align64(scratch_bytes);
+  }
+  // Workspace beyond the pass's own for `tasks` tasks at once (none for a single task:
+  // it writes the gradient itself).
+  size_t extra_bytes(int64_t tasks) const {
+    return count() == 1 ? 0 : static_cast<size_t>(tasks) * task_bytes();
+  }
+};
+
 struct ConvPlan {
-  Pass fwd, bwd_data, bwd_filter;
+  Pass fwd, bwd_data, bwd_filter;  // bwd_filter's primitive computes one task
+  FilterTasks tasks;
 };
 
 std::string describe(const Conv2dArgs& a, DType t) {
@@ -69,13 +104,138 @@ using fwd_t = dnnl::convolution_forward;
 using bwd_d_t = dnnl::convolution_backward_data;
 using bwd_w_t = dnnl::convolution_backward_weights;
 
-// The three primitives of a shape, whatever layout the caller's activations are in.
+// The primitives of a shape, whatever layout the caller's activations are in;
+// backward-filter's for one task (FilterTasks), with whole-batch descriptors of its
+// layouts (x_all, dy_all, dw_all).
 struct ConvPrims {
   fwd_t::primitive_desc fpd;
   bwd_d_t::primitive_desc dpd;
   bwd_w_t::primitive_desc wpd;
   dnnl::primitive fwd, bwd_d, bwd_w;
+  FilterTasks tasks;
+  md x_all, dy_all, dw_all;
 };
+
+// A chunk: at least kChunkPixels output pixels (a one-thread primitive computes the
+// filter gradient of fewer at a lower rate: 3x3, 512 channels, f32, Zen 5: 29 GFLOP/s
+// for one 4x4 image, 90 for 16, 92 for 32) and kChunkFlops of work (a call's overhead).
+// Each chunk's gradient is written and read back once more: 8 bytes per weight for at
+// least 2 * kChunkPixels flops. Slices: at least kSliceChannels output channels, a
+// multiple of 16, until there are kTasks tasks.
+constexpr int64_t kChunkPixels = 256, kSliceChannels = 64, kTasks = 32;
+constexpr double kChunkFlops = 4e6;
+
+// The images per chunk: the smallest divisor of N that reaches both bounds.
+int64_t filter_chunk(const Conv2dArgs& a) {
+  const double per_image = a.flops() / static_cast<double>(a.n);
+  for (int64_t d = 1; d < a.n; ++d) {
+    if (a.n % d == 0 && d * a.out_h() * a.out_w() >= kChunkPixels &&
+        static_cast<double>(d) * per_image >= kChunkFlops) {
+      return d;
+    }
+  }
+  return a.n;
+}
+
+// The output-channel slices: the fewest that make kTasks tasks with `chunks` chunks,
+// or the most that keep kSliceChannels each.
+int64_t filter_slices(const Conv2dArgs& a, int64_t chunks) {
+  if (a.groups != 1) return 1;
+  int64_t best = 1;
+  for (int64_t s = 2; a.k / s >= kSliceChannels; ++s) {
+    if (a.k % s != 0 || (a.k / s) % 16 != 0) continue;
+    best = s;
+    if (chunks * s >= kTasks) break;
+  }
+  return best;
+}
+
+// oneDNN plans a primitive for the thread count it sees when the primitive is created.
+struct OneThreadPlan {
+  int saved = num_threads();
+  OneThreadPlan() { set_num_threads(1); }
+  ~OneThreadPlan() { set_num_threads(saved); }
+  OneThreadPlan(const OneThreadPlan&) = delete;
+  OneThreadPlan& operator=(const OneThreadPlan&) = delete;
+};
+
+// The tag of `m` among `tags` (described for `m`'s dims and type), if any.
+std::optional<tag> tag_of(const md& m, std::span<const tag> tags) {
+  for (const tag t : tags) {
+    if (m == md(m.dims(), m.data_type(), t)) return t;
+  }
+  return std::nullopt;
+}
+
+// Activation layouts whose images follow each other (a chunk is a slice of the batch),
+// and those whose channel blocks do too (a slice of channels is one run per image).
+constexpr tag kImageMajor[] = {tag::nchw, tag::nChw16c, tag::nChw8c, tag::nhwc};
+constexpr tag kChannelBlocked[] = {tag::nChw16c, tag::nChw8c};
+// Filter layouts whose output channels come first (a slice of them is one run).
+constexpr tag kOutputMajor[] = {tag::oihw,       tag::ohwi,     tag::OIhw16i16o,
+                                tag::OIhw16o16i, tag::OIhw8i8o, tag::OIhw8o8i,
+                                tag::Ohwi16o,    tag::Ohwi8o,   tag::Oihw16o};
+
+dnnl::memory::dims with_dim0(dnnl::memory::dims d, int64_t v) {
+  d[0] = v;
+  return d;
+}
+
+// Backward-filter for tasks of `chunk` images and k / `slices` output channels, planned
+// for one thread; its gradient is f32 whatever the compute type, so chunks add in f32.
+// False where its layouts do not allow that cut (p is then to be planned another way).
+bool plan_filter_tasks(const Conv2dArgs& a, DType t, int64_t chunk, int64_t slices, ConvPrims& p) {
+  Conv2dArgs c = a;
+  c.n = chunk;
+  c.k = a.k / slices;
+  const ConvDescs d = make_descs(c, t);
+  const md dw_any(d.w_any.dims(), dt::f32, tag::any);
+  const auto alg = dnnl::algorithm::convolution_direct;
+  {
+    const OneThreadPlan one;
+    const fwd_t::primitive_desc hint(
+        fwd_t::desc(dnnl::prop_kind::forward_training, alg, d.x_any, d.w_any, d.y_any, d.stride,
+                    d.dil, d.pad_l, d.pad_r),
+        user_scratchpad_attr(), cpu_engine());
+    p.wpd = bwd_w_t::primitive_desc(
+        bwd_w_t::desc(alg, d.x_any, dw_any, d.y_any, d.stride, d.dil, d.pad_l, d.pad_r),
+        user_scratchpad_attr(), cpu_engine(), hint);
+  }
+  FilterTasks& ft = p.tasks;
+  ft = FilterTasks{};
+  ft.chunk = chunk;
+  ft.chunks = a.n / chunk;
+  ft.slices = slices;
+  ft.x = p.wpd.src_desc();
+  ft.dy = p.wpd.diff_dst_desc();
+  ft.dw = p.wpd.diff_weights_desc();
+  const ConvDescs whole = make_descs(a, t);
+  const dnnl::memory::dims x_dims = whole.x_any.dims(), y_dims = whole.y_any.dims();
+  const auto x_tag = tag_of(ft.x, kImageMajor);
+  const auto y_tag = slices > 1 ? tag_of(ft.dy, kChannelBlocked) : tag_of(ft.dy, kImageMajor);
+  if (ft.chunks > 1 || slices > 1) {
+    if (!x_tag || !y_tag) return false;
+    p.x_all = md(x_dims, ft.x.data_type(), *x_tag);
+    p.dy_all = md(y_dims, ft.dy.data_type(), *y_tag);
+  } else {
+    p.x_all = ft.x;
+    p.dy_all = ft.dy;
+  }
+  if (slices > 1) {  // groups 1: the filter is 4-D
+    const auto w_tag = tag_of(ft.dw, kOutputMajor);
+    if (!w_tag) return false;
+    p.dw_all = md(with_dim0(ft.dw.dims(), a.k), dt::f32, *w_tag);
+    if (p.dw_all.get_size() != static_cast<size_t>(slices) * ft.dw.get_size()) return false;
+  } else {
+    p.dw_all = ft.dw;
+  }
+  ft.x_image = ft.x.get_size() / static_cast<size_t>(chunk);
+  ft.dy_image = p.dy_all.get_size() / static_cast<size_t>(a.n);
+  ft.dy_run = ft.dy.get_size() / static_cast<size_t>(chunk);
+  ft.dw_bytes = ft.dw.get_size();
+  ft.scratch_bytes = p.wpd.scratchpad_desc().get_size();
+  return true;
+}
 
 ConvPrims make_prims(const Conv2dArgs& a, DType t) {
   const ConvDescs d = make_descs(a, t);
@@ -88,11 +248,17 @@ ConvPrims make_prims(const Conv2dArgs& a, DType t) {
   p.dpd = bwd_d_t::primitive_desc(
       bwd_d_t::desc(alg, d.x_any, d.w_any, d.y_any, d.stride, d.dil, d.pad_l, d.pad_r), attr,
       cpu_engine(), p.fpd);
-  p.wpd = bwd_w_t::primitive_desc(
-      bwd_w_t::desc(alg, d.x_any, d.w_any, d.y_any, d.stride, d.dil, d.pad_l, d.pad_r), attr,
-      cpu_engine(), p.fpd);
   p.fwd = fwd_t(p.fpd);
   p.bwd_d = bwd_d_t(p.dpd);
+  // The cut the shape asks for; without slices where the layouts refuse them; the whole
+  // batch as one task where they refuse chunks (always possible).
+  const int64_t chunk = filter_chunk(a);
+  const int64_t slices = filter_slices(a, a.n / chunk);
+  if (!plan_filter_tasks(a, t, chunk, slices, p) &&
+      (slices == 1 || !plan_filter_tasks(a, t, chunk, 1, p))) {
+    const bool whole = plan_filter_tasks(a, t, a.n, 1, p);
+    DTRAIN_CHECK(whole, "conv2d: backward-filter as one task {}", describe(a, t));
+  }
   p.bwd_w = bwd_w_t(p.wpd);
   return p;
 }
@@ -108,12 +274,90 @@ ConvPlan make_plan(const Conv2dArgs& a, DType t, const ConvPrims& pr) {
                          {{DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, pr.dpd.diff_dst_desc()},
                           {DNNL_ARG_WEIGHTS, ArgDir::in, d.w_user, pr.dpd.weights_desc()},
                           {DNNL_ARG_DIFF_SRC, ArgDir::out, d.x_user, pr.dpd.diff_src_desc()}});
-  p.bwd_filter =
-      make_pass(pr.bwd_w, pr.wpd.scratchpad_desc(),
-                {{DNNL_ARG_SRC, ArgDir::in, d.x_user, pr.wpd.src_desc()},
-                 {DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, pr.wpd.diff_dst_desc()},
-                 {DNNL_ARG_DIFF_WEIGHTS, ArgDir::out, d.w_user, pr.wpd.diff_weights_desc()}});
+  p.bwd_filter = make_pass(pr.bwd_w, pr.wpd.scratchpad_desc(),
+                           {{DNNL_ARG_SRC, ArgDir::in, d.x_user, pr.x_all},
+                            {DNNL_ARG_DIFF_DST, ArgDir::in, d.y_user, pr.dy_all},
+                            {DNNL_ARG_DIFF_WEIGHTS, ArgDir::out, d.w_user, pr.dw_all}});
+  p.tasks = pr.tasks;
   return p;
+}
+
+// Runs backward-filter's tasks (FilterTasks) on the staged arguments, task t being chunk
+// t / slices, slice t % slices: waves of as many tasks as there are threads (fewer where
+// the workspace holds fewer); chunk 0's gradients written into dw, every other task's
+// into its buffer, then added to dw in task order, so in chunk order for each weight.
+// The wave size changes no bit.
+void run_filter_tasks(const ConvPlan& p, const std::unordered_map<int, dnnl::memory>& args,
+                      Workspace ws, size_t& off) {
+  const FilterTasks& ft = p.tasks;
+  if (ft.count() == 1) {
+    p.bwd_filter.prim.execute(cpu_stream(), args);
+    return;
+  }
+  off = align64(off);
+  const size_t room = ws.bytes > off ? ws.bytes - off : 0;
+  int64_t width = std::min<int64_t>(ft.count(), num_threads());
+  while (width > 1 && ft.extra_bytes(width) > room) --width;
+  char* task_mem = ws.take<char>(off, ft.extra_bytes(width));
+  const auto* x0 = static_cast<const char*>(args.at(DNNL_ARG_SRC).get_data_handle());
+  const auto* dy0 = static_cast<const char*>(args.at(DNNL_ARG_DIFF_DST).get_data_handle());
+  auto* dw0 = static_cast<char*>(args.at(DNNL_ARG_DIFF_WEIGHTS).get_data_handle());
+  const size_t scratch_at = align64(ft.dw_bytes) + (ft.slices > 1 ? align64(ft.dy.get_size()) : 0);
+  const md scratch_md({static_cast<int64_t>(std::max<size_t>(ft.scratch_bytes, 1))}, dt::u8,
+                      tag::a);
+  std::vector<std::exception_ptr> failed(static_cast<size_t>(width));
+  for (int64_t first = 0; first < ft.count(); first += width) {
+    const int64_t wave = std::min(width, ft.count() - first);
+    const auto run = [&](int64_t j) {
+      const int64_t i = (first + j) / ft.slices, s = (first + j) % ft.slices;
+      char* mine = task_mem + static_cast<size_t>(j) * ft.task_bytes();
+      const char* dy = dy0 + static_cast<size_t>(i * ft.chunk) * ft.dy_image;
+      if (ft.slices > 1) {  // this slice's channels of the chunk's images, one run each
+        char* copy = mine + align64(ft.dw_bytes);
+        for (int64_t m = 0; m < ft.chunk; ++m) {
+          std::memcpy(
+              copy + static_cast<size_t>(m) * ft.dy_run,
+              dy + static_cast<size_t>(m) * ft.dy_image + static_cast<size_t>(s) * ft.dy_run,
+              ft.dy_run);
+        }
+        dy = copy;
+      }
+      void* grad = i == 0 ? dw0 + static_cast<size_t>(s) * ft.dw_bytes : mine;
+      thread_local dnnl::stream stream(cpu_engine());
+      p.bwd_filter.prim.execute(
+          stream,
+          {{DNNL_ARG_SRC,
+            dnnl::memory(ft.x, cpu_engine(), const_cast<char*>(x0) + i * ft.chunk * ft.x_image)},
+           {DNNL_ARG_DIFF_DST, dnnl::memory(ft.dy, cpu_engine(), const_cast<char*>(dy))},
+           {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(ft.dw, cpu_engine(), grad)},
+           {DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch_md, cpu_engine(), mine + scratch_at)}});
+      stream.wait();
+    };
+#pragma omp parallel for schedule(static, 1) num_threads(static_cast <int>(wave)) if (wave > 1)
+    for (int64_t j = 0; j < wave; ++j) {
+      try {
+        run(j);
+      } catch (...) {
+        failed[static_cast<size_t>(j)] = std::current_exception();
+      }
+    }
+    for (const std::exception_ptr& e : failed) {
+      if (e) std::rethrow_exception(e);
+    }
+    // dw += each later chunk's gradient, in task order, element by element.
+    const int64_t per_task = static_cast<int64_t>(ft.dw_bytes / sizeof(float));
+    auto* sum = reinterpret_cast<float*>(dw0);
+    parallel_for(0, per_task * ft.slices, int64_t{1} << 14, [&](int64_t lo, int64_t hi) {
+      for (int64_t j = 0; j < wave; ++j) {
+        if (first + j < ft.slices) continue;  // chunk 0: written in place
+        const int64_t base = (first + j) % ft.slices * per_task;
+        const int64_t from = std::max(lo, base), to = std::min(hi, base + per_task);
+        const auto* part =
+            reinterpret_cast<const float*>(task_mem + static_cast<size_t>(j) * ft.task_bytes());
+        for (int64_t e = from; e < to; ++e) sum[e] += part[e - base];
+      }
+    });
+  }
 }
 
 void check_args(const Conv2dArgs& a, DType t) {
@@ -227,8 +471,10 @@ size_t conv2d_workspace_bytes(const Conv2dArgs& args, DType dtype, Device device
       a.x_block = xb;
       a.y_block = yb;
       const ConvPlan& p = plan_for(a, dtype);
-      bytes = std::max(
-          {bytes, p.fwd.workspace_bytes, p.bwd_data.workspace_bytes, p.bwd_filter.workspace_bytes});
+      // Backward-filter: as many tasks at once as there are threads now.
+      const size_t tasks = p.tasks.extra_bytes(std::min<int64_t>(p.tasks.count(), num_threads()));
+      bytes = std::max({bytes, p.fwd.workspace_bytes, p.bwd_data.workspace_bytes,
+                        p.bwd_filter.workspace_bytes + tasks});
     }
   }
   return bytes;
@@ -260,7 +506,10 @@ void conv2d_backward_filter(const Conv2dArgs& args, const Tensor& x, const Tenso
   if (x.device().is_cuda()) return cuda_ops::conv2d_backward_filter(args, x, dy, dw, ws);
   const ConvPlan& p = plan_for(args, x.dtype());
   guarded("conv2d_backward_filter", describe(args, x.dtype()), [&] {
-    run_pass(p.bwd_filter, {x.raw(), dy.raw(), dw.raw()}, ws);
+    run_pass_with(p.bwd_filter, {x.raw(), dy.raw(), dw.raw()}, ws,
+                  [&](const std::unordered_map<int, dnnl::memory>& staged, size_t& off) {
+                    run_filter_tasks(p, staged, ws, off);
+                  });
   });
 }
 

@@ -187,8 +187,13 @@ inline Pass make_pass(dnnl::primitive prim, const md& scratchpad,
   return p;
 }
 
-// Runs the pass on the caller's pointers (one per argument, in make_pass order).
-inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs, Workspace ws) {
+// Runs the pass on the caller's pointers (one per argument, in make_pass order):
+// stages the inputs, calls body(args, off) with the primitive's arguments (scratchpad
+// included) and the workspace offset past them, then stages the outputs. run_pass's
+// body executes the primitive once; a body may carve more workspace from `off`.
+template <typename Body>
+void run_pass_with(const Pass& p, std::initializer_list<const void*> user_ptrs, Workspace ws,
+                   Body&& body) {
   DTRAIN_CHECK(static_cast<int>(user_ptrs.size()) == p.nargs, "run_pass: {} pointers for {} args",
                user_ptrs.size(), p.nargs);
   dnnl::engine& eng = cpu_engine();
@@ -234,7 +239,8 @@ inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs
   }
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SCRATCHPAD, scratch}};
   for (int i = 0; i < p.nargs; ++i) args[p.args[i].dnnl_arg] = prim_mem[i];
-  p.prim.execute(s, args);
+  s.wait();
+  body(args, off);
   for (int i = 0; i < p.nargs; ++i) {
     const StagedArg& a = p.args[i];
     if (a.staged && a.dir != ArgDir::in) {
@@ -258,6 +264,12 @@ inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs
       }
     });
   }
+}
+
+inline void run_pass(const Pass& p, std::initializer_list<const void*> user_ptrs, Workspace ws) {
+  run_pass_with(p, user_ptrs, ws, [&](const std::unordered_map<int, dnnl::memory>& args, size_t&) {
+    p.prim.execute(cpu_stream(), args);
+  });
 }
 
 }  // namespace dtrain::kernels::dnnl_util

@@ -123,7 +123,14 @@ std::vector<KernelCase> cases_conv() {
   const Conv2dArgs blocked = conv(4, 32, 14, 13, 32, 3, 3, 1, 1);
   const Conv2dArgs blocked_s2 = conv(2, 32, 15, 15, 48, 3, 3, 2, 1);
   const Conv2dArgs blocked_dw = conv(2, 32, 9, 11, 32, 3, 3, 1, 1, 1, 32);
+  // Backward-filter's fixed cut (kernels/cpu/conv.cpp, FilterTasks): 2 chunks of 4 images
+  // times 2 slices of 64 output channels; 1 chunk of 2 slices.
+  const Conv2dArgs chunks_slices = conv(8, 16, 8, 8, 128, 3, 3, 1, 1);
+  const Conv2dArgs slices = conv(3, 32, 5, 5, 128, 3, 3, 1, 1);
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    for (const Conv2dArgs& a : {chunks_slices, slices}) {
+      cases.push_back(backward_filter_case(a, t));
+    }
     for (const Conv2dArgs& a : {blocked, blocked_s2, blocked_dw}) {
       cases.push_back(forward_case("blocked", a, t, false));
       cases.push_back(backward_data_case(a, t));

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/activation.h"
 #include "kernels/batchnorm.h"
 #include "kernels/conv.h"
@@ -119,6 +120,47 @@ TEST_CASE("conv2d: channel-blocked x and y give the NCHW bits in every direction
           CHECK(same_bits(dwk, dw));
         }
       }
+    }
+  }
+}
+
+// Backward-filter sums over the batch in a fixed cut (kernels/cpu/conv.cpp, FilterTasks):
+// tasks planned for one thread, run as many at once as there are threads or as the
+// workspace holds, added in chunk order. Neither changes a bit. (The planning side,
+// oneDNN seeing another thread count in another process, is the end-to-end test
+// "ResNet: ... any OpenMP thread count" in tests/train/test_data_parallel.cpp.)
+TEST_CASE("conv2d: backward-filter's bits follow neither the thread count nor the workspace") {
+  const int threads = num_threads();
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    // 8 images of 8x8 to 128 channels: 2 chunks x 2 slices; 12 of 9x9 to 64: 3 chunks;
+    // 3 of 5x5 to 128: 2 slices.
+    for (const auto& [n, c, hw, k] :
+         {std::tuple{8, 16, 8, 128}, std::tuple{12, 16, 9, 64}, std::tuple{3, 32, 5, 128}}) {
+      Conv2dArgs a;
+      a.n = n, a.c = c, a.h = a.w = hw, a.k = k, a.r = a.s = 3, a.pad_h = a.pad_w = 1;
+      CAPTURE(dtype_name(dt));
+      CAPTURE(n);
+      const Tensor x = as(random_tensor({a.n, a.c, a.h, a.w}, 4), dt);
+      const Tensor dy = as(random_tensor({a.n, a.k, a.out_h(), a.out_w()}, 5), dt);
+      set_num_threads(1);
+      const size_t narrow = conv2d_workspace_bytes(a, dt);  // room for one task at a time
+      set_num_threads(threads);
+      Tensor one = Tensor::empty({a.k, a.c, a.r, a.s}, dt);
+      Tensor ws = Tensor::empty({static_cast<int64_t>(narrow)}, DType::u8);
+      set_num_threads(1);
+      conv2d_backward_filter(a, x, dy, one, {ws.raw(), ws.nbytes(), Device::cpu()});
+      for (const int t : {2, 3, 5}) {
+        CAPTURE(t);
+        set_num_threads(t);
+        Tensor wide = empty_like(one), tight = empty_like(one);
+        Tensor big =
+            Tensor::empty({static_cast<int64_t>(conv2d_workspace_bytes(a, dt))}, DType::u8);
+        conv2d_backward_filter(a, x, dy, wide, {big.raw(), big.nbytes(), Device::cpu()});
+        conv2d_backward_filter(a, x, dy, tight, {ws.raw(), ws.nbytes(), Device::cpu()});
+        CHECK(same_bits(wide, one));
+        CHECK(same_bits(tight, one));
+      }
+      set_num_threads(threads);
     }
   }
 }
