@@ -128,6 +128,10 @@ nlohmann::json describe(const fs::path& path) {
   }
   if (m.contains("frozen_steps")) out["frozen_steps"] = m.at("frozen_steps");
   if (eval_pending(m)) out["eval_pending"] = true;
+  // An image folder's class names by label; comm.allreduce auto's timed table, which a
+  // resume on the same layout keeps.
+  for (const char* key : {"classes", "allreduce_auto"})
+    if (m.contains(key)) out[key] = m.at(key);
   if (runtime::is_sharded_checkpoint(path)) {
     const runtime::Checkpoint man = runtime::read_checkpoint(path / "manifest.dtckpt");
     nlohmann::json sh = man.meta.at("sharded");
@@ -228,6 +232,40 @@ void print_one(const nlohmann::json& d) {
           fmt::format("{}{} tensor(s) for {} step(s)", text.empty() ? "" : ", ", tensors, steps);
     std::printf("steps frozen (optimizer.freeze, up to this step): %s\n", text.c_str());
   }
+  if (d.contains("classes") && d.at("classes").is_array()) {
+    const nlohmann::json& names = d.at("classes");
+    std::string text;
+    for (size_t i = 0; i < names.size() && i < 10; ++i)
+      text += fmt::format("{}{} {}", i ? ", " : "", i,
+                          names[i].is_string() ? names[i].get<std::string>() : names[i].dump());
+    if (names.size() > 10) text += fmt::format(", ... ({} more)", names.size() - 10);
+    std::printf("classes (label: directory): %zu: %s\n", names.size(), text.c_str());
+  }
+  if (d.contains("allreduce_auto") && d.at("allreduce_auto").is_object()) {
+    const nlohmann::json& a = d.at("allreduce_auto");
+    std::string table;
+    if (a.contains("classes") && a.at("classes").is_array()) {
+      for (const nlohmann::json& c : a.at("classes")) {
+        if (!c.is_object() || !c.contains("bytes") || !c.contains("algo")) continue;
+        table += fmt::format(
+            "{}{} -> {}", table.empty() ? "" : ", ",
+            c.at("bytes").is_number() ? human_bytes(c.at("bytes").get<int64_t>())
+                                      : c.at("bytes").dump(),
+            c.at("algo").is_string() ? c.at("algo").get<std::string>() : c.at("algo").dump());
+      }
+    }
+    const std::string grid =
+        a.contains("grid") && a.at("grid").is_array() && a.at("grid").size() == 3
+            ? fmt::format(", grid {} x {} x {} (pipeline x data x tensor)", a.at("grid")[0].dump(),
+                          a.at("grid")[1].dump(), a.at("grid")[2].dump())
+            : "";
+    std::printf("all-reduce auto (comm.allreduce): timed on %s data ranks (%s)%s: %s\n",
+                a.value("world", nlohmann::json()).dump().c_str(),
+                a.contains("backend") && a.at("backend").is_string()
+                    ? a.at("backend").get<std::string>().c_str()
+                    : "?",
+                grid.c_str(), table.empty() ? "no size classes" : table.c_str());
+  }
   if (d.contains("eval_pending")) {
     std::printf(
         "evaluation pending: the step's evaluation could not read its test data; a resume "
@@ -235,7 +273,8 @@ void print_one(const nlohmann::json& d) {
   }
   if (d.contains("sharded")) {
     const nlohmann::json& sh = d.at("sharded");
-    std::printf("sharded: world %s, zero stage %s, precision %s, %s elements (padding included)\n",
+    // "world": the ranks that wrote it (a pipeline's: one data replica of each stage).
+    std::printf("sharded: %s shards, zero stage %s, precision %s, %s elements (padding included)\n",
                 sh.at("world").dump().c_str(), sh.at("zero_stage").dump().c_str(),
                 sh.at("precision").get<std::string>().c_str(), sh.at("total").dump().c_str());
     for (const nlohmann::json& s : sh.at("shards")) {
@@ -305,7 +344,7 @@ int list_dir(const fs::path& dir, bool json) {
     std::printf("%s\n", nlohmann::json{{"checkpoints", list}}.dump(2).c_str());
     return kExitOk;
   }
-  std::printf("%-10s %-8s %-6s %-5s %-12s %s\n", "step", "kind", "world", "zero", "size", "path");
+  std::printf("%-10s %-8s %-6s %-5s %-12s %s\n", "step", "kind", "shards", "zero", "size", "path");
   for (const nlohmann::json& r : list) {
     std::printf("%-10s %-8s %-6s %-5s %-12s %s\n", r.at("step").dump().c_str(),
                 r.at("kind").get<std::string>().c_str(),

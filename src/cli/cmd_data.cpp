@@ -193,14 +193,25 @@ struct BenchArgs {
 // Loads `batches` batches of the job's data (rank 0's share, as `dtrain train` feeds it)
 // with each worker count and prints samples per second: whether the input pipeline keeps
 // up with the model, without running the model.
+int bench_data_job(const BenchArgs& args, Job& job);
+
+// Refusals of the job's keys (data.path's folder, say) name the file and line that wrote
+// them.
 int run_data_bench(const BenchArgs& args) {
   config::ValidateContext ctx;
   ctx.world_size = args.world > 0 ? args.world : world_from_env();
   std::vector<std::string> warnings;
   ctx.warnings = &warnings;
+  config::SourceMap where;
   // The sources keep a reference to the job and read data.workers as each feed opens.
-  Job job = config::load_job_file(args.job, args.overrides, ctx);
+  Job job = config::load_job_file(args.job, args.overrides, ctx, &where);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
+  int rc = kExitOk;
+  config::located_errors(where, [&] { rc = bench_data_job(args, job); });
+  return rc;
+}
+
+int bench_data_job(const BenchArgs& args, Job& job) {
   // The bench finds a damaged image (exit 2 naming it), whatever training would do with it.
   job.data.unreadable = UnreadableAction::stop;
   std::vector<int> workers = args.workers;

@@ -109,10 +109,21 @@ nlohmann::json to_json(const runtime::GenerateResult& g) {
           {"samples", samples}};
 }
 
+int run_generate_job(const GenerateArgs& a, Job job);
+
+// Refusals of the job's keys name the file and line that wrote them.
 int run_generate(const GenerateArgs& a) {
   check_sampling(a);
+  config::SourceMap where;
+  Job job = load_model_job(a.job, a.overrides, a.device, &where);
+  int rc = kExitOk;
+  config::located_errors(where, [&] { rc = run_generate_job(a, std::move(job)); });
+  return rc;
+}
+
+int run_generate_job(const GenerateArgs& a, Job job) {
   runtime::GenerateRequest r;
-  r.job = load_model_job(a.job, a.overrides, a.device);
+  r.job = std::move(job);
   r.weights = a.checkpoint;
   r.which_weights = a.which_weights;
   r.tokenizer = a.tokenizer;
@@ -166,13 +177,13 @@ int run_generate(const GenerateArgs& a) {
 }  // namespace
 
 Job load_model_job(const std::string& file, std::vector<std::string> overrides,
-                   const std::string& device) {
+                   const std::string& device, config::SourceMap* where) {
   std::vector<std::string> warnings;
   config::ValidateContext ctx;
   ctx.model_only = true;
   ctx.warnings = &warnings;
   add_device_override(device, overrides);
-  Job job = config::load_job_file(file, overrides, ctx);
+  Job job = config::load_job_file(file, overrides, ctx, where);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
   return job;
 }

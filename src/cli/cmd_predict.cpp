@@ -612,9 +612,21 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
   return kExitOk;
 }
 
+int run_predict_job(const PredictArgs& a, Job job);
+
+// Refusals of the job's keys (data.path's folder, say) name the file and line that wrote
+// them.
 int run_predict(const PredictArgs& a) {
+  config::SourceMap where;
+  Job job = load_model_job(a.job, a.overrides, a.device, &where);
+  int rc = kExitOk;
+  config::located_errors(where, [&] { rc = run_predict_job(a, std::move(job)); });
+  return rc;
+}
+
+int run_predict_job(const PredictArgs& a, Job job) {
   runtime::PredictRequest r;
-  r.job = load_model_job(a.job, a.overrides, a.device);
+  r.job = std::move(job);
   if (runtime::is_image_model(r.job)) return run_predict_images(a, r.job);
   if (!a.images.empty() || !a.split.empty()) {
     throw Error(fmt::format("model.arch {}: --image and --split are for image models (ResNet, "

@@ -240,19 +240,36 @@ std::string data_parallel_lines(const Job& job, int world) {
     for (const graph::FlatEntry& e : layout.entries())
       ranges.push_back({e.offset, e.spec.shape.numel()});
     const int64_t total = layout.buffer_elems(DType::f32);  // as the trainer's, padding included
-    const auto buckets = dist::plan_buckets(
-        ranges, total, static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0));
-    std::string sizes;
-    for (size_t b = 0; b < buckets.size() && b < 8; ++b)
-      sizes += fmt::format("{}{:.2f}", b ? ", " : "",
-                           static_cast<double>(buckets[b].end - buckets[b].begin) * 4.0 / 1e6);
-    if (buckets.size() > 8) sizes += ", ...";
+    const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
+    const auto buckets = dist::plan_buckets(ranges, total, bucket_bytes);
+    const auto sizes_of = [](const std::vector<dist::Bucket>& list) {
+      std::string sizes;
+      for (size_t b = 0; b < list.size() && b < 8; ++b)
+        sizes += fmt::format("{}{:.2f}", b ? ", " : "",
+                             static_cast<double>(list[b].end - list[b].begin) * 4.0 / 1e6);
+      return sizes + (list.size() > 8 ? ", ... MB" : " MB");
+    };
+    // A pipeline stage sums its own parameters' gradients over its data group: its
+    // buckets (dist::plan_buckets_of, as the trainer cuts them).
+    std::string counts = fmt::format("{}", buckets.size()), sizes = sizes_of(buckets);
+    if (p.pipeline > 1) {
+      counts.clear();
+      sizes.clear();
+      const std::vector<graph::Stage> stages = runtime::job_stages(p, m.graph);
+      for (size_t st = 0; st < stages.size(); ++st) {
+        const auto mine = dist::plan_buckets_of(
+            ranges, graph::stage_param_indices(m.graph, stages[st]), bucket_bytes);
+        counts += fmt::format("{}{}", st ? " + " : "", mine.size());
+        sizes += fmt::format("{}stage {}: {}", st ? "; " : "", st, sizes_of(mine));
+      }
+      counts += " (by stage)";
+    }
     // ZeRO reduces each bucket into its owners (the trainer's "reduce to owners").
     const bool zero = p.zero_stage >= 1 && p.data > 1;
     out += fmt::format(
-        "# gradient buckets: {}, each closed once it holds {} MB ({} MB, in launch order), "
+        "# gradient buckets: {}, each closed once it holds {} MB ({}, in launch order), "
         "{} over {}, overlap {}\n",
-        buckets.size(), job.comm.bucket_mb, sizes,
+        counts, job.comm.bucket_mb, sizes,
         zero ? std::string("reduced to their owners")
              : fmt::format("all-reduce {}", to_string(job.comm.allreduce)),
         job.device.is_cuda() ? "nccl" : "mpi", job.comm.overlap ? "on" : "off");

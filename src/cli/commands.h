@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "runtime/job.h"
 
 namespace dtrain::cli {
@@ -56,8 +57,9 @@ void add_device_override(const std::string& device, std::vector<std::string>& ov
 
 // The job file of generate and predict: the model's job, checked for what inference reads
 // (its precision, model and data keys, in its own world), with --set and --device
-// applied; its warnings printed.
+// applied; its warnings printed. `where`, when given, receives where each key was
+// written (config::located_errors).
 Job load_model_job(const std::string& file, std::vector<std::string> overrides,
-                   const std::string& device);
+                   const std::string& device, config::SourceMap* where = nullptr);
 
 }  // namespace dtrain::cli

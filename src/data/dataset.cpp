@@ -176,6 +176,7 @@ class FirstSamples final : public Dataset {
   }
   int32_t label(int64_t i) const override { return base_->label(i); }
   std::vector<std::string> class_names() const override { return base_->class_names(); }
+  std::string sample_name(int64_t i) const override { return base_->sample_name(i); }
   std::string source() const override {
     return fmt::format("the first {} of {} in {}", n_, base_->size(), base_->source());
   }

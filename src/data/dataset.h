@@ -51,6 +51,8 @@ class Dataset {
   // The classes' names by label where the data names them (an image folder's
   // directories); empty otherwise.
   virtual std::vector<std::string> class_names() const { return {}; }
+  // Sample i's name where it has one (an image folder's file); empty otherwise.
+  virtual std::string sample_name(int64_t /*i*/) const { return {}; }
 };
 
 // What the file readers return. images u8 [N, H, W] (IDX) or [N, C, H, W] (CIFAR),

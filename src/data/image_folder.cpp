@@ -260,8 +260,14 @@ int32_t ImageFolderDataset::label(int64_t i) const {
 std::string ImageFolderDataset::source() const {
   if (!index_.holdout)
     return fmt::format("{} ({} classes)", index_.dir.string(), index_.classes.size());
-  return fmt::format("{}{} data.holdout {}, {} classes", index_.dir.string(),
-                     index_.held ? "'s" : " less", *index_.holdout, index_.classes.size());
+  // A class the hash would hold out whole trains whole: the held-out split lacks it.
+  const std::set<int32_t> present(index_.labels.begin(), index_.labels.end());
+  const std::string classes = present.size() == index_.classes.size()
+                                  ? fmt::format("{} classes", index_.classes.size())
+                                  : fmt::format("{} of {} classes (the others train whole)",
+                                                present.size(), index_.classes.size());
+  return fmt::format("{}{} data.holdout {}, {}", index_.dir.string(), index_.held ? "'s" : " less",
+                     *index_.holdout, classes);
 }
 
 std::shared_ptr<const Dataset> open_image_folder(const std::string& root, Split split,

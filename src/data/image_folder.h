@@ -61,6 +61,9 @@ class ImageFolderDataset final : public Dataset {
   int32_t label(int64_t i) const override;
   std::string source() const override;
   std::vector<std::string> class_names() const override { return index_.classes; }
+  std::string sample_name(int64_t i) const override {
+    return index_.files[static_cast<size_t>(i)].string();
+  }
   const ImageFolderIndex& index() const { return index_; }
 
  private:

@@ -87,6 +87,7 @@ class ImageSource final : public DataSource {
                        train_->source(), test_->size(), test_->source());
   }
   std::vector<std::string> class_names() const override { return train_->class_names(); }
+  std::string eval_sample_name(int64_t i) const override { return test_->sample_name(i); }
 
  private:
   Cut cut_;

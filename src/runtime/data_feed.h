@@ -77,6 +77,8 @@ class DataSource {
   virtual std::string describe() const = 0;
   // The classes' names by label, where the data names them (an image folder); else empty.
   virtual std::vector<std::string> class_names() const { return {}; }
+  // The evaluation split's sample i by name, where it has one (an image folder's file).
+  virtual std::string eval_sample_name(int64_t /*i*/) const { return {}; }
 };
 
 }  // namespace dtrain::runtime

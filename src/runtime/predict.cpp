@@ -505,7 +505,10 @@ ImagePredictResult predict_images(const ImagePredictRequest& r) {
       while (rows < batch && labels.data<int32_t>()[rows] != kIgnoreLabel) ++rows;
       run(rows, [&](int64_t row, std::vector<double> p) {
         ImagePrediction pr;
-        pr.where = fmt::format("test {}", out.images.size());
+        // The split in its order (one process, unshuffled): sample i is image i.
+        const auto i = static_cast<int64_t>(out.images.size());
+        pr.where = source->eval_sample_name(i);
+        if (pr.where.empty()) pr.where = fmt::format("test {}", i);
         pr.truth = labels.data<int32_t>()[row];
         pr.label = most_likely(p);
         loss -= std::log(p[static_cast<size_t>(pr.truth)]);

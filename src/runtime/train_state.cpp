@@ -10,7 +10,12 @@
 #include <array>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/ranges.h>
 
@@ -51,6 +56,7 @@ nlohmann::json train_meta(nlohmann::json params_layout, const graph::FlatStore& 
       {"seed", c.seed},
       {"arch", c.arch},
       {"config_hash", c.config_hash},
+      {"job_yaml", c.job_yaml},
       {"optimizer", {{"name", std::string(to_string(opt))}, {"step", opt_step}}},
       {"params", std::move(params_layout)},
       {"buffers", layout_of(buffers)}};
@@ -457,6 +463,8 @@ TrainCounters counters_of(const Checkpoint& ck) {
   c.seed = ck.meta.at("seed");
   c.arch = ck.meta.at("arch");
   c.config_hash = ck.meta.at("config_hash");
+  if (const auto it = ck.meta.find("job_yaml"); it != ck.meta.end() && it->is_string())
+    c.job_yaml = it->get<std::string>();
   if (ck.meta.contains("model")) c.heads = ck.meta.at("model").value("heads", int64_t{0});
   if (ck.meta.contains("classes")) c.classes = class_names_in(ck.meta.at("classes"), file.string());
   if (ck.meta.contains("frozen_steps")) {
@@ -798,6 +806,63 @@ fs::path resolve_resume(const std::string& resume, const fs::path& checkpoint_di
                     option == "--resume" ? "; or train without --resume to start afresh" : ""));
   }
   return all.back();
+}
+
+namespace {
+
+// A resolved job's settings as "section.key" -> value text, in file order. The dump
+// nests mappings by two spaces and writes lists in flow style; a line of any other
+// shape continues the value before it.
+std::vector<std::pair<std::string, std::string>> flat_settings(const std::string& yaml) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::vector<std::string> path;  // the open mappings' keys, by depth
+  std::istringstream in(yaml);
+  for (std::string line; std::getline(in, line);) {
+    const size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos || line[indent] == '#') continue;
+    const std::string body = line.substr(indent);
+    const size_t colon = body.find(": ") != std::string::npos ? body.find(": ")
+                         : body.back() == ':'                 ? body.size() - 1
+                                                              : std::string::npos;
+    const size_t depth = indent / 2;
+    if (colon == std::string::npos || body[0] == '-' || depth > path.size()) {
+      if (!out.empty()) out.back().second += (out.back().second.empty() ? "" : " ") + body;
+      continue;
+    }
+    path.resize(depth);
+    std::string key;
+    for (const std::string& k : path) key += k + ".";
+    key += body.substr(0, colon);
+    const std::string value = colon + 1 < body.size() ? body.substr(colon + 2) : std::string();
+    if (value.empty()) path.push_back(body.substr(0, colon));
+    out.emplace_back(key, value);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string changed_settings(const std::string& before, const std::string& after, size_t shown) {
+  const auto old_list = flat_settings(before), new_list = flat_settings(after);
+  const std::map<std::string, std::string> old_map(old_list.begin(), old_list.end());
+  const std::map<std::string, std::string> new_map(new_list.begin(), new_list.end());
+  std::vector<std::string> changes;
+  const auto text = [](const std::string& v) { return v.empty() ? std::string("{}") : v; };
+  for (const auto& [key, value] : new_list) {
+    const auto it = old_map.find(key);
+    if (it == old_map.end())
+      changes.push_back(fmt::format("{} (not in the checkpoint's) -> {}", key, text(value)));
+    else if (it->second != value)
+      changes.push_back(fmt::format("{} {} -> {}", key, text(it->second), text(value)));
+  }
+  for (const auto& [key, value] : old_list) {
+    if (new_map.count(key) == 0)
+      changes.push_back(fmt::format("{} {} -> (not in this run's)", key, text(value)));
+  }
+  std::string out;
+  for (size_t i = 0; i < changes.size() && i < shown; ++i) out += (i ? ", " : "") + changes[i];
+  if (changes.size() > shown) out += fmt::format(" and {} more", changes.size() - shown);
+  return out;
 }
 
 }  // namespace dtrain::runtime

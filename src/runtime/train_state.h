@@ -38,12 +38,20 @@ struct BestEval {
   std::string weights = "model";
 };
 
+// The settings that differ between two resolved jobs (config::dump_job_yaml's text: two
+// spaces per level, a block list kept whole under its key), as "key old -> new" joined by
+// ", ", at most `shown` of them and a count of the rest; empty when none differ.
+std::string changed_settings(const std::string& before, const std::string& after, size_t shown = 6);
+
 struct TrainCounters {
   int64_t step = 0;       // optimizer steps done
   DataPosition position;  // where the training data continues
   uint64_t seed = 0;
   std::string arch;
   std::string config_hash;  // FNV-1a of the resolved job; a mismatch on resume is reported
+  // The resolved job itself (config::dump_job_yaml), so a resume can name the settings
+  // it changes (empty in checkpoints written before it was kept).
+  std::string job_yaml;
   // A transformer's attention heads, the one shape key no tensor shows (0: not a
   // transformer, or a checkpoint written before it was kept). dtrain generate checks it.
   int64_t heads = 0;

@@ -100,6 +100,7 @@ TrainSession::TrainSession(const TrainRequest& r, dist::Communicator& comm)
   if (const ArchPreset* a = find_arch(job_.model.arch); a && a->family != ModelFamily::cnn)
     counters_.heads = models::resolve_transformer(job_.model, a->family).heads;
   counters_.config_hash = fnv1a_hex(r.resolved_yaml);
+  counters_.job_yaml = r.resolved_yaml;
   ex_->initialize(counters_.seed);
   const MasterMode mode = !policy_.half()                 ? MasterMode::fp32
                           : job_.precision.master_weights ? MasterMode::masters

@@ -143,7 +143,7 @@ void TrainSession::resume_if_asked() {
   if (req_.resume) {
     const fs::path file = resolve_resume(*req_.resume, ckpt_dir_);
     if (!file.empty()) {
-      const std::string hash = counters_.config_hash;
+      const std::string hash = counters_.config_hash, yaml = counters_.job_yaml;
       const int64_t heads = counters_.heads;  // this job's: the next saves record it
       // Any layout's checkpoint (a file, or a sharded directory of any world size):
       // every parameter piece, and this rank's range of the optimizer state; tensor
@@ -170,12 +170,22 @@ void TrainSession::resume_if_asked() {
       }
       counters_.heads = heads;
       if (counters_.config_hash != hash) {
-        note(
-            fmt::format("note: {} was written by a different job file (the model "
-                        "matches, so training continues with this job's settings)",
-                        file.string()));
+        // The settings this run changes, where the checkpoint keeps its job; else only
+        // that they differ (another job file, --set, or a dtrain with other keys).
+        const std::string changed =
+            counters_.job_yaml.empty() ? std::string() : changed_settings(counters_.job_yaml, yaml);
+        note(changed.empty()
+                 ? fmt::format("note: {} was written with other settings (another job file or "
+                               "--set, or a dtrain whose settings had other keys); the model "
+                               "matches, so training continues with this job's settings",
+                               file.string())
+                 : fmt::format("note: this run's settings differ from those {} was written "
+                               "with: {}; the model matches, so training continues with this "
+                               "run's",
+                               file.string(), changed));
         counters_.config_hash = hash;
       }
+      counters_.job_yaml = yaml;
       if (counters_.scaler) scaler_.load(*counters_.scaler);
       check_resumed_classes(file);
       // An epoch is cut into whole steps of data.global_batch samples; a position inside

@@ -147,6 +147,16 @@ TEST_CASE("data.holdout: a share of train/ by each file's name is the test split
           (uint64_t{1} << 63));
     CHECK(f.parent_path().filename() == "a");
   }
+  // The held-out split's description counts the classes it holds (a sample's name is its
+  // file).
+  const ImageFolderDataset mixed_set(mixed_test, ImageGeometry{3, 2, 2, 2}, 1.0);
+  CHECK_MESSAGE(has(mixed_set.source(),
+                    "'s data.holdout 0.5, 1 of 2 classes (the others train "
+                    "whole)"),
+                mixed_set.source());
+  CHECK(mixed_set.sample_name(0) == mixed_test.files[0].string());
+  CHECK(has(ImageFolderDataset(mixed_train, ImageGeometry{3, 2, 2, 2}, 1.0).source(),
+            " less data.holdout 0.5, 2 classes"));
   // Nothing held out: refused (one file, held out whole, trains whole).
   write_image_folder(root / "tiny", {"c"}, {{"train", 1}});
   CHECK(has(error_of([&] { index_image_folder(root / "tiny", Split::test, 0.999); }),

@@ -48,7 +48,7 @@ TEST_CASE("dtrain ckpt inspects, verifies and exports a ZeRO-1 checkpoint of 2 r
   r = run_dtrain_command({"ckpt", "inspect", dir.string()}, tmp.path() / "inspect.log");
   REQUIRE_MESSAGE(r.rc == 0, r.describe());
   for (const char* line :
-       {"(sharded,", "step: 2\n", "sharded: world 2, zero stage 1, precision fp32",
+       {"(sharded,", "step: 2\n", "sharded: 2 shards, zero stage 1, precision fp32",
         "  rank 0: [0, ", "  rank 1: [", "rank-00001-of-00002.dtckpt",
         "transformer.h.0.attn.c_attn.weight",
         // the compression state each shard holds for its rank alone

@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,15 @@ TEST_CASE("image-folder: a ResNet learns a folder of images of their own sizes, 
   const fs::path split = run_job(job, tmp.path(), "split", 1, {"--set", "train.steps=4"});
   run_job(job, tmp.path(), "split", 1, {"--resume", "latest"});
   require_same(run, split);
+
+  // ckpt inspect: the class names the checkpoint keeps, by label.
+  const RunResult inspect =
+      run_dtrain_command({"ckpt", "inspect", newest_checkpoint(run / "checkpoints").string()},
+                         tmp.path() / "inspect.log");
+  REQUIRE_MESSAGE(inspect.rc == 0, inspect.describe());
+  CHECK_MESSAGE(inspect.log.find("classes (label: directory): 3: 0 blue, 1 green, 2 red\n") !=
+                    std::string::npos,
+                inspect.log);
 
   // predict: the test split as the trainer evaluated it; files by class directory name.
   const RunResult test = run_dtrain_command(
@@ -105,6 +115,11 @@ TEST_CASE("image-folder: data.holdout evaluates on a share of train/ when there 
   CHECK(none.rc == 2);
   CHECK_MESSAGE(none.log.find("has no val/ or test/ directory") != std::string::npos, none.log);
   CHECK(none.log.find("or set data.holdout") != std::string::npos);
+  // data bench names where the job wrote data.path (line 4), as train does.
+  const RunResult bench = run_dtrain_command({"data", "bench", job.string()}, tmp.path() / "b.log");
+  CHECK(bench.rc == 2);
+  CHECK_MESSAGE(bench.log.find(job.string() + ":4:") != std::string::npos, bench.log);
+  CHECK(bench.log.find("has no val/ or test/ directory") != std::string::npos);
   const fs::path run =
       run_job(job, tmp.path(), "run", 1, {"--set", "data.holdout=0.25", "--set", "train.steps=4"});
   // The run's first line: "data: N train images (...), M test images (...)", N + M = 30.
@@ -130,6 +145,34 @@ TEST_CASE("image-folder: data.holdout evaluates on a share of train/ when there 
   char loss[32];
   std::snprintf(loss, sizeof loss, "loss %.4f", eval.at("test_loss").get<double>());
   CHECK_MESSAGE(test.log.find(loss) != std::string::npos, test.log);
+  // Without data.holdout, predict's test split is refused naming the job's line too.
+  const RunResult no_val = run_dtrain_command(
+      {"predict", job.string(), "--set", "run.output_dir=" + run.string(), "--split", "test"},
+      tmp.path() / "predict-no-val.log");
+  CHECK(no_val.rc == 2);
+  CHECK_MESSAGE(no_val.log.find(job.string() + ":4:") != std::string::npos, no_val.log);
+  CHECK(no_val.log.find("has no val/ or test/ directory") != std::string::npos);
+  // --json names each held-out image by its file: one of train/'s, in the directory of
+  // the class it is expected to be, each once.
+  const RunResult listed =
+      run_dtrain_command({"predict", job.string(), "--set", "run.output_dir=" + run.string(),
+                          "--set", "data.holdout=0.25", "--split", "test", "--json"},
+                         tmp.path() / "predict-json.log");
+  REQUIRE_MESSAGE(listed.rc == 0, listed.describe());
+  const size_t json_at = listed.log.find("{\n");
+  REQUIRE_MESSAGE(json_at != std::string::npos, listed.log);
+  const nlohmann::json images = nlohmann::json::parse(listed.log.substr(json_at)).at("images");
+  CHECK(static_cast<int>(images.size()) == held);
+  std::set<std::string> named;
+  for (const nlohmann::json& image : images) {
+    const fs::path file = image.at("image").get<std::string>();
+    CAPTURE(file);
+    CHECK(fs::is_regular_file(file));
+    CHECK(file.parent_path() ==
+          tmp.path() / "images" / "train" / image.at("expected").get<std::string>());
+    named.insert(file.string());
+  }
+  CHECK(named.size() == images.size());
 }
 
 TEST_CASE("image-folder: a damaged image or a wrong class count exits 2 naming it") {

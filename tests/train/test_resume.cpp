@@ -5,6 +5,7 @@
 // the split; and a run directory that already holds a run. Does not test damaged
 // checkpoints (test_damage.cpp).
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include "harness.h"
 
@@ -54,6 +55,11 @@ void check_resume_case(const ResumeCase& c) {
   const RunResult second = run_dtrain(again, tmp.path() / "b.log");
   REQUIRE_MESSAGE(second.rc == 0, second.describe());
   CHECK_MESSAGE(second.log.find("at step " + std::to_string(c.n)) != std::string::npos, second.log);
+  // The one setting the resume changes, named from the job the checkpoint keeps.
+  CHECK_MESSAGE(second.log.find(fmt::format("was written with: train.steps {} -> {}; the model "
+                                            "matches",
+                                            c.n, 2 * c.n)) != std::string::npos,
+                second.log);
 
   const auto expected = read_losses(tmp.path() / "straight" / "metrics.jsonl");
   const auto resumed = read_losses(tmp.path() / "split" / "metrics.jsonl");
