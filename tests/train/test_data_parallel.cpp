@@ -146,19 +146,24 @@ TEST_CASE("2 ranks train exactly like 1 rank with 2 micro-batches, with every al
 // pooling in fixed chunks. So one rank of 3 threads with 2 micro-batches, one of 1
 // thread, and 2 ranks of 1 thread (what `--nproc 2` gives on 2 cores, against 2
 // threads for one process) end with the same bits. Width 0.5: up to 256 channels,
-// so the filter gradients are cut into output-channel slices as well as image chunks.
+// so the filter gradients are cut into output-channel slices as well as image chunks; in
+// fp32 and in bf16.
 TEST_CASE("ResNet: the same bits at any OpenMP thread count, and on 2 ranks") {
   TempDir tmp("threads");
   const fs::path job = write_job(tmp.path(), "resnet");
-  const std::vector<std::string> extra = {
-      "--set", "model.width=0.5", "--set", "data.micro_batch=16", "--set", "train.steps=3"};
-  const auto at = [&](const char* threads, const std::string& name, const Layout& l) {
-    setenv("OMP_NUM_THREADS", threads, 1);
-    return train(job, tmp.path(), name, l, extra);
-  };
-  const fs::path one = at("1", "1x1", {});
-  require_same(one, at("3", "1x3", {}));
-  require_same(one, at("1", "2x1", {2, "native"}));
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    CAPTURE(dtype);
+    const std::vector<std::string> extra = {
+        "--set", "model.width=0.5", "--set", "data.micro_batch=16",
+        "--set", "train.steps=3",   "--set", "precision.dtype=" + dtype};
+    const auto at = [&](const char* threads, const std::string& name, const Layout& l) {
+      setenv("OMP_NUM_THREADS", threads, 1);
+      return train(job, tmp.path(), name + "-" + dtype, l, extra);
+    };
+    const fs::path one = at("1", "1x1", {});
+    require_same(one, at("3", "1x3", {}));
+    require_same(one, at("1", "2x1", {2, "native"}));
+  }
 }
 
 // Images decoded and cropped at random sizes on each rank's loader threads: each sample's
