@@ -318,6 +318,34 @@ TEST_CASE("auto tuning: every rank reaches the same table") {
   if (w.rank() == 0) MESSAGE(format_auto_choice(choice));
 }
 
+// A grid's data groups take the table their first group timed: the root's sizes and
+// algorithms on every rank, whatever each held before (an empty table included), in
+// order; the times stay the root's.
+TEST_CASE("broadcast_choice: the root's table on every rank") {
+  Communicator& w = test_world();
+  const int root = w.size() - 1;
+  AutoChoice mine;
+  if (w.rank() == root) {
+    mine.entries = {{4096, AllreduceAlgo::ring, {{AllreduceAlgo::ring, 1e-3}}},
+                    {1 << 20, AllreduceAlgo::hierarchical, {}},
+                    {size_t{3} << 30, AllreduceAlgo::native, {}}};
+  } else if (w.rank() % 2 == 0) {  // a table of its own, which the root's replaces
+    mine.entries = {{64, AllreduceAlgo::native, {}}};
+  }
+  const AutoChoice got = broadcast_choice(w, mine, root);
+  REQUIRE(got.entries.size() == 3);
+  CHECK(got.entries[0].bytes == 4096);
+  CHECK(got.entries[0].algo == AllreduceAlgo::ring);
+  CHECK(got.entries[1].bytes == size_t{1} << 20);
+  CHECK(got.entries[1].algo == AllreduceAlgo::hierarchical);
+  CHECK(got.entries[2].bytes == size_t{3} << 30);  // past 32 bits
+  CHECK(got.entries[2].algo == AllreduceAlgo::native);
+  CHECK(got.algo_for(5000) == AllreduceAlgo::hierarchical);  // the class above
+  CHECK(got.entries[0].seconds.size() == (w.rank() == root ? 1u : 0u));
+  // Nothing timed: an empty table everywhere.
+  CHECK(broadcast_choice(w, w.rank() == root ? AutoChoice{} : mine, root).entries.empty());
+}
+
 TEST_CASE("process grid groups over MPI") {
   Communicator& w = test_world();
   const GridDegrees d = w.size() == 4 ? GridDegrees{1, 2, 2} : GridDegrees{1, w.size(), 1};
