@@ -17,8 +17,9 @@
    job (Restarts=1), the requeued run resumed from that checkpoint (the requeue
    delay is skipped with `scontrol update StartTime=now`) and completed.
 5. Compares the final checkpoint with the reference's bit for bit (header meta
-   except config_hash, which hashes the resolved job and so its output_dir; the
-   tensor table; every blob's bytes), and the per-step training losses.
+   except config_hash, which hashes the resolved job and so its output_dir, and the
+   resolved job itself (job_yaml) but for that directory; the tensor table; every
+   blob's bytes), and the per-step training losses.
 6. Submits the job again and cancels it with a plain `scancel JOBID` (SIGTERM):
    it must end CANCELLED without a requeue, with the checkpoint dtrain saved and
    the script's lines saying so in the job's log.
@@ -135,12 +136,17 @@ def read_checkpoint(path):
     return header["meta"], tensors
 
 
-def compare_checkpoints(a, b):
-    """'' when a and b hold the same training state bit for bit."""
+def compare_checkpoints(a, b, a_dir, b_dir):
+    """'' when a and b hold the same training state bit for bit. a_dir, b_dir: the two
+    runs' output directories, which their resolved jobs (meta job_yaml) name."""
     ma, ta = read_checkpoint(a)
     mb, tb = read_checkpoint(b)
     for key in sorted(set(ma) | set(mb)):
         if key == "config_hash":  # FNV-1a of the resolved job, which names output_dir
+            continue
+        if key == "job_yaml":  # the resolved job itself: the same but for output_dir
+            if (ma.get(key) or "").replace(a_dir, b_dir) != mb.get(key):
+                return f"meta.job_yaml: {ma.get(key)!r} vs {mb.get(key)!r}"
             continue
         if ma.get(key) != mb.get(key):
             return f"meta.{key}: {ma.get(key)!r} vs {mb.get(key)!r}"
@@ -364,7 +370,8 @@ def main():
         # Bit for bit against the reference.
         name = f"step-{STEPS:08d}.dtckpt"
         diff = compare_checkpoints(os.path.join(tmp, "ref", "checkpoints", name),
-                                   os.path.join(run_dir, "checkpoints", name))
+                                   os.path.join(run_dir, "checkpoints", name),
+                                   os.path.join(tmp, "ref"), run_dir)
         if diff:
             raise Fail(f"final checkpoints differ: {diff}")
         la, lb = losses(os.path.join(tmp, "ref", "metrics.jsonl")), losses(metrics)
