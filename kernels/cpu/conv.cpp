@@ -140,7 +140,7 @@ int64_t filter_chunk(const Conv2dArgs& a) {
 // The output-channel slices: the fewest that make kTasks tasks with `chunks` chunks,
 // or the most that keep kSliceChannels each.
 int64_t filter_slices(const Conv2dArgs& a, int64_t chunks) {
-  if (a.groups != 1) return 1;
+  if (a.groups != 1 || chunks >= kTasks) return 1;
   int64_t best = 1;
   for (int64_t s = 2; a.k / s >= kSliceChannels; ++s) {
     if (a.k % s != 0 || (a.k / s) % 16 != 0) continue;
@@ -150,13 +150,15 @@ int64_t filter_slices(const Conv2dArgs& a, int64_t chunks) {
   return best;
 }
 
-// oneDNN plans a primitive for the thread count it sees when the primitive is created.
-struct OneThreadPlan {
+// oneDNN plans a primitive for the thread count it sees when the primitive is created,
+// and some implementations (the gemm-based ones a grouped convolution can get) look
+// again when they run outside an active parallel region: both happen under one thread.
+struct OneThread {
   int saved = num_threads();
-  OneThreadPlan() { set_num_threads(1); }
-  ~OneThreadPlan() { set_num_threads(saved); }
-  OneThreadPlan(const OneThreadPlan&) = delete;
-  OneThreadPlan& operator=(const OneThreadPlan&) = delete;
+  OneThread() { set_num_threads(1); }
+  ~OneThread() { set_num_threads(saved); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
 };
 
 // The tag of `m` among `tags` (described for `m`'s dims and type), if any.
@@ -192,7 +194,7 @@ bool plan_filter_tasks(const Conv2dArgs& a, DType t, int64_t chunk, int64_t slic
   const md dw_any(d.w_any.dims(), dt::f32, tag::any);
   const auto alg = dnnl::algorithm::convolution_direct;
   {
-    const OneThreadPlan one;
+    const OneThread one;
     const fwd_t::primitive_desc hint(
         fwd_t::desc(dnnl::prop_kind::forward_training, alg, d.x_any, d.w_any, d.y_any, d.stride,
                     d.dil, d.pad_l, d.pad_r),
@@ -291,6 +293,7 @@ void run_filter_tasks(const ConvPlan& p, const std::unordered_map<int, dnnl::mem
                       Workspace ws, size_t& off) {
   const FilterTasks& ft = p.tasks;
   if (ft.count() == 1) {
+    const OneThread one;
     p.bwd_filter.prim.execute(cpu_stream(), args);
     return;
   }
@@ -333,12 +336,15 @@ void run_filter_tasks(const ConvPlan& p, const std::unordered_map<int, dnnl::mem
            {DNNL_ARG_SCRATCHPAD, dnnl::memory(scratch_md, cpu_engine(), mine + scratch_at)}});
       stream.wait();
     };
+    {
+      const OneThread one;  // a wave of one runs on this thread, outside any region
 #pragma omp parallel for schedule(static, 1) num_threads(static_cast <int>(wave)) if (wave > 1)
-    for (int64_t j = 0; j < wave; ++j) {
-      try {
-        run(j);
-      } catch (...) {
-        failed[static_cast<size_t>(j)] = std::current_exception();
+      for (int64_t j = 0; j < wave; ++j) {
+        try {
+          run(j);
+        } catch (...) {
+          failed[static_cast<size_t>(j)] = std::current_exception();
+        }
       }
     }
     for (const std::exception_ptr& e : failed) {

@@ -249,8 +249,8 @@ void print_one(const nlohmann::json& d) {
         if (!c.is_object() || !c.contains("bytes") || !c.contains("algo")) continue;
         table += fmt::format(
             "{}{} -> {}", table.empty() ? "" : ", ",
-            c.at("bytes").is_number() ? human_bytes(c.at("bytes").get<int64_t>())
-                                      : c.at("bytes").dump(),
+            c.at("bytes").is_number_integer() ? human_bytes(c.at("bytes").get<int64_t>())
+                                              : c.at("bytes").dump(),
             c.at("algo").is_string() ? c.at("algo").get<std::string>() : c.at("algo").dump());
       }
     }

@@ -847,7 +847,11 @@ std::string changed_settings(const std::string& before, const std::string& after
   const std::map<std::string, std::string> old_map(old_list.begin(), old_list.end());
   const std::map<std::string, std::string> new_map(new_list.begin(), new_list.end());
   std::vector<std::string> changes;
-  const auto text = [](const std::string& v) { return v.empty() ? std::string("{}") : v; };
+  // A value as the job wrote it, a long one (a prompt, parameter groups) cut to 48 bytes.
+  const auto text = [](const std::string& v) {
+    if (v.empty()) return std::string("{}");
+    return v.size() > 48 ? v.substr(0, 45) + "..." : v;
+  };
   for (const auto& [key, value] : new_list) {
     const auto it = old_map.find(key);
     if (it == old_map.end())

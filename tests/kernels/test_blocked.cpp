@@ -133,19 +133,24 @@ TEST_CASE("conv2d: backward-filter's bits follow neither the thread count nor th
   const int threads = num_threads();
   for (const DType dt : {DType::f32, DType::bf16}) {
     // 8 images of 8x8 to 128 channels: 2 chunks x 2 slices; 12 of 9x9 to 64: 3 chunks;
-    // 3 of 5x5 to 128: 2 slices.
-    for (const auto& [n, c, hw, k] :
-         {std::tuple{8, 16, 8, 128}, std::tuple{12, 16, 9, 64}, std::tuple{3, 32, 5, 128}}) {
+    // 3 of 5x5 to 128: 2 slices. Grouped (oneDNN's gemm-based path, which reads the
+    // thread count again as it runs): one task of 1 image; 2 chunks of 2, which a
+    // one-task workspace runs one at a time.
+    for (const auto& [n, c, hw, k, g] :
+         {std::tuple{8, 16, 8, 128, 1}, std::tuple{12, 16, 9, 64, 1}, std::tuple{3, 32, 5, 128, 1},
+          std::tuple{1, 20, 160, 24, 2}, std::tuple{4, 20, 64, 24, 2}}) {
       Conv2dArgs a;
       a.n = n, a.c = c, a.h = a.w = hw, a.k = k, a.r = a.s = 3, a.pad_h = a.pad_w = 1;
+      a.groups = g;
       CAPTURE(dtype_name(dt));
       CAPTURE(n);
+      CAPTURE(g);
       const Tensor x = as(random_tensor({a.n, a.c, a.h, a.w}, 4), dt);
       const Tensor dy = as(random_tensor({a.n, a.k, a.out_h(), a.out_w()}, 5), dt);
       set_num_threads(1);
       const size_t narrow = conv2d_workspace_bytes(a, dt);  // room for one task at a time
       set_num_threads(threads);
-      Tensor one = Tensor::empty({a.k, a.c, a.r, a.s}, dt);
+      Tensor one = Tensor::empty({a.k, a.c / a.groups, a.r, a.s}, dt);
       Tensor ws = Tensor::empty({static_cast<int64_t>(narrow)}, DType::u8);
       set_num_threads(1);
       conv2d_backward_filter(a, x, dy, one, {ws.raw(), ws.nbytes(), Device::cpu()});
