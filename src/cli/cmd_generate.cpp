@@ -111,14 +111,10 @@ nlohmann::json to_json(const runtime::GenerateResult& g) {
 
 int run_generate_job(const GenerateArgs& a, Job job);
 
-// Refusals of the job's keys name the file and line that wrote them.
 int run_generate(const GenerateArgs& a) {
   check_sampling(a);
-  config::SourceMap where;
-  Job job = load_model_job(a.job, a.overrides, a.device, &where);
-  int rc = kExitOk;
-  config::located_errors(where, [&] { rc = run_generate_job(a, std::move(job)); });
-  return rc;
+  return run_model_job(a.job, a.overrides, a.device,
+                       [&](Job job) { return run_generate_job(a, std::move(job)); });
 }
 
 int run_generate_job(const GenerateArgs& a, Job job) {
@@ -186,6 +182,15 @@ Job load_model_job(const std::string& file, std::vector<std::string> overrides,
   Job job = config::load_job_file(file, overrides, ctx, where);
   for (const auto& w : warnings) std::fprintf(stderr, "dtrain: warning: %s\n", w.c_str());
   return job;
+}
+
+int run_model_job(const std::string& file, const std::vector<std::string>& overrides,
+                  const std::string& device, const std::function<int(Job)>& run) {
+  config::SourceMap where;
+  Job job = load_model_job(file, overrides, device, &where);
+  int rc = kExitOk;
+  config::located_errors(where, [&] { rc = run(std::move(job)); });
+  return rc;
 }
 
 void add_generate(CLI::App& app, Action& action) {

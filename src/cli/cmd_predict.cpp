@@ -614,14 +614,9 @@ int run_predict_images(const PredictArgs& a, const Job& job) {
 
 int run_predict_job(const PredictArgs& a, Job job);
 
-// Refusals of the job's keys (data.path's folder, say) name the file and line that wrote
-// them.
 int run_predict(const PredictArgs& a) {
-  config::SourceMap where;
-  Job job = load_model_job(a.job, a.overrides, a.device, &where);
-  int rc = kExitOk;
-  config::located_errors(where, [&] { rc = run_predict_job(a, std::move(job)); });
-  return rc;
+  return run_model_job(a.job, a.overrides, a.device,
+                       [&](Job job) { return run_predict_job(a, std::move(job)); });
 }
 
 int run_predict_job(const PredictArgs& a, Job job) {

@@ -168,23 +168,11 @@ std::string precision_lines(const Job& job) {
 }
 
 // "# compression: ..." what each rank sends per step under compress.method, from the
-// trainer's plan (src/compress: which tensors compress, bucket by bucket); in a
-// pipeline each stage's own buckets (dist::plan_buckets_of), added up.
+// trainer's plan (src/compress: which tensors compress, bucket by bucket); `per_stage`:
+// the buckets (a pipeline's: each stage's own, added up).
 std::string compression_line(const Job& job, const graph::Graph& graph,
                              const graph::FlatStore& layout,
-                             const std::vector<dist::Bucket>& buckets) {
-  std::vector<std::vector<dist::Bucket>> per_stage = {buckets};
-  if (job.parallel.pipeline > 1) {
-    per_stage.clear();
-    std::vector<dist::GradRange> ranges;
-    for (const graph::FlatEntry& e : layout.entries())
-      ranges.push_back({e.offset, e.spec.shape.numel()});
-    for (const graph::Stage& st : runtime::job_stages(job.parallel, graph)) {
-      per_stage.push_back(
-          dist::plan_buckets_of(ranges, graph::stage_param_indices(graph, st),
-                                static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0)));
-    }
-  }
+                             const std::vector<std::vector<dist::Bucket>>& per_stage) {
   runtime::CompressionPlanSummary s;
   std::vector<compress::BucketPlan> all;  // every stage's, for the gather warning's ratio
   // Frozen tensors stay dense: the plan's view of the layout, once for every stage.
@@ -241,7 +229,16 @@ std::string data_parallel_lines(const Job& job, int world) {
       ranges.push_back({e.offset, e.spec.shape.numel()});
     const int64_t total = layout.buffer_elems(DType::f32);  // as the trainer's, padding included
     const auto bucket_bytes = static_cast<size_t>(job.comm.bucket_mb * 1024.0 * 1024.0);
-    const auto buckets = dist::plan_buckets(ranges, total, bucket_bytes);
+    // A pipeline stage sums its own parameters' gradients over its data group: its
+    // buckets (dist::plan_buckets_of, as the trainer cuts them).
+    std::vector<std::vector<dist::Bucket>> per_stage;
+    if (p.pipeline > 1) {
+      for (const graph::Stage& st : runtime::job_stages(p, m.graph))
+        per_stage.push_back(
+            dist::plan_buckets_of(ranges, graph::stage_param_indices(m.graph, st), bucket_bytes));
+    } else {
+      per_stage.push_back(dist::plan_buckets(ranges, total, bucket_bytes));
+    }
     const auto sizes_of = [](const std::vector<dist::Bucket>& list) {
       std::string sizes;
       for (size_t b = 0; b < list.size() && b < 8; ++b)
@@ -249,21 +246,14 @@ std::string data_parallel_lines(const Job& job, int world) {
                              static_cast<double>(list[b].end - list[b].begin) * 4.0 / 1e6);
       return sizes + (list.size() > 8 ? ", ... MB" : " MB");
     };
-    // A pipeline stage sums its own parameters' gradients over its data group: its
-    // buckets (dist::plan_buckets_of, as the trainer cuts them).
-    std::string counts = fmt::format("{}", buckets.size()), sizes = sizes_of(buckets);
-    if (p.pipeline > 1) {
-      counts.clear();
-      sizes.clear();
-      const std::vector<graph::Stage> stages = runtime::job_stages(p, m.graph);
-      for (size_t st = 0; st < stages.size(); ++st) {
-        const auto mine = dist::plan_buckets_of(
-            ranges, graph::stage_param_indices(m.graph, stages[st]), bucket_bytes);
-        counts += fmt::format("{}{}", st ? " + " : "", mine.size());
-        sizes += fmt::format("{}stage {}: {}", st ? "; " : "", st, sizes_of(mine));
-      }
-      counts += " (by stage)";
+    std::string counts, sizes;
+    for (size_t st = 0; st < per_stage.size(); ++st) {
+      counts += fmt::format("{}{}", st ? " + " : "", per_stage[st].size());
+      sizes +=
+          fmt::format("{}{}{}", st ? "; " : "", p.pipeline > 1 ? fmt::format("stage {}: ", st) : "",
+                      sizes_of(per_stage[st]));
     }
+    if (p.pipeline > 1) counts += " (by stage)";
     // ZeRO reduces each bucket into its owners (the trainer's "reduce to owners").
     const bool zero = p.zero_stage >= 1 && p.data > 1;
     out += fmt::format(
@@ -287,7 +277,7 @@ std::string data_parallel_lines(const Job& job, int world) {
           p.data);
     }
     if (job.compress.method != CompressMethod::none)
-      out += compression_line(job, m.graph, layout, buckets);
+      out += compression_line(job, m.graph, layout, per_stage);
     // The graph as the trainer splits it (tensor rank 0's part) and cuts it.
     models::ModelGraph mb = models::build_model(job.model, job.data.micro_batch);
     if (p.tensor > 1) {

@@ -57,9 +57,12 @@ void add_device_override(const std::string& device, std::vector<std::string>& ov
 
 // The job file of generate and predict: the model's job, checked for what inference reads
 // (its precision, model and data keys, in its own world), with --set and --device
-// applied; its warnings printed. `where`, when given, receives where each key was
-// written (config::located_errors).
+// applied; its warnings printed.
 Job load_model_job(const std::string& file, std::vector<std::string> overrides,
                    const std::string& device, config::SourceMap* where = nullptr);
+// run(load_model_job's job), its exit code; a refusal of one of the job's keys (data.path's
+// folder, say) names the file and line that wrote it (config::located_errors).
+int run_model_job(const std::string& file, const std::vector<std::string>& overrides,
+                  const std::string& device, const std::function<int(Job)>& run);
 
 }  // namespace dtrain::cli

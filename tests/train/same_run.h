@@ -36,6 +36,13 @@ inline std::string auto_choice(const std::string& log) {
   return log.substr(arrow + 4, log.find(' ', arrow + 4) - arrow - 4);
 }
 
+// `dtrain ckpt inspect CHECKPOINT`'s console (in `log`), which must succeed.
+inline std::string inspect_checkpoint(const fs::path& checkpoint, const fs::path& log) {
+  const RunResult r = run_dtrain_command({"ckpt", "inspect", checkpoint.string()}, log);
+  REQUIRE_MESSAGE(r.rc == 0, r.describe());
+  return r.log;
+}
+
 // `dtrain train JOB --set run.output_dir=DIR/NAME [--nproc RANKS] EXTRA...`, which must
 // succeed (its console in DIR/NAME.log); returns the run directory.
 inline fs::path run_job(const fs::path& job, const fs::path& dir, const std::string& name,
